@@ -1,0 +1,180 @@
+"""Structured-config schemas for every knob strata has.
+
+Each dataclass is registered in Hydra's ConfigStore as the schema of its config group, so an
+override with an unknown key or a wrong type is an error that names the key, never a silent
+default. The YAML files under conf/ only choose values; the fields and their types live here.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Optional
+
+from hydra.core.config_store import ConfigStore
+from omegaconf import MISSING
+
+#: The tiny Qwen3-Next + MTP checkpoint shipped inside the package (the default model).
+EMBEDDED_MODEL_DIR = str(Path(__file__).resolve().parent / "assets" / "tiny-qwen3-next")
+
+
+@dataclass
+class ModelConfig:
+    #: A Hugging Face checkpoint directory (config.json, safetensors, tokenizer.json).
+    path: str = EMBEDDED_MODEL_DIR
+    #: auto (the checkpoint's torch_dtype, float32 on CPU), float32, bfloat16 or float16.
+    dtype: str = "auto"
+
+
+@dataclass
+class EngineConfig:
+    #: solo: one request at a time; batch: up to `slots` requests share windows.
+    mode: str = "batch"
+    #: Grouped MTP verification in batch slots (env STRATA_BATCH_MTP=1 also turns it on).
+    batch_mtp: bool = True
+    #: Decoding lanes asked for; the engine runs what fits in memory and says so.
+    slots: int = 4
+    #: Verify rows per solo step (1 = no speculation); also a lone batch slot's window.
+    spec: int = 4
+    #: Rows of one verifier forward (W).
+    window_rows: int = 8
+    #: Share of iterations that are decode windows while prefill and decode both wait.
+    decode_share: float = 0.5
+    #: Prompt tokens per prefill iteration.
+    prefill_chunk: int = 256
+    #: Context length of a slot (positions 0 .. max_context-1).
+    max_context: int = 4096
+    #: Smallest context tier; tiers double from here up to max_context.
+    context_tier_min: int = 256
+    #: Groups-per-window buckets of the `shape` graph key (ascending).
+    shape_buckets: list[int] = field(default_factory=lambda: [1, 2, 4, 8, 16])
+    #: Run windows by replaying captured graphs (CUDA graphs on GPU, recorded plans on CPU).
+    graphs: bool = True
+    #: Graph-cache key: `shape` (bucket + tier) or `layout` (exact layout + tier).
+    graph_key: str = "shape"
+    #: Most graphs kept (LRU); 0 = unbounded.
+    graph_limit: int = 32
+    #: Device memory kept free, never planned for (MiB).
+    vram_reserve_mib: int = 2048
+    #: Planned size of a graph before any capture was measured (MiB).
+    graph_mib_estimate: float = 16.0
+    #: CPU capture backend: size charged for each recorded plan (MiB), CPU has no graphs.
+    cpu_graph_mib: float = 16.0
+    #: CPU capture backend: the device size the memory budget is computed against (MiB).
+    cpu_device_mib: int = 24576
+    #: Emit a `vram` trace event every this many iterations (0 = only at captures).
+    vram_every: int = 64
+
+
+@dataclass
+class BackendConfig:
+    #: Kernel implementation: torch (reference), cpu (C++), cuda, hip.
+    name: str = "torch"
+
+
+@dataclass
+class WorkloadConfig:
+    #: default (4 code prompts), file (JSON Lines at `path`) or synthetic.
+    kind: str = "default"
+    path: Optional[str] = None
+    #: Used by kind=default and kind=synthetic.
+    requests: int = 4
+    max_tokens: int = 48
+    temperature: float = 0.0
+    top_p: float = 1.0
+    top_k: int = 0
+    seed: int = 0
+    #: Arrival step of request i is i * stagger_steps.
+    stagger_steps: int = 0
+    #: kind=synthetic: prompt length in tokens (random ids from `seed`).
+    prompt_tokens: int = 64
+
+
+@dataclass
+class ServerConfig:
+    host: str = "127.0.0.1"
+    port: int = 8000
+    #: Bearer token required on /v1/* when set.
+    api_key: Optional[str] = None
+    #: Name reported by /v1/models (defaults to the checkpoint directory's name).
+    model_name: Optional[str] = None
+    #: Seconds to wait before restarting a dead engine child, and Retry-After meanwhile.
+    restart_delay_s: float = 1.0
+    #: Longest a request may wait in the engine's queue before it is failed (s).
+    queue_timeout_s: float = 600.0
+    #: Most requests accepted and not finished at once; more get 429.
+    max_pending: int = 256
+    log_level: str = "info"
+
+
+@dataclass
+class StrataConfig:
+    #: auto (cuda when present, else cpu), cpu or cuda.
+    device: str = "auto"
+    #: Print per-request outputs and the metrics table.
+    print_outputs: bool = True
+    #: Show a progress bar while the workload runs.
+    progress: bool = True
+    model: ModelConfig = field(default_factory=ModelConfig)
+    engine: EngineConfig = field(default_factory=EngineConfig)
+    backend: BackendConfig = field(default_factory=BackendConfig)
+    workload: WorkloadConfig = field(default_factory=WorkloadConfig)
+    server: ServerConfig = field(default_factory=ServerConfig)
+
+
+class ConfigError(ValueError):
+    """A configuration value that cannot run (names the key and the problem)."""
+
+
+def register_configs() -> None:
+    cs = ConfigStore.instance()
+    cs.store(name="strata_schema", node=StrataConfig)
+    cs.store(group="model", name="model_schema", node=ModelConfig)
+    cs.store(group="engine", name="engine_schema", node=EngineConfig)
+    cs.store(group="backend", name="backend_schema", node=BackendConfig)
+    cs.store(group="workload", name="workload_schema", node=WorkloadConfig)
+    cs.store(group="server", name="server_schema", node=ServerConfig)
+
+
+def batch_mtp_from_env(cfg_value: bool) -> bool:
+    """`STRATA_BATCH_MTP=1` turns batch_mtp on, `=0` off; unset keeps the config."""
+    env = os.environ.get("STRATA_BATCH_MTP")
+    if env is None or env == "":
+        return bool(cfg_value)
+    if env not in ("0", "1"):
+        raise ConfigError(f"STRATA_BATCH_MTP must be 0 or 1, got {env!r}")
+    return env == "1"
+
+
+def validate_engine(e: Any) -> None:
+    """Check engine knobs that a schema cannot express; raise ConfigError naming the key."""
+    def bad(key: str, msg: str) -> None:
+        raise ConfigError(f"engine.{key}: {msg}")
+
+    if e.mode not in ("solo", "batch"):
+        bad("mode", f"must be solo or batch, got {e.mode!r}")
+    if e.graph_key not in ("shape", "layout"):
+        bad("graph_key", f"must be shape or layout, got {e.graph_key!r}")
+    if e.slots < 1:
+        bad("slots", f"must be >= 1, got {e.slots}")
+    if e.window_rows < 1:
+        bad("window_rows", f"must be >= 1, got {e.window_rows}")
+    if e.spec < 1:
+        bad("spec", f"must be >= 1, got {e.spec}")
+    if e.spec > e.window_rows:
+        bad("spec", f"engine.spec={e.spec} exceeds engine.window_rows={e.window_rows}")
+    if not 0.0 < e.decode_share <= 1.0:
+        bad("decode_share", f"must be in (0, 1], got {e.decode_share}")
+    if e.prefill_chunk < 1:
+        bad("prefill_chunk", f"must be >= 1, got {e.prefill_chunk}")
+    if e.graph_limit < 0:
+        bad("graph_limit", f"must be >= 0 (0 = unbounded), got {e.graph_limit}")
+    if e.vram_reserve_mib < 0:
+        bad("vram_reserve_mib", f"must be >= 0, got {e.vram_reserve_mib}")
+    if e.max_context < 2:
+        bad("max_context", f"must be >= 2, got {e.max_context}")
+    if e.context_tier_min < 1:
+        bad("context_tier_min", f"must be >= 1, got {e.context_tier_min}")
+    if not e.shape_buckets or list(e.shape_buckets) != sorted(set(e.shape_buckets)) or e.shape_buckets[0] < 1:
+        bad("shape_buckets", f"must be ascending distinct positive ints, got {list(e.shape_buckets)}")

@@ -1,0 +1,150 @@
+"""The trace: the event schema shared by the engine and the simulator (DESIGN.md section 6).
+
+This is the only strata module that sim/ may import. Every event is one JSON object on one
+line with `ev` (its kind), `step` (engine iteration index) and `t` (seconds since start).
+
+Events and their fields:
+  config   {engine, memory}          first line: the knobs and memory facts a replay needs
+  arrive   {req, prompt_tokens, max_tokens}
+  admit    {req, slot}
+  prefill  {req, slot, tokens}
+  window   {layout, key, graph, rows} graph is hit | capture | eager
+  evict    {key, reason}             reason is limit | memory | error
+  commit   {req, slot, drafted, accepted, emitted}
+  finish   {req, reason, tokens}     reason is stop | length | cancel | error
+  warning  {text}
+  vram     {free_mib, graphs_mib, reserve_mib}
+
+Replay compares the sequence of REPLAY_EVENTS on REPLAY_FIELDS; timestamps are never compared.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any, Iterable, Iterator, Optional, TextIO
+
+EVENT_FIELDS: dict[str, tuple[str, ...]] = {
+    "config": ("engine", "memory"),
+    "arrive": ("req", "prompt_tokens", "max_tokens"),
+    "admit": ("req", "slot"),
+    "prefill": ("req", "slot", "tokens"),
+    "window": ("layout", "key", "graph", "rows"),
+    "evict": ("key", "reason"),
+    "commit": ("req", "slot", "drafted", "accepted", "emitted"),
+    "finish": ("req", "reason", "tokens"),
+    "warning": ("text",),
+    "vram": ("free_mib", "graphs_mib", "reserve_mib"),
+}
+
+GRAPH_ACTIONS = ("hit", "capture", "eager")
+EVICT_REASONS = ("limit", "memory", "error")
+FINISH_REASONS = ("stop", "length", "cancel", "error")
+
+#: The events a replay must reproduce, and the fields compared for each.
+REPLAY_EVENTS = ("admit", "window", "evict", "commit", "finish")
+REPLAY_FIELDS: dict[str, tuple[str, ...]] = {
+    "admit": ("step", "req", "slot"),
+    "window": ("step", "layout", "key", "graph", "rows"),
+    "evict": ("step", "key", "reason"),
+    "commit": ("step", "req", "slot", "drafted", "accepted", "emitted"),
+    "finish": ("step", "req", "reason", "tokens"),
+}
+
+
+def layout_key(layout: Iterable[int], tier: int) -> str:
+    """Graph key of the `layout` policy: the exact layout plus the context tier."""
+    return "layout:" + ",".join(str(s) for s in layout) + f"@{tier}"
+
+
+def shape_key(bucket: int, group_rows: int, tier: int) -> str:
+    """Graph key of the `shape` policy: groups bucket x rows per group, plus the context tier."""
+    return f"shape:{bucket}x{group_rows}@{tier}"
+
+
+def context_tier(need: int, tier_min: int, max_context: int) -> int:
+    """Smallest tier (tier_min doubled k times, capped at max_context) holding `need` positions."""
+    tier = tier_min
+    while tier < need and tier < max_context:
+        tier *= 2
+    return min(tier, max_context) if need <= max_context else max_context
+
+
+def shape_bucket(groups: int, buckets: Iterable[int]) -> int:
+    """The smallest bucket holding `groups` groups (the largest bucket's multiple past the end)."""
+    buckets = list(buckets)
+    for b in buckets:
+        if b >= groups:
+            return b
+    top = buckets[-1]
+    return ((groups + top - 1) // top) * top
+
+
+class TraceWriter:
+    """Writes events as JSON Lines; `step` is set by the owner as iterations advance."""
+
+    def __init__(self, path: Optional[str | Path] = None, stream: Optional[TextIO] = None,
+                 clock=time.perf_counter):
+        self._own = None
+        if path is not None:
+            self._own = open(path, "w", encoding="utf-8")
+        self._out = self._own or stream
+        self._clock = clock
+        self._t0 = clock()
+        self.step = 0
+        self.events: list[dict[str, Any]] = []
+        self.keep = True
+
+    def emit(self, ev: str, **fields: Any) -> dict[str, Any]:
+        expected = EVENT_FIELDS.get(ev)
+        if expected is None:
+            raise ValueError(f"unknown trace event {ev!r}")
+        missing = [f for f in expected if f not in fields]
+        if missing:
+            raise ValueError(f"trace event {ev!r} lacks {missing}")
+        rec = {"ev": ev, "step": self.step, "t": round(self._clock() - self._t0, 6), **fields}
+        if self.keep:
+            self.events.append(rec)
+        if self._out is not None:
+            self._out.write(json.dumps(rec, separators=(",", ":")) + "\n")
+        return rec
+
+    def flush(self) -> None:
+        if self._out is not None:
+            self._out.flush()
+
+    def close(self) -> None:
+        if self._own is not None:
+            self._own.close()
+            self._own = None
+
+
+def read_trace(path: str | Path) -> list[dict[str, Any]]:
+    """Read a trace file; a malformed line is an error naming the file and line number."""
+    out = []
+    with open(path, encoding="utf-8") as f:
+        for n, line in enumerate(f, 1):
+            line = line.strip()
+            if not line:
+                continue
+            try:
+                rec = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise ValueError(f"{path}:{n}: not JSON: {e}") from None
+            if rec.get("ev") not in EVENT_FIELDS:
+                raise ValueError(f"{path}:{n}: unknown event {rec.get('ev')!r}")
+            out.append(rec)
+    return out
+
+
+def replay_view(events: Iterable[dict[str, Any]]) -> Iterator[tuple]:
+    """The comparable projection of a trace: (ev, field values...) for each replayed event."""
+    for rec in events:
+        ev = rec["ev"]
+        if ev in REPLAY_FIELDS:
+            yield (ev,) + tuple(_freeze(rec[f]) for f in REPLAY_FIELDS[ev])
+
+
+def _freeze(v: Any) -> Any:
+    return tuple(v) if isinstance(v, list) else v
