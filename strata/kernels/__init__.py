@@ -1,0 +1,1 @@
+"""Grouped-decode operations: torch references and the cyext kernels behind one dispatch."""

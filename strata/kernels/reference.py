@@ -1,0 +1,154 @@
+"""Torch reference implementations of the grouped-decode operations.
+
+These define the semantics that the cyext kernels (C++ on CPU, CUDA/HIP on GPU) must match;
+`strata.kernels.ops` dispatches between them. All work on the *window grid*: a window of NG
+groups, each of G rows of one slot at consecutive positions (padding groups point at the
+scratch slot, index S, so whatever they write lands nowhere that matters).
+
+Layouts (S slots plus one scratch slot):
+  k_cache, v_cache   (S+1, T, Hkv, D)         model dtype, one pair per full-attention layer
+  conv_state         (L, S+1, C, K-1)         model dtype, L = linear-attention layers
+  rec_state          (L, S+1, H, Dk, Dv)      float32
+  group_slot         (NG,) int64              slot of each group
+  group_pos          (NG,) int64              position of each group's first row
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+
+def write_kv(k_cache: torch.Tensor, v_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+             group_slot: torch.Tensor, group_pos: torch.Tensor) -> None:
+    """Store the window's K/V rows (NG, G, Hkv, D) at (slot, pos + j)."""
+    ng, g = k.shape[:2]
+    slots = group_slot[:, None].expand(ng, g)
+    pos = group_pos[:, None] + torch.arange(g, device=k.device)[None, :]
+    pos = pos.clamp_(max=k_cache.shape[1] - 1)  # rows past the context are padding
+    k_cache[slots, pos] = k.to(k_cache.dtype)
+    v_cache[slots, pos] = v.to(v_cache.dtype)
+
+
+def grouped_window_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                             group_slot: torch.Tensor, group_pos: torch.Tensor, ctx: int,
+                             scale: float) -> torch.Tensor:
+    """Causal attention of window rows over their own slot's cache.
+
+    q: (NG, G, Hq, D). Row (g, j) sits at position p = group_pos[g] + j and attends the keys of
+    slot group_slot[g] at positions 0..p (the window's own rows must already be written).
+    Only the first `ctx` cache positions are read (the context tier). Returns (NG, G, Hq, D).
+    """
+    ng, g, hq, d = q.shape
+    hkv = k_cache.shape[2]
+    rep = hq // hkv
+    k = k_cache[group_slot, :ctx]  # (NG, ctx, Hkv, D)
+    v = v_cache[group_slot, :ctx]
+    qh = q.reshape(ng, g, hkv, rep, d).permute(0, 2, 3, 1, 4).float()  # (NG, Hkv, rep, G, D)
+    kh = k.permute(0, 2, 3, 1).float()  # (NG, Hkv, D, ctx)
+    scores = torch.matmul(qh.reshape(ng, hkv, rep * g, d), kh).reshape(ng, hkv, rep, g, ctx) * scale
+    row_pos = group_pos[:, None] + torch.arange(g, device=q.device)[None, :]  # (NG, G)
+    key_pos = torch.arange(ctx, device=q.device)
+    allowed = key_pos[None, None, :] <= row_pos[:, :, None]  # (NG, G, ctx)
+    scores = scores.masked_fill(~allowed[:, None, None, :, :], float("-inf"))
+    probs = torch.softmax(scores, dim=-1)
+    out = torch.matmul(probs.reshape(ng, hkv, rep * g, ctx), v.permute(0, 2, 1, 3).float())
+    out = out.reshape(ng, hkv, rep, g, d).permute(0, 3, 1, 2, 4).reshape(ng, g, hq, d)
+    return out.to(q.dtype)
+
+
+def causal_conv_window(x: torch.Tensor, conv_state: torch.Tensor, weight: torch.Tensor,
+                       group_slot: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Depthwise causal conv + SiLU over each group's rows, continuing its slot's conv state.
+
+    x: (NG, G, C); conv_state: (S+1, C, K-1) for one layer; weight: (C, K).
+    Returns out (NG, G, C) and snapshots (NG, G, C, K-1): the conv state after each row.
+    """
+    ng, g, c = x.shape
+    kw = weight.shape[1]
+    prev = conv_state[group_slot].transpose(1, 2).to(x.dtype)  # (NG, K-1, C)
+    ext = torch.cat([prev, x], dim=1)  # (NG, K-1+G, C)
+    win = ext.unfold(1, kw, 1)  # (NG, G, C, K): window ending at each row
+    out = F.silu((win.float() * weight.float()[None, None]).sum(-1)).to(x.dtype)
+    snaps = win[..., 1:]  # the last K-1 inputs after each row
+    return out, snaps
+
+
+def gated_delta_window(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor,
+                       beta: torch.Tensor, rec_state: torch.Tensor,
+                       group_slot: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Gated delta rule over each group's rows, one state snapshot per row.
+
+    q, k: (NG, G, H, Dk), already L2-normalised (q also scaled by Dk^-0.5); v: (NG, G, H, Dv);
+    g (log decay) and beta: (NG, G, H); rec_state: (S+1, H, Dk, Dv) float32 for one layer, read
+    at group_slot and not modified. Returns out (NG, G, H, Dv) float32 and snapshots
+    (NG, G, H, Dk, Dv) float32 (the state after each row).
+    """
+    s = rec_state[group_slot]
+    q, k, v, g, beta = (t.float() for t in (q, k, v, g, beta))
+    outs, snaps = [], []
+    for j in range(q.shape[1]):
+        s = s * g[:, j].exp()[..., None, None]
+        kv_mem = torch.einsum("nhk,nhkv->nhv", k[:, j], s)
+        delta = (v[:, j] - kv_mem) * beta[:, j, :, None]
+        s = s + k[:, j, :, :, None] * delta[:, :, None, :]
+        outs.append(torch.einsum("nhk,nhkv->nhv", q[:, j], s))
+        snaps.append(s)
+    return torch.stack(outs, 1), torch.stack(snaps, 1)
+
+
+def commit_accepted(accept: torch.Tensor, group_slot: torch.Tensor, group_pos: torch.Tensor,
+                    rec_snaps: torch.Tensor, conv_snaps: torch.Tensor, rec_state: torch.Tensor,
+                    conv_state: torch.Tensor, slot_pos: torch.Tensor) -> None:
+    """Accepted-prefix commit: each group's slot takes the snapshot after its last accepted row.
+
+    accept: (NG,) int64, rows 0..accept[g] are committed. rec_snaps: (L, NG, G, H, Dk, Dv);
+    conv_snaps: (L, NG, G, C, K-1); rec_state: (L, S+1, H, Dk, Dv); conv_state: (L, S+1, C, K-1);
+    slot_pos: (S+1,) int64 committed length of each slot, advanced to group_pos + accept + 1.
+    """
+    ng = accept.shape[0]
+    idx = torch.arange(ng, device=accept.device)
+    rec_state[:, group_slot] = rec_snaps[:, idx, accept]
+    conv_state[:, group_slot] = conv_snaps[:, idx, accept].to(conv_state.dtype)
+    slot_pos[group_slot] = group_pos + accept + 1
+
+
+def chunk_gated_delta(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor,
+                      beta: torch.Tensor, initial_state: torch.Tensor,
+                      chunk: int = 64) -> tuple[torch.Tensor, torch.Tensor]:
+    """Chunked gated delta rule (prefill and training): same math as the per-row recurrence.
+
+    q, k: (B, L, H, Dk) normalised as in gated_delta_window; v: (B, L, H, Dv); g, beta: (B, L, H);
+    initial_state: (B, H, Dk, Dv) float32. Returns out (B, L, H, Dv) float32 and the final state.
+    """
+    b, length, h, dk = k.shape
+    dv = v.shape[-1]
+    q, k, v, beta, g = (t.transpose(1, 2).float() for t in (q, k, v, beta, g))
+    pad = (chunk - length % chunk) % chunk
+    if pad:
+        q, k, v = (F.pad(t, (0, 0, 0, pad)) for t in (q, k, v))
+        beta, g = (F.pad(t, (0, pad)) for t in (beta, g))
+    n = (length + pad) // chunk
+    v_beta = (v * beta[..., None]).reshape(b, h, n, chunk, dv)
+    k_beta = (k * beta[..., None]).reshape(b, h, n, chunk, dk)
+    q = q.reshape(b, h, n, chunk, dk)
+    k = k.reshape(b, h, n, chunk, dk)
+    gc = g.reshape(b, h, n, chunk).cumsum(-1)
+    upper = torch.ones(chunk, chunk, dtype=torch.bool, device=q.device).triu(1)
+    decay = (gc[..., :, None] - gc[..., None, :]).masked_fill(upper, float("-inf")).exp()
+    system = (k_beta @ k.transpose(-1, -2)) * decay
+    new_v = torch.linalg.solve_triangular(system, v_beta, upper=False, unitriangular=True)
+    k_cum = torch.linalg.solve_triangular(system, k_beta * gc.exp()[..., None], upper=False,
+                                          unitriangular=True)
+    intra = ((q @ k.transpose(-1, -2)) * decay).masked_fill(upper, 0.0)
+    q_dec = q * gc.exp()[..., None]
+    k_dec = k * (gc[..., -1:] - gc).exp()[..., None]
+    chunk_decay = gc[..., -1].exp()[..., None, None]
+    state = initial_state.float()
+    outs = []
+    for i in range(n):
+        v_new = new_v[:, :, i] - k_cum[:, :, i] @ state
+        outs.append(q_dec[:, :, i] @ state + intra[:, :, i] @ v_new)
+        state = state * chunk_decay[:, :, i] + k_dec[:, :, i].transpose(-1, -2) @ v_new
+    out = torch.stack(outs, 2).reshape(b, h, n * chunk, dv)[:, :, :length]
+    return out.transpose(1, 2), state

@@ -1,0 +1,155 @@
+"""The model's hyper-parameters, read from a Hugging Face `config.json` (model_type qwen3_next)."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Optional
+
+SUPPORTED_MODEL_TYPES = ("qwen3_next",)
+
+
+class CheckpointError(ValueError):
+    """A checkpoint that cannot be loaded; the message names the file and the key."""
+
+
+@dataclass
+class ModelArgs:
+    vocab_size: int
+    hidden_size: int
+    num_hidden_layers: int
+    layer_types: list[str]
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    intermediate_size: int
+    linear_num_key_heads: int
+    linear_num_value_heads: int
+    linear_key_head_dim: int
+    linear_value_head_dim: int
+    linear_conv_kernel_dim: int = 4
+    num_experts: int = 0
+    num_experts_per_tok: int = 1
+    moe_intermediate_size: int = 0
+    shared_expert_intermediate_size: int = 0
+    norm_topk_prob: bool = True
+    decoder_sparse_step: int = 1
+    mlp_only_layers: list[int] = field(default_factory=list)
+    rms_norm_eps: float = 1e-6
+    rope_theta: float = 10000.0
+    partial_rotary_factor: float = 0.25
+    max_position_embeddings: int = 32768
+    tie_word_embeddings: bool = False
+    hidden_act: str = "silu"
+    torch_dtype: str = "float32"
+    eos_token_id: list[int] = field(default_factory=list)
+    bos_token_id: Optional[int] = None
+    #: MTP layers the config announces (0: none; the checkpoint decides if they are present).
+    num_nextn_predict_layers: int = 1
+
+    @property
+    def rotary_dim(self) -> int:
+        return int(self.head_dim * self.partial_rotary_factor)
+
+    @property
+    def linear_layers(self) -> list[int]:
+        return [i for i, t in enumerate(self.layer_types) if t == "linear_attention"]
+
+    @property
+    def full_layers(self) -> list[int]:
+        return [i for i, t in enumerate(self.layer_types) if t == "full_attention"]
+
+    @property
+    def conv_dim(self) -> int:
+        return 2 * self.linear_num_key_heads * self.linear_key_head_dim + \
+            self.linear_num_value_heads * self.linear_value_head_dim
+
+    def is_moe_layer(self, i: int) -> bool:
+        return (i not in self.mlp_only_layers and self.num_experts > 0
+                and (i + 1) % self.decoder_sparse_step == 0)
+
+    def to_hf_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["model_type"] = "qwen3_next"
+        d["architectures"] = ["Qwen3NextForCausalLM"]
+        d["rope_parameters"] = {"rope_type": "default", "rope_theta": self.rope_theta,
+                                "partial_rotary_factor": self.partial_rotary_factor}
+        d["eos_token_id"] = self.eos_token_id[0] if len(self.eos_token_id) == 1 else self.eos_token_id
+        d["dtype"] = self.torch_dtype
+        return d
+
+
+def _rope(cfg: dict[str, Any]) -> tuple[float, float]:
+    rp = cfg.get("rope_parameters") or cfg.get("rope_scaling") or {}
+    theta = rp.get("rope_theta", cfg.get("rope_theta", 10000.0))
+    factor = rp.get("partial_rotary_factor", cfg.get("partial_rotary_factor", 0.25))
+    rtype = rp.get("rope_type", rp.get("type", "default"))
+    if rtype not in ("default", None):
+        raise CheckpointError(f"config.json: rope type {rtype!r} is not supported (default only)")
+    return float(theta), float(factor)
+
+
+def load_model_args(path: str | Path) -> ModelArgs:
+    """Parse `config.json` in a checkpoint directory into ModelArgs, with clear errors."""
+    cfg_path = Path(path) / "config.json"
+    if not cfg_path.is_file():
+        raise CheckpointError(f"{cfg_path}: missing (a checkpoint directory needs config.json)")
+    try:
+        cfg = json.loads(cfg_path.read_text())
+    except json.JSONDecodeError as e:
+        raise CheckpointError(f"{cfg_path}: not valid JSON: {e}") from None
+    if "text_config" in cfg and cfg.get("model_type") != "qwen3_next":
+        cfg = {**cfg["text_config"], "model_type": cfg["text_config"].get("model_type")}
+    mtype = cfg.get("model_type")
+    if mtype not in SUPPORTED_MODEL_TYPES:
+        raise CheckpointError(f"{cfg_path}: model_type {mtype!r} is not supported "
+                              f"(supported: {', '.join(SUPPORTED_MODEL_TYPES)})")
+    required = ["vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
+                "num_key_value_heads", "intermediate_size", "linear_num_key_heads",
+                "linear_num_value_heads", "linear_key_head_dim", "linear_value_head_dim"]
+    missing = [k for k in required if k not in cfg]
+    if missing:
+        raise CheckpointError(f"{cfg_path}: missing keys {missing}")
+    n = cfg["num_hidden_layers"]
+    layer_types = cfg.get("layer_types")
+    if layer_types is None:
+        interval = cfg.get("full_attention_interval", 4)
+        layer_types = ["linear_attention" if (i + 1) % interval else "full_attention" for i in range(n)]
+    if len(layer_types) != n or any(t not in ("linear_attention", "full_attention") for t in layer_types):
+        raise CheckpointError(f"{cfg_path}: layer_types must list {n} of linear_attention/full_attention")
+    theta, factor = _rope(cfg)
+    eos = cfg.get("eos_token_id")
+    eos_list = [] if eos is None else ([eos] if isinstance(eos, int) else list(eos))
+    dtype = cfg.get("dtype") or cfg.get("torch_dtype") or "float32"
+    args = ModelArgs(
+        vocab_size=cfg["vocab_size"], hidden_size=cfg["hidden_size"], num_hidden_layers=n,
+        layer_types=list(layer_types), num_attention_heads=cfg["num_attention_heads"],
+        num_key_value_heads=cfg["num_key_value_heads"],
+        head_dim=cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"],
+        intermediate_size=cfg["intermediate_size"],
+        linear_num_key_heads=cfg["linear_num_key_heads"],
+        linear_num_value_heads=cfg["linear_num_value_heads"],
+        linear_key_head_dim=cfg["linear_key_head_dim"],
+        linear_value_head_dim=cfg["linear_value_head_dim"],
+        linear_conv_kernel_dim=cfg.get("linear_conv_kernel_dim", 4),
+        num_experts=cfg.get("num_experts", 0), num_experts_per_tok=cfg.get("num_experts_per_tok", 1),
+        moe_intermediate_size=cfg.get("moe_intermediate_size", 0),
+        shared_expert_intermediate_size=cfg.get("shared_expert_intermediate_size", 0),
+        norm_topk_prob=cfg.get("norm_topk_prob", True),
+        decoder_sparse_step=cfg.get("decoder_sparse_step", 1),
+        mlp_only_layers=list(cfg.get("mlp_only_layers") or []),
+        rms_norm_eps=cfg.get("rms_norm_eps", 1e-6), rope_theta=theta, partial_rotary_factor=factor,
+        max_position_embeddings=cfg.get("max_position_embeddings", 32768),
+        tie_word_embeddings=cfg.get("tie_word_embeddings", False),
+        hidden_act=cfg.get("hidden_act", "silu"), torch_dtype=str(dtype).replace("torch.", ""),
+        eos_token_id=eos_list, bos_token_id=cfg.get("bos_token_id"),
+        num_nextn_predict_layers=cfg.get("num_nextn_predict_layers", 1),
+    )
+    if args.hidden_act != "silu":
+        raise CheckpointError(f"{cfg_path}: hidden_act {args.hidden_act!r} is not supported (silu)")
+    if args.num_attention_heads % args.num_key_value_heads:
+        raise CheckpointError(f"{cfg_path}: num_attention_heads must be a multiple of num_key_value_heads")
+    if args.linear_num_value_heads % args.linear_num_key_heads:
+        raise CheckpointError(f"{cfg_path}: linear_num_value_heads must be a multiple of linear_num_key_heads")
+    return args

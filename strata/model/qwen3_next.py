@@ -1,0 +1,416 @@
+"""Qwen3-Next (Gated DeltaNet + gated attention, MoE with shared expert) with its MTP module.
+
+Plain PyTorch, readable top to bottom. Three ways to run the network:
+  forward_train(tokens)        whole sequences, no cache (training and the no-cache reference)
+  prefill(tokens, lane, ...)   one lane's prompt chunk: chunked delta rule, writes the lane's state
+  verify_window(tokens, ...)   a window grid of NG groups x G rows from several lanes at once:
+                               static shapes (graph-capturable), one DeltaNet snapshot per row,
+                               nothing committed (the engine's verifier commits accepted rows)
+and the MTP module over the same grid (`mtp_window`) or over whole sequences (`mtp_train`).
+
+The model knows lanes (indices into DecodeState), not requests or slots.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from strata.kernels import ops
+from strata.model.config import ModelArgs
+from strata.model.state import DecodeState
+
+
+class RMSNorm(nn.Module):
+    """Zero-centred RMSNorm of Qwen3-Next: x_hat * (1 + w), computed in float32."""
+
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.zeros(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        xf = x.float()
+        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
+        return (xf * (1.0 + self.weight.float())).to(x.dtype)
+
+
+class GatedRMSNorm(nn.Module):
+    """Plain-weight RMSNorm gated by SiLU(z), inside the DeltaNet layer: x_hat * w * silu(z)."""
+
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
+        dtype = x.dtype
+        xf = x.float()
+        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
+        out = self.weight * xf.to(dtype)
+        return (out * F.silu(z.float())).to(dtype)
+
+
+class Rotary(nn.Module):
+    """Partial rotary embedding: the first `rotary_dim` channels of each head rotate."""
+
+    def __init__(self, args: ModelArgs):
+        super().__init__()
+        rd = args.rotary_dim
+        inv = 1.0 / (args.rope_theta ** (torch.arange(0, rd, 2, dtype=torch.float32) / rd))
+        self.register_buffer("inv_freq", inv, persistent=False)
+
+    def forward(self, pos: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        freqs = pos.float()[..., None] * self.inv_freq
+        emb = torch.cat([freqs, freqs], dim=-1)
+        return emb.cos().to(dtype), emb.sin().to(dtype)
+
+
+def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """x (..., heads, D); cos/sin (..., rotary_dim) broadcast over heads."""
+    rd = cos.shape[-1]
+    cos, sin = cos.unsqueeze(-2), sin.unsqueeze(-2)
+    rot, keep = x[..., :rd], x[..., rd:]
+    half = rd // 2
+    rotated = torch.cat([-rot[..., half:], rot[..., :half]], dim=-1)
+    return torch.cat([rot * cos + rotated * sin, keep], dim=-1)
+
+
+class MLP(nn.Module):
+    def __init__(self, hidden: int, inter: int):
+        super().__init__()
+        self.gate_proj = nn.Linear(hidden, inter, bias=False)
+        self.up_proj = nn.Linear(hidden, inter, bias=False)
+        self.down_proj = nn.Linear(inter, hidden, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class Experts(nn.Module):
+    """Routed experts stored stacked: w_gate_up (E, 2I, H) and w_down (E, H, I)."""
+
+    def __init__(self, n: int, hidden: int, inter: int):
+        super().__init__()
+        self.inter = inter
+        self.w_gate_up = nn.Parameter(torch.empty(n, 2 * inter, hidden))
+        self.w_down = nn.Parameter(torch.empty(n, hidden, inter))
+
+    def forward(self, x: torch.Tensor, weights: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+        """x (N, H); weights, index (N, k). Static shapes: no data-dependent control flow."""
+        n_exp = self.w_gate_up.shape[0]
+        if index.shape[0] * index.shape[1] >= n_exp:
+            # Dense over every expert with a routing matrix that is zero off the top-k: reads
+            # each expert once, which is cheaper than gathering when rows x k >= experts.
+            route = torch.zeros(x.shape[0], n_exp, dtype=weights.dtype, device=x.device)
+            route.scatter_(1, index, weights)
+            gu = torch.einsum("nh,eih->eni", x, self.w_gate_up)
+            gate, up = gu.split(self.inter, dim=-1)
+            out = torch.einsum("eni,ehi->enh", F.silu(gate) * up, self.w_down)
+            return torch.einsum("enh,ne->nh", out, route.to(out.dtype))
+        gu = torch.einsum("nh,nkih->nki", x, self.w_gate_up[index])
+        gate, up = gu.split(self.inter, dim=-1)
+        out = torch.einsum("nki,nkhi->nkh", F.silu(gate) * up, self.w_down[index])
+        return torch.einsum("nkh,nk->nh", out, weights.to(out.dtype))
+
+
+class SparseMoe(nn.Module):
+    """Top-k softmax routing (optionally renormalised) plus a sigmoid-gated shared expert."""
+
+    def __init__(self, args: ModelArgs):
+        super().__init__()
+        self.top_k = args.num_experts_per_tok
+        self.norm_topk = args.norm_topk_prob
+        self.gate = nn.Linear(args.hidden_size, args.num_experts, bias=False)
+        self.experts = Experts(args.num_experts, args.hidden_size, args.moe_intermediate_size)
+        self.shared_expert = MLP(args.hidden_size, args.shared_expert_intermediate_size)
+        self.shared_expert_gate = nn.Linear(args.hidden_size, 1, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        shape = x.shape
+        x = x.reshape(-1, shape[-1])
+        probs = torch.softmax(self.gate(x).float(), dim=-1)
+        weights, index = torch.topk(probs, self.top_k, dim=-1)
+        if self.norm_topk:
+            weights = weights / weights.sum(-1, keepdim=True)
+        out = self.experts(x, weights.to(x.dtype), index)
+        out = out + torch.sigmoid(self.shared_expert_gate(x)) * self.shared_expert(x)
+        return out.reshape(shape)
+
+
+class Attention(nn.Module):
+    """Gated full attention: q_proj yields queries and a sigmoid output gate; per-head q/k norm."""
+
+    def __init__(self, args: ModelArgs):
+        super().__init__()
+        self.hq, self.hkv, self.d = args.num_attention_heads, args.num_key_value_heads, args.head_dim
+        self.scale = self.d ** -0.5
+        h = args.hidden_size
+        self.q_proj = nn.Linear(h, self.hq * self.d * 2, bias=False)
+        self.k_proj = nn.Linear(h, self.hkv * self.d, bias=False)
+        self.v_proj = nn.Linear(h, self.hkv * self.d, bias=False)
+        self.o_proj = nn.Linear(self.hq * self.d, h, bias=False)
+        self.q_norm = RMSNorm(self.d, args.rms_norm_eps)
+        self.k_norm = RMSNorm(self.d, args.rms_norm_eps)
+
+    def _qkv(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
+        lead = x.shape[:-1]
+        q, gate = self.q_proj(x).view(*lead, self.hq, 2 * self.d).chunk(2, dim=-1)
+        q = apply_rotary(self.q_norm(q), cos, sin)
+        k = apply_rotary(self.k_norm(self.k_proj(x).view(*lead, self.hkv, self.d)), cos, sin)
+        v = self.v_proj(x).view(*lead, self.hkv, self.d)
+        return q, k, v, gate.reshape(*lead, self.hq * self.d)
+
+    def forward_train(self, x, cos, sin):
+        q, k, v, gate = self._qkv(x, cos, sin)  # (B, L, heads, D)
+        o = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
+                                           is_causal=True, scale=self.scale,
+                                           enable_gqa=self.hq != self.hkv)
+        o = o.transpose(1, 2).reshape(*x.shape[:-1], self.hq * self.d)
+        return self.o_proj(o * torch.sigmoid(gate))
+
+    def forward_window(self, x, cos, sin, k_cache, v_cache, group_slot, group_pos, ctx: int):
+        q, k, v, gate = self._qkv(x, cos, sin)  # (NG, G, heads, D)
+        ops.write_kv(k_cache, v_cache, k, v, group_slot, group_pos)
+        o = ops.grouped_window_attention(q, k_cache, v_cache, group_slot, group_pos, ctx, self.scale)
+        o = o.reshape(*x.shape[:-1], self.hq * self.d)
+        return self.o_proj(o * torch.sigmoid(gate))
+
+
+def l2norm(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
+    return x * torch.rsqrt((x * x).sum(-1, keepdim=True) + eps)
+
+
+class GatedDeltaNet(nn.Module):
+    """Linear attention with the gated delta rule, a depthwise causal conv and a gated norm."""
+
+    def __init__(self, args: ModelArgs):
+        super().__init__()
+        self.nk, self.nv = args.linear_num_key_heads, args.linear_num_value_heads
+        self.dk, self.dv = args.linear_key_head_dim, args.linear_value_head_dim
+        self.key_dim, self.value_dim = self.nk * self.dk, self.nv * self.dv
+        self.conv_dim = args.conv_dim
+        self.kernel = args.linear_conv_kernel_dim
+        h = args.hidden_size
+        self.in_proj_qkvz = nn.Linear(h, 2 * self.key_dim + 2 * self.value_dim, bias=False)
+        self.in_proj_ba = nn.Linear(h, 2 * self.nv, bias=False)
+        self.conv1d = nn.Conv1d(self.conv_dim, self.conv_dim, self.kernel, groups=self.conv_dim,
+                                bias=False, padding=self.kernel - 1)
+        self.dt_bias = nn.Parameter(torch.ones(self.nv))
+        self.A_log = nn.Parameter(torch.zeros(self.nv))
+        self.norm = GatedRMSNorm(self.dv, args.rms_norm_eps)
+        self.out_proj = nn.Linear(self.value_dim, h, bias=False)
+
+    def _project(self, x: torch.Tensor):
+        """Split the fused projections in the checkpoint's per-key-head interleaved order."""
+        lead = x.shape[:-1]
+        r = self.nv // self.nk
+        qkvz = self.in_proj_qkvz(x).view(*lead, self.nk, 2 * self.dk + 2 * r * self.dv)
+        q, k, v, z = qkvz.split([self.dk, self.dk, r * self.dv, r * self.dv], dim=-1)
+        b, a = self.in_proj_ba(x).view(*lead, self.nk, 2 * r).split([r, r], dim=-1)
+        mixed = torch.cat([q.reshape(*lead, -1), k.reshape(*lead, -1), v.reshape(*lead, -1)], -1)
+        return mixed, z.reshape(*lead, self.nv, self.dv), b.reshape(*lead, self.nv), a.reshape(*lead, self.nv)
+
+    def _heads(self, mixed: torch.Tensor, b: torch.Tensor, a: torch.Tensor):
+        lead = mixed.shape[:-1]
+        q, k, v = mixed.split([self.key_dim, self.key_dim, self.value_dim], dim=-1)
+        q = q.reshape(*lead, self.nk, self.dk)
+        k = k.reshape(*lead, self.nk, self.dk)
+        v = v.reshape(*lead, self.nv, self.dv)
+        if self.nv > self.nk:
+            q = q.repeat_interleave(self.nv // self.nk, dim=-2)
+            k = k.repeat_interleave(self.nv // self.nk, dim=-2)
+        q = l2norm(q.float()) * self.dk ** -0.5
+        k = l2norm(k.float())
+        beta = torch.sigmoid(b).float()
+        g = -self.A_log.float().exp() * F.softplus(a.float() + self.dt_bias)
+        return q, k, v, g, beta
+
+    def _out(self, core: torch.Tensor, z: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        out = self.norm(core.to(dtype), z)
+        return self.out_proj(out.reshape(*out.shape[:-2], self.value_dim))
+
+    def forward_seq(self, x: torch.Tensor, conv_init: torch.Tensor, rec_init: torch.Tensor):
+        """Whole sequences x (B, L, H) from given states; returns out, final conv and rec state."""
+        mixed, z, b, a = self._project(x)
+        ext = torch.cat([conv_init.to(x.dtype), mixed.transpose(1, 2)], dim=-1)  # (B, C, K-1+L)
+        conv = F.conv1d(ext, self.conv1d.weight, groups=self.conv_dim)
+        mixed = F.silu(conv).transpose(1, 2)
+        conv_final = ext[..., ext.shape[-1] - (self.kernel - 1):]
+        q, k, v, g, beta = self._heads(mixed, b, a)
+        core, rec_final = ops.chunk_gated_delta(q, k, v, g, beta, rec_init)
+        return self._out(core, z, x.dtype), conv_final, rec_final
+
+    def forward_window(self, x, conv_state, rec_state, group_slot):
+        """Window grid x (NG, G, H); states of this layer for all lanes (read, not written)."""
+        mixed, z, b, a = self._project(x)
+        weight = self.conv1d.weight[:, 0, :]
+        mixed, conv_snaps = ops.causal_conv_window(mixed, conv_state, weight, group_slot)
+        q, k, v, g, beta = self._heads(mixed, b, a)
+        core, rec_snaps = ops.gated_delta_window(q, k, v, g, beta, rec_state, group_slot)
+        return self._out(core, z, x.dtype), conv_snaps, rec_snaps
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, args: ModelArgs, index: int, kind: str, moe: bool):
+        super().__init__()
+        self.kind = kind
+        if kind == "linear_attention":
+            self.linear_attn = GatedDeltaNet(args)
+        else:
+            self.self_attn = Attention(args)
+        self.mlp = SparseMoe(args) if moe else MLP(args.hidden_size, args.intermediate_size)
+        self.input_layernorm = RMSNorm(args.hidden_size, args.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(args.hidden_size, args.rms_norm_eps)
+
+    def _ffn(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class MTP(nn.Module):
+    """Multi-token prediction: fc(cat[norm_e(embed(t[i+1])), norm_h(h[i])]) -> one decoder layer."""
+
+    def __init__(self, args: ModelArgs):
+        super().__init__()
+        h = args.hidden_size
+        self.fc = nn.Linear(2 * h, h, bias=False)
+        self.pre_fc_norm_embedding = RMSNorm(h, args.rms_norm_eps)
+        self.pre_fc_norm_hidden = RMSNorm(h, args.rms_norm_eps)
+        self.layers = nn.ModuleList([DecoderLayer(args, 0, "full_attention", args.num_experts > 0)])
+        self.norm = RMSNorm(h, args.rms_norm_eps)
+
+    def fuse(self, hidden: torch.Tensor, next_emb: torch.Tensor) -> torch.Tensor:
+        return self.fc(torch.cat([self.pre_fc_norm_embedding(next_emb),
+                                  self.pre_fc_norm_hidden(hidden)], dim=-1))
+
+
+class Qwen3Next(nn.Module):
+    def __init__(self, args: ModelArgs, with_mtp: bool = True):
+        super().__init__()
+        self.args = args
+        self.embed_tokens = nn.Embedding(args.vocab_size, args.hidden_size)
+        self.layers = nn.ModuleList(
+            DecoderLayer(args, i, t, args.is_moe_layer(i)) for i, t in enumerate(args.layer_types))
+        self.norm = RMSNorm(args.hidden_size, args.rms_norm_eps)
+        self.lm_head = nn.Linear(args.hidden_size, args.vocab_size, bias=False)
+        if args.tie_word_embeddings:
+            self.lm_head.weight = self.embed_tokens.weight
+        self.rotary = Rotary(args)
+        self.mtp: Optional[MTP] = MTP(args) if with_mtp else None
+        # Index of each layer among its kind, for the stacked state tensors.
+        self.state_index = {}
+        n_lin = n_full = 0
+        for i, t in enumerate(args.layer_types):
+            if t == "linear_attention":
+                self.state_index[i] = n_lin
+                n_lin += 1
+            else:
+                self.state_index[i] = n_full
+                n_full += 1
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.embed_tokens.weight.dtype
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.lm_head(hidden)
+
+    # ---- whole sequences, no cache -------------------------------------------------------
+    def forward_train(self, tokens: torch.Tensor) -> torch.Tensor:
+        """tokens (B, L) -> final hidden states (B, L, H) after model.norm."""
+        b, length = tokens.shape
+        x = self.embed_tokens(tokens)
+        cos, sin = self.rotary(torch.arange(length, device=tokens.device), x.dtype)
+        for layer in self.layers:
+            h = layer.input_layernorm(x)
+            if layer.kind == "linear_attention":
+                la = layer.linear_attn
+                conv0 = torch.zeros(b, la.conv_dim, la.kernel - 1, dtype=x.dtype, device=x.device)
+                rec0 = torch.zeros(b, la.nv, la.dk, la.dv, dtype=torch.float32, device=x.device)
+                h, _, _ = la.forward_seq(h, conv0, rec0)
+            else:
+                h = layer.self_attn.forward_train(h, cos, sin)
+            x = layer._ffn(x + h)
+        return self.norm(x)
+
+    def mtp_train(self, hidden: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+        """MTP over whole sequences: row i uses (h[i], t[i+1]) and predicts t[i+2].
+
+        hidden (B, L, H), tokens (B, L) -> MTP hidden (B, L-1, H) after mtp.norm.
+        """
+        assert self.mtp is not None
+        x = self.mtp.fuse(hidden[:, :-1], self.embed_tokens(tokens[:, 1:]))
+        cos, sin = self.rotary(torch.arange(x.shape[1], device=x.device), x.dtype)
+        layer = self.mtp.layers[0]
+        x = layer._ffn(x + layer.self_attn.forward_train(layer.input_layernorm(x), cos, sin))
+        return self.mtp.norm(x)
+
+    # ---- one lane's prompt chunk -----------------------------------------------------------
+    def prefill(self, tokens: torch.Tensor, lane: int, start: int, state: DecodeState) -> torch.Tensor:
+        """Run prompt tokens (L,) of `lane` at positions start..start+L-1, writing its KV, conv
+        and recurrent state. Returns final hidden states (L, H) after model.norm."""
+        length = tokens.shape[0]
+        x = self.embed_tokens(tokens)[None]  # (1, L, H): a window grid of one group
+        pos = torch.arange(start, start + length, device=tokens.device)
+        cos, sin = self.rotary(pos[None], x.dtype)
+        slot_t = torch.tensor([lane], device=tokens.device)
+        pos_t = torch.tensor([start], device=tokens.device)
+        ctx = start + length
+        for i, layer in enumerate(self.layers):
+            h = layer.input_layernorm(x)
+            j = self.state_index[i]
+            if layer.kind == "linear_attention":
+                h, conv, rec = layer.linear_attn.forward_seq(
+                    h, state.conv[j, lane][None], state.rec[j, lane][None])
+                state.conv[j, lane] = conv[0].to(state.conv.dtype)
+                state.rec[j, lane] = rec[0]
+            else:
+                h = layer.self_attn.forward_window(h, cos, sin, state.k[j], state.v[j],
+                                                   slot_t, pos_t, ctx)
+            x = layer._ffn(x + h)
+        return self.norm(x)[0]
+
+    # ---- the window grid ---------------------------------------------------------------------
+    def verify_window(self, tokens: torch.Tensor, group_slot: torch.Tensor, group_pos: torch.Tensor,
+                      ctx: int, state: DecodeState):
+        """tokens (NG, G) at positions group_pos[g] + j of lanes group_slot[g].
+
+        Writes candidate K/V rows; DeltaNet states are read, not written. Returns hidden
+        (NG, G, H) after model.norm, logits (NG, G, V), and per-row snapshots of every
+        linear-attention layer: rec (L, NG, G, H, Dk, Dv) and conv (L, NG, G, C, K-1).
+        """
+        x = self.embed_tokens(tokens)
+        pos = group_pos[:, None] + torch.arange(tokens.shape[1], device=tokens.device)[None]
+        cos, sin = self.rotary(pos, x.dtype)
+        rec_snaps, conv_snaps = [], []
+        for i, layer in enumerate(self.layers):
+            h = layer.input_layernorm(x)
+            j = self.state_index[i]
+            if layer.kind == "linear_attention":
+                h, cs, rs = layer.linear_attn.forward_window(h, state.conv[j], state.rec[j], group_slot)
+                conv_snaps.append(cs)
+                rec_snaps.append(rs)
+            else:
+                h = layer.self_attn.forward_window(h, cos, sin, state.k[j], state.v[j],
+                                                   group_slot, group_pos, ctx)
+            x = layer._ffn(x + h)
+        hidden = self.norm(x)
+        return hidden, self.logits(hidden), torch.stack(rec_snaps), torch.stack(conv_snaps)
+
+    def mtp_window(self, hidden: torch.Tensor, next_tokens: torch.Tensor, group_slot: torch.Tensor,
+                   group_pos: torch.Tensor, ctx: int, state: DecodeState):
+        """MTP over a grid: row (g, j) at position group_pos[g]+j combines h of that row with the
+        embedding of the token that follows it; writes the lane's MTP K/V rows. Returns MTP
+        hidden (NG, G, H) after mtp.norm and logits (NG, G, V)."""
+        assert self.mtp is not None
+        x = self.mtp.fuse(hidden, self.embed_tokens(next_tokens))
+        pos = group_pos[:, None] + torch.arange(x.shape[1], device=x.device)[None]
+        cos, sin = self.rotary(pos, x.dtype)
+        layer = self.mtp.layers[0]
+        h = layer.self_attn.forward_window(layer.input_layernorm(x), cos, sin, state.mtp_k,
+                                           state.mtp_v, group_slot, group_pos, ctx)
+        out = self.mtp.norm(layer._ffn(x + h))
+        return out, self.logits(out)

@@ -1,0 +1,50 @@
+"""Per-lane decode state: attention KV, DeltaNet conv and recurrent state, MTP KV.
+
+Lane `lanes` (the last one) is scratch: padding groups of a window point at it, so whatever
+they write lands where nothing reads. Layouts are those of strata/kernels/reference.py.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from strata.model.config import ModelArgs
+
+
+class DecodeState:
+    def __init__(self, args: ModelArgs, lanes: int, max_context: int, dtype: torch.dtype,
+                 device: torch.device | str, with_mtp: bool):
+        self.lanes = lanes
+        self.scratch = lanes
+        self.max_context = max_context
+        n = lanes + 1
+        n_full = len(args.full_layers)
+        n_lin = len(args.linear_layers)
+        kv = (n, max_context, args.num_key_value_heads, args.head_dim)
+        self.k = torch.zeros((max(n_full, 1),) + kv, dtype=dtype, device=device)[:n_full]
+        self.v = torch.zeros((max(n_full, 1),) + kv, dtype=dtype, device=device)[:n_full]
+        self.conv = torch.zeros(n_lin, n, args.conv_dim, args.linear_conv_kernel_dim - 1,
+                                dtype=dtype, device=device)
+        self.rec = torch.zeros(n_lin, n, args.linear_num_value_heads, args.linear_key_head_dim,
+                               args.linear_value_head_dim, dtype=torch.float32, device=device)
+        self.with_mtp = with_mtp
+        mtp_shape = kv if with_mtp else (n, 1, args.num_key_value_heads, args.head_dim)
+        self.mtp_k = torch.zeros(mtp_shape, dtype=dtype, device=device)
+        self.mtp_v = torch.zeros(mtp_shape, dtype=dtype, device=device)
+
+    def reset_lane(self, lane: int) -> None:
+        """A fresh request starts from zero DeltaNet state; stale K/V rows are masked by position."""
+        self.conv[:, lane].zero_()
+        self.rec[:, lane].zero_()
+
+    @staticmethod
+    def bytes_per_lane(args: ModelArgs, max_context: int, dtype: torch.dtype, with_mtp: bool) -> dict:
+        """Device bytes one lane needs, split into main state and MTP draft state."""
+        el = torch.empty((), dtype=dtype).element_size()
+        kv_row = 2 * args.num_key_value_heads * args.head_dim * el
+        main = len(args.full_layers) * max_context * kv_row
+        main += len(args.linear_layers) * (
+            args.conv_dim * (args.linear_conv_kernel_dim - 1) * el
+            + args.linear_num_value_heads * args.linear_key_head_dim * args.linear_value_head_dim * 4)
+        draft = max_context * kv_row if with_mtp else 0
+        return {"main": main, "draft": draft}

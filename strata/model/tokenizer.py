@@ -1,0 +1,42 @@
+"""Tokenizer from a checkpoint's `tokenizer.json` (the `tokenizers` library)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from tokenizers import Tokenizer as HFTokenizer
+
+from strata.model.config import CheckpointError
+
+EOS_NAMES = ("<|endoftext|>", "<|im_end|>", "</s>", "<eos>")
+
+
+class Tokenizer:
+    def __init__(self, tok: HFTokenizer, eos_ids: list[int]):
+        self._tok = tok
+        self.eos_ids = eos_ids
+        self.vocab_size = tok.get_vocab_size()
+
+    @classmethod
+    def from_dir(cls, path: str | Path) -> "Tokenizer":
+        path = Path(path)
+        f = path / "tokenizer.json"
+        try:
+            tok = HFTokenizer.from_file(str(f))
+        except Exception as e:  # the tokenizers library raises a bare Exception
+            raise CheckpointError(f"{f}: cannot load tokenizer ({e})") from None
+        eos: list[int] = []
+        gen = path / "generation_config.json"
+        if gen.is_file():
+            val = json.loads(gen.read_text()).get("eos_token_id")
+            eos = [val] if isinstance(val, int) else list(val or [])
+        if not eos:
+            eos = [i for n in EOS_NAMES if (i := tok.token_to_id(n)) is not None]
+        return cls(tok, eos)
+
+    def encode(self, text: str) -> list[int]:
+        return self._tok.encode(text, add_special_tokens=False).ids
+
+    def decode(self, ids: list[int]) -> str:
+        return self._tok.decode(ids, skip_special_tokens=False)
