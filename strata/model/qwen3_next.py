@@ -401,10 +401,10 @@ class Qwen3Next(nn.Module):
         return hidden, self.logits(hidden), torch.stack(rec_snaps), torch.stack(conv_snaps)
 
     def mtp_window(self, hidden: torch.Tensor, next_tokens: torch.Tensor, group_slot: torch.Tensor,
-                   group_pos: torch.Tensor, ctx: int, state: DecodeState):
+                   group_pos: torch.Tensor, ctx: int, state: DecodeState, with_logits: bool = True):
         """MTP over a grid: row (g, j) at position group_pos[g]+j combines h of that row with the
         embedding of the token that follows it; writes the lane's MTP K/V rows. Returns MTP
-        hidden (NG, G, H) after mtp.norm and logits (NG, G, V)."""
+        hidden (NG, G, H) after mtp.norm and logits (NG, G, V) (None unless with_logits)."""
         assert self.mtp is not None
         x = self.mtp.fuse(hidden, self.embed_tokens(next_tokens))
         pos = group_pos[:, None] + torch.arange(x.shape[1], device=x.device)[None]
@@ -413,4 +413,4 @@ class Qwen3Next(nn.Module):
         h = layer.self_attn.forward_window(layer.input_layernorm(x), cos, sin, state.mtp_k,
                                            state.mtp_v, group_slot, group_pos, ctx)
         out = self.mtp.norm(layer._ffn(x + h))
-        return out, self.logits(out)
+        return out, (self.logits(out) if with_logits else None)

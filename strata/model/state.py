@@ -13,14 +13,17 @@ from strata.model.config import ModelArgs
 
 class DecodeState:
     def __init__(self, args: ModelArgs, lanes: int, max_context: int, dtype: torch.dtype,
-                 device: torch.device | str, with_mtp: bool):
+                 device: torch.device | str, with_mtp: bool, spare_rows: int = 0):
+        """`spare_rows` positions past max_context take the writes of padding rows and chained
+        drafts of a slot at the end of its context, so they never land on a live row."""
         self.lanes = lanes
         self.scratch = lanes
         self.max_context = max_context
         n = lanes + 1
+        capacity = max_context + spare_rows
         n_full = len(args.full_layers)
         n_lin = len(args.linear_layers)
-        kv = (n, max_context, args.num_key_value_heads, args.head_dim)
+        kv = (n, capacity, args.num_key_value_heads, args.head_dim)
         self.k = torch.zeros((max(n_full, 1),) + kv, dtype=dtype, device=device)[:n_full]
         self.v = torch.zeros((max(n_full, 1),) + kv, dtype=dtype, device=device)[:n_full]
         self.conv = torch.zeros(n_lin, n, args.conv_dim, args.linear_conv_kernel_dim - 1,

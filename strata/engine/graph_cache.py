@@ -1,0 +1,180 @@
+"""The graph cache: captured decode windows kept in a bounded LRU, charged to the memory budget.
+
+A window runs by replaying a captured graph (CUDA graph on GPU; on CPU a recorded plan, so the
+same cache logic runs in CI) or eagerly. Rules (docs/SCHEDULING.md): a hit refreshes the entry;
+a miss on a full cache evicts the least recently used entry that the current window does not
+need; before a capture, LRU entries are evicted until the planned graph size fits the budget;
+if it still does not fit, the window runs eagerly and the engine says why. Every failure of
+capture or replay becomes an eviction or an eager run with a log line, never a silent exit.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import Any, Callable, Optional, Protocol
+
+from strata.engine.memory import MemoryBudget
+from strata.trace import TraceWriter
+
+
+class CaptureBackend(Protocol):
+    name: str
+
+    def capture(self, fn: Callable[[], Any]) -> tuple[Any, float]:
+        """Record `fn` (no side effects happen); returns (handle, measured MiB)."""
+
+    def replay(self, handle: Any) -> Any:
+        """Run a captured handle; returns its output."""
+
+    def release(self, handle: Any) -> None:
+        """Free a handle's memory."""
+
+
+class RecordingBackend:
+    """CPU stand-in for CUDA graphs: a 'capture' records the plan (the callable), a replay runs
+    it. Each capture is charged a fixed size so the memory arithmetic is exercised on CPU."""
+
+    name = "record"
+
+    def __init__(self, graph_mib: float):
+        self.graph_mib = graph_mib
+
+    def capture(self, fn):
+        return fn, self.graph_mib
+
+    def replay(self, handle):
+        return handle()
+
+    def release(self, handle) -> None:
+        pass
+
+
+class CudaGraphBackend:
+    """Real CUDA graphs, each with a private memory pool so that evicting one frees its memory.
+    A capture's size is the drop of the device's free memory across capture and instantiation."""
+
+    name = "cuda"
+
+    def __init__(self, device):
+        import torch
+
+        self.torch = torch
+        self.device = device
+        self.stream = torch.cuda.Stream(device=device)
+
+    def capture(self, fn):
+        torch = self.torch
+        torch.cuda.synchronize(self.device)
+        free0, _ = torch.cuda.mem_get_info(self.device)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, stream=self.stream):
+            out = fn()
+        torch.cuda.synchronize(self.device)
+        free1, _ = torch.cuda.mem_get_info(self.device)
+        return (graph, out), max(0.0, (free0 - free1) / 2**20)
+
+    def replay(self, handle):
+        graph, out = handle
+        graph.replay()
+        return out
+
+    def release(self, handle) -> None:
+        graph, out = handle
+        del graph, out
+        self.torch.cuda.empty_cache()
+
+
+@dataclass
+class Entry:
+    handle: Any
+    mib: float
+
+
+class GraphCache:
+    def __init__(self, limit: int, backend: CaptureBackend, budget: MemoryBudget, trace: TraceWriter,
+                 estimate_mib: float, log: Callable[[str], None] = print):
+        self.limit = limit
+        self.backend = backend
+        self.budget = budget
+        self.trace = trace
+        self.log = log
+        self.entries: "OrderedDict[str, Entry]" = OrderedDict()
+        self.last_mib = estimate_mib
+        self.hits = self.captures = self.eager = self.evictions = 0
+        self._warned: set[str] = set()
+
+    @property
+    def graphs_mib(self) -> float:
+        return sum(e.mib for e in self.entries.values())
+
+    def _evict(self, key: str, reason: str) -> None:
+        entry = self.entries.pop(key)
+        try:
+            self.backend.release(entry.handle)
+        finally:
+            self.evictions += 1
+            self.trace.emit("evict", key=key, reason=reason)
+
+    def _lru_victim(self, pinned: set[str]) -> Optional[str]:
+        for key in self.entries:  # OrderedDict iterates least recently used first
+            if key not in pinned:
+                return key
+        return None
+
+    def _warn_once(self, kind: str, text: str) -> None:
+        if kind not in self._warned:
+            self._warned.add(kind)
+            self.log(f"WARNING: {text}")
+            self.trace.emit("warning", text=text)
+
+    def lookup(self, key: str, pinned: set[str], make: Callable[[], Callable[[], Any]],
+               warm: Callable[[], None]) -> tuple[str, Callable[[], Any]]:
+        """Decide how the window with `key` runs: returns (graph action, runner).
+
+        `make()` returns the window's function (reading static inputs); `warm()` runs it once
+        on scratch state before a capture, so that lazy initialisation happens outside it.
+        """
+        entry = self.entries.get(key)
+        if entry is not None:
+            self.entries.move_to_end(key)
+            self.hits += 1
+            return "hit", lambda: self.backend.replay(entry.handle)
+        fn = make()
+        if self.limit > 0 and len(self.entries) >= self.limit:
+            victim = self._lru_victim(pinned | {key})
+            if victim is not None:
+                self._evict(victim, "limit")
+        while self.last_mib > self.budget.graph_budget_mib(self.graphs_mib):
+            victim = self._lru_victim(pinned | {key})
+            if victim is None:
+                break
+            self._evict(victim, "memory")
+        if self.last_mib > self.budget.graph_budget_mib(self.graphs_mib):
+            self._warn_once("memory", f"graph memory exhausted (planned {self.last_mib:.1f} MiB, "
+                                      f"budget {self.budget.graph_budget_mib(self.graphs_mib):.1f} MiB "
+                                      f"above reserve {self.budget.reserve_mib} MiB): windows "
+                                      f"without a cached graph run eagerly")
+            self.eager += 1
+            return "eager", fn
+        try:
+            warm()
+            handle, mib = self.backend.capture(fn)
+        except Exception as e:  # a CUDA error during capture: run eagerly, never exit
+            self._warn_once("capture:" + type(e).__name__,
+                            f"graph capture failed for {key} ({type(e).__name__}: {e}); running eagerly")
+            self.eager += 1
+            return "eager", fn
+        self.entries[key] = Entry(handle, mib)
+        self.last_mib = mib if mib > 0 else self.last_mib
+        self.captures += 1
+        return "capture", lambda: self.backend.replay(handle)
+
+    def drop(self, key: str, reason: str = "error") -> None:
+        """Evict an entry whose replay failed."""
+        if key in self.entries:
+            self._evict(key, reason)
+
+    def clear(self) -> None:
+        for key in list(self.entries):
+            self.backend.release(self.entries.pop(key).handle)

@@ -1,0 +1,432 @@
+"""The engine: requests in, one iteration per `step()`, streaming outputs and a trace out.
+
+It owns the model, the per-slot state, the scheduler, the verifier and the graph cache, and it
+never imports the faces (strata.serve, strata.__main__). Single-threaded: drive it from one
+thread.
+"""
+
+from __future__ import annotations
+
+import heapq
+import time
+from pathlib import Path
+from typing import Any, Callable, Optional
+
+import torch
+
+from strata.config import ConfigError, batch_mtp_from_env, validate_engine
+from strata.engine.graph_cache import CudaGraphBackend, GraphCache, RecordingBackend
+from strata.engine.memory import MIB, MemoryBudget, fit_slots
+from strata.engine.model_runner import ModelRunner
+from strata.engine.request import Request, RequestError, RequestOutput
+from strata.engine.scheduler import Plan, Scheduler
+from strata.engine.slots import DECODE, RequestState, Slot
+from strata.engine.verifier import SlotBuffers, Verifier
+from strata.kernels import ops
+from strata.model.loader import LoadedModel, load_checkpoint
+from strata.model.state import DecodeState
+from strata.trace import TraceWriter, context_tier, layout_key, shape_bucket, shape_key
+
+ENGINE_KNOBS = ("mode", "batch_mtp", "slots", "spec", "window_rows", "decode_share", "prefill_chunk",
+                "max_context", "context_tier_min", "shape_buckets", "graphs", "graph_key",
+                "graph_limit", "vram_reserve_mib", "graph_mib_estimate", "cpu_graph_mib",
+                "cpu_device_mib")
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name == "cuda" and not torch.cuda.is_available():
+        raise ConfigError("device=cuda: no CUDA device is available (use device=cpu or auto)")
+    if name not in ("cpu", "cuda"):
+        raise ConfigError(f"device: must be auto, cpu or cuda, got {name!r}")
+    return torch.device(name)
+
+
+class Engine:
+    @classmethod
+    def from_config(cls, cfg: Any, log: Callable[[str], None] = print,
+                    trace_path: Optional[str | Path] = None) -> "Engine":
+        device = resolve_device(cfg.device)
+        validate_engine(cfg.engine)
+        ops.set_backend(cfg.backend.name, device.type)
+        loaded = load_checkpoint(cfg.model.path, cfg.model.dtype, device, log=log)
+        return cls(loaded, cfg.engine, device, log=log, trace_path=trace_path)
+
+    def __init__(self, loaded: LoadedModel, ecfg: Any, device: torch.device,
+                 log: Callable[[str], None] = print, trace_path: Optional[str | Path] = None):
+        validate_engine(ecfg)
+        self.log = log
+        self.device = device
+        self.loaded = loaded
+        self.model = loaded.model
+        self.args = loaded.args
+        self.tokenizer = loaded.tokenizer
+        self.model_name = loaded.path.name
+        self.cfg = ecfg
+        self.max_context = min(int(ecfg.max_context), self.args.max_position_embeddings)
+        self.eos = set(self.args.eos_token_id)
+        self.trace = TraceWriter(trace_path)
+        self._clock0 = time.perf_counter()
+
+        # ---- what can run: batch_mtp conditions (DESIGN.md section 3) --------------------
+        batch_mtp = batch_mtp_from_env(ecfg.batch_mtp)
+        drafting = loaded.has_mtp and ecfg.spec >= 2
+        off_reason = None
+        if not loaded.has_mtp:
+            off_reason = "the checkpoint has no mtp.* weights"
+        elif ecfg.spec < 2:
+            off_reason = f"engine.spec={ecfg.spec} < 2 leaves no draft row"
+        elif device.type == "cuda" and torch.cuda.device_count() > 1 and False:
+            off_reason = "more than one device"  # strata runs one device; kept for parity of rules
+
+        # ---- memory: weights, slot state, draft state, graphs above the reserve ---------------
+        dtype = loaded.dtype
+        spare = int(ecfg.window_rows) + 1
+        if device.type == "cuda":
+            _, total = torch.cuda.mem_get_info(device)
+            total_mib = total / MIB
+            free_fn = lambda: torch.cuda.mem_get_info(device)[0] / MIB  # noqa: E731
+        else:
+            total_mib = float(ecfg.cpu_device_mib)
+            free_fn = None
+        weights_mib = sum(p.numel() * p.element_size() for p in self.model.parameters()) / MIB
+        per = DecodeState.bytes_per_lane(self.args, self.max_context + spare, dtype, loaded.has_mtp)
+        bufs_mib = (self.args.hidden_size * torch.empty((), dtype=dtype).element_size() + 64) / MIB
+        main_mib = per["main"] / MIB + bufs_mib
+        draft_mib = per["draft"] / MIB
+        estimate = float(ecfg.graph_mib_estimate)
+        reserve = float(ecfg.vram_reserve_mib)
+        asked = int(ecfg.slots) if ecfg.mode == "batch" else 1
+        n_with = fit_slots(asked, total_mib, reserve, weights_mib, main_mib + draft_mib, estimate)
+        n_without = fit_slots(asked, total_mib, reserve, weights_mib, main_mib, estimate)
+        if drafting and n_with < min(asked, n_without):
+            drafting = False
+            off_reason = off_reason or (f"the per-slot draft state ({draft_mib:.1f} MiB) does not "
+                                        f"fit beside {asked} slots")
+        n_slots = n_with if drafting or not loaded.has_mtp else n_without
+        if n_slots < 1:
+            raise ConfigError(
+                f"engine.slots: not even one slot fits: device {total_mib:.0f} MiB - reserve "
+                f"{reserve:.0f} - weights {weights_mib:.1f} leaves too little for a slot of "
+                f"{main_mib + draft_mib:.1f} MiB (lower engine.max_context or engine.vram_reserve_mib)")
+        slot_mib = main_mib + (draft_mib if loaded.has_mtp else 0.0)
+        self.log(f"INFO slots={n_slots} (asked {asked}): weights {weights_mib:.1f} MiB, "
+                 f"{slot_mib:.2f} MiB per slot (draft state {draft_mib:.2f}), reserve {reserve:.0f} MiB "
+                 f"of {total_mib:.0f} MiB")
+        self.drafting = drafting
+        self.batch_mtp = bool(batch_mtp and drafting)
+        if batch_mtp and ecfg.mode == "batch" and off_reason is not None:
+            self.warn(f"batch_mtp is off: {off_reason}")
+
+        # ---- state, verifier, scheduler, graph cache ---------------------------------------------
+        self.state = DecodeState(self.args, n_slots, self.max_context, dtype, device,
+                                 loaded.has_mtp, spare_rows=spare)
+        self.bufs = SlotBuffers(n_slots, self.args.hidden_size, dtype, device)
+        self.verifier = Verifier(self.model, self.state, self.bufs, drafting)
+        self.budget = MemoryBudget(total_mib, reserve, weights_mib, slot_mib, n_slots, free_fn)
+        self.scheduler = Scheduler(n_slots, mode=ecfg.mode, batch_mtp=self.batch_mtp,
+                                   drafting=drafting, spec=int(ecfg.spec),
+                                   window_rows=int(ecfg.window_rows),
+                                   decode_share=float(ecfg.decode_share),
+                                   prefill_chunk=int(ecfg.prefill_chunk),
+                                   max_context=self.max_context, trace=self.trace)
+        self.cache: Optional[GraphCache] = None
+        if ecfg.graphs:
+            backend = (CudaGraphBackend(device) if device.type == "cuda"
+                       else RecordingBackend(float(ecfg.cpu_graph_mib)))
+            self.cache = GraphCache(int(ecfg.graph_limit), backend, self.budget, self.trace,
+                                    estimate, log=self.log)
+        max_groups = shape_bucket(n_slots, list(ecfg.shape_buckets))
+        self.runner = ModelRunner(self.verifier, self.cache, device, max(max_groups, n_slots),
+                                  self.state.scratch, log=self.log)
+        knobs = {k: (list(getattr(ecfg, k)) if k == "shape_buckets" else getattr(ecfg, k))
+                 for k in ENGINE_KNOBS}
+        knobs.update(batch_mtp=self.batch_mtp, slots=n_slots, max_context=self.max_context,
+                     drafting=drafting)
+        memory = self.budget.as_dict()
+        memory["graph_mib"] = float(ecfg.cpu_graph_mib) if device.type == "cpu" else None
+        self.trace.emit("config", engine=knobs, memory=memory)
+
+        self.requests: dict[str, RequestState] = {}
+        self._future: list[tuple[float, int, int, RequestState]] = []  # heap by arrival
+        self._order = 0
+        self.steps = 0
+        self.windows = self.prefills = 0
+        self.output_tokens = self.drafted = self.accepted = 0
+        self._cancels: list[RequestState] = []
+        self._warnings: list[str] = []
+
+    # ---- small helpers ----------------------------------------------------------------------------
+    def now(self) -> float:
+        return time.perf_counter() - self._clock0
+
+    def warn(self, text: str) -> None:
+        self._warnings.append(text)
+        self.log(f"WARNING: {text}")
+        self.trace.emit("warning", text=text)
+
+    def _sync(self) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+
+    # ---- requests --------------------------------------------------------------------------------
+    def add_request(self, req: Request) -> None:
+        """Validate and queue a request (it arrives at its arrival_step / arrival_s, or now)."""
+        if not isinstance(req.id, str) or not req.id:
+            raise RequestError("id", "must be a non-empty string")
+        if req.id in self.requests:
+            raise RequestError("id", f"duplicate request id {req.id!r}")
+        ids = req.prompt_ids
+        if not isinstance(ids, list) or not ids:
+            raise RequestError("prompt", "is empty")
+        vocab = self.args.vocab_size
+        for i, t in enumerate(ids):
+            if not isinstance(t, int) or isinstance(t, bool) or not 0 <= t < vocab:
+                raise RequestError("prompt", f"token id at index {i} ({t!r}) is not in [0, {vocab})")
+        if len(ids) >= self.max_context:
+            raise RequestError("prompt", f"{len(ids)} tokens leave no room in the context of "
+                                         f"{self.max_context} positions (at most {self.max_context - 1})")
+        req.params.validate()
+        if req.arrival_step is not None and (not isinstance(req.arrival_step, int) or req.arrival_step < 0):
+            raise RequestError("arrival_step", f"must be an integer >= 0, got {req.arrival_step!r}")
+        if req.arrival_s is not None and not req.arrival_s >= 0:
+            raise RequestError("arrival_s", f"must be a number >= 0, got {req.arrival_s!r}")
+        rs = RequestState(req, self._order)
+        self._order += 1
+        self.requests[req.id] = rs
+        if req.arrival_s is not None:
+            key = (1, float(req.arrival_s))
+        else:
+            key = (0, float(req.arrival_step if req.arrival_step is not None else self.steps))
+        heapq.heappush(self._future, (key[0], key[1], rs.order, rs))
+
+    def cancel(self, req_id: str) -> None:
+        rs = self.requests.get(req_id)
+        if rs is not None and not rs.finished and not rs.cancel_requested:
+            rs.cancel_requested = True
+            self._cancels.append(rs)
+
+    def has_work(self) -> bool:
+        return bool(self._future) or self.scheduler.busy() or bool(self._cancels)
+
+    def _arrived(self, kind: int, when: float, now: float) -> bool:
+        return when <= self.steps if kind == 0 else when <= now
+
+    def next_arrival_in(self) -> Optional[float]:
+        """Seconds until the next wall-clock arrival, when only such arrivals are left."""
+        if self.scheduler.busy() or not self._future:
+            return None
+        kind, when, _, _ = self._future[0]
+        return max(0.0, when - self.now()) if kind == 1 else None
+
+    # ---- one iteration --------------------------------------------------------------------------
+    def step(self) -> list[RequestOutput]:
+        self.trace.step = self.steps
+        outs: dict[str, RequestOutput] = {}
+        now = self.now()
+        for rs in self._cancels:
+            if not rs.finished:
+                self._finish(rs, "cancel", outs)
+        self._cancels.clear()
+        while self._future and self._arrived(self._future[0][0], self._future[0][1], now):
+            rs = heapq.heappop(self._future)[3]
+            if rs.finished:
+                continue
+            rs.t_arrive = now
+            self.scheduler.enqueue(rs)
+        for slot in self.scheduler.admit():
+            self._bind_lane(slot)
+        plan = self.scheduler.plan()
+        try:
+            if plan.kind == "prefill":
+                self._run_prefill(plan, outs)
+            elif plan.kind == "decode":
+                self._run_decode(plan, outs)
+            else:
+                wait = self.next_arrival_in()
+                if wait:
+                    time.sleep(min(wait, 0.05))
+        except Exception as e:  # an engine fault fails the requests it touched, never hangs
+            touched = [plan.slot] if plan.kind == "prefill" else [s for s, _ in plan.groups]
+            msg = f"engine fault in {plan.kind} iteration {self.steps}: {type(e).__name__}: {e}"
+            self.log(f"ERROR: {msg}")
+            for slot in touched:
+                if slot.req is not None and not slot.req.finished:
+                    slot.req.error = msg
+                    self._finish(slot.req, "error", outs)
+        if self.cache is not None and self.cfg.vram_every and self.steps % self.cfg.vram_every == 0:
+            self._vram()
+        self.steps += 1
+        return list(outs.values())
+
+    def _bind_lane(self, slot: Slot) -> None:
+        rs = slot.req
+        rs.t_admit = self.now()
+        p = rs.req.params
+        self.state.reset_lane(slot.id)
+        self.bufs.set_params(slot.id, float(p.temperature), float(p.top_p), int(p.top_k), int(p.seed))
+        rs.prompt_tensor = torch.tensor(rs.req.prompt_ids, dtype=torch.long, device=self.device)
+
+    def _vram(self) -> None:
+        graphs = self.cache.graphs_mib if self.cache else 0.0
+        if self.device.type == "cuda":
+            free = torch.cuda.mem_get_info(self.device)[0] / MIB
+        else:
+            free = self.budget.free_mib(graphs)
+        self.trace.emit("vram", free_mib=round(free, 3), graphs_mib=round(graphs, 3),
+                        reserve_mib=self.budget.reserve_mib)
+
+    def _run_prefill(self, plan: Plan, outs: dict) -> None:
+        slot, rs = plan.slot, plan.slot.req
+        start, n = slot.prefilled, plan.tokens
+        final = start + n == rs.prompt_len
+        next_token = None if final else rs.req.prompt_ids[start + n]
+        t0 = time.perf_counter()
+        first = self.verifier.prefill(slot.id, rs.prompt_tensor[start:start + n], start, next_token)
+        self._sync()
+        dur = time.perf_counter() - t0
+        slot.prefilled += n
+        rs.prefill_s += dur
+        self.prefills += 1
+        self.trace.emit("prefill", req=rs.id, slot=slot.id, tokens=n, dur=round(dur, 6),
+                        ctx=start + n)
+        if not final:
+            return
+        slot.pos = rs.prompt_len
+        rs.t_first = self.now()
+        self._emit(rs, slot, [first], outs)
+        if rs.finished:
+            self._finish_event(rs)
+            self.scheduler.release(slot)
+        else:
+            self.scheduler.start_decoding(slot)
+
+    def _run_decode(self, plan: Plan, outs: dict) -> None:
+        groups = plan.groups
+        ecfg = self.cfg
+        g = max(r for _, r in groups)
+        tier = context_tier(max(s.pos + r for s, r in groups), ecfg.context_tier_min, self.max_context)
+        key = None
+        n_padded = len(groups)
+        if self.cache is not None:
+            if ecfg.graph_key == "layout":
+                key = layout_key(plan.layout, tier)
+            else:
+                n_padded = shape_bucket(len(groups), list(ecfg.shape_buckets))
+                key = shape_key(n_padded, g, tier)
+        t0 = time.perf_counter()
+        action, rows = self.runner.decode([(s.id, s.pos, r) for s, r in groups], n_padded, g, tier,
+                                          key, {key} if key else set())
+        dur = time.perf_counter() - t0
+        self.windows += 1
+        self.trace.emit("window", layout=list(plan.layout), key=key or "eager", graph=action,
+                        rows=len(plan.layout), dur=round(dur, 6), ctx=tier)
+        ended = []
+        for (slot, r), row in zip(groups, rows):
+            rs = slot.req
+            a = row[g]
+            slot.pos += a + 1
+            n = self._emit(rs, slot, row[: a + 1], outs)
+            rs.drafted += r - 1
+            rs.accepted += a
+            self.drafted += r - 1
+            self.accepted += a
+            self.trace.emit("commit", req=rs.id, slot=slot.id, drafted=r - 1, accepted=a, emitted=n)
+            if rs.finished:
+                ended.append(slot)
+        for slot in ended:
+            self._finish_event(slot.req)
+            self.scheduler.release(slot)
+
+    # ---- emission and finishing -------------------------------------------------------------------
+    def _emit(self, rs: RequestState, slot: Slot, tokens: list[int], outs: dict) -> int:
+        """Emit tokens in order until a stop condition; returns how many were emitted."""
+        p = rs.req.params
+        out = outs.setdefault(rs.id, RequestOutput(rs.id, [], "", prompt_tokens=rs.prompt_len))
+        n = 0
+        now = self.now()
+        for tok in tokens:
+            if rs.left <= 0:
+                break
+            if p.stop_at_eos and tok in self.eos:
+                rs.finished, rs.reason = True, "stop"
+                break
+            rs.emitted.append(tok)
+            n += 1
+            out.new_token_ids.append(tok)
+            if p.stop and self.tokenizer is not None:
+                text = self.tokenizer.decode(rs.emitted)
+                hit = min((i for s in p.stop if (i := text.find(s)) >= 0), default=-1)
+                if hit >= 0:
+                    rs.emitted.pop()  # the token that completed a stop string is not emitted
+                    out.new_token_ids.pop()
+                    n -= 1
+                    rs.text = text[:hit]
+                    rs.finished, rs.reason = True, "stop"
+                    break
+            if rs.left <= 0:
+                rs.finished, rs.reason = True, "length"
+                break
+        if not rs.finished and slot.pos >= self.max_context:
+            rs.finished, rs.reason = True, "length"
+        if n:
+            rs.t_last = now
+            self.output_tokens += n
+        if rs.req.stream_text and self.tokenizer is not None:
+            if rs.reason != "stop" or not p.stop:
+                rs.text = self.tokenizer.decode(rs.emitted)
+            text = rs.text
+            end = len(text)
+            if not rs.finished:
+                while end > rs.streamed_chars and text[end - 1] == "\ufffd":
+                    end -= 1  # hold back an incomplete UTF-8 sequence
+            out.new_text += text[rs.streamed_chars:end]
+            rs.streamed_chars = end
+        out.output_tokens = len(rs.emitted)
+        if rs.finished:
+            out.finished, out.finish_reason = True, rs.reason
+        return n
+
+    def _finish_event(self, rs: RequestState) -> None:
+        rs.t_finish = self.now()
+        self.trace.emit("finish", req=rs.id, reason=rs.reason, tokens=len(rs.emitted))
+
+    def _finish(self, rs: RequestState, reason: str, outs: dict) -> None:
+        """End a request from outside the decode path (cancel, error)."""
+        rs.finished, rs.reason = True, reason
+        out = outs.setdefault(rs.id, RequestOutput(rs.id, [], "", prompt_tokens=rs.prompt_len))
+        out.finished, out.finish_reason, out.error = True, reason, rs.error
+        out.output_tokens = len(rs.emitted)
+        self._finish_event(rs)
+        if rs.slot is not None:
+            self.scheduler.release(self.scheduler.slots[rs.slot])
+        elif rs in self.scheduler.queue:
+            self.scheduler.queue.remove(rs)
+
+    # ---- reporting ----------------------------------------------------------------------------------
+    def final_text(self, rs: RequestState) -> str:
+        if rs.reason == "stop" and rs.req.params.stop:
+            return rs.text
+        return self.tokenizer.decode(rs.emitted) if self.tokenizer is not None else ""
+
+    def stats(self) -> dict:
+        dev_free = dev_used = None
+        if self.device.type == "cuda":
+            free, total = torch.cuda.mem_get_info(self.device)
+            dev_free, dev_used = free / MIB, (total - free) / MIB
+        c = self.cache
+        return {
+            "output_tokens": self.output_tokens, "drafted": self.drafted, "accepted": self.accepted,
+            "busy_slots": sum(1 for s in self.scheduler.slots if s.phase != "free"),
+            "slots": len(self.scheduler.slots), "windows": self.windows, "prefills": self.prefills,
+            "graph_entries": len(c.entries) if c else 0, "graph_captures": c.captures if c else 0,
+            "graph_evictions": c.evictions if c else 0, "graph_hits": c.hits if c else 0,
+            "graph_eager": c.eager if c else 0, "graphs_mib": c.graphs_mib if c else 0.0,
+            "device_free_mib": dev_free, "device_used_mib": dev_used,
+        }
+
+    def close(self) -> None:
+        if self.cache is not None:
+            self.cache.clear()
+        self.trace.close()

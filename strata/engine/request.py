@@ -1,0 +1,73 @@
+"""Requests, their sampling parameters, and what the engine reports back for them."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Optional
+
+
+class RequestError(ValueError):
+    """A request the engine cannot take; `field` names the offending input."""
+
+    def __init__(self, field: str, message: str):
+        super().__init__(f"{field}: {message}")
+        self.field = field
+        self.message = message
+
+
+@dataclass
+class SamplingParams:
+    max_tokens: int = 16
+    temperature: float = 0.0  # 0 = greedy
+    top_p: float = 1.0
+    top_k: int = 0  # 0 = off
+    seed: int = 0
+    stop: list[str] = field(default_factory=list)
+    #: Stop at the model's EOS token(s).
+    stop_at_eos: bool = True
+
+    def validate(self) -> None:
+        if not isinstance(self.max_tokens, int) or isinstance(self.max_tokens, bool) or self.max_tokens < 1:
+            raise RequestError("max_tokens", f"must be a positive integer, got {self.max_tokens!r}")
+        for name in ("temperature", "top_p"):
+            v = getattr(self, name)
+            if not isinstance(v, (int, float)) or isinstance(v, bool) or not math.isfinite(v):
+                raise RequestError(name, f"must be a finite number, got {v!r}")
+        if self.temperature < 0:
+            raise RequestError("temperature", f"must be >= 0, got {self.temperature}")
+        if not 0.0 < self.top_p <= 1.0:
+            raise RequestError("top_p", f"must be in (0, 1], got {self.top_p}")
+        if not isinstance(self.top_k, int) or isinstance(self.top_k, bool) or self.top_k < 0:
+            raise RequestError("top_k", f"must be an integer >= 0, got {self.top_k!r}")
+        if not isinstance(self.seed, int) or isinstance(self.seed, bool) or not 0 <= self.seed < 2**63:
+            raise RequestError("seed", f"must be an integer in [0, 2**63), got {self.seed!r}")
+        if not isinstance(self.stop, list) or not all(isinstance(s, str) and s for s in self.stop):
+            raise RequestError("stop", "must be a list of non-empty strings")
+
+
+@dataclass
+class Request:
+    id: str
+    prompt_ids: list[int]
+    params: SamplingParams = field(default_factory=SamplingParams)
+    #: Engine iteration at which the request arrives (None: at once / at `arrival_s`).
+    arrival_step: Optional[int] = None
+    #: Seconds after the engine's start at which the request arrives (wall-clock workloads).
+    arrival_s: Optional[float] = None
+    prompt_text: Optional[str] = None
+    #: Decode text as tokens are emitted (for streaming); off, text is decoded once at the end.
+    stream_text: bool = True
+
+
+@dataclass
+class RequestOutput:
+    """What one engine iteration produced for one request (a streaming delta)."""
+    id: str
+    new_token_ids: list[int]
+    new_text: str
+    finished: bool = False
+    finish_reason: Optional[str] = None  # stop | length | cancel | error
+    error: Optional[str] = None
+    prompt_tokens: int = 0
+    output_tokens: int = 0

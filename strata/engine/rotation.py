@@ -1,0 +1,52 @@
+"""The rotation policy: which decoding slots fill the next window (docs/SCHEDULING.md).
+
+Active slots form a ring ordered by slot id; a pointer names the slot that starts the next
+window. A window takes slots from the pointer onward, wrapping, until the next group would not
+fit in W rows or every slot is in; the pointer then moves past the last slot taken.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Optional
+
+
+class RotationRing:
+    def __init__(self) -> None:
+        self.members: list[int] = []  # decoding slot ids, ascending
+        self.pointer: Optional[int] = None
+
+    def join(self, slot: int) -> None:
+        """A slot that finished prefill joins; the pointer does not move."""
+        if slot in self.members:
+            raise ValueError(f"slot {slot} is already in the ring")
+        self.members.append(slot)
+        self.members.sort()
+
+    def leave(self, slot: int) -> None:
+        """A slot leaves; if the pointer named it, the pointer moves to its ring successor."""
+        self.members.remove(slot)
+        if self.pointer == slot:
+            later = [s for s in self.members if s > slot]
+            self.pointer = later[0] if later else (self.members[0] if self.members else None)
+
+    def build(self, rows_of: Callable[[int], int], window_rows: int) -> list[int]:
+        """Slots of the next window, in window order; advances the pointer."""
+        if not self.members:
+            return []
+        start = self.pointer if self.pointer in self.members else self.members[0]
+        i0 = self.members.index(start)
+        n = len(self.members)
+        taken: list[int] = []
+        used = 0
+        for step in range(n):
+            slot = self.members[(i0 + step) % n]
+            r = rows_of(slot)
+            if used + r > window_rows:
+                break
+            taken.append(slot)
+            used += r
+        if not taken:  # a single group always fits: spec <= W is a config invariant
+            raise RuntimeError(f"slot {start} needs {rows_of(start)} rows > window_rows={window_rows}")
+        last = self.members.index(taken[-1])
+        self.pointer = self.members[(last + 1) % n]
+        return taken

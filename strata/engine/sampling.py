@@ -1,0 +1,65 @@
+"""Position-keyed sampling: the token at position i is argmax(filtered_logits / T + g(seed, i)).
+
+The Gumbel noise g is a pure function of (seed, position, token id): a counter-based integer hash
+computed with tensor ops on the device, so it needs no host generator, lives inside CUDA graphs,
+and makes sampled output depend only on prompt, seed and parameters, never on batching or
+timing. Drafts use the same noise, so verification is exact: a draft is accepted only when it
+equals the token the target would have sampled.
+"""
+
+from __future__ import annotations
+
+import torch
+
+_MASK32 = 0xFFFFFFFF
+
+
+def _mul32(x: torch.Tensor, c: int) -> torch.Tensor:
+    """(x * c) mod 2**32 for x, c < 2**32 without overflowing int64 (16-bit halves)."""
+    lo = x & 0xFFFF
+    hi = x >> 16
+    return (lo * c + (((hi * c) & 0xFFFF) << 16)) & _MASK32
+
+
+def _mix32(x: torch.Tensor) -> torch.Tensor:
+    """A 32-bit integer finaliser (xor-shift-multiply), applied to int64 tensors holding uint32."""
+    x = _mul32(x ^ (x >> 16), 0x7FEB352D)
+    x = _mul32(x ^ (x >> 15), 0x846CA68B)
+    return x ^ (x >> 16)
+
+
+def gumbel_noise(seed: torch.Tensor, pos: torch.Tensor, token: torch.Tensor) -> torch.Tensor:
+    """Gumbel(0, 1) noise, float32, for broadcastable int64 tensors seed, pos and token ids."""
+    s_lo = seed & _MASK32
+    s_hi = (seed >> 32) & _MASK32
+    h = _mix32((token & _MASK32) ^ 0x9E3779B9)
+    h = _mix32(h ^ (pos & _MASK32))
+    h = _mix32(h ^ s_hi)
+    h = _mix32(h ^ s_lo)
+    u = ((h >> 8).float() + 0.5) * (1.0 / (1 << 24))  # uniform in (0, 1), never 0 or 1
+    return -torch.log(-torch.log(u))
+
+
+def sample(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor,
+           seed: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
+    """Sample one token per row, keyed by the position the token will occupy.
+
+    logits (R, V); temperature, top_p float (R,); top_k, seed, pos int64 (R,). temperature 0 is
+    greedy. Static shapes, no host synchronisation.
+    """
+    logits = logits.float()
+    vocab = logits.shape[-1]
+    greedy = logits.argmax(-1)
+    temp = torch.where(temperature > 0, temperature, torch.ones_like(temperature))
+    sorted_logits, order = torch.sort(logits, dim=-1, descending=True)
+    rank = torch.arange(vocab, device=logits.device)
+    k_eff = torch.where(top_k > 0, top_k, torch.full_like(top_k, vocab))
+    drop = rank[None, :] >= k_eff[:, None]
+    scaled = sorted_logits / temp[:, None]
+    probs = torch.softmax(scaled.masked_fill(drop, float("-inf")), dim=-1)
+    before = probs.cumsum(-1) - probs  # mass strictly before each rank; rank 0 is always kept
+    drop = drop | (before > top_p[:, None])
+    noise = gumbel_noise(seed[:, None], pos[:, None], order)
+    choice = (scaled.masked_fill(drop, float("-inf")) + noise).argmax(-1)
+    sampled = order.gather(1, choice[:, None])[:, 0]
+    return torch.where(temperature > 0, sampled, greedy)

@@ -1,0 +1,109 @@
+"""Iteration policy: admission, prefill/decode choice, group sizing (docs/SCHEDULING.md).
+
+Pure bookkeeping, no tensors: the engine asks for a plan, runs it on the device, and reports
+back what was committed. The simulator in sim/ implements the same rules independently.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Optional
+
+from strata.engine.rotation import RotationRing
+from strata.engine.slots import DECODE, FREE, PREFILL, RequestState, Slot
+from strata.trace import TraceWriter
+
+
+@dataclass
+class Plan:
+    kind: str  # prefill | decode | idle
+    slot: Optional[Slot] = None  # prefill: the slot
+    tokens: int = 0  # prefill: prompt tokens this chunk
+    groups: list[tuple[Slot, int]] = field(default_factory=list)  # decode: (slot, rows)
+
+    @property
+    def layout(self) -> tuple[int, ...]:
+        return tuple(s.id for s, r in self.groups for _ in range(r))
+
+
+class Scheduler:
+    def __init__(self, n_slots: int, *, mode: str, batch_mtp: bool, drafting: bool, spec: int,
+                 window_rows: int, decode_share: float, prefill_chunk: int, max_context: int,
+                 trace: TraceWriter):
+        self.slots = [Slot(i) for i in range(n_slots)]
+        self.queue: deque[RequestState] = deque()
+        self.ring = RotationRing()
+        self.mode, self.batch_mtp, self.drafting = mode, batch_mtp, drafting
+        self.spec, self.window_rows = spec, window_rows
+        self.decode_share, self.prefill_chunk = decode_share, prefill_chunk
+        self.max_context = max_context
+        self.trace = trace
+        self.mixed_iters = 0
+        self.mixed_decodes = 0
+        self._admit_seq = 0
+
+    # ---- queue and admission -------------------------------------------------------------
+    def enqueue(self, rs: RequestState) -> None:
+        self.queue.append(rs)
+        self.trace.emit("arrive", req=rs.id, prompt_tokens=rs.prompt_len,
+                        max_tokens=rs.req.params.max_tokens)
+
+    def admit(self) -> list[Slot]:
+        admitted = []
+        while self.queue:
+            free = [s for s in self.slots if s.phase == FREE]
+            if not free:
+                break
+            slot = free[0]
+            rs = self.queue.popleft()
+            self._admit_seq += 1
+            slot.bind(rs, self._admit_seq)
+            self.trace.emit("admit", req=rs.id, slot=slot.id)
+            admitted.append(slot)
+        return admitted
+
+    def release(self, slot: Slot) -> None:
+        """A slot whose request ended leaves the ring (if decoding) and becomes free."""
+        if slot.phase == DECODE:
+            self.ring.leave(slot.id)
+        slot.release()
+
+    def start_decoding(self, slot: Slot) -> None:
+        slot.phase = DECODE
+        self.ring.join(slot.id)
+
+    # ---- planning ----------------------------------------------------------------------------
+    def busy(self) -> bool:
+        return bool(self.queue) or any(s.phase != FREE for s in self.slots)
+
+    def rows_for(self, slot: Slot, lone: bool) -> int:
+        spec = self.spec if self.drafting else 1
+        if self.mode == "solo" or lone:
+            base = spec
+        else:
+            base = 2 if (self.batch_mtp and self.drafting) else 1
+        return max(1, min(base, slot.req.left, self.max_context - slot.pos))
+
+    def plan(self) -> Plan:
+        prefilling = [s for s in self.slots if s.phase == PREFILL]
+        decoding = self.ring.members
+        if prefilling and decoding:
+            n = self.mixed_iters + 1
+            decode = self.mixed_decodes < self.decode_share * n
+            self.mixed_iters = n
+            self.mixed_decodes += int(decode)
+        elif decoding:
+            decode = True
+        elif prefilling:
+            decode = False
+        else:
+            return Plan("idle")
+        if not decode:
+            slot = min(prefilling, key=lambda s: s.admit_seq)
+            tokens = min(self.prefill_chunk, slot.req.prompt_len - slot.prefilled)
+            return Plan("prefill", slot=slot, tokens=tokens)
+        lone = len(decoding) == 1 and not prefilling
+        rows = {sid: self.rows_for(self.slots[sid], lone) for sid in decoding}
+        taken = self.ring.build(lambda sid: rows[sid], self.window_rows)
+        return Plan("decode", groups=[(self.slots[sid], rows[sid]) for sid in taken])

@@ -1,0 +1,131 @@
+"""The verifier: one decode window on the device, from drafts to the accepted-prefix commit.
+
+For a window of NG groups x G rows (group g: slot s, pending token at position p, r valid rows):
+  1. drafts: row 0 is the slot's pending token, row 1 its MTP draft; a group of G > 2 rows
+     (a solo window) extends the draft chain with G - 2 more MTP steps, each feeding the
+     mtp.norm output back as the next hidden state;
+  2. verify: one forward over all rows, writing candidate K/V and one DeltaNet snapshot per row;
+  3. sample a target y_j for every row (position-keyed, so drafts and targets share noise);
+  4. accept the longest prefix with d_(j+1) == y_j (j + 1 < r) -> a;
+  5. commit: each DeltaNet layer takes the snapshot after row a, the slot advances to p + a + 1,
+     y_a becomes the pending token;
+  6. MTP over every committed row j with (h[j], y_j) -- y_j equals the next row's token for
+     j < a, and is the new pending token for j = a -- so the slot's MTP KV has no holes; its
+     row a yields the next draft.
+Everything reads and writes device tensors with static shapes: the whole step is one CUDA graph.
+The host reads back one small tensor per window: [y_0 .. y_(G-1), a, next draft] per group.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from strata.engine.sampling import sample
+from strata.kernels import ops
+from strata.model.qwen3_next import Qwen3Next
+from strata.model.state import DecodeState
+
+
+class SlotBuffers:
+    """Per-slot device state the verifier reads and writes (index `lanes` is scratch)."""
+
+    def __init__(self, lanes: int, hidden: int, dtype: torch.dtype, device):
+        n = lanes + 1
+        self.pos = torch.zeros(n, dtype=torch.long, device=device)
+        self.pending = torch.zeros(n, dtype=torch.long, device=device)
+        self.draft = torch.zeros(n, dtype=torch.long, device=device)
+        self.mtp_h = torch.zeros(n, hidden, dtype=dtype, device=device)
+        self.temperature = torch.zeros(n, dtype=torch.float32, device=device)
+        self.top_p = torch.ones(n, dtype=torch.float32, device=device)
+        self.top_k = torch.zeros(n, dtype=torch.long, device=device)
+        self.seed = torch.zeros(n, dtype=torch.long, device=device)
+
+    def set_params(self, lane: int, temperature: float, top_p: float, top_k: int, seed: int) -> None:
+        self.temperature[lane] = temperature
+        self.top_p[lane] = top_p
+        self.top_k[lane] = top_k
+        self.seed[lane] = seed
+
+    def params(self, gs: torch.Tensor, repeat: int = 1):
+        p = (self.temperature[gs], self.top_k[gs], self.top_p[gs], self.seed[gs])
+        if repeat == 1:
+            return p
+        return tuple(t.repeat_interleave(repeat) for t in p)
+
+
+class Verifier:
+    def __init__(self, model: Qwen3Next, state: DecodeState, bufs: SlotBuffers, drafting: bool):
+        self.model = model
+        self.state = state
+        self.bufs = bufs
+        self.drafting = drafting
+
+    def _draft(self, logits: torch.Tensor, gs: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
+        t, k, p, s = self.bufs.params(gs)
+        return sample(logits, t, k, p, s, pos)
+
+    def window(self, gs: torch.Tensor, gp: torch.Tensor, rows: torch.Tensor, g: int, ctx: int) -> torch.Tensor:
+        """Run one window; gs, gp, rows are (NG,) device tensors. Returns (NG, G + 2) int64."""
+        model, state, bufs = self.model, self.state, self.bufs
+        ng = gs.shape[0]
+        cols = [bufs.pending[gs]]
+        if g >= 2:
+            cols.append(bufs.draft[gs])
+            h, tok = bufs.mtp_h[gs], cols[-1]
+            for k in range(2, g):  # extend the chain: MTP at position p+k-2 predicts p+k
+                mh = model.mtp_window(h[:, None], tok[:, None], gs, gp + (k - 2), ctx, state,
+                                      with_logits=False)[0][:, 0]
+                tok = self._draft(model.logits(mh), gs, gp + k)
+                h = mh
+                cols.append(tok)
+        tokens = torch.stack(cols, 1)
+        hidden, logits, rec_snaps, conv_snaps = model.verify_window(tokens, gs, gp, ctx, state)
+        j = torch.arange(g, device=gs.device)
+        t, k, p, s = bufs.params(gs, repeat=g)
+        y = sample(logits.reshape(ng * g, -1), t, k, p, s, (gp[:, None] + j + 1).reshape(-1)).view(ng, g)
+        if g > 1:
+            match = (tokens[:, 1:] == y[:, :-1]) & (j[None, 1:] < rows[:, None])
+            accept = match.long().cumprod(1).sum(1)
+        else:
+            accept = torch.zeros(ng, dtype=torch.long, device=gs.device)
+        ops.commit_accepted(accept, gs, gp, rec_snaps, conv_snaps, state.rec, state.conv, bufs.pos)
+        idx = torch.arange(ng, device=gs.device)
+        bufs.pending[gs] = y[idx, accept]
+        if self.drafting:
+            mh = model.mtp_window(hidden, y, gs, gp, ctx, state, with_logits=False)[0]
+            h_a = mh[idx, accept]
+            draft = self._draft(model.logits(h_a), gs, gp + accept + 2)
+            bufs.draft[gs] = draft
+            bufs.mtp_h[gs] = h_a
+        else:
+            draft = torch.zeros_like(accept)
+        return torch.cat([y, accept[:, None], draft[:, None]], 1)
+
+    def prefill(self, lane: int, tokens: torch.Tensor, start: int, next_token: int | None) -> int | None:
+        """Run one prompt chunk of `lane`; `next_token` is the prompt token after the chunk, or
+        None for the final chunk, which samples and returns the first token and drafts."""
+        model, state, bufs = self.model, self.state, self.bufs
+        dev = tokens.device
+        n = tokens.shape[0]
+        hidden = model.prefill(tokens, lane, start, state)
+        lane_t = torch.tensor([lane], device=dev)
+        first = None
+        if next_token is None:
+            t, k, p, s = bufs.params(lane_t)
+            first_t = sample(model.logits(hidden[-1:]), t, k, p, s, torch.tensor([start + n], device=dev))
+            bufs.pending[lane] = first_t[0]
+            bufs.pos[lane] = start + n
+            nxt = first_t
+        else:
+            nxt = torch.tensor([next_token], device=dev)
+        if self.drafting:
+            next_tokens = torch.cat([tokens[1:], nxt])
+            mh = model.mtp_window(hidden[None], next_tokens[None], lane_t, torch.tensor([start], device=dev),
+                                  start + n, state, with_logits=False)[0][0]
+            if next_token is None:
+                bufs.draft[lane] = self._draft(model.logits(mh[-1:]), lane_t,
+                                               torch.tensor([start + n + 1], device=dev))[0]
+                bufs.mtp_h[lane] = mh[-1]
+        if next_token is None:
+            first = int(nxt[0])  # one sync per finished prompt
+        return first
