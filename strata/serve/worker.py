@@ -1,0 +1,188 @@
+"""The engine process: owns `Engine`, loops `step()`, talks to the server over two pipes.
+
+Started by `supervisor.EngineSupervisor` with multiprocessing's *spawn* context. The engine is
+single-threaded and this process is its only driver.
+
+Messages (plain tuples of builtins, so the server never needs torch to unpickle them):
+
+  server -> engine (commands)
+    ("submit", req_id, spec)   spec: protocol.GenRequest.engine_spec()
+    ("cancel", req_id)
+    ("stop",)                  close the engine and exit 0
+  engine -> server (events)
+    ("ready", info)            info: model_name, max_context, pid, slots, vocab_size
+    ("accepted", req_id, prompt_tokens)
+    ("rejected", req_id, field, message)
+    ("outs", [(req_id, new_token_ids, new_text, finished, finish_reason, error,
+               prompt_tokens, output_tokens), ...])      one engine step
+    ("stats", dict)            eng.stats(), at most every STATS_EVERY_S and when work runs out
+    ("fatal", message)         sent just before a non-zero exit
+
+The process exits when the server goes away (either pipe breaks), on ("stop",), or with a
+non-zero code (after "fatal") when the engine raises. SIGINT is ignored: a terminal's Ctrl-C
+reaches the whole process group, and the server shuts its engine down itself.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import time
+import traceback
+from typing import Any
+
+STATS_EVERY_S = 0.25
+IDLE_POLL_S = 0.25
+
+
+def _log(msg: str) -> None:
+    print(f"[engine {os.getpid()}] {msg}", file=sys.stderr, flush=True)
+
+
+def _plain(v: Any) -> Any:
+    """Builtins only on the wire (the server does not import torch or numpy to unpickle)."""
+    if isinstance(v, bool):
+        return int(v)
+    if isinstance(v, (int, float, str)) or v is None:
+        return v
+    if isinstance(v, dict):
+        return {str(k): _plain(x) for k, x in v.items()}
+    if isinstance(v, (list, tuple)):
+        return [_plain(x) for x in v]
+    if hasattr(v, "item"):
+        try:
+            return v.item()
+        except Exception:
+            pass
+    return str(v)
+
+
+def _build_cfg(cfg_dict: dict) -> Any:
+    from omegaconf import OmegaConf
+
+    from strata.config import StrataConfig
+
+    return OmegaConf.merge(OmegaConf.structured(StrataConfig), cfg_dict)
+
+
+def _submit(eng: Any, rid: str, spec: dict) -> tuple:
+    from strata.engine.request import Request, RequestError, SamplingParams
+
+    try:
+        if spec.get("prompt_ids") is not None:
+            ids = list(spec["prompt_ids"])
+        else:
+            ids = eng.tokenizer.encode(spec["prompt"])
+        if not ids:
+            return ("rejected", rid, "prompt", "prompt is empty (it encodes to no tokens)")
+        room = int(eng.max_context) - len(ids)
+        mt = spec.get("max_tokens")
+        # No max_tokens: fill the context. More than fits: clip (the request ends with
+        # finish_reason "length" at the context end). A prompt that leaves no room is the
+        # engine's to reject (an over-long prompt), so it sees the asked value.
+        if mt is None:
+            mt = max(room, 1)
+        elif room >= 1 and mt > room:
+            mt = room
+        params = SamplingParams(max_tokens=mt, temperature=spec["temperature"],
+                                top_p=spec["top_p"], top_k=spec["top_k"], seed=spec["seed"],
+                                stop=list(spec["stop"]), stop_at_eos=not spec.get("ignore_eos"))
+        eng.add_request(Request(id=rid, prompt_ids=ids, params=params, prompt_text=spec.get("prompt")))
+    except RequestError as e:
+        return ("rejected", rid, e.field, e.message)
+    except Exception as e:  # a bad input the engine did not classify: still the request's fault
+        return ("rejected", rid, None, f"{type(e).__name__}: {e}")
+    return ("accepted", rid, len(ids))
+
+
+def run_worker(cfg_dict: dict, cmd_conn: Any, out_conn: Any, generation: int) -> None:
+    """Process entry point (spawn target)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+    def send(msg: tuple) -> None:
+        try:
+            out_conn.send(msg)
+        except (BrokenPipeError, EOFError, OSError):
+            _log("server went away; exiting")
+            os._exit(0)
+
+    try:
+        from strata.engine.llm_engine import Engine
+
+        cfg = _build_cfg(cfg_dict)
+        eng = Engine.from_config(cfg, log=_log)
+        tok = eng.tokenizer
+        info = {"model_name": str(eng.model_name), "max_context": int(eng.max_context),
+                "pid": os.getpid(), "generation": generation,
+                "vocab_size": getattr(tok, "vocab_size", None),
+                "eos_ids": list(getattr(tok, "eos_ids", []) or [])}
+        try:
+            info["slots"] = int(eng.stats().get("slots", 0))
+        except Exception:
+            pass
+    except BaseException as e:
+        send(("fatal", f"engine failed to start: {type(e).__name__}: {e}\n{traceback.format_exc()}"))
+        out_conn.close()
+        os._exit(2)
+    send(("ready", info))
+
+    live: set[str] = set()
+    last_stats = 0.0
+    was_busy = False
+    while True:
+        busy = eng.has_work()
+        try:
+            if cmd_conn.poll(0 if busy else IDLE_POLL_S):
+                while True:
+                    cmd = cmd_conn.recv()
+                    op = cmd[0]
+                    if op == "submit":
+                        ev = _submit(eng, cmd[1], cmd[2])
+                        if ev[0] == "accepted":
+                            live.add(cmd[1])
+                        send(ev)
+                    elif op == "cancel":
+                        if cmd[1] in live:
+                            eng.cancel(cmd[1])
+                    elif op == "stop":
+                        _log("stop requested; closing the engine")
+                        try:
+                            eng.close()
+                        finally:
+                            out_conn.close()
+                            os._exit(0)
+                    if not cmd_conn.poll(0):
+                        break
+        except (EOFError, OSError):
+            _log("server went away; exiting")
+            os._exit(0)
+
+        busy = eng.has_work()
+        if busy:
+            try:
+                outs = eng.step()
+            except Exception as e:
+                send(("fatal", f"engine step failed: {type(e).__name__}: {e}\n{traceback.format_exc()}"))
+                _log(f"engine step failed: {type(e).__name__}: {e}")
+                out_conn.close()
+                os._exit(3)
+            if outs:
+                rows = []
+                for o in outs:
+                    rows.append((o.id, list(o.new_token_ids), o.new_text, bool(o.finished),
+                                 o.finish_reason, o.error, int(o.prompt_tokens or 0),
+                                 int(o.output_tokens or 0)))
+                    if o.finished:
+                        live.discard(o.id)
+                send(("outs", rows))
+            busy = eng.has_work()
+        now = time.monotonic()
+        if now - last_stats >= STATS_EVERY_S or (was_busy and not busy):
+            try:
+                st = {str(k): _plain(v) for k, v in dict(eng.stats()).items()}
+            except Exception as e:
+                st = {"stats_error": f"{type(e).__name__}: {e}"}
+            send(("stats", st))
+            last_stats = now
+        was_busy = busy

@@ -1,0 +1,128 @@
+"""Workloads: the default code prompts, a JSON Lines request file, or synthetic requests."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Optional
+
+import numpy as np
+
+from strata.engine.request import Request, RequestError, SamplingParams
+
+#: Four distinct code prompts: the main job's default workload.
+DEFAULT_PROMPTS = [
+    "def fibonacci(n):\n    \"\"\"Return the n-th Fibonacci number.\"\"\"\n",
+    "import os\nimport sys\n\n\ndef main(argv):\n",
+    "class Stack:\n    \"\"\"A last-in, first-out stack.\"\"\"\n\n    def __init__(self):\n",
+    "def read_config(path):\n    with open(path) as f:\n",
+    "    def __repr__(self):\n        return ",
+    "for key, value in sorted(items.items()):\n",
+    "try:\n    import json\nexcept ImportError:\n",
+    "def parse_args(args=None):\n    parser = argparse.ArgumentParser(",
+]
+
+FIELDS = {"id", "prompt", "prompt_ids", "max_tokens", "arrival_step", "arrival_s", "temperature",
+          "seed", "stop", "top_p", "top_k"}
+
+
+class WorkloadError(ValueError):
+    """A workload that cannot run; names the file, line and field."""
+
+
+def _params(d: dict[str, Any], w: Any, where: str) -> SamplingParams:
+    stop = d.get("stop", [])
+    if isinstance(stop, str):
+        stop = [stop]
+    p = SamplingParams(max_tokens=d.get("max_tokens", w.max_tokens),
+                       temperature=d.get("temperature", w.temperature), top_p=d.get("top_p", w.top_p),
+                       top_k=d.get("top_k", w.top_k), seed=d.get("seed", w.seed), stop=stop)
+    try:
+        p.validate()
+    except RequestError as e:
+        raise WorkloadError(f"{where}: {e}") from None
+    return p
+
+
+def load_workload(w: Any, tokenizer, vocab_size: int) -> list[Request]:
+    """Requests of the configured workload, in input order."""
+    if w.kind == "default":
+        if tokenizer is None:
+            raise WorkloadError("workload=default needs a tokenizer.json in the model directory")
+        n = w.requests
+        if n < 1:
+            raise WorkloadError(f"workload.requests: must be >= 1, got {n}")
+        return [Request(f"req{i}", tokenizer.encode(DEFAULT_PROMPTS[i % len(DEFAULT_PROMPTS)]),
+                        _params({"seed": w.seed + i}, w, "workload"),
+                        arrival_step=i * w.stagger_steps,
+                        prompt_text=DEFAULT_PROMPTS[i % len(DEFAULT_PROMPTS)])
+                for i in range(n)]
+    if w.kind == "synthetic":
+        if w.requests < 1 or w.prompt_tokens < 1:
+            raise WorkloadError("workload.requests and workload.prompt_tokens must be >= 1")
+        rng = np.random.default_rng(w.seed)
+        low = 1 if vocab_size > 1 else 0  # id 0 is EOS in strata's tiny models
+        return [Request(f"req{i}", rng.integers(low, vocab_size, w.prompt_tokens).tolist(),
+                        _params({"seed": w.seed + i}, w, "workload"), arrival_step=i * w.stagger_steps)
+                for i in range(w.requests)]
+    if w.kind == "file":
+        return load_request_file(w.path, w, tokenizer, vocab_size)
+    raise WorkloadError(f"workload.kind: must be default, file or synthetic, got {w.kind!r}")
+
+
+def load_request_file(path: Optional[str], w: Any, tokenizer, vocab_size: int) -> list[Request]:
+    if not path:
+        raise WorkloadError("workload.path: workload=file needs workload.path=FILE")
+    f = Path(path)
+    if not f.is_file():
+        raise WorkloadError(f"workload.path: {f} does not exist")
+    out: list[Request] = []
+    seen: set[str] = set()
+    for n, line in enumerate(f.read_text(encoding="utf-8").splitlines(), 1):
+        if not line.strip():
+            continue
+        where = f"{f}:{n}"
+        try:
+            d = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise WorkloadError(f"{where}: not JSON ({e})") from None
+        if not isinstance(d, dict):
+            raise WorkloadError(f"{where}: each line must be a JSON object")
+        unknown = sorted(set(d) - FIELDS)
+        if unknown:
+            raise WorkloadError(f"{where}: unknown field(s) {unknown} (known: {sorted(FIELDS)})")
+        rid = str(d.get("id", f"req{len(out)}"))
+        if rid in seen:
+            raise WorkloadError(f"{where}: duplicate id {rid!r}")
+        seen.add(rid)
+        if ("prompt" in d) == ("prompt_ids" in d):
+            raise WorkloadError(f"{where}: give exactly one of prompt and prompt_ids")
+        if "prompt" in d:
+            if not isinstance(d["prompt"], str):
+                raise WorkloadError(f"{where}: prompt must be a string")
+            if tokenizer is None:
+                raise WorkloadError(f"{where}: prompt text needs a tokenizer.json; use prompt_ids")
+            ids = tokenizer.encode(d["prompt"])
+        else:
+            ids = d["prompt_ids"]
+            if not isinstance(ids, list) or not all(isinstance(t, int) and not isinstance(t, bool) for t in ids):
+                raise WorkloadError(f"{where}: prompt_ids must be a list of integers")
+            bad = [t for t in ids if not 0 <= t < vocab_size]
+            if bad:
+                raise WorkloadError(f"{where}: prompt_ids: token id {bad[0]} is not in [0, {vocab_size})")
+        if not ids:
+            raise WorkloadError(f"{where}: prompt is empty")
+        if "arrival_step" in d and "arrival_s" in d:
+            raise WorkloadError(f"{where}: give at most one of arrival_step and arrival_s")
+        step = d.get("arrival_step", 0 if "arrival_s" not in d else None)
+        if step is not None and (not isinstance(step, int) or isinstance(step, bool) or step < 0):
+            raise WorkloadError(f"{where}: arrival_step must be an integer >= 0")
+        sec = d.get("arrival_s")
+        if sec is not None and (not isinstance(sec, (int, float)) or sec < 0):
+            raise WorkloadError(f"{where}: arrival_s must be a number >= 0")
+        out.append(Request(rid, ids, _params(d, w, where), arrival_step=step,
+                           arrival_s=None if sec is None else float(sec),
+                           prompt_text=d.get("prompt")))
+    if not out:
+        raise WorkloadError(f"{f}: no requests")
+    return out
