@@ -1,0 +1,96 @@
+"""Time one decode window three ways (eager, graph replay, replay + host step) and list the
+heaviest kernels of an eager window, for a given group count G rows and context tier.
+
+    python scripts/profile_window.py --device cuda --groups 1 --rows 4
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+import torch  # noqa: E402
+
+from strata.config import EMBEDDED_MODEL_DIR  # noqa: E402
+from strata.engine.verifier import SlotBuffers, Verifier  # noqa: E402
+from strata.kernels import ops  # noqa: E402
+from strata.model.loader import load_checkpoint  # noqa: E402
+from strata.model.state import DecodeState  # noqa: E402
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--model", default=EMBEDDED_MODEL_DIR)
+    ap.add_argument("--device", default="cuda")
+    ap.add_argument("--backend", default="torch")
+    ap.add_argument("--groups", type=int, default=1)
+    ap.add_argument("--rows", type=int, default=4)
+    ap.add_argument("--ctx", type=int, default=256)
+    ap.add_argument("--iters", type=int, default=200)
+    ap.add_argument("--trace", default=None, help="write a chrome trace of one eager window")
+    a = ap.parse_args()
+    dev = torch.device(a.device)
+    ops.set_backend(a.backend, dev.type)
+    lm = load_checkpoint(a.model, "auto", dev, log=lambda s: None)
+    lanes = max(a.groups, 1)
+    state = DecodeState(lm.args, lanes, 2048, lm.dtype, dev, lm.has_mtp, spare_rows=16)
+    bufs = SlotBuffers(lanes, lm.args.hidden_size, lm.dtype, dev)
+    ver = Verifier(lm.model, state, bufs, lm.has_mtp)
+    gs = torch.arange(a.groups, device=dev)
+    gp = torch.full((a.groups,), 100, device=dev)
+    rows = torch.full((a.groups,), a.rows, device=dev)
+
+    def fn():
+        gp.fill_(100)  # keep positions fixed so every iteration is the same work
+        return ver.window(gs, gp, rows, a.rows, a.ctx)
+
+    sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
+    for _ in range(3):
+        fn()
+    sync()
+    t0 = time.perf_counter()
+    for _ in range(a.iters):
+        fn()
+    sync()
+    eager = (time.perf_counter() - t0) / a.iters
+    print(f"eager window: {eager * 1e6:.1f} us  (groups={a.groups} rows={a.rows} ctx={a.ctx})")
+    if dev.type == "cuda":
+        g = torch.cuda.CUDAGraph()
+        s = torch.cuda.Stream()
+        with torch.cuda.graph(g, stream=s):
+            out = fn()
+        for _ in range(3):
+            g.replay()
+        sync()
+        t0 = time.perf_counter()
+        for _ in range(a.iters):
+            g.replay()
+        sync()
+        rep = (time.perf_counter() - t0) / a.iters
+        t0 = time.perf_counter()
+        for _ in range(a.iters):
+            g.replay()
+            out.tolist()
+        per = (time.perf_counter() - t0) / a.iters
+        print(f"graph replay: {rep * 1e6:.1f} us; replay + readback: {per * 1e6:.1f} us; "
+              f"speedup vs eager {eager / rep:.1f}x")
+        from torch.profiler import ProfilerActivity, profile
+
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            fn()
+            sync()
+        evs = [e for e in prof.key_averages() if e.device_type.name == "CUDA"]
+        n_kernels = sum(e.count for e in evs)
+        print(f"kernels per eager window: {n_kernels}")
+        print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=25))
+        if a.trace:
+            prof.export_chrome_trace(a.trace)
+
+
+if __name__ == "__main__":
+    main()
