@@ -278,7 +278,8 @@ def greedy_generate(model: Qwen3Next, ids: Sequence[int], max_new: int, eos: Opt
 
 
 # ---- the whole evaluation ----------------------------------------------------------------------
-def evaluate(model_or_path, files: Optional[Sequence[str | Path]] = None, device: str = "auto",
+def evaluate(model_or_path, files: Optional[Sequence[str | Path]] = None,
+             root: Optional[str | Path] = None, device: str = "auto",
              dtype: str = "auto", seq_len: int = 512, batch: int = 16,
              max_tokens: Optional[int] = None, specs: Sequence[int] = (2, 3, 4),
              spec_prompts: int = 16, spec_new: int = 96, sample_new: int = 64,
@@ -298,8 +299,9 @@ def evaluate(model_or_path, files: Optional[Sequence[str | Path]] = None, device
         docs = [(name, t) for name, t in docs if t]
         source = "given files"
     else:
-        docs = heldout_texts()
-        source = f"held-out split of {stdlib_root()} (Python {sys.version.split()[0]})"
+        root = Path(root).resolve() if root else stdlib_root()
+        docs = heldout_texts(root)
+        source = f"held-out split of {root} (running Python {sys.version.split()[0]})"
     stream = encode_stream(tok, [t for _, t in docs], eos=eos if eos is not None else 0)
     res: dict = {"model": str(lm.path), "device": str(device), "dtype": str(lm.dtype).replace("torch.", ""),
                  "data": {"source": source, "files": len(docs), "tokens": int(stream.numel()),
@@ -361,6 +363,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default=str(DEFAULT_MODEL), help="checkpoint directory")
     ap.add_argument("--files", nargs="*", help="evaluate on these files instead of the held-out split")
+    ap.add_argument("--stdlib", help="source tree whose held-out split to use (default: this "
+                    "interpreter's standard library)")
     ap.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:1 ...")
     ap.add_argument("--dtype", default="auto", help="auto, float32, bfloat16, float16")
     ap.add_argument("--seq-len", type=int, default=512)
@@ -373,7 +377,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     ap.add_argument("--sample-new", type=int, default=64)
     ap.add_argument("--json", help="write the results as JSON here")
     a = ap.parse_args(argv)
-    res = evaluate(a.model, files=a.files, device=a.device, dtype=a.dtype, seq_len=a.seq_len,
+    res = evaluate(a.model, files=a.files, root=a.stdlib, device=a.device, dtype=a.dtype, seq_len=a.seq_len,
                    batch=a.batch, max_tokens=a.max_tokens, specs=a.spec,
                    spec_prompts=a.spec_prompts, spec_new=a.spec_new, sample_new=a.sample_new)
     print(format_report(res))

@@ -33,14 +33,19 @@ def main() -> None:
     ap.add_argument("--ctx", type=int, default=256)
     ap.add_argument("--iters", type=int, default=200)
     ap.add_argument("--trace", default=None, help="write a chrome trace of one eager window")
+    ap.add_argument("--compile", action="store_true", help="torch.compile the window regions")
+    ap.add_argument("--dtype", default="auto")
     a = ap.parse_args()
     dev = torch.device(a.device)
     ops.set_backend(a.backend, dev.type)
-    lm = load_checkpoint(a.model, "auto", dev, log=lambda s: None)
+    lm = load_checkpoint(a.model, a.dtype, dev, log=lambda s: None)
     lanes = max(a.groups, 1)
     state = DecodeState(lm.args, lanes, 2048, lm.dtype, dev, lm.has_mtp, spare_rows=16)
     bufs = SlotBuffers(lanes, lm.args.hidden_size, lm.dtype, dev)
     ver = Verifier(lm.model, state, bufs, lm.has_mtp)
+    if a.compile:
+        lm.model.compile_regions(lambda f: torch.compile(f, dynamic=None))
+        ver.sample = torch.compile(ver.sample, dynamic=None)
     gs = torch.arange(a.groups, device=dev)
     gp = torch.full((a.groups,), 100, device=dev)
     rows = torch.full((a.groups,), a.rows, device=dev)
@@ -87,7 +92,7 @@ def main() -> None:
         evs = [e for e in prof.key_averages() if e.device_type.name == "CUDA"]
         n_kernels = sum(e.count for e in evs)
         print(f"kernels per eager window: {n_kernels}")
-        print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=25))
+        print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=12, max_name_column_width=70))
         if a.trace:
             prof.export_chrome_trace(a.trace)
 

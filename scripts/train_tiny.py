@@ -59,7 +59,7 @@ FULL = dict(
                num_experts_per_tok=2, moe_intermediate_size=64, shared_expert_intermediate_size=128,
                norm_topk_prob=True, rms_norm_eps=1e-6, rope_theta=10000.0,
                partial_rotary_factor=0.25, max_position_embeddings=4096),
-    seq_len=512, batch=64, steps=1500, warmup=150, lr=3e-3, min_lr_ratio=0.1,
+    seq_len=512, batch=64, epochs=10, max_steps=2000, warmup=150, lr=3e-3, min_lr_ratio=0.1,
     weight_decay=0.1, data_per_mille=1000, eval_tokens=None, log_every=25, eval_every=250,
 )
 # The CPU smoke test: same architecture kinds (3 DeltaNet + 1 attention, 8 experts top-2).
@@ -70,7 +70,8 @@ TINY = dict(
                linear_num_key_heads=1, linear_num_value_heads=2, linear_key_head_dim=32,
                linear_value_head_dim=32, moe_intermediate_size=32,
                shared_expert_intermediate_size=64),
-    seq_len=128, batch=8, steps=300, warmup=20, lr=3e-3, min_lr_ratio=0.1, weight_decay=0.1,
+    seq_len=128, batch=8, epochs=10, max_steps=300, warmup=20, lr=3e-3, min_lr_ratio=0.1,
+    weight_decay=0.1,
     data_per_mille=50, eval_tokens=8192, log_every=5, eval_every=50,
 )
 
@@ -80,11 +81,11 @@ def log(msg: str) -> None:
 
 
 # ---- data ----------------------------------------------------------------------------------------
-def load_corpus(per_mille: int) -> dict:
+def load_corpus(per_mille: int, root=None) -> dict:
     """Train and held-out documents of the stdlib; `per_mille` < 1000 keeps a hash-chosen subset."""
     import hashlib
 
-    root = ev.stdlib_root()
+    root = Path(root).resolve() if root else ev.stdlib_root()
     files = ev.stdlib_files(root)
     train, held, skipped = [], [], []
     for rel, p in files:
@@ -308,7 +309,11 @@ def main(argv=None) -> int:
                     help="wall-clock cap on the training loop; training stops then and still saves")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--tiny", action="store_true", help="a small model and data subset (CPU smoke test)")
-    ap.add_argument("--steps", type=int, help="planned optimiser steps (the schedule's length)")
+    ap.add_argument("--steps", type=int, help="planned optimiser steps (the schedule's length); "
+                    "default: --epochs over the training tokens, at most the preset's max_steps")
+    ap.add_argument("--epochs", type=float, help="passes over the training tokens (default 10)")
+    ap.add_argument("--eval-every", type=int, help="steps between held-out loss checks")
+    ap.add_argument("--stdlib", help="source tree to train on instead of this interpreter's stdlib")
     ap.add_argument("--batch", type=int)
     ap.add_argument("--seq-len", type=int)
     ap.add_argument("--lr", type=float)
@@ -321,7 +326,7 @@ def main(argv=None) -> int:
 
     t_start = time.time()
     cfg = dict(TINY if a.tiny else FULL)
-    for k in ("steps", "batch", "seq_len", "lr"):
+    for k in ("batch", "seq_len", "lr", "epochs", "eval_every"):
         if getattr(a, k) is not None:
             cfg[k] = getattr(a, k)
     if a.eval_tokens is not None:
@@ -330,7 +335,8 @@ def main(argv=None) -> int:
                           ("cpu" if a.device == "auto" else a.device))
     cuda = device.type == "cuda"
     torch.manual_seed(a.seed)
-    torch.use_deterministic_algorithms(True, warn_only=True)
+    # warn_only=False also switches cuDNN attention's backward to its deterministic algorithm.
+    torch.use_deterministic_algorithms(True, warn_only=not cuda)
     if cuda:
         torch.backends.cudnn.deterministic = True
         torch.backends.cudnn.benchmark = False
@@ -340,7 +346,7 @@ def main(argv=None) -> int:
     command = "python3 scripts/train_tiny.py " + " ".join(shlex.quote(x) for x in (argv or sys.argv[1:]))
 
     # Data and tokenizer.
-    corpus = load_corpus(cfg["data_per_mille"])
+    corpus = load_corpus(cfg["data_per_mille"], a.stdlib)
     log(f"data: {corpus['root']} (Python {platform.python_version()}): {corpus['all_files']} files, "
         f"{len(corpus['train'])} train, {len(corpus['heldout'])} held out, "
         f"{len(corpus['skipped'])} not UTF-8 ({time.time() - t_start:.1f} s)")
@@ -350,6 +356,11 @@ def main(argv=None) -> int:
     held_stream = ev.encode_stream(tok, [t for _, t in corpus["heldout"]], eos=0)
     log(f"tokenizer: vocab {tok.get_vocab_size()}; {train_stream.numel():,} train tokens, "
         f"{held_stream.numel():,} held-out tokens ({time.time() - t_start:.1f} s)")
+
+    tok_per_step = cfg["batch"] * cfg["seq_len"]
+    cfg["steps"] = a.steps or min(cfg["max_steps"],
+                                  math.ceil(cfg["epochs"] * train_stream.numel() / tok_per_step))
+    cfg["warmup"] = min(cfg["warmup"], max(1, cfg["steps"] // 10))
 
     # Model.
     margs = ModelArgs(**cfg["model"], eos_token_id=[0], torch_dtype="bfloat16")
@@ -394,7 +405,6 @@ def main(argv=None) -> int:
     held_data = ev.chunks(held_stream, cfg["seq_len"], 64 * cfg["seq_len"]).to(device)
     budget = a.minutes * 60.0
     t_train = time.time()
-    tok_per_step = cfg["batch"] * cfg["seq_len"]
     hist: list[tuple[float, float]] = []
     pending: list[torch.Tensor] = []
     stop_reason = f"the planned {cfg['steps']} steps"
@@ -409,6 +419,16 @@ def main(argv=None) -> int:
             g["lr"] = lr
         x = batches.next()
         try:
+            loss, main_l, mtp_l, aux = loss_fn(x)
+            loss.backward()
+        except RuntimeError as e:
+            if "deterministic" not in str(e) or not torch.are_deterministic_algorithms_enabled():
+                raise
+            log(f"an op has no deterministic implementation here ({str(e)[:200]}); "
+                "continuing without the guarantee")
+            torch.use_deterministic_algorithms(True, warn_only=True)
+            tap.logits.clear()
+            opt.zero_grad(set_to_none=True)
             loss, main_l, mtp_l, aux = loss_fn(x)
             loss.backward()
         except Exception as e:
@@ -483,7 +503,7 @@ def main(argv=None) -> int:
                        "perplexity": float("nan"), "accuracy": float("nan")},
            "speculative": {}, "samples": [], "dtype": "-", "device": "-"}
     if not a.no_eval:
-        res = ev.evaluate(out, files=None, device=str(device), seq_len=cfg["seq_len"],
+        res = ev.evaluate(out, files=None, root=corpus["root"], device=str(device), seq_len=cfg["seq_len"],
                           batch=cfg["batch"] // 2 or 1, max_tokens=cfg["eval_tokens"],
                           spec_prompts=16 if not a.tiny else 4, spec_new=96 if not a.tiny else 24,
                           sample_new=64 if not a.tiny else 24, log=log)

@@ -63,8 +63,10 @@ class EngineConfig:
     cpu_graph_mib: float = 16.0
     #: CPU capture backend: the device size the memory budget is computed against (MiB).
     cpu_device_mib: int = 24576
-    #: Emit a `vram` trace event every this many iterations (0 = only at captures).
+    #: Emit a `vram` trace event every this many iterations (0 = never).
     vram_every: int = 64
+    #: torch.compile the pure regions of a window step: auto (on CUDA), on, off.
+    compile: str = "auto"
 
 
 @dataclass
@@ -154,6 +156,8 @@ def validate_engine(e: Any) -> None:
 
     if e.mode not in ("solo", "batch"):
         bad("mode", f"must be solo or batch, got {e.mode!r}")
+    if e.compile not in ("auto", "on", "off"):
+        bad("compile", f"must be auto, on or off, got {e.compile!r}")
     if e.graph_key not in ("shape", "layout"):
         bad("graph_key", f"must be shape or layout, got {e.graph_key!r}")
     if e.slots < 1:

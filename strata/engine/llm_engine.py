@@ -124,6 +124,8 @@ class Engine:
                                  loaded.has_mtp, spare_rows=spare)
         self.bufs = SlotBuffers(n_slots, self.args.hidden_size, dtype, device)
         self.verifier = Verifier(self.model, self.state, self.bufs, drafting)
+        if ecfg.compile == "on" or (ecfg.compile == "auto" and device.type == "cuda"):
+            self._compile()
         self.budget = MemoryBudget(total_mib, reserve, weights_mib, slot_mib, n_slots, free_fn)
         self.scheduler = Scheduler(n_slots, mode=ecfg.mode, batch_mtp=self.batch_mtp,
                                    drafting=drafting, spec=int(ecfg.spec),
@@ -156,6 +158,19 @@ class Engine:
         self.output_tokens = self.drafted = self.accepted = 0
         self._cancels: list[RequestState] = []
         self._warnings: list[str] = []
+
+    def _compile(self) -> None:
+        """Compile the window step's pure regions once per model (engines may share a model)."""
+        import torch._dynamo
+
+        torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 64)
+        compiled = getattr(self.model, "_strata_compiled", None)
+        if compiled is None:
+            fn = lambda f: torch.compile(f, dynamic=None)  # noqa: E731
+            self.model.compile_regions(fn)
+            compiled = {"sample": torch.compile(self.verifier.sample, dynamic=None)}
+            self.model._strata_compiled = compiled
+        self.verifier.sample = compiled["sample"]
 
     # ---- small helpers ----------------------------------------------------------------------------
     def now(self) -> float:

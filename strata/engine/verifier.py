@@ -59,10 +59,11 @@ class Verifier:
         self.state = state
         self.bufs = bufs
         self.drafting = drafting
+        self.sample = sample
 
     def _draft(self, logits: torch.Tensor, gs: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
         t, k, p, s = self.bufs.params(gs)
-        return sample(logits, t, k, p, s, pos)
+        return self.sample(logits, t, k, p, s, pos)
 
     def window(self, gs: torch.Tensor, gp: torch.Tensor, rows: torch.Tensor, g: int, ctx: int) -> torch.Tensor:
         """Run one window; gs, gp, rows are (NG,) device tensors. Returns (NG, G + 2) int64."""
@@ -82,7 +83,7 @@ class Verifier:
         hidden, logits, rec_snaps, conv_snaps = model.verify_window(tokens, gs, gp, ctx, state)
         j = torch.arange(g, device=gs.device)
         t, k, p, s = bufs.params(gs, repeat=g)
-        y = sample(logits.reshape(ng * g, -1), t, k, p, s, (gp[:, None] + j + 1).reshape(-1)).view(ng, g)
+        y = self.sample(logits.reshape(ng * g, -1), t, k, p, s, (gp[:, None] + j + 1).reshape(-1)).view(ng, g)
         if g > 1:
             match = (tokens[:, 1:] == y[:, :-1]) & (j[None, 1:] < rows[:, None])
             accept = match.long().cumprod(1).sum(1)
@@ -121,7 +122,7 @@ class Verifier:
         if self.drafting:
             next_tokens = torch.cat([tokens[1:], nxt])
             mh = model.mtp_window(hidden[None], next_tokens[None], lane_t, torch.tensor([start], device=dev),
-                                  start + n, state, with_logits=False)[0][0]
+                                  start + n, state, with_logits=False, compiled=False)[0][0]
             if next_token is None:
                 bufs.draft[lane] = self._draft(model.logits(mh[-1:]), lane_t,
                                                torch.tensor([start + n + 1], device=dev))[0]

@@ -1,13 +1,28 @@
 """Dispatch of the grouped-decode operations to a backend (torch reference, cpu, cuda, hip).
 
-The model calls these names; `set_backend` picks the implementation once at engine start.
+The model calls these names at call time (`ops.grouped_window_attention(...)`, not a reference
+taken at import), and `set_backend` rebinds them once at engine start:
+
+    torch  strata.kernels.reference for every op (any device)
+    cpu    the C++ kernels of the cyext extension strata.kernels.strata_cpu (CPU tensors)
+    cuda   the CUDA kernels of strata.kernels.strata_cuda (NVIDIA GPU, CUDA build of torch)
+    hip    the same module built with STRATA_BACKEND=hip (AMD GPU, ROCm build of torch)
+
+Ops a backend does not implement fall back to the torch reference (today: chunk_gated_delta,
+the prefill path, on every backend). `implementations()` tells which is in use for each op.
+All ops keep the reference signatures and return values.
 """
 
 from __future__ import annotations
 
-from strata.kernels import reference
+import torch
+
+from strata.kernels import cyext_ops, reference
 
 _BACKEND = "torch"
+OPS = ("write_kv", "grouped_window_attention", "causal_conv_window", "gated_delta_window",
+       "commit_accepted", "chunk_gated_delta")
+_IMPL: dict[str, str] = {name: "torch" for name in OPS}
 
 write_kv = reference.write_kv
 grouped_window_attention = reference.grouped_window_attention
@@ -17,16 +32,67 @@ commit_accepted = reference.commit_accepted
 chunk_gated_delta = reference.chunk_gated_delta
 
 
-def set_backend(name: str, device: str) -> str:
-    """Select the kernel backend; returns the name in use."""
+def _kernels_for(name: str, dev: torch.device) -> dict:
+    if name == "torch":
+        return {}
+    if name == "cpu":
+        if dev.type != "cpu":
+            raise ValueError(f"backend=cpu: device {dev} is not the CPU (the cpu backend runs "
+                             f"the C++ kernels on CPU tensors)")
+        if not cyext_ops.cpu_available():
+            raise ValueError(f"backend=cpu: the cyext CPU extension strata.kernels.strata_cpu is "
+                             f"not built in this install ({cyext_ops.CPU_IMPORT_ERROR}); build "
+                             f"it with `pip install -e .`")
+        return cyext_ops.CPU_OPS
+    # cuda / hip
+    if dev.type != "cuda":
+        raise ValueError(f"backend={name}: device {dev} is not a GPU device (want cuda[:N]; "
+                         f"ROCm builds of torch also call the GPU 'cuda')")
+    platform = cyext_ops.gpu_platform()
+    if platform is None:
+        raise ValueError(f"backend={name}: the cyext GPU extension strata.kernels.strata_cuda is "
+                         f"not built in this install ({cyext_ops.GPU_IMPORT_ERROR}); rebuild "
+                         f"with nvcc on PATH (STRATA_CUDA=1 pip install -e .) or, for AMD, "
+                         f"STRATA_BACKEND=hip")
+    if platform != name:
+        raise ValueError(f"backend={name}: the GPU extension in this install was built for "
+                         f"{platform}, not {name}")
+    torch_platform = "hip" if getattr(torch.version, "hip", None) else "cuda"
+    if torch_platform != name:
+        raise ValueError(f"backend={name}: this torch is a {torch_platform} build")
+    if not torch.cuda.is_available():
+        raise ValueError(f"backend={name}: torch sees no GPU on this machine (device {dev})")
+    if dev.index is not None and dev.index >= torch.cuda.device_count():
+        raise ValueError(f"backend={name}: device {dev} does not exist "
+                         f"({torch.cuda.device_count()} GPUs)")
+    return cyext_ops.GPU_OPS
+
+
+def set_backend(name: str, device: str | torch.device = "cpu") -> str:
+    """Select the kernel backend for `device`; returns the name in use.
+
+    Raises ValueError naming `backend=` when the backend is unknown, its extension is not built,
+    or the device does not match (e.g. backend=cuda with a CPU device)."""
     global _BACKEND
     if name not in ("torch", "cpu", "cuda", "hip"):
-        raise ValueError(f"backend: unknown kernel backend {name!r} (torch, cpu, cuda or hip)")
-    if name != "torch":
-        raise ValueError(f"backend={name}: the cyext extension is not built in this install")
+        raise ValueError(f"backend={name!r}: unknown kernel backend (torch, cpu, cuda or hip)")
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, TypeError) as exc:
+        raise ValueError(f"backend={name}: bad device {device!r} ({exc})") from None
+    kernels = _kernels_for(name, dev)
+    g = globals()
+    for op in OPS:
+        g[op] = kernels.get(op, getattr(reference, op))
+        _IMPL[op] = name if op in kernels else "torch"
     _BACKEND = name
     return _BACKEND
 
 
 def backend() -> str:
     return _BACKEND
+
+
+def implementations() -> dict[str, str]:
+    """Which backend serves each op right now (ops a backend lacks say 'torch')."""
+    return dict(_IMPL)

@@ -172,13 +172,6 @@ class Attention(nn.Module):
         o = o.transpose(1, 2).reshape(*x.shape[:-1], self.hq * self.d)
         return self.o_proj(o * torch.sigmoid(gate))
 
-    def forward_window(self, x, cos, sin, k_cache, v_cache, group_slot, group_pos, ctx: int):
-        q, k, v, gate = self._qkv(x, cos, sin)  # (NG, G, heads, D)
-        ops.write_kv(k_cache, v_cache, k, v, group_slot, group_pos)
-        o = ops.grouped_window_attention(q, k_cache, v_cache, group_slot, group_pos, ctx, self.scale)
-        o = o.reshape(*x.shape[:-1], self.hq * self.d)
-        return self.o_proj(o * torch.sigmoid(gate))
-
 
 def l2norm(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
     return x * torch.rsqrt((x * x).sum(-1, keepdim=True) + eps)
@@ -265,9 +258,43 @@ class DecoderLayer(nn.Module):
         self.mlp = SparseMoe(args) if moe else MLP(args.hidden_size, args.intermediate_size)
         self.input_layernorm = RMSNorm(args.hidden_size, args.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(args.hidden_size, args.rms_norm_eps)
+        self.compile_regions(None)
 
     def _ffn(self, x: torch.Tensor) -> torch.Tensor:
         return x + self.mlp(self.post_attention_layernorm(x))
+
+    # Pure regions of a window step (no state is written inside them), so each can be compiled
+    # into a few fused kernels; the K/V write between attn_pre and attn_post stays outside.
+    def window_linear(self, x, conv_state, rec_state, group_slot):
+        h, conv_snaps, rec_snaps = self.linear_attn.forward_window(
+            self.input_layernorm(x), conv_state, rec_state, group_slot)
+        return self._ffn(x + h), conv_snaps, rec_snaps
+
+    def window_attn_pre(self, x, cos, sin):
+        return self.self_attn._qkv(self.input_layernorm(x), cos, sin)
+
+    def window_attn_post(self, x, q, gate, k_cache, v_cache, group_slot, group_pos, ctx: int):
+        a = self.self_attn
+        o = ops.grouped_window_attention(q, k_cache, v_cache, group_slot, group_pos, ctx, a.scale)
+        o = a.o_proj(o.reshape(*x.shape[:-1], a.hq * a.d) * torch.sigmoid(gate))
+        return self._ffn(x + o)
+
+    def window_attention(self, x, cos, sin, k_cache, v_cache, group_slot, group_pos, ctx: int,
+                         compiled: bool = True):
+        pre, post = (self.c_attn_pre, self.c_attn_post) if compiled else (self.window_attn_pre,
+                                                                          self.window_attn_post)
+        q, k, v, gate = pre(x, cos, sin)
+        ops.write_kv(k_cache, v_cache, k, v, group_slot, group_pos)
+        return post(x, q, gate, k_cache, v_cache, group_slot, group_pos, ctx)
+
+    def compile_regions(self, compile_fn=None) -> None:
+        """Replace the window regions by compiled versions (eager when compile_fn is None)."""
+        wrap = compile_fn or (lambda f: f)
+        if self.kind == "linear_attention":
+            self.c_linear = wrap(self.window_linear)
+        else:
+            self.c_attn_pre = wrap(self.window_attn_pre)
+            self.c_attn_post = wrap(self.window_attn_post)
 
 
 class MTP(nn.Module):
@@ -300,6 +327,7 @@ class Qwen3Next(nn.Module):
             self.lm_head.weight = self.embed_tokens.weight
         self.rotary = Rotary(args)
         self.mtp: Optional[MTP] = MTP(args) if with_mtp else None
+        self.compile_regions(None)
         # Index of each layer among its kind, for the stacked state tensors.
         self.state_index = {}
         n_lin = n_full = 0
@@ -360,17 +388,16 @@ class Qwen3Next(nn.Module):
         pos_t = torch.tensor([start], device=tokens.device)
         ctx = start + length
         for i, layer in enumerate(self.layers):
-            h = layer.input_layernorm(x)
             j = self.state_index[i]
             if layer.kind == "linear_attention":
                 h, conv, rec = layer.linear_attn.forward_seq(
-                    h, state.conv[j, lane][None], state.rec[j, lane][None])
+                    layer.input_layernorm(x), state.conv[j, lane][None], state.rec[j, lane][None])
                 state.conv[j, lane] = conv[0].to(state.conv.dtype)
                 state.rec[j, lane] = rec[0]
+                x = layer._ffn(x + h)
             else:
-                h = layer.self_attn.forward_window(h, cos, sin, state.k[j], state.v[j],
-                                                   slot_t, pos_t, ctx)
-            x = layer._ffn(x + h)
+                x = layer.window_attention(x, cos, sin, state.k[j], state.v[j], slot_t, pos_t, ctx,
+                                           compiled=False)
         return self.norm(x)[0]
 
     # ---- the window grid ---------------------------------------------------------------------
@@ -387,30 +414,44 @@ class Qwen3Next(nn.Module):
         cos, sin = self.rotary(pos, x.dtype)
         rec_snaps, conv_snaps = [], []
         for i, layer in enumerate(self.layers):
-            h = layer.input_layernorm(x)
             j = self.state_index[i]
             if layer.kind == "linear_attention":
-                h, cs, rs = layer.linear_attn.forward_window(h, state.conv[j], state.rec[j], group_slot)
+                x, cs, rs = layer.c_linear(x, state.conv[j], state.rec[j], group_slot)
                 conv_snaps.append(cs)
                 rec_snaps.append(rs)
             else:
-                h = layer.self_attn.forward_window(h, cos, sin, state.k[j], state.v[j],
-                                                   group_slot, group_pos, ctx)
-            x = layer._ffn(x + h)
+                x = layer.window_attention(x, cos, sin, state.k[j], state.v[j], group_slot,
+                                           group_pos, ctx)
+        hidden, logits = self.c_head(x)
+        return hidden, logits, torch.stack(rec_snaps), torch.stack(conv_snaps)
+
+    def head(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         hidden = self.norm(x)
-        return hidden, self.logits(hidden), torch.stack(rec_snaps), torch.stack(conv_snaps)
+        return hidden, self.logits(hidden)
+
+    def compile_regions(self, compile_fn=None) -> None:
+        """Compile the pure regions of window steps (None restores eager versions)."""
+        wrap = compile_fn or (lambda f: f)
+        for layer in self.layers:
+            layer.compile_regions(compile_fn)
+        self.c_head = wrap(self.head)
+        if self.mtp is not None:
+            self.mtp.layers[0].compile_regions(compile_fn)
+            self.c_mtp_fuse = wrap(self.mtp.fuse)
+            self.c_mtp_norm = wrap(self.mtp.norm.forward)
 
     def mtp_window(self, hidden: torch.Tensor, next_tokens: torch.Tensor, group_slot: torch.Tensor,
-                   group_pos: torch.Tensor, ctx: int, state: DecodeState, with_logits: bool = True):
+                   group_pos: torch.Tensor, ctx: int, state: DecodeState, with_logits: bool = True,
+                   compiled: bool = True):
         """MTP over a grid: row (g, j) at position group_pos[g]+j combines h of that row with the
         embedding of the token that follows it; writes the lane's MTP K/V rows. Returns MTP
         hidden (NG, G, H) after mtp.norm and logits (NG, G, V) (None unless with_logits)."""
         assert self.mtp is not None
-        x = self.mtp.fuse(hidden, self.embed_tokens(next_tokens))
+        fuse, norm = (self.c_mtp_fuse, self.c_mtp_norm) if compiled else (self.mtp.fuse, self.mtp.norm)
+        x = fuse(hidden, self.embed_tokens(next_tokens))
         pos = group_pos[:, None] + torch.arange(x.shape[1], device=x.device)[None]
         cos, sin = self.rotary(pos, x.dtype)
-        layer = self.mtp.layers[0]
-        h = layer.self_attn.forward_window(layer.input_layernorm(x), cos, sin, state.mtp_k,
-                                           state.mtp_v, group_slot, group_pos, ctx)
-        out = self.mtp.norm(layer._ffn(x + h))
+        x = self.mtp.layers[0].window_attention(x, cos, sin, state.mtp_k, state.mtp_v, group_slot,
+                                                group_pos, ctx, compiled=compiled)
+        out = norm(x)
         return out, (self.logits(out) if with_logits else None)

@@ -352,7 +352,8 @@ def usage(prompt_tokens: int, completion_tokens: int) -> dict:
 
 
 def full_response(req: GenRequest, rid: str, model: str, created: int, text: str,
-                  reason: Optional[str], prompt_tokens: int, completion_tokens: int) -> dict:
+                  reason: Optional[str], prompt_tokens: int, completion_tokens: int,
+                  timings: Optional[dict] = None) -> dict:
     if req.kind == "completion":
         choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason(reason)}
         obj = "text_completion"
@@ -360,13 +361,16 @@ def full_response(req: GenRequest, rid: str, model: str, created: int, text: str
         choice = {"index": 0, "message": {"role": "assistant", "content": text},
                   "logprobs": None, "finish_reason": finish_reason(reason)}
         obj = "chat.completion"
-    return {"id": rid, "object": obj, "created": created, "model": model, "choices": [choice],
-            "usage": usage(prompt_tokens, completion_tokens)}
+    out = {"id": rid, "object": obj, "created": created, "model": model, "choices": [choice],
+           "usage": usage(prompt_tokens, completion_tokens)}
+    if timings:
+        out["timings"] = timings
+    return out
 
 
 def chunk(req: GenRequest, rid: str, model: str, created: int, text: Optional[str],
           reason: Optional[str] = None, role: bool = False,
-          usage_now: Optional[dict] = None) -> dict:
+          usage_now: Optional[dict] = None, timings: Optional[dict] = None) -> dict:
     """One streamed chunk: a text delta (or the chat role opener, or the final reason)."""
     if req.kind == "completion":
         choice = {"index": 0, "text": text or "", "logprobs": None,
@@ -385,6 +389,8 @@ def chunk(req: GenRequest, rid: str, model: str, created: int, text: Optional[st
     out = {"id": rid, "object": obj, "created": created, "model": model, "choices": [choice]}
     if req.include_usage:
         out["usage"] = usage_now if req.continuous_usage else None
+    if timings:
+        out["timings"] = timings     # extension: engine timings of the request (final chunk)
     return out
 
 

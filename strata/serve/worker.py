@@ -14,13 +14,15 @@ Messages (plain tuples of builtins, so the server never needs torch to unpickle 
     ("accepted", req_id, prompt_tokens)
     ("rejected", req_id, field, message)
     ("outs", [(req_id, new_token_ids, new_text, finished, finish_reason, error,
-               prompt_tokens, output_tokens), ...])      one engine step
+               prompt_tokens, output_tokens, timings), ...])      one engine step;
+                               timings (a dict, see _release) only on the finishing row
     ("stats", dict)            eng.stats(), at most every STATS_EVERY_S and when work runs out
     ("fatal", message)         sent just before a non-zero exit
 
 The process exits when the server goes away (either pipe breaks), on ("stop",), or with a
-non-zero code (after "fatal") when the engine raises. SIGINT is ignored: a terminal's Ctrl-C
-reaches the whole process group, and the server shuts its engine down itself.
+non-zero code (after "fatal") when the engine raises. SIGINT and SIGTERM are ignored: a
+terminal's Ctrl-C (or `timeout`, or a service manager) signals the whole process group, and the
+server, which gets the same signal, shuts its engine down itself (SIGKILL still works).
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ import signal
 import sys
 import time
 import traceback
-from typing import Any
+from typing import Any, Optional
 
 STATS_EVERY_S = 0.25
 IDLE_POLL_S = 0.25
@@ -56,6 +58,27 @@ def _plain(v: Any) -> Any:
         except Exception:
             pass
     return str(v)
+
+
+def _release(eng: Any, rid: str) -> Optional[dict]:
+    """A finished request's engine timings, and drop the engine's record of it.
+
+    The engine keeps every RequestState it was given (its prompt tensor included); a server
+    runs forever, so the finished ones are dropped here. Reads engine internals defensively:
+    an engine without them just gives no timings.
+    """
+    reqs = getattr(eng, "requests", None)
+    rs = reqs.pop(rid, None) if isinstance(reqs, dict) else None
+    if rs is None:
+        return None
+
+    def span(a: str, b: str) -> Optional[float]:
+        x, y = getattr(rs, a, None), getattr(rs, b, None)
+        return round(y - x, 6) if isinstance(x, float) and isinstance(y, float) else None
+
+    return {"queue_s": span("t_arrive", "t_admit"), "prefill_s": round(float(getattr(rs, "prefill_s", 0.0)), 6),
+            "first_token_s": span("t_arrive", "t_first"), "decode_s": span("t_first", "t_last"),
+            "drafted": int(getattr(rs, "drafted", 0)), "accepted": int(getattr(rs, "accepted", 0))}
 
 
 def _build_cfg(cfg_dict: dict) -> Any:
@@ -99,6 +122,7 @@ def _submit(eng: Any, rid: str, spec: dict) -> tuple:
 def run_worker(cfg_dict: dict, cmd_conn: Any, out_conn: Any, generation: int) -> None:
     """Process entry point (spawn target)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
 
     def send(msg: tuple) -> None:
         try:
@@ -170,9 +194,10 @@ def run_worker(cfg_dict: dict, cmd_conn: Any, out_conn: Any, generation: int) ->
             if outs:
                 rows = []
                 for o in outs:
+                    timings = _release(eng, o.id) if o.finished else None
                     rows.append((o.id, list(o.new_token_ids), o.new_text, bool(o.finished),
                                  o.finish_reason, o.error, int(o.prompt_tokens or 0),
-                                 int(o.output_tokens or 0)))
+                                 int(o.output_tokens or 0), timings))
                     if o.finished:
                         live.discard(o.id)
                 send(("outs", rows))

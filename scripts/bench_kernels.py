@@ -1,0 +1,350 @@
+#!/usr/bin/env python3
+"""Parity check, then micro-benchmark of the cyext GPU kernels against the torch reference.
+
+    python scripts/bench_kernels.py --out outputs/bench_kernels.json   [--quick]
+
+Writes the JSON (every measurement) and a markdown table next to it (same name, .md).
+
+What is measured
+  * copy ceiling: a 4 GiB device-to-device copy, bytes read + written over its median time.
+  * every op, cyext kernel and torch reference, median time per call over CUDA-graph replays
+    (eager launches timed with CUDA events if a capture fails). Each captured sequence cycles
+    through several disjoint sets of slots / outputs (>= 240 MB touched), so the K/V and state
+    reads come from HBM rather than the 60 MB L2, as they would in a decode step.
+  * achieved bandwidth = the bytes the op must move (K/V rows each group may see, states,
+    snapshots, inputs and outputs; nothing twice) / time, and its fraction of the copy ceiling.
+
+Geometry (Qwen3-Next-like): attention Hq=16, Hkv=2, D=256, bf16, groups at the end of the context
+so every group reads all `ctx` keys; delta rule H=32, Dk=Dv=128; conv C=8192, K=4;
+commit L=12 linear-attention layers. Window rows G in {2, 4, 8}, groups NG in {1, 2, 4, 8},
+contexts 256, 1K, 4K, 16K, 32K. Takes about a minute on an H200.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import statistics
+import sys
+import time
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+
+from strata.kernels import cyext_ops as C  # noqa: E402
+from strata.kernels import reference as R  # noqa: E402
+
+DEV = torch.device("cuda")
+ROTATE_BYTES = 240 << 20  # > 4x the H200's L2
+
+
+def rel_err(a, b) -> float:
+    a, b = a.double(), b.double()
+    return ((a - b).norm() / b.norm().clamp_min(1e-30)).item()
+
+
+def copy_ceiling(nbytes: int = 4 << 30) -> float:
+    a = torch.empty(nbytes, dtype=torch.uint8, device=DEV)
+    b = torch.empty_like(a)
+    for _ in range(3):
+        b.copy_(a)
+    times = []
+    for _ in range(10):
+        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        s.record()
+        b.copy_(a)
+        e.record()
+        e.synchronize()
+        times.append(s.elapsed_time(e) * 1e-3)
+    del a, b
+    torch.cuda.empty_cache()
+    return 2 * nbytes / statistics.median(times)
+
+
+def time_calls(calls, budget_s: float = 0.04, min_calls: int = 32) -> tuple[float, str]:
+    """Median seconds per call of the sequence `calls` (list of closures), graph-replayed.
+    The sequence is repeated to at least `min_calls` launches so the graph launch is amortised."""
+    calls = list(calls) * max(1, -(-min_calls // len(calls)))
+    for c in calls[: min(2, len(calls))]:
+        c()
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    calls[0]()
+    torch.cuda.synchronize()
+    est = max(time.perf_counter() - t0, 1e-6)
+    reps = int(min(20, max(3, budget_s / (est * len(calls)))))
+    try:
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            for c in calls:
+                c()
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            for c in calls:
+                c()
+        graph.replay()
+        torch.cuda.synchronize()
+        run, mode = graph.replay, "graph"
+    except Exception:  # noqa: BLE001 - fall back to eager launches
+        torch.cuda.synchronize()
+
+        def run():
+            for c in calls:
+                c()
+        mode = "eager"
+    times = []
+    for _ in range(reps):
+        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        s.record()
+        run()
+        e.record()
+        e.synchronize()
+        times.append(s.elapsed_time(e) * 1e-3 / len(calls))
+    return statistics.median(times), mode
+
+
+# ---------------------------------------------------------------------------------------------
+# parity
+
+
+def parity() -> dict:
+    res = {}
+    torch.manual_seed(0)
+    for ng, g, ctx in ((1, 2, 300), (3, 8, 5000), (8, 4, 33000)):
+        S = ng + 1
+        kc = torch.randn(S + 1, ctx, 2, 256, device=DEV, dtype=torch.bfloat16)
+        vc = torch.randn_like(kc)
+        q = torch.randn(ng, g, 16, 256, device=DEV, dtype=torch.bfloat16)
+        gs = torch.arange(ng, device=DEV)
+        gp = torch.randint(0, ctx - g + 1, (ng,), device=DEV)
+        n_ref = min(ng, 2)
+        ref = R.grouped_window_attention(q[:n_ref].float(), kc.float(), vc.float(), gs[:n_ref],
+                                         gp[:n_ref], ctx, 1 / 16)
+        out = C.gpu_grouped_window_attention(q, kc, vc, gs, gp, ctx, 1 / 16)
+        res[f"attention bf16 ng={ng} g={g} ctx={ctx}"] = rel_err(out[:n_ref], ref)
+        del kc, vc, ref
+    ng, g, h, dk, dv = 4, 8, 32, 128, 128
+    q = F.normalize(torch.randn(ng, g, h, dk, device=DEV), dim=-1).bfloat16()
+    k = F.normalize(torch.randn(ng, g, h, dk, device=DEV), dim=-1).bfloat16()
+    v = torch.randn(ng, g, h, dv, device=DEV).bfloat16()
+    gg = -torch.rand(ng, g, h, device=DEV)
+    beta = torch.rand(ng, g, h, device=DEV).bfloat16()
+    st = torch.randn(ng + 1, h, dk, dv, device=DEV) * 0.1
+    gs = torch.arange(ng, device=DEV)
+    ro, rs = R.gated_delta_window(q, k, v, gg, beta, st, gs)
+    co, cs = C.gpu_gated_delta_window(q, k, v, gg, beta, st, gs)
+    res["gated_delta out"] = rel_err(co, ro)
+    res["gated_delta snapshots"] = rel_err(cs, rs)
+    x = torch.randn(ng, g, 8192, device=DEV, dtype=torch.bfloat16)
+    cst = torch.randn(ng + 1, 8192, 3, device=DEV, dtype=torch.bfloat16)
+    w = torch.randn(8192, 4, device=DEV, dtype=torch.bfloat16)
+    ro, rs = R.causal_conv_window(x, cst, w, gs)
+    co, cs = C.gpu_causal_conv_window(x, cst, w, gs)
+    res["causal_conv out"] = rel_err(co, ro)
+    res["causal_conv snapshots"] = rel_err(cs, rs)
+    torch.cuda.synchronize()
+    return res
+
+
+# ---------------------------------------------------------------------------------------------
+# benchmarks
+
+
+def bench_attention(records, ctxs, gs_rows, ngs, ceiling):
+    hq, hkv, d = 16, 2, 256
+    esize = 2
+    for ctx in ctxs:
+        slot_bytes = ctx * hkv * d * 2 * esize
+        for ng in ngs:
+            rot = int(min(256, max(2, math.ceil(ROTATE_BYTES / (ng * slot_bytes)))))
+            nslots = ng * rot
+            kc = torch.randn(nslots + 1, ctx, hkv, d, device=DEV, dtype=torch.bfloat16)
+            vc = torch.randn_like(kc)
+            for g in gs_rows:
+                q = torch.randn(ng, g, hq, d, device=DEV, dtype=torch.bfloat16)
+                gp = torch.full((ng,), ctx - g, device=DEV, dtype=torch.int64)
+                slot_sets = [torch.arange(i * ng, (i + 1) * ng, device=DEV) for i in range(rot)]
+                out = torch.empty_like(q)
+                ws = torch.empty(max(1, C.attention_workspace_numel(q, kc, ctx)),
+                                 dtype=torch.float32, device=DEV)
+                need = ng * ctx * hkv * d * 2 * esize + 2 * q.numel() * esize
+                calls = [(lambda s=s: C.gpu_grouped_window_attention(
+                    q, kc, vc, s, gp, ctx, d ** -0.5, out=out, workspace=ws)) for s in slot_sets]
+                t, mode = time_calls(calls)
+                ref_calls = [(lambda s=s: R.grouped_window_attention(q, kc, vc, s, gp, ctx,
+                                                                     d ** -0.5))
+                             for s in slot_sets[: min(rot, 4)]]
+                try:
+                    tr, mode_r = time_calls(ref_calls)
+                except torch.OutOfMemoryError:
+                    tr, mode_r = float("nan"), "oom"
+                torch.cuda.empty_cache()
+                records.append(dict(op="grouped_window_attention", ng=ng, g=g, ctx=ctx,
+                                    rows=g * hq // hkv, bytes=need, t_us=t * 1e6,
+                                    t_ref_us=tr * 1e6, mode=mode, ref_mode=mode_r,
+                                    gbps=need / t / 1e9, frac=need / t / ceiling,
+                                    speedup=tr / t))
+                print(f"attention ctx={ctx:6d} ng={ng} g={g}: {t * 1e6:8.1f} us "
+                      f"{need / t / 1e9:7.0f} GB/s ({100 * need / t / ceiling:4.1f}% of copy) "
+                      f"ref {tr * 1e6:9.1f} us", flush=True)
+            del kc, vc
+            torch.cuda.empty_cache()
+
+
+def bench_delta(records, gs_rows, ngs, ceiling):
+    h, dk, dv = 32, 128, 128
+    sbytes = h * dk * dv * 4
+    for ng in ngs:
+        for g in gs_rows:
+            per_call = ng * sbytes * (1 + g)
+            rot = int(min(64, max(2, math.ceil(ROTATE_BYTES / per_call))))
+            q = F.normalize(torch.randn(ng, g, h, dk, device=DEV), dim=-1).bfloat16()
+            k = F.normalize(torch.randn(ng, g, h, dk, device=DEV), dim=-1).bfloat16()
+            v = torch.randn(ng, g, h, dv, device=DEV).bfloat16()
+            gg = -torch.rand(ng, g, h, device=DEV)
+            beta = torch.rand(ng, g, h, device=DEV).bfloat16()
+            st = torch.randn(ng * rot + 1, h, dk, dv, device=DEV) * 0.1
+            outs = [torch.empty(ng, g, h, dv, device=DEV) for _ in range(rot)]
+            snaps = [torch.empty(ng, g, h, dk, dv, device=DEV) for _ in range(rot)]
+            slot_sets = [torch.arange(i * ng, (i + 1) * ng, device=DEV) for i in range(rot)]
+            need = per_call + (q.numel() + k.numel() + v.numel()) * 2 + outs[0].numel() * 4
+            calls = [(lambda i=i: C.gpu_gated_delta_window(q, k, v, gg, beta, st, slot_sets[i],
+                                                           out=outs[i], snaps=snaps[i]))
+                     for i in range(rot)]
+            t, mode = time_calls(calls)
+            ref_calls = [(lambda i=i: R.gated_delta_window(q, k, v, gg, beta, st, slot_sets[i]))
+                         for i in range(min(rot, 4))]
+            tr, mode_r = time_calls(ref_calls)
+            records.append(dict(op="gated_delta_window", ng=ng, g=g, ctx=None, bytes=need,
+                                t_us=t * 1e6, t_ref_us=tr * 1e6, mode=mode, ref_mode=mode_r,
+                                gbps=need / t / 1e9, frac=need / t / ceiling, speedup=tr / t))
+            print(f"gated_delta ng={ng} g={g}: {t * 1e6:8.1f} us {need / t / 1e9:7.0f} GB/s "
+                  f"({100 * need / t / ceiling:4.1f}%) ref {tr * 1e6:9.1f} us", flush=True)
+            del st, outs, snaps
+            torch.cuda.empty_cache()
+
+
+def bench_small_ops(records, gs_rows, ngs, ceiling):
+    c, kw = 8192, 4
+    L, h, dk, dv = 12, 32, 128, 128
+    for ng in ngs:
+        for g in gs_rows:
+            # causal conv
+            x = torch.randn(ng, g, c, device=DEV, dtype=torch.bfloat16)
+            cst = torch.randn(ng + 1, c, kw - 1, device=DEV, dtype=torch.bfloat16)
+            w = torch.randn(c, kw, device=DEV, dtype=torch.bfloat16)
+            gs = torch.arange(ng, device=DEV)
+            need = (x.numel() * 2 + ng * c * (kw - 1) * 2 + w.numel() * 2 + x.numel() * 2
+                    + x.numel() * (kw - 1) * 2)
+            t, mode = time_calls([lambda: C.gpu_causal_conv_window(x, cst, w, gs)])
+            tr, mode_r = time_calls([lambda: R.causal_conv_window(x, cst, w, gs)])
+            records.append(dict(op="causal_conv_window", ng=ng, g=g, ctx=None, bytes=need,
+                                t_us=t * 1e6, t_ref_us=tr * 1e6, mode=mode, ref_mode=mode_r,
+                                gbps=need / t / 1e9, frac=need / t / ceiling, speedup=tr / t))
+            # commit (L layers of recurrent + conv state)
+            rec_snaps = torch.empty(L, ng, g, h, dk, dv, device=DEV)
+            conv_snaps = torch.zeros(L, ng, g, c, kw - 1, device=DEV, dtype=torch.bfloat16)
+            rec_state = torch.empty(L, ng + 1, h, dk, dv, device=DEV)
+            conv_state = torch.zeros(L, ng + 1, c, kw - 1, device=DEV, dtype=torch.bfloat16)
+            slot_pos = torch.zeros(ng + 1, dtype=torch.int64, device=DEV)
+            acc = torch.randint(0, g, (ng,), device=DEV)
+            gp = torch.zeros(ng, dtype=torch.int64, device=DEV)
+            args = (acc, gs, gp, rec_snaps, conv_snaps, rec_state, conv_state, slot_pos)
+            need_c = 2 * L * ng * (h * dk * dv * 4 + c * (kw - 1) * 2)
+            t2, mode2 = time_calls([lambda: C.gpu_commit_accepted(*args)])
+            tr2, mode_r2 = time_calls([lambda: R.commit_accepted(*args)])
+            records.append(dict(op="commit_accepted", ng=ng, g=g, ctx=None, layers=L,
+                                bytes=need_c, t_us=t2 * 1e6, t_ref_us=tr2 * 1e6, mode=mode2,
+                                ref_mode=mode_r2, gbps=need_c / t2 / 1e9,
+                                frac=need_c / t2 / ceiling, speedup=tr2 / t2))
+            # write_kv
+            kc = torch.empty(ng + 1, 4096, 2, 256, device=DEV, dtype=torch.bfloat16)
+            vc = torch.empty_like(kc)
+            k = torch.randn(ng, g, 2, 256, device=DEV, dtype=torch.bfloat16)
+            v = torch.randn_like(k)
+            gpos = torch.full((ng,), 100, device=DEV, dtype=torch.int64)
+            need_w = 4 * k.numel() * 2
+            t3, mode3 = time_calls([lambda: C.gpu_write_kv(kc, vc, k, v, gs, gpos)])
+            tr3, mode_r3 = time_calls([lambda: R.write_kv(kc, vc, k, v, gs, gpos)])
+            records.append(dict(op="write_kv", ng=ng, g=g, ctx=None, bytes=need_w,
+                                t_us=t3 * 1e6, t_ref_us=tr3 * 1e6, mode=mode3, ref_mode=mode_r3,
+                                gbps=need_w / t3 / 1e9, frac=need_w / t3 / ceiling,
+                                speedup=tr3 / t3))
+            print(f"conv ng={ng} g={g}: {t * 1e6:6.1f} us (ref {tr * 1e6:7.1f}); commit L={L}: "
+                  f"{t2 * 1e6:7.1f} us {need_c / t2 / 1e9:6.0f} GB/s (ref {tr2 * 1e6:7.1f}); "
+                  f"write_kv {t3 * 1e6:5.1f} us (ref {tr3 * 1e6:6.1f})", flush=True)
+            del rec_snaps, conv_snaps, rec_state, conv_state, kc, vc
+            torch.cuda.empty_cache()
+
+
+def markdown(meta, parity_res, records) -> str:
+    lines = [f"# cyext kernel benchmark ({meta['device']})", "",
+             f"copy ceiling (4 GiB D2D, read+write): **{meta['copy_gbps']:.0f} GB/s**; "
+             f"kernels: {meta['platform']}, times are medians per call over CUDA-graph replays "
+             f"with L2-cold rotating inputs.", "", "## Parity (relative error vs reference)", "",
+             "| check | rel err |", "| --- | --- |"]
+    lines += [f"| {k} | {v:.2e} |" for k, v in parity_res.items()]
+    for op in ("grouped_window_attention", "gated_delta_window", "commit_accepted",
+               "causal_conv_window", "write_kv"):
+        rows = [r for r in records if r["op"] == op]
+        if not rows:
+            continue
+        lines += ["", f"## {op}", "",
+                  "| ctx | NG | G | bytes (MB) | cyext (us) | GB/s | % of copy | torch (us) | "
+                  "speedup |", "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+        for r in rows:
+            lines.append(f"| {r['ctx'] if r['ctx'] is not None else '-'} | {r['ng']} | {r['g']} | "
+                         f"{r['bytes'] / 1e6:.2f} | {r['t_us']:.1f} | {r['gbps']:.0f} | "
+                         f"{100 * r['frac']:.1f} | {r['t_ref_us']:.1f} | {r['speedup']:.1f}x |")
+    return "\n".join(lines) + "\n"
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", required=True, help="JSON path (the .md goes next to it)")
+    ap.add_argument("--quick", action="store_true", help="a small grid (smoke test)")
+    ap.add_argument("--skip-parity", action="store_true")
+    args = ap.parse_args()
+    if not torch.cuda.is_available() or C.gpu_platform() is None:
+        print("bench_kernels: needs a GPU and the built strata_cuda extension", file=sys.stderr)
+        return 2
+    t_start = time.perf_counter()
+    torch.backends.cuda.matmul.allow_tf32 = False
+    meta = dict(device=torch.cuda.get_device_name(), platform=C.gpu_platform(),
+                torch=torch.__version__, sm_count=torch.cuda.get_device_properties(0)
+                .multi_processor_count)
+    meta["copy_gbps"] = copy_ceiling() / 1e9
+    print(f"device {meta['device']}: copy ceiling {meta['copy_gbps']:.0f} GB/s", flush=True)
+    parity_res = {} if args.skip_parity else parity()
+    bad = {k: v for k, v in parity_res.items() if not v <= 2e-2}
+    for k, v in parity_res.items():
+        print(f"parity {k}: {v:.2e}{'  FAIL' if k in bad else ''}", flush=True)
+    ceiling = meta["copy_gbps"] * 1e9
+    if args.quick:
+        ctxs, gs_rows, ngs = [1024, 32768], [2, 8], [1, 8]
+    else:
+        ctxs, gs_rows, ngs = [256, 1024, 4096, 16384, 32768], [2, 4, 8], [1, 2, 4, 8]
+    records: list[dict] = []
+    bench_attention(records, ctxs, gs_rows, ngs, ceiling)
+    bench_delta(records, gs_rows, ngs, ceiling)
+    bench_small_ops(records, gs_rows, [1, 8] if not args.quick else [8], ceiling)
+    meta["seconds"] = time.perf_counter() - t_start
+    out = args.out
+    os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
+    with open(out, "w") as f:
+        json.dump(dict(meta=meta, parity=parity_res, records=records), f, indent=1)
+    md = os.path.splitext(out)[0] + ".md"
+    with open(md, "w") as f:
+        f.write(markdown(meta, parity_res, records))
+    print(f"wrote {out} and {md} in {meta['seconds']:.0f} s", flush=True)
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

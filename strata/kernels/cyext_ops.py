@@ -1,0 +1,265 @@
+"""Adapters between the reference signatures (strata.kernels.reference) and the cyext kernels.
+
+The Cython modules (strata.kernels.strata_cpu / strata_cuda, built from cyext/) take every
+output, the attention's split-K workspace and the stream explicitly; the functions here allocate
+outputs and scratch with torch on the inputs' device (on the current stream, so that inside CUDA
+graph capture they come from the graph's memory pool), pick the attention's split plan and pass
+`torch.cuda.current_stream().cuda_stream`. They keep the reference signatures and return values, so
+`strata.kernels.ops.set_backend` can swap them in; a few keyword-only extras (`out=`, `snaps=`,
+`workspace=`, `nsplit=`) let a caller reuse preallocated buffers.
+
+Index tensors (group_slot, group_pos, accept) are converted to contiguous int64 when they are not.
+With STRATA_KERNEL_CHECKS=1 the GPU wrappers validate slot indices on the host first (this
+synchronises, so it is skipped during graph capture); otherwise a bad slot is clamped on the device
+(it lands on the scratch slot), because a kernel cannot raise.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+
+import torch
+
+try:
+    from strata.kernels import strata_cpu as _cpu
+    CPU_IMPORT_ERROR: Exception | None = None
+except ImportError as exc:  # not built
+    _cpu = None
+    CPU_IMPORT_ERROR = exc
+
+try:
+    from strata.kernels import strata_cuda as _gpu
+    GPU_IMPORT_ERROR: Exception | None = None
+except ImportError as exc:  # not built (no nvcc at install time) or broken
+    _gpu = None
+    GPU_IMPORT_ERROR = exc
+
+# ---------------------------------------------------------------------------------------------
+# availability
+
+
+def cpu_available() -> bool:
+    return _cpu is not None
+
+
+def gpu_platform() -> str | None:
+    """'cuda' or 'hip' when the GPU extension is built (it imports without a GPU), else None."""
+    return _gpu.gpu_platform() if _gpu is not None else None
+
+
+def _index(t: torch.Tensor) -> torch.Tensor:
+    if t.dtype != torch.int64:
+        t = t.to(torch.int64)
+    return t if t.is_contiguous() else t.contiguous()
+
+
+def _checks_enabled() -> bool:
+    return os.environ.get("STRATA_KERNEL_CHECKS", "0") not in ("", "0")
+
+
+def _validate_slots(op: str, group_slot: torch.Tensor, nslots: int) -> None:
+    if not _checks_enabled() or (group_slot.is_cuda and torch.cuda.is_current_stream_capturing()):
+        return
+    if group_slot.numel() and (int(group_slot.min()) < 0 or int(group_slot.max()) >= nslots):
+        raise ValueError(f"{op}: group_slot values must be in [0, {nslots}), got "
+                         f"{group_slot.tolist()}")
+
+
+# ---------------------------------------------------------------------------------------------
+# CPU (C++) backend
+
+
+def cpu_write_kv(k_cache, v_cache, k, v, group_slot, group_pos) -> None:
+    _cpu.write_kv(k_cache, v_cache, k.contiguous(), v.contiguous(), _index(group_slot),
+                  _index(group_pos))
+
+
+def cpu_grouped_window_attention(q, k_cache, v_cache, group_slot, group_pos, ctx, scale, *,
+                                 out=None):
+    q = q.contiguous()
+    if out is None:
+        out = torch.empty_like(q, memory_format=torch.contiguous_format)
+    _cpu.grouped_window_attention(q, k_cache, v_cache, _index(group_slot), _index(group_pos),
+                                  int(ctx), float(scale), out)
+    return out
+
+
+def cpu_causal_conv_window(x, conv_state, weight, group_slot, *, out=None, snaps=None):
+    x = x.contiguous()
+    ng, g, c = x.shape
+    kw = weight.shape[1]
+    if out is None:
+        out = torch.empty_like(x)
+    if snaps is None:
+        snaps = torch.empty(ng, g, c, kw - 1, dtype=x.dtype, device=x.device)
+    _cpu.causal_conv_window(x, conv_state, weight.contiguous(), _index(group_slot), out, snaps)
+    return out, snaps
+
+
+def cpu_gated_delta_window(q, k, v, g, beta, rec_state, group_slot, *, out=None, snaps=None):
+    q, k, v, g, beta = (t.contiguous() for t in (q, k, v, g, beta))
+    ng, rows, h, dk = k.shape
+    dv = v.shape[-1]
+    if out is None:
+        out = torch.empty(ng, rows, h, dv, dtype=torch.float32, device=q.device)
+    if snaps is None:
+        snaps = torch.empty(ng, rows, h, dk, dv, dtype=torch.float32, device=q.device)
+    _cpu.gated_delta_window(q, k, v, g, beta, rec_state, _index(group_slot), out, snaps)
+    return out, snaps
+
+
+def cpu_commit_accepted(accept, group_slot, group_pos, rec_snaps, conv_snaps, rec_state,
+                        conv_state, slot_pos) -> None:
+    _cpu.commit_accepted(_index(accept), _index(group_slot), _index(group_pos),
+                         rec_snaps.contiguous(), conv_snaps.contiguous(), rec_state, conv_state,
+                         slot_pos)
+
+
+CPU_OPS = {
+    "write_kv": cpu_write_kv,
+    "grouped_window_attention": cpu_grouped_window_attention,
+    "causal_conv_window": cpu_causal_conv_window,
+    "gated_delta_window": cpu_gated_delta_window,
+    "commit_accepted": cpu_commit_accepted,
+}
+
+# ---------------------------------------------------------------------------------------------
+# GPU (CUDA / HIP) backend
+
+
+def _stream(t: torch.Tensor) -> int:
+    return torch.cuda.current_stream(t.device).cuda_stream
+
+
+@functools.lru_cache(maxsize=None)
+def _sm_count(index: int) -> int:
+    return torch.cuda.get_device_properties(index).multi_processor_count
+
+
+def _mma_rows_per_block(rows: int) -> int:
+    return 16 if rows <= 16 else (32 if rows <= 32 else 64)
+
+
+def attention_plan(ng: int, hkv: int, rows: int, ctx: int, d: int, sm_count: int,
+                   mma: bool) -> tuple[int, int]:
+    """(nsplit, chunk) of the split-K attention: enough blocks to fill the GPU once
+    (ng * hkv * row-blocks * nsplit <= sm_count * blocks-per-SM), chunks a multiple of 64 keys and
+    long enough (>= 256 keys and >= 8 * rows) that the fp32 partials stay small next to the K/V
+    bytes. ctx small or many groups: nsplit == 1, a single pass with no workspace."""
+    if mma:
+        per_block = _mma_rows_per_block(rows)
+        blocks_per_sm = 1 if d > 128 else (2 if d > 64 else 3)
+    else:
+        per_block = 16
+        blocks_per_sm = 4
+    units = ng * hkv * -(-rows // per_block)
+    target = max(1, (sm_count * blocks_per_sm) // max(units, 1))
+    min_chunk = max(256, 8 * rows)
+    nsplit = max(1, min(target, -(-ctx // min_chunk)))
+    chunk = -(-ctx // nsplit)
+    chunk = -(-chunk // 64) * 64
+    nsplit = -(-ctx // chunk)
+    return nsplit, chunk
+
+
+def gpu_write_kv(k_cache, v_cache, k, v, group_slot, group_pos) -> None:
+    group_slot = _index(group_slot)
+    _validate_slots("write_kv", group_slot, k_cache.shape[0])
+    _gpu.write_kv(k_cache, v_cache, k.contiguous(), v.contiguous(), group_slot,
+                  _index(group_pos), _stream(k))
+
+
+def gpu_grouped_window_attention(q, k_cache, v_cache, group_slot, group_pos, ctx, scale, *,
+                                 out=None, workspace=None, nsplit=None, use_mma=True):
+    """Split-K attention (see attention_plan). workspace: optional float32 scratch of at least
+    `attention_workspace_numel` elements; allocated here with torch.empty when missing."""
+    ctx = int(ctx)
+    q = q.contiguous()
+    if q.data_ptr() % 16:
+        q = q.clone()  # 16-byte loads on the tensor-core path
+    ng, g, hq, d = q.shape
+    hkv = k_cache.shape[2]
+    if hkv < 1 or hq % hkv:
+        raise ValueError(f"grouped_window_attention: q has {hq} heads, not a multiple of the "
+                         f"caches' {hkv} KV heads")
+    rows = (hq // hkv) * g
+    group_slot = _index(group_slot)
+    _validate_slots("grouped_window_attention", group_slot, k_cache.shape[0])
+    mma = bool(use_mma) and _gpu.has_mma() and _gpu.attn_mma_supported(d, rows) and \
+        q.dtype in (torch.bfloat16, torch.float16) and k_cache.dtype == q.dtype
+    if nsplit is None:
+        index = q.device.index if q.device.index is not None else torch.cuda.current_device()
+        nsplit, chunk = attention_plan(ng, hkv, rows, ctx, d, _sm_count(index), mma)
+    else:
+        nsplit = max(1, min(int(nsplit), ctx, 4096))
+        chunk = -(-ctx // nsplit)
+        nsplit = -(-ctx // chunk)
+    if out is None:
+        out = torch.empty_like(q, memory_format=torch.contiguous_format)
+    need = _gpu.attention_workspace_numel(ng, hkv, rows, d, nsplit)
+    if need and (workspace is None or workspace.numel() < need):
+        workspace = torch.empty(need, dtype=torch.float32, device=q.device)
+    _gpu.grouped_window_attention(q, k_cache, v_cache, group_slot, _index(group_pos), ctx,
+                                  float(scale), out, workspace if need else None, nsplit, chunk,
+                                  _stream(q), use_mma)
+    return out
+
+
+def attention_workspace_numel(q, k_cache, ctx) -> int:
+    """float32 scratch elements gpu_grouped_window_attention needs for these shapes (0 = none)."""
+    ng, g, hq, d = q.shape
+    hkv = k_cache.shape[2]
+    rows = (hq // hkv) * g
+    mma = _gpu.has_mma() and _gpu.attn_mma_supported(d, rows) and \
+        q.dtype in (torch.bfloat16, torch.float16) and k_cache.dtype == q.dtype
+    index = q.device.index if q.device.index is not None else torch.cuda.current_device()
+    nsplit, _ = attention_plan(ng, hkv, rows, int(ctx), d, _sm_count(index), mma)
+    return _gpu.attention_workspace_numel(ng, hkv, rows, d, nsplit)
+
+
+def gpu_causal_conv_window(x, conv_state, weight, group_slot, *, out=None, snaps=None):
+    x = x.contiguous()
+    ng, g, c = x.shape
+    kw = weight.shape[1]
+    group_slot = _index(group_slot)
+    _validate_slots("causal_conv_window", group_slot, conv_state.shape[0])
+    if out is None:
+        out = torch.empty_like(x)
+    if snaps is None:
+        snaps = torch.empty(ng, g, c, kw - 1, dtype=x.dtype, device=x.device)
+    _gpu.causal_conv_window(x, conv_state, weight.contiguous(), group_slot, out, snaps,
+                            _stream(x))
+    return out, snaps
+
+
+def gpu_gated_delta_window(q, k, v, g, beta, rec_state, group_slot, *, out=None, snaps=None):
+    q, k, v, g, beta = (t.contiguous() for t in (q, k, v, g, beta))
+    ng, rows, h, dk = k.shape
+    dv = v.shape[-1]
+    group_slot = _index(group_slot)
+    _validate_slots("gated_delta_window", group_slot, rec_state.shape[0])
+    if out is None:
+        out = torch.empty(ng, rows, h, dv, dtype=torch.float32, device=q.device)
+    if snaps is None:
+        snaps = torch.empty(ng, rows, h, dk, dv, dtype=torch.float32, device=q.device)
+    _gpu.gated_delta_window(q, k, v, g, beta, rec_state, group_slot, out, snaps, _stream(q))
+    return out, snaps
+
+
+def gpu_commit_accepted(accept, group_slot, group_pos, rec_snaps, conv_snaps, rec_state,
+                        conv_state, slot_pos) -> None:
+    group_slot = _index(group_slot)
+    _validate_slots("commit_accepted", group_slot, rec_state.shape[1])
+    _gpu.commit_accepted(_index(accept), group_slot, _index(group_pos), rec_snaps.contiguous(),
+                         conv_snaps.contiguous(), rec_state, conv_state, slot_pos,
+                         _stream(rec_state))
+
+
+GPU_OPS = {
+    "write_kv": gpu_write_kv,
+    "grouped_window_attention": gpu_grouped_window_attention,
+    "causal_conv_window": gpu_causal_conv_window,
+    "gated_delta_window": gpu_gated_delta_window,
+    "commit_accepted": gpu_commit_accepted,
+}

@@ -1,0 +1,68 @@
+"""Run the HTTP server: bind first, then start the engine process and uvicorn."""
+
+from __future__ import annotations
+
+import logging
+import socket
+from typing import Any
+
+import uvicorn
+from omegaconf import OmegaConf
+
+from strata.serve.app import create_app
+
+log = logging.getLogger("strata.serve")
+
+
+def _bind(host: str, port: int) -> socket.socket:
+    """Bind before anything starts, so a taken port is a clean error and port 0 works."""
+    infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    err: Exception = OSError(f"cannot resolve {host!r}")
+    for family, kind, proto, _name, addr in infos:
+        sock = socket.socket(family, kind, proto)
+        try:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            sock.bind(addr)
+            sock.set_inheritable(False)
+            return sock
+        except OSError as e:
+            sock.close()
+            err = e
+    raise err
+
+
+def serve(cfg: Any) -> int:
+    """Serve until SIGINT/SIGTERM (0) or until the engine cannot start at all (1)."""
+    scfg = cfg.server
+    level = str(scfg.log_level).lower()
+    logging.getLogger("strata.serve").setLevel(level.upper() if level != "trace" else "DEBUG")
+    try:
+        sock = _bind(scfg.host, int(scfg.port))
+    except OSError as e:
+        log.error("cannot listen on %s:%s: %s", scfg.host, scfg.port, e)
+        return 1
+    host, port = sock.getsockname()[:2]
+    cfg_dict = OmegaConf.to_container(cfg, resolve=True)
+    app = create_app(cfg_dict, scfg)
+    max_pending = int(scfg.max_pending)
+    config = uvicorn.Config(
+        app, log_level=level, access_log=level in ("debug", "trace"),
+        timeout_keep_alive=5, timeout_graceful_shutdown=3,
+        # Connections beyond this get a plain 503 from uvicorn before any app code runs.
+        limit_concurrency=max(256, 2 * max_pending + 64),
+    )
+    server = uvicorn.Server(config)
+    app.state.fatal_hooks.append(lambda _msg: setattr(server, "should_exit", True))
+    shown = f"[{host}]" if ":" in host else host
+    log.info("strata server listening on http://%s:%d (api key %s); model loading in the engine "
+             "process, GET /health says 200 once it is ready", shown, port,
+             "required" if scfg.api_key else "off")
+    try:
+        server.run(sockets=[sock])
+    except KeyboardInterrupt:   # uvicorn re-raises the Ctrl-C it handled once it has shut down
+        pass
+    sup = app.state.sup
+    if sup.fatal_message:
+        log.error("exiting: %s", sup.fatal_message)
+        return 1
+    return 0
