@@ -49,9 +49,9 @@ def _shard_files(path: Path) -> list[Path]:
     if index.is_file():
         try:
             weight_map = json.loads(index.read_text())["weight_map"]
-        except (json.JSONDecodeError, KeyError) as e:
-            raise CheckpointError(f"{index}: malformed shard index ({e})") from None
-        files = sorted(set(weight_map.values()))
+            files = sorted(set(weight_map.values()))
+        except (json.JSONDecodeError, KeyError, TypeError, AttributeError) as e:
+            raise CheckpointError(f"{index}: malformed shard index ({type(e).__name__}: {e})") from None
         for f in files:
             if not (path / f).is_file():
                 raise CheckpointError(f"{path / f}: missing shard named in {index.name}")
@@ -71,16 +71,19 @@ def load_checkpoint(path: str | Path, dtype: str = "auto", device: str | torch.d
     files = _shard_files(path)
     with_mtp = False
     for f in files:
-        with safe_open(str(f), framework="pt") as sf:
-            if any(k.startswith("mtp.") for k in sf.keys()):
-                with_mtp = True
+        try:
+            with safe_open(str(f), framework="pt") as sf:
+                if any(k.startswith("mtp.") for k in sf.keys()):
+                    with_mtp = True
+        except Exception as e:  # safetensors raises its own SafetensorError (or OSError)
+            raise CheckpointError(f"{f}: not a readable safetensors file ({e})") from None
     with torch.device("meta"):
         model = Qwen3Next(args, with_mtp=with_mtp)
     params = dict(model.named_parameters(remove_duplicate=False))
     tied = {"lm_head.weight"} if args.tie_word_embeddings else set()
     values: dict[str, torch.Tensor] = {name: torch.empty(p.shape, dtype=tdtype, device=device)
                                        for name, p in params.items() if name not in tied}
-    covered: dict[str, int] = {}
+    covered: set[tuple] = set()  # (param, expert, part) of every tensor read
     for f in files:
         with safe_open(str(f), framework="pt", device="cpu") as sf:
             for key in sf.keys():
@@ -110,19 +113,16 @@ def load_checkpoint(path: str | Path, dtype: str = "auto", device: str | torch.d
                     raise CheckpointError(f"{f}: tensor {key!r} has shape {tuple(t.shape)}, "
                                           f"expected {want}")
                 view.copy_(t.to(tdtype))
-                covered[target.param] = covered.get(target.param, 0) + 1
-    missing = []
-    for name in values:
-        need = 1
-        if name.endswith(".w_gate_up"):
-            need = 2 * values[name].shape[0]
-        elif name.endswith(".w_down"):
-            need = values[name].shape[0]
-        if covered.get(name, 0) < need:
-            missing.append(keymap.checkpoint_keys(name, tuple(values[name].shape))[0][0])
+                covered.add((target.param, target.expert, target.part))
+    missing = [key for name in values
+               for key, tg in keymap.checkpoint_keys(name, tuple(values[name].shape))
+               if (tg.param, tg.expert, tg.part) not in covered]
     if missing:
-        raise CheckpointError(f"{path}: missing tensors, first {missing[0]!r} ({len(missing)} in all)")
-    model.to_empty(device=device)
+        names = ", ".join(f.name for f in files)
+        raise CheckpointError(f"{path}: missing tensor {missing[0]!r} (not in {names}; "
+                              f"{len(missing)} missing in all)")
+    model.to_empty(device=device).to(tdtype)
+    model.to(dtype=tdtype)  # the parameters themselves take the load dtype (not only the values)
     with torch.no_grad():
         for name, p in model.named_parameters():
             if name in values:

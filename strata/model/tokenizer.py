@@ -29,8 +29,12 @@ class Tokenizer:
         eos: list[int] = []
         gen = path / "generation_config.json"
         if gen.is_file():
-            val = json.loads(gen.read_text()).get("eos_token_id")
-            eos = [val] if isinstance(val, int) else list(val or [])
+            try:
+                val = json.loads(gen.read_text()).get("eos_token_id")
+                eos = [val] if isinstance(val, int) else list(val or [])
+            except (json.JSONDecodeError, AttributeError, TypeError) as e:
+                raise CheckpointError(f"{gen}: cannot read 'eos_token_id' "
+                                      f"({type(e).__name__}: {e})") from None
         if not eos:
             eos = [i for n in EOS_NAMES if (i := tok.token_to_id(n)) is not None]
         return cls(tok, eos)

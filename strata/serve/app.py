@@ -250,8 +250,7 @@ def create_app(cfg_dict: dict, server_cfg: Any) -> FastAPI:
             text = f"'{param}' {message}" if param else message
             return _err(P.ApiError(400, text, param=param, code="invalid_request"))
         if ev[0] == "timeout":
-            sup.cancel(rid)
-            sup.metrics.finished("timeout")
+            sup.cancel(rid, "timeout")
             return _err(P.ApiError(503, timeout_message(), code="queue_timeout",
                                    headers={"Retry-After": str(sup.retry_after())}))
         if ev[0] == "error":
@@ -274,8 +273,7 @@ def create_app(cfg_dict: dict, server_cfg: Any) -> FastAPI:
             while True:
                 ev = await next_event(h, deadline if out_tokens == 0 else None)
                 if ev[0] == "timeout":
-                    sup.cancel(rid)
-                    sup.metrics.finished("timeout")
+                    sup.cancel(rid, "timeout")
                     done = True
                     yield P.sse(P.error_body(timeout_message(), "service_unavailable",
                                              code="queue_timeout"))
@@ -326,8 +324,7 @@ def create_app(cfg_dict: dict, server_cfg: Any) -> FastAPI:
             while True:
                 ev = await next_event(h, deadline if out_tokens == 0 else None)
                 if ev[0] == "timeout":
-                    sup.cancel(rid)
-                    sup.metrics.finished("timeout")
+                    sup.cancel(rid, "timeout")
                     return _err(P.ApiError(503, timeout_message(), code="queue_timeout",
                                            headers={"Retry-After": str(sup.retry_after())}))
                 if ev[0] == "error":

@@ -9,6 +9,7 @@ from typing import Any
 import uvicorn
 from omegaconf import OmegaConf
 
+from strata.config import ConfigError, validate_engine
 from strata.serve.app import create_app
 
 log = logging.getLogger("strata.serve")
@@ -31,9 +32,36 @@ def _bind(host: str, port: int) -> socket.socket:
     raise err
 
 
+LOG_LEVELS = ("critical", "error", "warning", "info", "debug", "trace")
+
+
+def validate_server(s: Any) -> None:
+    def bad(key: str, msg: str) -> None:
+        raise ConfigError(f"server.{key}: {msg}")
+
+    if not 0 <= int(s.port) <= 65535:
+        bad("port", f"must be in [0, 65535] (0 = any free port), got {s.port}")
+    if int(s.max_pending) < 1:
+        bad("max_pending", f"must be >= 1, got {s.max_pending}")
+    if float(s.restart_delay_s) < 0:
+        bad("restart_delay_s", f"must be >= 0, got {s.restart_delay_s}")
+    if float(s.queue_timeout_s) < 0:
+        bad("queue_timeout_s", f"must be >= 0 (0 = no limit), got {s.queue_timeout_s}")
+    if str(s.log_level).lower() not in LOG_LEVELS:
+        bad("log_level", f"must be one of {', '.join(LOG_LEVELS)}, got {s.log_level!r}")
+    if s.api_key is not None and not str(s.api_key):
+        bad("api_key", "must be null (no key) or a non-empty string")
+
+
 def serve(cfg: Any) -> int:
-    """Serve until SIGINT/SIGTERM (0) or until the engine cannot start at all (1)."""
+    """Serve until SIGINT/SIGTERM (0); 1 when the engine cannot start at all; 2: bad config."""
     scfg = cfg.server
+    try:
+        validate_server(scfg)
+        validate_engine(cfg.engine)     # the engine checks again; this fails before binding
+    except ConfigError as e:
+        log.error("error: %s", e)
+        return 2
     level = str(scfg.log_level).lower()
     logging.getLogger("strata.serve").setLevel(level.upper() if level != "trace" else "DEBUG")
     try:

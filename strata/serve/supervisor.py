@@ -36,6 +36,7 @@ class Handle:
     """One request in flight: its events arrive on `q` (see worker.py for their shapes)."""
 
     __slots__ = ("rid", "gen", "q", "t_submit", "t_first", "prompt_tokens", "cancelled")
+    #: Outcome counted when the engine confirms a cancel: "cancel" (client gone) or "timeout".
 
     def __init__(self, rid: str, gen: int):
         self.rid = rid
@@ -44,7 +45,7 @@ class Handle:
         self.t_submit = time.monotonic()
         self.t_first: Optional[float] = None
         self.prompt_tokens = 0
-        self.cancelled = False
+        self.cancelled: Optional[str] = None
 
 
 class EngineSupervisor:
@@ -90,11 +91,12 @@ class EngineSupervisor:
         self._sendq.put(("submit", rid, spec))
         return h
 
-    def cancel(self, rid: str) -> None:
+    def cancel(self, rid: str, outcome: str = "cancel") -> None:
+        """Ask the engine to drop a request; `outcome` labels it in strata_requests_total."""
         h = self.handles.get(rid)
         if h is None or h.cancelled:
             return
-        h.cancelled = True
+        h.cancelled = outcome
         if h.gen == self.generation and self._sendq is not None:
             self._sendq.put(("cancel", rid))
 
@@ -154,7 +156,7 @@ class EngineSupervisor:
                      self.pid, gen, self.info.get("model_name"), self.info.get("max_context"),
                      self.info.get("slots"))
         elif kind == "fatal":
-            self.last_exit = str(msg[1]).strip()
+            self.last_exit = str(msg[1]).strip().splitlines()[0]
 
     def _on_output(self, row: tuple) -> None:
         rid, new_ids, _text, finished, reason = row[:5]
@@ -167,7 +169,7 @@ class EngineSupervisor:
             self.metrics.ttft.observe(now - h.t_submit)
         if finished:
             self.handles.pop(rid, None)
-            self.metrics.finished(reason or "stop")
+            self.metrics.finished((h.cancelled or "cancel") if reason == "cancel" else (reason or "stop"))
             if reason in ("stop", "length"):
                 self.metrics.duration.observe(now - h.t_submit)
         h.q.put_nowait(("out", row))
@@ -194,7 +196,6 @@ class EngineSupervisor:
     def _on_failed(self, message: str) -> None:
         self.state = "failed"
         self.fatal_message = message
-        log.error("%s", message)
         if self.on_fatal is not None:
             self.on_fatal(message)
 
@@ -247,8 +248,10 @@ class EngineSupervisor:
                 if msg[0] == "ready":
                     ready = True
                 elif msg[0] == "fatal":
-                    fatal = str(msg[1])
-                    log.error("engine process reports: %s", fatal.strip())
+                    fatal = str(msg[1]).strip()
+                    tb = msg[2] if len(msg) > 2 else None
+                    log.error("engine process %d: %s%s", proc.pid, fatal,
+                              f"\n{tb.rstrip()}" if tb else "")
                 self._post(self._on_event, gen, msg)
             proc.join(5.0)
             if proc.is_alive():
@@ -262,8 +265,8 @@ class EngineSupervisor:
             if stopping:
                 return
             if final:
-                self._post(self._on_failed, "the engine failed to start: "
-                           + (fatal.strip() if fatal else f"process exited with code {proc.exitcode}"))
+                self._post(self._on_failed, fatal or "the engine failed to start: its process "
+                           f"exited with code {proc.exitcode} before it was ready")
                 return
             if ready:
                 ever_ready = True

@@ -17,7 +17,7 @@ Messages (plain tuples of builtins, so the server never needs torch to unpickle 
                prompt_tokens, output_tokens, timings), ...])      one engine step;
                                timings (a dict, see _release) only on the finishing row
     ("stats", dict)            eng.stats(), at most every STATS_EVERY_S and when work runs out
-    ("fatal", message)         sent just before a non-zero exit
+    ("fatal", message, traceback or None)   sent just before a non-zero exit
 
 The process exits when the server goes away (either pipe breaks), on ("stop",), or with a
 non-zero code (after "fatal") when the engine raises. SIGINT and SIGTERM are ignored: a
@@ -146,7 +146,12 @@ def run_worker(cfg_dict: dict, cmd_conn: Any, out_conn: Any, generation: int) ->
         except Exception:
             pass
     except BaseException as e:
-        send(("fatal", f"engine failed to start: {type(e).__name__}: {e}\n{traceback.format_exc()}"))
+        from strata.config import ConfigError
+        from strata.model.config import CheckpointError
+
+        known = isinstance(e, (ConfigError, CheckpointError))   # the message says it all
+        send(("fatal", f"engine failed to start: {type(e).__name__}: {e}",
+              None if known else traceback.format_exc()))
         out_conn.close()
         os._exit(2)
     send(("ready", info))
@@ -187,8 +192,7 @@ def run_worker(cfg_dict: dict, cmd_conn: Any, out_conn: Any, generation: int) ->
             try:
                 outs = eng.step()
             except Exception as e:
-                send(("fatal", f"engine step failed: {type(e).__name__}: {e}\n{traceback.format_exc()}"))
-                _log(f"engine step failed: {type(e).__name__}: {e}")
+                send(("fatal", f"engine step failed: {type(e).__name__}: {e}", traceback.format_exc()))
                 out_conn.close()
                 os._exit(3)
             if outs:
