@@ -484,11 +484,11 @@ def main() -> int:
     ap.add_argument("--no-progress", action="store_true")
     ap.add_argument("--smoke", action="store_true",
                     help="tiny CPU run: --device cpu --n 1,2 --prompt-tokens 16 --output-tokens 8 "
-                         "--repeats 1 --warmup none")
+                         "--repeats 1 --warmup short")
     a = ap.parse_args()
     if a.smoke:
         a.device, a.n, a.prompt_tokens, a.output_tokens = "cpu", "1,2", "16", "8"
-        a.repeats, a.warmup = 1, "none"
+        a.repeats, a.warmup = 1, "short"
 
     import torch
     from tqdm import tqdm

@@ -135,6 +135,9 @@ class SimConfig:
     trace: Optional[str] = None
     #: predict: cost profile JSON (null = conf/sim/profiles/nominal.json, illustrative).
     profile: Optional[str] = None
+    #: predict: an engine metrics.json of the same workload; prints the prediction's error per
+    #: figure (aggregate tok/s, TTFT and E2E percentiles).
+    compare_with: Optional[str] = None
     #: Root seed; each random input draws from its own stream derived from it.
     seed: int = 0
     #: Print the metrics table (predict) or the summary line (replay).

@@ -14,7 +14,9 @@ from typing import Any, Callable, Optional
 
 import torch
 
-from strata.config import ConfigError, batch_mtp_from_env, validate_engine
+from omegaconf import DictConfig, OmegaConf
+
+from strata.config import ConfigError, EngineConfig, batch_mtp_from_env, validate_engine
 from strata.engine.graph_cache import CudaGraphBackend, GraphCache, RecordingBackend
 from strata.engine.memory import MIB, MemoryBudget, fit_slots
 from strata.engine.model_runner import ModelRunner
@@ -43,6 +45,26 @@ def resolve_device(name: str) -> torch.device:
     return torch.device(name)
 
 
+def plain_engine_config(ecfg: Any) -> EngineConfig:
+    """An EngineConfig dataclass from an OmegaConf node (or a dataclass), validated by type."""
+    if isinstance(ecfg, EngineConfig):
+        return ecfg
+    if isinstance(ecfg, DictConfig):
+        node = OmegaConf.merge(OmegaConf.structured(EngineConfig), ecfg)
+        return OmegaConf.to_object(node)
+    raise TypeError(f"engine config must be an EngineConfig or a DictConfig, got {type(ecfg).__name__}")
+
+
+def timings(rs: RequestState) -> dict:
+    """Per-request timings (seconds since engine start, and durations) for a final output."""
+    def span(a, b):
+        return None if a is None or b is None else b - a
+    return {"arrive": rs.t_arrive, "queue_s": span(rs.t_arrive, rs.t_admit),
+            "prefill_s": rs.prefill_s, "ttft_s": span(rs.t_arrive, rs.t_first),
+            "decode_s": span(rs.t_first, rs.t_last), "e2e_s": span(rs.t_arrive, rs.t_finish),
+            "drafted": rs.drafted, "accepted": rs.accepted}
+
+
 class Engine:
     @classmethod
     def from_config(cls, cfg: Any, log: Callable[[str], None] = print,
@@ -55,6 +77,7 @@ class Engine:
 
     def __init__(self, loaded: LoadedModel, ecfg: Any, device: torch.device,
                  log: Callable[[str], None] = print, trace_path: Optional[str | Path] = None):
+        ecfg = plain_engine_config(ecfg)  # attribute reads on the hot path must be cheap
         validate_engine(ecfg)
         self.log = log
         self.device = device
@@ -222,6 +245,15 @@ class Engine:
             rs.cancel_requested = True
             self._cancels.append(rs)
 
+    def release(self, req_id: str) -> None:
+        """Forget a finished request (a long-running server calls this after its final output)."""
+        rs = self.requests.get(req_id)
+        if rs is None:
+            return
+        if not rs.finished:
+            raise RequestError("id", f"request {req_id!r} has not finished; cancel it first")
+        del self.requests[req_id]
+
     def has_work(self) -> bool:
         return bool(self._future) or self.scheduler.busy() or bool(self._cancels)
 
@@ -312,7 +344,7 @@ class Engine:
         rs.t_first = self.now()
         self._emit(rs, slot, [first], outs)
         if rs.finished:
-            self._finish_event(rs)
+            self._finish_event(rs, outs.get(rs.id))
             self.scheduler.release(slot)
         else:
             self.scheduler.start_decoding(slot)
@@ -324,9 +356,10 @@ class Engine:
         tier = context_tier(max(s.pos + r for s, r in groups), ecfg.context_tier_min, self.max_context)
         key = None
         n_padded = len(groups)
+        layout = plan.layout
         if self.cache is not None:
             if ecfg.graph_key == "layout":
-                key = layout_key(plan.layout, tier)
+                key = layout_key(layout, tier)
             else:
                 n_padded = shape_bucket(len(groups), list(ecfg.shape_buckets))
                 key = shape_key(n_padded, g, tier)
@@ -335,8 +368,8 @@ class Engine:
                                           key, {key} if key else set())
         dur = time.perf_counter() - t0
         self.windows += 1
-        self.trace.emit("window", layout=list(plan.layout), key=key or "eager", graph=action,
-                        rows=len(plan.layout), dur=round(dur, 6), ctx=tier)
+        self.trace.emit("window", layout=list(layout), key=key or "eager", graph=action,
+                        rows=len(layout), dur=round(dur, 6), ctx=tier)
         ended = []
         for (slot, r), row in zip(groups, rows):
             rs = slot.req
@@ -351,7 +384,7 @@ class Engine:
             if rs.finished:
                 ended.append(slot)
         for slot in ended:
-            self._finish_event(slot.req)
+            self._finish_event(slot.req, outs.get(slot.req.id))
             self.scheduler.release(slot)
 
     # ---- emission and finishing -------------------------------------------------------------------
@@ -403,9 +436,12 @@ class Engine:
             out.finished, out.finish_reason = True, rs.reason
         return n
 
-    def _finish_event(self, rs: RequestState) -> None:
+    def _finish_event(self, rs: RequestState, out: Optional[RequestOutput] = None) -> None:
         rs.t_finish = self.now()
+        rs.prompt_tensor = None  # device memory goes back at once
         self.trace.emit("finish", req=rs.id, reason=rs.reason, tokens=len(rs.emitted))
+        if out is not None:
+            out.timings = timings(rs)
 
     def _finish(self, rs: RequestState, reason: str, outs: dict) -> None:
         """End a request from outside the decode path (cancel, error)."""
@@ -413,7 +449,7 @@ class Engine:
         out = outs.setdefault(rs.id, RequestOutput(rs.id, [], "", prompt_tokens=rs.prompt_len))
         out.finished, out.finish_reason, out.error = True, reason, rs.error
         out.output_tokens = len(rs.emitted)
-        self._finish_event(rs)
+        self._finish_event(rs, out)
         if rs.slot is not None:
             self.scheduler.release(self.scheduler.slots[rs.slot])
         elif rs in self.scheduler.queue:

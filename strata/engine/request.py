@@ -71,3 +71,5 @@ class RequestOutput:
     error: Optional[str] = None
     prompt_tokens: int = 0
     output_tokens: int = 0
+    #: On the final output: queue, prefill, first-token, decode and end-to-end times, drafts.
+    timings: Optional[dict] = None

@@ -60,25 +60,18 @@ def _plain(v: Any) -> Any:
     return str(v)
 
 
-def _release(eng: Any, rid: str) -> Optional[dict]:
-    """A finished request's engine timings, and drop the engine's record of it.
-
-    The engine keeps every RequestState it was given (its prompt tensor included); a server
-    runs forever, so the finished ones are dropped here. Reads engine internals defensively:
-    an engine without them just gives no timings.
-    """
-    reqs = getattr(eng, "requests", None)
-    rs = reqs.pop(rid, None) if isinstance(reqs, dict) else None
-    if rs is None:
+def _release(eng: Any, rid: str, timings: Optional[dict]) -> Optional[dict]:
+    """Drop the engine's record of a finished request; its timings came on the final output."""
+    try:
+        eng.release(rid)
+    except Exception as e:  # never let bookkeeping kill the worker
+        _log(f"could not release {rid}: {e}")
+    if not timings:
         return None
-
-    def span(a: str, b: str) -> Optional[float]:
-        x, y = getattr(rs, a, None), getattr(rs, b, None)
-        return round(y - x, 6) if isinstance(x, float) and isinstance(y, float) else None
-
-    return {"queue_s": span("t_arrive", "t_admit"), "prefill_s": round(float(getattr(rs, "prefill_s", 0.0)), 6),
-            "first_token_s": span("t_arrive", "t_first"), "decode_s": span("t_first", "t_last"),
-            "drafted": int(getattr(rs, "drafted", 0)), "accepted": int(getattr(rs, "accepted", 0))}
+    r = lambda v: None if v is None else round(float(v), 6)  # noqa: E731
+    return {"queue_s": r(timings.get("queue_s")), "prefill_s": r(timings.get("prefill_s")),
+            "first_token_s": r(timings.get("ttft_s")), "decode_s": r(timings.get("decode_s")),
+            "drafted": int(timings.get("drafted") or 0), "accepted": int(timings.get("accepted") or 0)}
 
 
 def _build_cfg(cfg_dict: dict) -> Any:
@@ -198,7 +191,7 @@ def run_worker(cfg_dict: dict, cmd_conn: Any, out_conn: Any, generation: int) ->
             if outs:
                 rows = []
                 for o in outs:
-                    timings = _release(eng, o.id) if o.finished else None
+                    timings = _release(eng, o.id, o.timings) if o.finished else None
                     rows.append((o.id, list(o.new_token_ids), o.new_text, bool(o.finished),
                                  o.finish_reason, o.error, int(o.prompt_tokens or 0),
                                  int(o.output_tokens or 0), timings))

@@ -1,0 +1,45 @@
+"""`python -m sim`: the simulator's Hydra app (config tree: conf/sim/, schemas: sim/config.py).
+
+    python -m sim mode=replay trace=FILE          exit 0 identical, 1 divergent, 2 bad input
+    python -m sim mode=predict profile=FILE workload=poisson hydra.run.dir=DIR
+    python -m sim -m engine.slots=1,2,4,8 engine.graph_key=layout,shape   (one run per subdir)
+"""
+
+from __future__ import annotations
+
+import sys
+
+import hydra
+from hydra.core.hydra_config import HydraConfig
+from hydra.utils import to_absolute_path
+from omegaconf import DictConfig
+
+from .config import SIM_CONF_DIR, SimConfigError, register_configs, validate
+from .costs import ProfileError
+from .predict import main_predict
+from .replay import main_replay
+from .scheduler import SimulationError
+
+register_configs()
+
+
+@hydra.main(config_path=SIM_CONF_DIR, config_name="config", version_base="1.3")
+def main(cfg: DictConfig) -> None:
+    try:
+        validate(cfg)
+        if cfg.mode == "replay":
+            rc = main_replay(to_absolute_path(cfg.trace), cfg.print_outputs)
+        else:
+            for key in ("profile", "compare_with"):
+                if cfg[key]:
+                    cfg[key] = to_absolute_path(cfg[key])
+            rc = main_predict(cfg, HydraConfig.get().runtime.output_dir)
+    except (SimConfigError, ProfileError, SimulationError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        rc = 2
+    if rc:
+        sys.exit(rc)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,178 @@
+"""Cost profile: how long the engine's device work and host work take.
+
+Schema (JSON; docs/SIMULATOR.md has the full description):
+
+    {
+      "schema": "strata-sim-cost-profile/1",
+      "source": {...},                         free-form: device, commit, traces fitted
+      "host_overhead_s": 0.0003,               host time of every iteration (idle ones too)
+      "prefill": {"tokens": [t0, t1, ...],     ascending chunk sizes
+                  "s":      [s0, s1, ...]},    seconds of one prefill chunk of that size
+      "decode": {"rows":  [r0, r1, ...],       ascending window row counts
+                 "tiers": [c0, c1, ...],       ascending context tiers
+                 "hit":     [[s per row count] per tier],   replaying a captured graph
+                 "capture": [[...]],                        capturing (and running) one
+                 "eager":   [[...]]},                       running without a graph
+      "acceptance": {...}                      optional: AcceptanceFit.as_dict()
+    }
+
+Interpolation: decode time is linear in rows and in log2(tier) between grid points (bilinear);
+prefill time is linear in tokens. Past the last grid point rows and tokens extrapolate along
+the last segment's slope (device time keeps growing with work), tiers clamp to the nearest
+measured tier. Below the first point rows and tokens scale proportionally toward zero work.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Optional, Sequence
+
+SCHEMA = "strata-sim-cost-profile/1"
+GRAPH_ACTIONS = ("hit", "capture", "eager")
+
+
+class ProfileError(ValueError):
+    pass
+
+
+def _interp(x: float, xs: Sequence[float], ys: Sequence[float]) -> float:
+    """Piecewise-linear y(x): proportional below xs[0], last-segment slope past xs[-1]."""
+    if len(xs) == 1:
+        return ys[0] * x / xs[0] if xs[0] else ys[0]
+    if x <= xs[0]:
+        return ys[0] * x / xs[0] if xs[0] > 0 else ys[0]
+    for i in range(1, len(xs)):
+        if x <= xs[i]:
+            f = (x - xs[i - 1]) / (xs[i] - xs[i - 1])
+            return ys[i - 1] + f * (ys[i] - ys[i - 1])
+    slope = (ys[-1] - ys[-2]) / (xs[-1] - xs[-2])
+    return max(0.0, ys[-1] + slope * (x - xs[-1]))
+
+
+def _bracket(x: float, xs: Sequence[float]) -> tuple[int, int, float]:
+    """Indices (i, j) around x and the weight of j; clamped at both ends."""
+    if x <= xs[0]:
+        return 0, 0, 0.0
+    if x >= xs[-1]:
+        return len(xs) - 1, len(xs) - 1, 0.0
+    for j in range(1, len(xs)):
+        if x <= xs[j]:
+            return j - 1, j, (x - xs[j - 1]) / (xs[j] - xs[j - 1])
+    raise AssertionError("unreachable")
+
+
+@dataclass
+class CostProfile:
+    host_overhead_s: float
+    prefill_tokens: list[float]
+    prefill_s: list[float]
+    decode_rows: list[float]
+    decode_tiers: list[float]
+    #: action -> [tier index][row index] seconds.
+    decode_s: dict[str, list[list[float]]]
+    acceptance: Optional[dict[str, Any]] = None
+    source: dict[str, Any] = field(default_factory=dict)
+
+    # --- queries -------------------------------------------------------------------------
+
+    def prefill_time(self, tokens: int) -> float:
+        return _interp(tokens, self.prefill_tokens, self.prefill_s)
+
+    def decode_time(self, rows: int, tier: int, action: str) -> float:
+        table = self.decode_s[action]
+        log_tiers = [math.log2(t) for t in self.decode_tiers]
+        i, j, w = _bracket(math.log2(tier), log_tiers)
+        lo = _interp(rows, self.decode_rows, table[i])
+        hi = _interp(rows, self.decode_rows, table[j])
+        return lo + w * (hi - lo)
+
+    # --- construction --------------------------------------------------------------------
+
+    @classmethod
+    def zero(cls) -> "CostProfile":
+        """Everything takes no time (replay: only the order of events matters)."""
+        zeros = [[0.0]]
+        return cls(host_overhead_s=0.0, prefill_tokens=[1.0], prefill_s=[0.0],
+                   decode_rows=[1.0], decode_tiers=[1.0],
+                   decode_s={a: zeros for a in GRAPH_ACTIONS}, source={"kind": "zero"})
+
+    def to_dict(self) -> dict[str, Any]:
+        d: dict[str, Any] = {
+            "schema": SCHEMA,
+            "source": self.source,
+            "host_overhead_s": self.host_overhead_s,
+            "prefill": {"tokens": self.prefill_tokens, "s": self.prefill_s},
+            "decode": {"rows": self.decode_rows, "tiers": self.decode_tiers,
+                       **{a: self.decode_s[a] for a in GRAPH_ACTIONS}},
+        }
+        if self.acceptance is not None:
+            d["acceptance"] = self.acceptance
+        return d
+
+    def save(self, path: str | Path) -> None:
+        Path(path).write_text(json.dumps(self.to_dict(), indent=1) + "\n", encoding="utf-8")
+
+    @classmethod
+    def from_dict(cls, d: Any, where: str = "cost profile") -> "CostProfile":
+        def bad(msg: str) -> ProfileError:
+            return ProfileError(f"{where}: {msg}")
+
+        if not isinstance(d, dict):
+            raise bad("must be a JSON object")
+        if d.get("schema") != SCHEMA:
+            raise bad(f"schema must be {SCHEMA!r}, got {d.get('schema')!r}")
+        try:
+            host = float(d["host_overhead_s"])
+            pre, dec = d["prefill"], d["decode"]
+            prof = cls(host_overhead_s=host,
+                       prefill_tokens=[float(x) for x in pre["tokens"]],
+                       prefill_s=[float(x) for x in pre["s"]],
+                       decode_rows=[float(x) for x in dec["rows"]],
+                       decode_tiers=[float(x) for x in dec["tiers"]],
+                       decode_s={a: [[float(x) for x in row] for row in dec[a]]
+                                 for a in GRAPH_ACTIONS},
+                       acceptance=d.get("acceptance"), source=d.get("source") or {})
+        except KeyError as e:
+            raise bad(f"missing field {e.args[0]!r}") from None
+        except (TypeError, ValueError) as e:
+            raise bad(f"malformed value: {e}") from None
+        prof._check(bad)
+        return prof
+
+    def _check(self, bad) -> None:
+        def ascending_positive(name: str, xs: list[float]) -> None:
+            if not xs or any(x <= 0 for x in xs) or any(b <= a for a, b in zip(xs, xs[1:])):
+                raise bad(f"{name} must be ascending positive numbers, got {xs}")
+
+        if self.host_overhead_s < 0:
+            raise bad(f"host_overhead_s must be >= 0, got {self.host_overhead_s}")
+        ascending_positive("prefill.tokens", self.prefill_tokens)
+        ascending_positive("decode.rows", self.decode_rows)
+        ascending_positive("decode.tiers", self.decode_tiers)
+        if len(self.prefill_s) != len(self.prefill_tokens):
+            raise bad("prefill.s must have one entry per prefill.tokens entry")
+        for a in GRAPH_ACTIONS:
+            t = self.decode_s[a]
+            if len(t) != len(self.decode_tiers) or any(len(r) != len(self.decode_rows) for r in t):
+                raise bad(f"decode.{a} must be [tiers][rows] = "
+                          f"{len(self.decode_tiers)} x {len(self.decode_rows)}")
+        for name, xs in [("prefill.s", self.prefill_s)] + [
+                (f"decode.{a}", [x for r in self.decode_s[a] for x in r]) for a in GRAPH_ACTIONS]:
+            if any(x < 0 for x in xs):
+                raise bad(f"{name} has a negative time")
+
+    @classmethod
+    def load(cls, path: str | Path) -> "CostProfile":
+        p = Path(path)
+        try:
+            text = p.read_text(encoding="utf-8")
+        except FileNotFoundError:
+            raise ProfileError(f"{p}: cost profile not found") from None
+        try:
+            d = json.loads(text)
+        except json.JSONDecodeError as e:
+            raise ProfileError(f"{p}:{e.lineno}: not JSON: {e.msg}") from None
+        return cls.from_dict(d, where=str(p))

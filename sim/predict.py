@@ -1,0 +1,138 @@
+"""Predict: simulate a workload from a cost profile and write the engine's files.
+
+`run_predict(cfg, out_dir)` writes `outputs.jsonl`, `trace.jsonl` and `metrics.json` into
+`out_dir` (Hydra's run dir under the CLI). In predict mode `t` is simulated time, so the same
+seed and config give a byte-identical trace.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Optional
+
+from omegaconf import DictConfig, OmegaConf
+
+from .acceptance import build_acceptance
+from .config import NOMINAL_PROFILE, SimConfig, SimConfigError, validate
+from .costs import CostProfile
+from .graph_cache import MemoryFacts
+from .metrics import (compare_metrics, comparison_table, metrics_table, outputs_lines,
+                      run_metrics)
+from .simulation import Scenario, SimRun, simulate
+from .streams import RandomStreams
+from .workload import build_workload
+
+
+def _as_config(cfg: Any) -> SimConfig:
+    if isinstance(cfg, SimConfig):
+        return cfg
+    if isinstance(cfg, DictConfig):
+        return OmegaConf.to_object(cfg)
+    raise TypeError(f"expected a SimConfig or DictConfig, got {type(cfg).__name__}")
+
+
+def slots_that_fit(cfg: SimConfig) -> tuple[int, str]:
+    """Slots the engine runs and the reason line (docs/SCHEDULING.md, "Slot count")."""
+    e, m = cfg.engine, cfg.memory
+    asked = 1 if e.mode == "solo" else e.slots
+    if e.graph_policy == "upstream":
+        return asked, f"INFO slots={asked} (asked {e.slots}): upstream policy sizes no budget"
+    room = m.total_mib - e.vram_reserve_mib - m.weights_mib - e.graph_mib_estimate
+    fit = math.floor(room / m.slot_mib)
+    if fit < 1:
+        raise SimConfigError(
+            f"memory: no slot fits: total {m.total_mib} - reserve {e.vram_reserve_mib} - weights "
+            f"{m.weights_mib} - graph estimate {e.graph_mib_estimate} MiB leaves {room:.0f} MiB, "
+            f"a slot needs {m.slot_mib} MiB")
+    n = min(asked, fit)
+    return n, (f"INFO slots={n} (asked {e.slots}): {fit} slots of {m.slot_mib} MiB fit in "
+               f"{room:.0f} MiB")
+
+
+def build_scenario(cfg: Any, profile: Optional[CostProfile] = None) -> tuple[Scenario, str]:
+    """The predict scenario of config `cfg`, and the slot-count info line."""
+    cfg = _as_config(cfg)
+    validate(cfg)
+    if profile is None:
+        profile = CostProfile.load(cfg.profile or NOMINAL_PROFILE)
+    streams = RandomStreams(cfg.seed)
+    e, m = cfg.engine, cfg.memory
+    slots, info = slots_that_fit(cfg)
+    capture_gen = streams.stream("graph.capture_mib")
+
+    def measure_capture() -> float:
+        if m.graph_mib_jitter == 0:
+            return m.graph_mib
+        return round(float(capture_gen.uniform(m.graph_mib - m.graph_mib_jitter,
+                                               m.graph_mib + m.graph_mib_jitter)), 3)
+
+    memory = MemoryFacts(total_mib=m.total_mib, weights_mib=m.weights_mib, slot_mib=m.slot_mib,
+                         slots=slots, reserve_mib=e.vram_reserve_mib,
+                         graph_mib_estimate=e.graph_mib_estimate,
+                         runtime_overhead_mib=m.runtime_overhead_mib)
+    scenario = Scenario(
+        knobs=e, memory=memory, slots=slots,
+        requests=build_workload(cfg.workload, streams),
+        acceptance=build_acceptance(cfg.acceptance, streams, profile.acceptance),
+        costs=profile, measure_capture=measure_capture,
+        config_engine=asdict(e),
+        config_memory={"total_mib": m.total_mib, "weights_mib": m.weights_mib,
+                       "slot_mib": m.slot_mib, "slots": slots, "graph_mib": m.graph_mib},
+        max_steps=cfg.max_steps)
+    return scenario, info
+
+
+@dataclass
+class PredictResult:
+    run: SimRun
+    metrics: dict[str, Any]
+    info: str
+
+
+def run_predict(cfg: Any, out_dir: Optional[str | Path] = None,
+                profile: Optional[CostProfile] = None) -> PredictResult:
+    """Simulate; with `out_dir`, write outputs.jsonl, trace.jsonl and metrics.json there."""
+    scenario, info = build_scenario(cfg, profile)
+    if out_dir is None:
+        run = simulate(scenario)
+    else:
+        out = Path(out_dir)
+        out.mkdir(parents=True, exist_ok=True)
+        with open(out / "trace.jsonl", "w", encoding="utf-8") as f:
+            run = simulate(scenario, trace_stream=f)
+    metrics = run_metrics(run)
+    if out_dir is not None:
+        with open(out / "outputs.jsonl", "w", encoding="utf-8") as f:
+            for line in outputs_lines(run):
+                f.write(json.dumps(line, separators=(",", ":")) + "\n")
+        (out / "metrics.json").write_text(json.dumps(metrics, indent=1) + "\n", encoding="utf-8")
+    return PredictResult(run=run, metrics=metrics, info=info)
+
+
+def load_engine_metrics(path: str | Path) -> dict[str, Any]:
+    p = Path(path)
+    try:
+        return json.loads(p.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise SimConfigError(f"compare_with: {p}: not found") from None
+    except json.JSONDecodeError as e:
+        raise SimConfigError(f"compare_with: {p}:{e.lineno}: not JSON: {e.msg}") from None
+
+
+def main_predict(cfg: DictConfig, out_dir: str) -> int:
+    engine_metrics = load_engine_metrics(cfg.compare_with) if cfg.compare_with else None
+    result = run_predict(cfg, out_dir)
+    if cfg.print_outputs:
+        print(result.info)
+        print(metrics_table(result.metrics))
+        print(f"wrote {out_dir}/outputs.jsonl, trace.jsonl, metrics.json")
+    if engine_metrics is not None:
+        rows = compare_metrics(engine_metrics, result.metrics)
+        print(comparison_table(rows))
+        (Path(out_dir) / "comparison.json").write_text(json.dumps(
+            [{"figure": f, "engine": e, "sim": s, "error": err} for f, e, s, err in rows],
+            indent=1) + "\n", encoding="utf-8")
+    return 0

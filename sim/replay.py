@@ -1,0 +1,294 @@
+"""Replay: re-run an engine trace in the simulator and compare the two event sequences.
+
+Inputs taken from the trace (DESIGN.md section 6): the `config` line (engine knobs, memory
+facts), arrivals by step with prompt and max tokens (`arrive`), each request's per-commit
+`accepted` in order (`commit`), and, for requests that finished with stop / cancel / error,
+the `finish` token count (and, for cancel and error, the step). Everything else (which slot,
+which window, which graph, when a request finishes by length) the simulator decides itself,
+and `strata.trace.replay_view` projections of both traces must be identical.
+
+Inferences: a `stop` finish with no commit events stopped at prefill end (its first token met
+the stop); otherwise it stops at the commit whose tokens would take it past `tokens` (the stop
+token itself is not emitted). An `error` finish at step k means iteration k's device work
+faulted: the iteration is planned as usual and every request it touched fails. A `cancel` of
+a request that never arrived cancels it before its arrival.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections import defaultdict
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any, Iterable, Optional
+
+from strata.trace import EVENT_FIELDS, REPLAY_EVENTS, REPLAY_FIELDS, replay_view
+
+from .acceptance import RecordedAcceptance
+from .config import SimEngineConfig, validate_engine
+from .costs import CostProfile
+from .graph_cache import MemoryFacts
+from .simulation import Scenario, simulate
+from .workload import ExternalEvents, SimRequest
+
+#: Events of context shown on each side of a divergence.
+CONTEXT_EVENTS = 4
+#: Engine-side knobs the simulator needs from the `config` line.
+REQUIRED_ENGINE_KNOBS = ("mode", "batch_mtp", "drafting", "slots", "spec", "window_rows",
+                         "decode_share", "prefill_chunk", "max_context", "context_tier_min",
+                         "shape_buckets", "graphs", "graph_key", "graph_limit",
+                         "vram_reserve_mib", "graph_mib_estimate")
+REQUIRED_MEMORY_FACTS = ("total_mib", "weights_mib", "slot_mib", "slots", "graph_mib")
+#: Bound on simulated iterations per replay: a few per engine event is ample.
+STEPS_PER_EVENT_BOUND = 4
+STEPS_BOUND_FLOOR = 10_000
+
+
+class TraceError(ValueError):
+    """A trace that cannot be replayed; the message names the file (or event) and line."""
+
+
+@dataclass
+class Divergence:
+    """The first replayed event where engine and simulator differ."""
+    index: int
+    engine: Optional[tuple]
+    sim: Optional[tuple]
+    engine_context: list[tuple[int, tuple]] = field(default_factory=list)
+    sim_context: list[tuple[int, tuple]] = field(default_factory=list)
+    #: Where the engine's event sits in its trace (line number in a file, else event index).
+    engine_line: Optional[int] = None
+
+    def __str__(self) -> str:
+        where = f" (trace line {self.engine_line})" if self.engine_line else ""
+        out = [f"replay diverged at replayed event #{self.index}{where}:",
+               f"  engine: {_fmt_view(self.engine)}",
+               f"  sim:    {_fmt_view(self.sim)}"]
+        for name, ctx in (("engine", self.engine_context), ("sim", self.sim_context)):
+            out.append(f"{name} events around it:")
+            for i, view in ctx:
+                mark = ">" if i == self.index else " "
+                out.append(f" {mark} #{i:<5} {_fmt_view(view)}")
+        return "\n".join(out)
+
+
+def _fmt_view(view: Optional[tuple]) -> str:
+    if view is None:
+        return "(no event: the trace ends here)"
+    ev, step, *rest = view
+    names = [f for f in REPLAY_FIELDS[ev] if f != "step"]
+    return f"step {step:<5} {ev:<7} " + " ".join(f"{n}={v!r}" for n, v in zip(names, rest))
+
+
+@dataclass
+class ReplayResult:
+    ok: bool
+    first_divergence: Optional[Divergence]
+    sim_events: list[dict[str, Any]]
+    #: Replayed (compared) events per side.
+    compared: int = 0
+    steps: int = 0
+    requests: int = 0
+
+
+# --- reading ---------------------------------------------------------------------------------
+
+def load_trace(path: str | Path) -> tuple[list[dict[str, Any]], list[int]]:
+    """Events of a trace file and the line number of each; errors name the file and line."""
+    p = Path(path)
+    events, lines = [], []
+    try:
+        f = open(p, encoding="utf-8")
+    except FileNotFoundError:
+        raise TraceError(f"{p}: trace file not found") from None
+    except OSError as e:
+        raise TraceError(f"{p}: cannot read trace: {e.strerror}") from None
+    with f:
+        for n, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                rec = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise TraceError(f"{p}:{n}: not JSON: {e.msg}") from None
+            problem = _event_problem(rec)
+            if problem:
+                raise TraceError(f"{p}:{n}: {problem}")
+            events.append(rec)
+            lines.append(n)
+    if not events:
+        raise TraceError(f"{p}: empty trace (the first line must be a config event)")
+    return events, lines
+
+
+def _event_problem(rec: Any) -> Optional[str]:
+    if not isinstance(rec, dict):
+        return "an event must be a JSON object"
+    ev = rec.get("ev")
+    if ev not in EVENT_FIELDS:
+        return f"unknown event {ev!r}"
+    missing = [f for f in ("step",) + EVENT_FIELDS[ev] if f not in rec]
+    if missing:
+        return f"{ev} event lacks {missing}"
+    if not isinstance(rec["step"], int) or rec["step"] < 0:
+        return f"step must be a non-negative integer, got {rec['step']!r}"
+    return None
+
+
+# --- from trace to scenario ------------------------------------------------------------------
+
+def _knobs(engine: dict[str, Any], where: str) -> SimEngineConfig:
+    missing = [k for k in REQUIRED_ENGINE_KNOBS if k not in engine]
+    if missing:
+        raise TraceError(f"{where}: config.engine lacks {missing}")
+    names = {f.name for f in fields(SimEngineConfig)}
+    knobs = SimEngineConfig(**{k: v for k, v in engine.items() if k in names})
+    knobs.graph_policy = "counted"  # engine traces come from strata's own policy
+    try:
+        validate_engine(knobs)
+    except ValueError as e:
+        raise TraceError(f"{where}: config.{e}") from None
+    return knobs
+
+
+def scenario_from_trace(events: list[dict[str, Any]], lines: Optional[list[int]] = None,
+                        name: str = "trace") -> Scenario:
+    def where(i: int) -> str:
+        return f"{name}:{lines[i] if lines else i + 1}"
+
+    for i, rec in enumerate(events):
+        problem = _event_problem(rec)
+        if problem:
+            raise TraceError(f"{where(i)}: {problem}")
+    if not events or events[0]["ev"] != "config":
+        raise TraceError(f"{where(0)}: the first event must be `config` "
+                         f"(got {events[0]['ev'] if events else 'nothing'!r})")
+    cfg = events[0]
+    if not isinstance(cfg["engine"], dict) or not isinstance(cfg["memory"], dict):
+        raise TraceError(f"{where(0)}: config.engine and config.memory must be objects")
+    knobs = _knobs(cfg["engine"], where(0))
+    mem = cfg["memory"]
+    missing = [k for k in REQUIRED_MEMORY_FACTS if k not in mem]
+    if missing:
+        raise TraceError(f"{where(0)}: config.memory lacks {missing}")
+
+    requests: list[SimRequest] = []
+    seen: set = set()
+    accepted: dict[Any, list[int]] = defaultdict(list)
+    finishes: dict[Any, tuple[int, dict]] = {}
+    for i, rec in enumerate(events):
+        ev = rec["ev"]
+        if ev == "arrive":
+            if rec["req"] in seen:
+                raise TraceError(f"{where(i)}: request {rec['req']!r} arrives twice")
+            seen.add(rec["req"])
+            try:
+                requests.append(SimRequest(id=rec["req"], index=len(requests),
+                                           prompt_tokens=int(rec["prompt_tokens"]),
+                                           max_tokens=int(rec["max_tokens"]),
+                                           arrival_step=rec["step"]))
+            except (TypeError, ValueError) as e:
+                raise TraceError(f"{where(i)}: {e}") from None
+        elif ev == "commit":
+            accepted[rec["req"]].append(rec["accepted"])
+        elif ev == "finish":
+            finishes[rec["req"]] = (i, rec)
+
+    external = ExternalEvents()
+    by_id = {r.id: r for r in requests}
+    for req_id, (i, rec) in sorted(finishes.items(), key=lambda kv: kv[1][0]):
+        reason = rec["reason"]
+        if reason == "cancel":
+            external.add_cancel(rec["step"], req_id)
+            if req_id not in by_id:
+                # Cancelled before it arrived: it has no arrive event, only this finish.
+                req = SimRequest(id=req_id, index=len(requests), prompt_tokens=1, max_tokens=1,
+                                 arrival_step=rec["step"] + 1)
+                requests.append(req)
+                by_id[req_id] = req
+        elif req_id not in by_id:
+            raise TraceError(f"{where(i)}: request {req_id!r} finishes but never arrived")
+        elif reason == "stop":
+            by_id[req_id].stop_after_tokens = int(rec["tokens"])
+            # No commit: no window ran for it, so the first token met the stop.
+            by_id[req_id].stop_at_prefill = not accepted.get(req_id)
+        elif reason == "error":
+            external.faults.add(rec["step"])
+
+    slots = 1 if knobs.mode == "solo" else int(mem["slots"])
+    graph_mib = float(mem["graph_mib"])
+    memory = MemoryFacts(total_mib=float(mem["total_mib"]), weights_mib=float(mem["weights_mib"]),
+                         slot_mib=float(mem["slot_mib"]), slots=int(mem["slots"]),
+                         reserve_mib=float(knobs.vram_reserve_mib),
+                         graph_mib_estimate=float(knobs.graph_mib_estimate))
+    return Scenario(knobs=knobs, memory=memory, slots=slots, requests=requests,
+                    acceptance=RecordedAcceptance(accepted), costs=CostProfile.zero(),
+                    measure_capture=lambda: graph_mib,
+                    config_engine=cfg["engine"], config_memory=mem,
+                    max_steps=max(STEPS_BOUND_FLOOR, STEPS_PER_EVENT_BOUND * len(events)
+                                  + max((e["step"] for e in events), default=0)),
+                    external=external)
+
+
+# --- comparing -------------------------------------------------------------------------------
+
+def compare(engine_events: Iterable[dict[str, Any]], sim_events: Iterable[dict[str, Any]],
+            engine_lines: Optional[list[int]] = None) -> tuple[Optional[Divergence], int]:
+    """First divergence of the replay views (None if identical), and events compared."""
+    engine_list = list(engine_events)
+    # Line of each replayed engine event, to point at the file.
+    replayed_lines = [(engine_lines[i] if engine_lines else None)
+                      for i, rec in enumerate(engine_list) if rec["ev"] in REPLAY_EVENTS]
+    a = list(replay_view(engine_list))
+    b = list(replay_view(sim_events))
+    for i in range(max(len(a), len(b))):
+        ea = a[i] if i < len(a) else None
+        eb = b[i] if i < len(b) else None
+        if ea != eb:
+            lo, hi = max(0, i - CONTEXT_EVENTS), i + CONTEXT_EVENTS + 1
+            return Divergence(index=i, engine=ea, sim=eb,
+                              engine_context=list(enumerate(a))[lo:hi],
+                              sim_context=list(enumerate(b))[lo:hi],
+                              engine_line=replayed_lines[i] if i < len(a) else None), i
+    return None, len(a)
+
+
+def replay_trace(events: list[dict[str, Any]], lines: Optional[list[int]] = None,
+                 name: str = "trace") -> ReplayResult:
+    """Replay engine `events` (a parsed trace) and compare; see the module docstring."""
+    scenario = scenario_from_trace(events, lines, name)
+    run = simulate(scenario)
+    divergence, compared = compare(events, run.events, lines)
+    return ReplayResult(ok=divergence is None, first_divergence=divergence,
+                        sim_events=run.events, compared=compared, steps=run.steps,
+                        requests=len(scenario.requests))
+
+
+def replay_file(path: str | Path) -> ReplayResult:
+    events, lines = load_trace(path)
+    return replay_trace(events, lines, name=str(path))
+
+
+def summary_line(result: ReplayResult, path: str) -> str:
+    counts: dict[str, int] = defaultdict(int)
+    for view in replay_view(result.sim_events):
+        counts[view[0]] += 1
+    detail = ", ".join(f"{counts[ev]} {ev}" for ev in REPLAY_EVENTS)
+    return (f"replay ok: {result.compared} events identical ({detail}) over {result.steps} "
+            f"steps, {result.requests} requests: {path}")
+
+
+def main_replay(trace_path: str, print_outputs: bool = True) -> int:
+    """CLI body: 0 when the replay is identical, 1 on a divergence, 2 on a bad trace."""
+    try:
+        result = replay_file(trace_path)
+    except TraceError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    if result.ok:
+        if print_outputs:
+            print(summary_line(result, trace_path))
+        return 0
+    print(result.first_divergence)
+    return 1

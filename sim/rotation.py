@@ -1,0 +1,75 @@
+"""The rotation ring and its pointer (docs/SCHEDULING.md, "Rotation").
+
+Decoding slots sit in a ring ordered by slot id; the pointer names the slot that starts the
+next window, or is empty (then the smallest id starts). A window takes slots from the pointer
+onward, wrapping, while the next group fits in the window's rows and not every slot is taken;
+the pointer then moves to the ring successor of the last slot taken. Joining never moves the
+pointer; leaving moves it only if it named the leaving slot, to the next larger id (wrapping).
+"""
+
+from __future__ import annotations
+
+import bisect
+from typing import Callable, Optional
+
+
+class RotationRing:
+    def __init__(self) -> None:
+        self._members: list[int] = []  # sorted slot ids
+        self.pointer: Optional[int] = None
+
+    def __len__(self) -> int:
+        return len(self._members)
+
+    def __contains__(self, slot: int) -> bool:
+        i = bisect.bisect_left(self._members, slot)
+        return i < len(self._members) and self._members[i] == slot
+
+    @property
+    def members(self) -> tuple[int, ...]:
+        return tuple(self._members)
+
+    def join(self, slot: int) -> None:
+        if slot in self:
+            raise ValueError(f"slot {slot} is already in the ring")
+        bisect.insort(self._members, slot)
+
+    def leave(self, slot: int) -> None:
+        if slot not in self:
+            raise ValueError(f"slot {slot} is not in the ring")
+        self._members.remove(slot)
+        if self.pointer == slot:
+            self.pointer = self._successor_id(slot)
+
+    def _successor_id(self, slot: int) -> Optional[int]:
+        """The smallest member id greater than `slot`, wrapping; None if the ring is empty."""
+        if not self._members:
+            return None
+        i = bisect.bisect_right(self._members, slot)
+        return self._members[i % len(self._members)]
+
+    def build_window(self, rows_of: Callable[[int], int], window_rows: int) -> list[int]:
+        """Take slots for one window; returns them in window order and moves the pointer.
+
+        `rows_of(slot)` is the slot's group size. A group that does not fit ends the window
+        (slots are never skipped), so the first group always fits when rows_of <= window_rows.
+        """
+        if not self._members:
+            return []
+        start = self.pointer if self.pointer is not None else self._members[0]
+        i0 = self._members.index(start)
+        n = len(self._members)
+        taken: list[int] = []
+        rows = 0
+        for j in range(n):
+            slot = self._members[(i0 + j) % n]
+            r = rows_of(slot)
+            if rows + r > window_rows:
+                break
+            taken.append(slot)
+            rows += r
+        if not taken:
+            raise ValueError(f"slot {start}'s group of {rows_of(start)} rows exceeds "
+                             f"window_rows={window_rows}")
+        self.pointer = self._successor_id(taken[-1])
+        return taken

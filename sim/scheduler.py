@@ -1,0 +1,369 @@
+"""The simulated engine: one SimPy process that runs strata's iteration loop.
+
+Each iteration follows docs/SCHEDULING.md: cancels and faults, arrivals, admission, then one of
+a prefill chunk, a decode window, or an idle wait. The engine logs every domain event to the
+trace through `strata.trace.TraceWriter`, whose clock is the simulated time, so a replay can be
+compared with `strata.trace.replay_view` and a prediction is deterministic.
+
+The components it drives (each its own class): `ArrivalSource` (arrivals, with its own
+process), `RotationRing` (window composition), `GraphCache` (graph keys, LRU, memory budget),
+an `AcceptanceModel` (how many drafts each group accepts) and a `CostProfile` (how long work
+takes).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any, Callable, Optional
+
+import simpy
+
+from strata.trace import TraceWriter, context_tier, layout_key, shape_bucket, shape_key
+
+from .acceptance import AcceptanceModel
+from .costs import CostProfile
+from .graph_cache import GraphCache, GraphDecision, MemoryFacts
+from .rotation import RotationRing
+from .workload import ArrivalSource, ExternalEvents, SimRequest
+
+
+class SimulationError(RuntimeError):
+    pass
+
+
+#: The `key` a window reports when graphs are off (no cache, so no key is computed).
+NO_GRAPH_KEY = "eager"
+#: Decimal places of `dur` in the trace (microseconds, as the engine writes it).
+TRACE_DUR_DIGITS = 6
+
+
+@dataclass
+class SlotState:
+    slot: int
+    req: SimRequest
+    #: Admission order (the earliest admitted prefilling slot prefills first).
+    admitted_seq: int
+    prompt_done: int = 0
+    #: Committed positions (prompt + accepted tokens); the pending token sits at pos.
+    pos: int = 0
+    emitted: int = 0
+    decoding: bool = False
+
+    @property
+    def left(self) -> int:
+        return self.req.max_tokens - self.emitted
+
+
+@dataclass
+class RequestRecord:
+    """Timeline of one request, for outputs.jsonl and metrics.json."""
+    req: SimRequest
+    arrive_s: Optional[float] = None
+    admit_s: Optional[float] = None
+    prefill_device_s: float = 0.0
+    first_token_s: Optional[float] = None
+    last_token_s: Optional[float] = None
+    finish_s: Optional[float] = None
+    tokens: int = 0
+    reason: Optional[str] = None
+    drafted: int = 0
+    accepted: int = 0
+
+
+@dataclass
+class RunStats:
+    windows: int = 0
+    prefills: int = 0
+    idle: int = 0
+    graph: dict[str, int] = field(default_factory=lambda: {"hit": 0, "capture": 0, "eager": 0,
+                                                           "evict": 0})
+    #: upstream policy: the step at which a capture failed and the engine exited.
+    crashed_at_step: Optional[int] = None
+
+
+class SimEngine:
+    """strata's scheduler, re-implemented from DESIGN.md and docs/SCHEDULING.md."""
+
+    def __init__(self, env: simpy.Environment, knobs: Any, memory: MemoryFacts, slots: int,
+                 arrivals: ArrivalSource, external: ExternalEvents,
+                 acceptance: AcceptanceModel, costs: CostProfile, trace: TraceWriter,
+                 measure_capture: Callable[[], float], max_steps: int,
+                 requests: list[SimRequest]):
+        self.env = env
+        self.knobs = knobs
+        self.n_slots = slots
+        self.arrivals = arrivals
+        self.external = external
+        self.acceptance = acceptance
+        self.costs = costs
+        self.trace = trace
+        self.max_steps = max_steps
+        self.cache = GraphCache(knobs.graph_limit, knobs.graph_policy, memory, measure_capture)
+        self.ring = RotationRing()
+        self.queue: deque[SimRequest] = deque()
+        self.slots: dict[int, SlotState] = {}
+        self.free: set[int] = set(range(slots))
+        self.records = {r.id: RequestRecord(r) for r in requests}
+        self.stats = RunStats()
+        self.step = 0
+        self._admissions = 0
+        #: decode_share counters: iterations in which both kinds existed, and decodes among them.
+        self._mixed_iterations = 0
+        self._mixed_decodes = 0
+        self._warned_eager = False
+        self.drafting = bool(knobs.drafting) and knobs.spec >= 2
+        self.process = env.process(self.run())
+
+    # --- the loop --------------------------------------------------------------------------
+
+    def _has_work(self) -> bool:
+        return bool(self.slots or self.queue or self.arrivals.pending)
+
+    def run(self):
+        while self._has_work() and self.stats.crashed_at_step is None:
+            if self.step >= self.max_steps:
+                raise SimulationError(f"no end after max_steps={self.max_steps} iterations "
+                                      f"({len(self.slots)} slots busy, {len(self.queue)} queued)")
+            self.trace.step = self.step
+            yield from self._iteration()
+            self.step += 1
+
+    def _iteration(self):
+        for req_id in self.external.cancels_at(self.step):
+            self._cancel(req_id)
+        for req in self.arrivals.collect(self.step):
+            self.queue.append(req)
+            self.records[req.id].arrive_s = self.env.now
+            self.trace.emit("arrive", req=req.id, prompt_tokens=req.prompt_tokens,
+                            max_tokens=req.max_tokens)
+        self._admit()
+        prefilling = [s for s in self.slots.values() if not s.decoding]
+        kind = self._iteration_kind(bool(prefilling), len(self.ring) > 0)
+        if kind == "decode":
+            yield from self._decode(prefilling_exists=bool(prefilling))
+        elif kind == "prefill":
+            yield from self._prefill(min(prefilling, key=lambda s: s.admitted_seq))
+        else:
+            yield from self._idle()
+
+    def _iteration_kind(self, prefilling: bool, decoding: bool) -> str:
+        if prefilling and decoding:
+            # decode_share: decode while the decodes so far are fewer than the share of the
+            # mixed iterations including this one. Written as the float comparison the rule
+            # states, so that both implementations round the same way.
+            self._mixed_iterations += 1
+            if self._mixed_decodes < self.knobs.decode_share * self._mixed_iterations:
+                self._mixed_decodes += 1
+                return "decode"
+            return "prefill"
+        if decoding:
+            return "decode"
+        if prefilling:
+            return "prefill"
+        return "idle"
+
+    def _admit(self) -> None:
+        while self.queue and self.free:
+            req = self.queue.popleft()
+            slot = min(self.free)
+            self.free.remove(slot)
+            self.slots[slot] = SlotState(slot, req, admitted_seq=self._admissions)
+            self._admissions += 1
+            self.records[req.id].admit_s = self.env.now
+            self.trace.emit("admit", req=req.id, slot=slot)
+
+    def _idle(self):
+        self.stats.idle += 1
+        if self.arrivals.waits_on_time:
+            yield self.arrivals.wakeup()
+        else:
+            yield self.env.timeout(self.costs.host_overhead_s)
+
+    # --- prefill ---------------------------------------------------------------------------
+
+    def _prefill(self, st: SlotState):
+        k = self.knobs
+        tokens = min(k.prefill_chunk, st.req.prompt_tokens - st.prompt_done)
+        if self.external.faulted(self.step):
+            yield from self._fault([st])
+            return
+        dur = self.costs.prefill_time(tokens)
+        yield self.env.timeout(self.costs.host_overhead_s + dur)
+        st.prompt_done += tokens
+        rec = self.records[st.req.id]
+        rec.prefill_device_s += dur
+        self.stats.prefills += 1
+        self.trace.emit("prefill", req=st.req.id, slot=st.slot, tokens=tokens,
+                        dur=round(dur, TRACE_DUR_DIGITS),
+                        ctx=context_tier(st.prompt_done, k.context_tier_min, k.max_context))
+        if st.prompt_done < st.req.prompt_tokens:
+            return
+        # Prompt done: the slot samples and emits its first token.
+        st.pos = st.req.prompt_tokens
+        st.emitted = 1
+        rec.first_token_s = rec.last_token_s = self.env.now
+        reason = None
+        if st.req.stop_at_prefill:
+            reason = "stop"
+            st.emitted = st.req.stop_after_tokens or 0
+        elif st.left <= 0 or st.pos >= k.max_context:
+            reason = "length"
+        if reason is None:
+            st.decoding = True
+            self.ring.join(st.slot)
+        else:
+            self._finish(st, reason)
+            self._release(st)
+
+    # --- decode ----------------------------------------------------------------------------
+
+    def _base_rows(self, lone: bool) -> int:
+        k = self.knobs
+        if k.mode == "solo" or lone:
+            return k.spec if self.drafting else 1
+        return 2 if (k.batch_mtp and self.drafting) else 1
+
+    def _window_key(self, groups: list[tuple[SlotState, int]], layout: list[int]) -> tuple[str, int]:
+        k = self.knobs
+        tier = context_tier(max(st.pos + r for st, r in groups), k.context_tier_min, k.max_context)
+        if k.graph_key == "layout":
+            return layout_key(layout, tier), tier
+        bucket = shape_bucket(len(groups), k.shape_buckets)
+        return shape_key(bucket, max(r for _, r in groups), tier), tier
+
+    def _decode(self, prefilling_exists: bool):
+        k = self.knobs
+        base = self._base_rows(lone=len(self.ring) == 1 and not prefilling_exists)
+
+        def rows_of(slot: int) -> int:
+            st = self.slots[slot]
+            return min(base, st.left, k.max_context - st.pos)
+
+        taken = self.ring.build_window(rows_of, k.window_rows)
+        groups = [(self.slots[s], rows_of(s)) for s in taken]
+        if self.external.faulted(self.step):
+            yield from self._fault([st for st, _ in groups])
+            return
+        layout = [st.slot for st, r in groups for _ in range(r)]
+        key, tier = self._window_key(groups, layout)
+        if k.graphs:
+            decision = self.cache.window(key)
+        else:
+            decision, key = GraphDecision("eager"), NO_GRAPH_KEY
+        if decision.capture_failed:
+            self._crash(decision)
+            return
+        dur = self.costs.decode_time(len(layout), tier, decision.action)
+        yield self.env.timeout(self.costs.host_overhead_s + dur)
+
+        for ev_key, reason in decision.evictions:
+            self.stats.graph["evict"] += 1
+            self.trace.emit("evict", key=ev_key, reason=reason)
+        self.stats.windows += 1
+        self.stats.graph[decision.action] += 1
+        self.trace.emit("window", layout=layout, key=key, graph=decision.action,
+                        rows=len(layout), dur=round(dur, TRACE_DUR_DIGITS), ctx=tier)
+        if decision.action == "capture":
+            self._emit_vram()
+        if decision.eager_reason and not self._warned_eager:
+            self._warned_eager = True
+            self.trace.emit("warning", text=f"window runs eagerly: {decision.eager_reason}")
+
+        finished: list[tuple[SlotState, str]] = []
+        for st, r in groups:
+            drafted = r - 1
+            accepted = self.acceptance.accepted(st.req, drafted)
+            rec = self.records[st.req.id]
+            rec.drafted += drafted
+            rec.accepted += accepted
+            emitted, reason = self._commit(st, accepted)
+            self.trace.emit("commit", req=st.req.id, slot=st.slot, drafted=drafted,
+                            accepted=accepted, emitted=emitted)
+            if reason is not None:
+                finished.append((st, reason))
+        for st, reason in finished:
+            self._finish(st, reason)
+        for st, _ in finished:  # slots leave in window order, after all commits
+            self._release(st)
+
+    def _commit(self, st: SlotState, accepted: int) -> tuple[int, Optional[str]]:
+        """Commit rows 0..accepted; returns (tokens emitted, finish reason or None)."""
+        rec = self.records[st.req.id]
+        candidates = accepted + 1
+        st.pos += candidates
+        stop_at = st.req.stop_after_tokens
+        if stop_at is not None and st.emitted + candidates > stop_at:
+            emitted = max(0, stop_at - st.emitted)
+            reason: Optional[str] = "stop"
+        else:
+            emitted = candidates
+            reason = None
+        st.emitted += emitted
+        if emitted:
+            rec.last_token_s = self.env.now
+        if reason is None and (st.left <= 0 or st.pos >= self.knobs.max_context):
+            reason = "length"
+        return emitted, reason
+
+    # --- finishing -------------------------------------------------------------------------
+
+    def _finish(self, st_or_req: Any, reason: str) -> None:
+        st = st_or_req if isinstance(st_or_req, SlotState) else None
+        req = st.req if st else st_or_req
+        rec = self.records[req.id]
+        rec.tokens = st.emitted if st else 0
+        rec.reason = reason
+        rec.finish_s = self.env.now
+        self.trace.emit("finish", req=req.id, reason=reason, tokens=rec.tokens)
+
+    def _release(self, st: SlotState) -> None:
+        if st.decoding:
+            self.ring.leave(st.slot)
+        del self.slots[st.slot]
+        self.free.add(st.slot)
+
+    def _cancel(self, req_id: Any) -> None:
+        """A cancel: the request finishes now; its slot is free for this iteration's admission."""
+        for st in self.slots.values():
+            if st.req.id == req_id:
+                self._finish(st, "cancel")
+                self._release(st)
+                return
+        for req in self.queue:
+            if req.id == req_id:
+                self.queue.remove(req)
+                self._finish(req, "cancel")
+                return
+        if self.arrivals.withdraw(req_id):
+            self._finish(self.records[req_id].req, "cancel")
+        # Otherwise it has finished already: nothing to cancel.
+
+    def _fault(self, touched: list[SlotState]):
+        """An engine fault in this iteration's device work fails the requests it touched."""
+        yield self.env.timeout(self.costs.host_overhead_s)
+        for st in touched:
+            self._finish(st, "error")
+            self._release(st)
+
+    def _crash(self, decision: GraphDecision) -> None:
+        """upstream policy: a capture failed for want of memory and the engine exits."""
+        self.stats.crashed_at_step = self.step
+        for ev_key, reason in decision.evictions:
+            self.stats.graph["evict"] += 1
+            self.trace.emit("evict", key=ev_key, reason=reason)
+        self.trace.emit("warning", text=f"engine exits: {decision.eager_reason} after "
+                                        f"{self.cache.captures} captures")
+        self._emit_vram()
+        for slot in sorted(self.slots):
+            self._finish(self.slots[slot], "error")
+        for req in list(self.queue):
+            self._finish(req, "error")
+        self.queue.clear()
+        self.slots.clear()
+        self.ring = RotationRing()
+
+    def _emit_vram(self) -> None:
+        self.trace.emit("vram", free_mib=round(self.cache.budget_mib(), 3),
+                        graphs_mib=round(self.cache.held_mib, 3),
+                        reserve_mib=self.cache.memory.reserve_mib)

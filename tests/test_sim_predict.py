@@ -1,0 +1,166 @@
+"""Predict mode and the sim's Hydra config: determinism, files, workloads, config errors."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from hydra import compose, initialize_config_dir
+from hydra.errors import ConfigCompositionException
+from omegaconf import OmegaConf
+
+from sim.config import SIM_CONF_DIR, SimConfigError, register_configs
+from sim.predict import run_predict
+from sim.replay import replay_file
+from sim.streams import RandomStreams
+from sim.workload import build_workload
+
+REPO = Path(__file__).resolve().parent.parent
+register_configs()
+
+SMALL = ["workload.requests=12", "workload.prompt_tokens=64", "workload.prompt_tokens_max=600",
+         "workload.max_tokens=8", "workload.max_tokens_max=60", "workload.rate_per_s=4"]
+
+
+def cfg_of(*overrides):
+    with initialize_config_dir(config_dir=SIM_CONF_DIR, version_base="1.3"):
+        return compose(config_name="config", overrides=list(overrides))
+
+
+def test_compose_defaults():
+    cfg = cfg_of()
+    assert cfg.mode == "predict"
+    assert cfg.engine.graph_key == "shape" and cfg.engine.graph_policy == "counted"
+    assert cfg.workload.kind == "poisson" and cfg.acceptance.model == "fixed"
+    # Same knob names and defaults as strata's engine group.
+    engine_yaml = OmegaConf.load(REPO / "conf" / "engine" / "default.yaml")
+    for k, v in engine_yaml.items():
+        if k in cfg.engine:
+            assert cfg.engine[k] == v, k
+
+
+@pytest.mark.parametrize("override", ["engine.no_such_knob=1", "nonsense=3",
+                                      "workload.rate=2", "engine.slots=many"])
+def test_unknown_or_mistyped_override_is_an_error(override):
+    with pytest.raises(ConfigCompositionException):
+        cfg_of(override)
+
+
+def test_groups_compose():
+    assert cfg_of("workload=cohort").workload.kind == "cohort"
+    assert cfg_of("workload=burst").workload.burst_size_max == 4
+    assert cfg_of("acceptance=markov").acceptance.model == "markov"
+    up = cfg_of("engine=upstream")
+    assert (up.engine.graph_policy, up.engine.graph_key, up.engine.slots) == ("upstream", "layout", 8)
+
+
+def test_invalid_value_is_a_clear_error():
+    with pytest.raises(SimConfigError, match="engine.spec=9 exceeds engine.window_rows=8"):
+        run_predict(cfg_of("engine.spec=9", *SMALL))
+    with pytest.raises(SimConfigError, match="workload.kind"):
+        run_predict(cfg_of("workload.kind=sometimes", *SMALL))
+
+
+def test_predict_same_seed_same_bytes(tmp_path):
+    for name in ("a", "b"):
+        run_predict(cfg_of(*SMALL, "seed=7", "memory.graph_mib_jitter=2"), tmp_path / name)
+    for f in ("trace.jsonl", "outputs.jsonl", "metrics.json"):
+        assert (tmp_path / "a" / f).read_bytes() == (tmp_path / "b" / f).read_bytes(), f
+    run_predict(cfg_of(*SMALL, "seed=8"), tmp_path / "c")
+    assert (tmp_path / "a" / "trace.jsonl").read_bytes() != (tmp_path / "c" / "trace.jsonl").read_bytes()
+
+
+def test_predict_files_and_metrics(tmp_path):
+    res = run_predict(cfg_of(*SMALL, "acceptance=markov"), tmp_path)
+    outputs = [json.loads(l) for l in (tmp_path / "outputs.jsonl").read_text().splitlines()]
+    assert [o["id"] for o in outputs] == [f"r{i}" for i in range(12)]
+    assert all(o["text"] is None and o["token_ids"] is None for o in outputs)
+    assert all(o["finish_reason"] == "length" for o in outputs)
+    m = json.loads((tmp_path / "metrics.json").read_text())
+    for key in ("wall_s", "output_tokens", "aggregate_tps", "acceptance", "windows", "prefills",
+                "graph", "ttft_s", "e2e_s", "requests"):
+        assert key in m
+    assert m["output_tokens"] == sum(o["output_tokens"] for o in outputs)
+    assert set(m["graph"]) == {"hit", "capture", "eager", "evict"}
+    assert 0 < m["acceptance"] < 1
+    r0 = m["requests"][0]
+    assert r0["ttft_s"] >= r0["queue_s"] >= 0 and r0["e2e_s"] >= r0["ttft_s"]
+    assert res.metrics == m
+    # A predicted trace is itself a valid engine-style trace: replaying it reproduces it.
+    assert replay_file(tmp_path / "trace.jsonl").ok
+
+
+def test_predict_solo_and_layout_and_upstream(tmp_path):
+    solo = run_predict(cfg_of(*SMALL, "engine.mode=solo")).run
+    assert {e["slot"] for e in solo.events if e["ev"] == "admit"} == {0}
+    lay = run_predict(cfg_of(*SMALL, "engine.graph_key=layout", "engine.slots=8")).run
+    shp = run_predict(cfg_of(*SMALL, "engine.graph_key=shape", "engine.slots=8")).run
+    assert len(lay.cache.keys_seen) > len(shp.cache.keys_seen)
+    crash = run_predict(cfg_of(*SMALL, "engine=upstream", "engine.vram_reserve_mib=60",
+                               "memory.graph_mib_jitter=0", "engine.graph_limit=0")).run
+    assert crash.stats.crashed_at_step is not None and crash.cache.captures == 2
+    assert any(e["ev"] == "finish" and e["reason"] == "error" for e in crash.events)
+
+
+def test_workload_kinds_and_streams():
+    s = RandomStreams(1)
+    w = cfg_of("workload=burst", "workload.requests=10").workload
+    reqs = build_workload(w, s)
+    assert len(reqs) == 10 and all(r.arrival_s is not None for r in reqs)
+    assert reqs[0].arrival_s < 2.0 and reqs[-1].arrival_s >= 10.0
+    cohort = build_workload(cfg_of("workload=cohort", "workload.requests=4").workload, s)
+    assert [r.arrival_s for r in cohort] == [0.0] * 4
+    assert {r.prompt_tokens for r in cohort} == {2048}
+    stag = build_workload(cfg_of("workload=stagger", "workload.stagger_steps=3").workload, s)
+    assert [r.arrival_step for r in stag] == [0, 3, 6, 9, 12, 15, 18, 21]
+    # One stream per random input: changing the arrival rate leaves the sizes unchanged.
+    a = build_workload(cfg_of(*SMALL).workload, RandomStreams(5))
+    b = build_workload(cfg_of(*SMALL, "workload.rate_per_s=9").workload, RandomStreams(5))
+    assert [r.prompt_tokens for r in a] == [r.prompt_tokens for r in b]
+    assert [r.arrival_s for r in a] != [r.arrival_s for r in b]
+
+
+def test_cli_predict_and_multirun(tmp_path):
+    run_dir = tmp_path / "run"
+    out = subprocess.run([sys.executable, "-m", "sim", "mode=predict", *SMALL,
+                          f"hydra.run.dir={run_dir}"], cwd=REPO, capture_output=True,
+                         text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert "aggregate tok/s" in out.stdout
+    assert {"trace.jsonl", "outputs.jsonl", "metrics.json"} <= {p.name for p in run_dir.iterdir()}
+
+    sweep = tmp_path / "sweep"
+    out = subprocess.run([sys.executable, "-m", "sim", "-m", "mode=predict", *SMALL,
+                          "engine.slots=1,2", "engine.graph_key=layout,shape",
+                          f"hydra.sweep.dir={sweep}", "print_outputs=false"],
+                         cwd=REPO, capture_output=True, text=True, timeout=180)
+    assert out.returncode == 0, out.stderr
+    runs = sorted(p for p in sweep.iterdir() if p.is_dir())
+    assert len(runs) == 4 and all((p / "metrics.json").exists() for p in runs)
+
+    out = subprocess.run([sys.executable, "-m", "sim", "engine.bogus=1",
+                          f"hydra.run.dir={tmp_path / 'x'}"], cwd=REPO, capture_output=True,
+                         text=True, timeout=120)
+    assert out.returncode != 0 and "bogus" in out.stderr
+
+
+def test_compare_with_engine_metrics(tmp_path):
+    from sim.metrics import compare_metrics
+    engine = {"aggregate_tps": 100.0, "ttft_s": {"p50": 0.5, "p95": 1.0},
+              "e2e_s": {"p50": 2.0, "p95": None}, "acceptance": 0.0}
+    sim = {"aggregate_tps": 110.0, "ttft_s": {"p50": 0.4, "p95": 1.0},
+           "e2e_s": {"p50": 2.0, "p95": 3.0}, "acceptance": 0.5}
+    rows = {r[0]: r for r in compare_metrics(engine, sim)}
+    assert rows["aggregate tok/s"][3] == pytest.approx(0.1)
+    assert rows["TTFT p50 (s)"][3] == pytest.approx(-0.2)
+    assert rows["E2E p95 (s)"][3] is None and rows["acceptance"][3] is None
+    eng = tmp_path / "engine_metrics.json"
+    eng.write_text(json.dumps(engine))
+    out = subprocess.run([sys.executable, "-m", "sim", *SMALL, f"compare_with={eng}",
+                          f"hydra.run.dir={tmp_path / 'run'}"], cwd=REPO, capture_output=True,
+                         text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert "aggregate tok/s" in out.stdout and (tmp_path / "run" / "comparison.json").exists()
