@@ -96,8 +96,9 @@ def load_corpus(per_mille: int, root=None) -> dict:
             skipped.append(rel)
             continue
         (held if ev.is_heldout(rel) else train).append((rel, text))
+    tests = sum(1 for rel, _ in files if rel.startswith("test/"))
     return {"root": root, "all_files": len(files), "train": train, "heldout": held,
-            "skipped": skipped}
+            "skipped": skipped, "test_files": tests}
 
 
 def lr_at(step: int, cfg: dict) -> float:
@@ -252,8 +253,8 @@ Command (run from the repository root):
 {info['command']}
 ```
 
-- Data: every `*.py` file of the standard library of Python {info['python']} ({info['stdlib']}),
-  test suite included, site-packages excluded, in sorted order{info['subset_note']}. {info['files_total']} files found,
+- Data: every `*.py` file of {info['data_desc']} ({info['stdlib']}), site-packages excluded, in
+  sorted order{info['subset_note']}; {info['tests_note']}. {info['files_total']} files found,
   {info['files_skipped']} skipped as not valid UTF-8; {info['files_train']} training files
   ({info['tokens_train']:,} tokens), {info['files_heldout']} held-out files ({info['tokens_heldout']:,} tokens).
 - Held-out split: {ev.SPLIT_RULE}.
@@ -343,11 +344,12 @@ def main(argv=None) -> int:
         torch.backends.cuda.matmul.allow_tf32 = True
         torch.backends.cudnn.allow_tf32 = True
     out = Path(a.out)
-    command = "python3 scripts/train_tiny.py " + " ".join(shlex.quote(x) for x in (argv or sys.argv[1:]))
+    command = " ".join(["python3 scripts/train_tiny.py"] + [shlex.quote(x) for x in (argv or sys.argv[1:])])
 
     # Data and tokenizer.
     corpus = load_corpus(cfg["data_per_mille"], a.stdlib)
-    log(f"data: {corpus['root']} (Python {platform.python_version()}): {corpus['all_files']} files, "
+    log(f"data: {corpus['root']} (Python {platform.python_version()}): {corpus['all_files']} files "
+        f"({corpus['test_files']} under test/), "
         f"{len(corpus['train'])} train, {len(corpus['heldout'])} held out, "
         f"{len(corpus['skipped'])} not UTF-8 ({time.time() - t_start:.1f} s)")
     tok = train_bpe(cfg["model"]["vocab_size"], [t for _, t in corpus["train"]])
@@ -485,6 +487,11 @@ def main(argv=None) -> int:
     info = dict(
         args=asdict(margs), params=n_params, mtp_params=n_mtp, command=command,
         python=platform.python_version(), stdlib=str(corpus["root"]),
+        data_desc=(f"the standard library of Python {platform.python_version()}" if not a.stdlib
+                   else "the source tree given with --stdlib"),
+        tests_note=(f"the test suite included ({corpus['test_files']} files under test/)"
+                    if corpus["test_files"] else
+                    "this installation ships no test suite (test/ is absent), so none is included"),
         subset_note="" if cfg["data_per_mille"] >= 1000 else
         f" (--tiny: a hash-chosen {cfg['data_per_mille'] / 10:g}% subset of the files)",
         files_total=corpus["all_files"], files_skipped=len(corpus["skipped"]),

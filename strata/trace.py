@@ -16,7 +16,8 @@ Events and their fields:
   vram     {free_mib, graphs_mib, reserve_mib}
 
 Events may carry extra fields: `window` and `prefill` carry `dur` (seconds of device work of
-that iteration) and `ctx` (the context tier) so that a cost profile can be fitted from traces.
+that iteration) and `ctx` (for a window its context tier, for a prefill chunk the positions it
+covers) so that a cost profile can be fitted from traces.
 Replay compares the sequence of REPLAY_EVENTS on REPLAY_FIELDS; timestamps are never compared.
 """
 
