@@ -128,7 +128,7 @@ def parity() -> dict:
                                          gp[:n_ref], ctx, 1 / 16)
         out = C.gpu_grouped_window_attention(q, kc, vc, gs, gp, ctx, 1 / 16)
         res[f"attention bf16 ng={ng} g={g} ctx={ctx}"] = rel_err(out[:n_ref], ref)
-        del kc, vc, ref
+        kc = vc = ref = None
     ng, g, h, dk, dv = 4, 8, 32, 128, 128
     q = F.normalize(torch.randn(ng, g, h, dk, device=DEV), dim=-1).bfloat16()
     k = F.normalize(torch.randn(ng, g, h, dk, device=DEV), dim=-1).bfloat16()
@@ -193,7 +193,7 @@ def bench_attention(records, ctxs, gs_rows, ngs, ceiling):
                 print(f"attention ctx={ctx:6d} ng={ng} g={g}: {t * 1e6:8.1f} us "
                       f"{need / t / 1e9:7.0f} GB/s ({100 * need / t / ceiling:4.1f}% of copy) "
                       f"ref {tr * 1e6:9.1f} us", flush=True)
-            del kc, vc
+            kc = vc = None  # free before the next size
             torch.cuda.empty_cache()
 
 
@@ -226,7 +226,7 @@ def bench_delta(records, gs_rows, ngs, ceiling):
                                 gbps=need / t / 1e9, frac=need / t / ceiling, speedup=tr / t))
             print(f"gated_delta ng={ng} g={g}: {t * 1e6:8.1f} us {need / t / 1e9:7.0f} GB/s "
                   f"({100 * need / t / ceiling:4.1f}%) ref {tr * 1e6:9.1f} us", flush=True)
-            del st, outs, snaps
+            st = outs = snaps = None
             torch.cuda.empty_cache()
 
 
@@ -279,7 +279,7 @@ def bench_small_ops(records, gs_rows, ngs, ceiling):
             print(f"conv ng={ng} g={g}: {t * 1e6:6.1f} us (ref {tr * 1e6:7.1f}); commit L={L}: "
                   f"{t2 * 1e6:7.1f} us {need_c / t2 / 1e9:6.0f} GB/s (ref {tr2 * 1e6:7.1f}); "
                   f"write_kv {t3 * 1e6:5.1f} us (ref {tr3 * 1e6:6.1f})", flush=True)
-            del rec_snaps, conv_snaps, rec_state, conv_state, kc, vc
+            rec_snaps = conv_snaps = rec_state = conv_state = kc = vc = None
             torch.cuda.empty_cache()
 
 

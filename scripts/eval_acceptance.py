@@ -198,7 +198,6 @@ def speculative_generate(model: Qwen3Next, prompts: Sequence[Sequence[int]], max
 
     def chain(active_slot: torch.Tensor, base_pos: torch.Tensor) -> None:
         """Drafts d2 .. d(spec-1): MTP rows at base_pos + s - 2 fed with (m_(s-1), d_(s-1))."""
-        nonlocal m_last
         m = m_last
         for s in range(2, spec):
             pos = base_pos + (s - 2)

@@ -489,9 +489,9 @@ def main(argv=None) -> int:
         python=platform.python_version(), stdlib=str(corpus["root"]),
         data_desc=(f"the standard library of Python {platform.python_version()}" if not a.stdlib
                    else "the source tree given with --stdlib"),
-        tests_note=(f"the test suite included ({corpus['test_files']} files under test/)"
-                    if corpus["test_files"] else
-                    "this installation ships no test suite (test/ is absent), so none is included"),
+        tests_note=(f"test suite as installed here: {corpus['test_files']} files under test/ "
+                    "(Debian/Ubuntu ship most of it as a separate package)"
+                    if corpus["test_files"] else "this installation has no test/ package"),
         subset_note="" if cfg["data_per_mille"] >= 1000 else
         f" (--tiny: a hash-chosen {cfg['data_per_mille'] / 10:g}% subset of the files)",
         files_total=corpus["all_files"], files_skipped=len(corpus["skipped"]),

@@ -187,10 +187,14 @@ class Engine:
         import torch._dynamo
 
         torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 64)
+        # A region that fails to compile runs eagerly (logged by torch) instead of failing requests.
+        torch._dynamo.config.suppress_errors = True
         compiled = getattr(self.model, "_strata_compiled", None)
         if compiled is None:
             fn = lambda f: torch.compile(f, dynamic=None)  # noqa: E731
-            self.model.compile_regions(fn)
+            # Prompt chunks come in many lengths: compile them with symbolic lengths.
+            pfn = lambda f: torch.compile(f, dynamic=True)  # noqa: E731
+            self.model.compile_regions(fn, pfn)
             compiled = {"sample": torch.compile(self.verifier.sample, dynamic=None)}
             self.model._strata_compiled = compiled
         self.verifier.sample = compiled["sample"]

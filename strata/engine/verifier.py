@@ -122,7 +122,7 @@ class Verifier:
         if self.drafting:
             next_tokens = torch.cat([tokens[1:], nxt])
             mh = model.mtp_window(hidden[None], next_tokens[None], lane_t, torch.tensor([start], device=dev),
-                                  start + n, state, with_logits=False, compiled=False)[0][0]
+                                  start + n, state, with_logits=False, variant="prefill")[0][0]
             if next_token is None:
                 bufs.draft[lane] = self._draft(model.logits(mh[-1:]), lane_t,
                                                torch.tensor([start + n + 1], device=dev))[0]

@@ -54,6 +54,15 @@ def _index(t: torch.Tensor) -> torch.Tensor:
     return t if t.is_contiguous() else t.contiguous()
 
 
+def _compiling() -> bool:
+    """True while torch.compile (dynamo) traces: the wrappers then emit the strata:: custom ops
+    registered below instead of calling into Cython, so compiled regions need no graph break."""
+    try:
+        return torch.compiler.is_compiling()
+    except AttributeError:  # very old torch
+        return False
+
+
 def _checks_enabled() -> bool:
     return os.environ.get("STRATA_KERNEL_CHECKS", "0") not in ("", "0")
 
@@ -71,12 +80,17 @@ def _validate_slots(op: str, group_slot: torch.Tensor, nslots: int) -> None:
 
 
 def cpu_write_kv(k_cache, v_cache, k, v, group_slot, group_pos) -> None:
+    if _compiling():
+        return torch.ops.strata.write_kv(k_cache, v_cache, k, v, group_slot, group_pos)
     _cpu.write_kv(k_cache, v_cache, k.contiguous(), v.contiguous(), _index(group_slot),
                   _index(group_pos))
 
 
 def cpu_grouped_window_attention(q, k_cache, v_cache, group_slot, group_pos, ctx, scale, *,
                                  out=None):
+    if _compiling() and out is None:
+        return torch.ops.strata.grouped_window_attention(q, k_cache, v_cache, group_slot,
+                                                         group_pos, ctx, float(scale))
     q = q.contiguous()
     if out is None:
         out = torch.empty_like(q, memory_format=torch.contiguous_format)
@@ -86,6 +100,8 @@ def cpu_grouped_window_attention(q, k_cache, v_cache, group_slot, group_pos, ctx
 
 
 def cpu_causal_conv_window(x, conv_state, weight, group_slot, *, out=None, snaps=None):
+    if _compiling() and out is None and snaps is None:
+        return torch.ops.strata.causal_conv_window(x, conv_state, weight, group_slot)
     x = x.contiguous()
     ng, g, c = x.shape
     kw = weight.shape[1]
@@ -98,6 +114,8 @@ def cpu_causal_conv_window(x, conv_state, weight, group_slot, *, out=None, snaps
 
 
 def cpu_gated_delta_window(q, k, v, g, beta, rec_state, group_slot, *, out=None, snaps=None):
+    if _compiling() and out is None and snaps is None:
+        return torch.ops.strata.gated_delta_window(q, k, v, g, beta, rec_state, group_slot)
     q, k, v, g, beta = (t.contiguous() for t in (q, k, v, g, beta))
     ng, rows, h, dk = k.shape
     dv = v.shape[-1]
@@ -111,6 +129,9 @@ def cpu_gated_delta_window(q, k, v, g, beta, rec_state, group_slot, *, out=None,
 
 def cpu_commit_accepted(accept, group_slot, group_pos, rec_snaps, conv_snaps, rec_state,
                         conv_state, slot_pos) -> None:
+    if _compiling():
+        return torch.ops.strata.commit_accepted(accept, group_slot, group_pos, rec_snaps,
+                                                conv_snaps, rec_state, conv_state, slot_pos)
     _cpu.commit_accepted(_index(accept), _index(group_slot), _index(group_pos),
                          rec_snaps.contiguous(), conv_snaps.contiguous(), rec_state, conv_state,
                          slot_pos)
@@ -164,6 +185,8 @@ def attention_plan(ng: int, hkv: int, rows: int, ctx: int, d: int, sm_count: int
 
 
 def gpu_write_kv(k_cache, v_cache, k, v, group_slot, group_pos) -> None:
+    if _compiling():
+        return torch.ops.strata.write_kv(k_cache, v_cache, k, v, group_slot, group_pos)
     group_slot = _index(group_slot)
     _validate_slots("write_kv", group_slot, k_cache.shape[0])
     _gpu.write_kv(k_cache, v_cache, k.contiguous(), v.contiguous(), group_slot,
@@ -174,6 +197,9 @@ def gpu_grouped_window_attention(q, k_cache, v_cache, group_slot, group_pos, ctx
                                  out=None, workspace=None, nsplit=None, use_mma=True):
     """Split-K attention (see attention_plan). workspace: optional float32 scratch of at least
     `attention_workspace_numel` elements; allocated here with torch.empty when missing."""
+    if _compiling() and out is None and workspace is None and nsplit is None and use_mma:
+        return torch.ops.strata.grouped_window_attention(q, k_cache, v_cache, group_slot,
+                                                         group_pos, ctx, float(scale))
     ctx = int(ctx)
     q = q.contiguous()
     if q.data_ptr() % 16:
@@ -219,6 +245,8 @@ def attention_workspace_numel(q, k_cache, ctx) -> int:
 
 
 def gpu_causal_conv_window(x, conv_state, weight, group_slot, *, out=None, snaps=None):
+    if _compiling() and out is None and snaps is None:
+        return torch.ops.strata.causal_conv_window(x, conv_state, weight, group_slot)
     x = x.contiguous()
     ng, g, c = x.shape
     kw = weight.shape[1]
@@ -234,6 +262,8 @@ def gpu_causal_conv_window(x, conv_state, weight, group_slot, *, out=None, snaps
 
 
 def gpu_gated_delta_window(q, k, v, g, beta, rec_state, group_slot, *, out=None, snaps=None):
+    if _compiling() and out is None and snaps is None:
+        return torch.ops.strata.gated_delta_window(q, k, v, g, beta, rec_state, group_slot)
     q, k, v, g, beta = (t.contiguous() for t in (q, k, v, g, beta))
     ng, rows, h, dk = k.shape
     dv = v.shape[-1]
@@ -249,6 +279,9 @@ def gpu_gated_delta_window(q, k, v, g, beta, rec_state, group_slot, *, out=None,
 
 def gpu_commit_accepted(accept, group_slot, group_pos, rec_snaps, conv_snaps, rec_state,
                         conv_state, slot_pos) -> None:
+    if _compiling():
+        return torch.ops.strata.commit_accepted(accept, group_slot, group_pos, rec_snaps,
+                                                conv_snaps, rec_state, conv_state, slot_pos)
     group_slot = _index(group_slot)
     _validate_slots("commit_accepted", group_slot, rec_state.shape[1])
     _gpu.commit_accepted(_index(accept), group_slot, _index(group_pos), rec_snaps.contiguous(),
@@ -263,3 +296,79 @@ GPU_OPS = {
     "gated_delta_window": gpu_gated_delta_window,
     "commit_accepted": gpu_commit_accepted,
 }
+
+
+# ---------------------------------------------------------------------------------------------
+# torch.library custom ops: what torch.compile sees in place of the Cython calls (one opaque
+# node per op, with fake implementations for shape propagation). Eager calls never go through
+# them (the dispatcher costs microseconds); the op bodies call the eager wrappers above, on the
+# CPU or GPU kernels by the tensors' device.
+
+
+Tensor = torch.Tensor  # module level: the custom-op schemas are inferred from the annotations
+
+
+def _eager(name: str, device: torch.device):
+    table = GPU_OPS if device.type == "cuda" else CPU_OPS
+    return table[name]
+
+
+def _register_custom_ops() -> None:
+    if not hasattr(torch, "library") or not hasattr(torch.library, "custom_op"):
+        return
+    if hasattr(torch.ops, "strata") and hasattr(torch.ops.strata, "grouped_window_attention"):
+        return  # registered already (module reloaded)
+    @torch.library.custom_op("strata::write_kv", mutates_args=("k_cache", "v_cache"))
+    def _write_kv(k_cache: Tensor, v_cache: Tensor, k: Tensor, v: Tensor, group_slot: Tensor,
+                  group_pos: Tensor) -> None:
+        _eager("write_kv", k.device)(k_cache, v_cache, k, v, group_slot, group_pos)
+
+    @torch.library.custom_op("strata::grouped_window_attention", mutates_args=())
+    def _gwa(q: Tensor, k_cache: Tensor, v_cache: Tensor, group_slot: Tensor, group_pos: Tensor,
+             ctx: int, scale: float) -> Tensor:
+        return _eager("grouped_window_attention", q.device)(q, k_cache, v_cache, group_slot,
+                                                             group_pos, ctx, scale)
+
+    @_gwa.register_fake
+    def _(q, k_cache, v_cache, group_slot, group_pos, ctx, scale):
+        return torch.empty_like(q, memory_format=torch.contiguous_format)
+
+    @torch.library.custom_op("strata::causal_conv_window", mutates_args=())
+    def _conv(x: Tensor, conv_state: Tensor, weight: Tensor,
+              group_slot: Tensor) -> tuple[Tensor, Tensor]:
+        return _eager("causal_conv_window", x.device)(x, conv_state, weight, group_slot)
+
+    @_conv.register_fake
+    def _(x, conv_state, weight, group_slot):
+        ng, g, c = x.shape
+        return (torch.empty_like(x, memory_format=torch.contiguous_format),
+                x.new_empty(ng, g, c, weight.shape[1] - 1))
+
+    @torch.library.custom_op("strata::gated_delta_window", mutates_args=())
+    def _gdn(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, rec_state: Tensor,
+             group_slot: Tensor) -> tuple[Tensor, Tensor]:
+        return _eager("gated_delta_window", q.device)(q, k, v, g, beta, rec_state, group_slot)
+
+    @_gdn.register_fake
+    def _(q, k, v, g, beta, rec_state, group_slot):
+        ng, rows, h, dk = k.shape
+        dv = v.shape[-1]
+        return (q.new_empty(ng, rows, h, dv, dtype=torch.float32),
+                q.new_empty(ng, rows, h, dk, dv, dtype=torch.float32))
+
+    @torch.library.custom_op("strata::commit_accepted",
+                             mutates_args=("rec_state", "conv_state", "slot_pos"))
+    def _commit(accept: Tensor, group_slot: Tensor, group_pos: Tensor, rec_snaps: Tensor,
+                conv_snaps: Tensor, rec_state: Tensor, conv_state: Tensor,
+                slot_pos: Tensor) -> None:
+        _eager("commit_accepted", rec_state.device)(accept, group_slot, group_pos, rec_snaps,
+                                                     conv_snaps, rec_state, conv_state, slot_pos)
+
+
+try:
+    _register_custom_ops()
+except Exception as exc:  # noqa: BLE001 - compile support is optional; eager calls still work
+    import warnings
+
+    warnings.warn(f"strata.kernels.cyext_ops: torch custom ops not registered ({exc}); "
+                  f"torch.compile will graph-break at the cyext kernels")

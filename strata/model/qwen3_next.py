@@ -279,22 +279,33 @@ class DecoderLayer(nn.Module):
         o = a.o_proj(o.reshape(*x.shape[:-1], a.hq * a.d) * torch.sigmoid(gate))
         return self._ffn(x + o)
 
+    def prefill_linear(self, x, conv_init, rec_init):
+        h, conv, rec = self.linear_attn.forward_seq(self.input_layernorm(x), conv_init, rec_init)
+        return self._ffn(x + h), conv, rec
+
     def window_attention(self, x, cos, sin, k_cache, v_cache, group_slot, group_pos, ctx: int,
-                         compiled: bool = True):
-        pre, post = (self.c_attn_pre, self.c_attn_post) if compiled else (self.window_attn_pre,
-                                                                          self.window_attn_post)
+                         variant: str = "window"):
+        """variant: `window` (compiled for decode windows) or `prefill` (compiled with dynamic
+        lengths for prompt chunks)."""
+        pre, post = (self.c_attn_pre, self.c_attn_post) if variant == "window" else \
+            (self.p_attn_pre, self.p_attn_post)
         q, k, v, gate = pre(x, cos, sin)
         ops.write_kv(k_cache, v_cache, k, v, group_slot, group_pos)
         return post(x, q, gate, k_cache, v_cache, group_slot, group_pos, ctx)
 
-    def compile_regions(self, compile_fn=None) -> None:
-        """Replace the window regions by compiled versions (eager when compile_fn is None)."""
+    def compile_regions(self, compile_fn=None, prefill_fn=None) -> None:
+        """Replace the pure regions by compiled versions: `compile_fn` for decode windows,
+        `prefill_fn` for prompt chunks (eager where None)."""
         wrap = compile_fn or (lambda f: f)
+        pwrap = prefill_fn or (lambda f: f)
         if self.kind == "linear_attention":
             self.c_linear = wrap(self.window_linear)
+            self.p_linear = pwrap(self.prefill_linear)
         else:
             self.c_attn_pre = wrap(self.window_attn_pre)
             self.c_attn_post = wrap(self.window_attn_post)
+            self.p_attn_pre = pwrap(self.window_attn_pre)
+            self.p_attn_post = pwrap(self.window_attn_post)
 
 
 class MTP(nn.Module):
@@ -390,15 +401,13 @@ class Qwen3Next(nn.Module):
         for i, layer in enumerate(self.layers):
             j = self.state_index[i]
             if layer.kind == "linear_attention":
-                h, conv, rec = layer.linear_attn.forward_seq(
-                    layer.input_layernorm(x), state.conv[j, lane][None], state.rec[j, lane][None])
+                x, conv, rec = layer.p_linear(x, state.conv[j, lane][None], state.rec[j, lane][None])
                 state.conv[j, lane] = conv[0].to(state.conv.dtype)
                 state.rec[j, lane] = rec[0]
-                x = layer._ffn(x + h)
             else:
                 x = layer.window_attention(x, cos, sin, state.k[j], state.v[j], slot_t, pos_t, ctx,
-                                           compiled=False)
-        return self.norm(x)[0]
+                                           variant="prefill")
+        return self.p_norm(x)[0]
 
     # ---- the window grid ---------------------------------------------------------------------
     def verify_window(self, tokens: torch.Tensor, group_slot: torch.Tensor, group_pos: torch.Tensor,
@@ -429,29 +438,35 @@ class Qwen3Next(nn.Module):
         hidden = self.norm(x)
         return hidden, self.logits(hidden)
 
-    def compile_regions(self, compile_fn=None) -> None:
-        """Compile the pure regions of window steps (None restores eager versions)."""
+    def compile_regions(self, compile_fn=None, prefill_fn=None) -> None:
+        """Compile the pure regions of window steps (`compile_fn`) and of prompt chunks
+        (`prefill_fn`, dynamic lengths); None restores the eager versions."""
         wrap = compile_fn or (lambda f: f)
+        pwrap = prefill_fn or (lambda f: f)
         for layer in self.layers:
-            layer.compile_regions(compile_fn)
+            layer.compile_regions(compile_fn, prefill_fn)
         self.c_head = wrap(self.head)
+        self.p_norm = pwrap(self.norm.forward)
         if self.mtp is not None:
-            self.mtp.layers[0].compile_regions(compile_fn)
+            self.mtp.layers[0].compile_regions(compile_fn, prefill_fn)
             self.c_mtp_fuse = wrap(self.mtp.fuse)
             self.c_mtp_norm = wrap(self.mtp.norm.forward)
+            self.p_mtp_fuse = pwrap(self.mtp.fuse)
+            self.p_mtp_norm = pwrap(self.mtp.norm.forward)
 
     def mtp_window(self, hidden: torch.Tensor, next_tokens: torch.Tensor, group_slot: torch.Tensor,
                    group_pos: torch.Tensor, ctx: int, state: DecodeState, with_logits: bool = True,
-                   compiled: bool = True):
+                   variant: str = "window"):
         """MTP over a grid: row (g, j) at position group_pos[g]+j combines h of that row with the
         embedding of the token that follows it; writes the lane's MTP K/V rows. Returns MTP
         hidden (NG, G, H) after mtp.norm and logits (NG, G, V) (None unless with_logits)."""
         assert self.mtp is not None
-        fuse, norm = (self.c_mtp_fuse, self.c_mtp_norm) if compiled else (self.mtp.fuse, self.mtp.norm)
+        fuse, norm = (self.c_mtp_fuse, self.c_mtp_norm) if variant == "window" else \
+            (self.p_mtp_fuse, self.p_mtp_norm)
         x = fuse(hidden, self.embed_tokens(next_tokens))
         pos = group_pos[:, None] + torch.arange(x.shape[1], device=x.device)[None]
         cos, sin = self.rotary(pos, x.dtype)
         x = self.mtp.layers[0].window_attention(x, cos, sin, state.mtp_k, state.mtp_v, group_slot,
-                                                group_pos, ctx, compiled=compiled)
+                                                group_pos, ctx, variant=variant)
         out = norm(x)
         return out, (self.logits(out) if with_logits else None)
