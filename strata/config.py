@@ -176,6 +176,9 @@ def validate_engine(e: Any) -> None:
         bad("graph_limit", f"must be >= 0 (0 = unbounded), got {e.graph_limit}")
     if e.vram_reserve_mib < 0:
         bad("vram_reserve_mib", f"must be >= 0, got {e.vram_reserve_mib}")
+    for key in ("graph_mib_estimate", "cpu_graph_mib", "cpu_device_mib", "vram_every"):
+        if getattr(e, key) < 0:
+            bad(key, f"must be >= 0, got {getattr(e, key)}")
     if e.max_context < 2:
         bad("max_context", f"must be >= 2, got {e.max_context}")
     if e.context_tier_min < 1:

@@ -15,6 +15,7 @@ from typing import Any, Callable, Optional
 import torch
 
 from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
 
 from strata.config import ConfigError, EngineConfig, batch_mtp_from_env, validate_engine
 from strata.engine.graph_cache import CudaGraphBackend, GraphCache, RecordingBackend
@@ -50,7 +51,10 @@ def plain_engine_config(ecfg: Any) -> EngineConfig:
     if isinstance(ecfg, EngineConfig):
         return ecfg
     if isinstance(ecfg, DictConfig):
-        node = OmegaConf.merge(OmegaConf.structured(EngineConfig), ecfg)
+        try:
+            node = OmegaConf.merge(OmegaConf.structured(EngineConfig), ecfg)
+        except OmegaConfBaseException as e:
+            raise ConfigError(f"engine config: {e}".splitlines()[0]) from None
         return OmegaConf.to_object(node)
     raise TypeError(f"engine config must be an EngineConfig or a DictConfig, got {type(ecfg).__name__}")
 
@@ -71,7 +75,10 @@ class Engine:
                     trace_path: Optional[str | Path] = None) -> "Engine":
         device = resolve_device(cfg.device)
         validate_engine(cfg.engine)
-        ops.set_backend(cfg.backend.name, device.type)
+        try:
+            ops.set_backend(cfg.backend.name, device.type)
+        except ValueError as e:
+            raise ConfigError(str(e)) from None
         loaded = load_checkpoint(cfg.model.path, cfg.model.dtype, device, log=log)
         return cls(loaded, cfg.engine, device, log=log, trace_path=trace_path)
 
@@ -127,24 +134,23 @@ class Engine:
             drafting = False
             off_reason = off_reason or (f"the per-slot draft state ({draft_mib:.1f} MiB) does not "
                                         f"fit beside {asked} slots")
-        n_slots = n_with if drafting or not loaded.has_mtp else n_without
+        n_slots = n_with if drafting else n_without
         if n_slots < 1:
             raise ConfigError(
                 f"engine.slots: not even one slot fits: device {total_mib:.0f} MiB - reserve "
                 f"{reserve:.0f} - weights {weights_mib:.1f} leaves too little for a slot of "
                 f"{main_mib + draft_mib:.1f} MiB (lower engine.max_context or engine.vram_reserve_mib)")
-        slot_mib = main_mib + (draft_mib if loaded.has_mtp else 0.0)
+        slot_mib = main_mib + (draft_mib if drafting else 0.0)
         self.log(f"INFO slots={n_slots} (asked {asked}): weights {weights_mib:.1f} MiB, "
                  f"{slot_mib:.2f} MiB per slot (draft state {draft_mib:.2f}), reserve {reserve:.0f} MiB "
                  f"of {total_mib:.0f} MiB")
         self.drafting = drafting
         self.batch_mtp = bool(batch_mtp and drafting)
-        if batch_mtp and ecfg.mode == "batch" and off_reason is not None:
-            self.warn(f"batch_mtp is off: {off_reason}")
+        self._warnings: list[str] = []
 
         # ---- state, verifier, scheduler, graph cache ---------------------------------------------
         self.state = DecodeState(self.args, n_slots, self.max_context, dtype, device,
-                                 loaded.has_mtp, spare_rows=spare)
+                                 drafting, spare_rows=spare)
         self.bufs = SlotBuffers(n_slots, self.args.hidden_size, dtype, device)
         self.verifier = Verifier(self.model, self.state, self.bufs, drafting)
         if ecfg.compile == "on" or (ecfg.compile == "auto" and device.type == "cuda"):
@@ -172,15 +178,18 @@ class Engine:
         memory = self.budget.as_dict()
         memory["graph_mib"] = float(ecfg.cpu_graph_mib) if device.type == "cpu" else None
         self.trace.emit("config", engine=knobs, memory=memory)
+        if batch_mtp and ecfg.mode == "batch" and off_reason is not None:
+            self.warn(f"batch_mtp is off: {off_reason}")
 
         self.requests: dict[str, RequestState] = {}
-        self._future: list[tuple[float, int, int, RequestState]] = []  # heap by arrival
+        # Arrivals not yet due, one heap per clock: (arrival_step | arrival_s, order, state).
+        self._due_steps: list[tuple[float, int, RequestState]] = []
+        self._due_secs: list[tuple[float, int, RequestState]] = []
         self._order = 0
         self.steps = 0
         self.windows = self.prefills = 0
         self.output_tokens = self.drafted = self.accepted = 0
         self._cancels: list[RequestState] = []
-        self._warnings: list[str] = []
 
     def _compile(self) -> None:
         """Compile the window step's pure regions once per model (engines may share a model)."""
@@ -238,10 +247,10 @@ class Engine:
         self._order += 1
         self.requests[req.id] = rs
         if req.arrival_s is not None:
-            key = (1, float(req.arrival_s))
+            heapq.heappush(self._due_secs, (float(req.arrival_s), rs.order, rs))
         else:
-            key = (0, float(req.arrival_step if req.arrival_step is not None else self.steps))
-        heapq.heappush(self._future, (key[0], key[1], rs.order, rs))
+            step = req.arrival_step if req.arrival_step is not None else self.steps
+            heapq.heappush(self._due_steps, (float(step), rs.order, rs))
 
     def cancel(self, req_id: str) -> None:
         rs = self.requests.get(req_id)
@@ -259,31 +268,41 @@ class Engine:
         del self.requests[req_id]
 
     def has_work(self) -> bool:
-        return bool(self._future) or self.scheduler.busy() or bool(self._cancels)
-
-    def _arrived(self, kind: int, when: float, now: float) -> bool:
-        return when <= self.steps if kind == 0 else when <= now
+        return (bool(self._due_steps) or bool(self._due_secs) or self.scheduler.busy()
+                or bool(self._cancels))
 
     def next_arrival_in(self) -> Optional[float]:
-        """Seconds until the next wall-clock arrival, when only such arrivals are left."""
-        if self.scheduler.busy() or not self._future:
+        """Seconds until the next wall-clock arrival, when nothing else is waiting."""
+        if self.scheduler.busy() or self._due_steps or not self._due_secs:
             return None
-        kind, when, _, _ = self._future[0]
-        return max(0.0, when - self.now()) if kind == 1 else None
+        return max(0.0, self._due_secs[0][0] - self.now())
+
+    def _pop_arrivals(self, now: float) -> list[RequestState]:
+        due = []
+        while self._due_steps and self._due_steps[0][0] <= self.steps:
+            due.append(heapq.heappop(self._due_steps))
+        while self._due_secs and self._due_secs[0][0] <= now:
+            due.append(heapq.heappop(self._due_secs))
+        # Same iteration: FIFO by input order, whichever clock brought them.
+        return [rs for _, _, rs in sorted(due, key=lambda d: d[1]) if not rs.finished]
 
     # ---- one iteration --------------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
         self.trace.step = self.steps
         outs: dict[str, RequestOutput] = {}
         now = self.now()
+        cancelled_early = False
         for rs in self._cancels:
             if not rs.finished:
+                cancelled_early |= rs.t_arrive is None
                 self._finish(rs, "cancel", outs)
         self._cancels.clear()
-        while self._future and self._arrived(self._future[0][0], self._future[0][1], now):
-            rs = heapq.heappop(self._future)[3]
-            if rs.finished:
-                continue
+        if cancelled_early:  # requests cancelled before they arrived leave the arrival heaps
+            self._due_steps = [d for d in self._due_steps if not d[2].finished]
+            self._due_secs = [d for d in self._due_secs if not d[2].finished]
+            heapq.heapify(self._due_steps)
+            heapq.heapify(self._due_secs)
+        for rs in self._pop_arrivals(now):
             rs.t_arrive = now
             self.scheduler.enqueue(rs)
         for slot in self.scheduler.admit():
@@ -433,6 +452,8 @@ class Engine:
             if not rs.finished:
                 while end > rs.streamed_chars and text[end - 1] == "\ufffd":
                     end -= 1  # hold back an incomplete UTF-8 sequence
+                if p.stop:  # and what could still become the start of a stop string
+                    end = max(rs.streamed_chars, end - (max(len(x) for x in p.stop) - 1))
             out.new_text += text[rs.streamed_chars:end]
             rs.streamed_chars = end
         out.output_tokens = len(rs.emitted)

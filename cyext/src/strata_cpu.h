@@ -1,0 +1,58 @@
+// strata cyext: C++ CPU twins of the GPU kernels (see strata/kernels/reference.py for semantics).
+// All functions return 0 on success or a negative code; strata_cpu_last_error() then describes it.
+// Index tensors are int64. Strides are in elements. "Inner block contiguous" means the listed
+// trailing dimensions are densely packed; outer dimensions may have any stride.
+#pragma once
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+const char* strata_cpu_last_error(void);
+int strata_cpu_has_openmp(void);
+
+// k_cache/v_cache: (nslots, T, hkv, d), strides (slot, pos, head) given, d contiguous.
+// k, v: (ng, g, hkv, d) contiguous, dtype kv_dtype.
+int strata_cpu_write_kv(void* k_cache, void* v_cache, int cache_dtype, const int64_t* kc_strides,
+                        const int64_t* vc_strides, int64_t nslots, int64_t T, const void* k,
+                        const void* v, int kv_dtype, const int64_t* group_slot,
+                        const int64_t* group_pos, int64_t ng, int64_t g, int64_t hkv, int64_t d);
+
+// q, out: (ng, g, hq, d) contiguous, dtype q_dtype. Caches as in write_kv.
+int strata_cpu_attention(const void* q, int q_dtype, const void* k_cache, const void* v_cache,
+                         int cache_dtype, const int64_t* kc_strides, const int64_t* vc_strides,
+                         int64_t nslots, int64_t T, const int64_t* group_slot,
+                         const int64_t* group_pos, int64_t ng, int64_t g, int64_t hq, int64_t hkv,
+                         int64_t d, int64_t ctx, float scale, void* out);
+
+// x, out: (ng, g, c) contiguous (x_dtype); conv_state: (nslots, c, kw-1), slot stride given,
+// (c, kw-1) contiguous; weight (c, kw) contiguous; snaps (ng, g, c, kw-1) contiguous, x_dtype.
+int strata_cpu_causal_conv(const void* x, int x_dtype, const void* conv_state, int state_dtype,
+                           int64_t state_slot_stride, int64_t nslots, const void* weight,
+                           int w_dtype, const int64_t* group_slot, int64_t ng, int64_t g,
+                           int64_t c, int64_t kw, void* out, void* snaps);
+
+// q, k: (ng, g, h, dk); v: (ng, g, h, dv); gate, beta: (ng, g, h); all contiguous, each with its
+// own dtype. rec_state: (nslots, h, dk, dv) float32, slot stride given, inner contiguous.
+// out: (ng, g, h, dv) float32; snaps: (ng, g, h, dk, dv) float32, contiguous.
+int strata_cpu_gated_delta(const void* q, int q_dtype, const void* k, int k_dtype, const void* v,
+                           int v_dtype, const void* gate, int g_dtype, const void* beta,
+                           int b_dtype, const float* rec_state, int64_t state_slot_stride,
+                           int64_t nslots, const int64_t* group_slot, int64_t ng, int64_t g,
+                           int64_t h, int64_t dk, int64_t dv, float* out, float* snaps);
+
+// accept, group_slot, group_pos: (ng,) int64. rec_snaps (L, ng, g, rec_inner) float32 contiguous;
+// conv_snaps (L, ng, g, conv_inner) contiguous (snap_dtype); rec_state (L, nslots, rec_inner)
+// float32 with strides (layer, slot); conv_state (L, nslots, conv_inner) (state_dtype) with strides
+// (layer, slot); slot_pos (nslots,) int64.
+int strata_cpu_commit(const int64_t* accept, const int64_t* group_slot, const int64_t* group_pos,
+                      int64_t ng, int64_t g, int64_t L, const float* rec_snaps, int64_t rec_inner,
+                      const void* conv_snaps, int snap_dtype, int64_t conv_inner,
+                      float* rec_state, const int64_t* rec_strides, void* conv_state,
+                      int state_dtype, const int64_t* conv_strides, int64_t nslots,
+                      int64_t* slot_pos);
+
+#ifdef __cplusplus
+}
+#endif

@@ -1,0 +1,1274 @@
+// strata cyext: CUDA kernels of the grouped decode (builds with nvcc, and with hipcc through
+// hip_compat.h). Semantics and layouts: strata/kernels/reference.py. Host API: strata_kernels.h.
+//
+// Every entry point launches on the caller's stream, allocates nothing and never synchronises,
+// so the calls can be captured into CUDA graphs. Launch errors are read with cudaGetLastError and
+// returned as an error code (the Cython wrapper turns them into RuntimeError).
+//
+// Kernels
+//   write_kv_kernel          scatter the window's K/V rows into the caches (dtype conversion).
+//   attn_mma_kernel          split-K grouped window attention on tensor cores (sm_80+ mma.sync,
+//                            bf16/fp16, head dim 64/128/256). One block = (split, kv head,
+//                            group, row block): the rep*G query rows of one (group, kv head) share
+//                            every K/V tile, which is streamed through shared memory with 16-byte
+//                            cp.async in a 2-4 stage pipeline. fp32 accumulation and online softmax.
+//   attn_simt_kernel         the same on CUDA cores (fp32, HIP, other head dims, misaligned views).
+//   attn_combine_kernel      merges the nsplit partial (max, sum, O) of each row (second pass).
+//   gdn_kernel               gated delta rule over a group's rows; block = (Dv tile of 32, head,
+//                            group); the state slice lives in registers; one snapshot per row.
+//   conv_kernel              depthwise causal conv + SiLU over a group's rows, with snapshots.
+//   commit_kernel            copies each group's accepted snapshot into its slot, advances pos.
+
+#include "hip_compat.h"
+#include "strata_common.h"
+#include "strata_kernels.h"
+
+#include <math.h>
+#include <stdint.h>
+
+using namespace strata;
+
+namespace {
+
+// ------------------------------------------------------------------------------------------------
+// host helpers
+
+thread_local const char* g_last_kernel = "";
+
+int take_launch_error(const char* name) {
+  cudaError_t e = cudaGetLastError();
+  if (e != cudaSuccess) {
+    g_last_kernel = name;
+    return (int)e;
+  }
+  return 0;
+}
+
+int use_device(int device) {
+  int cur = -1;
+  cudaError_t e = cudaGetDevice(&cur);
+  if (e == cudaSuccess && cur != device) e = cudaSetDevice(device);
+  if (e != cudaSuccess) {
+    g_last_kernel = "cudaSetDevice";
+    return (int)e;
+  }
+  (void)cudaGetLastError();  // do not blame our launch for an older error
+  return 0;
+}
+
+inline unsigned ceil_div_u(int64_t a, int64_t b) { return (unsigned)((a + b - 1) / b); }
+inline bool aligned16(const void* p) { return ((uintptr_t)p & 15u) == 0; }
+
+// ------------------------------------------------------------------------------------------------
+// device helpers
+
+__device__ __forceinline__ int64_t clamp_slot(int64_t s, int64_t nslots) {
+  return (s < 0 || s >= nslots) ? nslots - 1 : s;  // a bad slot lands on the scratch slot
+}
+
+__device__ __forceinline__ int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
+__device__ __forceinline__ int64_t max64(int64_t a, int64_t b) { return a > b ? a : b; }
+
+// ------------------------------------------------------------------------------------------------
+// write_kv
+
+struct WriteKvParams {
+  void* kc;
+  void* vc;
+  const void* k;
+  const void* v;
+  const int64_t* group_slot;
+  const int64_t* group_pos;
+  int64_t ks0, ks1, ks2, vs0, vs1, vs2;
+  int64_t nslots, T;
+  int g, hkv, d, cache_dtype, kv_dtype;
+};
+
+__global__ void write_kv_kernel(WriteKvParams p) {
+  const int row = blockIdx.x;  // n * g + j
+  const int n = row / p.g, j = row % p.g;
+  const int64_t slot = clamp_slot(p.group_slot[n], p.nslots);
+  const int64_t pos = min64(max64(p.group_pos[n] + j, 0), p.T - 1);
+  const bool is_v = blockIdx.y == 1;
+  const void* src = is_v ? p.v : p.k;
+  void* dst = is_v ? p.vc : p.kc;
+  const int64_t s0 = is_v ? p.vs0 : p.ks0, s1 = is_v ? p.vs1 : p.ks1, s2 = is_v ? p.vs2 : p.ks2;
+  const int64_t total = (int64_t)p.hkv * p.d;
+  for (int64_t i = threadIdx.x; i < total; i += blockDim.x) {
+    const int64_t hh = i / p.d, dd = i % p.d;
+    float x = load_as_float(src, p.kv_dtype, (int64_t)row * total + i);
+    store_from_float(dst, p.cache_dtype, slot * s0 + pos * s1 + hh * s2 + dd, x);
+  }
+}
+
+// ------------------------------------------------------------------------------------------------
+// attention: shared parameters
+
+struct AttnParams {
+  const void* q;
+  void* out;
+  const void* kc;
+  const void* vc;
+  float* ws_o;   // (ng, hkv, nsplit, rows, d) partial numerators
+  float* ws_ml;  // (ng, hkv, nsplit, rows, 2) partial (max in log2 units, sum)
+  const int64_t* group_slot;
+  const int64_t* group_pos;
+  int64_t ks0, ks1, ks2, vs0, vs1, vs2;
+  int64_t nslots, ctx, chunk;
+  int g, hq, hkv, d, rep, rows, nsplit, nrg, q_dtype;
+  float scale_log2;  // softmax scale * log2(e): scores live in log2 units
+};
+
+__device__ __forceinline__ int64_t q_row_offset(const AttnParams& p, int n, int h, int r) {
+  const int j = r / p.rep, ri = r % p.rep;  // row r of a (group, kv head) = (window row, rep)
+  return (((int64_t)n * p.g + j) * p.hq + (int64_t)h * p.rep + ri) * p.d;
+}
+
+__device__ __forceinline__ int64_t ws_row(const AttnParams& p, int n, int h, int split, int r) {
+  return (((int64_t)n * p.hkv + h) * p.nsplit + split) * p.rows + r;
+}
+
+// Last key (exclusive) that any of rows [r0, r1) of group n may see, bounded by ctx.
+__device__ __forceinline__ int64_t key_end(const AttnParams& p, int64_t pos0, int r_last) {
+  return min64(p.ctx, pos0 + r_last / p.rep + 1);
+}
+
+// Writes the result for a block whose key range is empty (zeros, or an empty partial).
+__device__ void attn_write_empty(const AttnParams& p, int n, int h, int split, int row0,
+                                 int nrows) {
+  for (int i = threadIdx.x; i < nrows * p.d; i += blockDim.x) {
+    const int r = row0 + i / p.d, dd = i % p.d;
+    if (r >= p.rows) continue;
+    if (p.nsplit == 1) {
+      store_from_float(p.out, p.q_dtype, q_row_offset(p, n, h, r) + dd, 0.f);
+    } else if (dd == 0) {
+      float* ml = p.ws_ml + 2 * ws_row(p, n, h, split, r);
+      ml[0] = -INFINITY;
+      ml[1] = 0.f;
+    }
+  }
+}
+
+// ------------------------------------------------------------------------------------------------
+// attention on CUDA cores (any dtype, head dim <= 256, any strides)
+//
+// Block: 128 threads = 16 rows x 8 lanes; tiles of 8 keys. Lane (row i, sub) scores key `sub` of
+// the tile for row i, then accumulates output dims sub, sub+8, ... of row i.
+
+constexpr int SIMT_ROWS = 16;
+constexpr int SIMT_KEYS = 8;
+
+template <int NPT, typename TC>
+__global__ void __launch_bounds__(128) attn_simt_kernel(AttnParams p) {
+  typedef typename TC::storage cstore;
+  extern __shared__ float smem_f[];
+  const int d = p.d;
+  const int qstr = d + 1;                               // padded: rows read at the same d
+  float* Qs = smem_f;                                   // [16][d+1]
+  float* Kt = Qs + SIMT_ROWS * qstr;                    // [d][8]
+  float* Vs = Kt + d * SIMT_KEYS;                       // [8][d]
+  float* Ps = Vs + d * SIMT_KEYS;                       // [16][8]
+
+  const int split = blockIdx.x, h = blockIdx.y;
+  const int n = blockIdx.z / p.nrg, rg = blockIdx.z % p.nrg;
+  const int row0 = rg * SIMT_ROWS;
+  const int tid = threadIdx.x, i = tid >> 3, sub = tid & 7;
+  const int64_t slot = clamp_slot(p.group_slot[n], p.nslots);
+  const int64_t pos0 = p.group_pos[n];
+  const int r_last = min(p.rows, row0 + SIMT_ROWS) - 1;
+  const int64_t kstart = (int64_t)split * p.chunk;
+  const int64_t kstop = min64(kstart + p.chunk, key_end(p, pos0, r_last));
+  if (kstart >= kstop) {
+    attn_write_empty(p, n, h, split, row0, SIMT_ROWS);
+    return;
+  }
+  const cstore* kc = (const cstore*)p.kc;
+  const cstore* vc = (const cstore*)p.vc;
+
+  for (int idx = tid; idx < SIMT_ROWS * d; idx += 128) {
+    const int r = idx / d, dd = idx % d;
+    const int gr = row0 + r;
+    float x = 0.f;
+    if (gr < p.rows) x = load_as_float(p.q, p.q_dtype, q_row_offset(p, n, h, gr) + dd);
+    Qs[r * qstr + dd] = x * p.scale_log2;
+  }
+  const int grow = row0 + i;
+  // the last key this row may see (padding rows see the whole range, their output is dropped)
+  const int64_t lim = grow < p.rows ? min64(pos0 + grow / p.rep, kstop - 1) : kstop - 1;
+
+  float m = -INFINITY, l = 0.f;
+  float o[NPT];
+#pragma unroll
+  for (int u = 0; u < NPT; ++u) o[u] = 0.f;
+
+  for (int64_t key0 = kstart; key0 < kstop; key0 += SIMT_KEYS) {
+    __syncthreads();  // previous tile fully consumed (and Qs written, first time)
+    for (int idx = tid; idx < SIMT_KEYS * d; idx += 128) {
+      const int kk = idx / d, dd = idx % d;
+      const int64_t key = key0 + kk;
+      float kx = 0.f, vx = 0.f;
+      if (key < kstop) {
+        kx = to_f<TC>(kc[slot * p.ks0 + key * p.ks1 + h * p.ks2 + dd]);
+        vx = to_f<TC>(vc[slot * p.vs0 + key * p.vs1 + h * p.vs2 + dd]);
+      }
+      Kt[dd * SIMT_KEYS + kk] = kx;
+      Vs[kk * d + dd] = vx;
+    }
+    __syncthreads();
+    float s = 0.f;
+    const float* qrow = Qs + i * qstr;
+    for (int dd = 0; dd < d; ++dd) s += qrow[dd] * Kt[dd * SIMT_KEYS + sub];
+    const int64_t key = key0 + sub;
+    s = key <= lim ? s : -INFINITY;
+    float mx = s;
+    mx = fmaxf(mx, STRATA_SHFL_XOR(mx, 1, 8));
+    mx = fmaxf(mx, STRATA_SHFL_XOR(mx, 2, 8));
+    mx = fmaxf(mx, STRATA_SHFL_XOR(mx, 4, 8));
+    const float mn = fmaxf(m, mx);
+    const float mu = mn == -INFINITY ? 0.f : mn;
+    const float corr = exp2f(m - mu);
+    const float pr = exp2f(s - mu);
+    float ps = pr;
+    ps += STRATA_SHFL_XOR(ps, 1, 8);
+    ps += STRATA_SHFL_XOR(ps, 2, 8);
+    ps += STRATA_SHFL_XOR(ps, 4, 8);
+    l = l * corr + ps;
+    m = mn;
+    Ps[i * SIMT_KEYS + sub] = pr;
+    __syncthreads();
+#pragma unroll
+    for (int u = 0; u < NPT; ++u) {
+      const int dd = sub + 8 * u;
+      if (dd < d) {
+        float acc = o[u] * corr;
+#pragma unroll
+        for (int kk = 0; kk < SIMT_KEYS; ++kk) acc += Ps[i * SIMT_KEYS + kk] * Vs[kk * d + dd];
+        o[u] = acc;
+      }
+    }
+  }
+  if (grow >= p.rows) return;
+  if (p.nsplit == 1) {
+    const float inv = l > 0.f ? 1.f / l : 0.f;
+    const int64_t off = q_row_offset(p, n, h, grow);
+#pragma unroll
+    for (int u = 0; u < NPT; ++u) {
+      const int dd = sub + 8 * u;
+      if (dd < d) store_from_float(p.out, p.q_dtype, off + dd, o[u] * inv);
+    }
+  } else {
+    const int64_t wr = ws_row(p, n, h, split, grow);
+#pragma unroll
+    for (int u = 0; u < NPT; ++u) {
+      const int dd = sub + 8 * u;
+      if (dd < d) p.ws_o[wr * d + dd] = o[u];
+    }
+    if (sub == 0) {
+      p.ws_ml[2 * wr] = m;
+      p.ws_ml[2 * wr + 1] = l;
+    }
+  }
+}
+
+// ------------------------------------------------------------------------------------------------
+// attention on tensor cores (NVIDIA sm_80+)
+
+#if STRATA_HAVE_MMA
+
+constexpr int MMA_WARPS = 4;
+constexpr int MMA_BK = 64;  // keys per pipeline stage
+
+template <int D> struct MmaCfg {
+  static constexpr int STAGES = D >= 128 ? 3 : 4;  // D=256: 3 x 64 KB + Q <= 224 KB
+  static constexpr int CH = D / 8;  // 16-byte chunks per row
+};
+
+template <int D, int MT> constexpr size_t mma_smem_bytes() {
+  return (size_t)MT * 16 * D * 2 + (size_t)MmaCfg<D>::STAGES * 2 * MMA_BK * D * 2;
+}
+
+__device__ __forceinline__ uint32_t smem_addr(const void* p) {
+  return (uint32_t)__cvta_generic_to_shared(p);
+}
+
+__device__ __forceinline__ void cp_async16(uint32_t dst, const void* src, int src_bytes) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src),
+               "r"(src_bytes));
+#endif
+}
+__device__ __forceinline__ void cp_async_commit() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.commit_group;\n" ::);
+#endif
+}
+template <int N> __device__ __forceinline__ void cp_async_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+#endif
+}
+
+__device__ __forceinline__ void ldsm_x4(uint32_t& r0, uint32_t& r1, uint32_t& r2, uint32_t& r3,
+                                        uint32_t addr) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3)
+               : "r"(addr));
+#endif
+}
+__device__ __forceinline__ void ldsm_x4_t(uint32_t& r0, uint32_t& r1, uint32_t& r2, uint32_t& r3,
+                                          uint32_t addr) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3)
+               : "r"(addr));
+#endif
+}
+
+template <typename T>
+__device__ __forceinline__ void mma16816(float* c, const uint32_t* a, uint32_t b0, uint32_t b1);
+template <>
+__device__ __forceinline__ void mma16816<BF16>(float* c, const uint32_t* a, uint32_t b0,
+                                               uint32_t b1) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+      "{%8,%9}, {%0,%1,%2,%3};\n"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+#endif
+}
+template <>
+__device__ __forceinline__ void mma16816<F16>(float* c, const uint32_t* a, uint32_t b0,
+                                              uint32_t b1) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+      "{%8,%9}, {%0,%1,%2,%3};\n"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+#endif
+}
+
+// pack two floats into one 32-bit register of 2 x 16-bit (lo = first element)
+template <typename T> __device__ __forceinline__ uint32_t pack2(float lo, float hi);
+template <> __device__ __forceinline__ uint32_t pack2<BF16>(float lo, float hi) {
+  uint32_t r = 0;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm("cvt.rn.bf16x2.f32 %0, %1, %2;\n" : "=r"(r) : "f"(hi), "f"(lo));
+#endif
+  return r;
+}
+template <> __device__ __forceinline__ uint32_t pack2<F16>(float lo, float hi) {
+  uint32_t r = 0;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm("cvt.rn.f16x2.f32 %0, %1, %2;\n" : "=r"(r) : "f"(hi), "f"(lo));
+#endif
+  return r;
+}
+
+// Shared-memory tiles are rows of D 16-bit elements split in 16-byte chunks; chunk c of row r is
+// stored at chunk c ^ (r & 7) so that the 8 row addresses of one ldmatrix hit distinct banks.
+template <int D> __device__ __forceinline__ int swz(int r, int c) {
+  return r * D + ((c ^ (r & 7)) << 3);
+}
+
+// MT: 16-row m-tiles per block (1, 2 or 4). The 4 warps split as MT m-tiles x (4/MT) key slices
+// of each 64-key stage; warps of one m-tile but different key slices merge at the end.
+template <int D, int MT, typename T>
+__global__ void __launch_bounds__(128, 1) attn_mma_kernel(AttnParams p) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  constexpr int STAGES = MmaCfg<D>::STAGES;
+  constexpr int CH = MmaCfg<D>::CH;
+  constexpr int QROWS = MT * 16;
+  constexpr int NKS = MMA_WARPS / MT;  // key slices
+  constexpr int KW = MMA_BK / NKS;     // keys of a stage per warp: 16, 32, 64
+  constexpr int KSUB = KW < 32 ? KW : 32;  // keys per softmax step (bounds the score registers)
+  constexpr int NT = KSUB / 8;             // score n-tiles per step
+  constexpr int DT = D / 8;                // output n-tiles
+  typedef uint16_t elem;
+
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  elem* Qs = (elem*)smem_raw;     // [QROWS][D]
+  elem* KVs = Qs + QROWS * D;     // STAGES x ([BK][D] K, [BK][D] V)
+
+  const int split = blockIdx.x, h = blockIdx.y;
+  const int n = blockIdx.z / p.nrg, rg = blockIdx.z % p.nrg;
+  const int row0 = rg * QROWS;
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+  const int64_t slot = clamp_slot(p.group_slot[n], p.nslots);
+  const int64_t pos0 = p.group_pos[n];
+  const int r_last = min(p.rows, row0 + QROWS) - 1;
+  const int64_t kstart = (int64_t)split * p.chunk;
+  const int64_t kstop = min64(kstart + p.chunk, key_end(p, pos0, r_last));
+  if (kstart >= kstop) {
+    attn_write_empty(p, n, h, split, row0, QROWS);
+    return;
+  }
+  const elem* qg = (const elem*)p.q;
+  const elem* kg = (const elem*)p.kc;
+  const elem* vg = (const elem*)p.vc;
+  const uint32_t q_sm = smem_addr(Qs);
+  const uint32_t kv_sm = smem_addr(KVs);
+  constexpr uint32_t ROWB = D * 2;                       // bytes per smem row
+  constexpr uint32_t STAGEB = 2 * MMA_BK * ROWB;         // bytes per stage (K then V)
+
+  // Q tile (rows past p.rows are zero-filled)
+  for (int idx = tid; idx < QROWS * CH; idx += 128) {
+    const int r = idx / CH, c = idx % CH;
+    const int gr = row0 + r;
+    const bool ok = gr < p.rows;
+    const elem* src = ok ? qg + q_row_offset(p, n, h, gr) + c * 8 : qg;
+    cp_async16(q_sm + r * ROWB + ((c ^ (r & 7)) << 4), src, ok ? 16 : 0);
+  }
+
+  // K/V tile loader: 128 % CH == 0, so each thread always copies chunk `ld_c` of rows
+  // ld_r0, ld_r0 + RSTEP, ...; the global addresses advance by a constant stride.
+  constexpr int RSTEP = 128 / CH;
+  const int ld_c = tid % CH, ld_r0 = tid / CH;
+  const int ntiles = (int)((kstop - kstart + MMA_BK - 1) / MMA_BK);
+  const elem* kld = kg + slot * p.ks0 + (int64_t)h * p.ks2 + (kstart + ld_r0) * p.ks1 + ld_c * 8;
+  const elem* vld = vg + slot * p.vs0 + (int64_t)h * p.vs2 + (kstart + ld_r0) * p.vs1 + ld_c * 8;
+  const int64_t kstep = (int64_t)RSTEP * p.ks1, vstep = (int64_t)RSTEP * p.vs1;
+  const int kspan = (int)(kstop - kstart) - ld_r0;  // rows of this thread below kstop: r < kspan
+  auto load_tile = [&](int it) {
+    const uint32_t ks_sm = kv_sm + (uint32_t)(it % STAGES) * STAGEB;
+    const int rbase = it * MMA_BK;
+    const elem* kp = kld + (int64_t)rbase * p.ks1;
+    const elem* vp = vld + (int64_t)rbase * p.vs1;
+#pragma unroll
+    for (int u = 0; u < MMA_BK / RSTEP; ++u) {
+      const int r = ld_r0 + u * RSTEP;  // row in the stage
+      const bool ok = rbase + u * RSTEP < kspan;
+      const uint32_t off = r * ROWB + ((ld_c ^ (r & 7)) << 4);
+      cp_async16(ks_sm + off, ok ? (const void*)kp : (const void*)kg, ok ? 16 : 0);
+      cp_async16(ks_sm + MMA_BK * ROWB + off, ok ? (const void*)vp : (const void*)vg, ok ? 16 : 0);
+      kp += kstep;
+      vp += vstep;
+    }
+  };
+
+#pragma unroll
+  for (int s = 0; s < STAGES - 1; ++s) {
+    if (s < ntiles) load_tile(s);
+    cp_async_commit();
+  }
+
+  const int mt = warp % MT, ksl = warp / MT;
+  const int gq = lane >> 2, tq = lane & 3;
+  // rows held by this thread: m-tile rows gq and gq + 8; keys are block-relative ints
+  const int gr0 = row0 + mt * 16 + gq, gr1 = gr0 + 8;
+  const int kspan_all = (int)(kstop - kstart);
+  const int lim0 =
+      gr0 < p.rows ? (int)max64(min64(pos0 + gr0 / p.rep - kstart, kspan_all - 1), -1)
+                   : kspan_all - 1;
+  const int lim1 =
+      gr1 < p.rows ? (int)max64(min64(pos0 + gr1 / p.rep - kstart, kspan_all - 1), -1)
+                   : kspan_all - 1;
+
+  float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.f, l1 = 0.f;
+  float o[DT][4];
+#pragma unroll
+  for (int t = 0; t < DT; ++t) o[t][0] = o[t][1] = o[t][2] = o[t][3] = 0.f;
+
+  // ldmatrix lane roles. Every row index used below is == lane & 7 (mod 8), so the swizzled
+  // chunk of logical chunk 2*i + bit is (2*(i&3) + bit) ^ (lane&7) + 8*(i>>2): 4 offsets each.
+  const int x7 = lane & 7;
+  const int a_bit = lane >> 4;         // Q (A operand) and V (transposed B): chunk bit
+  const int b_bit = (lane >> 3) & 1;   // K (B operand): chunk bit
+  uint32_t offA[4], offB[4];
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    offA[i] = (uint32_t)(((2 * i + a_bit) ^ x7) << 4);
+    offB[i] = (uint32_t)(((2 * i + b_bit) ^ x7) << 4);
+  }
+  const uint32_t a_base = q_sm + (uint32_t)(mt * 16 + x7 + b_bit * 8) * ROWB;  // Q rows
+  const int b_key = x7 + a_bit * 8;   // K rows (non-transposed B): matrices 2,3 = keys 8-15
+  const int v_key = x7 + b_bit * 8;   // V rows (transposed B): matrices 1,3 = keys 8-15
+
+  for (int it = 0; it < ntiles; ++it) {
+    {
+      const int nx = it + STAGES - 1;
+      if (nx < ntiles) load_tile(nx);
+      cp_async_commit();
+    }
+    cp_async_wait<STAGES - 1>();
+    __syncthreads();
+    const uint32_t ks_sm = kv_sm + (uint32_t)(it % STAGES) * STAGEB;
+    const uint32_t vs_sm = ks_sm + MMA_BK * ROWB;
+
+#pragma unroll
+    for (int sub = 0; sub < KW / KSUB; ++sub) {
+      const int krow0 = ksl * KW + sub * KSUB;  // first key row (in the stage) of this step
+      const uint32_t k_base = ks_sm + (uint32_t)(krow0 + b_key) * ROWB;
+      const uint32_t v_base = vs_sm + (uint32_t)(krow0 + v_key) * ROWB;
+      float s[NT][4];
+#pragma unroll
+      for (int t = 0; t < NT; ++t) s[t][0] = s[t][1] = s[t][2] = s[t][3] = 0.f;
+#pragma unroll
+      for (int kc = 0; kc < D / 16; ++kc) {
+        uint32_t a[4];
+        ldsm_x4(a[0], a[1], a[2], a[3], a_base + offA[kc & 3] + (kc >> 2) * 128);
+#pragma unroll
+        for (int jj = 0; jj < NT / 2; ++jj) {
+          uint32_t b0, b1, b2, b3;
+          ldsm_x4(b0, b1, b2, b3, k_base + jj * 16 * ROWB + offB[kc & 3] + (kc >> 2) * 128);
+          mma16816<T>(s[2 * jj], a, b0, b1);
+          mma16816<T>(s[2 * jj + 1], a, b2, b3);
+        }
+      }
+      // mask, online softmax (log2 units)
+      const int key_base = it * MMA_BK + krow0 + 2 * tq;  // block-relative key of s[0][0]
+      float mx0 = -INFINITY, mx1 = -INFINITY;
+#pragma unroll
+      for (int t = 0; t < NT; ++t) {
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const int key = key_base + t * 8 + e;
+          s[t][e] = key <= lim0 ? s[t][e] * p.scale_log2 : -INFINITY;
+          s[t][2 + e] = key <= lim1 ? s[t][2 + e] * p.scale_log2 : -INFINITY;
+          mx0 = fmaxf(mx0, s[t][e]);
+          mx1 = fmaxf(mx1, s[t][2 + e]);
+        }
+      }
+      mx0 = fmaxf(mx0, STRATA_SHFL_XOR(mx0, 1, 32));
+      mx0 = fmaxf(mx0, STRATA_SHFL_XOR(mx0, 2, 32));
+      mx1 = fmaxf(mx1, STRATA_SHFL_XOR(mx1, 1, 32));
+      mx1 = fmaxf(mx1, STRATA_SHFL_XOR(mx1, 2, 32));
+      const float mn0 = fmaxf(m0, mx0), mn1 = fmaxf(m1, mx1);
+      const float mu0 = mn0 == -INFINITY ? 0.f : mn0;
+      const float mu1 = mn1 == -INFINITY ? 0.f : mn1;
+      const float c0 = exp2f(m0 - mu0), c1 = exp2f(m1 - mu1);
+      m0 = mn0;
+      m1 = mn1;
+      float rs0 = 0.f, rs1 = 0.f;
+#pragma unroll
+      for (int t = 0; t < NT; ++t) {
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          s[t][e] = exp2f(s[t][e] - mu0);
+          s[t][2 + e] = exp2f(s[t][2 + e] - mu1);
+          rs0 += s[t][e];
+          rs1 += s[t][2 + e];
+        }
+      }
+      l0 = l0 * c0 + rs0;
+      l1 = l1 * c1 + rs1;
+      if (__any_sync(0xffffffffu, c0 != 1.f || c1 != 1.f)) {
+#pragma unroll
+        for (int t = 0; t < DT; ++t) {
+          o[t][0] *= c0;
+          o[t][1] *= c0;
+          o[t][2] *= c1;
+          o[t][3] *= c1;
+        }
+      }
+      // O += P V
+#pragma unroll
+      for (int jj = 0; jj < NT / 2; ++jj) {
+        uint32_t a[4];
+        a[0] = pack2<T>(s[2 * jj][0], s[2 * jj][1]);
+        a[1] = pack2<T>(s[2 * jj][2], s[2 * jj][3]);
+        a[2] = pack2<T>(s[2 * jj + 1][0], s[2 * jj + 1][1]);
+        a[3] = pack2<T>(s[2 * jj + 1][2], s[2 * jj + 1][3]);
+#pragma unroll
+        for (int dn = 0; dn < D / 16; ++dn) {
+          uint32_t b0, b1, b2, b3;
+          ldsm_x4_t(b0, b1, b2, b3, v_base + jj * 16 * ROWB + offA[dn & 3] + (dn >> 2) * 128);
+          mma16816<T>(o[2 * dn], a, b0, b1);
+          mma16816<T>(o[2 * dn + 1], a, b2, b3);
+        }
+      }
+    }
+    __syncthreads();  // this stage may be refilled next iteration
+  }
+  cp_async_wait<0>();
+  __syncthreads();
+
+  // per-thread row sums -> full row sums (the 4 lanes of a quad hold one row)
+  l0 += STRATA_SHFL_XOR(l0, 1, 32);
+  l0 += STRATA_SHFL_XOR(l0, 2, 32);
+  l1 += STRATA_SHFL_XOR(l1, 1, 32);
+  l1 += STRATA_SHFL_XOR(l1, 2, 32);
+
+  // merge the key slices through shared memory (reusing the K/V stages); rows padded by 8
+  // floats so the fragment stores of the 8 row-groups of a warp spread over the banks
+  constexpr int OSTR = D + 8;
+  static_assert(sizeof(float) * (MMA_WARPS * 16 * OSTR + MMA_WARPS * 32) <=
+                    (size_t)STAGES * 2 * MMA_BK * D * 2,
+                "merge buffer must fit in the K/V stages");
+  float* Ob = (float*)KVs;                    // [4 warps][16][OSTR]
+  float* MLb = Ob + MMA_WARPS * 16 * OSTR;    // [4 warps][16][2]
+  {
+    float* ow = Ob + warp * 16 * OSTR;
+#pragma unroll
+    for (int t = 0; t < DT; ++t) {
+      const int dd = t * 8 + 2 * tq;
+      *(float2*)(ow + gq * OSTR + dd) = make_float2(o[t][0], o[t][1]);
+      *(float2*)(ow + (gq + 8) * OSTR + dd) = make_float2(o[t][2], o[t][3]);
+    }
+    if (tq == 0) {
+      float* mlw = MLb + warp * 32;
+      mlw[2 * gq] = m0;
+      mlw[2 * gq + 1] = l0;
+      mlw[2 * (gq + 8)] = m1;
+      mlw[2 * (gq + 8) + 1] = l1;
+    }
+  }
+  __syncthreads();
+  // each thread: 4 consecutive outputs of rows rsub, rsub + RPP, ...
+  constexpr int UPR = D / 4;     // 4-element units per row
+  constexpr int RPP = 128 / UPR; // rows per pass
+  const int u = tid % UPR;
+  for (int r = tid / UPR; r < QROWS; r += RPP) {
+    const int gr = row0 + r;
+    if (gr >= p.rows) break;  // later rows are past p.rows too
+    const int tmt = r >> 4, rr = r & 15;
+    float M = -INFINITY;
+#pragma unroll
+    for (int k = 0; k < NKS; ++k) M = fmaxf(M, MLb[(k * MT + tmt) * 32 + 2 * rr]);
+    const float Mu = M == -INFINITY ? 0.f : M;
+    float L = 0.f;
+    float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll
+    for (int k = 0; k < NKS; ++k) {
+      const int w = k * MT + tmt;
+      const float e = exp2f(MLb[w * 32 + 2 * rr] - Mu);
+      L += e * MLb[w * 32 + 2 * rr + 1];
+      const float4 v = *(const float4*)(Ob + (w * 16 + rr) * OSTR + 4 * u);
+      acc.x += e * v.x;
+      acc.y += e * v.y;
+      acc.z += e * v.z;
+      acc.w += e * v.w;
+    }
+    if (p.nsplit == 1) {
+      const float inv = L > 0.f ? 1.f / L : 0.f;
+      uint2 packed;
+      packed.x = (uint32_t)from_f<T>(acc.x * inv) | ((uint32_t)from_f<T>(acc.y * inv) << 16);
+      packed.y = (uint32_t)from_f<T>(acc.z * inv) | ((uint32_t)from_f<T>(acc.w * inv) << 16);
+      *(uint2*)((elem*)p.out + q_row_offset(p, n, h, gr) + 4 * u) = packed;  // 8-byte aligned
+    } else {
+      const int64_t wr = ws_row(p, n, h, split, gr);
+      *(float4*)(p.ws_o + wr * D + 4 * u) = acc;
+      if (u == 0) {
+        p.ws_ml[2 * wr] = M;
+        p.ws_ml[2 * wr + 1] = L;
+      }
+    }
+  }
+#else
+  // built for an architecture without mma.sync: the host never selects this path there
+  __trap();
+#endif
+}
+
+#endif  // STRATA_HAVE_MMA
+
+// ------------------------------------------------------------------------------------------------
+// attention: merge of the split-K partials
+
+// Block-wide max or sum; `red` holds one float per 32 threads. Shuffles of width 32 split a
+// 64-lane HIP wavefront the same way, so this is portable.
+__device__ float block_reduce(float v, float* red, bool is_max) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) {
+    const float t = STRATA_SHFL_XOR(v, o, 32);
+    v = is_max ? fmaxf(v, t) : v + t;
+  }
+  const int nw = (blockDim.x + 31) >> 5;
+  if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = v;
+  __syncthreads();
+  float r = red[0];
+  for (int i = 1; i < nw; ++i) r = is_max ? fmaxf(r, red[i]) : r + red[i];
+  __syncthreads();
+  return r;
+}
+
+constexpr int COMBINE_THREADS = 256;
+constexpr int MAX_SPLITS = 4096;
+
+// One block per output row. Thread t accumulates output elements [4u, 4u+4) (u = t % units) over
+// the splits s = lane, lane + lanes, ... (lane = t / units); the lanes are summed in shared memory.
+// Splits that saw no key have weight 0 and their (never written) partials are not used.
+__global__ void __launch_bounds__(COMBINE_THREADS) attn_combine_kernel(AttnParams p) {
+  extern __shared__ float csm[];  // [nsplit] weights, then [lanes][d] lane sums
+  __shared__ float red[COMBINE_THREADS / 32];
+  const int r = blockIdx.x, h = blockIdx.y, n = blockIdx.z;
+  const int tid = threadIdx.x;
+  float* wsm = csm;
+  float* part = csm + p.nsplit;
+  float M = -INFINITY;
+  for (int s = tid; s < p.nsplit; s += COMBINE_THREADS) {
+    const int64_t wr = ws_row(p, n, h, s, r);
+    if (p.ws_ml[2 * wr + 1] > 0.f) M = fmaxf(M, p.ws_ml[2 * wr]);
+  }
+  M = block_reduce(M, red, true);
+  float L = 0.f;
+  for (int s = tid; s < p.nsplit; s += COMBINE_THREADS) {
+    const int64_t wr = ws_row(p, n, h, s, r);
+    const float lw = p.ws_ml[2 * wr + 1];
+    const float w = (lw > 0.f && M != -INFINITY) ? exp2f(p.ws_ml[2 * wr] - M) : 0.f;
+    wsm[s] = w;
+    L += w * lw;
+  }
+  L = block_reduce(L, red, false);  // also orders the wsm writes before the reads below
+  const float inv = L > 0.f ? 1.f / L : 0.f;
+  const int64_t off = q_row_offset(p, n, h, r);
+  const int64_t row_stride = (int64_t)p.rows * p.d;  // between consecutive splits
+  const float* base = p.ws_o + ws_row(p, n, h, 0, r) * p.d;
+  if ((p.d & 3) == 0) {
+    const int units = p.d >> 2;
+    const int lanes = COMBINE_THREADS / units > 0 ? COMBINE_THREADS / units : 1;
+    const int u = tid % units, lane = tid / units;
+    if (lane < lanes && u < units) {
+      float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll 8
+      for (int s = lane; s < p.nsplit; s += lanes) {
+        const float w = wsm[s];
+        const float4 v = *(const float4*)(base + s * row_stride + 4 * u);
+        const bool use = w != 0.f;  // select, not multiply: unwritten partials may hold NaN
+        acc.x += use ? w * v.x : 0.f;
+        acc.y += use ? w * v.y : 0.f;
+        acc.z += use ? w * v.z : 0.f;
+        acc.w += use ? w * v.w : 0.f;
+      }
+      *(float4*)(part + lane * p.d + 4 * u) = acc;
+    }
+    __syncthreads();
+    for (int dd = tid; dd < p.d; dd += COMBINE_THREADS) {
+      float acc = 0.f;
+      for (int l = 0; l < lanes; ++l) acc += part[l * p.d + dd];
+      store_from_float(p.out, p.q_dtype, off + dd, acc * inv);
+    }
+  } else {
+    for (int dd = tid; dd < p.d; dd += COMBINE_THREADS) {
+      float acc = 0.f;
+      for (int s = 0; s < p.nsplit; ++s) {
+        const float w = wsm[s];
+        const float v = base[s * row_stride + dd];
+        acc += w != 0.f ? w * v : 0.f;
+      }
+      store_from_float(p.out, p.q_dtype, off + dd, acc * inv);
+    }
+  }
+}
+
+// ------------------------------------------------------------------------------------------------
+// gated delta rule over a group's rows
+
+struct GdnParams {
+  const void* q;
+  const void* k;
+  const void* v;
+  const void* gate;
+  const void* beta;
+  const float* state;
+  float* out;
+  float* snaps;
+  const int64_t* group_slot;
+  int64_t state_slot_stride, nslots;
+  int g, h, dk, dv, q_dtype, k_dtype, v_dtype, g_dtype, b_dtype;
+};
+
+constexpr int GDN_GROUPS = 8;  // 8 groups of 32 threads split Dk; 32 lanes = 32 Dv columns
+
+template <int KPT>
+__global__ void __launch_bounds__(256) gdn_kernel(GdnParams p) {
+  constexpr int KT = GDN_GROUPS * KPT;
+  __shared__ float qs[2][KT];
+  __shared__ float ks[2][KT];
+  __shared__ float red[GDN_GROUPS][32];
+  __shared__ float red2[GDN_GROUPS][32];
+  const int vt = blockIdx.x, hh = blockIdx.y, n = blockIdx.z;
+  const int tid = threadIdx.x, lane = tid & 31, w = tid >> 5;
+  const int v = vt * 32 + lane;
+  const bool vok = v < p.dv;
+  const int64_t slot = clamp_slot(p.group_slot[n], p.nslots);
+  const float* st = p.state + slot * p.state_slot_stride + (int64_t)hh * p.dk * p.dv;
+  float s[KPT];
+#pragma unroll
+  for (int i = 0; i < KPT; ++i) {
+    const int kk = w * KPT + i;
+    s[i] = (vok && kk < p.dk) ? st[(int64_t)kk * p.dv + v] : 0.f;
+  }
+  int64_t prev_row = -1;
+  for (int j = 0; j < p.g; ++j) {
+    const int64_t row = ((int64_t)n * p.g + j) * p.h + hh;
+    const int buf = j & 1;
+    for (int idx = tid; idx < KT; idx += 256) {
+      const bool ok = idx < p.dk;
+      qs[buf][idx] = ok ? load_as_float(p.q, p.q_dtype, row * p.dk + idx) : 0.f;
+      ks[buf][idx] = ok ? load_as_float(p.k, p.k_dtype, row * p.dk + idx) : 0.f;
+    }
+    const float decay = expf(load_as_float(p.gate, p.g_dtype, row));
+    const float b = load_as_float(p.beta, p.b_dtype, row);
+    const float vv = vok ? load_as_float(p.v, p.v_dtype, row * p.dv + v) : 0.f;
+    __syncthreads();  // (1) q/k of this row visible; red2 of the previous row complete
+    if (prev_row >= 0 && w == 0 && vok) {
+      float acc = 0.f;
+#pragma unroll
+      for (int ww = 0; ww < GDN_GROUPS; ++ww) acc += red2[ww][lane];
+      p.out[prev_row * p.dv + v] = acc;
+    }
+    float kvp = 0.f;
+#pragma unroll
+    for (int i = 0; i < KPT; ++i) {
+      s[i] *= decay;
+      kvp += ks[buf][w * KPT + i] * s[i];
+    }
+    red[w][lane] = kvp;
+    __syncthreads();  // (2)
+    float kvm = 0.f;
+#pragma unroll
+    for (int ww = 0; ww < GDN_GROUPS; ++ww) kvm += red[ww][lane];
+    const float delta = (vv - kvm) * b;
+    float op = 0.f;
+    float* snap = p.snaps + row * (int64_t)p.dk * p.dv;
+#pragma unroll
+    for (int i = 0; i < KPT; ++i) {
+      const int kk = w * KPT + i;
+      s[i] += ks[buf][kk] * delta;
+      op += qs[buf][kk] * s[i];
+      if (vok && kk < p.dk) snap[(int64_t)kk * p.dv + v] = s[i];
+    }
+    red2[w][lane] = op;
+    prev_row = row;
+  }
+  __syncthreads();
+  if (prev_row >= 0 && w == 0 && vok) {
+    float acc = 0.f;
+#pragma unroll
+    for (int ww = 0; ww < GDN_GROUPS; ++ww) acc += red2[ww][lane];
+    p.out[prev_row * p.dv + v] = acc;
+  }
+}
+
+// ------------------------------------------------------------------------------------------------
+// causal depthwise conv + SiLU over a group's rows
+
+constexpr int CONV_MAX_K = 16;
+
+struct ConvParams {
+  const void* x;
+  const void* state;
+  const void* weight;
+  void* out;
+  void* snaps;
+  const int64_t* group_slot;
+  int64_t state_slot_stride, nslots;
+  int g, c, kw, x_dtype, s_dtype, w_dtype;
+};
+
+__global__ void conv_kernel(ConvParams p) {
+  const int ch = blockIdx.x * blockDim.x + threadIdx.x;
+  const int n = blockIdx.y;
+  if (ch >= p.c) return;
+  const int km1 = p.kw - 1;
+  const int64_t slot = clamp_slot(p.group_slot[n], p.nslots);
+  float win[CONV_MAX_K];
+  float w[CONV_MAX_K];
+#pragma unroll
+  for (int i = 0; i < CONV_MAX_K; ++i) {
+    w[i] = i < p.kw ? load_as_float(p.weight, p.w_dtype, (int64_t)ch * p.kw + i) : 0.f;
+    win[i] = i < km1 ? round_through(load_as_float(p.state, p.s_dtype,
+                                                   slot * p.state_slot_stride +
+                                                       (int64_t)ch * km1 + i),
+                                     p.x_dtype)
+                     : 0.f;
+  }
+  for (int j = 0; j < p.g; ++j) {
+    const int64_t xi = ((int64_t)n * p.g + j) * p.c + ch;
+    const float xv = load_as_float(p.x, p.x_dtype, xi);
+    float acc = 0.f;
+#pragma unroll
+    for (int i = 0; i < CONV_MAX_K; ++i) {
+      if (i < km1) acc += win[i] * w[i];
+      else if (i == km1) acc += xv * w[i];
+    }
+    store_from_float(p.out, p.x_dtype, xi, acc / (1.f + expf(-acc)));
+    // shift the window: the state after this row is the last km1 inputs
+#pragma unroll
+    for (int i = 0; i < CONV_MAX_K - 1; ++i) {
+      if (i < km1) {
+        const float nv = (i + 1 < km1) ? win[i + 1] : xv;
+        win[i] = nv;
+        store_from_float(p.snaps, p.x_dtype, xi * km1 + i, nv);
+      }
+    }
+  }
+}
+
+// ------------------------------------------------------------------------------------------------
+// accepted-prefix commit
+
+struct CommitParams {
+  const int64_t* accept;
+  const int64_t* group_slot;
+  const int64_t* group_pos;
+  const float* rec_snaps;
+  const void* conv_snaps;
+  float* rec_state;
+  void* conv_state;
+  int64_t* slot_pos;
+  int64_t rec_inner, conv_inner, rs0, rs1, cs0, cs1, nslots;
+  int ng, g, snap_dtype, state_dtype, vec4;
+};
+
+__global__ void commit_kernel(CommitParams p) {
+  const int n = blockIdx.y, l = blockIdx.z;
+  const int64_t slot = clamp_slot(p.group_slot[n], p.nslots);
+  int64_t a = p.accept[n];
+  a = a < 0 ? 0 : (a >= p.g ? p.g - 1 : a);
+  const int64_t snap_row = ((int64_t)l * p.ng + n) * p.g + a;
+  const int64_t tid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+  const int64_t nthr = (int64_t)gridDim.x * blockDim.x;
+  const float* src = p.rec_snaps + snap_row * p.rec_inner;
+  float* dst = p.rec_state + l * p.rs0 + slot * p.rs1;
+  if (p.vec4) {
+    const float4* s4 = (const float4*)src;
+    float4* d4 = (float4*)dst;
+    for (int64_t i = tid; i < p.rec_inner / 4; i += nthr) d4[i] = s4[i];
+  } else {
+    for (int64_t i = tid; i < p.rec_inner; i += nthr) dst[i] = src[i];
+  }
+  const int64_t csrc = snap_row * p.conv_inner;
+  const int64_t cdst = l * p.cs0 + slot * p.cs1;
+  for (int64_t i = tid; i < p.conv_inner; i += nthr)
+    store_from_float(p.conv_state, p.state_dtype, cdst + i,
+                     load_as_float(p.conv_snaps, p.snap_dtype, csrc + i));
+  if (l == 0 && blockIdx.x == 0 && threadIdx.x == 0) p.slot_pos[slot] = p.group_pos[n] + a + 1;
+}
+
+// ------------------------------------------------------------------------------------------------
+// launch helpers
+
+#if STRATA_HAVE_MMA
+constexpr int MAX_DEVICES = 64;
+
+// Raises the dynamic shared-memory limit of one kernel instantiation once per device.
+template <int D, int MT, typename T>
+int prepare_mma_kernel(int device) {
+  static bool done[MAX_DEVICES] = {false};
+  if (device >= 0 && device < MAX_DEVICES && done[device]) return 0;
+  cudaError_t e = cudaFuncSetAttribute(attn_mma_kernel<D, MT, T>,
+                                       cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                       (int)mma_smem_bytes<D, MT>());
+  if (e != cudaSuccess) {
+    g_last_kernel = "cudaFuncSetAttribute(attn_mma_kernel)";
+    return (int)e;
+  }
+  if (device >= 0 && device < MAX_DEVICES) done[device] = true;
+  return 0;
+}
+
+// 1 when the device can run the mma kernel for head dim d: sm_80+ and enough opt-in shared
+// memory for its pipeline (Hopper: 227 KB; an A100's 163 KB is too little for d = 256).
+int device_mma_ok(int device, int d) {
+  static int cc[MAX_DEVICES] = {0};
+  static int smem[MAX_DEVICES] = {0};
+  if (device < 0 || device >= MAX_DEVICES) return 0;
+  if (cc[device] == 0) {
+    int major = 0, optin = 0;
+    if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess ||
+        cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device) !=
+            cudaSuccess) {
+      (void)cudaGetLastError();
+      return 0;
+    }
+    smem[device] = optin;
+    cc[device] = major;
+  }
+  size_t need = d == 64 ? mma_smem_bytes<64, 4>() : d == 128 ? mma_smem_bytes<128, 4>()
+                                                             : mma_smem_bytes<256, 4>();
+  return cc[device] >= 8 && (size_t)smem[device] >= need;
+}
+
+template <int D, typename T>
+int launch_mma_d(AttnParams& p, int ng, int device, cudaStream_t stream) {
+  int mt = p.rows <= 16 ? 1 : (p.rows <= 32 ? 2 : 4);
+  p.nrg = (p.rows + mt * 16 - 1) / (mt * 16);
+  dim3 grid((unsigned)p.nsplit, (unsigned)p.hkv, (unsigned)(ng * p.nrg));
+  int rc = 0;
+  if (mt == 1) {
+    rc = prepare_mma_kernel<D, 1, T>(device);
+    if (!rc) attn_mma_kernel<D, 1, T><<<grid, 128, mma_smem_bytes<D, 1>(), stream>>>(p);
+  } else if (mt == 2) {
+    rc = prepare_mma_kernel<D, 2, T>(device);
+    if (!rc) attn_mma_kernel<D, 2, T><<<grid, 128, mma_smem_bytes<D, 2>(), stream>>>(p);
+  } else {
+    rc = prepare_mma_kernel<D, 4, T>(device);
+    if (!rc) attn_mma_kernel<D, 4, T><<<grid, 128, mma_smem_bytes<D, 4>(), stream>>>(p);
+  }
+  if (rc) return rc;
+  return take_launch_error("grouped_window_attention: attn_mma_kernel");
+}
+#endif  // STRATA_HAVE_MMA
+
+template <typename TC>
+int launch_simt(AttnParams& p, int ng, cudaStream_t stream) {
+  p.nrg = (p.rows + SIMT_ROWS - 1) / SIMT_ROWS;
+  dim3 grid((unsigned)p.nsplit, (unsigned)p.hkv, (unsigned)(ng * p.nrg));
+  const size_t smem =
+      sizeof(float) * ((size_t)SIMT_ROWS * (p.d + 1) + 2 * (size_t)SIMT_KEYS * p.d +
+                       SIMT_ROWS * SIMT_KEYS);
+  if (p.d <= 32) attn_simt_kernel<4, TC><<<grid, 128, smem, stream>>>(p);
+  else if (p.d <= 64) attn_simt_kernel<8, TC><<<grid, 128, smem, stream>>>(p);
+  else if (p.d <= 128) attn_simt_kernel<16, TC><<<grid, 128, smem, stream>>>(p);
+  else attn_simt_kernel<32, TC><<<grid, 128, smem, stream>>>(p);
+  return take_launch_error("grouped_window_attention: attn_simt_kernel");
+}
+
+}  // namespace
+
+// ================================================================================================
+// C API
+
+extern "C" {
+
+const char* strata_gpu_platform(void) { return STRATA_PLATFORM_HIP ? "hip" : "cuda"; }
+
+const char* strata_gpu_error_string(int code) { return cudaGetErrorString((cudaError_t)code); }
+
+const char* strata_gpu_last_kernel(void) { return g_last_kernel; }
+
+int strata_gpu_has_mma(void) { return STRATA_HAVE_MMA; }
+
+int strata_gpu_attn_mma_supported(int head_dim, int rows) {
+  (void)rows;
+  return STRATA_HAVE_MMA && (head_dim == 64 || head_dim == 128 || head_dim == 256);
+}
+
+int strata_gpu_write_kv(void* k_cache, void* v_cache, int cache_dtype, const int64_t* kcs,
+                        const int64_t* vcs, int64_t nslots, int64_t T, const void* k,
+                        const void* v, int kv_dtype, const int64_t* group_slot,
+                        const int64_t* group_pos, int64_t ng, int64_t g, int64_t hkv, int64_t d,
+                        int device, uintptr_t stream) {
+  int rc = use_device(device);
+  if (rc) return rc;
+  if (ng * g == 0) return 0;
+  WriteKvParams p;
+  p.kc = k_cache;
+  p.vc = v_cache;
+  p.k = k;
+  p.v = v;
+  p.group_slot = group_slot;
+  p.group_pos = group_pos;
+  p.ks0 = kcs[0]; p.ks1 = kcs[1]; p.ks2 = kcs[2];
+  p.vs0 = vcs[0]; p.vs1 = vcs[1]; p.vs2 = vcs[2];
+  p.nslots = nslots;
+  p.T = T;
+  p.g = (int)g;
+  p.hkv = (int)hkv;
+  p.d = (int)d;
+  p.cache_dtype = cache_dtype;
+  p.kv_dtype = kv_dtype;
+  write_kv_kernel<<<dim3((unsigned)(ng * g), 2), 256, 0, (cudaStream_t)stream>>>(p);
+  return take_launch_error("write_kv: write_kv_kernel");
+}
+
+int64_t strata_gpu_attention_workspace(int64_t ng, int64_t hkv, int64_t rows, int64_t d,
+                                       int64_t nsplit) {
+  if (nsplit <= 1) return 0;
+  return ng * hkv * nsplit * rows * (d + 2);
+}
+
+int strata_gpu_attention(const void* q, int q_dtype, const void* k_cache, const void* v_cache,
+                         int cache_dtype, const int64_t* kcs, const int64_t* vcs, int64_t nslots,
+                         int64_t T, const int64_t* group_slot, const int64_t* group_pos,
+                         int64_t ng, int64_t g, int64_t hq, int64_t hkv, int64_t d, int64_t ctx,
+                         float scale, void* out, float* workspace, int64_t nsplit, int64_t chunk,
+                         int use_mma, int* path_out, int device, uintptr_t stream) {
+  int rc = use_device(device);
+  if (rc) return rc;
+  (void)T;
+  if (ng * g == 0) return 0;
+  if (hkv <= 0 || hq % hkv != 0 || d <= 0 || d > 256 || ctx < 1 || nsplit < 1 || chunk < 1 ||
+      nsplit * chunk < ctx || nsplit > MAX_SPLITS || (nsplit > 1 && workspace == nullptr)) {
+    g_last_kernel = "grouped_window_attention (bad arguments)";
+    return (int)cudaErrorInvalidValue;
+  }
+  cudaStream_t st = (cudaStream_t)stream;
+  AttnParams p;
+  p.q = q;
+  p.out = out;
+  p.kc = k_cache;
+  p.vc = v_cache;
+  const int64_t rows = (hq / hkv) * g;
+  p.ws_o = workspace;
+  p.ws_ml = workspace ? workspace + ng * hkv * nsplit * rows * d : nullptr;
+  p.group_slot = group_slot;
+  p.group_pos = group_pos;
+  p.ks0 = kcs[0]; p.ks1 = kcs[1]; p.ks2 = kcs[2];
+  p.vs0 = vcs[0]; p.vs1 = vcs[1]; p.vs2 = vcs[2];
+  p.nslots = nslots;
+  p.ctx = ctx;
+  p.chunk = chunk;
+  p.g = (int)g;
+  p.hq = (int)hq;
+  p.hkv = (int)hkv;
+  p.d = (int)d;
+  p.rep = (int)(hq / hkv);
+  p.rows = (int)rows;
+  p.nsplit = (int)nsplit;
+  p.nrg = 1;
+  p.q_dtype = q_dtype;
+  p.scale_log2 = scale * 1.4426950408889634f;
+
+  int path = 0;
+#if STRATA_HAVE_MMA
+  const bool mma_ok =
+      use_mma && q_dtype == cache_dtype && q_dtype != STRATA_DTYPE_F32 &&
+      (d == 64 || d == 128 || d == 256) && aligned16(q) && aligned16(k_cache) &&
+      aligned16(v_cache) && aligned16(out) && (kcs[0] % 8 == 0) && (kcs[1] % 8 == 0) &&
+      (kcs[2] % 8 == 0) && (vcs[0] % 8 == 0) && (vcs[1] % 8 == 0) && (vcs[2] % 8 == 0) &&
+      device_mma_ok(device, (int)d);
+  if (mma_ok) {
+    path = 1;
+    if (q_dtype == STRATA_DTYPE_BF16) {
+      if (d == 64) rc = launch_mma_d<64, BF16>(p, (int)ng, device, st);
+      else if (d == 128) rc = launch_mma_d<128, BF16>(p, (int)ng, device, st);
+      else rc = launch_mma_d<256, BF16>(p, (int)ng, device, st);
+    } else {
+      if (d == 64) rc = launch_mma_d<64, F16>(p, (int)ng, device, st);
+      else if (d == 128) rc = launch_mma_d<128, F16>(p, (int)ng, device, st);
+      else rc = launch_mma_d<256, F16>(p, (int)ng, device, st);
+    }
+  }
+#endif
+  if (path == 0) {
+    if (cache_dtype == STRATA_DTYPE_F32) rc = launch_simt<F32>(p, (int)ng, st);
+    else if (cache_dtype == STRATA_DTYPE_BF16) rc = launch_simt<BF16>(p, (int)ng, st);
+    else rc = launch_simt<F16>(p, (int)ng, st);
+  }
+  if (path_out) *path_out = path;
+  if (rc) return rc;
+  if (nsplit > 1) {
+    const int lanes = (d % 4 == 0) ? (int)(COMBINE_THREADS / (d / 4)) : 1;
+    const size_t smem = sizeof(float) * ((size_t)nsplit + (size_t)(lanes > 0 ? lanes : 1) * d);
+    attn_combine_kernel<<<dim3((unsigned)rows, (unsigned)hkv, (unsigned)ng), COMBINE_THREADS,
+                          smem, st>>>(p);
+    rc = take_launch_error("grouped_window_attention: attn_combine_kernel");
+  }
+  return rc;
+}
+
+int strata_gpu_causal_conv(const void* x, int x_dtype, const void* conv_state, int state_dtype,
+                           int64_t sss, int64_t nslots, const void* weight, int w_dtype,
+                           const int64_t* group_slot, int64_t ng, int64_t g, int64_t c,
+                           int64_t kw, void* out, void* snaps, int device, uintptr_t stream) {
+  int rc = use_device(device);
+  if (rc) return rc;
+  if (ng * g * c == 0) return 0;
+  if (kw < 2 || kw > CONV_MAX_K) {
+    g_last_kernel = "causal_conv_window (kernel width must be in [2, 16])";
+    return (int)cudaErrorInvalidValue;
+  }
+  ConvParams p;
+  p.x = x;
+  p.state = conv_state;
+  p.weight = weight;
+  p.out = out;
+  p.snaps = snaps;
+  p.group_slot = group_slot;
+  p.state_slot_stride = sss;
+  p.nslots = nslots;
+  p.g = (int)g;
+  p.c = (int)c;
+  p.kw = (int)kw;
+  p.x_dtype = x_dtype;
+  p.s_dtype = state_dtype;
+  p.w_dtype = w_dtype;
+  conv_kernel<<<dim3(ceil_div_u(c, 128), (unsigned)ng), 128, 0, (cudaStream_t)stream>>>(p);
+  return take_launch_error("causal_conv_window: conv_kernel");
+}
+
+int strata_gpu_gated_delta(const void* q, int q_dtype, const void* k, int k_dtype, const void* v,
+                           int v_dtype, const void* gate, int g_dtype, const void* beta,
+                           int b_dtype, const float* rec_state, int64_t sss, int64_t nslots,
+                           const int64_t* group_slot, int64_t ng, int64_t g, int64_t h,
+                           int64_t dk, int64_t dv, float* out, float* snaps, int device,
+                           uintptr_t stream) {
+  int rc = use_device(device);
+  if (rc) return rc;
+  if (ng * g * h == 0) return 0;
+  if (dk < 1 || dk > 32 * GDN_GROUPS || dv < 1) {
+    g_last_kernel = "gated_delta_window (Dk must be in [1, 256])";
+    return (int)cudaErrorInvalidValue;
+  }
+  GdnParams p;
+  p.q = q;
+  p.k = k;
+  p.v = v;
+  p.gate = gate;
+  p.beta = beta;
+  p.state = rec_state;
+  p.out = out;
+  p.snaps = snaps;
+  p.group_slot = group_slot;
+  p.state_slot_stride = sss;
+  p.nslots = nslots;
+  p.g = (int)g;
+  p.h = (int)h;
+  p.dk = (int)dk;
+  p.dv = (int)dv;
+  p.q_dtype = q_dtype;
+  p.k_dtype = k_dtype;
+  p.v_dtype = v_dtype;
+  p.g_dtype = g_dtype;
+  p.b_dtype = b_dtype;
+  dim3 grid(ceil_div_u(dv, 32), (unsigned)h, (unsigned)ng);
+  cudaStream_t st = (cudaStream_t)stream;
+  const int64_t kpt = (dk + GDN_GROUPS - 1) / GDN_GROUPS;
+  if (kpt <= 1) gdn_kernel<1><<<grid, 256, 0, st>>>(p);
+  else if (kpt <= 2) gdn_kernel<2><<<grid, 256, 0, st>>>(p);
+  else if (kpt <= 4) gdn_kernel<4><<<grid, 256, 0, st>>>(p);
+  else if (kpt <= 8) gdn_kernel<8><<<grid, 256, 0, st>>>(p);
+  else if (kpt <= 16) gdn_kernel<16><<<grid, 256, 0, st>>>(p);
+  else gdn_kernel<32><<<grid, 256, 0, st>>>(p);
+  return take_launch_error("gated_delta_window: gdn_kernel");
+}
+
+int strata_gpu_commit(const int64_t* accept, const int64_t* group_slot, const int64_t* group_pos,
+                      int64_t ng, int64_t g, int64_t L, const float* rec_snaps, int64_t rec_inner,
+                      const void* conv_snaps, int snap_dtype, int64_t conv_inner,
+                      float* rec_state, const int64_t* rs, void* conv_state, int state_dtype,
+                      const int64_t* cs, int64_t nslots, int64_t* slot_pos, int device,
+                      uintptr_t stream) {
+  int rc = use_device(device);
+  if (rc) return rc;
+  if (ng == 0) return 0;
+  CommitParams p;
+  p.accept = accept;
+  p.group_slot = group_slot;
+  p.group_pos = group_pos;
+  p.rec_snaps = rec_snaps;
+  p.conv_snaps = conv_snaps;
+  p.rec_state = rec_state;
+  p.conv_state = conv_state;
+  p.slot_pos = slot_pos;
+  p.rec_inner = rec_inner;
+  p.conv_inner = conv_inner;
+  p.rs0 = rs[0]; p.rs1 = rs[1];
+  p.cs0 = cs[0]; p.cs1 = cs[1];
+  p.nslots = nslots;
+  p.ng = (int)ng;
+  p.g = (int)g;
+  p.snap_dtype = snap_dtype;
+  p.state_dtype = state_dtype;
+  p.vec4 = (rec_inner % 4 == 0) && aligned16(rec_snaps) && aligned16(rec_state) &&
+           (rs[0] % 4 == 0) && (rs[1] % 4 == 0);
+  const int64_t work = p.vec4 ? rec_inner / 4 : rec_inner;
+  int64_t blocks = (work + 255) / 256;
+  if (blocks < 1) blocks = 1;
+  if (blocks > 64) blocks = 64;
+  if (L < 1) {  // no layers: only slot_pos advances
+    L = 1;
+    p.rec_inner = 0;
+    p.conv_inner = 0;
+  }
+  commit_kernel<<<dim3((unsigned)blocks, (unsigned)ng, (unsigned)L), 256, 0,
+                  (cudaStream_t)stream>>>(p);
+  return take_launch_error("accepted commit: commit_kernel");
+}
+
+}  // extern "C"

@@ -1,0 +1,66 @@
+// strata cyext: host API of the CUDA/HIP kernels (strata_kernels.cu). Plain C types only, so the
+// Cython wrapper needs neither CUDA nor torch headers. Every function enqueues its kernels on
+// `stream` (a cudaStream_t / hipStream_t passed as an integer), allocates nothing and never
+// synchronises, so it can be captured into a CUDA graph. Return value: 0 on success, else the
+// cudaError_t / hipError_t code; strata_gpu_error_string() and strata_gpu_last_kernel() describe it.
+// Strides are in elements. Index values that are out of range are clamped on the device (slots to
+// [0, nslots-1], i.e. a bad slot lands on the scratch slot; accept to [0, g-1]; positions to
+// [0, T-1]) because a kernel cannot raise; the wrapper validates them on request.
+#pragma once
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+const char* strata_gpu_platform(void);         // "cuda" or "hip"
+const char* strata_gpu_error_string(int code);  // cudaGetErrorString / hipGetErrorString
+const char* strata_gpu_last_kernel(void);       // name of the kernel whose launch failed last
+int strata_gpu_has_mma(void);                   // 1 when the tensor-core attention path is built
+int strata_gpu_attn_mma_supported(int head_dim, int rows);  // 1 if that geometry takes the mma path
+
+int strata_gpu_write_kv(void* k_cache, void* v_cache, int cache_dtype, const int64_t* kc_strides,
+                        const int64_t* vc_strides, int64_t nslots, int64_t T, const void* k,
+                        const void* v, int kv_dtype, const int64_t* group_slot,
+                        const int64_t* group_pos, int64_t ng, int64_t g, int64_t hkv, int64_t d,
+                        int device, uintptr_t stream);
+
+// Split-K ("flash-decoding") attention. The key range [0, ctx) is cut into nsplit chunks of
+// `chunk` keys (chunk * nsplit >= ctx). With nsplit == 1 the result is written straight to out;
+// otherwise the partial results go to `workspace` (float32, at least
+// strata_gpu_attention_workspace(...) elements, owned by the caller) and a second kernel merges
+// them. use_mma: 1 = tensor-core path when supported (bf16/fp16, d in {64,128,256}, aligned),
+// 0 = CUDA-core path. Returns the path taken in *path_out (1 mma, 0 simt) when non-null.
+int64_t strata_gpu_attention_workspace(int64_t ng, int64_t hkv, int64_t rows, int64_t d,
+                                       int64_t nsplit);
+int strata_gpu_attention(const void* q, int q_dtype, const void* k_cache, const void* v_cache,
+                         int cache_dtype, const int64_t* kc_strides, const int64_t* vc_strides,
+                         int64_t nslots, int64_t T, const int64_t* group_slot,
+                         const int64_t* group_pos, int64_t ng, int64_t g, int64_t hq, int64_t hkv,
+                         int64_t d, int64_t ctx, float scale, void* out, float* workspace,
+                         int64_t nsplit, int64_t chunk, int use_mma, int* path_out, int device,
+                         uintptr_t stream);
+
+int strata_gpu_causal_conv(const void* x, int x_dtype, const void* conv_state, int state_dtype,
+                           int64_t state_slot_stride, int64_t nslots, const void* weight,
+                           int w_dtype, const int64_t* group_slot, int64_t ng, int64_t g,
+                           int64_t c, int64_t kw, void* out, void* snaps, int device,
+                           uintptr_t stream);
+
+int strata_gpu_gated_delta(const void* q, int q_dtype, const void* k, int k_dtype, const void* v,
+                           int v_dtype, const void* gate, int g_dtype, const void* beta,
+                           int b_dtype, const float* rec_state, int64_t state_slot_stride,
+                           int64_t nslots, const int64_t* group_slot, int64_t ng, int64_t g,
+                           int64_t h, int64_t dk, int64_t dv, float* out, float* snaps,
+                           int device, uintptr_t stream);
+
+int strata_gpu_commit(const int64_t* accept, const int64_t* group_slot, const int64_t* group_pos,
+                      int64_t ng, int64_t g, int64_t L, const float* rec_snaps, int64_t rec_inner,
+                      const void* conv_snaps, int snap_dtype, int64_t conv_inner,
+                      float* rec_state, const int64_t* rec_strides, void* conv_state,
+                      int state_dtype, const int64_t* conv_strides, int64_t nslots,
+                      int64_t* slot_pos, int device, uintptr_t stream);
+
+#ifdef __cplusplus
+}
+#endif

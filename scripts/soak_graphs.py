@@ -1,0 +1,140 @@
+"""Graph-cache soak: many distinct window layouts under a bounded cache and a VRAM reserve.
+
+Keeps 8-12 slots busy with staggered requests of random prompt and output lengths until the
+engine has run --windows windows and seen --min-layouts distinct graph keys, once per reserve.
+Reports crashes, failed requests, captures, evictions, MiB per graph and the device-memory curve
+(used MiB sampled every --sample windows; "flat" = its spread after the first eviction).
+
+    python scripts/soak_graphs.py --device cuda --reserves 700,2048,4096 --graph-key layout
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+from omegaconf import OmegaConf  # noqa: E402
+
+from strata.config import EMBEDDED_MODEL_DIR, StrataConfig  # noqa: E402
+from strata.engine.llm_engine import Engine  # noqa: E402
+from strata.engine.request import Request, SamplingParams  # noqa: E402
+from strata.model.loader import load_checkpoint  # noqa: E402
+
+
+def soak(loaded, device, a, reserve: int, graph_key: str) -> dict:
+    ecfg = OmegaConf.structured(StrataConfig).engine
+    ecfg.slots, ecfg.batch_mtp, ecfg.window_rows = a.slots, True, a.window_rows
+    ecfg.graph_key, ecfg.graph_limit, ecfg.vram_reserve_mib = graph_key, a.limit, reserve
+    ecfg.max_context, ecfg.compile, ecfg.vram_every = a.max_context, a.compile, 0
+    ecfg.context_tier_min = a.tier_min
+    log_lines: list[str] = []
+    eng = Engine(loaded, ecfg, device, log=log_lines.append)
+    eng.trace.keep = False  # the soak keeps its own counters, not every event
+    rng = np.random.default_rng(a.seed)
+    vocab = loaded.args.vocab_size
+    keys: set[str] = set()
+    curve: list[tuple[int, float]] = []
+    n_req = failed = crashes = 0
+    first_evict_at = None
+    t0 = time.perf_counter()
+    orig_emit = eng.trace.emit
+
+    def emit(ev, **f):
+        nonlocal first_evict_at
+        if ev == "window":
+            keys.add(f["key"])
+        elif ev == "evict" and first_evict_at is None:
+            first_evict_at = eng.windows
+        return orig_emit(ev, **f)
+
+    eng.trace.emit = emit
+    while eng.windows < a.windows or (len(keys) < a.min_layouts and time.perf_counter() - t0 < a.max_seconds):
+        if time.perf_counter() - t0 > a.max_seconds:
+            break
+        in_flight = sum(1 for rs in eng.requests.values() if not rs.finished)
+        while in_flight < a.slots + 2:  # keep the queue a little longer than the slots
+            plen = int(rng.integers(4, a.max_prompt))
+            eng.add_request(Request(f"s{n_req}", rng.integers(1, vocab, plen).tolist(),
+                                    SamplingParams(max_tokens=int(rng.integers(2, a.max_tokens)),
+                                                   temperature=float(rng.choice([0.0, 0.8])),
+                                                   seed=n_req, stop_at_eos=False),
+                                    arrival_step=eng.steps + int(rng.integers(0, 3)), stream_text=False))
+            n_req += 1
+            in_flight += 1
+        try:
+            for o in eng.step():
+                if o.finished:
+                    failed += o.finish_reason == "error"
+                    eng.release(o.id)
+        except Exception as e:  # the engine must never raise out of step(); count it
+            crashes += 1
+            print(f"CRASH: {type(e).__name__}: {e}", flush=True)
+            break
+        if eng.windows % a.sample == 0 and (not curve or curve[-1][0] != eng.windows):
+            used = (torch.cuda.mem_get_info(device)[1] - torch.cuda.mem_get_info(device)[0]) / 2**20 \
+                if device.type == "cuda" else eng.cache.graphs_mib
+            curve.append((eng.windows, round(used, 1)))
+    c = eng.cache
+    sizes = [e.mib for e in c.entries.values()]
+    after = [u for w, u in curve if first_evict_at is not None and w >= first_evict_at]
+    res = {"reserve_mib": reserve, "graph_key": graph_key, "graph_limit": a.limit,
+           "windows": eng.windows, "distinct_keys": len(keys), "requests": n_req,
+           "failed_requests": failed, "crashes": crashes, "captures": c.captures,
+           "evictions": c.evictions, "eager_windows": c.eager, "hits": c.hits,
+           "mib_per_graph": round(float(np.median(sizes)), 2) if sizes else None,
+           "graphs_mib_held": round(c.graphs_mib, 1), "first_evict_at_window": first_evict_at,
+           "used_mib_spread_after_first_evict": round(max(after) - min(after), 1) if after else None,
+           "curve": curve, "seconds": round(time.perf_counter() - t0, 1),
+           "warnings": [x for x in log_lines if x.startswith("WARNING")]}
+    eng.close()
+    return res
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", default=EMBEDDED_MODEL_DIR)
+    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--dtype", default="float32")
+    ap.add_argument("--reserves", default="700,2048,4096")
+    ap.add_argument("--graph-keys", default="layout")
+    ap.add_argument("--limit", type=int, default=32)
+    ap.add_argument("--slots", type=int, default=12)
+    ap.add_argument("--window-rows", type=int, default=8)
+    ap.add_argument("--windows", type=int, default=10000)
+    ap.add_argument("--min-layouts", type=int, default=500)
+    ap.add_argument("--max-seconds", type=float, default=120.0)
+    ap.add_argument("--max-context", type=int, default=512)
+    ap.add_argument("--tier-min", type=int, default=64)
+    ap.add_argument("--max-prompt", type=int, default=48)
+    ap.add_argument("--max-tokens", type=int, default=40)
+    ap.add_argument("--compile", default="off")
+    ap.add_argument("--sample", type=int, default=250)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--json")
+    a = ap.parse_args()
+    device = torch.device(a.device)
+    loaded = load_checkpoint(a.model, a.dtype, device, log=lambda s: None)
+    results = []
+    for key in a.graph_keys.split(","):
+        for reserve in [int(x) for x in a.reserves.split(",")]:
+            r = soak(loaded, device, a, reserve, key)
+            results.append(r)
+            print(f"key={key} reserve={reserve}: windows {r['windows']}, distinct keys {r['distinct_keys']}, "
+                  f"requests {r['requests']}, failed {r['failed_requests']}, crashes {r['crashes']}, "
+                  f"captures {r['captures']}, evictions {r['evictions']}, eager {r['eager_windows']}, "
+                  f"MiB/graph {r['mib_per_graph']}, used-MiB spread after 1st eviction "
+                  f"{r['used_mib_spread_after_first_evict']}, {r['seconds']} s", flush=True)
+    if a.json:
+        Path(a.json).write_text(json.dumps(results, indent=1))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,83 @@
+"""Shared fixtures: tiny random qwen3_next checkpoints, written once per session into tmp dirs.
+
+CONFIGS differ in attention heads, full_attention_interval, experts and top-k, DeltaNet
+value/key head ratio, norm_topk_prob, tied embeddings and dense (mlp_only) layers, so that the
+parity tests see every branch of the model. Helpers used by several test files live here too
+(`from conftest import rel_err`).
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+
+from strata.model.tiny import make_tiny_random
+
+CONFIGS: dict[str, dict] = {
+    # 3 DeltaNet + 1 attention, 4 q / 2 kv heads, 8 experts top-2 renormalised,
+    # 4 DeltaNet value heads over 2 key heads.
+    "base": dict(),
+    # Interval 2 (l, f, l, f), 2 q / 1 kv heads of 32, half rotary, 4 experts top-1 without
+    # renormalisation, equal DeltaNet key/value heads, tied embeddings.
+    "tied": dict(num_attention_heads=2, num_key_value_heads=1, head_dim=32,
+                 partial_rotary_factor=0.5, full_attention_interval=2, num_experts=4,
+                 num_experts_per_tok=1, norm_topk_prob=False, linear_num_key_heads=2,
+                 linear_num_value_heads=2, tie_word_embeddings=True, seed=1),
+    # Interval 3 over 3 layers, 6 q / 3 kv heads of 8, 16 experts top-4 without
+    # renormalisation, a dense MLP layer, DeltaNet 3 value heads over 1 key head, Dv != Dk.
+    "wide": dict(num_hidden_layers=3, full_attention_interval=3, num_attention_heads=6,
+                 num_key_value_heads=3, head_dim=8, num_experts=16, num_experts_per_tok=4,
+                 norm_topk_prob=False, mlp_only_layers=[1], linear_num_key_heads=1,
+                 linear_num_value_heads=3, linear_key_head_dim=8, linear_value_head_dim=12,
+                 moe_intermediate_size=16, seed=2),
+}
+
+
+def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
+    """||a - b|| / ||b|| in float64."""
+    a, b = a.detach().double().cpu(), b.detach().double().cpu()
+    return ((a - b).norm() / b.norm().clamp_min(1e-30)).item()
+
+
+@pytest.fixture(scope="session")
+def tiny_ckpts(tmp_path_factory) -> dict[str, Path]:
+    """name -> checkpoint directory (float32, with mtp.* and tokenizer.json), for CONFIGS."""
+    out = {}
+    for name, overrides in CONFIGS.items():
+        kw = dict(overrides)
+        seed = kw.pop("seed", 0)
+        out[name] = make_tiny_random(tmp_path_factory.mktemp(f"ckpt-{name}"), seed=seed, **kw)
+    return out
+
+
+@pytest.fixture(scope="session")
+def tiny_ckpt(tiny_ckpts) -> Path:
+    """The base configuration's checkpoint (read-only: copy it before changing anything)."""
+    return tiny_ckpts["base"]
+
+
+@pytest.fixture(scope="session")
+def tiny_ckpt_no_mtp(tmp_path_factory) -> Path:
+    """A checkpoint without mtp.* tensors."""
+    return make_tiny_random(tmp_path_factory.mktemp("ckpt-nomtp"), seed=3, with_mtp=False)
+
+
+@pytest.fixture
+def ckpt_copy(tiny_ckpt, tmp_path):
+    """A fresh writable copy of the base checkpoint, for tests that damage it."""
+    dst = tmp_path / "ckpt"
+    shutil.copytree(tiny_ckpt, dst)
+    return dst
+
+
+@pytest.fixture(scope="module")
+def single_thread():
+    """One intra-op thread for the module: these tiny models gain nothing from more, and on a
+    busy 2-core machine OpenMP spin-waiting makes 2 threads several times slower."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)

@@ -1,0 +1,417 @@
+"""The graph cache and memory budget on CPU (recording backend): DESIGN.md section 5,
+SCHEDULING.md "Graph cache".
+
+Unit level: LRU order, a hit refreshes, pinned entries survive, limit 0 is unbounded, limit vs
+memory evictions, the planned size (estimate, then the last measured capture), the eager
+fallback with its warning logged once, capture failures, the MemoryBudget / fit_slots
+arithmetic with hand-computed numbers. Engine level: a tiny device budget forces eager windows
+(warning once), a budget for exactly two graphs evicts for memory, graph_limit=2 with 8 slots
+evicts for the limit, and every run's output equals graphs=false; the trace's cache actions
+replay against an independent LRU model.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from collections import OrderedDict
+
+import pytest
+import torch
+from omegaconf import OmegaConf
+
+from strata.config import StrataConfig
+from strata.engine.graph_cache import GraphCache, RecordingBackend
+from strata.engine.llm_engine import Engine
+from strata.engine.memory import MemoryBudget, fit_slots
+from strata.engine.request import Request, SamplingParams
+from strata.model.tiny import make_tiny_random
+from strata.trace import TraceWriter
+
+torch.set_num_threads(1)
+
+
+@pytest.fixture(autouse=True)
+def _no_env(monkeypatch):
+    monkeypatch.delenv("STRATA_BATCH_MTP", raising=False)
+
+
+# ---------------------------------------------------------------------------------------------
+# GraphCache unit tests
+# ---------------------------------------------------------------------------------------------
+
+class CountingBackend(RecordingBackend):
+    def __init__(self, graph_mib, fail=None):
+        super().__init__(graph_mib)
+        self.released: list = []
+        self.captured: list = []
+        self.fail = fail
+
+    def capture(self, fn):
+        if self.fail is not None:
+            raise self.fail
+        self.captured.append(fn)
+        return super().capture(fn)
+
+    def release(self, handle):
+        self.released.append(handle())
+
+
+def make_cache(limit=0, total=10_000.0, reserve=0.0, weights=0.0, slot=0.0, slots=0,
+               graph_mib=16.0, estimate=16.0, fail=None):
+    budget = MemoryBudget(total, reserve, weights, slot, slots)
+    trace = TraceWriter()
+    logs: list[str] = []
+    cache = GraphCache(limit, CountingBackend(graph_mib, fail), budget, trace, estimate,
+                       log=logs.append)
+    return cache, trace, logs
+
+
+def use(cache, key, pinned=()):
+    """One window with `key`: returns the graph action, after running the chosen runner."""
+    warmed = []
+    action, run = cache.lookup(key, set(pinned) | {key}, lambda: (lambda: key), lambda: warmed.append(1))
+    assert run() == key  # the runner runs this window's plan
+    return action
+
+
+def evicts(trace):
+    return [(ev["key"], ev["reason"]) for ev in trace.events if ev["ev"] == "evict"]
+
+
+def test_lru_order_and_limit_eviction():
+    cache, trace, _ = make_cache(limit=3)
+    assert [use(cache, k) for k in "abc"] == ["capture"] * 3
+    assert use(cache, "d") == "capture"
+    assert evicts(trace) == [("a", "limit")]
+    assert list(cache.entries) == ["b", "c", "d"]
+    assert use(cache, "e") == "capture"
+    assert evicts(trace) == [("a", "limit"), ("b", "limit")]
+    assert cache.backend.released == ["a", "b"]
+    assert (cache.captures, cache.hits, cache.evictions) == (5, 0, 2)
+
+
+def test_hit_refreshes_entry():
+    cache, trace, _ = make_cache(limit=3)
+    for k in "abc":
+        use(cache, k)
+    assert use(cache, "a") == "hit"
+    assert list(cache.entries) == ["b", "c", "a"]
+    use(cache, "d")
+    assert evicts(trace) == [("b", "limit")]
+    assert use(cache, "a") == "hit"
+    assert use(cache, "c") == "hit"
+    use(cache, "e")
+    assert evicts(trace)[-1] == ("d", "limit")
+    assert cache.hits == 3 and len(cache.backend.captured) == 5  # a hit never re-captures
+
+
+def test_pinned_entry_survives_eviction():
+    cache, trace, _ = make_cache(limit=3)
+    for k in "abc":
+        use(cache, k)
+    use(cache, "d", pinned={"a"})  # a is least recently used but pinned: b goes
+    assert evicts(trace) == [("b", "limit")]
+    assert "a" in cache.entries
+    # everything pinned: nothing is evicted (the cache may exceed its limit for this window)
+    use(cache, "e", pinned={"a", "c", "d"})
+    assert evicts(trace) == [("b", "limit")]
+    assert set(cache.entries) == {"a", "c", "d", "e"}
+    use(cache, "f")
+    assert evicts(trace)[-1] == ("a", "limit")
+
+
+def test_limit_zero_is_unbounded():
+    cache, trace, _ = make_cache(limit=0)
+    for i in range(60):
+        assert use(cache, f"k{i}") == "capture"
+    assert len(cache.entries) == 60 and evicts(trace) == []
+    assert cache.graphs_mib == 60 * 16.0
+
+
+def test_memory_eviction_keeps_what_fits():
+    # budget for graphs = 100 - 20 - (30 + 2 x 5) = 40 MiB: two graphs of 16
+    cache, trace, logs = make_cache(limit=10, total=100, reserve=20, weights=30, slot=5, slots=2)
+    assert use(cache, "a") == "capture" and use(cache, "b") == "capture"
+    assert cache.graphs_mib == 32
+    assert use(cache, "c") == "capture"
+    assert evicts(trace) == [("a", "memory")]
+    assert use(cache, "b") == "hit"
+    assert use(cache, "d") == "capture"
+    assert evicts(trace) == [("a", "memory"), ("c", "memory")]
+    assert not logs  # nothing ran eagerly
+
+
+def test_limit_then_memory_eviction_in_one_miss():
+    # graph budget 40 MiB, limit 2: a miss on a full cache evicts for the limit first, then
+    # for memory while the planned size (the last measured capture) does not fit
+    cache, trace, _ = make_cache(limit=2, total=100, reserve=20, weights=30, slot=5, slots=2,
+                                 graph_mib=12, estimate=12)
+    use(cache, "a")
+    use(cache, "b")  # 24 MiB held, 16 left
+    cache.backend.graph_mib = 24  # the next capture measures 24
+    use(cache, "c")  # limit evicts a; 12 planned fits 28; the capture measures 24 (held 36)
+    assert evicts(trace) == [("a", "limit")]
+    use(cache, "d")  # limit evicts b: 24 held, 16 left < 24 planned: memory evicts c
+    assert evicts(trace) == [("a", "limit"), ("b", "limit"), ("c", "memory")]
+    assert list(cache.entries) == ["d"]
+
+
+def test_planned_size_is_estimate_then_last_measured():
+    # budget 40; the estimate (50) does not fit although a real capture (16) would
+    cache, trace, logs = make_cache(total=100, reserve=20, weights=30, slot=5, slots=2, estimate=50)
+    assert use(cache, "a") == "eager"
+    # a small estimate lets the first capture happen; its measured 30 MiB plans the next
+    cache, trace, logs = make_cache(total=100, reserve=20, weights=30, slot=5, slots=2,
+                                    estimate=1, graph_mib=30)
+    assert use(cache, "a") == "capture"
+    assert use(cache, "b") == "capture"  # a (30) is evicted for memory: 30 fits 40
+    assert evicts(trace) == [("a", "memory")]
+
+
+def test_eager_fallback_warns_once():
+    # budget 100 - 20 - 70 = 10 MiB < 16 planned: nothing is ever captured
+    cache, trace, logs = make_cache(limit=4, total=100, reserve=20, weights=60, slot=5, slots=2)
+    assert [use(cache, k) for k in ("a", "b", "a", "c")] == ["eager"] * 4
+    assert cache.eager == 4 and not cache.entries and not cache.backend.captured
+    warn = [s for s in logs if s.startswith("WARNING")]
+    assert len(warn) == 1 and "graph memory" in warn[0] and "eager" in warn[0]
+    assert [ev["ev"] for ev in trace.events] == ["warning"]
+
+
+def test_capture_failure_runs_eagerly_and_warns_once():
+    cache, trace, logs = make_cache(fail=RuntimeError("cudaErrorStreamCaptureInvalidated"))
+    assert use(cache, "a") == "eager" and use(cache, "b") == "eager"
+    assert not cache.entries
+    warn = [s for s in logs if s.startswith("WARNING")]
+    assert len(warn) == 1 and "cudaErrorStreamCaptureInvalidated" in warn[0]
+
+
+def test_drop_evicts_with_reason_error():
+    cache, trace, _ = make_cache()
+    use(cache, "a")
+    cache.drop("a")
+    cache.drop("missing")  # no entry: nothing happens
+    assert evicts(trace) == [("a", "error")]
+    assert use(cache, "a") == "capture"
+
+
+# ---------------------------------------------------------------------------------------------
+# MemoryBudget and fit_slots, hand-computed
+# ---------------------------------------------------------------------------------------------
+
+def test_memory_budget_arithmetic():
+    b = MemoryBudget(total_mib=24576, reserve_mib=2048, weights_mib=1.5, slot_mib=0.25, slots=4)
+    assert b.planned_mib() == 2.5
+    assert b.graph_budget_mib(0) == 24576 - 2048 - 2.5 == 22525.5
+    assert b.graph_budget_mib(32) == 22493.5
+    assert b.free_mib(32) == 24576 - 2.5 - 32 == 24541.5
+    d = b.as_dict()
+    assert d == {"total_mib": 24576, "weights_mib": 1.5, "slot_mib": 0.25, "slots": 4,
+                 "reserve_mib": 2048}
+    # on CUDA the budget is also capped by the device's free memory minus the reserve
+    c = MemoryBudget(24576, 2048, 1.5, 0.25, 4, device_free_mib=lambda: 3000.0)
+    assert c.graph_budget_mib(32) == 3000 - 2048 == 952
+    c = MemoryBudget(24576, 2048, 1.5, 0.25, 4, device_free_mib=lambda: 1e9)
+    assert c.graph_budget_mib(32) == 22493.5
+
+
+def test_fit_slots_arithmetic():
+    # floor((total - reserve - weights - one graph) / per slot), capped at asked
+    assert fit_slots(8, 1000, 200, 100, 50, 16) == 8  # room 684 -> 13
+    assert fit_slots(20, 1000, 200, 100, 50, 16) == 13
+    assert fit_slots(20, 1000, 200, 100, 50, 34) == 13  # room 666 -> 13.32
+    assert fit_slots(20, 1000, 200, 100, 50, 35) == 13  # room 665 -> 13.3
+    assert fit_slots(20, 1000, 200, 100, 50, 66) == 12  # room 634 -> 12.68
+    assert fit_slots(4, 300, 200, 100, 50, 16) == 0  # nothing left
+    assert fit_slots(4, 316, 200, 100, 16, 0) == 1
+    assert fit_slots(3, 10, 0, 0, 0.0, 0) == 3
+
+
+# ---------------------------------------------------------------------------------------------
+# Engine level
+# ---------------------------------------------------------------------------------------------
+
+@pytest.fixture(scope="session")
+def model_dir(tmp_path_factory):
+    return make_tiny_random(tmp_path_factory.mktemp("graphs-random"), seed=7, tokenizer=False)
+
+
+@pytest.fixture(scope="session")
+def no_mtp_dir(tmp_path_factory):
+    return make_tiny_random(tmp_path_factory.mktemp("graphs-nomtp"), seed=7, with_mtp=False,
+                            tokenizer=False)
+
+
+def build(model_dir, **knobs):
+    cfg = OmegaConf.structured(StrataConfig)
+    cfg.device = "cpu"
+    cfg.model.path = str(model_dir)
+    cfg.engine.max_context = 256
+    for k, v in knobs.items():
+        setattr(cfg.engine, k, v)
+    logs: list[str] = []
+    eng = Engine.from_config(cfg, log=logs.append)
+    eng.logs = logs
+    return eng
+
+
+@pytest.fixture(scope="session")
+def facts(model_dir):
+    """weights and per-slot MiB as the engine reports them (config trace line)."""
+    mem = build(model_dir, slots=4).trace.events[0]["memory"]
+    return mem["weights_mib"], mem["slot_mib"]
+
+
+def workload(n=8, seed=0):
+    rng = random.Random(seed)
+    return [Request(f"g{i}", [rng.randrange(1, 512) for _ in range(rng.randint(2, 9))],
+                    SamplingParams(max_tokens=rng.randint(4, 10), stop_at_eos=False),
+                    arrival_step=rng.randint(0, 6)) for i in range(n)]
+
+
+def run(eng, requests):
+    for r in requests:
+        eng.add_request(r)
+    while eng.has_work():
+        eng.step()
+    return {rid: rs.emitted for rid, rs in eng.requests.items()}
+
+
+def check_cache_trace(events, limit: int):
+    """Replay the window/evict events against an independent LRU model of SCHEDULING.md."""
+    entries: OrderedDict[str, None] = OrderedDict()
+    pending: list[dict] = []
+    for ev in events:
+        if ev["ev"] == "evict":
+            if ev["reason"] == "error":
+                entries.pop(ev["key"])
+            else:
+                pending.append(ev)
+        elif ev["ev"] == "window":
+            key, action = ev["key"], ev["graph"]
+            if action == "hit":
+                assert key in entries and not pending
+                entries.move_to_end(key)
+                continue
+            assert key not in entries, f"miss on a cached key {key}"
+            for i, e in enumerate(pending):
+                assert e["step"] == ev["step"]
+                victim = next(iter(entries))
+                assert e["key"] == victim, f"evicted {e['key']}, LRU is {victim}"
+                if e["reason"] == "limit":
+                    assert i == 0 and limit > 0 and len(entries) == limit
+                entries.pop(victim)
+            pending = []
+            if action == "capture":
+                entries[key] = None
+                assert limit == 0 or len(entries) <= limit
+    assert not pending
+    return entries
+
+
+def cache_events(eng, name, **match):
+    return [ev for ev in eng.trace.events if ev["ev"] == name
+            and all(ev.get(k) == v for k, v in match.items())]
+
+
+@pytest.mark.parametrize("graph_key", ["layout", "shape"])
+def test_graph_limit_2_with_8_slots(model_dir, graph_key):
+    ref = run(build(model_dir, slots=8, graphs=False), workload())
+    eng = build(model_dir, slots=8, graphs=True, graph_key=graph_key, graph_limit=2)
+    out = run(eng, workload())
+    assert out == ref
+    assert len(eng.scheduler.slots) == 8
+    ev = cache_events(eng, "evict")
+    assert ev and all(e["reason"] == "limit" for e in ev)
+    assert cache_events(eng, "window", graph="capture") and cache_events(eng, "window", graph="hit")
+    assert len(eng.cache.entries) <= 2
+    check_cache_trace(eng.trace.events, 2)
+    assert eng.stats()["graph_evictions"] == len(ev)
+
+
+def test_graphs_off_never_touches_the_cache(model_dir):
+    eng = build(model_dir, slots=4, graphs=False)
+    run(eng, workload(4))
+    assert eng.cache is None
+    assert {ev["graph"] for ev in cache_events(eng, "window")} == {"eager"}
+    assert not cache_events(eng, "evict")
+
+
+def test_budget_for_two_graphs_evicts_for_memory(model_dir, facts):
+    weights, slot = facts
+    reserve = 8
+    total = math.ceil(reserve + weights + 4 * slot + 40)  # graph budget in [40, 41): two of 16
+    eng = build(model_dir, slots=4, graphs=True, graph_key="layout", graph_limit=0,
+                cpu_device_mib=total, vram_reserve_mib=reserve, cpu_graph_mib=16.0,
+                graph_mib_estimate=16.0)
+    assert len(eng.scheduler.slots) == 4 and eng.batch_mtp
+    out = run(eng, workload(6, seed=1))
+    assert out == run(build(model_dir, slots=4, graphs=False), workload(6, seed=1))
+    ev = cache_events(eng, "evict")
+    assert ev and all(e["reason"] == "memory" for e in ev)
+    assert not cache_events(eng, "window", graph="eager")
+    assert len(eng.cache.entries) <= 2
+    check_cache_trace(eng.trace.events, 0)
+    assert not [s for s in eng.logs if s.startswith("WARNING")]
+
+
+def test_tiny_budget_forces_eager_with_one_warning(model_dir, facts):
+    weights, slot = facts
+    reserve = 8
+    total = math.ceil(reserve + weights + 4 * slot + 16) + 1  # room for the 16 MiB estimate
+    eng = build(model_dir, slots=4, graphs=True, graph_key="layout", graph_limit=8,
+                cpu_device_mib=total, vram_reserve_mib=reserve, cpu_graph_mib=64.0,
+                graph_mib_estimate=16.0)
+    assert len(eng.scheduler.slots) == 4
+    out = run(eng, workload(6, seed=2))
+    assert out == run(build(model_dir, slots=4, graphs=False), workload(6, seed=2))
+    eager = cache_events(eng, "window", graph="eager")
+    assert len(eager) >= 3
+    warn = [s for s in eng.logs if s.startswith("WARNING")]
+    assert len(warn) == 1 and "graph memory exhausted" in warn[0], warn
+    assert len(cache_events(eng, "warning")) == 1
+    # the one capture that fitted the estimate measured 64 MiB and was evicted for memory
+    assert all(e["reason"] == "memory" for e in cache_events(eng, "evict"))
+    check_cache_trace(eng.trace.events, 8)
+    assert eng.stats()["graph_eager"] == len(eager)
+
+
+def test_slot_count_follows_memory(no_mtp_dir):
+    probe = build(no_mtp_dir, slots=4, batch_mtp=False).trace.events[0]["memory"]
+    weights, slot = probe["weights_mib"], probe["slot_mib"]
+    reserve, total = 8, 64
+    # room = total - reserve - weights - graph_mib_estimate = 2.5 slots: two slots run
+    est = total - reserve - weights - 2.5 * slot
+    eng = build(no_mtp_dir, slots=4, cpu_device_mib=total, vram_reserve_mib=reserve,
+                graph_mib_estimate=est, batch_mtp=False)
+    assert len(eng.scheduler.slots) == 2
+    assert any(s.startswith("INFO slots=2 (asked 4)") for s in eng.logs), eng.logs
+    assert eng.trace.events[0]["memory"]["slots"] == 2
+    assert eng.trace.events[0]["engine"]["slots"] == 2
+    out = run(eng, workload(4))
+    assert all(len(v) == eng.requests[k].req.params.max_tokens for k, v in out.items())
+    # nothing fits: a config error that says what to lower
+    with pytest.raises(Exception, match="engine.slots"):
+        build(no_mtp_dir, slots=4, cpu_device_mib=total, vram_reserve_mib=reserve,
+              graph_mib_estimate=total - reserve - weights - 0.5 * slot, batch_mtp=False)
+
+
+def test_draft_state_that_does_not_fit_turns_batch_mtp_off(model_dir, facts):
+    weights, slot = facts
+    reserve, total = 8, 64
+    # room for 3.5 slots with their draft state, more than 4 without it
+    est = total - reserve - weights - 3.5 * slot
+    eng = build(model_dir, slots=4, cpu_device_mib=total, vram_reserve_mib=reserve,
+                graph_mib_estimate=est, batch_mtp=True)
+    assert not eng.batch_mtp and not eng.drafting
+    assert len(eng.scheduler.slots) == 4
+    off = [s for s in eng.logs if s.startswith("WARNING: batch_mtp is off: ")]
+    assert len(off) == 1 and "draft state" in off[0]
+    # the slots that run, with what is allocated and charged for them, fit beside the reserve
+    # and one graph (fit_slots' rule); with drafting off no draft state should be held
+    assert eng.budget.planned_mib() <= total - reserve - est + 1e-6, \
+        (eng.budget.planned_mib(), total - reserve - est)
+    assert not [s for s in eng.logs if "graph memory exhausted" in s]
+    run(eng, workload(4))
+    assert all(rs.reason == "length" for rs in eng.requests.values())

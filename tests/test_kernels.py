@@ -1,0 +1,401 @@
+"""CPU kernels of the cyext extension (strata.kernels.strata_cpu) against strata.kernels.reference,
+argument checks, the ops dispatch, and that the CUDA extension is built when nvcc is present."""
+
+from __future__ import annotations
+
+import importlib
+import os
+import shutil
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from strata.kernels import cyext_ops as C
+from strata.kernels import ops
+from strata.kernels import reference as R
+
+pytestmark = pytest.mark.skipif(not C.cpu_available(),
+                                reason=f"strata_cpu not built: {C.CPU_IMPORT_ERROR}")
+
+TOL = {torch.float32: dict(rtol=1e-4, atol=1e-5), torch.bfloat16: dict(rtol=2e-2, atol=2e-2),
+       torch.float16: dict(rtol=5e-3, atol=5e-3)}
+
+
+def _gen(seed):
+    return torch.Generator().manual_seed(seed)
+
+
+def _slots(gen, ng, S):
+    """Distinct real slots, then padding groups on the scratch slot S."""
+    n_real = int(torch.randint(1, min(ng, S) + 1, (1,), generator=gen))
+    real = torch.randperm(S, generator=gen)[:n_real]
+    return torch.cat([real, torch.full((ng - n_real,), S, dtype=torch.int64)])
+
+
+# ---------------------------------------------------------------------------------------------
+# attention
+
+
+def _attn_random_case(seed, dtype):
+    gen = _gen(seed)
+    hkv = int(torch.randint(1, 4, (1,), generator=gen))
+    rep = [1, 2, 3, 4, 8][int(torch.randint(0, 5, (1,), generator=gen))]
+    d = [8, 16, 24, 32, 64][int(torch.randint(0, 5, (1,), generator=gen))]
+    g = int(torch.randint(1, 9, (1,), generator=gen))
+    ng = int(torch.randint(1, 6, (1,), generator=gen))
+    S = int(torch.randint(1, 5, (1,), generator=gen))
+    T = int(torch.randint(g, 300, (1,), generator=gen))
+    ctx = int(torch.randint(1, T + 1, (1,), generator=gen))
+    kc = torch.randn(S + 1, T, hkv, d, generator=gen).to(dtype)
+    vc = torch.randn(S + 1, T, hkv, d, generator=gen).to(dtype)
+    q = torch.randn(ng, g, hkv * rep, d, generator=gen).to(dtype)
+    gs = _slots(gen, ng, S)
+    gp = torch.randint(0, T - g + 1, (ng,), generator=gen)
+    return q, kc, vc, gs, gp, ctx, d ** -0.5
+
+
+@pytest.mark.parametrize("seed", range(24))
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_attention_random(seed, dtype):
+    q, kc, vc, gs, gp, ctx, scale = _attn_random_case(seed, dtype)
+    ref = R.grouped_window_attention(q, kc, vc, gs, gp, ctx, scale)
+    out = C.cpu_grouped_window_attention(q, kc, vc, gs, gp, ctx, scale)
+    assert out.dtype == dtype and out.shape == q.shape
+    torch.testing.assert_close(out.float(), ref.float(), **TOL[dtype])
+
+
+@pytest.mark.parametrize("g", range(1, 9))
+def test_attention_window_rows(g):
+    # Qwen3-Next-like geometry, every window size, rows near / past ctx, padding on scratch
+    gen = _gen(100 + g)
+    S, T, hkv, hq, d, ctx = 3, 200, 2, 16, 64, 180
+    kc = torch.randn(S + 1, T, hkv, d, generator=gen)
+    vc = torch.randn(S + 1, T, hkv, d, generator=gen)
+    q = torch.randn(4, g, hq, d, generator=gen)
+    gs = torch.tensor([2, 0, S, S])
+    gp = torch.tensor([ctx - 1, 0, 0, 190 - g])
+    ref = R.grouped_window_attention(q, kc, vc, gs, gp, ctx, 0.125)
+    out = C.cpu_grouped_window_attention(q, kc, vc, gs, gp, ctx, 0.125)
+    torch.testing.assert_close(out, ref, **TOL[torch.float32])
+
+
+def test_attention_float16_and_mixed_dtypes():
+    q, kc, vc, gs, gp, ctx, scale = _attn_random_case(7, torch.float16)
+    ref = R.grouped_window_attention(q, kc, vc, gs, gp, ctx, scale)
+    out = C.cpu_grouped_window_attention(q, kc, vc, gs, gp, ctx, scale)
+    torch.testing.assert_close(out.float(), ref.float(), **TOL[torch.float16])
+    # q in float32, caches in bfloat16 (the reference upcasts both)
+    q32 = q.float()
+    kcb, vcb = kc.bfloat16(), vc.bfloat16()
+    ref = R.grouped_window_attention(q32, kcb, vcb, gs, gp, ctx, scale)
+    out = C.cpu_grouped_window_attention(q32, kcb, vcb, gs, gp, ctx, scale)
+    torch.testing.assert_close(out, ref, **TOL[torch.float32])
+
+
+def test_attention_strided_cache_view():
+    gen = _gen(5)
+    L, S, T, hkv, d = 3, 2, 64, 2, 16
+    kst = torch.randn(L, S + 1, T, hkv, d, generator=gen)
+    vst = torch.randn(L, S + 1, T, hkv, d, generator=gen)
+    q = torch.randn(2, 3, 4, d, generator=gen)
+    gs, gp = torch.tensor([1, 0]), torch.tensor([20, 61])
+    for kc, vc in ((kst[1], vst[1]), (kst[2][:, ::2], vst[2][:, ::2])):
+        ctx = kc.shape[1]
+        gpc = gp.clamp(max=ctx - 3)
+        ref = R.grouped_window_attention(q, kc, vc, gs, gpc, ctx, 0.25)
+        out = C.cpu_grouped_window_attention(q, kc, vc, gs, gpc, ctx, 0.25)
+        torch.testing.assert_close(out, ref, **TOL[torch.float32])
+
+
+# ---------------------------------------------------------------------------------------------
+# write_kv, conv, delta rule, commit
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_write_kv(dtype):
+    gen = _gen(1)
+    S, T, hkv, d, ng, g = 3, 20, 2, 8, 4, 5
+    kc = torch.randn(S + 1, T, hkv, d, generator=gen).to(dtype)
+    vc = torch.randn(S + 1, T, hkv, d, generator=gen).to(dtype)
+    k = torch.randn(ng, g, hkv, d, generator=gen)
+    v = torch.randn(ng, g, hkv, d, generator=gen)
+    gs = torch.tensor([0, 2, 1, S])
+    gp = torch.tensor([0, 7, T - 2, 3])  # rows past T - 1 clamp onto the last position
+    kr, vr = kc.clone(), vc.clone()
+    R.write_kv(kr, vr, k, v, gs, gp)
+    C.cpu_write_kv(kc, vc, k, v, gs, gp)
+    # positions hit twice (clamped padding rows): the last row wins in both
+    assert torch.equal(kc[:S], kr[:S]) and torch.equal(vc[:S], vr[:S])
+
+
+@pytest.mark.parametrize("seed", range(6))
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_causal_conv(seed, dtype):
+    gen = _gen(seed)
+    ng, g, c = int(torch.randint(1, 5, (1,), generator=gen)), seed % 8 + 1, 37
+    kw = [2, 3, 4][seed % 3]
+    S = 3
+    x = torch.randn(ng, g, c, generator=gen).to(dtype)
+    cs = torch.randn(S + 1, c, kw - 1, generator=gen)  # float32 state, x in model dtype
+    w = torch.randn(c, kw, generator=gen).to(dtype)
+    gs = _slots(gen, ng, S)
+    ro, rs = R.causal_conv_window(x, cs, w, gs)
+    co, csn = C.cpu_causal_conv_window(x, cs, w, gs)
+    torch.testing.assert_close(co.float(), ro.float(), **TOL[dtype])
+    assert torch.equal(csn, rs)
+
+
+def _gdn_case(seed, dtype):
+    gen = _gen(seed)
+    ng = int(torch.randint(1, 5, (1,), generator=gen))
+    g = int(torch.randint(1, 9, (1,), generator=gen))
+    h = int(torch.randint(1, 4, (1,), generator=gen))
+    dk = [4, 16, 32, 33][seed % 4]
+    dv = [8, 16, 5, 32][(seed // 4) % 4]
+    S = 3
+    q = F.normalize(torch.randn(ng, g, h, dk, generator=gen), dim=-1) * dk ** -0.5
+    k = F.normalize(torch.randn(ng, g, h, dk, generator=gen), dim=-1)
+    v = torch.randn(ng, g, h, dv, generator=gen)
+    gg = -torch.rand(ng, g, h, generator=gen) * 3
+    beta = torch.rand(ng, g, h, generator=gen)
+    st = torch.randn(S + 1, h, dk, dv, generator=gen)
+    gs = _slots(gen, ng, S)
+    return [t.to(dtype) for t in (q, k, v, gg, beta)], st, gs
+
+
+@pytest.mark.parametrize("seed", range(12))
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_gated_delta(seed, dtype):
+    (q, k, v, gg, beta), st, gs = _gdn_case(seed, dtype)
+    st0 = st.clone()
+    ro, rs = R.gated_delta_window(q, k, v, gg, beta, st, gs)
+    co, cs = C.cpu_gated_delta_window(q, k, v, gg, beta, st, gs)
+    assert co.dtype == torch.float32 and cs.dtype == torch.float32
+    # inputs are upcast exactly, so even bf16 inputs match to float32 rounding
+    torch.testing.assert_close(co, ro, rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(cs, rs, rtol=1e-4, atol=1e-5)
+    assert torch.equal(st, st0)  # the state is read, not modified
+
+
+def test_gated_delta_mixed_dtypes():
+    (q, k, v, gg, beta), st, gs = _gdn_case(3, torch.float32)
+    args = (q.bfloat16(), k.bfloat16(), v.bfloat16(), gg, beta.bfloat16(), st, gs)
+    ro, rs = R.gated_delta_window(*args)
+    co, cs = C.cpu_gated_delta_window(*args)
+    torch.testing.assert_close(co, ro, rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(cs, rs, rtol=1e-4, atol=1e-5)
+
+
+def _commit_case(seed, conv_snap_dtype=torch.bfloat16):
+    gen = _gen(seed)
+    L, ng, g, h, dk, dv, c, km1, S = 3, 4, 5, 2, 6, 7, 9, 3, 6
+    rec_snaps = torch.randn(L, ng, g, h, dk, dv, generator=gen)
+    conv_snaps = torch.randn(L, ng, g, c, km1, generator=gen).to(conv_snap_dtype)
+    rec_state = torch.randn(L, S + 1, h, dk, dv, generator=gen)
+    conv_state = torch.randn(L, S + 1, c, km1, generator=gen)
+    slot_pos = torch.randint(0, 50, (S + 1,), generator=gen)
+    gs = torch.cat([torch.randperm(S, generator=gen)[:ng - 1], torch.tensor([S])])
+    gp = torch.randint(0, 100, (ng,), generator=gen)
+    acc = torch.randint(0, g, (ng,), generator=gen)
+    return [acc, gs, gp, rec_snaps, conv_snaps, rec_state, conv_state, slot_pos]
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_commit_accepted(seed):
+    args = _commit_case(seed)
+    ref = [a.clone() for a in args]
+    R.commit_accepted(*ref)
+    C.cpu_commit_accepted(*args)
+    for a, b in zip(args[5:], ref[5:]):
+        assert torch.equal(a, b)
+
+
+def test_commit_into_strided_state_view():
+    # state kept as one (L_all, S+1, ...) tensor; commit the linear-attention layers 1, 3, 5
+    args = _commit_case(9)
+    acc, gs, gp, rec_snaps, conv_snaps, rec_state, conv_state, slot_pos = args
+    big_rec = torch.zeros(6, *rec_state.shape[1:])
+    big_conv = torch.zeros(6, *conv_state.shape[1:])
+    rec_view, conv_view = big_rec[1::2], big_conv[1::2]
+    R.commit_accepted(acc, gs, gp, rec_snaps, conv_snaps, rec_state, conv_state, slot_pos.clone())
+    C.cpu_commit_accepted(acc, gs, gp, rec_snaps, conv_snaps, rec_view, conv_view, slot_pos)
+    assert torch.equal(rec_view[:, gs[:-1]], rec_state[:, gs[:-1]])
+    assert torch.equal(conv_view[:, gs[:-1]], conv_state[:, gs[:-1]])
+
+
+# ---------------------------------------------------------------------------------------------
+# argument checks
+
+
+def test_bad_arguments():
+    q, kc, vc, gs, gp, ctx, scale = _attn_random_case(0, torch.float32)
+    out = torch.empty_like(q)
+    cpu = C._cpu
+    with pytest.raises(ValueError, match="ctx"):
+        cpu.grouped_window_attention(q, kc, vc, gs, gp, kc.shape[1] + 1, scale, out)
+    with pytest.raises(ValueError, match="ctx"):
+        cpu.grouped_window_attention(q, kc, vc, gs, gp, 0, scale, out)
+    with pytest.raises(TypeError, match="group_slot"):
+        cpu.grouped_window_attention(q, kc, vc, gs.int(), gp, ctx, scale, out)
+    with pytest.raises(ValueError, match="group_pos must have shape"):
+        cpu.grouped_window_attention(q, kc, vc, gs, gp[:0], ctx, scale, out)
+    with pytest.raises(TypeError, match="out dtype"):
+        cpu.grouped_window_attention(q, kc, vc, gs, gp, ctx, scale, out.double())
+    with pytest.raises(TypeError, match="q has dtype torch.float64"):
+        cpu.grouped_window_attention(q.double(), kc, vc, gs, gp, ctx, scale, out)
+    with pytest.raises(ValueError, match="v_cache must have shape"):
+        cpu.grouped_window_attention(q, kc, vc[:, :-1], gs, gp, ctx, scale, out)
+    with pytest.raises(ValueError, match="q must have 4 dimensions"):
+        cpu.grouped_window_attention(q[0], kc, vc, gs, gp, ctx, scale, out)
+    q_strided = torch.empty(*q.shape[:-1], 2 * q.shape[-1])[..., ::2]
+    q_strided.copy_(q)
+    with pytest.raises(ValueError, match="q must be contiguous"):
+        cpu.grouped_window_attention(q_strided, kc, vc, gs, gp, ctx, scale, out)
+    # the friendly wrapper makes it contiguous
+    torch.testing.assert_close(C.cpu_grouped_window_attention(q_strided, kc, vc, gs, gp, ctx, scale),
+                               R.grouped_window_attention(q, kc, vc, gs, gp, ctx, scale),
+                               **TOL[torch.float32])
+    with pytest.raises(ValueError, match="k_cache must be densely packed"):
+        kc_strided = torch.empty(*kc.shape[:-1], 2 * kc.shape[-1])[..., ::2]
+        cpu.grouped_window_attention(q, kc_strided, vc, gs, gp, ctx, scale, out)
+    with pytest.raises(TypeError, match="k_cache must be a torch.Tensor"):
+        cpu.grouped_window_attention(q, None, vc, gs, gp, ctx, scale, out)
+    bad_slots = gs.clone()
+    bad_slots[0] = kc.shape[0]
+    with pytest.raises(ValueError, match="group_slot.*out of range"):
+        C.cpu_grouped_window_attention(q, kc, vc, bad_slots, gp, ctx, scale)
+    (qd, kd, vd, gd, bd), st, gsd = _gdn_case(0, torch.float32)
+    with pytest.raises(TypeError, match="rec_state has dtype"):
+        C.cpu_gated_delta_window(qd, kd, vd, gd, bd, st.double(), gsd)
+    with pytest.raises(ValueError, match="beta must have shape"):
+        C.cpu_gated_delta_window(qd, kd, vd, gd, bd[..., :0], st, gsd)
+    args = _commit_case(0)
+    args[0] = args[0].clone()
+    args[0][0] = 5  # accept >= G
+    with pytest.raises(ValueError, match="accept"):
+        C.cpu_commit_accepted(*args)
+    x = torch.randn(2, 3, 8)
+    with pytest.raises(ValueError, match="conv_state must have shape"):
+        C.cpu_causal_conv_window(x, torch.randn(3, 8, 2), torch.randn(8, 4), torch.tensor([0, 1]))
+
+
+# ---------------------------------------------------------------------------------------------
+# dispatch
+
+
+def test_set_backend_cpu_and_torch():
+    try:
+        assert ops.set_backend("cpu", "cpu") == "cpu"
+        assert ops.backend() == "cpu"
+        assert ops.grouped_window_attention is C.cpu_grouped_window_attention
+        assert ops.chunk_gated_delta is R.chunk_gated_delta  # per-op fallback
+        assert ops.implementations()["chunk_gated_delta"] == "torch"
+        q, kc, vc, gs, gp, ctx, scale = _attn_random_case(3, torch.float32)
+        torch.testing.assert_close(ops.grouped_window_attention(q, kc, vc, gs, gp, ctx, scale),
+                                   R.grouped_window_attention(q, kc, vc, gs, gp, ctx, scale),
+                                   **TOL[torch.float32])
+        ops.set_backend("torch", "cpu")
+        assert ops.grouped_window_attention is R.grouped_window_attention
+    finally:
+        ops.set_backend("torch", "cpu")
+
+
+def test_set_backend_errors():
+    with pytest.raises(ValueError, match="backend='tpu'"):
+        ops.set_backend("tpu", "cpu")
+    with pytest.raises(ValueError, match="backend=cpu"):
+        ops.set_backend("cpu", "cuda")
+    if not torch.cuda.is_available():
+        with pytest.raises(ValueError, match="backend=cuda"):
+            ops.set_backend("cuda", "cpu")
+        with pytest.raises(ValueError, match="backend=cuda"):
+            ops.set_backend("cuda", "cuda")
+        with pytest.raises(ValueError, match="backend=hip"):
+            ops.set_backend("hip", "cuda")
+    assert ops.backend() == "torch"
+
+
+# ---------------------------------------------------------------------------------------------
+# the CUDA extension is compiled when nvcc is present (and imports without a GPU)
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None or os.environ.get("STRATA_CUDA") == "0",
+                    reason="nvcc not on PATH")
+def test_cuda_extension_built_with_nvcc():
+    mod = importlib.import_module("strata.kernels.strata_cuda")
+    assert mod.gpu_platform() in ("cuda", "hip")
+    if mod.gpu_platform() == "cuda":
+        assert mod.has_mma() and mod.attn_mma_supported(256)
+    for name in ("write_kv", "grouped_window_attention", "causal_conv_window",
+                 "gated_delta_window", "commit_accepted"):
+        assert callable(getattr(mod, name))
+    assert mod.attention_workspace_numel(2, 2, 16, 256, 4) == 2 * 2 * 4 * 16 * 258
+    if not torch.cuda.is_available():
+        # CPU tensors are refused before any CUDA call
+        q = torch.zeros(1, 1, 2, 64, dtype=torch.bfloat16)
+        kc = torch.zeros(2, 8, 1, 64, dtype=torch.bfloat16)
+        idx = torch.zeros(1, dtype=torch.int64)
+        with pytest.raises(ValueError, match="q is on cpu"):
+            mod.grouped_window_attention(q, kc, kc, idx, idx, 8, 0.1, q.clone(), None, 1, 8, 0)
+
+
+def test_attention_plan():
+    # split-K fills the GPU once with chunks that are multiples of 64 keys
+    for ng, hkv, rows, ctx in ((1, 2, 64, 32768), (8, 2, 16, 32768), (1, 2, 16, 256),
+                               (4, 2, 32, 4096), (8, 2, 64, 1000)):
+        nsplit, chunk = C.attention_plan(ng, hkv, rows, ctx, 256, 132, True)
+        assert chunk % 64 == 0 and nsplit * chunk >= ctx and (nsplit - 1) * chunk < ctx
+        assert ng * hkv * nsplit <= 132 or nsplit == 1
+    assert C.attention_plan(1, 2, 64, 32768, 256, 132, True) == (64, 512)
+    assert C.attention_plan(1, 2, 16, 256, 256, 132, True)[0] == 1
+
+
+# ---------------------------------------------------------------------------------------------
+# torch.compile: the cyext ops are torch.library custom ops under dynamo (no graph break)
+
+
+def test_ops_compile_fullgraph_without_graph_break():
+    (q, k, v, gg, beta), st, gs = _gdn_case(2, torch.float32)
+    ng, g = q.shape[:2]
+    S = st.shape[0] - 1
+    gen = _gen(3)
+    x = torch.randn(ng, g, 12, generator=gen)
+    conv_state = torch.randn(S + 1, 12, 3, generator=gen)
+    w = torch.randn(12, 4, generator=gen)
+    kc = torch.randn(S + 1, 40, 2, 16, generator=gen)
+    vc = torch.randn(S + 1, 40, 2, 16, generator=gen)
+    kn = torch.randn(ng, g, 2, 16, generator=gen)
+    qa = torch.randn(ng, g, 4, 16, generator=gen)
+    gp = torch.randint(0, 40 - g, (ng,), generator=gen)
+    slot_pos = torch.zeros(S + 1, dtype=torch.int64)
+    acc = torch.randint(0, g, (ng,), generator=gen)
+
+    def step(kc, vc, rec, conv, slot_pos):
+        mixed, conv_snaps = ops.causal_conv_window(x, conv, w, gs)
+        o, rec_snaps = ops.gated_delta_window(q, k, v, gg, beta, rec, gs)
+        ops.write_kv(kc, vc, kn, kn * 2, gs, gp)
+        a = ops.grouped_window_attention(qa, kc, vc, gs, gp, 40, 0.25)
+        ops.commit_accepted(acc, gs, gp, rec_snaps[None], conv_snaps[None], rec[None],
+                            conv[None], slot_pos)
+        return mixed.sum() + o.sum() + a.sum()
+
+    def run(fn):
+        bufs = [t.clone() for t in (kc, vc, st, conv_state, slot_pos)]
+        return fn(*bufs), bufs
+
+    try:
+        ops.set_backend("torch", "cpu")
+        ref, ref_bufs = run(step)
+        ops.set_backend("cpu", "cpu")
+        compiled = torch.compile(step, fullgraph=True, backend="aot_eager")
+        out, bufs = run(compiled)
+    finally:
+        ops.set_backend("torch", "cpu")
+    torch.testing.assert_close(out, ref, rtol=1e-4, atol=1e-3)
+    real = gs < S  # padding groups commit into the scratch slot in any order
+    for a, b in zip(bufs, ref_bufs):
+        if a.dim() >= 2 and a.shape[0] == S + 1:
+            torch.testing.assert_close(a[gs[real]], b[gs[real]], rtol=1e-4, atol=1e-5)
+        else:
+            torch.testing.assert_close(a[gs[real]], b[gs[real]])

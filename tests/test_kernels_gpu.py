@@ -1,0 +1,316 @@
+"""GPU parity of the cyext CUDA/HIP kernels with strata.kernels.reference, and CUDA graph capture.
+
+Skipped without a GPU or without the built extension (strata.kernels.strata_cuda).
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from strata.kernels import cyext_ops as C
+from strata.kernels import ops
+from strata.kernels import reference as R
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA/HIP device"),
+    pytest.mark.skipif(C.gpu_platform() is None, reason="strata_cuda extension not built"),
+]
+
+DEV = "cuda"
+
+
+def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
+    a, b = a.double(), b.double()
+    return ((a - b).norm() / b.norm().clamp_min(1e-30)).item()
+
+
+def attn_case(ng, g, hq, hkv, d, S, T, dtype, seed=0, pos=None, slots=None):
+    gen = torch.Generator(device="cpu").manual_seed(seed)
+    kc = torch.randn(S + 1, T, hkv, d, generator=gen).to(DEV, dtype)
+    vc = torch.randn(S + 1, T, hkv, d, generator=gen).to(DEV, dtype)
+    q = torch.randn(ng, g, hq, d, generator=gen).to(DEV, dtype)
+    if slots is None:
+        slots = torch.randperm(S, generator=gen)[:ng]
+        if ng > S:
+            slots = torch.cat([slots, torch.full((ng - S,), S)])
+    if pos is None:
+        pos = torch.randint(0, T - g + 1, (ng,), generator=gen)
+    return q, kc, vc, torch.as_tensor(slots).to(DEV), torch.as_tensor(pos).to(DEV)
+
+
+ATTN_CASES = [
+    # ng, g, hq, hkv, d, S, T, ctx
+    (1, 1, 16, 2, 256, 2, 300, 300),
+    (1, 4, 16, 2, 256, 3, 2048, 2048),
+    (3, 8, 16, 2, 256, 4, 1000, 777),     # rows = 64, ctx < T
+    (2, 2, 16, 2, 256, 2, 5000, 4999),    # split-K
+    (4, 3, 8, 2, 128, 5, 700, 700),       # rows = 12
+    (2, 5, 8, 1, 128, 3, 1500, 1200),     # rows = 40 (MT = 4), MQA
+    (2, 6, 32, 2, 64, 3, 640, 640),       # rows = 96 > 64: two row blocks
+    (2, 3, 4, 4, 64, 2, 90, 64),          # rep = 1
+    (2, 2, 6, 2, 80, 2, 200, 200),        # head dim 80: CUDA-core path
+    (1, 7, 12, 3, 32, 2, 129, 129),
+]
+
+
+@pytest.mark.parametrize("case", ATTN_CASES)
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+def test_attention_parity(case, dtype):
+    ng, g, hq, hkv, d, S, T, ctx = case
+    q, kc, vc, gs, gp = attn_case(ng, g, hq, hkv, d, S, T, dtype)
+    gp = gp.clamp(max=ctx - 1)
+    scale = d ** -0.5
+    ref = R.grouped_window_attention(q.float(), kc.float(), vc.float(), gs, gp, ctx, scale)
+    for nsplit in (None, 1, 3):
+        out = C.gpu_grouped_window_attention(q, kc, vc, gs, gp, ctx, scale, nsplit=nsplit)
+        torch.cuda.synchronize()
+        assert out.dtype == dtype and out.shape == q.shape
+        err = rel_err(out, ref)
+        tol = 1e-5 if dtype == torch.float32 else 2e-2
+        assert err <= tol, (case, dtype, nsplit, err)
+
+
+@pytest.mark.parametrize("ctx", [1, 2, 63, 64, 65, 257, 4096, 16384])
+def test_attention_contexts_and_padding(ctx):
+    # padding groups on the scratch slot, rows past ctx, a group at position 0
+    ng, g, hq, hkv, d, S = 4, 4, 16, 2, 256, 3
+    T = max(ctx, 8)
+    q, kc, vc, _, _ = attn_case(ng, g, hq, hkv, d, S, T, torch.bfloat16, seed=ctx)
+    gs = torch.tensor([1, 0, S, S], device=DEV)
+    gp = torch.tensor([max(ctx - 2, 0), 0, 0, max(ctx - g, 0)], device=DEV)
+    ref = R.grouped_window_attention(q.float(), kc.float(), vc.float(), gs, gp, ctx, 0.0625)
+    for use_mma in (True, False):
+        out = C.gpu_grouped_window_attention(q, kc, vc, gs, gp, ctx, 0.0625, use_mma=use_mma)
+        torch.cuda.synchronize()
+        assert rel_err(out, ref) <= 2e-2, (ctx, use_mma)
+
+
+def test_attention_strided_cache_view():
+    # caches as views of a (L, S+1, T, Hkv, D) stack, the layout a model would keep
+    L, S, T, hkv, d = 3, 3, 512, 2, 128
+    kst = torch.randn(L, S + 1, T, hkv, d, device=DEV, dtype=torch.bfloat16)
+    vst = torch.randn(L, S + 1, T, hkv, d, device=DEV, dtype=torch.bfloat16)
+    q = torch.randn(2, 4, 8, d, device=DEV, dtype=torch.bfloat16)
+    gs = torch.tensor([2, 0], device=DEV)
+    gp = torch.tensor([300, 508], device=DEV)
+    ref = R.grouped_window_attention(q, kst[1], vst[1], gs, gp, 512, 0.1)
+    out = C.gpu_grouped_window_attention(q, kst[1], vst[1], gs, gp, 512, 0.1)
+    assert rel_err(out, ref) <= 2e-2
+    # a non-contiguous view in T (every other position) takes the CUDA-core path
+    kv2, vv2 = kst[0][:, ::2], vst[0][:, ::2]
+    ref = R.grouped_window_attention(q, kv2, vv2, gs, gp.clamp(max=250), 256, 0.1)
+    out = C.gpu_grouped_window_attention(q, kv2, vv2, gs, gp.clamp(max=250), 256, 0.1)
+    assert rel_err(out, ref) <= 2e-2
+
+
+def test_write_kv_parity():
+    S, T, hkv, d, ng, g = 3, 64, 2, 128, 4, 4
+    for dtype in (torch.bfloat16, torch.float32):
+        kc = torch.randn(S + 1, T, hkv, d, device=DEV, dtype=dtype)
+        vc = torch.randn(S + 1, T, hkv, d, device=DEV, dtype=dtype)
+        k = torch.randn(ng, g, hkv, d, device=DEV)
+        v = torch.randn(ng, g, hkv, d, device=DEV)
+        gs = torch.tensor([0, 2, 1, S], device=DEV)
+        gp = torch.tensor([0, 10, T - 2, 5], device=DEV)  # rows past T clamp onto T-1
+        kr, vr = kc.clone(), vc.clone()
+        R.write_kv(kr, vr, k, v, gs, gp)
+        C.gpu_write_kv(kc, vc, k, v, gs, gp)
+        torch.cuda.synchronize()
+        # slot 1 position T-1 is written by three clamped rows (which one wins is unordered on
+        # the GPU, for the reference's index_put too): compare everything else
+        for t in (kc, kr, vc, vr):
+            t[1, T - 1] = 0
+        assert torch.equal(kc[:S], kr[:S]) and torch.equal(vc[:S], vr[:S])
+
+
+def gdn_case(ng, g, h, dk, dv, S, dtype, seed=0):
+    gen = torch.Generator(device="cpu").manual_seed(seed)
+    q = F.normalize(torch.randn(ng, g, h, dk, generator=gen), dim=-1) * dk ** -0.5
+    k = F.normalize(torch.randn(ng, g, h, dk, generator=gen), dim=-1)
+    v = torch.randn(ng, g, h, dv, generator=gen)
+    gg = -torch.rand(ng, g, h, generator=gen) * 2
+    beta = torch.rand(ng, g, h, generator=gen)
+    st = torch.randn(S + 1, h, dk, dv, generator=gen) * 0.1
+    slots = torch.randperm(S, generator=gen)[:ng]
+    if ng > S:
+        slots = torch.cat([slots, torch.full((ng - S,), S)])
+    return ([t.to(DEV, dtype) for t in (q, k, v, gg, beta)], st.to(DEV), slots.to(DEV))
+
+
+@pytest.mark.parametrize("shape", [(1, 1, 4, 128, 128), (3, 4, 8, 128, 128), (2, 8, 3, 64, 96),
+                                   (5, 3, 2, 100, 33), (2, 2, 2, 256, 64), (1, 5, 1, 7, 5)])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_gated_delta_parity(shape, dtype):
+    ng, g, h, dk, dv = shape
+    (q, k, v, gg, beta), st, gs = gdn_case(ng, g, h, dk, dv, 4, dtype)
+    ro, rs = R.gated_delta_window(q, k, v, gg, beta, st, gs)
+    co, cs = C.gpu_gated_delta_window(q, k, v, gg, beta, st, gs)
+    torch.cuda.synchronize()
+    assert rel_err(co, ro) <= 1e-5 and rel_err(cs, rs) <= 1e-5
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_causal_conv_parity(dtype):
+    ng, g, c, kw, S = 3, 5, 300, 4, 4
+    x = torch.randn(ng, g, c, device=DEV, dtype=dtype)
+    cs = torch.randn(S + 1, c, kw - 1, device=DEV, dtype=torch.float32)
+    w = torch.randn(c, kw, device=DEV, dtype=dtype)
+    gs = torch.tensor([3, 0, S], device=DEV)
+    ro, rsn = R.causal_conv_window(x, cs, w, gs)
+    co, csn = C.gpu_causal_conv_window(x, cs, w, gs)
+    torch.cuda.synchronize()
+    tol = 1e-5 if dtype == torch.float32 else 1e-2
+    assert rel_err(co, ro) <= tol
+    assert torch.equal(csn, rsn)
+
+
+def commit_case(L, ng, g, h, dk, dv, c, km1, S, conv_dtype):
+    rec_snaps = torch.randn(L, ng, g, h, dk, dv, device=DEV)
+    conv_snaps = torch.randn(L, ng, g, c, km1, device=DEV, dtype=conv_dtype)
+    rec_state = torch.randn(L, S + 1, h, dk, dv, device=DEV)
+    conv_state = torch.randn(L, S + 1, c, km1, device=DEV, dtype=torch.bfloat16)
+    slot_pos = torch.zeros(S + 1, dtype=torch.int64, device=DEV)
+    gs = torch.randperm(S, device=DEV)[:ng]
+    gp = torch.randint(0, 100, (ng,), device=DEV)
+    acc = torch.randint(0, g, (ng,), device=DEV)
+    return acc, gs, gp, rec_snaps, conv_snaps, rec_state, conv_state, slot_pos
+
+
+def test_commit_parity():
+    args = commit_case(3, 4, 5, 2, 32, 48, 70, 3, 6, torch.bfloat16)
+    ref = [a.clone() for a in args]
+    R.commit_accepted(*ref)
+    C.gpu_commit_accepted(*args)
+    torch.cuda.synchronize()
+    for a, b in zip(args[5:], ref[5:]):
+        assert torch.equal(a, b)
+
+
+def test_mma_and_simt_agree_bf16():
+    q, kc, vc, gs, gp = attn_case(3, 4, 16, 2, 256, 4, 3000, torch.bfloat16, seed=7)
+    a = C.gpu_grouped_window_attention(q, kc, vc, gs, gp, 3000, 0.0625, use_mma=True)
+    b = C.gpu_grouped_window_attention(q, kc, vc, gs, gp, 3000, 0.0625, use_mma=False)
+    assert rel_err(a, b) <= 2e-2
+
+
+# ---------------------------------------------------------------------------------------------
+# CUDA graph capture: capture each op, replay, compare with an eager call
+
+
+def _graph_equal(fn, outputs_of):
+    """fn() -> outputs; captured and replayed must equal eager."""
+    eager = [t.clone() for t in outputs_of(fn())]
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        fn()  # warm-up on a side stream, as torch recommends before capture
+    torch.cuda.current_stream().wait_stream(s)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = fn()
+    graph.replay()
+    torch.cuda.synchronize()
+    for a, b in zip(outputs_of(captured), eager):
+        assert torch.equal(a, b)
+
+
+def test_graph_attention():
+    q, kc, vc, gs, gp = attn_case(2, 4, 16, 2, 256, 3, 8192, torch.bfloat16, seed=3)
+    _graph_equal(lambda: C.gpu_grouped_window_attention(q, kc, vc, gs, gp, 8192, 0.0625),
+                 lambda o: [o])
+    q32, kc32, vc32, gs, gp = attn_case(2, 2, 4, 2, 64, 3, 600, torch.float32, seed=4)
+    _graph_equal(lambda: C.gpu_grouped_window_attention(q32, kc32, vc32, gs, gp, 600, 0.125),
+                 lambda o: [o])
+
+
+def test_graph_gated_delta_and_conv():
+    (q, k, v, gg, beta), st, gs = gdn_case(2, 4, 8, 128, 128, 3, torch.bfloat16)
+    _graph_equal(lambda: C.gpu_gated_delta_window(q, k, v, gg, beta, st, gs), lambda o: list(o))
+    x = torch.randn(2, 4, 256, device=DEV, dtype=torch.bfloat16)
+    cs = torch.randn(4, 256, 3, device=DEV, dtype=torch.bfloat16)
+    w = torch.randn(256, 4, device=DEV, dtype=torch.bfloat16)
+    _graph_equal(lambda: C.gpu_causal_conv_window(x, cs, w, gs), lambda o: list(o))
+
+
+def test_graph_write_kv_and_commit():
+    kc = torch.zeros(4, 64, 2, 128, device=DEV, dtype=torch.bfloat16)
+    vc = torch.zeros_like(kc)
+    k = torch.randn(2, 3, 2, 128, device=DEV, dtype=torch.bfloat16)
+    v = torch.randn_like(k)
+    gs = torch.tensor([0, 2], device=DEV)
+    gp = torch.tensor([5, 60], device=DEV)
+
+    def wkv():
+        C.gpu_write_kv(kc, vc, k, v, gs, gp)
+        return kc, vc
+
+    _graph_equal(wkv, lambda o: list(o))
+    args = commit_case(2, 3, 4, 2, 16, 16, 40, 3, 5, torch.bfloat16)
+
+    def commit():
+        C.gpu_commit_accepted(*args)
+        return args[5], args[6], args[7]
+
+    _graph_equal(commit, lambda o: list(o))
+
+
+def test_set_backend_cuda_dispatch():
+    platform = C.gpu_platform()
+    try:
+        ops.set_backend(platform, "cuda")
+        assert ops.backend() == platform
+        assert ops.grouped_window_attention is C.gpu_grouped_window_attention
+        assert ops.chunk_gated_delta is R.chunk_gated_delta
+        with pytest.raises(ValueError, match="backend="):
+            ops.set_backend(platform, "cpu")
+    finally:
+        ops.set_backend("torch", "cpu")
+
+
+def test_bad_arguments_gpu():
+    q, kc, vc, gs, gp = attn_case(1, 2, 4, 2, 64, 2, 64, torch.bfloat16)
+    with pytest.raises(ValueError, match="k_cache is on cpu"):
+        C._gpu.grouped_window_attention(q, kc.cpu(), vc, gs, gp, 64, 0.1, q.clone(), None, 1, 64,
+                                        0)
+    with pytest.raises(ValueError, match="workspace"):
+        C._gpu.grouped_window_attention(q, kc, vc, gs, gp, 64, 0.1, q.clone(), None, 2, 32, 0)
+    with pytest.raises(ValueError, match="group_slot must have shape"):
+        C.gpu_grouped_window_attention(q, kc, vc, torch.tensor([0, 1, 2], device=DEV), gp, 64,
+                                       0.1)
+
+
+def test_attention_long_context_large_groups():
+    # 32K context, 8 groups of 8 rows, Qwen3-Next geometry: rows = 64 per (group, kv head)
+    q, kc, vc, gs, gp = attn_case(8, 8, 16, 2, 256, 8, 32768, torch.bfloat16, seed=11)
+    gp = torch.full_like(gp, 32768 - 8)
+    ctx = 32768
+    out = C.gpu_grouped_window_attention(q, kc, vc, gs, gp, ctx, 1 / math.sqrt(256))
+    # reference on two groups only (memory)
+    ref = R.grouped_window_attention(q[:2].float(), kc.float()[:, :, :, :], vc.float(), gs[:2],
+                                     gp[:2], ctx, 1 / math.sqrt(256))
+    assert rel_err(out[:2], ref) <= 2e-2
+
+
+def test_compile_fullgraph_gpu():
+    # under torch.compile the cyext ops are torch.library custom ops (no graph break)
+    q, kc, vc, gs, gp = attn_case(2, 4, 16, 2, 256, 3, 2048, torch.bfloat16, seed=5)
+    (gq, gk, gv, gg, gb), st, gs2 = gdn_case(2, 4, 8, 128, 128, 3, torch.bfloat16)
+    platform = C.gpu_platform()
+
+    def step(q, gq):
+        a = ops.grouped_window_attention(q, kc, vc, gs, gp, 2048, 0.0625)
+        o, snaps = ops.gated_delta_window(gq, gk, gv, gg, gb, st, gs2)
+        return a.float().sum() + o.sum() + snaps.sum()
+
+    try:
+        ops.set_backend(platform, "cuda")
+        eager = step(q, gq)
+        compiled = torch.compile(step, fullgraph=True, backend="aot_eager")
+        torch.testing.assert_close(compiled(q, gq), eager, rtol=1e-3, atol=1e-2)
+    finally:
+        ops.set_backend("torch", "cpu")
