@@ -375,7 +375,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     ap.add_argument("--spec-new", type=int, default=96)
     ap.add_argument("--sample-new", type=int, default=64)
     ap.add_argument("--json", help="write the results as JSON here")
+    ap.add_argument("--threads", type=int, help="CPU threads for torch (default: torch's choice)")
     a = ap.parse_args(argv)
+    if a.threads:
+        torch.set_num_threads(a.threads)
     res = evaluate(a.model, files=a.files, root=a.stdlib, device=a.device, dtype=a.dtype, seq_len=a.seq_len,
                    batch=a.batch, max_tokens=a.max_tokens, specs=a.spec,
                    spec_prompts=a.spec_prompts, spec_new=a.spec_new, sample_new=a.sample_new)

@@ -335,6 +335,10 @@ def main(argv=None) -> int:
     device = torch.device("cuda" if a.device == "auto" and torch.cuda.is_available() else
                           ("cpu" if a.device == "auto" else a.device))
     cuda = device.type == "cuda"
+    if a.tiny and not cuda:
+        # The smoke model gains nothing from more threads, and on a busy small machine OpenMP
+        # spin-waiting makes two threads many times slower than one.
+        torch.set_num_threads(1)
     torch.manual_seed(a.seed)
     # warn_only=False also switches cuDNN attention's backward to its deterministic algorithm.
     torch.use_deterministic_algorithms(True, warn_only=not cuda)
