@@ -50,23 +50,26 @@ def code_prompts(tokenizer, n: int, prompt_tokens: int) -> list[list[int]]:
 
 CONFIGS = {
     "solo": dict(mode="solo", batch_mtp=False),
+    "solo_eager": dict(mode="solo", batch_mtp=False, graphs=False),
     "solo_nospec": dict(mode="solo", batch_mtp=False, spec=1),
     "batch": dict(mode="batch", batch_mtp=False),
     "batch_mtp": dict(mode="batch", batch_mtp=True),
+    "batch_mtp_eager": dict(mode="batch", batch_mtp=True, graphs=False),
+    "batch_mtp_w16": dict(mode="batch", batch_mtp=True, window_rows=16),
 }
 
 
 def engine_cfg(base: dict, name: str, n: int, args) -> object:
+    """Command-line settings first, then the configuration's own (which win)."""
     cfg = OmegaConf.structured(StrataConfig).engine
-    for k, v in base.items():
-        setattr(cfg, k, v)
-    cfg.slots = max(1, n) if cfg.mode == "batch" else 1
     cfg.graphs = args.graphs
     cfg.max_context = args.max_context
     cfg.window_rows = args.window_rows
-    if "spec" not in base:
-        cfg.spec = args.spec
+    cfg.spec = args.spec
     cfg.vram_every = 0
+    for k, v in base.items():
+        setattr(cfg, k, v)
+    cfg.slots = max(1, n) if cfg.mode == "batch" else 1
     return cfg
 
 
@@ -125,9 +128,10 @@ def main() -> None:
     ap.add_argument("--model", default=EMBEDDED_MODEL_DIR)
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--dtype", default="auto")
-    ap.add_argument("--backend", default="torch")
+    ap.add_argument("--backend", default="auto")
     ap.add_argument("--n", default="1,2,4,8")
-    ap.add_argument("--configs", default="solo,batch,batch_mtp")
+    ap.add_argument("--configs", default="solo,batch,batch_mtp",
+                    help="comma list of: " + ", ".join(CONFIGS))
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--prompt-tokens", type=int, default=64)
     ap.add_argument("--max-tokens", type=int, default=256)
@@ -142,7 +146,7 @@ def main() -> None:
     a = ap.parse_args()
 
     device = torch.device(a.device)
-    ops.set_backend(a.backend, device.type)
+    backend = ops.set_backend(a.backend, device.type)
     loaded = load_checkpoint(a.model, a.dtype, device, log=lambda s: None)
     ns = [int(x) for x in a.n.split(",")]
     names = a.configs.split(",")
@@ -181,7 +185,7 @@ def main() -> None:
             "torch": torch.__version__, "dtype": str(loaded.dtype), "model": str(a.model),
             "commit": subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
                                      text=True, cwd=ROOT).stdout.strip(),
-            "date": time.strftime("%Y-%m-%d"), "args": vars(a)}
+            "date": time.strftime("%Y-%m-%d"), "backend": backend, "args": vars(a)}
     if a.json:
         Path(a.json).write_text(json.dumps({"meta": meta, "summary": summary,
                                             "identity": results.get("identity", {})}, indent=2))

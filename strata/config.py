@@ -71,8 +71,9 @@ class EngineConfig:
 
 @dataclass
 class BackendConfig:
-    #: Kernel implementation: torch (reference), cpu (C++), cuda, hip.
-    name: str = "torch"
+    #: Kernel implementation: auto (the built cyext kernels for the device, else torch),
+    #: torch (reference), cpu (C++), cuda, hip.
+    name: str = "auto"
 
 
 @dataclass

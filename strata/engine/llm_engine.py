@@ -76,9 +76,10 @@ class Engine:
         device = resolve_device(cfg.device)
         validate_engine(cfg.engine)
         try:
-            ops.set_backend(cfg.backend.name, device.type)
+            chosen = ops.set_backend(cfg.backend.name, device.type)
         except ValueError as e:
             raise ConfigError(str(e)) from None
+        log(f"INFO kernels: backend={chosen} ({cfg.backend.name} asked)")
         loaded = load_checkpoint(cfg.model.path, cfg.model.dtype, device, log=log)
         return cls(loaded, cfg.engine, device, log=log, trace_path=trace_path)
 

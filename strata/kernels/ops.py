@@ -1,5 +1,7 @@
 """Dispatch of the grouped-decode operations to a backend (torch reference, cpu, cuda, hip).
 
+`auto` picks the built extension for the device (cpu or cuda/hip) and falls back to torch.
+
 The model calls these names at call time (`ops.grouped_window_attention(...)`, not a reference
 taken at import), and `set_backend` rebinds them once at engine start:
 
@@ -74,12 +76,22 @@ def set_backend(name: str, device: str | torch.device = "cpu") -> str:
     Raises ValueError naming `backend=` when the backend is unknown, its extension is not built,
     or the device does not match (e.g. backend=cuda with a CPU device)."""
     global _BACKEND
-    if name not in ("torch", "cpu", "cuda", "hip"):
-        raise ValueError(f"backend={name!r}: unknown kernel backend (torch, cpu, cuda or hip)")
+    if name not in ("auto", "torch", "cpu", "cuda", "hip"):
+        raise ValueError(f"backend={name!r}: unknown kernel backend (auto, torch, cpu, cuda or hip)")
     try:
         dev = torch.device(device)
     except (RuntimeError, TypeError) as exc:
         raise ValueError(f"backend={name}: bad device {device!r} ({exc})") from None
+    if name == "auto":  # the built kernels for this device, else the torch reference
+        name = "torch"
+        candidates = ["cpu"] if dev.type == "cpu" else [cyext_ops.gpu_platform() or "cuda"]
+        for cand in candidates:
+            try:
+                _kernels_for(cand, dev)
+                name = cand
+                break
+            except ValueError:
+                pass
     kernels = _kernels_for(name, dev)
     g = globals()
     for op in OPS:

@@ -1,0 +1,58 @@
+"""Greedy and sampled output is the same on every kernel backend built here (torch, cpu)."""
+
+import pytest
+import torch
+from omegaconf import OmegaConf
+
+from strata.config import StrataConfig
+from strata.engine.llm_engine import Engine
+from strata.engine.request import Request, SamplingParams
+from strata.kernels import cyext_ops, ops
+from strata.model.tiny import make_tiny_random
+
+torch.set_num_threads(1)
+
+BACKENDS = ["torch"] + (["cpu"] if cyext_ops.cpu_available() else [])
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    return make_tiny_random(tmp_path_factory.mktemp("backends"), seed=3, tokenizer=False,
+                            max_position_embeddings=512)
+
+
+def run(model_dir, backend, mode, batch_mtp, temperature):
+    cfg = OmegaConf.structured(StrataConfig)
+    cfg.device, cfg.model.path, cfg.backend.name = "cpu", str(model_dir), backend
+    cfg.engine.mode, cfg.engine.batch_mtp, cfg.engine.max_context = mode, batch_mtp, 256
+    cfg.engine.slots = 4
+    eng = Engine.from_config(cfg, log=lambda s: None)
+    assert ops.backend() == backend
+    g = torch.Generator().manual_seed(0)
+    for i in range(4):
+        ids = torch.randint(1, 500, (6 + 5 * i,), generator=g).tolist()
+        eng.add_request(Request(f"r{i}", ids, SamplingParams(max_tokens=10 + 3 * i, temperature=temperature,
+                                                             seed=i, stop_at_eos=False),
+                                arrival_step=2 * i, stream_text=False))
+    while eng.has_work():
+        eng.step()
+    out = {k: v.emitted for k, v in eng.requests.items()}
+    eng.close()
+    ops.set_backend("torch", "cpu")
+    return out
+
+
+@pytest.mark.parametrize("temperature", [0.0, 0.8])
+def test_every_backend_and_mode_gives_the_same_text(model_dir, temperature):
+    ref = run(model_dir, "torch", "solo", False, temperature)
+    for backend in BACKENDS:
+        for mode, batch_mtp in (("solo", False), ("batch", False), ("batch", True)):
+            assert run(model_dir, backend, mode, batch_mtp, temperature) == ref, (backend, mode, batch_mtp)
+
+
+def test_auto_picks_the_built_cpu_kernels():
+    name = ops.set_backend("auto", "cpu")
+    try:
+        assert name == ("cpu" if cyext_ops.cpu_available() else "torch")
+    finally:
+        ops.set_backend("torch", "cpu")
