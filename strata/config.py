@@ -140,6 +140,28 @@ def register_configs() -> None:
     cs.store(group="server", name="server_schema", node=ServerConfig)
 
 
+def check_known_keys(cfg: Any) -> None:
+    """Refuse keys no schema declares (Hydra's `+group.key=...` can add them past the schema)."""
+    from dataclasses import fields, is_dataclass
+
+    from omegaconf import DictConfig
+
+    def walk(node: Any, schema: Any, path: str) -> None:
+        known = {f.name: f.type for f in fields(schema)}
+        for key in node.keys():
+            if key not in known:
+                raise ConfigError(f"{path}{key}: unknown key (known: {', '.join(sorted(known))})")
+            sub = getattr(schema, "__dataclass_fields__")[key].default_factory \
+                if key in schema.__dataclass_fields__ else None
+            child = node[key] if isinstance(node, DictConfig) else None
+            if isinstance(child, DictConfig) and sub is not None and callable(sub):
+                proto = sub()
+                if is_dataclass(proto):
+                    walk(child, type(proto), f"{path}{key}.")
+
+    walk(cfg, StrataConfig, "")
+
+
 def batch_mtp_from_env(cfg_value: bool) -> bool:
     """`STRATA_BATCH_MTP=1` turns batch_mtp on, `=0` off; unset keeps the config."""
     env = os.environ.get("STRATA_BATCH_MTP")

@@ -220,3 +220,22 @@ def test_bad_device_and_backend_are_errors_naming_the_key(tmp_path):
     cfg.model.path = str(tmp_path / "nowhere")
     with pytest.raises(ConfigError, match="engine.spec"):
         Engine.from_config(cfg, log=lambda s: None)
+
+
+def test_appended_unknown_keys_are_refused_by_name():
+    """Hydra's `+group.key=v` gets past the schema at compose time; the engine refuses it."""
+    from hydra import compose, initialize_config_dir
+
+    from strata.config import ConfigError, check_known_keys, register_configs
+
+    register_configs()
+    conf = str(__import__("pathlib").Path(__file__).resolve().parents[1] / "conf")
+    GlobalHydra.instance().clear()
+    for override, name in (("+engine.slotz=3", "engine.slotz"), ("+model.foo=1", "model.foo"),
+                           ("+server.bogus=1", "server.bogus"), ("+nonsense=1", "nonsense")):
+        with initialize_config_dir(config_dir=conf, version_base="1.3"):
+            cfg = compose("config", overrides=[override])
+        with pytest.raises(ConfigError, match=name):
+            check_known_keys(cfg)
+    with initialize_config_dir(config_dir=conf, version_base="1.3"):
+        check_known_keys(compose("config"))  # the defaults pass

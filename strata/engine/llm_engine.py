@@ -17,7 +17,8 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from strata.config import ConfigError, EngineConfig, batch_mtp_from_env, validate_engine
+from strata.config import (ConfigError, EngineConfig, batch_mtp_from_env, check_known_keys,
+                           validate_engine)
 from strata.engine.graph_cache import CudaGraphBackend, GraphCache, RecordingBackend
 from strata.engine.memory import MIB, MemoryBudget, fit_slots
 from strata.engine.model_runner import ModelRunner
@@ -73,6 +74,7 @@ class Engine:
     @classmethod
     def from_config(cls, cfg: Any, log: Callable[[str], None] = print,
                     trace_path: Optional[str | Path] = None) -> "Engine":
+        check_known_keys(cfg)
         device = resolve_device(cfg.device)
         validate_engine(cfg.engine)
         try:

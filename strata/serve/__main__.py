@@ -10,7 +10,9 @@ from pathlib import Path
 import hydra
 from omegaconf import DictConfig
 
-from strata.config import register_configs
+import sys
+
+from strata.config import ConfigError, check_known_keys, register_configs
 
 CONF_DIR = str(Path(__file__).resolve().parents[2] / "conf")
 
@@ -21,6 +23,11 @@ register_configs()
 def main(cfg: DictConfig) -> None:
     from strata.serve.server import serve
 
+    try:
+        check_known_keys(cfg)  # before binding a port or starting an engine
+    except ConfigError as e:
+        print(f"error: {e}", file=sys.stderr)
+        raise SystemExit(2)
     code = serve(cfg)
     if code:
         raise SystemExit(code)

@@ -129,6 +129,7 @@ def run_worker(cfg_dict: dict, cmd_conn: Any, out_conn: Any, generation: int) ->
 
         cfg = _build_cfg(cfg_dict)
         eng = Engine.from_config(cfg, log=_log)
+        eng.trace.keep = False  # a server runs for ever: keep no trace events in memory
         tok = eng.tokenizer
         info = {"model_name": str(eng.model_name), "max_context": int(eng.max_context),
                 "pid": os.getpid(), "generation": generation,
