@@ -13,7 +13,6 @@ from pathlib import Path
 from typing import Any, Optional
 
 from hydra.core.config_store import ConfigStore
-from omegaconf import MISSING
 
 #: The tiny Qwen3-Next + MTP checkpoint shipped inside the package (the default model).
 EMBEDDED_MODEL_DIR = str(Path(__file__).resolve().parent / "assets" / "tiny-qwen3-next")

@@ -24,7 +24,7 @@ from strata.engine.memory import MIB, MemoryBudget, fit_slots
 from strata.engine.model_runner import ModelRunner
 from strata.engine.request import Request, RequestError, RequestOutput
 from strata.engine.scheduler import Plan, Scheduler
-from strata.engine.slots import DECODE, RequestState, Slot
+from strata.engine.slots import RequestState, Slot
 from strata.engine.verifier import SlotBuffers, Verifier
 from strata.kernels import ops
 from strata.model.loader import LoadedModel, load_checkpoint
@@ -110,8 +110,7 @@ class Engine:
             off_reason = "the checkpoint has no mtp.* weights"
         elif ecfg.spec < 2:
             off_reason = f"engine.spec={ecfg.spec} < 2 leaves no draft row"
-        elif device.type == "cuda" and torch.cuda.device_count() > 1 and False:
-            off_reason = "more than one device"  # strata runs one device; kept for parity of rules
+        # "More than one device" cannot arise: an engine runs on one device (docs/ENGINE.md).
 
         # ---- memory: weights, slot state, draft state, graphs above the reserve ---------------
         dtype = loaded.dtype

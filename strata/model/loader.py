@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
@@ -169,6 +168,3 @@ def save_checkpoint(model: Qwen3Next, path: str | Path, dtype: torch.dtype = tor
         cfg.update(extra_config)
     (path / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
 
-
-def warn(msg: str) -> None:
-    print(msg, file=sys.stderr)

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Callable, Optional
+from typing import Optional
 
 _EXPERT = re.compile(r"^(.*\.mlp\.experts)\.(\d+)\.(gate_proj|up_proj|down_proj)\.weight$")
 
@@ -69,6 +69,3 @@ class KeyMap:
 
 
 QWEN3_NEXT = KeyMap("qwen3_next", ("model.", "model.language_model."))
-
-#: Parameters derived from others, never loaded (tied or non-persistent).
-SKIP_PARAMS: tuple[Callable[[str], bool], ...] = ()
