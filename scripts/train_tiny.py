@@ -281,11 +281,14 @@ Command (run from the repository root):
 | next-token accuracy | {h['accuracy']:.4f} |
 | MTP perplexity for t[i+2] | {h.get('mtp_perplexity', float('nan')):.3f} |
 | MTP accuracy for t[i+2] | {h.get('mtp_accuracy', float('nan')):.4f} |
-| greedy MTP acceptance (batch_mtp draft) | {h.get('mtp_greedy_acceptance', float('nan')):.4f} |
+| teacher-forced MTP agreement (draft = target on the true text) | {h.get('mtp_greedy_acceptance', float('nan')):.4f} |
 
-Greedy MTP acceptance is the fraction of held-out positions i where the MTP's greedy draft for
-t[i+2] (from h[i] and the true t[i+1]) equals the main model's greedy prediction for t[i+2] from
-the true prefix: the chance that a batch_mtp draft is accepted under greedy decoding.
+Teacher-forced MTP agreement is the fraction of held-out positions i where the MTP's greedy
+draft for t[i+2] (from h[i] and the true t[i+1]) equals the main model's greedy prediction for
+t[i+2] from the true prefix. It scores drafts on human-written text. **Acceptance while
+decoding** is the figure speculative decoding sees: the model continues held-out code prompts
+with its own greedy tokens, and a draft is accepted when it equals the target's next token. At
+spec 2 (exactly the batch_mtp draft) that is the "acceptance by depth" of the first row below.
 
 Speculative greedy decoding through strata's cached window path ({res['speculative'].get('2', {}).get('lanes', 0)} prompts from
 held-out files, {res['speculative'].get('2', {}).get('max_new', 0)} new tokens each; spec = verify rows per window, drafts chained):
