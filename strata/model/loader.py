@@ -59,7 +59,7 @@ def _shard_files(path: Path) -> list[Path]:
 
 
 def load_checkpoint(path: str | Path, dtype: str = "auto", device: str | torch.device = "cpu",
-                    keymap: KeyMap = QWEN3_NEXT, log=print) -> LoadedModel:
+                    keymap: KeyMap = QWEN3_NEXT, log=print, fuse: bool = True) -> LoadedModel:
     """Build the model from a checkpoint directory; every problem names the file and the key."""
     path = Path(path)
     if not path.is_dir():
@@ -131,6 +131,8 @@ def load_checkpoint(path: str | Path, dtype: str = "auto", device: str | torch.d
         # Buffers are not in the checkpoint: rebuild the rotary table on the device.
         model.rotary = Rotary(args).to(device)
     model.eval().requires_grad_(False)
+    if fuse:
+        model.fuse_for_inference()
     if not with_mtp:
         log("INFO: checkpoint has no mtp.* weights: running without speculation")
     tok = Tokenizer.from_dir(path) if (path / "tokenizer.json").is_file() else None

@@ -24,6 +24,18 @@ from strata.model.config import ModelArgs
 from strata.model.state import DecodeState
 
 
+def fuse_rows(*linears: nn.Linear) -> torch.Tensor:
+    """One weight for several projections of the same input (one matmul instead of several);
+    each module's weight becomes a view into it, so no memory is duplicated."""
+    fused = torch.cat([m.weight.detach() for m in linears], dim=0).contiguous()
+    start = 0
+    for m in linears:
+        n = m.weight.shape[0]
+        m.weight = nn.Parameter(fused[start:start + n], requires_grad=False)
+        start += n
+    return fused
+
+
 class RMSNorm(nn.Module):
     """Zero-centred RMSNorm of Qwen3-Next: x_hat * (1 + w), computed in float32."""
 
@@ -128,17 +140,63 @@ class SparseMoe(nn.Module):
         self.experts = Experts(args.num_experts, args.hidden_size, args.moe_intermediate_size)
         self.shared_expert = MLP(args.hidden_size, args.shared_expert_intermediate_size)
         self.shared_expert_gate = nn.Linear(args.hidden_size, 1, bias=False)
+        self.w_in: Optional[torch.Tensor] = None  # fused by fuse_for_inference()
+        self.w_out: Optional[torch.Tensor] = None
+
+    def _route(self, logits: torch.Tensor):
+        probs = torch.softmax(logits.float(), dim=-1)
+        weights, index = torch.topk(probs, self.top_k, dim=-1)
+        if self.norm_topk:
+            weights = weights / weights.sum(-1, keepdim=True)
+        return weights, index
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         shape = x.shape
         x = x.reshape(-1, shape[-1])
-        probs = torch.softmax(self.gate(x).float(), dim=-1)
-        weights, index = torch.topk(probs, self.top_k, dim=-1)
-        if self.norm_topk:
-            weights = weights / weights.sum(-1, keepdim=True)
+        n_exp = self.experts.w_gate_up.shape[0]
+        if self.w_in is not None and x.shape[0] * self.top_k >= n_exp:
+            return self._forward_fused(x).reshape(shape)
+        weights, index = self._route(self.gate(x))
         out = self.experts(x, weights.to(x.dtype), index)
         out = out + torch.sigmoid(self.shared_expert_gate(x)) * self.shared_expert(x)
         return out.reshape(shape)
+
+    def _forward_fused(self, x: torch.Tensor) -> torch.Tensor:
+        """The whole block as two matmuls: [router | shared gate | shared gate, up | every
+        expert's gate, up] from x, then [shared down | every expert's down] from the gated
+        activations (routing weights applied before the down projection sum the experts)."""
+        n_exp, two_i, _ = self.experts.w_gate_up.shape
+        inter, shared = two_i // 2, self.shared_expert.up_proj.weight.shape[0]
+        y = F.linear(x, self.w_in)
+        logits, sgate, sg, su, eg = y.split([n_exp, 1, shared, shared, n_exp * two_i], dim=-1)
+        weights, index = self._route(logits)
+        route = torch.zeros(x.shape[0], n_exp, dtype=x.dtype, device=x.device)
+        route.scatter_(1, index, weights.to(x.dtype))
+        g, u = eg.reshape(x.shape[0], n_exp, two_i).split(inter, dim=-1)
+        act_e = F.silu(g) * u * route[..., None]
+        act_s = F.silu(sg) * su * torch.sigmoid(sgate)
+        return F.linear(torch.cat([act_s, act_e.reshape(x.shape[0], n_exp * inter)], -1), self.w_out)
+
+    def fuse_for_inference(self) -> None:
+        e = self.experts
+        n_exp, two_i, hidden = e.w_gate_up.shape
+        inter, se = two_i // 2, self.shared_expert
+        shared = se.up_proj.weight.shape[0]
+        w_in = torch.cat([self.gate.weight, self.shared_expert_gate.weight, se.gate_proj.weight,
+                          se.up_proj.weight, e.w_gate_up.detach().reshape(n_exp * two_i, hidden)]).contiguous()
+        w_out = torch.cat([se.down_proj.weight,
+                           e.w_down.detach().permute(1, 0, 2).reshape(hidden, n_exp * inter)], 1).contiguous()
+        # The original parameters become views of the fused weights (no duplicated memory).
+        o = 0
+        for m in (self.gate, self.shared_expert_gate, se.gate_proj, se.up_proj):
+            n = m.weight.shape[0]
+            m.weight = nn.Parameter(w_in[o:o + n], requires_grad=False)
+            o += n
+        e.w_gate_up = nn.Parameter(w_in[o:].view(n_exp, two_i, hidden), requires_grad=False)
+        se.down_proj.weight = nn.Parameter(w_out[:, :shared], requires_grad=False)
+        e.w_down = nn.Parameter(w_out[:, shared:].view(hidden, n_exp, inter).permute(1, 0, 2),
+                                requires_grad=False)
+        self.w_in, self.w_out = w_in, w_out
 
 
 class Attention(nn.Module):
@@ -155,14 +213,23 @@ class Attention(nn.Module):
         self.o_proj = nn.Linear(self.hq * self.d, h, bias=False)
         self.q_norm = RMSNorm(self.d, args.rms_norm_eps)
         self.k_norm = RMSNorm(self.d, args.rms_norm_eps)
+        self.w_qkv: Optional[torch.Tensor] = None  # fused by fuse_for_inference()
 
     def _qkv(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
         lead = x.shape[:-1]
-        q, gate = self.q_proj(x).view(*lead, self.hq, 2 * self.d).chunk(2, dim=-1)
+        if self.w_qkv is not None:
+            qg, k, v = F.linear(x, self.w_qkv).split(
+                [2 * self.hq * self.d, self.hkv * self.d, self.hkv * self.d], dim=-1)
+        else:
+            qg, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
+        q, gate = qg.view(*lead, self.hq, 2 * self.d).chunk(2, dim=-1)
         q = apply_rotary(self.q_norm(q), cos, sin)
-        k = apply_rotary(self.k_norm(self.k_proj(x).view(*lead, self.hkv, self.d)), cos, sin)
-        v = self.v_proj(x).view(*lead, self.hkv, self.d)
+        k = apply_rotary(self.k_norm(k.view(*lead, self.hkv, self.d)), cos, sin)
+        v = v.view(*lead, self.hkv, self.d)
         return q, k, v, gate.reshape(*lead, self.hq * self.d)
+
+    def fuse_for_inference(self) -> None:
+        self.w_qkv = fuse_rows(self.q_proj, self.k_proj, self.v_proj)
 
     def forward_train(self, x, cos, sin):
         q, k, v, gate = self._qkv(x, cos, sin)  # (B, L, heads, D)
@@ -196,14 +263,22 @@ class GatedDeltaNet(nn.Module):
         self.A_log = nn.Parameter(torch.zeros(self.nv))
         self.norm = GatedRMSNorm(self.dv, args.rms_norm_eps)
         self.out_proj = nn.Linear(self.value_dim, h, bias=False)
+        self.w_in: Optional[torch.Tensor] = None  # fused by fuse_for_inference()
+
+    def fuse_for_inference(self) -> None:
+        self.w_in = fuse_rows(self.in_proj_qkvz, self.in_proj_ba)
 
     def _project(self, x: torch.Tensor):
         """Split the fused projections in the checkpoint's per-key-head interleaved order."""
         lead = x.shape[:-1]
         r = self.nv // self.nk
-        qkvz = self.in_proj_qkvz(x).view(*lead, self.nk, 2 * self.dk + 2 * r * self.dv)
+        if self.w_in is not None:
+            qkvz, ba = F.linear(x, self.w_in).split([2 * self.key_dim + 2 * self.value_dim, 2 * self.nv], -1)
+        else:
+            qkvz, ba = self.in_proj_qkvz(x), self.in_proj_ba(x)
+        qkvz = qkvz.view(*lead, self.nk, 2 * self.dk + 2 * r * self.dv)
         q, k, v, z = qkvz.split([self.dk, self.dk, r * self.dv, r * self.dv], dim=-1)
-        b, a = self.in_proj_ba(x).view(*lead, self.nk, 2 * r).split([r, r], dim=-1)
+        b, a = ba.view(*lead, self.nk, 2 * r).split([r, r], dim=-1)
         mixed = torch.cat([q.reshape(*lead, -1), k.reshape(*lead, -1), v.reshape(*lead, -1)], -1)
         return mixed, z.reshape(*lead, self.nv, self.dv), b.reshape(*lead, self.nv), a.reshape(*lead, self.nv)
 
@@ -353,6 +428,15 @@ class Qwen3Next(nn.Module):
     @property
     def dtype(self) -> torch.dtype:
         return self.embed_tokens.weight.dtype
+
+    @torch.no_grad()
+    def fuse_for_inference(self) -> None:
+        """Fuse projections that read the same input into single matmuls (decode is launch-bound:
+        this removes about 70 matmul launches from a solo window of the tiny model). The
+        checkpoint's parameters become views of the fused weights, so saving still works."""
+        for m in self.modules():
+            if m is not self and hasattr(m, "fuse_for_inference"):
+                m.fuse_for_inference()
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.lm_head(hidden)
