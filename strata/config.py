@@ -107,6 +107,10 @@ class ServerConfig:
     queue_timeout_s: float = 600.0
     #: Most requests accepted and not finished at once; more get 429.
     max_pending: int = 256
+    #: A ready engine that sends nothing (not even its 4-per-second heartbeat) for this long is
+    #: hung: it is killed, its requests fail with an error, and it restarts. 0 = never.
+    #: Generous by default: a first compile of a new window shape can take tens of seconds.
+    step_timeout_s: float = 300.0
     log_level: str = "info"
 
 

@@ -430,3 +430,32 @@ def test_api_key_and_backpressure(keyed_server):
     s.wait_metric("strata_requests_in_flight", lambda v: v == 0)
     s.wait_metric("strata_busy_slots", lambda v: v == 0)
     assert c.completions.create(model="tiny-test", prompt="x", max_tokens=2).usage.total_tokens > 1
+
+
+def test_hung_engine_is_killed_and_its_requests_fail(tmp_path_factory):
+    """A ready engine that stops answering (frozen with SIGSTOP) is detected by the heartbeat
+    watchdog: its requests get an error naming the hang, and the server serves again."""
+    s = ServerProc(tmp_path_factory.mktemp("serve_hang"), "server.step_timeout_s=2")
+    try:
+        old_pid = s.wait_ready()["engine_pid"]
+        body = {"prompt": "def hang():", "max_tokens": 200, "ignore_eos": True, "stream": True}
+        with httpx.Client(timeout=60) as hc:
+            with hc.stream("POST", s.base + "/v1/completions", json=body) as r:
+                assert r.status_code == 200
+                lines = r.iter_lines()
+                for line in lines:
+                    if line.startswith("data: {"):
+                        break
+                t0 = time.monotonic()
+                os.kill(old_pid, signal.SIGSTOP)
+                events = sse_events(lines)
+        assert events[-1] == "[DONE]", events
+        errors = [e for e in events if isinstance(e, dict) and "error" in e]
+        assert len(errors) == 1 and "hung" in errors[0]["error"]["message"], errors
+        assert time.monotonic() - t0 < 30
+        info = s.wait_ready(not_pid=old_pid)
+        assert info["restarts"] >= 1
+        r = post(s, "/v1/completions", {"prompt": "ok", "max_tokens": 2}, timeout=30)
+        assert r.status_code == 200
+    finally:
+        s.stop()

@@ -80,7 +80,8 @@ def create_app(cfg_dict: dict, server_cfg: Any) -> FastAPI:
         for hook in fatal_hooks:
             hook(msg)
 
-    sup = EngineSupervisor(cfg_dict, restart_delay_s=scfg.restart_delay_s, on_fatal=on_fatal)
+    sup = EngineSupervisor(cfg_dict, restart_delay_s=scfg.restart_delay_s, on_fatal=on_fatal,
+                           step_timeout_s=scfg.step_timeout_s)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):

@@ -45,6 +45,8 @@ def validate_server(s: Any) -> None:
         bad("max_pending", f"must be >= 1, got {s.max_pending}")
     if float(s.restart_delay_s) < 0:
         bad("restart_delay_s", f"must be >= 0, got {s.restart_delay_s}")
+    if float(s.step_timeout_s) < 0:
+        bad("step_timeout_s", f"must be >= 0 (0 = never), got {s.step_timeout_s}")
     if float(s.queue_timeout_s) < 0:
         bad("queue_timeout_s", f"must be >= 0 (0 = no limit), got {s.queue_timeout_s}")
     if str(s.log_level).lower() not in LOG_LEVELS:

@@ -50,9 +50,10 @@ class Handle:
 
 class EngineSupervisor:
     def __init__(self, cfg_dict: dict, restart_delay_s: float = 1.0,
-                 on_fatal: Optional[Callable[[str], None]] = None):
+                 on_fatal: Optional[Callable[[str], None]] = None, step_timeout_s: float = 0.0):
         self.cfg_dict = cfg_dict
         self.restart_delay_s = max(0.0, float(restart_delay_s))
+        self.step_timeout_s = max(0.0, float(step_timeout_s))
         self.on_fatal = on_fatal
         self.metrics = ServerMetrics()
         # Loop-thread state.
@@ -233,13 +234,22 @@ class EngineSupervisor:
             log.info("engine process %d started (generation %d); loading the model", proc.pid, gen)
 
             ready, fatal = False, None
+            last_msg = time.monotonic()
             while True:
                 try:
                     if not out_r.poll(0.5):
                         if not proc.is_alive() and not out_r.poll(0.05):
                             break
+                        silent = time.monotonic() - last_msg
+                        if ready and self.step_timeout_s and silent > self.step_timeout_s and fatal is None:
+                            # Alive but silent: a hung step (a stuck device call, a deadlock).
+                            fatal = (f"engine hung: no step or heartbeat for {silent:.0f} s "
+                                     f"(server.step_timeout_s={self.step_timeout_s:g})")
+                            log.error("engine process %d: %s; killing it", proc.pid, fatal)
+                            proc.kill()
                         continue
                     msg = out_r.recv()
+                    last_msg = time.monotonic()
                 except (EOFError, OSError):
                     break
                 except Exception as e:  # an event that does not unpickle: log it, keep going
