@@ -76,7 +76,7 @@ class Engine:
                     trace_path: Optional[str | Path] = None) -> "Engine":
         check_known_keys(cfg)
         device = resolve_device(cfg.device)
-        validate_engine(cfg.engine)
+        validate_engine(cfg.engine)  # fail before the checkpoint is read
         try:
             chosen = ops.set_backend(cfg.backend.name, device.type)
         except ValueError as e:
@@ -98,6 +98,9 @@ class Engine:
         self.model_name = loaded.path.name
         self.cfg = ecfg
         self.max_context = min(int(ecfg.max_context), self.args.max_position_embeddings)
+        if self.max_context < ecfg.max_context:
+            log(f"INFO engine.max_context={ecfg.max_context} exceeds the model's "
+                f"max_position_embeddings; using {self.max_context}")
         self.eos = set(self.args.eos_token_id)
         self.trace = TraceWriter(trace_path)
         self._clock0 = time.perf_counter()
