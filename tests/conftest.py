@@ -81,3 +81,18 @@ def single_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(n)
+
+
+def cpu_engine_config(model_dir, max_context: int = 256, **engine_knobs):
+    """A StrataConfig for an engine on the CPU over `model_dir`, with engine knobs set."""
+    from omegaconf import OmegaConf
+
+    from strata.config import StrataConfig
+
+    cfg = OmegaConf.structured(StrataConfig)
+    cfg.device = "cpu"
+    cfg.model.path = str(model_dir)
+    cfg.engine.max_context = max_context
+    for k, v in engine_knobs.items():
+        setattr(cfg.engine, k, v)
+    return cfg

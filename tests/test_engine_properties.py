@@ -23,15 +23,14 @@ import pytest
 import torch
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
-from omegaconf import OmegaConf
 
-from strata.config import StrataConfig
 from strata.engine.llm_engine import Engine
 from strata.engine.request import Request, SamplingParams
 from strata.engine.rotation import RotationRing
 from strata.model.loader import save_checkpoint
 from strata.model.qwen3_next import Qwen3Next
 from strata.model.tiny import init_random, make_tiny_random, tiny_args
+from conftest import cpu_engine_config
 
 torch.set_num_threads(1)
 
@@ -176,13 +175,7 @@ def echo_dir(tmp_path_factory):
 
 
 def build_engine(model_dir, **knobs) -> Engine:
-    cfg = OmegaConf.structured(StrataConfig)
-    cfg.device = "cpu"
-    cfg.model.path = str(model_dir)
-    cfg.engine.max_context = 256
-    for k, v in knobs.items():
-        setattr(cfg.engine, k, v)
-    return Engine.from_config(cfg, log=lambda s: None)
+    return Engine.from_config(cpu_engine_config(model_dir, **knobs), log=lambda s: None)
 
 
 class TraceModel:

@@ -13,12 +13,12 @@ import shutil
 
 import pytest
 import torch
-from omegaconf import OmegaConf
 
-from strata.config import ConfigError, StrataConfig
+from strata.config import ConfigError
 from strata.engine.llm_engine import Engine
 from strata.engine.request import Request, RequestError, SamplingParams
 from strata.model.tiny import make_tiny_random
+from conftest import cpu_engine_config
 
 torch.set_num_threads(1)
 
@@ -43,13 +43,7 @@ def no_mtp_model(tmp_path_factory):
 
 
 def make_cfg(model_dir, **knobs):
-    cfg = OmegaConf.structured(StrataConfig)
-    cfg.device = "cpu"
-    cfg.model.path = str(model_dir)
-    cfg.engine.max_context = 256
-    for k, v in knobs.items():
-        setattr(cfg.engine, k, v)
-    return cfg
+    return cpu_engine_config(model_dir, **knobs)
 
 
 def build(model_dir, **knobs):

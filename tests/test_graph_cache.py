@@ -18,15 +18,14 @@ from collections import OrderedDict
 
 import pytest
 import torch
-from omegaconf import OmegaConf
 
-from strata.config import StrataConfig
 from strata.engine.graph_cache import GraphCache, RecordingBackend
 from strata.engine.llm_engine import Engine
 from strata.engine.memory import MemoryBudget, fit_slots
 from strata.engine.request import Request, SamplingParams
 from strata.model.tiny import make_tiny_random
 from strata.trace import TraceWriter
+from conftest import cpu_engine_config
 
 torch.set_num_threads(1)
 
@@ -244,12 +243,7 @@ def no_mtp_dir(tmp_path_factory):
 
 
 def build(model_dir, **knobs):
-    cfg = OmegaConf.structured(StrataConfig)
-    cfg.device = "cpu"
-    cfg.model.path = str(model_dir)
-    cfg.engine.max_context = 256
-    for k, v in knobs.items():
-        setattr(cfg.engine, k, v)
+    cfg = cpu_engine_config(model_dir, **knobs)
     logs: list[str] = []
     eng = Engine.from_config(cfg, log=logs.append)
     eng.logs = logs

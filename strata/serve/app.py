@@ -212,6 +212,17 @@ def create_app(cfg_dict: dict, server_cfg: Any) -> FastAPI:
         return (f"the request waited longer than server.queue_timeout_s ({queue_timeout:g} s) "
                 "for its first token; the server is overloaded")
 
+    def failure_response(ev: tuple, rid: str) -> Optional[Response]:
+        """The response for an engine event that ends a request before it completes, else None."""
+        if ev[0] == "timeout":
+            sup.cancel(rid, "timeout")
+            return _err(P.ApiError(503, timeout_message(), code="queue_timeout",
+                                   headers={"Retry-After": str(sup.retry_after())}))
+        if ev[0] == "error":
+            return _err(P.ApiError(500, ev[1], code="engine_failure",
+                                   headers={"Retry-After": str(sup.retry_after())}))
+        return None
+
     async def generate(request: Request, kind: str) -> Response:
         try:
             check_auth(request)
@@ -250,13 +261,9 @@ def create_app(cfg_dict: dict, server_cfg: Any) -> FastAPI:
                 param = "messages"
             text = f"'{param}' {message}" if param else message
             return _err(P.ApiError(400, text, param=param, code="invalid_request"))
-        if ev[0] == "timeout":
-            sup.cancel(rid, "timeout")
-            return _err(P.ApiError(503, timeout_message(), code="queue_timeout",
-                                   headers={"Retry-After": str(sup.retry_after())}))
-        if ev[0] == "error":
-            return _err(P.ApiError(500, ev[1], code="engine_failure",
-                                   headers={"Retry-After": str(sup.retry_after())}))
+        failed = failure_response(ev, rid)
+        if failed is not None:
+            return failed
         prompt_tokens = ev[1]
         if req.stream:
             return SSEResponse(stream(req, h, rid, created, model_name, prompt_tokens, deadline),
@@ -324,13 +331,9 @@ def create_app(cfg_dict: dict, server_cfg: Any) -> FastAPI:
             out_tokens = 0
             while True:
                 ev = await next_event(h, deadline if out_tokens == 0 else None)
-                if ev[0] == "timeout":
-                    sup.cancel(rid, "timeout")
-                    return _err(P.ApiError(503, timeout_message(), code="queue_timeout",
-                                           headers={"Retry-After": str(sup.retry_after())}))
-                if ev[0] == "error":
-                    return _err(P.ApiError(500, ev[1], code="engine_failure",
-                                           headers={"Retry-After": str(sup.retry_after())}))
+                failed = failure_response(ev, rid)
+                if failed is not None:
+                    return failed
                 _id, new_ids, text, finished, reason, error, _pt, ot, timings = ev[1]
                 out_tokens = ot or out_tokens + len(new_ids)
                 texts.append(text)
