@@ -24,6 +24,10 @@ class ModelConfig:
     path: str = EMBEDDED_MODEL_DIR
     #: auto (the checkpoint's torch_dtype, float32 on CPU), float32, bfloat16 or float16.
     dtype: str = "auto"
+    #: MoE blocks with at most this many experts always run dense as two fused matmuls (fewer
+    #: launches, and the same arithmetic for every window shape); larger ones gather the routed
+    #: experts whenever rows x top-k is below the expert count.
+    moe_dense_experts: int = 16
 
 
 @dataclass

@@ -82,7 +82,10 @@ class Engine:
         except ValueError as e:
             raise ConfigError(str(e)) from None
         log(f"INFO kernels: backend={chosen} ({cfg.backend.name} asked)")
-        loaded = load_checkpoint(cfg.model.path, cfg.model.dtype, device, log=log)
+        if cfg.model.moe_dense_experts < 0:
+            raise ConfigError(f"model.moe_dense_experts: must be >= 0, got {cfg.model.moe_dense_experts}")
+        loaded = load_checkpoint(cfg.model.path, cfg.model.dtype, device, log=log,
+                                 moe_dense_experts=int(cfg.model.moe_dense_experts))
         return cls(loaded, cfg.engine, device, log=log, trace_path=trace_path)
 
     def __init__(self, loaded: LoadedModel, ecfg: Any, device: torch.device,

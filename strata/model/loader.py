@@ -59,7 +59,8 @@ def _shard_files(path: Path) -> list[Path]:
 
 
 def load_checkpoint(path: str | Path, dtype: str = "auto", device: str | torch.device = "cpu",
-                    keymap: KeyMap = QWEN3_NEXT, log=print, fuse: bool = True) -> LoadedModel:
+                    keymap: KeyMap = QWEN3_NEXT, log=print, fuse: bool = True,
+                    moe_dense_experts: int = 16) -> LoadedModel:
     """Build the model from a checkpoint directory; every problem names the file and the key."""
     path = Path(path)
     if not path.is_dir():
@@ -132,7 +133,7 @@ def load_checkpoint(path: str | Path, dtype: str = "auto", device: str | torch.d
         model.rotary = Rotary(args).to(device)
     model.eval().requires_grad_(False)
     if fuse:
-        model.fuse_for_inference()
+        model.fuse_for_inference(moe_dense_experts)
     if not with_mtp:
         log("INFO: checkpoint has no mtp.* weights: running without speculation")
     tok = Tokenizer.from_dir(path) if (path / "tokenizer.json").is_file() else None

@@ -142,6 +142,7 @@ class SparseMoe(nn.Module):
         self.shared_expert_gate = nn.Linear(args.hidden_size, 1, bias=False)
         self.w_in: Optional[torch.Tensor] = None  # fused by fuse_for_inference()
         self.w_out: Optional[torch.Tensor] = None
+        self.dense_experts = 0  # set by fuse_for_inference()
 
     def _route(self, logits: torch.Tensor):
         probs = torch.softmax(logits.float(), dim=-1)
@@ -154,7 +155,7 @@ class SparseMoe(nn.Module):
         shape = x.shape
         x = x.reshape(-1, shape[-1])
         n_exp = self.experts.w_gate_up.shape[0]
-        if self.w_in is not None and x.shape[0] * self.top_k >= n_exp:
+        if self.w_in is not None and (n_exp <= self.dense_experts or x.shape[0] * self.top_k >= n_exp):
             return self._forward_fused(x).reshape(shape)
         weights, index = self._route(self.gate(x))
         out = self.experts(x, weights.to(x.dtype), index)
@@ -177,7 +178,8 @@ class SparseMoe(nn.Module):
         act_s = F.silu(sg) * su * torch.sigmoid(sgate)
         return F.linear(torch.cat([act_s, act_e.reshape(x.shape[0], n_exp * inter)], -1), self.w_out)
 
-    def fuse_for_inference(self) -> None:
+    def fuse_for_inference(self, dense_experts: int = 0) -> None:
+        self.dense_experts = dense_experts
         e = self.experts
         n_exp, two_i, hidden = e.w_gate_up.shape
         inter, se = two_i // 2, self.shared_expert
@@ -430,12 +432,15 @@ class Qwen3Next(nn.Module):
         return self.embed_tokens.weight.dtype
 
     @torch.no_grad()
-    def fuse_for_inference(self) -> None:
+    def fuse_for_inference(self, moe_dense_experts: int = 0) -> None:
         """Fuse projections that read the same input into single matmuls (decode is launch-bound:
-        this removes about 70 matmul launches from a solo window of the tiny model). The
-        checkpoint's parameters become views of the fused weights, so saving still works."""
+        this removes about 100 matmul launches from a solo window of the tiny model). The
+        checkpoint's parameters become views of the fused weights, so saving still works.
+        MoE blocks of at most `moe_dense_experts` experts always take the fused dense path."""
         for m in self.modules():
-            if m is not self and hasattr(m, "fuse_for_inference"):
+            if isinstance(m, SparseMoe):
+                m.fuse_for_inference(moe_dense_experts)
+            elif m is not self and hasattr(m, "fuse_for_inference"):
                 m.fuse_for_inference()
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
