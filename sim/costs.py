@@ -30,8 +30,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
+from strata.trace import GRAPH_ACTIONS  # the trace schema is the one strata module sim/ uses
+
 SCHEMA = "strata-sim-cost-profile/1"
-GRAPH_ACTIONS = ("hit", "capture", "eager")
 
 
 class ProfileError(ValueError):

@@ -23,7 +23,6 @@ class MemoryBudget:
     slots: int
     #: Device free MiB right now (CUDA), or None (CPU: arithmetic only).
     device_free_mib: Optional[Callable[[], float]] = None
-    #: Graph memory already charged when device_free_mib was last sampled is part of "used".
 
     def planned_mib(self) -> float:
         return self.weights_mib + self.slots * self.slot_mib
