@@ -340,3 +340,15 @@ def bf16_parity(name, tiny_ckpts, hf, device):
         h32 = hf[name].model(input_ids=toks, use_cache=False).last_hidden_state
         sd = load_file(str(tiny_ckpts[name] / "model.safetensors"))
         assert rel_err(m, reference_mtp_logits(sd, lm.args, h32, toks)) <= 2e-2
+
+
+@pytest.mark.parametrize("k", [1, 2, 4, 10])
+def test_topk_by_argmax_matches_torch_topk(k):
+    from strata.model.qwen3_next import topk_by_argmax
+
+    g = torch.Generator().manual_seed(k)
+    x = torch.softmax(torch.randn(37, 64, generator=g), -1)
+    vals, idx = topk_by_argmax(x, k)
+    ref_vals, ref_idx = torch.topk(x, k, dim=-1)
+    assert torch.equal(idx, ref_idx)
+    assert torch.equal(vals, ref_vals)

@@ -129,6 +129,21 @@ class Experts(nn.Module):
         return torch.einsum("nkh,nk->nh", out, weights.to(out.dtype))
 
 
+def topk_by_argmax(x: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Top-k of the last dim as k rounds of argmax (descending, ties to the lower index).
+
+    Routing picks a few of a few hundred experts per row: torch.compile fuses these rounds with
+    the softmax into one kernel, where torch.topk stays two library launches (a sort and a
+    gather) per MoE layer, which is most of a decode window's routing time."""
+    vals, idxs = [], []
+    for _ in range(k):
+        i = x.argmax(-1, keepdim=True)
+        vals.append(x.gather(-1, i))
+        idxs.append(i)
+        x = x.scatter(-1, i, float("-inf"))
+    return torch.cat(vals, -1), torch.cat(idxs, -1)
+
+
 class SparseMoe(nn.Module):
     """Top-k softmax routing (optionally renormalised) plus a sigmoid-gated shared expert."""
 
@@ -146,7 +161,7 @@ class SparseMoe(nn.Module):
 
     def _route(self, logits: torch.Tensor):
         probs = torch.softmax(logits.float(), dim=-1)
-        weights, index = torch.topk(probs, self.top_k, dim=-1)
+        weights, index = topk_by_argmax(probs, self.top_k)
         if self.norm_topk:
             weights = weights / weights.sum(-1, keepdim=True)
         return weights, index
