@@ -52,6 +52,8 @@ CONFIGS = {
     "solo": dict(mode="solo", batch_mtp=False),
     "solo_eager": dict(mode="solo", batch_mtp=False, graphs=False),
     "solo_nospec": dict(mode="solo", batch_mtp=False, spec=1),
+    "solo_spec2": dict(mode="solo", batch_mtp=False, spec=2),
+    "solo_spec3": dict(mode="solo", batch_mtp=False, spec=3),
     "batch": dict(mode="batch", batch_mtp=False),
     "batch_mtp": dict(mode="batch", batch_mtp=True),
     "batch_mtp_eager": dict(mode="batch", batch_mtp=True, graphs=False),

@@ -35,6 +35,7 @@ def main() -> None:
     ap.add_argument("--trace", default=None, help="write a chrome trace of one eager window")
     ap.add_argument("--compile", action="store_true", help="torch.compile the window regions")
     ap.add_argument("--dtype", default="auto")
+    ap.add_argument("--json", default=None, help="write every kernel's count and time here")
     a = ap.parse_args()
     dev = torch.device(a.device)
     ops.set_backend(a.backend, dev.type)
@@ -95,6 +96,14 @@ def main() -> None:
         print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=12, max_name_column_width=70))
         if a.trace:
             prof.export_chrome_trace(a.trace)
+        if a.json:
+            import json
+
+            rows = sorted(((e.key, e.count, e.device_time_total) for e in evs), key=lambda r: -r[2])
+            Path(a.json).write_text(json.dumps({
+                "groups": a.groups, "rows": a.rows, "ctx": a.ctx, "eager_us": eager * 1e6,
+                "replay_us": rep * 1e6, "kernels": n_kernels,
+                "by_kernel": [{"name": k, "count": c, "us": round(t, 2)} for k, c, t in rows]}, indent=1))
 
 
 if __name__ == "__main__":

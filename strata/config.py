@@ -46,6 +46,11 @@ class EngineConfig:
     decode_share: float = 0.5
     #: Prompt tokens per prefill iteration.
     prefill_chunk: int = 256
+    #: Lengths a prompt chunk is padded to (ascending), so prefill runs a few static shapes that
+    #: are captured as graphs once; a chunk longer than the last runs unpadded and eagerly.
+    prefill_buckets: list[int] = field(default_factory=lambda: [16, 32, 64, 128, 256])
+    #: Replay prompt chunks from captured graphs too (on CUDA, when `graphs` is on).
+    prefill_graphs: bool = True
     #: Context length of a slot (positions 0 .. max_context-1).
     max_context: int = 4096
     #: Smallest context tier; tiers double from here up to max_context.
@@ -202,6 +207,9 @@ def validate_engine(e: Any) -> None:
         bad("decode_share", f"must be in (0, 1], got {e.decode_share}")
     if e.prefill_chunk < 1:
         bad("prefill_chunk", f"must be >= 1, got {e.prefill_chunk}")
+    if not e.prefill_buckets or list(e.prefill_buckets) != sorted(set(e.prefill_buckets)) \
+            or e.prefill_buckets[0] < 1:
+        bad("prefill_buckets", f"must be ascending distinct positive ints, got {list(e.prefill_buckets)}")
     if e.graph_limit < 0:
         bad("graph_limit", f"must be >= 0 (0 = unbounded), got {e.graph_limit}")
     if e.vram_reserve_mib < 0:

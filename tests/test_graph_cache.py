@@ -409,3 +409,31 @@ def test_draft_state_that_does_not_fit_turns_batch_mtp_off(model_dir, facts):
     assert not [s for s in eng.logs if "graph memory exhausted" in s]
     run(eng, workload(4))
     assert all(rs.reason == "length" for rs in eng.requests.values())
+
+
+def test_prefill_graphs_one_per_bucket_and_tier_charged_to_budget(model_dir):
+    """Prompt chunks padded to buckets replay one captured plan per (bucket, tier), charge each
+    to the memory budget, and give the same tokens as chunks run eagerly and unpadded."""
+    reqs = lambda: [Request(f"p{i}", [(7 * i + j) % 500 + 1 for j in range(n)],  # noqa: E731
+                            SamplingParams(max_tokens=6, stop_at_eos=False))
+                    for i, n in enumerate([3, 9, 17, 40, 12, 70])]
+    plain = build(model_dir, slots=2, prefill_buckets=[1], prefill_chunk=32)  # unpadded
+    want = run(plain, reqs())
+    eng = build(model_dir, slots=2, prefill_buckets=[8, 16, 32], prefill_chunk=32)
+    eng.runner.p_backend = RecordingBackend(3.0)
+    planned = eng.budget.planned_mib()
+    got = run(eng, reqs())
+    assert got == want
+    # chunks: 3->8, 9->16, 17->32, 40->32+8, 12->16, 70->32+32+8; all in the first tier (256)
+    assert sorted(eng.runner.p_graphs) == [(8, 256), (16, 256), (32, 256)]
+    assert eng.budget.planned_mib() == pytest.approx(planned + 9.0)
+    assert eng.stats()["prefill_graphs"] == 3
+    eng.close()
+    assert eng.budget.planned_mib() == pytest.approx(planned)
+
+
+def test_prefill_bucket_config_is_validated(model_dir):
+    from strata.config import ConfigError
+
+    with pytest.raises(ConfigError, match="engine.prefill_buckets"):
+        build(model_dir, prefill_buckets=[32, 16])

@@ -99,6 +99,31 @@ def test_prefill_logits_match_transformers(name, ours, hf):
 
 
 @pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize("n,bucket,start", [(10, 16, 0), (37, 64, 0), (3, 128, 20), (70, 128, 30)])
+@torch.no_grad()
+def test_padded_prefill_equals_unpadded(name, ours, n, bucket, start):
+    """A prompt chunk padded to a bucket (length given as a device tensor, garbage tokens after
+    it) leaves the same state and hidden rows as the chunk alone; the padding writes only K/V
+    rows past the chunk, which decoding overwrites before it reads them."""
+    lm = ours[name]
+    toks = _tokens(lm.args.vocab_size, (start + n,), seed=4)
+    padded = torch.cat([toks[start:], _tokens(lm.args.vocab_size, (bucket - n,), seed=5)])
+    states = [_state(lm, lanes=2, ctx=start + bucket + 8) for _ in range(2)]
+    for st in states:
+        if start:
+            lm.model.prefill(toks[:start], 1, 0, st)
+    want = lm.model.prefill(toks[start:], 1, start, states[0])
+    got = lm.model.prefill(padded, torch.tensor([1]), torch.tensor([start]), states[1],
+                           length=torch.tensor([n]), ctx=start + bucket)
+    assert rel_err(got[:n], want) <= TOL
+    a, b = states
+    assert rel_err(b.rec[:, 1], a.rec[:, 1]) <= TOL
+    assert rel_err(b.conv[:, 1], a.conv[:, 1]) <= TOL
+    assert rel_err(b.k[:, 1, :start + n], a.k[:, 1, :start + n]) <= TOL
+    assert torch.equal(b.rec[:, 0], a.rec[:, 0]) and torch.equal(b.k[:, 0], a.k[:, 0])  # other lane
+
+
+@pytest.mark.parametrize("name", NAMES)
 @torch.no_grad()
 def test_cached_decode_matches_full_recompute(name, ours, hf):
     lm, ref = ours[name], hf[name]

@@ -32,9 +32,9 @@ from strata.model.state import DecodeState
 from strata.trace import TraceWriter, context_tier, layout_key, shape_bucket, shape_key
 
 ENGINE_KNOBS = ("mode", "batch_mtp", "slots", "spec", "window_rows", "decode_share", "prefill_chunk",
-                "max_context", "context_tier_min", "shape_buckets", "graphs", "graph_key",
-                "graph_limit", "vram_reserve_mib", "graph_mib_estimate", "cpu_graph_mib",
-                "cpu_device_mib")
+                "prefill_buckets", "prefill_graphs", "max_context", "context_tier_min",
+                "shape_buckets", "graphs", "graph_key", "graph_limit", "vram_reserve_mib",
+                "graph_mib_estimate", "cpu_graph_mib", "cpu_device_mib")
 
 
 def resolve_device(name: str) -> torch.device:
@@ -177,9 +177,13 @@ class Engine:
             self.cache = GraphCache(int(ecfg.graph_limit), backend, self.budget, self.trace,
                                     estimate, log=self.log)
         max_groups = shape_bucket(n_slots, list(ecfg.shape_buckets))
+        p_backend = (CudaGraphBackend(device) if device.type == "cuda" and ecfg.graphs
+                     and ecfg.prefill_graphs else None)
         self.runner = ModelRunner(self.verifier, self.cache, device, max(max_groups, n_slots),
-                                  self.state.scratch, log=self.log)
-        knobs = {k: (list(getattr(ecfg, k)) if k == "shape_buckets" else getattr(ecfg, k))
+                                  self.state.scratch, log=self.log,
+                                  prefill_buckets=tuple(ecfg.prefill_buckets),
+                                  prefill_graphs=p_backend, budget=self.budget)
+        knobs = {k: (list(getattr(ecfg, k)) if k in ("shape_buckets", "prefill_buckets") else getattr(ecfg, k))
                  for k in ENGINE_KNOBS}
         knobs.update(batch_mtp=self.batch_mtp, slots=n_slots, max_context=self.max_context,
                      drafting=drafting)
@@ -361,7 +365,8 @@ class Engine:
         final = start + n == rs.prompt_len
         next_token = None if final else rs.req.prompt_ids[start + n]
         t0 = time.perf_counter()
-        first = self.verifier.prefill(slot.id, rs.prompt_tensor[start:start + n], start, next_token)
+        _, token = self.runner.prefill(slot.id, rs.prompt_tensor, start, n, next_token, self._tier)
+        first = int(token[0]) if final else None  # one sync per finished prompt
         self._sync()
         dur = time.perf_counter() - t0
         slot.prefilled += n
@@ -379,6 +384,9 @@ class Engine:
             self.scheduler.release(slot)
         else:
             self.scheduler.start_decoding(slot)
+
+    def _tier(self, need: int) -> int:
+        return context_tier(need, self.cfg.context_tier_min, self.max_context)
 
     def _run_decode(self, plan: Plan, outs: dict) -> None:
         groups = plan.groups
@@ -508,9 +516,11 @@ class Engine:
             "graph_evictions": c.evictions if c else 0, "graph_hits": c.hits if c else 0,
             "graph_eager": c.eager if c else 0, "graphs_mib": c.graphs_mib if c else 0.0,
             "device_free_mib": dev_free, "device_used_mib": dev_used,
+            "prefill_graphs": len(self.runner.p_graphs), "prefill_graphs_mib": self.runner.p_graphs_mib,
         }
 
     def close(self) -> None:
         if self.cache is not None:
             self.cache.clear()
+        self.runner.release_prefill_graphs()
         self.trace.close()

@@ -23,9 +23,11 @@ class MemoryBudget:
     slots: int
     #: Device free MiB right now (CUDA), or None (CPU: arithmetic only).
     device_free_mib: Optional[Callable[[], float]] = None
+    #: Graphs held outside the LRU cache (prompt-chunk graphs, one per bucket and tier).
+    fixed_graphs_mib: float = 0.0
 
     def planned_mib(self) -> float:
-        return self.weights_mib + self.slots * self.slot_mib
+        return self.weights_mib + self.slots * self.slot_mib + self.fixed_graphs_mib
 
     def graph_budget_mib(self, graphs_mib: float) -> float:
         """MiB a new graph may still take."""

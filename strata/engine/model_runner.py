@@ -8,17 +8,23 @@ with one row at position 0: they compute but write nowhere that is read.
 
 from __future__ import annotations
 
-from typing import Callable, Optional
+import bisect
+from typing import Any, Callable, Optional
 
 import torch
 
 from strata.engine.graph_cache import GraphCache
+from strata.engine.memory import MemoryBudget
 from strata.engine.verifier import Verifier
 
 
 class ModelRunner:
     def __init__(self, verifier: Verifier, cache: Optional[GraphCache], device: torch.device,
-                 max_groups: int, scratch_lane: int, log: Callable[[str], None] = print):
+                 max_groups: int, scratch_lane: int, log: Callable[[str], None] = print,
+                 prefill_buckets: tuple[int, ...] = (), prefill_graphs: Optional[Any] = None,
+                 budget: Optional[MemoryBudget] = None):
+        """`prefill_buckets`: lengths prompt chunks are padded to; `prefill_graphs`: a capture
+        backend for them (None: prompt chunks run eagerly), charged to `budget`."""
         self.verifier = verifier
         self.cache = cache
         self.device = device
@@ -28,6 +34,77 @@ class ModelRunner:
         self.inputs = torch.zeros(3, max_groups, dtype=torch.long, device=device)
         self.host_inputs = torch.zeros(3, max_groups, dtype=torch.long, pin_memory=pin)
         self.host_np = self.host_inputs.numpy()  # cheap element writes on the hot path
+        # Prompt chunks: a static token buffer and (lane, start, length, next token) on the device.
+        self.buckets = tuple(prefill_buckets)
+        self.p_tokens = torch.zeros(max(self.buckets, default=1), dtype=torch.long, device=device)
+        self.p_meta = torch.zeros(4, dtype=torch.long, device=device)
+        self.p_host = torch.zeros(4, dtype=torch.long, pin_memory=pin)
+        self.p_backend = prefill_graphs
+        self.budget = budget
+        self.p_graphs: dict[tuple[int, int], Any] = {}  # (bucket, ctx) -> captured handle
+        self.p_graphs_mib = 0.0
+        self.p_eager = 0
+        self._p_failed = False
+
+    # ---- prompt chunks ------------------------------------------------------------------------
+    def prefill_shape(self, n: int, start: int, tier: Callable[[int], int]) -> tuple[int, int]:
+        """(padded length, attention positions read) of a chunk of n tokens at `start`."""
+        i = bisect.bisect_left(self.buckets, n)
+        b = self.buckets[i] if i < len(self.buckets) else n  # past the last bucket: unpadded
+        return b, tier(start + b)
+
+    def prefill(self, lane: int, prompt: torch.Tensor, start: int, n: int, next_token: Optional[int],
+                tier: Callable[[int], int]) -> tuple[str, torch.Tensor]:
+        """Run prompt[start:start+n] of `lane`; returns (graph action, (1,) device token)."""
+        b, ctx = self.prefill_shape(n, start, tier)
+        if b > self.p_tokens.shape[0]:
+            self.p_tokens = torch.zeros(b, dtype=torch.long, device=self.device)
+        self.p_tokens[:n].copy_(prompt[start:start + n])
+        h = self.p_host
+        h[0], h[1], h[2], h[3] = lane, start, n, -1 if next_token is None else next_token
+        self.p_meta.copy_(h)  # blocking: h is reused at once
+        run = lambda: self.verifier.prefill(self.p_tokens[:b], self.p_meta, ctx)  # noqa: E731
+        key = (b, ctx)
+        if self.p_backend is None or b not in self.buckets or self._p_failed:
+            return "eager", run()
+        handle = self.p_graphs.get(key)
+        if handle is not None:
+            return "hit", self.p_backend.replay(handle)
+        if self.budget is not None and self.budget.graph_budget_mib(
+                (self.cache.graphs_mib if self.cache else 0.0)) < (self.cache.last_mib if self.cache else 0.0):
+            self.p_eager += 1
+            return "eager", run()
+        try:
+            # Warm on the scratch lane first: lazy initialisation must not happen in a capture.
+            h[0], h[1], h[2], h[3] = self.scratch, 0, 1, -1
+            self.p_meta.copy_(h)  # blocking: h is reused at once
+            run()
+            handle, mib = self.p_backend.capture(run)
+        except Exception as e:  # a CUDA error in capture: prompt chunks run eagerly from now on
+            self._p_failed = True
+            self.log(f"WARNING: prefill graph capture failed for bucket {b} ctx {ctx} "
+                     f"({type(e).__name__}: {e}); prompt chunks run eagerly")
+            h[0], h[1], h[2], h[3] = lane, start, n, -1 if next_token is None else next_token
+            self.p_meta.copy_(h)  # blocking: h is reused at once
+            return "eager", run()
+        self.p_graphs[key] = handle
+        self.p_graphs_mib += mib
+        if self.budget is not None:
+            self.budget.fixed_graphs_mib += mib
+        if len(self.p_graphs) == 1:
+            self.log(f"INFO prefill graphs: captured bucket {b} ctx {ctx} ({mib:.1f} MiB); one per "
+                     f"(bucket, context tier) as prompts need them, charged to the memory budget")
+        h[0], h[1], h[2], h[3] = lane, start, n, -1 if next_token is None else next_token
+        self.p_meta.copy_(h)  # blocking: h is reused at once
+        return "capture", self.p_backend.replay(handle)
+
+    def release_prefill_graphs(self) -> None:
+        for handle in self.p_graphs.values():
+            self.p_backend.release(handle)
+        self.p_graphs.clear()
+        if self.budget is not None:
+            self.budget.fixed_graphs_mib -= self.p_graphs_mib
+        self.p_graphs_mib = 0.0
 
     def _fill(self, groups: list[tuple[int, int, int]], n: int, pad_all: bool = False) -> None:
         h = self.host_np

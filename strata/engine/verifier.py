@@ -102,31 +102,32 @@ class Verifier:
             draft = torch.zeros_like(accept)
         return torch.cat([y, accept[:, None], draft[:, None]], 1)
 
-    def prefill(self, lane: int, tokens: torch.Tensor, start: int, next_token: int | None) -> int | None:
-        """Run one prompt chunk of `lane`; `next_token` is the prompt token after the chunk, or
-        None for the final chunk, which samples and returns the first token and drafts."""
+    def prefill(self, tokens: torch.Tensor, meta: torch.Tensor, ctx: int) -> torch.Tensor:
+        """Run one prompt chunk, entirely on the device (so it can be one CUDA graph).
+
+        tokens (B,): the chunk, padded to a bucket; meta (4,) int64: lane, start, length (real
+        tokens), and the prompt token after the chunk, or -1 for the final chunk. The final
+        chunk samples the first token and drafts; every chunk writes the lane's pending token,
+        position and draft (a later chunk overwrites them). Returns (1,) int64: the first token
+        for a final chunk, else the next prompt token."""
         model, state, bufs = self.model, self.state, self.bufs
-        dev = tokens.device
         n = tokens.shape[0]
-        hidden = model.prefill(tokens, lane, start, state)
-        lane_t = torch.tensor([lane], device=dev)
-        first = None
-        if next_token is None:
-            t, k, p, s = bufs.params(lane_t)
-            first_t = sample(model.logits(hidden[-1:]), t, k, p, s, torch.tensor([start + n], device=dev))
-            bufs.pending[lane] = first_t[0]
-            bufs.pos[lane] = start + n
-            nxt = first_t
-        else:
-            nxt = torch.tensor([next_token], device=dev)
+        lane, start, length, given = meta[0:1], meta[1:2], meta[2:3], meta[3:4]
+        hidden = model.prefill(tokens, lane, start, state, length=length, ctx=ctx)
+        last = length - 1
+        t, k, p, s = bufs.params(lane)
+        first = self.sample(model.logits(hidden.index_select(0, last)), t, k, p, s, start + length)
+        nxt = torch.where(given < 0, first, given)
+        bufs.pending.index_copy_(0, lane, nxt)
+        bufs.pos.index_copy_(0, lane, start + length)
         if self.drafting:
-            next_tokens = torch.cat([tokens[1:], nxt])
-            mh = model.mtp_window(hidden[None], next_tokens[None], lane_t, torch.tensor([start], device=dev),
-                                  start + n, state, with_logits=False, variant="prefill")[0][0]
-            if next_token is None:
-                bufs.draft[lane] = self._draft(model.logits(mh[-1:]), lane_t,
-                                               torch.tensor([start + n + 1], device=dev))[0]
-                bufs.mtp_h[lane] = mh[-1]
-        if next_token is None:
-            first = int(nxt[0])  # one sync per finished prompt
-        return first
+            # MTP row i combines h[i] with the token after it: the prompt's next token, and at
+            # the last real row the token that follows the chunk.
+            rows = torch.arange(n, device=tokens.device)
+            next_tokens = torch.where(rows == last, nxt, tokens.roll(-1))
+            mh = model.mtp_window(hidden[None], next_tokens[None], lane, start, ctx, state,
+                                  with_logits=False, variant="prefill")[0][0]
+            h_last = mh.index_select(0, last)
+            bufs.draft.index_copy_(0, lane, self._draft(model.logits(h_last), lane, start + length + 1))
+            bufs.mtp_h.index_copy_(0, lane, h_last)
+        return nxt

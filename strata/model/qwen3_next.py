@@ -318,14 +318,26 @@ class GatedDeltaNet(nn.Module):
         out = self.norm(core.to(dtype), z)
         return self.out_proj(out.reshape(*out.shape[:-2], self.value_dim))
 
-    def forward_seq(self, x: torch.Tensor, conv_init: torch.Tensor, rec_init: torch.Tensor):
-        """Whole sequences x (B, L, H) from given states; returns out, final conv and rec state."""
+    def forward_seq(self, x: torch.Tensor, conv_init: torch.Tensor, rec_init: torch.Tensor,
+                    valid: Optional[torch.Tensor] = None):
+        """Whole sequences x (B, L, H) from given states; returns out, final conv and rec state.
+
+        valid (B, L) bool marks real tokens, a prefix of each row; the padded tail after it gets
+        zero decay and zero write strength, so it leaves the recurrent state as the real tokens
+        left it, and the final conv state is taken after the last real token."""
         mixed, z, b, a = self._project(x)
         ext = torch.cat([conv_init.to(x.dtype), mixed.transpose(1, 2)], dim=-1)  # (B, C, K-1+L)
         conv = F.conv1d(ext, self.conv1d.weight, groups=self.conv_dim)
         mixed = F.silu(conv).transpose(1, 2)
-        conv_final = ext[..., ext.shape[-1] - (self.kernel - 1):]
         q, k, v, g, beta = self._heads(mixed, b, a)
+        if valid is None:
+            conv_final = ext[..., ext.shape[-1] - (self.kernel - 1):]
+        else:
+            real = valid.sum(-1, keepdim=True)  # (B, 1): ext columns real..real+K-2 are the last inputs
+            cols = real + torch.arange(self.kernel - 1, device=x.device)
+            conv_final = ext.gather(-1, cols[:, None, :].expand(-1, ext.shape[1], -1))
+            g = g * valid[..., None]
+            beta = beta * valid[..., None]
         core, rec_final = ops.chunk_gated_delta(q, k, v, g, beta, rec_init)
         return self._out(core, z, x.dtype), conv_final, rec_final
 
@@ -371,8 +383,8 @@ class DecoderLayer(nn.Module):
         o = a.o_proj(o.reshape(*x.shape[:-1], a.hq * a.d) * torch.sigmoid(gate))
         return self._ffn(x + o)
 
-    def prefill_linear(self, x, conv_init, rec_init):
-        h, conv, rec = self.linear_attn.forward_seq(self.input_layernorm(x), conv_init, rec_init)
+    def prefill_linear(self, x, conv_init, rec_init, valid=None):
+        h, conv, rec = self.linear_attn.forward_seq(self.input_layernorm(x), conv_init, rec_init, valid)
         return self._ffn(x + h), conv, rec
 
     def window_attention(self, x, cos, sin, k_cache, v_cache, group_slot, group_pos, ctx: int,
@@ -492,24 +504,34 @@ class Qwen3Next(nn.Module):
         return self.mtp.norm(x)
 
     # ---- one lane's prompt chunk -----------------------------------------------------------
-    def prefill(self, tokens: torch.Tensor, lane: int, start: int, state: DecodeState) -> torch.Tensor:
+    def prefill(self, tokens: torch.Tensor, lane, start, state: DecodeState,
+                length: Optional[torch.Tensor] = None, ctx: Optional[int] = None) -> torch.Tensor:
         """Run prompt tokens (L,) of `lane` at positions start..start+L-1, writing its KV, conv
-        and recurrent state. Returns final hidden states (L, H) after model.norm."""
-        length = tokens.shape[0]
+        and recurrent state. Returns final hidden states (L, H) after model.norm.
+
+        lane and start are ints or (1,) int64 device tensors (graph-captured chunks read them
+        from device buffers). With `length` ((1,) int64), only the first `length` tokens are the
+        prompt and the rest padding: their K/V rows land past the prompt, where decoding writes
+        before it reads, and they leave the DeltaNet state alone. `ctx` (attention positions
+        read) defaults to start + L and must cover the real tokens."""
+        n = tokens.shape[0]
+        dev = tokens.device
+        lane_t = torch.as_tensor(lane, dtype=torch.long, device=dev).reshape(1)
+        start_t = torch.as_tensor(start, dtype=torch.long, device=dev).reshape(1)
         x = self.embed_tokens(tokens)[None]  # (1, L, H): a window grid of one group
-        pos = torch.arange(start, start + length, device=tokens.device)
+        pos = start_t + torch.arange(n, device=dev)
         cos, sin = self.rotary(pos[None], x.dtype)
-        slot_t = torch.tensor([lane], device=tokens.device)
-        pos_t = torch.tensor([start], device=tokens.device)
-        ctx = start + length
+        ctx = int(start) + n if ctx is None else ctx
+        valid = None if length is None else (torch.arange(n, device=dev) < length)[None]
         for i, layer in enumerate(self.layers):
             j = self.state_index[i]
             if layer.kind == "linear_attention":
-                x, conv, rec = layer.p_linear(x, state.conv[j, lane][None], state.rec[j, lane][None])
-                state.conv[j, lane] = conv[0].to(state.conv.dtype)
-                state.rec[j, lane] = rec[0]
+                x, conv, rec = layer.p_linear(x, state.conv[j].index_select(0, lane_t),
+                                              state.rec[j].index_select(0, lane_t), valid)
+                state.conv[j].index_copy_(0, lane_t, conv.to(state.conv.dtype))
+                state.rec[j].index_copy_(0, lane_t, rec)
             else:
-                x = layer.window_attention(x, cos, sin, state.k[j], state.v[j], slot_t, pos_t, ctx,
+                x = layer.window_attention(x, cos, sin, state.k[j], state.v[j], lane_t, start_t, ctx,
                                            variant="prefill")
         return self.p_norm(x)[0]
 
