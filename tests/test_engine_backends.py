@@ -61,32 +61,35 @@ def test_auto_picks_the_built_cpu_kernels():
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available() or cyext_ops.gpu_platform() is None,
                     reason="needs a GPU and the cyext GPU extension")
-@pytest.mark.parametrize("temperature", [0.0, 0.8])
-def test_gpu_backends_and_modes_give_the_same_text(model_dir, temperature):
-    """On the GPU (float32): the cyext kernels and the torch reference, in every mode, with
-    graphs and compiled regions as the engine runs them."""
-    def run_gpu(backend, mode, batch_mtp):
-        cfg = OmegaConf.structured(StrataConfig)
-        cfg.device, cfg.model.path, cfg.backend.name = "cuda", str(model_dir), backend
-        cfg.model.dtype = "float32"
-        cfg.engine.mode, cfg.engine.batch_mtp, cfg.engine.max_context = mode, batch_mtp, 256
-        cfg.engine.slots = 4
-        eng = Engine.from_config(cfg, log=lambda s: None)
-        g = torch.Generator().manual_seed(0)
-        for i in range(4):
-            ids = torch.randint(1, 500, (6 + 5 * i,), generator=g).tolist()
-            eng.add_request(Request(f"r{i}", ids, SamplingParams(max_tokens=10 + 3 * i,
-                                                                 temperature=temperature, seed=i,
-                                                                 stop_at_eos=False),
-                                    arrival_step=2 * i, stream_text=False))
-        while eng.has_work():
-            eng.step()
-        out = {k: v.emitted for k, v in eng.requests.items()}
-        eng.close()
-        ops.set_backend("torch", "cpu")
-        return out
+def test_gpu_backends_and_modes_give_the_same_text(model_dir):
+    """On the GPU (float32): the cyext kernels and the torch reference, in every mode, greedy
+    and sampled, with graphs and compiled regions as the engine runs them. One model per
+    backend, shared by its engines, so each backend's regions compile once."""
+    from strata.model.loader import load_checkpoint
 
-    ref = run_gpu("torch", "solo", False)
+    dev = torch.device("cuda")
+    outs = {}
     for backend in ("torch", cyext_ops.gpu_platform()):
-        for mode, batch_mtp in (("solo", False), ("batch", False), ("batch", True)):
-            assert run_gpu(backend, mode, batch_mtp) == ref, (backend, mode, batch_mtp)
+        ops.set_backend(backend, "cuda")
+        loaded = load_checkpoint(str(model_dir), "float32", dev, log=lambda s: None)
+        try:
+            for temperature in (0.0, 0.8):
+                for mode, batch_mtp in (("solo", False), ("batch", False), ("batch", True)):
+                    ecfg = OmegaConf.structured(StrataConfig).engine
+                    ecfg.mode, ecfg.batch_mtp, ecfg.max_context, ecfg.slots = mode, batch_mtp, 256, 4
+                    eng = Engine(loaded, ecfg, dev, log=lambda s: None)
+                    g = torch.Generator().manual_seed(0)
+                    for i in range(4):
+                        ids = torch.randint(1, 500, (6 + 5 * i,), generator=g).tolist()
+                        eng.add_request(Request(f"r{i}", ids, SamplingParams(
+                            max_tokens=10 + 3 * i, temperature=temperature, seed=i, stop_at_eos=False),
+                            arrival_step=2 * i, stream_text=False))
+                    while eng.has_work():
+                        eng.step()
+                    outs[(backend, temperature, mode, batch_mtp)] = {
+                        k: v.emitted for k, v in eng.requests.items()}
+                    eng.close()
+        finally:
+            ops.set_backend("torch", "cpu")
+    for (backend, temperature, mode, batch_mtp), got in outs.items():
+        assert got == outs[("torch", temperature, "solo", False)], (backend, temperature, mode, batch_mtp)

@@ -1,0 +1,154 @@
+"""Measure what the simulator's prediction is checked against, in one process on the GPU.
+
+Runs the engine over two sets of cells with the model loaded and compiled once:
+  profile cells  -> their traces are fitted into a cost profile (sim.profile), and
+  held-out cells -> trace.jsonl and metrics.json per cell, never used for the fit,
+then writes the profile and a manifest. Afterwards, anywhere (CPU is fine):
+
+    python scripts/sim_gpu_check.py --predict OUT   # sim predict per held-out cell, error table
+
+    python scripts/sim_gpu_check.py --device cuda --out OUT   # on the GPU
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+
+def cells(args) -> tuple[list[dict], list[dict]]:
+    prof = []
+    for slots in (1, 2, 4, 8):
+        for prompt in (64, 512):
+            prof.append(dict(name=f"p_s{slots}_p{prompt}", slots=slots, graphs=True,
+                             requests=2 * slots, prompt=prompt, out=64))
+    for slots in (1, 8):
+        prof.append(dict(name=f"p_s{slots}_p64_eager", slots=slots, graphs=False,
+                         requests=2 * slots, prompt=64, out=64))
+    held = []
+    for prompt, out in ((128, 96), (384, 160)):
+        for n in (1, 2, 4, 8):
+            held.append(dict(name=f"h_n{n}_p{prompt}_o{out}", slots=args.heldout_slots, graphs=True,
+                             requests=n, prompt=prompt, out=out))
+    return prof, held
+
+
+def measure(args) -> None:
+    import torch
+    from omegaconf import OmegaConf
+
+    from sim.profile import fit_profile_files
+    from strata.config import EMBEDDED_MODEL_DIR, StrataConfig
+    from strata.engine.llm_engine import Engine
+    from strata.kernels import ops
+    from strata.model.loader import load_checkpoint
+    from strata.runner import run_requests
+    from strata.workload import load_workload
+
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    dev = torch.device(args.device)
+    base = OmegaConf.structured(StrataConfig)
+    backend = ops.set_backend("auto", dev.type)
+    loaded = load_checkpoint(EMBEDDED_MODEL_DIR, args.dtype, dev, log=lambda s: None,
+                             moe_dense_experts=int(base.model.moe_dense_experts))
+    prof, held = cells(args)
+
+    def run_cell(c: dict, where: Path) -> dict:
+        where.mkdir(parents=True, exist_ok=True)
+        ecfg = OmegaConf.structured(StrataConfig).engine
+        ecfg.slots, ecfg.graphs, ecfg.max_context = c["slots"], c["graphs"], args.max_context
+        ecfg.mode, ecfg.batch_mtp = "batch", True
+        w = OmegaConf.structured(StrataConfig).workload
+        w.kind, w.requests, w.prompt_tokens, w.max_tokens = "synthetic", c["requests"], c["prompt"], c["out"]
+        eng = Engine(loaded, ecfg, dev, log=lambda s: None, trace_path=where / "trace.jsonl")
+        try:
+            reqs = load_workload(w, loaded.tokenizer, loaded.args.vocab_size)
+            for r in reqs:  # the simulator runs every request to max_tokens
+                r.params.stop_at_eos = False
+            t0 = time.perf_counter()
+            m = run_requests(eng, reqs)
+            wall = time.perf_counter() - t0
+        finally:
+            eng.close()
+        m["device"], m["mode"] = str(dev), "batch_mtp" if eng.batch_mtp else "batch"
+        (where / "metrics.json").write_text(json.dumps(m, indent=2) + "\n")
+        print(f"{c['name']}: {m['output_tokens'] / wall:.0f} tok/s ({wall:.2f} s)", flush=True)
+        return m
+
+    # Compile and warm every shape once, outside anything measured.
+    for c in prof[:1] + held[-1:]:
+        run_cell(dict(c, name="warm-" + c["name"]), out / "warm")
+    traces = []
+    for c in prof:
+        run_cell(c, out / "profile" / c["name"])
+        traces.append(out / "profile" / c["name"] / "trace.jsonl")
+    for c in held:
+        run_cell(c, out / "heldout" / c["name"])
+    source = {"device": torch.cuda.get_device_name() if dev.type == "cuda" else "cpu",
+              "torch": torch.__version__, "dtype": str(loaded.dtype), "backend": backend,
+              "commit": subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT,
+                                       capture_output=True, text=True).stdout.strip(),
+              "date": time.strftime("%Y-%m-%d")}
+    fit_profile_files(traces, source).save(out / "profile.json")
+    (out / "manifest.json").write_text(json.dumps({"source": source, "profile_cells": prof,
+                                                   "heldout_cells": held}, indent=2))
+
+
+def predict(args) -> None:
+    """sim predict for every held-out cell against the engine's metrics; prints a table."""
+    out = Path(args.predict)
+    man = json.loads((out / "manifest.json").read_text())
+    rows = []
+    for c in man["heldout_cells"]:
+        cell = out / "heldout" / c["name"]
+        pred = out / "predict" / c["name"]
+        cmd = [sys.executable, "-m", "sim", "mode=predict", f"profile={out / 'profile.json'}",
+               "workload=stagger", f"workload.requests={c['requests']}",
+               f"workload.prompt_tokens={c['prompt']}", f"workload.max_tokens={c['out']}",
+               f"engine.slots={c['slots']}", f"engine.max_context={args.max_context}",
+               "acceptance.from_profile=true",
+               f"compare_with={cell / 'metrics.json'}", f"hydra.run.dir={pred}"]
+        r = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
+        if r.returncode != 0:
+            print(r.stderr[-2000:], file=sys.stderr)
+            raise SystemExit(f"sim predict failed for {c['name']}")
+        cmp = json.loads((pred / "comparison.json").read_text())
+        rows.append((c, cmp))
+    figs = [f for f, _, _, _ in (tuple(r.values()) for r in rows[0][1])]
+    print("| cell | engine tok/s | sim tok/s | " + " | ".join(f"{f} err" for f in figs) + " |")
+    print("|---|---|---|" + "---|" * len(figs))
+    for c, cmp in rows:
+        by = {r["figure"]: r for r in cmp}
+        agg = by["aggregate tok/s"]
+        errs = ["-" if by[f]["error"] is None else f"{by[f]['error'] * 100:+.1f}%" for f in figs]
+        print(f"| N={c['requests']} P={c['prompt']} O={c['out']} | {agg['engine']:.0f} | "
+              f"{agg['sim']:.0f} | " + " | ".join(errs) + " |")
+    (out / "predict" / "summary.json").write_text(json.dumps([{"cell": c, "comparison": cmp} for c, cmp in rows],
+                                                             indent=2))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--device", default="cuda")
+    ap.add_argument("--dtype", default="float32")
+    ap.add_argument("--out", default="sim_check")
+    ap.add_argument("--max-context", type=int, default=1024)
+    ap.add_argument("--heldout-slots", type=int, default=8)
+    ap.add_argument("--predict", metavar="OUT", help="run the predictions for a measured OUT dir")
+    a = ap.parse_args()
+    if a.predict:
+        predict(a)
+    else:
+        measure(a)
+
+
+if __name__ == "__main__":
+    main()
