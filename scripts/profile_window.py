@@ -36,6 +36,8 @@ def main() -> None:
     ap.add_argument("--compile", action="store_true", help="torch.compile the window regions")
     ap.add_argument("--dtype", default="auto")
     ap.add_argument("--json", default=None, help="write every kernel's count and time here")
+    ap.add_argument("--filtered", action="store_true",
+                    help="use the top-k/top-p (sorting) sampler instead of the sort-free one")
     a = ap.parse_args()
     dev = torch.device(a.device)
     ops.set_backend(a.backend, dev.type)
@@ -47,13 +49,14 @@ def main() -> None:
     if a.compile:
         lm.model.compile_regions(lambda f: torch.compile(f, dynamic=None))
         ver.sample = torch.compile(ver.sample, dynamic=None)
+        ver.sample_plain = torch.compile(ver.sample_plain, dynamic=None)
     gs = torch.arange(a.groups, device=dev)
     gp = torch.full((a.groups,), 100, device=dev)
     rows = torch.full((a.groups,), a.rows, device=dev)
 
     def fn():
         gp.fill_(100)  # keep positions fixed so every iteration is the same work
-        return ver.window(gs, gp, rows, a.rows, a.ctx)
+        return ver.window(gs, gp, rows, a.rows, a.ctx, a.filtered)
 
     sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
     for _ in range(3):
@@ -64,7 +67,8 @@ def main() -> None:
         fn()
     sync()
     eager = (time.perf_counter() - t0) / a.iters
-    print(f"eager window: {eager * 1e6:.1f} us  (groups={a.groups} rows={a.rows} ctx={a.ctx})")
+    print(f"eager window: {eager * 1e6:.1f} us  (groups={a.groups} rows={a.rows} ctx={a.ctx} "
+          f"filtered={a.filtered})")
     if dev.type == "cuda":
         g = torch.cuda.CUDAGraph()
         s = torch.cuda.Stream()

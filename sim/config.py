@@ -110,6 +110,9 @@ class SimWorkloadConfig:
     burst_gap_s: float = 10.0
     burst_spread_s: float = 0.0
     stagger_steps: int = 0
+    #: Share of requests that sample with top-k / top-p (each drawn independently): windows
+    #: holding one use the filtering sampler, a separate graph (key suffix `+f`).
+    filtered_share: float = 0.0
 
 
 @dataclass
@@ -235,6 +238,8 @@ def validate_workload(w: Any) -> None:
         bad("burst_gap_s", "burst_gap_s and burst_spread_s must be >= 0")
     if w.stagger_steps < 0:
         bad("stagger_steps", f"must be >= 0, got {w.stagger_steps}")
+    if not 0.0 <= w.filtered_share <= 1.0:
+        bad("filtered_share", f"must be in [0, 1], got {w.filtered_share}")
 
 
 def validate_acceptance(a: Any) -> None:

@@ -1,7 +1,8 @@
 """Replay: re-run an engine trace in the simulator and compare the two event sequences.
 
 Inputs taken from the trace (DESIGN.md section 6): the `config` line (engine knobs, memory
-facts), arrivals by step with prompt and max tokens (`arrive`), each request's per-commit
+facts), arrivals by step with prompt and max tokens and whether the request filters its
+sampling (`arrive`; a trace without `filtered` means none does), each request's per-commit
 `accepted` in order (`commit`), and, for requests that finished with stop / cancel / error,
 the `finish` token count (and, for cancel and error, the step). Everything else (which slot,
 which window, which graph, when a request finishes by length) the simulator decides itself,
@@ -23,7 +24,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Iterable, Optional
 
-from strata.trace import EVENT_FIELDS, REPLAY_EVENTS, REPLAY_FIELDS, replay_view
+from strata.trace import EVENT_FIELDS, FIELD_DEFAULTS, REPLAY_EVENTS, REPLAY_FIELDS, replay_view
 
 from .acceptance import RecordedAcceptance
 from .config import SimEngineConfig, validate_engine
@@ -128,7 +129,8 @@ def _event_problem(rec: Any) -> Optional[str]:
     ev = rec.get("ev")
     if ev not in EVENT_FIELDS:
         return f"unknown event {ev!r}"
-    missing = [f for f in ("step",) + EVENT_FIELDS[ev] if f not in rec]
+    optional = FIELD_DEFAULTS.get(ev, {})
+    missing = [f for f in ("step",) + EVENT_FIELDS[ev] if f not in rec and f not in optional]
     if missing:
         return f"{ev} event lacks {missing}"
     if not isinstance(rec["step"], int) or rec["step"] < 0:
@@ -187,7 +189,8 @@ def scenario_from_trace(events: list[dict[str, Any]], lines: Optional[list[int]]
                 requests.append(SimRequest(id=rec["req"], index=len(requests),
                                            prompt_tokens=int(rec["prompt_tokens"]),
                                            max_tokens=int(rec["max_tokens"]),
-                                           arrival_step=rec["step"]))
+                                           arrival_step=rec["step"],
+                                           filtered=bool(rec.get("filtered", False))))
             except (TypeError, ValueError) as e:
                 raise TraceError(f"{where(i)}: {e}") from None
         elif ev == "commit":

@@ -136,7 +136,7 @@ class SimEngine:
             self.queue.append(req)
             self.records[req.id].arrive_s = self.env.now
             self.trace.emit("arrive", req=req.id, prompt_tokens=req.prompt_tokens,
-                            max_tokens=req.max_tokens)
+                            max_tokens=req.max_tokens, filtered=req.filtered)
         self._admit()
         prefilling = [s for s in self.slots.values() if not s.decoding]
         kind = self._iteration_kind(bool(prefilling), len(self.ring) > 0)
@@ -227,10 +227,12 @@ class SimEngine:
     def _window_key(self, groups: list[tuple[SlotState, int]], layout: list[int]) -> tuple[str, int]:
         k = self.knobs
         tier = context_tier(max(st.pos + r for st, r in groups), k.context_tier_min, k.max_context)
+        # One filtering request makes the whole window use the sorting sampler: another graph.
+        filtered = any(st.req.filtered for st, _ in groups)
         if k.graph_key == "layout":
-            return layout_key(layout, tier), tier
+            return layout_key(layout, tier, filtered), tier
         bucket = shape_bucket(len(groups), k.shape_buckets)
-        return shape_key(bucket, max(r for _, r in groups), tier), tier
+        return shape_key(bucket, max(r for _, r in groups), tier, filtered), tier
 
     def _decode(self, prefilling_exists: bool):
         k = self.knobs

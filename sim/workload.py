@@ -34,6 +34,9 @@ class SimRequest:
     #: The very first token (sampled at prefill end) meets a stop condition; the request then
     #: finishes with `stop_after_tokens` tokens.
     stop_at_prefill: bool = False
+    #: The request samples with top-k / top-p: its windows use the filtering sampler, whose
+    #: graphs are keyed apart (`+f`).
+    filtered: bool = False
 
     def __post_init__(self):
         if (self.arrival_step is None) == (self.arrival_s is None):
@@ -146,6 +149,7 @@ def build_workload(w: Any, streams: RandomStreams) -> list[SimRequest]:
                           w.prompt_tokens_max, n)
     outputs = _draw_sizes(streams.stream("workload.max_tokens"), w.max_tokens,
                           w.max_tokens_max, n)
+    filtered = [bool(x) for x in streams.stream("workload.filtered").random(n) < w.filtered_share]
     steps: list[Optional[int]] = [None] * n
     times: list[Optional[float]] = [None] * n
     if w.kind == "stagger":
@@ -169,4 +173,5 @@ def build_workload(w: Any, streams: RandomStreams) -> list[SimRequest]:
             wave += 1
         times = times[:n]
     return [SimRequest(id=f"r{i}", index=i, prompt_tokens=prompts[i], max_tokens=outputs[i],
-                       arrival_step=steps[i], arrival_s=times[i]) for i in range(n)]
+                       arrival_step=steps[i], arrival_s=times[i], filtered=filtered[i])
+            for i in range(n)]

@@ -5,7 +5,7 @@ line with `ev` (its kind), `step` (engine iteration index) and `t` (seconds sinc
 
 Events and their fields:
   config   {engine, memory}          first line: the knobs and memory facts a replay needs
-  arrive   {req, prompt_tokens, max_tokens}
+  arrive   {req, prompt_tokens, max_tokens, filtered}
   admit    {req, slot}
   prefill  {req, slot, tokens}
   window   {layout, key, graph, rows} graph is hit | capture | eager
@@ -14,6 +14,10 @@ Events and their fields:
   finish   {req, reason, tokens}     reason is stop | length | cancel | error
   warning  {text}
   vram     {free_mib, graphs_mib, reserve_mib}
+
+`arrive.filtered`: the request samples with top-k / top-p (temperature > 0 and top_k > 0 or
+top_p < 1), so every window holding it uses the sorting sampler and its graph key ends in `+f`.
+Traces written before it existed lack it; readers take a missing field from FIELD_DEFAULTS.
 
 Events may carry extra fields: `window` and `prefill` carry `dur` (seconds of device work of
 that iteration) and `ctx` (for a window its context tier, for a prefill chunk the positions it
@@ -30,7 +34,7 @@ from typing import Any, Iterable, Iterator, Optional, TextIO
 
 EVENT_FIELDS: dict[str, tuple[str, ...]] = {
     "config": ("engine", "memory"),
-    "arrive": ("req", "prompt_tokens", "max_tokens"),
+    "arrive": ("req", "prompt_tokens", "max_tokens", "filtered"),
     "admit": ("req", "slot"),
     "prefill": ("req", "slot", "tokens"),
     "window": ("layout", "key", "graph", "rows"),
@@ -40,6 +44,12 @@ EVENT_FIELDS: dict[str, tuple[str, ...]] = {
     "warning": ("text",),
     "vram": ("free_mib", "graphs_mib", "reserve_mib"),
 }
+
+#: Fields added to the schema later, with the value a reader takes when an older trace lacks one.
+FIELD_DEFAULTS: dict[str, dict[str, Any]] = {"arrive": {"filtered": False}}
+
+#: Graph-key suffix of a window that uses the filtering (top-k / top-p) sampler.
+FILTERED_SUFFIX = "+f"
 
 GRAPH_ACTIONS = ("hit", "capture", "eager")
 EVICT_REASONS = ("limit", "memory", "error")
@@ -56,14 +66,16 @@ REPLAY_FIELDS: dict[str, tuple[str, ...]] = {
 }
 
 
-def layout_key(layout: Iterable[int], tier: int) -> str:
-    """Graph key of the `layout` policy: the exact layout plus the context tier."""
-    return "layout:" + ",".join(str(s) for s in layout) + f"@{tier}"
+def layout_key(layout: Iterable[int], tier: int, filtered: bool = False) -> str:
+    """Graph key of the `layout` policy: the exact layout plus the context tier, and `+f` when
+    the window uses the filtering sampler (a different graph)."""
+    return "layout:" + ",".join(str(s) for s in layout) + f"@{tier}" + (FILTERED_SUFFIX if filtered else "")
 
 
-def shape_key(bucket: int, group_rows: int, tier: int) -> str:
-    """Graph key of the `shape` policy: groups bucket x rows per group, plus the context tier."""
-    return f"shape:{bucket}x{group_rows}@{tier}"
+def shape_key(bucket: int, group_rows: int, tier: int, filtered: bool = False) -> str:
+    """Graph key of the `shape` policy: groups bucket x rows per group, plus the context tier,
+    and `+f` when the window uses the filtering sampler."""
+    return f"shape:{bucket}x{group_rows}@{tier}" + (FILTERED_SUFFIX if filtered else "")
 
 
 def context_tier(need: int, tier_min: int, max_context: int) -> int:

@@ -4,7 +4,10 @@ Every request's token ids must be the same whether it runs one at a time (`engin
 in plain batch slots (`batch_mtp=false`) or with grouped MTP verification (`batch_mtp=true`),
 whatever runs beside it: cohorts of N = 1, 2, 3, 4, 5, 8 requests with staggered arrivals and
 different prompt and output lengths, graphs off and on (shape and layout keys). Sampled output
-(position-keyed Gumbel noise) must be identical too.
+(position-keyed Gumbel noise) must be identical too. The sampled pool mixes requests that filter
+(top-k / top-p) with plain-temperature and greedy ones: a window holding a filtering request
+samples every row with the sorting sampler, any other window with the sort-free one, so a plain
+request's tokens must not depend on who shares its windows.
 
 Random models accept drafts almost never, so a second checkpoint ("echo-MTP") makes the MTP
 head a copy of the main model's bigram path: its draft for position i+2 is the main model's
@@ -111,8 +114,11 @@ def pool_requests(n: int, sampled: bool, vocab: int = 512) -> list[Request]:
     for i, (plen, max_tokens, arrival) in enumerate(POOL):
         ids = [rng.randrange(1, vocab) for _ in range(plen)]
         if sampled:
-            params = SamplingParams(max_tokens=max_tokens, temperature=0.8, top_p=0.9,
-                                    top_k=20 if i % 3 == 0 else 0, seed=1000 + 7 * i)
+            # i % 4: 0 top-k and top-p, 1 plain temperature, 2 top-p, 3 greedy (top_p is
+            # ignored at temperature 0, so it does not filter)
+            params = SamplingParams(max_tokens=max_tokens, temperature=0.0 if i % 4 == 3 else 0.8,
+                                    top_p=1.0 if i % 4 == 1 else 0.9,
+                                    top_k=20 if i % 4 == 0 else 0, seed=1000 + 7 * i)
         else:
             params = SamplingParams(max_tokens=max_tokens)
         out.append(Request(f"r{i}", ids, params, arrival_step=arrival))
@@ -264,6 +270,44 @@ def test_sampling_depends_on_seed(random_model):
     assert a != b
 
 
+def window_requests(eng):
+    """(window event, the requests of its slots) for every window of the engine's trace."""
+    by_slot, out = {}, []
+    for ev in eng.trace.events:
+        if ev["ev"] == "admit":
+            by_slot[ev["slot"]] = ev["req"]
+        elif ev["ev"] == "window":
+            out.append((ev, {by_slot[s] for s in ev["layout"]}))
+    return out
+
+
+@pytest.mark.parametrize("graphs", ["shape", "layout"])
+@pytest.mark.parametrize("mode", ["solo", "batch_mtp"])
+def test_filtered_key_suffix_only_on_windows_with_a_filtering_request(random_model, mode, graphs):
+    """One top_p=0.9 request among plain ones: exactly the windows that hold it are keyed `+f`
+    (they run the sorting sampler), and the plain requests' tokens equal their solo runs."""
+    def requests():
+        reqs = pool_requests(len(POOL), True)
+        for r in reqs:
+            if r.id != "r2":  # r2 alone filters; r3 and r7 stay greedy, the rest plain
+                r.params.top_k, r.params.top_p = 0, 1.0
+        return reqs
+
+    reqs = requests()
+    outs, eng = run(random_model, mode, reqs, graphs=graphs)
+    arrive = {ev["req"]: ev["filtered"] for ev in eng.trace.events if ev["ev"] == "arrive"}
+    assert arrive == {r.id: r.id == "r2" for r in reqs}
+    windows = window_requests(eng)
+    suffixed = [ev["key"].endswith("+f") for ev, _ in windows]
+    assert suffixed == ["r2" in held for _, held in windows]
+    assert any(suffixed) and not all(suffixed)
+    assert all(ev["key"].startswith(graphs + ":") for ev, _ in windows)
+    # without r2 no window filters: the plain requests' tokens must not change
+    plain, _ = run(random_model, "solo", [r for r in requests() if r.id != "r2"])
+    for rid, toks in plain.items():
+        assert outs[rid] == toks, rid
+
+
 @pytest.mark.parametrize("sampled", [False, True], ids=["greedy", "sampled"])
 @pytest.mark.parametrize("n,slots,w", COHORTS, ids=COHORT_IDS)
 def test_identity_with_accepted_drafts(echo_model, n, slots, w, sampled):
@@ -298,8 +342,8 @@ def force_drafts(eng, ref):
     solo reference): the verifier then accepts (nearly) every draft, whatever the model."""
     orig = eng.verifier._draft
 
-    def forced(logits, gs, pos):
-        out = orig(logits, gs, pos).clone()
+    def forced(logits, gs, pos, *rest):
+        out = orig(logits, gs, pos, *rest).clone()
         for i, (lane, p) in enumerate(zip(gs.tolist(), pos.tolist())):
             slot = eng.scheduler.slots[lane] if lane < len(eng.scheduler.slots) else None
             if slot is None or slot.req is None:

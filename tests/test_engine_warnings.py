@@ -244,8 +244,8 @@ def force_drafts(eng, ref: dict):
     request's unforced output): drafts are accepted, so a whole group commits at once."""
     orig = eng.verifier._draft
 
-    def forced(logits, gs, pos):
-        out = orig(logits, gs, pos).clone()
+    def forced(logits, gs, pos, *rest):
+        out = orig(logits, gs, pos, *rest).clone()
         for i, (lane, p) in enumerate(zip(gs.tolist(), pos.tolist())):
             slot = eng.scheduler.slots[lane] if lane < len(eng.scheduler.slots) else None
             if slot is None or slot.req is None or slot.req.id not in ref:
@@ -438,7 +438,7 @@ def test_decode_fault_fails_only_the_window_requests(tok_model, graphs):
     eng, outs, state = fault_run(
         tok_model,
         lambda e: fault_once(e.verifier, "window",
-                             when=lambda gs, gp, rows, g, ctx: e.steps >= 8 and len(gs) >= 2),
+                             when=lambda gs, gp, rows, g, ctx, filtered: e.steps >= 8 and len(gs) >= 2),
         graphs=graphs)
     assert state["fired"]
     errs = {rid for rid, rs in eng.requests.items() if rs.reason == "error"}

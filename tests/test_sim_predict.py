@@ -123,6 +123,33 @@ def test_workload_kinds_and_streams():
     assert [r.arrival_s for r in a] != [r.arrival_s for r in b]
 
 
+def test_filtered_share_draws_its_own_stream():
+    keys = lambda run: [e["key"] for e in run.events if e["ev"] == "window"]  # noqa: E731
+    base = run_predict(cfg_of(*SMALL, "seed=3")).run
+    assert not any(k.endswith("+f") for k in keys(base))
+    assert all(e["filtered"] is False for e in base.events if e["ev"] == "arrive")
+    half = run_predict(cfg_of(*SMALL, "seed=3", "workload.filtered_share=0.5")).run
+    flags = {e["req"]: e["filtered"] for e in half.events if e["ev"] == "arrive"}
+    assert True in flags.values() and False in flags.values()
+    # a window is keyed `+f` exactly when it holds a filtering request's slot
+    by_slot = {}
+    for e in half.events:
+        if e["ev"] == "admit":
+            by_slot[e["slot"]] = e["req"]
+        elif e["ev"] == "window":
+            assert e["key"].endswith("+f") == any(flags[by_slot[s]] for s in e["layout"])
+    assert any(k.endswith("+f") for k in keys(half)) and not all(k.endswith("+f") for k in keys(half))
+    # its own stream: sizes and arrivals do not move
+    a = build_workload(cfg_of(*SMALL).workload, RandomStreams(5))
+    b = build_workload(cfg_of(*SMALL, "workload.filtered_share=0.5").workload, RandomStreams(5))
+    assert [(r.prompt_tokens, r.max_tokens, r.arrival_s) for r in a] == \
+        [(r.prompt_tokens, r.max_tokens, r.arrival_s) for r in b]
+    assert all(r.filtered for r in build_workload(
+        cfg_of(*SMALL, "workload.filtered_share=1.0").workload, RandomStreams(5)))
+    with pytest.raises(SimConfigError, match="workload.filtered_share"):
+        run_predict(cfg_of(*SMALL, "workload.filtered_share=1.5"))
+
+
 def test_cli_predict_and_multirun(tmp_path):
     run_dir = tmp_path / "run"
     out = subprocess.run([sys.executable, "-m", "sim", "mode=predict", *SMALL,

@@ -39,8 +39,10 @@ def ev(kind, step, **fields):
     return {"ev": kind, "step": step, "t": 0.0, **fields}
 
 
-def arrive(step, req, prompt, max_tokens):
-    return ev("arrive", step, req=req, prompt_tokens=prompt, max_tokens=max_tokens)
+def arrive(step, req, prompt, max_tokens, filtered=None):
+    """An arrive event; without `filtered` it is one written before that field existed."""
+    extra = {} if filtered is None else {"filtered": filtered}
+    return ev("arrive", step, req=req, prompt_tokens=prompt, max_tokens=max_tokens, **extra)
 
 
 def admit(step, req, slot):
@@ -301,7 +303,30 @@ def trace_fault_and_early_cancel():
     ]
 
 
+def trace_filtered_request():
+    """trace_two_slots_limit with b filtering its sampling (top-k / top-p): every window that
+    holds b's slot is keyed with the `+f` suffix, the others are not.
+    2: (0,0) holds only a: layout:0,0@16, capture.
+    4: (0,1,1) holds b: layout:0,1,1@16+f, capture.
+    5: (1): the cache holds 2 = limit: evict the LRU layout:0,0@16; layout:1@16+f, capture.
+    """
+    return [
+        config(engine=dict(graph_limit=2)),
+        arrive(0, "a", 6, 4, filtered=False), arrive(0, "b", 3, 3, filtered=True),
+        admit(0, "a", 0), admit(0, "b", 1),
+        prefill(0, "a", 0, 4),
+        prefill(1, "a", 0, 2),
+        window(2, [0, 0], "layout:0,0@16", "capture"), commit(2, "a", 0, 1, 1, 2),
+        prefill(3, "b", 1, 3),
+        window(4, [0, 1, 1], "layout:0,1,1@16+f", "capture"),
+        commit(4, "a", 0, 0, 0, 1), commit(4, "b", 1, 1, 0, 1), finish(4, "a", "length", 4),
+        evict(5, "layout:0,0@16", "limit"), window(5, [1], "layout:1@16+f", "capture"),
+        commit(5, "b", 1, 0, 0, 1), finish(5, "b", "length", 3),
+    ]
+
+
 HAND_TRACES = {
+    "filtered_request": trace_filtered_request,
     "fault_and_early_cancel": trace_fault_and_early_cancel,
     "two_slots_limit": trace_two_slots_limit,
     "rotation_memory": trace_rotation_memory,
@@ -337,6 +362,21 @@ def test_corrupted_layout_fails_at_that_window():
     assert d.engine[0] == "window" and d.engine[2] == (1, 2, 2)
     assert d.sim[0] == "window" and d.sim[2] == (2, 2, 1)
     assert "step 6" in str(d)
+
+
+def test_filtered_flag_decides_the_key_suffix():
+    events = trace_filtered_request()
+    # An arrive without `filtered` (an older trace) reads as unfiltered: no suffix at step 4.
+    del next(e for e in events if e["ev"] == "arrive" and e["req"] == "b")["filtered"]
+    result = replay_trace(events)
+    assert not result.ok
+    d = result.first_divergence
+    assert d.engine[:2] == ("window", 4) and d.engine[3] == "layout:0,1,1@16+f"
+    assert d.sim[3] == "layout:0,1,1@16"
+    # the predicted trace carries the flag the sim read
+    sim_arrive = {e["req"]: e["filtered"] for e in result.sim_events if e["ev"] == "arrive"}
+    assert sim_arrive == {"a": False, "b": False}
+    assert replay_trace(trace_filtered_request()).ok
 
 
 def test_corrupted_emitted_fails_at_that_commit():

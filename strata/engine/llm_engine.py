@@ -216,9 +216,11 @@ class Engine:
             # Prompt chunks come in many lengths: compile them with symbolic lengths.
             pfn = lambda f: torch.compile(f, dynamic=True)  # noqa: E731
             self.model.compile_regions(fn, pfn)
-            compiled = {"sample": torch.compile(self.verifier.sample, dynamic=None)}
+            compiled = {"sample": torch.compile(self.verifier.sample, dynamic=None),
+                        "sample_plain": torch.compile(self.verifier.sample_plain, dynamic=None)}
             self.model._strata_compiled = compiled
         self.verifier.sample = compiled["sample"]
+        self.verifier.sample_plain = compiled["sample_plain"]
 
     # ---- small helpers ----------------------------------------------------------------------------
     def now(self) -> float:
@@ -396,15 +398,17 @@ class Engine:
         key = None
         n_padded = len(groups)
         layout = plan.layout
+        # The sampler is part of the graph: sort-free unless a request of the window filters.
+        filtered = any(s.req.filtered for s, _ in groups)
         if self.cache is not None:
             if ecfg.graph_key == "layout":
-                key = layout_key(layout, tier)
+                key = layout_key(layout, tier, filtered)
             else:
                 n_padded = shape_bucket(len(groups), list(ecfg.shape_buckets))
-                key = shape_key(n_padded, g, tier)
+                key = shape_key(n_padded, g, tier, filtered)
         t0 = time.perf_counter()
         action, rows = self.runner.decode([(s.id, s.pos, r) for s, r in groups], n_padded, g, tier,
-                                          key, {key} if key else set())
+                                          filtered, key, {key} if key else set())
         dur = time.perf_counter() - t0
         self.windows += 1
         self.trace.emit("window", layout=list(layout), key=key or "eager", graph=action,

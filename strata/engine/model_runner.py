@@ -116,29 +116,31 @@ class ModelRunner:
                 h[0, i], h[1, i], h[2, i] = lane, pos, rows
         self.inputs[:, :n].copy_(self.host_inputs[:, :n], non_blocking=True)
 
-    def _fn(self, n: int, g: int, ctx: int):
+    def _fn(self, n: int, g: int, ctx: int, filtered: bool):
         gs, gp, rows = self.inputs[0, :n], self.inputs[1, :n], self.inputs[2, :n]
-        return lambda: self.verifier.window(gs, gp, rows, g, ctx)
+        return lambda: self.verifier.window(gs, gp, rows, g, ctx, filtered)
 
     def decode(self, groups: list[tuple[int, int, int]], n_padded: int, g: int, ctx: int,
-               key: Optional[str], pinned: set[str]) -> tuple[str, list[list[int]]]:
-        """Run a window of (lane, pos, rows) groups; returns (graph action, host rows)."""
+               filtered: bool, key: Optional[str], pinned: set[str]) -> tuple[str, list[list[int]]]:
+        """Run a window of (lane, pos, rows) groups; returns (graph action, host rows).
+        `filtered` picks the window's sampler, so it must be part of `key`."""
         if n_padded > self.inputs.shape[1]:
             raise RuntimeError(f"window of {n_padded} groups exceeds the {self.inputs.shape[1]} "
                                f"input rows sized at start")
         self._fill(groups, n_padded)
         if self.cache is None or key is None:
-            action, run = "eager", self._fn(n_padded, g, ctx)
+            action, run = "eager", self._fn(n_padded, g, ctx, filtered)
         else:
             def warm() -> None:
                 # One eager run on the scratch lane: lazy initialisation (library handles,
                 # kernels) must not happen inside a capture, and the real state must not move.
                 if self.cache.backend.name != "record":
                     self._fill(groups, n_padded, pad_all=True)
-                    self._fn(n_padded, g, ctx)()
+                    self._fn(n_padded, g, ctx, filtered)()
                     self._fill(groups, n_padded)
 
-            action, run = self.cache.lookup(key, pinned, lambda: self._fn(n_padded, g, ctx), warm)
+            action, run = self.cache.lookup(key, pinned, lambda: self._fn(n_padded, g, ctx, filtered),
+                                            warm)
         try:
             out = run()
         except Exception:

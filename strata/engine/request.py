@@ -27,6 +27,11 @@ class SamplingParams:
     #: Stop at the model's EOS token(s).
     stop_at_eos: bool = True
 
+    @property
+    def filtered(self) -> bool:
+        """Sampling needs top-k / top-p filtering (the sorting sampler); greedy never does."""
+        return self.temperature > 0 and (self.top_k > 0 or self.top_p < 1.0)
+
     def validate(self) -> None:
         if not isinstance(self.max_tokens, int) or isinstance(self.max_tokens, bool) or self.max_tokens < 1:
             raise RequestError("max_tokens", f"must be a positive integer, got {self.max_tokens!r}")

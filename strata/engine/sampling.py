@@ -5,6 +5,9 @@ computed with tensor ops on the device, so it needs no host generator, lives ins
 and makes sampled output depend only on prompt, seed and parameters, never on batching or
 timing. Drafts use the same noise, so verification is exact: a draft is accepted only when it
 equals the token the target would have sampled.
+
+`sample` filters (top-k, top-p) on the sorted vocabulary; `sample_plain` skips the sort for
+windows in which no request filters (greedy or plain temperature), and picks the same tokens.
 """
 
 from __future__ import annotations
@@ -58,8 +61,26 @@ def sample(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor,
     scaled = sorted_logits / temp[:, None]
     probs = torch.softmax(scaled.masked_fill(drop, float("-inf")), dim=-1)
     before = probs.cumsum(-1) - probs  # mass strictly before each rank; rank 0 is always kept
-    drop = drop | (before > top_p[:, None])
+    # top_p = 1 keeps everything: float error can push `before` past 1.0 in the far tail.
+    drop = drop | ((before > top_p[:, None]) & (top_p[:, None] < 1.0))
     noise = gumbel_noise(seed[:, None], pos[:, None], order)
     choice = (scaled.masked_fill(drop, float("-inf")) + noise).argmax(-1)
     sampled = order.gather(1, choice[:, None])[:, 0]
+    return torch.where(temperature > 0, sampled, greedy)
+
+
+def sample_plain(logits: torch.Tensor, temperature: torch.Tensor, seed: torch.Tensor,
+                 pos: torch.Tensor) -> torch.Tensor:
+    """`sample` for rows without top-k / top-p: no sort, only elementwise ops and argmax.
+
+    Each token's score is the same float arithmetic as in `sample` (logits.float() / T, plus the
+    same noise), so the chosen token is the same. The one difference: an exact float tie between
+    two tokens' scores goes to the lower token id here, to the earlier one in sort order there.
+    """
+    logits = logits.float()
+    greedy = logits.argmax(-1)
+    temp = torch.where(temperature > 0, temperature, torch.ones_like(temperature))
+    token = torch.arange(logits.shape[-1], device=logits.device)
+    noise = gumbel_noise(seed[:, None], pos[:, None], token[None, :])
+    sampled = (logits / temp[:, None] + noise).argmax(-1)
     return torch.where(temperature > 0, sampled, greedy)

@@ -47,7 +47,7 @@ class Scheduler:
     def enqueue(self, rs: RequestState) -> None:
         self.queue.append(rs)
         self.trace.emit("arrive", req=rs.id, prompt_tokens=rs.prompt_len,
-                        max_tokens=rs.req.params.max_tokens)
+                        max_tokens=rs.req.params.max_tokens, filtered=rs.filtered)
 
     def admit(self) -> list[Slot]:
         admitted = []

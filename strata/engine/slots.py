@@ -32,6 +32,11 @@ class RequestState:
     drafted: int = 0
     accepted: int = 0
     prompt_tensor: Optional[object] = None  # the prompt ids on the device, set at admission
+    #: The request's sampling filters (top-k / top-p): read per window, so computed once here.
+    filtered: bool = field(init=False)
+
+    def __post_init__(self):
+        self.filtered = self.req.params.filtered
 
     @property
     def id(self) -> str:

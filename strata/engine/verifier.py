@@ -6,6 +6,8 @@ For a window of NG groups x G rows (group g: slot s, pending token at position p
      mtp.norm output back as the next hidden state;
   2. verify: one forward over all rows, writing candidate K/V and one DeltaNet snapshot per row;
   3. sample a target y_j for every row (position-keyed, so drafts and targets share noise);
+     every sample in a window uses the filtering sampler when any of its requests filters
+     (top-k / top-p), else the sort-free one: the host decides, since it is part of the graph;
   4. accept the longest prefix with d_(j+1) == y_j (j + 1 < r) -> a;
   5. commit: each DeltaNet layer takes the snapshot after row a, the slot advances to p + a + 1,
      y_a becomes the pending token;
@@ -20,7 +22,7 @@ from __future__ import annotations
 
 import torch
 
-from strata.engine.sampling import sample
+from strata.engine.sampling import sample, sample_plain
 from strata.kernels import ops
 from strata.model.qwen3_next import Qwen3Next
 from strata.model.state import DecodeState
@@ -59,14 +61,25 @@ class Verifier:
         self.state = state
         self.bufs = bufs
         self.drafting = drafting
+        # The engine may swap in compiled versions of both.
         self.sample = sample
+        self.sample_plain = sample_plain
 
-    def _draft(self, logits: torch.Tensor, gs: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
+    def _sample(self, logits: torch.Tensor, t: torch.Tensor, k: torch.Tensor, p: torch.Tensor,
+                s: torch.Tensor, pos: torch.Tensor, filtered: bool) -> torch.Tensor:
+        if filtered:
+            return self.sample(logits, t, k, p, s, pos)
+        return self.sample_plain(logits, t, s, pos)
+
+    def _draft(self, logits: torch.Tensor, gs: torch.Tensor, pos: torch.Tensor,
+               filtered: bool) -> torch.Tensor:
         t, k, p, s = self.bufs.params(gs)
-        return self.sample(logits, t, k, p, s, pos)
+        return self._sample(logits, t, k, p, s, pos, filtered)
 
-    def window(self, gs: torch.Tensor, gp: torch.Tensor, rows: torch.Tensor, g: int, ctx: int) -> torch.Tensor:
-        """Run one window; gs, gp, rows are (NG,) device tensors. Returns (NG, G + 2) int64."""
+    def window(self, gs: torch.Tensor, gp: torch.Tensor, rows: torch.Tensor, g: int, ctx: int,
+               filtered: bool) -> torch.Tensor:
+        """Run one window; gs, gp, rows are (NG,) device tensors. Returns (NG, G + 2) int64.
+        `filtered`: some request of the window filters (`SamplingParams.filtered`)."""
         model, state, bufs = self.model, self.state, self.bufs
         ng = gs.shape[0]
         cols = [bufs.pending[gs]]
@@ -76,14 +89,15 @@ class Verifier:
             for k in range(2, g):  # extend the chain: MTP at position p+k-2 predicts p+k
                 mh = model.mtp_window(h[:, None], tok[:, None], gs, gp + (k - 2), ctx, state,
                                       with_logits=False)[0][:, 0]
-                tok = self._draft(model.logits(mh), gs, gp + k)
+                tok = self._draft(model.logits(mh), gs, gp + k, filtered)
                 h = mh
                 cols.append(tok)
         tokens = torch.stack(cols, 1)
         hidden, logits, rec_snaps, conv_snaps = model.verify_window(tokens, gs, gp, ctx, state)
         j = torch.arange(g, device=gs.device)
         t, k, p, s = bufs.params(gs, repeat=g)
-        y = self.sample(logits.reshape(ng * g, -1), t, k, p, s, (gp[:, None] + j + 1).reshape(-1)).view(ng, g)
+        y = self._sample(logits.reshape(ng * g, -1), t, k, p, s, (gp[:, None] + j + 1).reshape(-1),
+                         filtered).view(ng, g)
         if g > 1:
             match = (tokens[:, 1:] == y[:, :-1]) & (j[None, 1:] < rows[:, None])
             accept = match.long().cumprod(1).sum(1)
@@ -95,7 +109,7 @@ class Verifier:
         if self.drafting:
             mh = model.mtp_window(hidden, y, gs, gp, ctx, state, with_logits=False)[0]
             h_a = mh[idx, accept]
-            draft = self._draft(model.logits(h_a), gs, gp + accept + 2)
+            draft = self._draft(model.logits(h_a), gs, gp + accept + 2, filtered)
             bufs.draft[gs] = draft
             bufs.mtp_h[gs] = h_a
         else:
@@ -122,12 +136,12 @@ class Verifier:
         bufs.pos.index_copy_(0, lane, start + length)
         if self.drafting:
             # MTP row i combines h[i] with the token after it: the prompt's next token, and at
-            # the last real row the token that follows the chunk.
+            # the last real row the token that follows the chunk. Prefill keeps the filtering sampler.
             rows = torch.arange(n, device=tokens.device)
             next_tokens = torch.where(rows == last, nxt, tokens.roll(-1))
             mh = model.mtp_window(hidden[None], next_tokens[None], lane, start, ctx, state,
                                   with_logits=False, variant="prefill")[0][0]
             h_last = mh.index_select(0, last)
-            bufs.draft.index_copy_(0, lane, self._draft(model.logits(h_last), lane, start + length + 1))
+            bufs.draft.index_copy_(0, lane, self._draft(model.logits(h_last), lane, start + length + 1, True))
             bufs.mtp_h.index_copy_(0, lane, h_last)
         return nxt
