@@ -138,7 +138,7 @@ def predict(args) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--device", default="cuda")
-    ap.add_argument("--dtype", default="float32")
+    ap.add_argument("--dtype", default="auto")
     ap.add_argument("--out", default="sim_check")
     ap.add_argument("--max-context", type=int, default=1024)
     ap.add_argument("--heldout-slots", type=int, default=8)
