@@ -75,29 +75,40 @@ def engine_cfg(base: dict, name: str, n: int, args) -> object:
     return cfg
 
 
-def run_cohort(loaded, device, ecfg, prompts, max_tokens) -> dict:
+def make_engine(loaded, device, ecfg, prompts, max_tokens) -> Engine:
+    """An engine for one (configuration, N), warmed on one cohort: compiles and captures are
+    not what the timed cohorts measure, and repeats reuse its graphs as a server would."""
     eng = Engine(loaded, ecfg, device, log=lambda s: None)
-    reqs = [Request(f"r{i}", list(p), SamplingParams(max_tokens=max_tokens, temperature=0.0,
-                                                     stop_at_eos=False))
-            for i, p in enumerate(prompts)]
-    # Warm the graphs of this configuration on one cohort first (captures are not what we time).
+    eng.trace.keep = False
     run_requests(eng, [Request(f"w{i}", list(p), SamplingParams(max_tokens=max_tokens, stop_at_eos=False))
                        for i, p in enumerate(prompts)])
     eng.requests.clear()
+    return eng
+
+
+def run_cohort(eng: Engine, device, prompts, max_tokens) -> dict:
+    reqs = [Request(f"r{i}", list(p), SamplingParams(max_tokens=max_tokens, temperature=0.0,
+                                                     stop_at_eos=False))
+            for i, p in enumerate(prompts)]
+    before = eng.stats()
     if device.type == "cuda":
         torch.cuda.synchronize()
     t0 = time.perf_counter()
-    m = run_requests(eng, reqs)
+    run_requests(eng, reqs)
     if device.type == "cuda":
         torch.cuda.synchronize()
     wall = time.perf_counter() - t0
-    out = {"aggregate_tps": m["output_tokens"] / wall, "wall_s": wall, "acceptance": m["acceptance"],
-           "windows": m["windows"], "graph": m["graph"],
+    after = eng.stats()
+    d = {k: after[k] - before[k] for k in ("output_tokens", "drafted", "accepted", "windows",
+                                            "graph_hits", "graph_captures", "graph_eager",
+                                            "graph_evictions")}
+    out = {"aggregate_tps": d["output_tokens"] / wall, "wall_s": wall,
+           "acceptance": d["accepted"] / d["drafted"] if d["drafted"] else None,
+           "windows": d["windows"],
+           "graph": {"hit": d["graph_hits"], "capture": d["graph_captures"],
+                     "eager": d["graph_eager"], "evict": d["graph_evictions"]},
            "tokens": [eng.requests[r.id].emitted for r in reqs]}
-    eng.close()
-    del eng
-    if device.type == "cuda":
-        torch.cuda.empty_cache()
+    eng.requests.clear()
     return out
 
 
@@ -157,16 +168,22 @@ def main() -> None:
     orders = [names] if a.no_reverse else [names, names[::-1]]
     for n in ns:
         prompts = prompts_all[:n]
+        engines = {name: make_engine(loaded, device, engine_cfg(CONFIGS[name], name, n, a), prompts,
+                                     a.max_tokens) for name in names}
         for order_i, order in enumerate(orders):
             for rep in range(a.repeats if order_i == 0 else 1):
                 for name in order:
-                    ecfg = engine_cfg(CONFIGS[name], name, n, a)
-                    r = run_cohort(loaded, device, ecfg, prompts, a.max_tokens)
+                    r = run_cohort(engines[name], device, prompts, a.max_tokens)
                     key = f"{name}@{n}" + ("" if order_i == 0 else "@rev")
                     results.setdefault(key, []).append(r)
                     print(f"N={n} {key:<22} rep {rep}: {r['aggregate_tps']:9.1f} tok/s  "
                           f"accept {r['acceptance'] if r['acceptance'] is not None else float('nan'):.3f}  "
                           f"windows {r['windows']} graph {r['graph']}", flush=True)
+        for eng in engines.values():
+            eng.close()
+        del engines
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
         # greedy identity across configurations (the same cohort)
         ref = results[f"{names[0]}@{n}"][0]["tokens"]
         for name in names[1:]:

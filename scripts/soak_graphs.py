@@ -6,6 +6,10 @@ Reports crashes, failed requests, captures, evictions, MiB per graph and the dev
 (used MiB sampled every --sample windows; "flat" = its spread after the first eviction).
 
     python scripts/soak_graphs.py --device cuda --reserves 700,2048,4096 --graph-key layout
+
+The engine runs as it does in production (the built kernels, compiled regions); a warm-up soak
+first compiles the window shapes (--warm-windows, not reported), so the timed soaks measure
+the cache and not the compiler.
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ from omegaconf import OmegaConf  # noqa: E402
 from strata.config import EMBEDDED_MODEL_DIR, StrataConfig  # noqa: E402
 from strata.engine.llm_engine import Engine  # noqa: E402
 from strata.engine.request import Request, SamplingParams  # noqa: E402
+from strata.kernels import ops  # noqa: E402
 from strata.model.loader import load_checkpoint  # noqa: E402
 
 
@@ -115,14 +120,27 @@ def main() -> None:
     ap.add_argument("--tier-min", type=int, default=64)
     ap.add_argument("--max-prompt", type=int, default=48)
     ap.add_argument("--max-tokens", type=int, default=40)
-    ap.add_argument("--compile", default="off")
+    ap.add_argument("--compile", default="auto", help="engine.compile (auto: on for CUDA)")
+    ap.add_argument("--backend", default="auto", help="kernel backend (auto: the built kernels)")
+    ap.add_argument("--warm-windows", type=int, default=400,
+                    help="windows of an unreported warm-up soak that compiles the shapes first")
+    ap.add_argument("--warm-seconds", type=float, default=180.0)
     ap.add_argument("--sample", type=int, default=250)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--json")
     a = ap.parse_args()
     device = torch.device(a.device)
+    print(f"kernels: backend={ops.set_backend(a.backend, device.type)}", flush=True)
     loaded = load_checkpoint(a.model, a.dtype, device, log=lambda s: None)
     results = []
+    if a.warm_windows > 0:
+        t0 = time.perf_counter()
+        warm = argparse.Namespace(**{**vars(a), "windows": a.warm_windows, "min_layouts": 1,
+                                     "max_seconds": a.warm_seconds})
+        r = soak(loaded, device, warm, max(int(x) for x in a.reserves.split(",")),
+                 a.graph_keys.split(",")[0])
+        print(f"warm-up: {r['windows']} windows in {time.perf_counter() - t0:.1f} s (not reported)",
+              flush=True)
     for key in a.graph_keys.split(","):
         for reserve in [int(x) for x in a.reserves.split(",")]:
             r = soak(loaded, device, a, reserve, key)

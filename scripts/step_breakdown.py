@@ -65,7 +65,7 @@ def breakdown(loaded, device, ecfg, prompts, max_tokens, sync) -> dict:
             k = keys.most_common(1)[0][0]
             ent = eng.cache.entries.get(k)
             if ent is not None:
-                g = ent.handle[0] if isinstance(ent.handle, tuple) else ent.handle
+                g = ent.handle[0] if isinstance(ent.handle, (tuple, list)) else ent.handle
                 try:
                     for _ in range(3):
                         g.replay()

@@ -437,3 +437,25 @@ def test_prefill_bucket_config_is_validated(model_dir):
 
     with pytest.raises(ConfigError, match="engine.prefill_buckets"):
         build(model_dir, prefill_buckets=[32, 16])
+
+
+def test_cuda_backend_release_drops_the_graph_before_freeing_its_pool():
+    """The CUDA backend's handle is emptied before the allocator cache is emptied, so the
+    graph's private pool is free to go back to the device (no reference left alive)."""
+    from strata.engine.graph_cache import CudaGraphBackend
+
+    seen = []
+
+    class FakeCuda:
+        @staticmethod
+        def empty_cache():
+            seen.append(list(handle))
+
+    class FakeTorch:
+        cuda = FakeCuda
+
+    backend = object.__new__(CudaGraphBackend)
+    backend.torch = FakeTorch
+    handle = [object(), object()]
+    backend.release(handle)
+    assert handle == [] and seen == [[]]

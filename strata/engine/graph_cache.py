@@ -52,7 +52,12 @@ class RecordingBackend:
 
 class CudaGraphBackend:
     """Real CUDA graphs, each with a private memory pool so that evicting one frees its memory.
-    A capture's size is the drop of the device's free memory across capture and instantiation."""
+
+    A capture's size is what it takes from the device: the larger of the drop in the driver's
+    free memory (instantiation, new segments) and the growth of the caching allocator's reserved
+    memory (the graph's private pool), across capture and instantiation. A handle is a list
+    [graph, output] so that release() can drop the only references to both before it returns
+    the pool's memory to the device (a reference held elsewhere would keep the pool alive)."""
 
     name = "cuda"
 
@@ -67,21 +72,22 @@ class CudaGraphBackend:
         torch = self.torch
         torch.cuda.synchronize(self.device)
         free0, _ = torch.cuda.mem_get_info(self.device)
+        reserved0 = torch.cuda.memory_reserved(self.device)
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, stream=self.stream):
             out = fn()
         torch.cuda.synchronize(self.device)
         free1, _ = torch.cuda.mem_get_info(self.device)
-        return (graph, out), max(0.0, (free0 - free1) / 2**20)
+        reserved1 = torch.cuda.memory_reserved(self.device)
+        taken = max(free0 - free1, reserved1 - reserved0, 0)
+        return [graph, out], taken / 2**20
 
     def replay(self, handle):
-        graph, out = handle
-        graph.replay()
-        return out
+        handle[0].replay()
+        return handle[1]
 
     def release(self, handle) -> None:
-        graph, out = handle
-        del graph, out
+        handle.clear()  # the graph and its output go; then their pool can be freed
         self.torch.cuda.empty_cache()
 
 
