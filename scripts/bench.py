@@ -362,8 +362,10 @@ def environment(args: argparse.Namespace) -> dict:
                                   timeout=20).stdout.strip()
         except (OSError, subprocess.SubprocessError):
             return ""
-    env["commit"] = git("rev-parse", "HEAD")
-    env["dirty"] = bool(git("status", "--porcelain", "--untracked-files=no"))
+    from provenance import commit_id
+
+    env["commit"] = commit_id(short=False)
+    env["dirty"] = env["commit"].endswith("+dirty")
     return env
 
 

@@ -13,7 +13,6 @@ import argparse
 import json
 import platform
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -30,6 +29,7 @@ from strata.engine.request import Request, SamplingParams  # noqa: E402
 from strata.kernels import ops  # noqa: E402
 from strata.model.loader import load_checkpoint  # noqa: E402
 from strata.runner import run_requests  # noqa: E402
+from provenance import commit_id  # noqa: E402
 
 
 def code_prompts(tokenizer, n: int, prompt_tokens: int) -> list[list[int]]:
@@ -202,8 +202,7 @@ def main() -> None:
                         "acceptance": runs[0].get("acceptance")}
     meta = {"device": torch.cuda.get_device_name() if device.type == "cuda" else platform.processor(),
             "torch": torch.__version__, "dtype": str(loaded.dtype), "model": str(a.model),
-            "commit": subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
-                                     text=True, cwd=ROOT).stdout.strip(),
+            "commit": commit_id(),
             "date": time.strftime("%Y-%m-%d"), "backend": backend, "args": vars(a)}
     if a.json:
         Path(a.json).write_text(json.dumps({"meta": meta, "summary": summary,

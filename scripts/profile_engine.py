@@ -59,11 +59,10 @@ def grid(args) -> list[tuple[str, list[str]]]:
 
 
 def commit_id() -> str:
-    try:
-        return subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True,
-                              text=True, check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
+    sys.path.insert(0, str(REPO / "scripts"))
+    from provenance import commit_id as commit
+
+    return commit(short=False)
 
 
 def main(argv=None) -> int:

@@ -44,6 +44,7 @@ def measure(args) -> None:
     import torch
     from omegaconf import OmegaConf
 
+    from provenance import commit_id
     from sim.profile import fit_profile_files
     from strata.config import EMBEDDED_MODEL_DIR, StrataConfig
     from strata.engine.llm_engine import Engine
@@ -94,8 +95,7 @@ def measure(args) -> None:
         run_cell(c, out / "heldout" / c["name"])
     source = {"device": torch.cuda.get_device_name() if dev.type == "cuda" else "cpu",
               "torch": torch.__version__, "dtype": str(loaded.dtype), "backend": backend,
-              "commit": subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT,
-                                       capture_output=True, text=True).stdout.strip(),
+              "commit": commit_id(),
               "date": time.strftime("%Y-%m-%d")}
     fit_profile_files(traces, source).save(out / "profile.json")
     (out / "manifest.json").write_text(json.dumps({"source": source, "profile_cells": prof,

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import math
-import subprocess
 import sys
 import time
 from datetime import date
@@ -222,11 +221,9 @@ def md_table(header, rows):
 
 
 def commit_id():
-    try:
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO,
-                              capture_output=True, text=True, check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
+    from provenance import commit_id as commit
+
+    return commit()
 
 
 def main(argv=None):
