@@ -75,6 +75,9 @@ class EngineConfig:
     vram_every: int = 64
     #: torch.compile the pure regions of a window step: auto (on CUDA), on, off.
     compile: str = "auto"
+    #: Run every window and prompt-chunk shape once on the scratch lane at start, so compiling
+    #: happens before the first request, not during it: auto (when compiling), on, off.
+    warmup: str = "auto"
 
 
 @dataclass
@@ -193,6 +196,8 @@ def validate_engine(e: Any) -> None:
         bad("mode", f"must be solo or batch, got {e.mode!r}")
     if e.compile not in ("auto", "on", "off"):
         bad("compile", f"must be auto, on or off, got {e.compile!r}")
+    if e.warmup not in ("auto", "on", "off"):
+        bad("warmup", f"must be auto, on or off, got {e.warmup!r}")
     if e.graph_key not in ("shape", "layout"):
         bad("graph_key", f"must be shape or layout, got {e.graph_key!r}")
     if e.slots < 1:

@@ -125,6 +125,10 @@ class TraceWriter:
             self._out.write(json.dumps(rec, separators=(",", ":")) + "\n")
         return rec
 
+    def restart_clock(self) -> None:
+        """Event times count from now (after an engine's start-up work)."""
+        self._t0 = self._clock()
+
     def flush(self) -> None:
         if self._out is not None:
             self._out.flush()

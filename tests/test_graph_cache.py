@@ -459,3 +459,23 @@ def test_cuda_backend_release_drops_the_graph_before_freeing_its_pool():
     handle = [object(), object()]
     backend.release(handle)
     assert handle == [] and seen == [[]]
+
+
+def test_warmup_runs_every_shape_on_scratch_and_changes_nothing(model_dir):
+    """engine.warmup=on runs the window shapes and prompt buckets before any request; the
+    trace gains nothing and every request decodes exactly as without it."""
+    reqs = lambda: workload(n=6, seed=3)  # noqa: E731
+    plain = build(model_dir, slots=4, warmup="off")
+    want = run(plain, reqs())
+    warm = build(model_dir, slots=4, warmup="on", graph_key="layout")
+    assert [e["ev"] for e in warm.trace.events] == ["config"]
+    assert any(line.startswith("INFO warm-up:") for line in warm.logs)
+    assert run(warm, reqs()) == want
+    assert not any(line.startswith("INFO warm-up:") for line in plain.logs)  # auto = off on CPU
+
+
+def test_warmup_knob_is_validated(model_dir):
+    from strata.config import ConfigError
+
+    with pytest.raises(ConfigError, match="engine.warmup"):
+        build(model_dir, warmup="sometimes")

@@ -161,7 +161,8 @@ class Engine:
                                  drafting, spare_rows=spare)
         self.bufs = SlotBuffers(n_slots, self.args.hidden_size, dtype, device)
         self.verifier = Verifier(self.model, self.state, self.bufs, drafting)
-        if ecfg.compile == "on" or (ecfg.compile == "auto" and device.type == "cuda"):
+        compiling = ecfg.compile == "on" or (ecfg.compile == "auto" and device.type == "cuda")
+        if compiling:
             self._compile()
         self.budget = MemoryBudget(total_mib, reserve, weights_mib, slot_mib, n_slots, free_fn)
         self.scheduler = Scheduler(n_slots, mode=ecfg.mode, batch_mtp=self.batch_mtp,
@@ -193,6 +194,11 @@ class Engine:
         if batch_mtp and ecfg.mode == "batch" and off_reason is not None:
             self.warn(f"batch_mtp is off: {off_reason}")
 
+        if ecfg.warmup == "on" or (ecfg.warmup == "auto" and compiling):
+            self.warmup()
+            self._clock0 = time.perf_counter()  # request times count from here
+            self.trace.restart_clock()
+
         self.requests: dict[str, RequestState] = {}
         # Arrivals not yet due, one heap per clock: (arrival_step | arrival_s, order, state).
         self._due_steps: list[tuple[float, int, RequestState]] = []
@@ -221,6 +227,43 @@ class Engine:
             self.model._strata_compiled = compiled
         self.verifier.sample = compiled["sample"]
         self.verifier.sample_plain = compiled["sample_plain"]
+
+    def warmup(self) -> None:
+        """Run every window shape this engine can plan, and every prompt-chunk bucket, once on
+        the scratch lane (eagerly, no graphs, no trace events), so that torch.compile's work
+        happens now rather than inside the first requests. Real lanes are not touched."""
+        ecfg, runner, ver = self.cfg, self.runner, self.verifier
+        t0 = time.perf_counter()
+        n_slots = len(self.scheduler.slots)
+        spec = int(ecfg.spec) if self.drafting else 1
+        most_rows = max(spec, 2 if self.batch_mtp else 1)
+        tiers = sorted({self._tier(1), self._tier(int(ecfg.context_tier_min) + 1)})
+        shapes = set()
+        for g in range(1, most_rows + 1):
+            groups = max(1, min(n_slots, int(ecfg.window_rows) // g))
+            if ecfg.graph_key == "shape":
+                top = shape_bucket(groups, list(ecfg.shape_buckets))
+                shapes.update((b, g) for b in ecfg.shape_buckets if b <= top)
+            else:
+                shapes.update((n, g) for n in range(1, groups + 1))
+        windows = 0
+        for ng, g in sorted(shapes):
+            if ng > runner.inputs.shape[1]:
+                continue
+            runner._fill([], ng, pad_all=True)
+            for ctx in tiers:
+                for filtered in (False, True):
+                    runner._fn(ng, g, ctx, filtered)()
+                    windows += 1
+        scratch = self.state.scratch
+        buckets = [b for b in ecfg.prefill_buckets if b <= self.max_context]
+        for b in buckets:
+            runner.p_tokens[:b].zero_()
+            runner.p_meta.copy_(torch.tensor([scratch, 0, 1, -1]))
+            ver.prefill(runner.p_tokens[:b], runner.p_meta, self._tier(b))
+        self._sync()
+        self.log(f"INFO warm-up: {windows} window shapes and {len(buckets)} prompt buckets run once "
+                 f"in {time.perf_counter() - t0:.1f} s (compiling happens here, not in requests)")
 
     # ---- small helpers ----------------------------------------------------------------------------
     def now(self) -> float:
