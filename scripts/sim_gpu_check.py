@@ -24,11 +24,21 @@ sys.path.insert(0, str(ROOT))
 
 
 def cells(args) -> tuple[list[dict], list[dict]]:
+    """Profile cells cover what the held-out grid runs, without running its workloads: every
+    window shape (lone 1x4, 2x2, 4x2 and the odd ones as slots fill and drain), the context
+    tiers 256..1024, each prompt-chunk bucket the held-out prompts pad to at the tiers they read,
+    and output positions up to the longest held-out output (acceptance drifts with position)."""
     prof = []
     for slots in (1, 2, 4, 8):
-        for prompt in (64, 512):
-            prof.append(dict(name=f"p_s{slots}_p{prompt}", slots=slots, graphs=True,
-                             requests=2 * slots, prompt=prompt, out=64))
+        # A short prompt decoding far (tiers 256-512, positions to 160) and a long one crossing
+        # into tier 1024 (its prompt chunks: 256 at tier 256, then 256 at tier 512).
+        for prompt, out in ((100, 160), (480, 64)):
+            prof.append(dict(name=f"p_s{slots}_p{prompt}_o{out}", slots=slots, graphs=True,
+                             requests=2 * slots, prompt=prompt, out=out))
+    # Prompt-chunk shapes the cells above miss (64 at tier 256; 128 at tier 512), cheaply.
+    for prompt in (40, 352):
+        prof.append(dict(name=f"p_s8_p{prompt}_o16", slots=8, graphs=True, requests=4,
+                         prompt=prompt, out=16))
     for slots in (1, 8):
         prof.append(dict(name=f"p_s{slots}_p64_eager", slots=slots, graphs=False,
                          requests=2 * slots, prompt=64, out=64))
@@ -38,6 +48,27 @@ def cells(args) -> tuple[list[dict], list[dict]]:
             held.append(dict(name=f"h_n{n}_p{prompt}_o{out}", slots=args.heldout_slots, graphs=True,
                              requests=n, prompt=prompt, out=out))
     return prof, held
+
+
+def interleave(prof: list[dict], held: list[dict]) -> list[tuple[str, dict]]:
+    """Profile and held-out cells spread evenly through the run, by their share of the work:
+    device speed drifts over a long run (clocks, allocator state; on a CPU by up to ~10 %),
+    which must not bias the profile against the cells it predicts."""
+    def work(c: dict) -> float:  # rough: decoded tokens plus a share for prompt tokens
+        return c["requests"] * (c["out"] + c["prompt"] / 8)
+
+    lists = {"profile": list(prof), "heldout": list(held)}
+    total = {k: sum(work(c) for c in v) or 1.0 for k, v in lists.items()}
+    done = {k: 0.0 for k in lists}
+    order: list[tuple[str, dict]] = []
+    while lists["profile"] or lists["heldout"]:
+        # The list whose next cell's midpoint comes earliest in its own share of the work.
+        kind = min((k for k in lists if lists[k]),
+                   key=lambda k: ((done[k] + work(lists[k][0]) / 2) / total[k], k != "profile"))
+        c = lists[kind].pop(0)
+        done[kind] += work(c)
+        order.append((kind, c))
+    return order
 
 
 def measure(args) -> None:
@@ -87,12 +118,9 @@ def measure(args) -> None:
     # Compile and warm every shape once, outside anything measured.
     for c in prof[:1] + held[-1:]:
         run_cell(dict(c, name="warm-" + c["name"]), out / "warm")
-    traces = []
-    for c in prof:
-        run_cell(c, out / "profile" / c["name"])
-        traces.append(out / "profile" / c["name"] / "trace.jsonl")
-    for c in held:
-        run_cell(c, out / "heldout" / c["name"])
+    for kind, c in interleave(prof, held):
+        run_cell(c, out / kind / c["name"])
+    traces = [out / "profile" / c["name"] / "trace.jsonl" for c in prof]
     source = {"device": torch.cuda.get_device_name() if dev.type == "cuda" else "cpu",
               "torch": torch.__version__, "dtype": str(loaded.dtype), "backend": backend,
               "commit": commit_id(),
@@ -114,7 +142,7 @@ def predict(args) -> None:
                "workload=stagger", f"workload.requests={c['requests']}",
                f"workload.prompt_tokens={c['prompt']}", f"workload.max_tokens={c['out']}",
                f"engine.slots={c['slots']}", f"engine.max_context={args.max_context}",
-               "acceptance.from_profile=true",
+               "acceptance=position", "acceptance.from_profile=true",
                f"compare_with={cell / 'metrics.json'}", f"hydra.run.dir={pred}"]
         r = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
         if r.returncode != 0:

@@ -8,6 +8,13 @@ A draft after the first rejected one is never judged: the models draw nothing fo
 - `MarkovAcceptance`: two states, the outcome of the request's previous judged draft
   (accepted / rejected); P(accept) depends on the state, and on `p_first` for a request's first
   draft. The chain runs across the request's commits, which captures runs of easy and hard text.
+- `PositionAcceptance`: each judged draft is accepted with a probability that depends on its
+  output position (tokens the request emitted before the commit, plus the draft's index in the
+  group), in buckets of `tokens` positions (past the last bucket the last rate holds), times a
+  factor for its depth in the group (1 for the first draft; deeper drafts, which a lone slot's
+  4-row windows carry, are drafted from drafts and accepted less often). Output position
+  matters: acceptance drifts as a generation goes on (a small model falls into repetition its
+  drafter predicts well, so its acceptance climbs with the output length).
 - `RecordedAcceptance`: the engine's own per-commit `accepted`, for replay.
 
 Random models draw from one stream per request (same seed, same request: same outcomes, however
@@ -24,7 +31,8 @@ from .streams import RandomStreams
 
 
 class AcceptanceModel:
-    def accepted(self, req: Any, drafted: int) -> int:
+    def accepted(self, req: Any, drafted: int, position: int = 0) -> int:
+        """Drafts accepted of `drafted`; `position` = tokens the request emitted so far."""
         raise NotImplementedError
 
 
@@ -48,10 +56,42 @@ class FixedRateAcceptance(AcceptanceModel):
         self.rate = rate
         self._gens = _PerRequestStreams(streams, "acceptance")
 
-    def accepted(self, req: Any, drafted: int) -> int:
+    def accepted(self, req: Any, drafted: int, position: int = 0) -> int:
         gen = self._gens.gen(req.index)
         a = 0
         while a < drafted and gen.random() < self.rate:
+            a += 1
+        return a
+
+
+class PositionAcceptance(AcceptanceModel):
+    """Each judged draft at output position p is accepted with probability
+    rates[min(p // tokens, len(rates) - 1)], independently."""
+
+    def __init__(self, rates: list[float], tokens: int, streams: RandomStreams,
+                 depth_factors: Optional[list[float]] = None):
+        if not rates or any(not 0.0 <= r <= 1.0 for r in rates):
+            raise ValueError(f"position acceptance rates must be a non-empty list in [0, 1], "
+                             f"got {rates}")
+        if tokens < 1:
+            raise ValueError(f"position acceptance bucket must be >= 1 tokens, got {tokens}")
+        factors = [float(f) for f in (depth_factors or [1.0])]
+        if any(f < 0 for f in factors):
+            raise ValueError(f"position acceptance depth factors must be >= 0, got {factors}")
+        self.rates = [float(r) for r in rates]
+        self.tokens = int(tokens)
+        self.depth_factors = factors
+        self._gens = _PerRequestStreams(streams, "acceptance")
+
+    def rate_at(self, position: int, depth: int = 0) -> float:
+        """P(accept) of a draft at output `position`, `depth` drafts into its group (0-based)."""
+        r = self.rates[min(max(position, 0) // self.tokens, len(self.rates) - 1)]
+        return min(1.0, r * self.depth_factors[min(depth, len(self.depth_factors) - 1)])
+
+    def accepted(self, req: Any, drafted: int, position: int = 0) -> int:
+        gen = self._gens.gen(req.index)
+        a = 0
+        while a < drafted and gen.random() < self.rate_at(position + a, a):
             a += 1
         return a
 
@@ -69,7 +109,7 @@ class MarkovAcceptance(AcceptanceModel):
         self._gens = _PerRequestStreams(streams, "acceptance")
         self._last: dict[int, Optional[bool]] = {}
 
-    def accepted(self, req: Any, drafted: int) -> int:
+    def accepted(self, req: Any, drafted: int, position: int = 0) -> int:
         gen = self._gens.gen(req.index)
         a = 0
         while a < drafted:
@@ -94,7 +134,7 @@ class RecordedAcceptance(AcceptanceModel):
     def __init__(self, per_request: dict[Any, Iterable[int]]):
         self._queues = {req: deque(vals) for req, vals in per_request.items()}
 
-    def accepted(self, req: Any, drafted: int) -> int:
+    def accepted(self, req: Any, drafted: int, position: int = 0) -> int:
         q = self._queues.get(req.id)
         a = q.popleft() if q else 0
         return max(0, min(int(a), drafted))
@@ -114,18 +154,63 @@ class AcceptanceFit:
     commits: int
     #: Accepted drafts / drafted, the engine's `acceptance` metric.
     acceptance_metric: float
+    #: Position model: bucket width (output tokens), rate and judged drafts per bucket.
+    position_tokens: int = 0
+    position_rates: tuple[float, ...] = ()
+    position_judged: tuple[int, ...] = ()
+    #: Factor of each draft depth in a group (first draft: 1), and judged drafts per depth.
+    depth_factors: tuple[float, ...] = ()
+    depth_judged: tuple[int, ...] = ()
 
     def as_dict(self) -> dict[str, Any]:
-        return {"rate": self.rate,
-                "markov": {"p_accept_after_accept": self.p_accept_after_accept,
-                           "p_accept_after_reject": self.p_accept_after_reject,
-                           "p_accept_first": self.p_accept_first},
-                "judged_drafts": self.judged, "commits": self.commits,
-                "acceptance_metric": self.acceptance_metric}
+        d = {"rate": self.rate,
+             "markov": {"p_accept_after_accept": self.p_accept_after_accept,
+                        "p_accept_after_reject": self.p_accept_after_reject,
+                        "p_accept_first": self.p_accept_first},
+             "judged_drafts": self.judged, "commits": self.commits,
+             "acceptance_metric": self.acceptance_metric}
+        if self.position_rates:
+            d["position"] = {"tokens": self.position_tokens, "rate": list(self.position_rates),
+                             "judged": list(self.position_judged),
+                             "depth_factor": list(self.depth_factors),
+                             "depth_judged": list(self.depth_judged)}
+        return d
 
 
 def _ratio(num: int, den: int, default: float) -> float:
     return num / den if den else default
+
+
+#: Output positions per bucket of the fitted position model.
+POSITION_TOKENS = 16
+#: Fewest judged drafts behind one fitted position rate: sparser buckets pool with the next
+#: ones (a sparse tail pools with the bucket before it).
+POSITION_MIN_JUDGED = 40
+
+
+def _pooled(judged: list[int], hits: list[float], expected: list[float],
+            default: float) -> list[float]:
+    """hits / expected per index, consecutive indices pooled until each pool holds at least
+    POSITION_MIN_JUDGED judged drafts (a sparse tail joins the pool before it)."""
+    runs: list[list[int]] = []
+    cur: list[int] = []
+    for b in range(len(judged)):
+        cur.append(b)
+        if sum(judged[i] for i in cur) >= POSITION_MIN_JUDGED:
+            runs.append(cur)
+            cur = []
+    if cur:
+        if runs:
+            runs[-1].extend(cur)
+        else:
+            runs.append(cur)
+    out = [default] * len(judged)
+    for run in runs:
+        den = sum(expected[i] for i in run)
+        r = sum(hits[i] for i in run) / den if den else default
+        for i in run:
+            out[i] = r
+    return out
 
 
 def fit_acceptance(commits: Iterable[dict[str, Any]], default_rate: float = 0.0) -> AcceptanceFit:
@@ -138,18 +223,34 @@ def fit_acceptance(commits: Iterable[dict[str, Any]], default_rate: float = 0.0)
     `default_rate` stands in where no draft was judged.
     """
     outcomes: dict[Any, list[bool]] = defaultdict(list)
+    emitted: dict[Any, int] = defaultdict(lambda: 1)  # the first token comes from the prefill
+    pos_judged: list[int] = []
+    pos_accepted: list[int] = []
+    deep: list[tuple[int, int, bool]] = []  # (depth >= 1, position, accepted) of deeper drafts
     n_commits = drafted_total = accepted_total = 0
     for c in commits:
         k, a = int(c["drafted"]), int(c["accepted"])
         n_commits += 1
         drafted_total += k
         accepted_total += a
+        before = emitted[c["req"]]
+        emitted[c["req"]] = before + int(c.get("emitted", a + 1))
         if k == 0:
             continue
         seq = outcomes[c["req"]]
         seq.extend([True] * a)
         if a < k:
             seq.append(False)
+        # The first draft of each group gives the position rates; deeper judged drafts (at
+        # positions before + j) give the depth factors against those rates.
+        b = before // POSITION_TOKENS
+        while len(pos_judged) <= b:
+            pos_judged.append(0)
+            pos_accepted.append(0)
+        pos_judged[b] += 1
+        pos_accepted[b] += a > 0
+        for j in range(1, min(a + 1, k)):
+            deep.append((j, before + j, j < a))
     judged = sum(len(s) for s in outcomes.values())
     accepted = sum(sum(s) for s in outcomes.values())
     rate = _ratio(accepted, judged, default_rate)
@@ -164,12 +265,24 @@ def fit_acceptance(commits: Iterable[dict[str, Any]], default_rate: float = 0.0)
             else:
                 ra += nxt
                 rr += not nxt
+    pos_rates = _pooled(pos_judged, pos_accepted, pos_judged, rate)
+    depths = max((j for j, _, _ in deep), default=0)
+    d_judged, d_hits, d_expected = [0] * depths, [0.0] * depths, [0.0] * depths
+    for j, p, ok in deep:
+        d_judged[j - 1] += 1
+        d_hits[j - 1] += ok
+        d_expected[j - 1] += pos_rates[min(p // POSITION_TOKENS, len(pos_rates) - 1)]
     return AcceptanceFit(rate=rate,
                          p_accept_after_accept=_ratio(aa, aa + ar, rate),
                          p_accept_after_reject=_ratio(ra, ra + rr, rate),
                          p_accept_first=_ratio(first_ok, n_first, rate),
                          judged=judged, commits=n_commits,
-                         acceptance_metric=_ratio(accepted_total, drafted_total, 0.0))
+                         acceptance_metric=_ratio(accepted_total, drafted_total, 0.0),
+                         position_tokens=POSITION_TOKENS,
+                         position_rates=tuple(pos_rates),
+                         position_judged=tuple(pos_judged),
+                         depth_factors=tuple([1.0] + _pooled(d_judged, d_hits, d_expected, 1.0)),
+                         depth_judged=tuple([sum(pos_judged)] + d_judged))
 
 
 def build_acceptance(cfg: Any, streams: RandomStreams,
@@ -177,6 +290,8 @@ def build_acceptance(cfg: Any, streams: RandomStreams,
     """The acceptance model of config `cfg` (`acceptance` group), optionally from a profile."""
     rate = cfg.rate
     p_aa, p_ar, p_first = cfg.p_accept_after_accept, cfg.p_accept_after_reject, cfg.p_accept_first
+    pos_rates, pos_tokens = list(cfg.position_rates), cfg.position_tokens
+    depth_factors = list(cfg.position_depth_factors) or [1.0]
     if cfg.from_profile:
         if not profile_fit:
             raise ValueError("acceptance.from_profile=true but the cost profile has no "
@@ -184,8 +299,17 @@ def build_acceptance(cfg: Any, streams: RandomStreams,
         rate = profile_fit["rate"]
         m = profile_fit["markov"]
         p_aa, p_ar, p_first = m["p_accept_after_accept"], m["p_accept_after_reject"], m["p_accept_first"]
+        if cfg.model == "position":
+            if "position" not in profile_fit:
+                raise ValueError("acceptance.model=position with from_profile=true, but the "
+                                 "profile's `acceptance` has no `position` section (refit it)")
+            pos_rates = list(profile_fit["position"]["rate"])
+            pos_tokens = int(profile_fit["position"]["tokens"])
+            depth_factors = list(profile_fit["position"].get("depth_factor") or [1.0])
     if cfg.model == "fixed":
         return FixedRateAcceptance(rate, streams)
+    if cfg.model == "position":
+        return PositionAcceptance(pos_rates or [rate], pos_tokens, streams, depth_factors)
     if cfg.model == "markov":
         return MarkovAcceptance(p_aa, p_ar, p_first, streams)
     raise ValueError(f"acceptance.model must be fixed or markov, got {cfg.model!r}")

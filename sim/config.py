@@ -28,7 +28,7 @@ ENGINE_MODES = ("solo", "batch")
 GRAPH_KEYS = ("shape", "layout")
 GRAPH_POLICIES = ("counted", "upstream")
 WORKLOAD_KINDS = ("poisson", "burst", "cohort", "stagger")
-ACCEPTANCE_MODELS = ("fixed", "markov")
+ACCEPTANCE_MODELS = ("fixed", "markov", "position")
 
 
 @dataclass
@@ -50,6 +50,9 @@ class SimEngineConfig:
     decode_share: float = 0.5
     #: Prompt tokens per prefill iteration.
     prefill_chunk: int = 256
+    #: Lengths a prompt chunk is padded to (its device time is that of the padded length; past
+    #: the last bucket a chunk runs unpadded). Empty: chunks run unpadded.
+    prefill_buckets: list[int] = field(default_factory=lambda: [16, 32, 64, 128, 256])
     #: Context length of a slot (positions 0 .. max_context-1).
     max_context: int = 4096
     #: Smallest context tier; tiers double from here up to max_context.
@@ -126,6 +129,13 @@ class SimAcceptanceConfig:
     p_accept_after_accept: float = 0.8
     p_accept_after_reject: float = 0.5
     p_accept_first: float = 0.7
+    #: position: the rate of each bucket of `position_tokens` output positions (the last one
+    #: holds past the end); empty = `rate` everywhere.
+    position_rates: list[float] = field(default_factory=list)
+    position_tokens: int = 16
+    #: position: factor on the rate of a group's 1st, 2nd, ... draft (the last one holds
+    #: deeper); empty = 1 at every depth.
+    position_depth_factors: list[float] = field(default_factory=list)
     #: Take the parameters of `model` from the cost profile's fitted `acceptance` section.
     from_profile: bool = False
 
@@ -191,6 +201,9 @@ def validate_engine(e: Any) -> None:
         bad("decode_share", f"must be in (0, 1], got {e.decode_share}")
     if e.prefill_chunk < 1:
         bad("prefill_chunk", f"must be >= 1, got {e.prefill_chunk}")
+    pb = list(e.prefill_buckets)
+    if pb and (pb != sorted(set(pb)) or pb[0] < 1):
+        bad("prefill_buckets", f"must be ascending distinct positive ints, got {pb}")
     if e.graph_limit < 0:
         bad("graph_limit", f"must be >= 0 (0 = unbounded), got {e.graph_limit}")
     if e.vram_reserve_mib < 0:
@@ -249,6 +262,13 @@ def validate_acceptance(a: Any) -> None:
         v = getattr(a, key)
         if not 0.0 <= v <= 1.0:
             raise SimConfigError(f"acceptance.{key}: must be in [0, 1], got {v}")
+    if any(not 0.0 <= v <= 1.0 for v in a.position_rates):
+        raise SimConfigError(f"acceptance.position_rates: must be in [0, 1], got {list(a.position_rates)}")
+    if any(v < 0 for v in a.position_depth_factors):
+        raise SimConfigError(f"acceptance.position_depth_factors: must be >= 0, got "
+                             f"{list(a.position_depth_factors)}")
+    if a.position_tokens < 1:
+        raise SimConfigError(f"acceptance.position_tokens: must be >= 1, got {a.position_tokens}")
 
 
 def validate(cfg: Any) -> None:

@@ -6,13 +6,19 @@ Schema (JSON; docs/SIMULATOR.md has the full description):
       "schema": "strata-sim-cost-profile/1",
       "source": {...},                         free-form: device, commit, traces fitted
       "host_overhead_s": 0.0003,               host time of every iteration (idle ones too)
-      "prefill": {"tokens": [t0, t1, ...],     ascending chunk sizes
-                  "s":      [s0, s1, ...]},    seconds of one prefill chunk of that size
+      "prefill": {"tokens": [t0, t1, ...],     ascending chunk sizes (padded to the engine's
+                                               prefill_buckets when the traces listed them)
+                  "s":      [s0, s1, ...],     seconds of one prefill chunk of that size
+                  "tiers":  [c0, c1, ...],     optional: ascending attention context tiers
+                  "table":  [[s per size] per tier]},  optional: by (tier, size)
       "decode": {"rows":  [r0, r1, ...],       ascending window row counts
                  "tiers": [c0, c1, ...],       ascending context tiers
                  "hit":     [[s per row count] per tier],   replaying a captured graph
                  "capture": [[...]],                        capturing (and running) one
-                 "eager":   [[...]]},                       running without a graph
+                 "eager":   [[...]],                        running without a graph
+                 "shapes":  ["NxG", ...],       optional: window shapes (padded groups x rows
+                                                per group), each measured in some trace
+                 "shape_s": {"hit": [[s per shape] per tier], "capture": ..., "eager": ...}},
       "acceptance": {...}                      optional: AcceptanceFit.as_dict()
     }
 
@@ -20,6 +26,9 @@ Interpolation: decode time is linear in rows and in log2(tier) between grid poin
 prefill time is linear in tokens. Past the last grid point rows and tokens extrapolate along
 the last segment's slope (device time keeps growing with work), tiers clamp to the nearest
 measured tier. Below the first point rows and tokens scale proportionally toward zero work.
+A window whose shape (groups as run, rows per group) is in `decode.shapes` takes that shape's
+column instead of the rows table: a 1x4 window (one 4-row group) and a 2x2 one have the same
+rows but not the same cost. With `prefill.table`, prefill time is also linear in log2(tier).
 """
 
 from __future__ import annotations
@@ -76,16 +85,39 @@ class CostProfile:
     decode_s: dict[str, list[list[float]]]
     acceptance: Optional[dict[str, Any]] = None
     source: dict[str, Any] = field(default_factory=dict)
+    #: Optional prefill by attention tier: [tier index][prefill_tokens index] seconds.
+    prefill_tiers: Optional[list[float]] = None
+    prefill_table: Optional[list[list[float]]] = None
+    #: Optional decode by window shape "NxG": action -> [tier index][shape index] seconds.
+    decode_shapes: Optional[list[str]] = None
+    decode_shape_s: Optional[dict[str, list[list[float]]]] = None
 
     # --- queries -------------------------------------------------------------------------
 
-    def prefill_time(self, tokens: int) -> float:
-        return _interp(tokens, self.prefill_tokens, self.prefill_s)
+    def prefill_time(self, tokens: int, tier: Optional[int] = None) -> float:
+        """Seconds of a prompt chunk of `tokens` (already padded to its bucket) whose attention
+        reads `tier` positions; without a tier table (or a tier) the tier is ignored."""
+        if self.prefill_table is None or tier is None:
+            return _interp(tokens, self.prefill_tokens, self.prefill_s)
+        i, j, w = _bracket(math.log2(tier), [math.log2(t) for t in self.prefill_tiers])
+        lo = _interp(tokens, self.prefill_tokens, self.prefill_table[i])
+        hi = _interp(tokens, self.prefill_tokens, self.prefill_table[j])
+        return lo + w * (hi - lo)
 
-    def decode_time(self, rows: int, tier: int, action: str) -> float:
-        table = self.decode_s[action]
+    def decode_time(self, rows: int, tier: int, action: str,
+                    shape: Optional[tuple[int, int]] = None) -> float:
+        """Seconds of a window of `rows` rows at context `tier`; `shape` = (groups as run,
+        i.e. padded to the shape bucket, most rows of a group) picks the shape's measured
+        column when the profile has one."""
         log_tiers = [math.log2(t) for t in self.decode_tiers]
         i, j, w = _bracket(math.log2(tier), log_tiers)
+        name = None if shape is None else f"{shape[0]}x{shape[1]}"
+        if self.decode_shapes is not None and name in self.decode_shapes:
+            k = self.decode_shapes.index(name)
+            table = self.decode_shape_s[action]
+            lo, hi = table[i][k], table[j][k]
+            return lo + w * (hi - lo)
+        table = self.decode_s[action]
         lo = _interp(rows, self.decode_rows, table[i])
         hi = _interp(rows, self.decode_rows, table[j])
         return lo + w * (hi - lo)
@@ -109,6 +141,10 @@ class CostProfile:
             "decode": {"rows": self.decode_rows, "tiers": self.decode_tiers,
                        **{a: self.decode_s[a] for a in GRAPH_ACTIONS}},
         }
+        if self.prefill_table is not None:
+            d["prefill"].update(tiers=self.prefill_tiers, table=self.prefill_table)
+        if self.decode_shapes is not None:
+            d["decode"].update(shapes=self.decode_shapes, shape_s=self.decode_shape_s)
         if self.acceptance is not None:
             d["acceptance"] = self.acceptance
         return d
@@ -136,6 +172,13 @@ class CostProfile:
                        decode_s={a: [[float(x) for x in row] for row in dec[a]]
                                  for a in GRAPH_ACTIONS},
                        acceptance=d.get("acceptance"), source=d.get("source") or {})
+            if "table" in pre:
+                prof.prefill_tiers = [float(x) for x in pre["tiers"]]
+                prof.prefill_table = [[float(x) for x in row] for row in pre["table"]]
+            if "shapes" in dec:
+                prof.decode_shapes = [str(x) for x in dec["shapes"]]
+                prof.decode_shape_s = {a: [[float(x) for x in row] for row in dec["shape_s"][a]]
+                                       for a in GRAPH_ACTIONS}
         except KeyError as e:
             raise bad(f"missing field {e.args[0]!r}") from None
         except (TypeError, ValueError) as e:
@@ -160,6 +203,29 @@ class CostProfile:
             if len(t) != len(self.decode_tiers) or any(len(r) != len(self.decode_rows) for r in t):
                 raise bad(f"decode.{a} must be [tiers][rows] = "
                           f"{len(self.decode_tiers)} x {len(self.decode_rows)}")
+        if self.prefill_table is not None:
+            ascending_positive("prefill.tiers", self.prefill_tiers)
+            if len(self.prefill_table) != len(self.prefill_tiers) or any(
+                    len(r) != len(self.prefill_tokens) for r in self.prefill_table):
+                raise bad(f"prefill.table must be [tiers][tokens] = "
+                          f"{len(self.prefill_tiers)} x {len(self.prefill_tokens)}")
+            if any(x < 0 for r in self.prefill_table for x in r):
+                raise bad("prefill.table has a negative time")
+        if self.decode_shapes is not None:
+            for name in self.decode_shapes:
+                n, _, g = name.partition("x")
+                if not (n.isdigit() and g.isdigit() and int(n) > 0 and int(g) > 0):
+                    raise bad(f"decode.shapes entries must be 'NxG' (positive ints), got {name!r}")
+            if len(set(self.decode_shapes)) != len(self.decode_shapes):
+                raise bad("decode.shapes has a repeated shape")
+            for a in GRAPH_ACTIONS:
+                t = self.decode_shape_s[a]
+                if len(t) != len(self.decode_tiers) or any(len(r) != len(self.decode_shapes)
+                                                           for r in t):
+                    raise bad(f"decode.shape_s.{a} must be [tiers][shapes] = "
+                              f"{len(self.decode_tiers)} x {len(self.decode_shapes)}")
+                if any(x < 0 for r in t for x in r):
+                    raise bad(f"decode.shape_s.{a} has a negative time")
         for name, xs in [("prefill.s", self.prefill_s)] + [
                 (f"decode.{a}", [x for r in self.decode_s[a] for x in r]) for a in GRAPH_ACTIONS]:
             if any(x < 0 for x in xs):

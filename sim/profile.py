@@ -1,15 +1,29 @@
 """Fit a cost profile from engine traces.
 
-From each trace: `window` events give (rows, `ctx` tier, graph action, `dur` seconds);
-`prefill` events give (tokens, `dur`); consecutive iterations that both ran device work give
-the host overhead (the time between their events minus the later one's `dur`); `commit` events
-give the acceptance models (sim.acceptance.fit_acceptance).
+From each trace: `window` events give (rows, window shape, `ctx` tier, graph action, `dur`
+seconds); `prefill` events give (tokens, `ctx`, `dur`); consecutive iterations that both ran
+device work give the host overhead (the time between their events minus the later one's
+`dur`); `commit` events give the acceptance models (sim.acceptance.fit_acceptance).
 
-Each measured cell is the median of its samples. Gaps in the grid are filled so every query
-has an answer: within a tier, unmeasured row counts interpolate linearly between measured ones
-(constant past the ends); a tier with no sample copies the nearest measured tier (in log2);
-an action with no sample at all copies another action's table (FALLBACK_ACTIONS). The profile's
-`source.counts` records the samples behind every cell, so filled cells can be told apart.
+Window shape: (groups as run, most rows of a group), from a `shape:NxG@T` key (N is the padded
+group count the engine ran) or else from the layout (its runs of one slot). Prefill: when the
+trace's `config` lists `engine.prefill_buckets`, a chunk of n tokens covering positions up to
+`ctx` is charged at its padded length b (the smallest bucket >= n) and the tier of `ctx - n + b`
+(what the engine's attention reads), so prefill time is a step function of the bucket.
+
+Each measured cell is the median of its samples, or their minimum when there are fewer than
+MEDIAN_MIN_SAMPLES (interference only ever slows a sample down, and a median of two is their
+mean). Gaps are filled so every query has an answer:
+- rows table: within a tier, unmeasured row counts interpolate linearly between measured ones
+  (constant past the ends); a tier with no sample copies the nearest measured tier (in log2);
+- shape and prefill tables (`_fill_grid`): a cell between two measured tiers interpolates in
+  log2(tier); one outside the measured tiers takes the nearest measured tier scaled by the
+  median ratio between the two tiers over the columns measured at both;
+- a shape never measured for an action takes another action's value scaled by the median
+  ratio of the two actions over shapes measured for both;
+- an action with no sample at all copies another action's tables (FALLBACK_ACTIONS).
+The profile's `source` records the samples behind every cell (`counts`, `shape_counts`,
+`prefill_counts`, `prefill_table_counts`), so filled cells can be told apart.
 
     python -m sim.profile --out profile.json TRACE.jsonl [TRACE.jsonl ...]
 """
@@ -24,9 +38,12 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any, Iterable, Optional
 
+from strata.trace import context_tier
+
 from .acceptance import fit_acceptance
 from .costs import GRAPH_ACTIONS, CostProfile
 from .replay import TraceError, load_trace
+from .scheduler import prefill_padded
 
 #: Where an action with no samples takes its table from, in order of preference.
 FALLBACK_ACTIONS = {"hit": ("eager", "capture"), "eager": ("hit", "capture"),
@@ -37,8 +54,65 @@ class FitError(ValueError):
     pass
 
 
+#: Cells with fewer samples than this take their minimum rather than their median.
+MEDIAN_MIN_SAMPLES = 3
+
+
 def _median(xs: list[float]) -> float:
     return float(statistics.median(xs))
+
+
+def _cell(xs: list[float]) -> float:
+    """One cell's value from its samples: the median, or the minimum of one or two samples."""
+    return _median(xs) if len(xs) >= MEDIAN_MIN_SAMPLES else float(min(xs))
+
+
+def window_shape(e: dict[str, Any]) -> tuple[int, int]:
+    """(groups as run, most rows of a group) of a `window` event."""
+    key = str(e.get("key", ""))
+    if key.startswith("shape:"):
+        n, _, g = key[len("shape:"):].split("@")[0].partition("x")
+        return int(n), int(g)
+    runs: list[int] = []
+    prev = object()
+    for slot in e["layout"]:
+        if slot == prev:
+            runs[-1] += 1
+        else:
+            runs.append(1)
+            prev = slot
+    return len(runs), max(runs)
+
+
+def _log2_ratio_scale(known: dict[tuple[float, Any], float], t: float, t_ref: float,
+                      cols: Iterable[Any]) -> float:
+    """Median over columns measured at both tiers of value(t) / value(t_ref); 1 when none."""
+    ratios = [known[(t, c)] / known[(t_ref, c)] for c in cols
+              if (t, c) in known and (t_ref, c) in known and known[(t_ref, c)] > 0]
+    return _median(ratios) if ratios else 1.0
+
+
+def _fill_grid(known: dict[tuple[float, Any], float], tiers: list[float],
+               cols: list[Any]) -> list[list[Optional[float]]]:
+    """[tier][col] from measured cells; every column measured at some tier is filled at all
+    tiers (log2 interpolation between measured tiers, ratio-scaled nearest tier outside)."""
+    out: list[list[Optional[float]]] = [[known.get((t, c)) for c in cols] for t in tiers]
+    for ci, c in enumerate(cols):
+        have = [t for t in tiers if (t, c) in known]
+        if not have:
+            continue
+        for ti, t in enumerate(tiers):
+            if (t, c) in known:
+                continue
+            if have[0] < t < have[-1]:
+                lo = max(x for x in have if x < t)
+                hi = min(x for x in have if x > t)
+                w = (math.log2(t) - math.log2(lo)) / (math.log2(hi) - math.log2(lo))
+                out[ti][ci] = known[(lo, c)] + w * (known[(hi, c)] - known[(lo, c)])
+            else:
+                ref = have[0] if t < have[0] else have[-1]
+                out[ti][ci] = known[(ref, c)] * _log2_ratio_scale(known, t, ref, cols)
+    return out
 
 
 def _host_overhead_samples(events: list[dict[str, Any]]) -> list[float]:
@@ -88,21 +162,89 @@ def _fill_table(cells: dict[tuple[float, float], float], tiers: list[float],
     return table
 
 
+def _trace_config(events: list[dict[str, Any]]) -> dict[str, Any]:
+    for e in events:
+        if e["ev"] == "config":
+            return e.get("engine") or {}
+    return {}
+
+
+def _prefill_key(e: dict[str, Any], knobs: dict[str, Any]) -> tuple[float, Optional[float]]:
+    """(padded tokens, attention tier or None) of a `prefill` event."""
+    n = int(e["tokens"])
+    buckets = knobs.get("prefill_buckets")
+    b = prefill_padded(n, buckets) if buckets is not None else n
+    if "ctx" not in e or "context_tier_min" not in knobs or "max_context" not in knobs:
+        return float(b), None
+    start = int(e["ctx"]) - n
+    return float(b), float(context_tier(start + b, int(knobs["context_tier_min"]),
+                                        int(knobs["max_context"])))
+
+
+def _fill_shapes(cells: dict[str, dict[tuple[float, str], float]], tiers: list[float],
+                 shapes: list[str]) -> tuple[dict[str, list[list[float]]], dict[str, str]]:
+    grids = {a: _fill_grid(cells[a], tiers, shapes) for a in GRAPH_ACTIONS}
+    copied = {}
+    for a in GRAPH_ACTIONS:
+        if not cells[a]:  # no sample of this action at all: copy a whole table
+            donor = next(d for d in FALLBACK_ACTIONS[a] if cells[d])
+            copied[a] = donor
+    for a in GRAPH_ACTIONS:
+        if a in copied:
+            continue
+        for ci, shape in enumerate(shapes):
+            if grids[a][0][ci] is not None:
+                continue
+            # Never measured for `a`: another action's value scaled by the median a/donor
+            # ratio over the (tier, shape) cells measured for both.
+            for donor in FALLBACK_ACTIONS[a]:
+                if grids[donor][0][ci] is None or donor in copied:
+                    continue
+                ratios = [cells[a][k] / cells[donor][k] for k in cells[a]
+                          if k in cells[donor] and cells[donor][k] > 0]
+                r = _median(ratios) if ratios else 1.0
+                for ti in range(len(tiers)):
+                    grids[a][ti][ci] = grids[donor][ti][ci] * r
+                break
+    for a, donor in copied.items():
+        grids[a] = [list(r) for r in grids[donor]]
+    for a in GRAPH_ACTIONS:  # a shape measured only under a copied action: copy its donor
+        for ti in range(len(tiers)):
+            for ci in range(len(shapes)):
+                if grids[a][ti][ci] is None:
+                    grids[a][ti][ci] = next(grids[d][ti][ci] for d in FALLBACK_ACTIONS[a]
+                                            if grids[d][ti][ci] is not None)
+    return grids, copied
+
+
 def fit_profile(traces: Iterable[list[dict[str, Any]]],
                 source: Optional[dict[str, Any]] = None) -> CostProfile:
     decode: dict[str, dict[tuple[float, float], list[float]]] = {a: defaultdict(list)
                                                                  for a in GRAPH_ACTIONS}
+    shaped: dict[str, dict[tuple[float, str], list[float]]] = {a: defaultdict(list)
+                                                               for a in GRAPH_ACTIONS}
     prefill: dict[float, list[float]] = defaultdict(list)
+    prefill_tiered: dict[tuple[float, float], list[float]] = defaultdict(list)
+    all_tiered = True
     host: list[float] = []
     commits: list[dict[str, Any]] = []
     n_traces = 0
     for n, events in enumerate(traces):
         n_traces += 1
+        knobs = _trace_config(events)
         for e in events:
             if e["ev"] == "window" and "dur" in e and "ctx" in e:
-                decode[e["graph"]][(float(e["ctx"]), float(e["rows"]))].append(float(e["dur"]))
+                dur, tier = float(e["dur"]), float(e["ctx"])
+                decode[e["graph"]][(tier, float(e["rows"]))].append(dur)
+                g, r = window_shape(e)
+                shaped[e["graph"]][(tier, f"{g}x{r}")].append(dur)
             elif e["ev"] == "prefill" and "dur" in e:
-                prefill[float(e["tokens"])].append(float(e["dur"]))
+                tokens, tier = _prefill_key(e, knobs)
+                prefill[tokens].append(float(e["dur"]))
+                if tier is None:
+                    all_tiered = False
+                else:
+                    prefill_tiered[(tier, tokens)].append(float(e["dur"]))
             elif e["ev"] == "commit":
                 # The Markov chain is per request: keep requests of different traces apart.
                 commits.append({**e, "req": (n, e["req"])})
@@ -114,7 +256,7 @@ def fit_profile(traces: Iterable[list[dict[str, Any]]],
 
     tiers = sorted({t for cells in decode.values() for t, _ in cells})
     rows = sorted({r for cells in decode.values() for _, r in cells})
-    medians = {a: {k: _median(v) for k, v in decode[a].items()} for a in GRAPH_ACTIONS}
+    medians = {a: {k: _cell(v) for k, v in decode[a].items()} for a in GRAPH_ACTIONS}
     tables = {a: _fill_table(medians[a], tiers, rows) for a in GRAPH_ACTIONS}
     filled_from = {}
     for a in GRAPH_ACTIONS:
@@ -124,16 +266,38 @@ def fit_profile(traces: Iterable[list[dict[str, Any]]],
             filled_from[a] = donor
     counts = {a: [[len(decode[a].get((t, r), ())) for r in rows] for t in tiers]
               for a in GRAPH_ACTIONS}
+
+    def shape_order(name: str) -> tuple[int, int]:
+        n_, _, g_ = name.partition("x")
+        return int(n_) * int(g_), int(n_)
+
+    shapes = sorted({sh for cells in shaped.values() for _, sh in cells}, key=shape_order)
+    shape_cells = {a: {k: _cell(v) for k, v in shaped[a].items()} for a in GRAPH_ACTIONS}
+    shape_s, _ = _fill_shapes(shape_cells, tiers, shapes)
+    shape_counts = {a: [[len(shaped[a].get((t, sh), ())) for sh in shapes] for t in tiers]
+                    for a in GRAPH_ACTIONS}
+
     tokens = sorted(prefill)
+    pre_tiers = pre_table = None
+    if all_tiered and prefill_tiered:
+        pre_tiers = sorted({t for t, _ in prefill_tiered})
+        pre_cells = {k: _cell(v) for k, v in prefill_tiered.items()}
+        pre_table = _fill_grid(pre_cells, pre_tiers, tokens)
     acc = fit_acceptance(commits)
+    src = {**(source or {}), "kind": "fitted", "traces": n_traces,
+           "counts": counts, "shape_counts": shape_counts,
+           "prefill_counts": [len(prefill[t]) for t in tokens],
+           "host_overhead_samples": len(host), "actions_copied": filled_from}
+    if pre_table is not None:
+        src["prefill_table_counts"] = [[len(prefill_tiered.get((t, b), ())) for b in tokens]
+                                       for t in pre_tiers]
     return CostProfile(
         host_overhead_s=_median(host) if host else 0.0,
-        prefill_tokens=tokens, prefill_s=[_median(prefill[t]) for t in tokens],
+        prefill_tokens=tokens, prefill_s=[_cell(prefill[t]) for t in tokens],
         decode_rows=rows, decode_tiers=tiers, decode_s=tables,
-        acceptance=acc.as_dict() if acc.judged else None,
-        source={**(source or {}), "kind": "fitted", "traces": n_traces,
-                "counts": counts, "prefill_counts": [len(prefill[t]) for t in tokens],
-                "host_overhead_samples": len(host), "actions_copied": filled_from})
+        acceptance=acc.as_dict() if acc.judged else None, source=src,
+        prefill_tiers=pre_tiers, prefill_table=pre_table,
+        decode_shapes=shapes, decode_shape_s=shape_s)
 
 
 def fit_profile_files(paths: Iterable[str | Path],

@@ -32,6 +32,15 @@ class SimulationError(RuntimeError):
     pass
 
 
+def prefill_padded(tokens: int, buckets: Any) -> int:
+    """The length a prompt chunk of `tokens` runs at: the smallest bucket holding it, or
+    `tokens` itself past the last bucket (or with no buckets)."""
+    for b in buckets:
+        if b >= tokens:
+            return int(b)
+    return tokens
+
+
 #: The `key` a window reports when graphs are off (no cache, so no key is computed).
 NO_GRAPH_KEY = "eager"
 #: Decimal places of `dur` in the trace (microseconds, as the engine writes it).
@@ -188,15 +197,19 @@ class SimEngine:
         if self.external.faulted(self.step):
             yield from self._fault([st])
             return
-        dur = self.costs.prefill_time(tokens)
+        padded = prefill_padded(tokens, k.prefill_buckets)
+        # The engine pads the chunk to its bucket, and its attention reads the tier holding
+        # the padded chunk.
+        tier = context_tier(st.prompt_done + padded, k.context_tier_min, k.max_context)
+        dur = self.costs.prefill_time(padded, tier)
         yield self.env.timeout(self.costs.host_overhead_s + dur)
         st.prompt_done += tokens
         rec = self.records[st.req.id]
         rec.prefill_device_s += dur
         self.stats.prefills += 1
+        # `ctx` as the engine writes it: the positions the chunk covers (start + tokens).
         self.trace.emit("prefill", req=st.req.id, slot=st.slot, tokens=tokens,
-                        dur=round(dur, TRACE_DUR_DIGITS),
-                        ctx=context_tier(st.prompt_done, k.context_tier_min, k.max_context))
+                        dur=round(dur, TRACE_DUR_DIGITS), ctx=st.prompt_done)
         if st.prompt_done < st.req.prompt_tokens:
             return
         # Prompt done: the slot samples and emits its first token.
@@ -223,6 +236,15 @@ class SimEngine:
         if k.mode == "solo" or lone:
             return k.spec if self.drafting else 1
         return 2 if (k.batch_mtp and self.drafting) else 1
+
+    def _window_shape(self, groups: list[tuple[SlotState, int]]) -> tuple[int, int]:
+        """(groups the engine runs, most rows of a group): the engine pads the groups to the
+        shape bucket only under shape keys with graphs on."""
+        k = self.knobs
+        n = len(groups)
+        if k.graphs and k.graph_key == "shape":
+            n = shape_bucket(n, k.shape_buckets)
+        return n, max(r for _, r in groups)
 
     def _window_key(self, groups: list[tuple[SlotState, int]], layout: list[int]) -> tuple[str, int]:
         k = self.knobs
@@ -256,7 +278,8 @@ class SimEngine:
         if decision.capture_failed:
             self._crash(decision)
             return
-        dur = self.costs.decode_time(len(layout), tier, decision.action)
+        dur = self.costs.decode_time(len(layout), tier, decision.action,
+                                     self._window_shape(groups))
         yield self.env.timeout(self.costs.host_overhead_s + dur)
 
         for ev_key, reason in decision.evictions:
@@ -275,7 +298,7 @@ class SimEngine:
         finished: list[tuple[SlotState, str]] = []
         for st, r in groups:
             drafted = r - 1
-            accepted = self.acceptance.accepted(st.req, drafted)
+            accepted = self.acceptance.accepted(st.req, drafted, st.emitted)
             rec = self.records[st.req.id]
             rec.drafted += drafted
             rec.accepted += accepted

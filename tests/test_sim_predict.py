@@ -191,3 +191,48 @@ def test_compare_with_engine_metrics(tmp_path):
                          text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert "aggregate tok/s" in out.stdout and (tmp_path / "run" / "comparison.json").exists()
+
+
+def test_position_acceptance_and_shape_costs_in_predict(tmp_path):
+    # Rates [0, 1] in buckets of 8 positions: a commit starting before position 8 accepts
+    # nothing, one starting at or after it accepts every draft.
+    run = run_predict(cfg_of("workload=stagger", "workload.requests=2", "workload.max_tokens=40",
+                             "workload.prompt_tokens=64", "acceptance=position",
+                             "acceptance.position_rates=[0.0,1.0]",
+                             "acceptance.position_tokens=8")).run
+    emitted = {}
+    for e in run.events:
+        if e["ev"] == "prefill" and e["ctx"] == 64:
+            emitted[e["req"]] = 1
+        elif e["ev"] == "commit":
+            want = 0 if emitted[e["req"]] < 8 else e["drafted"]
+            assert e["accepted"] == want
+            emitted[e["req"]] += e["emitted"]
+    from sim.config import NOMINAL_PROFILE
+    from sim.costs import CostProfile
+    prof = CostProfile.load(NOMINAL_PROFILE)
+    prof.acceptance = {"rate": 0.5, "markov": {"p_accept_after_accept": 0.5,
+                                               "p_accept_after_reject": 0.5, "p_accept_first": 0.5}}
+    with pytest.raises(ValueError, match="no `position` section"):
+        run_predict(cfg_of(*SMALL, "acceptance=position", "acceptance.from_profile=true"),
+                    profile=prof)
+    with pytest.raises(SimConfigError, match="acceptance.position_rates"):
+        run_predict(cfg_of(*SMALL, "acceptance=position", "acceptance.position_rates=[1.5]"))
+    # Depth factors: a group's second and later drafts at factor 0 are never accepted.
+    run = run_predict(cfg_of(*SMALL, "engine.mode=solo", "acceptance=position",
+                             "acceptance.position_rates=[1.0]",
+                             "acceptance.position_depth_factors=[1.0,0.0]")).run
+    assert {e["accepted"] for e in run.events if e["ev"] == "commit" and e["drafted"]} == {1}
+    # A profile with a shape table: a lone slot's windows (1x4) take the 1x4 column, and a
+    # prompt chunk is charged at its bucket and tier.
+    prof.decode_shapes = ["1x4"]
+    prof.decode_shape_s = {a: [[0.5] for _ in prof.decode_tiers] for a in ("hit", "capture", "eager")}
+    prof.prefill_tiers = [256.0]
+    prof.prefill_table = [[7.0] * len(prof.prefill_tokens)]
+    run = run_predict(cfg_of("workload=stagger", "workload.requests=1", "workload.max_tokens=20",
+                             "workload.prompt_tokens=100"), profile=prof).run
+    wins = [e for e in run.events if e["ev"] == "window"]
+    assert all(e["dur"] == 0.5 for e in wins if e["key"].startswith("shape:1x4@"))
+    assert any(e["key"].startswith("shape:1x4@") for e in wins)
+    pre = [e for e in run.events if e["ev"] == "prefill"]
+    assert [(e["tokens"], e["ctx"], e["dur"]) for e in pre] == [(100, 100, 7.0)]

@@ -81,3 +81,134 @@ def test_profile_engine_script_grid_and_fit_only(tmp_path, capsys):
     out = tmp_path / "p.json"
     assert mod.main(["--fit-only", *map(str, traces(tmp_path)), "--out", str(out)]) == 0
     assert CostProfile.load(out).source["device"] == "cuda"
+
+
+# --- fitting behaviour on hand-made traces ------------------------------------------------
+
+KNOBS = {"prefill_buckets": [16, 32, 64, 128, 256], "context_tier_min": 256, "max_context": 1024}
+
+
+def _trace(windows=(), prefills=(), commits=(), knobs=KNOBS):
+    """A minimal trace: `config`, then the given events, one step each."""
+    evs = [{"ev": "config", "step": 0, "t": 0.0, "engine": dict(knobs), "memory": {}}]
+    step = 0
+    for key, layout, tier, graph, dur in windows:
+        evs.append({"ev": "window", "step": step, "t": step * 1.0, "layout": list(layout),
+                    "key": key, "graph": graph, "rows": len(layout), "dur": dur, "ctx": tier})
+        step += 1
+    for tokens, ctx, dur in prefills:
+        evs.append({"ev": "prefill", "step": step, "t": step * 1.0, "req": "a", "slot": 0,
+                    "tokens": tokens, "dur": dur, "ctx": ctx})
+        step += 1
+    for req, drafted, accepted in commits:
+        evs.append({"ev": "commit", "step": step, "t": step * 1.0, "req": req, "slot": 0,
+                    "drafted": drafted, "accepted": accepted, "emitted": accepted + 1})
+        step += 1
+    return evs
+
+
+def test_windows_of_equal_rows_but_different_shapes_are_costed_apart():
+    # A lone slot's 1x4 window and two 2-row groups (2x2) both have 4 rows; they cost
+    # differently, and the profile keeps them apart (the rows table alone mixes them).
+    w = [("shape:1x4@256", [0, 0, 0, 0], 256, "hit", 0.010)] * 5 + \
+        [("shape:2x2@256", [0, 0, 1, 1], 256, "hit", 0.007)] * 5
+    prof = fit_profile([_trace(windows=w, prefills=[(64, 64, 0.01)])])
+    assert prof.decode_time(4, 256, "hit", (1, 4)) == pytest.approx(0.010)
+    assert prof.decode_time(4, 256, "hit", (2, 2)) == pytest.approx(0.007)
+    assert prof.source["shape_counts"]["hit"] == [[5, 5]]
+    # Shapes from layout keys and eager windows come from the layout's runs of one slot.
+    lay = [("layout:3,3,5,5,5@256", [3, 3, 5, 5, 5], 256, "eager", 0.02),
+           ("eager", [0, 0, 0, 0], 256, "eager", 0.020)]
+    prof = fit_profile([_trace(windows=w + lay, prefills=[(64, 64, 0.01)])])
+    assert "2x3" in prof.decode_shapes
+    assert prof.decode_time(5, 256, "eager", (2, 3)) == pytest.approx(0.02)
+    # A shape never measured for an action: another action's value times their median ratio
+    # over the shapes measured for both (1x4 here: hit 0.010, eager 0.020).
+    assert prof.decode_time(5, 256, "hit", (2, 3)) == pytest.approx(0.02 * 0.010 / 0.020)
+    assert prof.decode_time(4, 256, "eager", (2, 2)) == pytest.approx(0.007 * 0.020 / 0.010)
+    # A shape the profile never saw falls back to the rows table.
+    assert prof.decode_time(4, 256, "hit", (4, 1)) == prof.decode_time(4, 256, "hit")
+    # The profile round-trips through JSON with its shape table.
+    again = CostProfile.from_dict(prof.to_dict())
+    assert again.decode_time(4, 256, "hit", (1, 4)) == pytest.approx(0.010)
+
+
+def test_few_samples_take_the_minimum_and_outliers_do_not_move_a_median():
+    w = [("shape:1x2@256", [0, 0], 256, "hit", d) for d in (0.010, 0.690)] + \
+        [("shape:2x2@256", [0, 0, 1, 1], 256, "hit", d) for d in (0.012, 0.011, 0.330)]
+    prof = fit_profile([_trace(windows=w, prefills=[(64, 64, 0.01)])])
+    assert prof.decode_time(2, 256, "hit", (1, 2)) == pytest.approx(0.010)
+    assert prof.decode_time(4, 256, "hit", (2, 2)) == pytest.approx(0.012)
+    assert prof.decode_time(2, 256, "hit") == pytest.approx(0.010)   # the rows table too
+
+
+def test_missing_tier_scales_by_the_ratio_of_shapes_measured_at_both():
+    w = [("shape:4x2@256", [0, 0, 1, 1, 2, 2, 3, 3], 256, "hit", 0.010)] * 3 + \
+        [("shape:4x2@1024", [0, 0, 1, 1, 2, 2, 3, 3], 1024, "hit", 0.012)] * 3 + \
+        [("shape:1x4@256", [0, 0, 0, 0], 256, "hit", 0.020)] * 3
+    prof = fit_profile([_trace(windows=w, prefills=[(64, 64, 0.01)])])
+    assert prof.decode_time(4, 1024, "hit", (1, 4)) == pytest.approx(0.020 * 1.2)
+    assert prof.decode_time(8, 512, "hit", (4, 2)) == pytest.approx(0.011)  # log2 halfway
+
+
+def test_prefill_is_costed_by_bucket_and_tier():
+    # 100 and 128 tokens both run as the 128 bucket; a 128-token chunk starting at 256 reads
+    # tier 512. Without buckets in the config each token count is its own point.
+    pre = [(100, 100, 0.020), (128, 128, 0.022), (100, 100, 0.021),
+           (256, 256, 0.040), (128, 384, 0.030), (256, 512, 0.050)]
+    prof = fit_profile([_trace(windows=[("shape:1x1@256", [0], 256, "hit", 0.005)],
+                               prefills=pre)])
+    assert prof.prefill_tokens == [128.0, 256.0]
+    assert prof.prefill_tiers == [256.0, 512.0]
+    assert prof.prefill_time(128, 256) == pytest.approx(0.021)
+    assert prof.prefill_time(128, 512) == pytest.approx(0.030)
+    assert prof.prefill_time(256, 512) == pytest.approx(0.050)
+    assert prof.source["prefill_table_counts"] == [[3, 1], [1, 1]]
+    old = fit_profile([_trace(windows=[("shape:1x1@256", [0], 256, "hit", 0.005)],
+                              prefills=pre, knobs={})])
+    assert old.prefill_tokens == [100.0, 128.0, 256.0] and old.prefill_table is None
+
+
+def test_prefill_tier_missing_for_a_bucket_scales_by_another_bucket():
+    pre = [(64, 64, 0.010), (256, 256, 0.040), (256, 512, 0.050)]
+    prof = fit_profile([_trace(windows=[("shape:1x1@256", [0], 256, "hit", 0.005)],
+                               prefills=pre)])
+    assert prof.prefill_time(64, 512) == pytest.approx(0.010 * 0.050 / 0.040)
+
+
+def test_acceptance_position_rates_follow_the_output_position():
+    from sim.acceptance import POSITION_TOKENS, PositionAcceptance
+    from sim.streams import RandomStreams
+    # Early drafts (positions < 2 buckets) always rejected, later ones always accepted.
+    commits = []
+    for r in range(40):
+        emitted = 1
+        while emitted < 6 * POSITION_TOKENS:
+            a = 1 if emitted >= 2 * POSITION_TOKENS else 0
+            commits.append((f"r{r}", 1, a))
+            emitted += a + 1
+    prof = fit_profile([_trace(windows=[("shape:1x1@256", [0], 256, "hit", 0.005)],
+                               prefills=[(64, 64, 0.01)], commits=commits)])
+    pos = prof.acceptance["position"]
+    assert pos["tokens"] == POSITION_TOKENS
+    assert pos["rate"][:2] == [0.0, 0.0] and all(r == 1.0 for r in pos["rate"][2:])
+    assert pos["depth_factor"] == [1.0]  # single-draft groups: no deeper draft judged
+    model = PositionAcceptance(pos["rate"], pos["tokens"], RandomStreams(0))
+
+    class Req:
+        index = 0
+    assert model.accepted(Req(), 3, position=1) == 0
+    assert model.accepted(Req(), 3, position=2 * POSITION_TOKENS) == 3
+    assert model.accepted(Req(), 3, position=10_000) == 3       # the last rate holds
+
+
+def test_acceptance_depth_factors_against_the_position_rates():
+    # First drafts accepted half the time; a second draft, when judged, never.
+    commits = []
+    for r in range(80):
+        commits += [(f"r{r}", 2, 1), (f"r{r}", 2, 0)]
+    fit = fit_profile([_trace(windows=[("shape:1x1@256", [0], 256, "hit", 0.005)],
+                              prefills=[(64, 64, 0.01)], commits=commits)]).acceptance
+    assert fit["position"]["rate"] == [0.5]
+    assert fit["position"]["depth_factor"] == [1.0, 0.0]
+    assert fit["position"]["depth_judged"] == [160, 80]
