@@ -50,6 +50,7 @@ def main() -> None:
         lm.model.compile_regions(lambda f: torch.compile(f, dynamic=None))
         ver.sample = torch.compile(ver.sample, dynamic=None)
         ver.sample_plain = torch.compile(ver.sample_plain, dynamic=None)
+        ver.accepted_prefix = torch.compile(ver.accepted_prefix, dynamic=None)
     gs = torch.arange(a.groups, device=dev)
     gp = torch.full((a.groups,), 100, device=dev)
     rows = torch.full((a.groups,), a.rows, device=dev)

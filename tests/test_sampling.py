@@ -89,3 +89,37 @@ def test_top_p_one_never_drops_a_token(monkeypatch):
 ])
 def test_filtered_rule(params, filtered):
     assert SamplingParams(**params).filtered is filtered
+
+
+def test_lane_table_samplers_equal_the_row_samplers():
+    """sample_lanes / sample_plain_lanes gather each row's parameters from per-lane tables and
+    place lane i's rows at pos0[i] + offset + j: the same tokens as the row samplers fed the
+    gathered parameters and positions by hand."""
+    from strata.engine.sampling import sample_lanes, sample_plain_lanes
+
+    g = torch.Generator().manual_seed(7)
+    lanes_n, rows_per, offset, vocab = 5, 3, 1, 97
+    temperature = torch.tensor([0.0, 0.7, 1.3, 0.0, 2.0])
+    top_k = torch.tensor([0, 5, 0, 3, 0])
+    top_p = torch.tensor([1.0, 0.9, 0.5, 1.0, 1.0])
+    seed = torch.tensor([11, 22, 33, 44, 2**40 + 5])
+    lanes = torch.tensor([3, 1, 4])
+    pos0 = torch.tensor([10, 200, 7])
+    logits = torch.randn(len(lanes) * rows_per, vocab, generator=g)
+    lane = lanes.repeat_interleave(rows_per)
+    pos = torch.tensor([p + offset + j for p in pos0.tolist() for j in range(rows_per)])
+    want = sample(logits, temperature[lane], top_k[lane], top_p[lane], seed[lane], pos)
+    got = sample_lanes(logits, lanes, pos0, rows_per, offset, temperature, top_k, top_p, seed)
+    assert torch.equal(got, want)
+    want_plain = sample_plain(logits, temperature[lane], seed[lane], pos)
+    got_plain = sample_plain_lanes(logits, lanes, pos0, rows_per, offset, temperature, seed)
+    assert torch.equal(got_plain, want_plain)
+
+
+def test_accepted_prefix_counts_the_matching_prefix_within_valid_rows():
+    from strata.engine.sampling import accepted_prefix
+
+    tokens = torch.tensor([[9, 1, 2, 3], [9, 1, 7, 3], [9, 1, 2, 3], [9, 5, 2, 3]])
+    targets = torch.tensor([[1, 2, 3, 4], [1, 2, 3, 4], [1, 2, 3, 4], [1, 2, 3, 4]])
+    rows = torch.tensor([4, 4, 2, 4])  # group 2 has only 2 valid rows: one draft at most
+    assert accepted_prefix(tokens, targets, rows).tolist() == [3, 1, 1, 0]

@@ -222,11 +222,11 @@ class Engine:
             # Prompt chunks come in many lengths: compile them with symbolic lengths.
             pfn = lambda f: torch.compile(f, dynamic=True)  # noqa: E731
             self.model.compile_regions(fn, pfn)
-            compiled = {"sample": torch.compile(self.verifier.sample, dynamic=None),
-                        "sample_plain": torch.compile(self.verifier.sample_plain, dynamic=None)}
+            compiled = {name: torch.compile(getattr(self.verifier, name), dynamic=None)
+                        for name in ("sample", "sample_plain", "accepted_prefix")}
             self.model._strata_compiled = compiled
-        self.verifier.sample = compiled["sample"]
-        self.verifier.sample_plain = compiled["sample_plain"]
+        for name, fn in compiled.items():
+            setattr(self.verifier, name, fn)
 
     def warmup(self) -> None:
         """Run every window shape this engine can plan, and every prompt-chunk bucket, once on

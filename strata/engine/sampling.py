@@ -84,3 +84,34 @@ def sample_plain(logits: torch.Tensor, temperature: torch.Tensor, seed: torch.Te
     noise = gumbel_noise(seed[:, None], pos[:, None], token[None, :])
     sampled = (logits / temp[:, None] + noise).argmax(-1)
     return torch.where(temperature > 0, sampled, greedy)
+
+
+def _rows(lanes: torch.Tensor, pos0: torch.Tensor, rows_per: int, offset: int):
+    """Lane and position of each row when lane i owns rows_per consecutive rows at positions
+    pos0[i] + offset + j."""
+    j = torch.arange(rows_per, device=lanes.device)
+    return lanes.repeat_interleave(rows_per), (pos0[:, None] + j + offset).reshape(-1)
+
+
+def sample_lanes(logits: torch.Tensor, lanes: torch.Tensor, pos0: torch.Tensor, rows_per: int,
+                 offset: int, temperature: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor,
+                 seed: torch.Tensor) -> torch.Tensor:
+    """`sample` with each row's parameters read from per-lane tables inside the sampler (so a
+    compiled sampler fuses the gathers instead of launching one per table)."""
+    lane, pos = _rows(lanes, pos0, rows_per, offset)
+    return sample(logits, temperature[lane], top_k[lane], top_p[lane], seed[lane], pos)
+
+
+def sample_plain_lanes(logits: torch.Tensor, lanes: torch.Tensor, pos0: torch.Tensor, rows_per: int,
+                       offset: int, temperature: torch.Tensor, seed: torch.Tensor) -> torch.Tensor:
+    """`sample_plain` with per-lane parameter tables, as `sample_lanes`."""
+    lane, pos = _rows(lanes, pos0, rows_per, offset)
+    return sample_plain(logits, temperature[lane], seed[lane], pos)
+
+
+def accepted_prefix(tokens: torch.Tensor, targets: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+    """Per group: how many drafts are accepted, the longest prefix with d_(j+1) == y_j among
+    the group's valid rows. tokens, targets (NG, G); rows (NG,)."""
+    j = torch.arange(1, tokens.shape[1], device=tokens.device)
+    match = (tokens[:, 1:] == targets[:, :-1]) & (j[None, :] < rows[:, None])
+    return match.long().cumprod(1).sum(1)

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import torch
 
-from strata.engine.sampling import sample, sample_plain
+from strata.engine.sampling import accepted_prefix, sample_lanes, sample_plain_lanes
 from strata.kernels import ops
 from strata.model.qwen3_next import Qwen3Next
 from strata.model.state import DecodeState
@@ -48,11 +48,6 @@ class SlotBuffers:
         self.top_k[lane] = top_k
         self.seed[lane] = seed
 
-    def params(self, gs: torch.Tensor, repeat: int = 1):
-        p = (self.temperature[gs], self.top_k[gs], self.top_p[gs], self.seed[gs])
-        if repeat == 1:
-            return p
-        return tuple(t.repeat_interleave(repeat) for t in p)
 
 
 class Verifier:
@@ -61,20 +56,23 @@ class Verifier:
         self.state = state
         self.bufs = bufs
         self.drafting = drafting
-        # The engine may swap in compiled versions of both.
-        self.sample = sample
-        self.sample_plain = sample_plain
+        # The engine may swap in compiled versions of these three.
+        self.sample = sample_lanes
+        self.sample_plain = sample_plain_lanes
+        self.accepted_prefix = accepted_prefix
 
-    def _sample(self, logits: torch.Tensor, t: torch.Tensor, k: torch.Tensor, p: torch.Tensor,
-                s: torch.Tensor, pos: torch.Tensor, filtered: bool) -> torch.Tensor:
+    def _sample(self, logits: torch.Tensor, lanes: torch.Tensor, pos0: torch.Tensor, rows_per: int,
+                offset: int, filtered: bool) -> torch.Tensor:
+        """One token per row; lane i owns rows_per rows at positions pos0[i] + offset + j."""
+        b = self.bufs
         if filtered:
-            return self.sample(logits, t, k, p, s, pos)
-        return self.sample_plain(logits, t, s, pos)
+            return self.sample(logits, lanes, pos0, rows_per, offset, b.temperature, b.top_k,
+                               b.top_p, b.seed)
+        return self.sample_plain(logits, lanes, pos0, rows_per, offset, b.temperature, b.seed)
 
     def _draft(self, logits: torch.Tensor, gs: torch.Tensor, pos: torch.Tensor,
                filtered: bool) -> torch.Tensor:
-        t, k, p, s = self.bufs.params(gs)
-        return self._sample(logits, t, k, p, s, pos, filtered)
+        return self._sample(logits, gs, pos, 1, 0, filtered)
 
     def window(self, gs: torch.Tensor, gp: torch.Tensor, rows: torch.Tensor, g: int, ctx: int,
                filtered: bool) -> torch.Tensor:
@@ -94,13 +92,10 @@ class Verifier:
                 cols.append(tok)
         tokens = torch.stack(cols, 1)
         hidden, logits, rec_snaps, conv_snaps = model.verify_window(tokens, gs, gp, ctx, state)
-        j = torch.arange(g, device=gs.device)
-        t, k, p, s = bufs.params(gs, repeat=g)
-        y = self._sample(logits.reshape(ng * g, -1), t, k, p, s, (gp[:, None] + j + 1).reshape(-1),
-                         filtered).view(ng, g)
+        # target y_j sits at position p + j + 1
+        y = self._sample(logits.reshape(ng * g, -1), gs, gp, g, 1, filtered).view(ng, g)
         if g > 1:
-            match = (tokens[:, 1:] == y[:, :-1]) & (j[None, 1:] < rows[:, None])
-            accept = match.long().cumprod(1).sum(1)
+            accept = self.accepted_prefix(tokens, y, rows)
         else:
             accept = torch.zeros(ng, dtype=torch.long, device=gs.device)
         ops.commit_accepted(accept, gs, gp, rec_snaps, conv_snaps, state.rec, state.conv, bufs.pos)
@@ -129,8 +124,7 @@ class Verifier:
         lane, start, length, given = meta[0:1], meta[1:2], meta[2:3], meta[3:4]
         hidden = model.prefill(tokens, lane, start, state, length=length, ctx=ctx)
         last = length - 1
-        t, k, p, s = bufs.params(lane)
-        first = self.sample(model.logits(hidden.index_select(0, last)), t, k, p, s, start + length)
+        first = self._sample(model.logits(hidden.index_select(0, last)), lane, start + length, 1, 0, True)
         nxt = torch.where(given < 0, first, given)
         bufs.pending.index_copy_(0, lane, nxt)
         bufs.pos.index_copy_(0, lane, start + length)
