@@ -519,8 +519,7 @@ class Qwen3Next(nn.Module):
         lane_t = torch.as_tensor(lane, dtype=torch.long, device=dev).reshape(1)
         start_t = torch.as_tensor(start, dtype=torch.long, device=dev).reshape(1)
         x = self.embed_tokens(tokens)[None]  # (1, L, H): a window grid of one group
-        pos = start_t + torch.arange(n, device=dev)
-        cos, sin = self.rotary(pos[None], x.dtype)
+        cos, sin = self.p_rope(start_t, n)
         ctx = int(start) + n if ctx is None else ctx
         valid = None if length is None else (torch.arange(n, device=dev) < length)[None]
         for i, layer in enumerate(self.layers):
@@ -545,8 +544,7 @@ class Qwen3Next(nn.Module):
         linear-attention layer: rec (L, NG, G, H, Dk, Dv) and conv (L, NG, G, C, K-1).
         """
         x = self.embed_tokens(tokens)
-        pos = group_pos[:, None] + torch.arange(tokens.shape[1], device=tokens.device)[None]
-        cos, sin = self.rotary(pos, x.dtype)
+        cos, sin = self.c_rope(group_pos, tokens.shape[1])
         rec_snaps, conv_snaps = [], []
         for i, layer in enumerate(self.layers):
             j = self.state_index[i]
@@ -560,6 +558,12 @@ class Qwen3Next(nn.Module):
         hidden, logits = self.c_head(x)
         return hidden, logits, torch.stack(rec_snaps), torch.stack(conv_snaps)
 
+    def rope(self, group_pos: torch.Tensor, rows: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos, sin (NG, rows, rotary_dim) for the positions group_pos[g] + j, j < rows (a pure
+        region: compiled, the positions and both tables are one kernel)."""
+        pos = group_pos[:, None] + torch.arange(rows, device=group_pos.device)[None]
+        return self.rotary(pos, self.embed_tokens.weight.dtype)
+
     def head(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         hidden = self.norm(x)
         return hidden, self.logits(hidden)
@@ -572,6 +576,8 @@ class Qwen3Next(nn.Module):
         for layer in self.layers:
             layer.compile_regions(compile_fn, prefill_fn)
         self.c_head = wrap(self.head)
+        self.c_rope = wrap(self.rope)
+        self.p_rope = pwrap(self.rope)
         self.p_norm = pwrap(self.norm.forward)
         if self.mtp is not None:
             self.mtp.layers[0].compile_regions(compile_fn, prefill_fn)
@@ -590,8 +596,7 @@ class Qwen3Next(nn.Module):
         fuse, norm = (self.c_mtp_fuse, self.c_mtp_norm) if variant == "window" else \
             (self.p_mtp_fuse, self.p_mtp_norm)
         x = fuse(hidden, self.embed_tokens(next_tokens))
-        pos = group_pos[:, None] + torch.arange(x.shape[1], device=x.device)[None]
-        cos, sin = self.rotary(pos, x.dtype)
+        cos, sin = (self.c_rope if variant == "window" else self.p_rope)(group_pos, x.shape[1])
         x = self.mtp.layers[0].window_attention(x, cos, sin, state.mtp_k, state.mtp_v, group_slot,
                                                 group_pos, ctx, variant=variant)
         out = norm(x)
