@@ -242,7 +242,8 @@ class Attention(nn.Module):
         q, gate = qg.view(*lead, self.hq, 2 * self.d).chunk(2, dim=-1)
         q = apply_rotary(self.q_norm(q), cos, sin)
         k = apply_rotary(self.k_norm(k.view(*lead, self.hkv, self.d)), cos, sin)
-        v = v.view(*lead, self.hkv, self.d)
+        # contiguous here, inside the compiled region, so the K/V write gets it without a copy
+        v = v.view(*lead, self.hkv, self.d).contiguous()
         return q, k, v, gate.reshape(*lead, self.hq * self.d)
 
     def fuse_for_inference(self) -> None:
@@ -304,7 +305,7 @@ class GatedDeltaNet(nn.Module):
         q, k, v = mixed.split([self.key_dim, self.key_dim, self.value_dim], dim=-1)
         q = q.reshape(*lead, self.nk, self.dk)
         k = k.reshape(*lead, self.nk, self.dk)
-        v = v.reshape(*lead, self.nv, self.dv)
+        v = v.reshape(*lead, self.nv, self.dv).contiguous()  # the kernels take contiguous rows
         if self.nv > self.nk:
             q = q.repeat_interleave(self.nv // self.nk, dim=-2)
             k = k.repeat_interleave(self.nv // self.nk, dim=-2)
