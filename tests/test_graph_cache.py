@@ -479,3 +479,16 @@ def test_warmup_knob_is_validated(model_dir):
 
     with pytest.raises(ConfigError, match="engine.warmup"):
         build(model_dir, warmup="sometimes")
+
+
+def test_padding_past_the_context_end_is_harmless(model_dir):
+    """A prompt chunk near the end of the context, padded to a bucket that reaches past the
+    slot's last position: the padding's K/V writes clamp into the spare rows and every request
+    decodes as with unpadded chunks."""
+    reqs = lambda: [Request(f"e{i}", [(11 * i + j) % 500 + 1 for j in range(n)],  # noqa: E731
+                            SamplingParams(max_tokens=8, stop_at_eos=False))
+                    for i, n in enumerate([58, 61, 40])]
+    want = run(build(model_dir, slots=2, max_context=64, prefill_buckets=[1]), reqs())
+    got = run(build(model_dir, slots=2, max_context=64, prefill_buckets=[128]), reqs())
+    assert got == want
+    assert all(len(v) > 0 for v in got.values())
