@@ -50,6 +50,9 @@ def cells(args) -> tuple[list[dict], list[dict]]:
     return prof, held
 
 
+HELDOUT_SEED = 1000
+
+
 def interleave(prof: list[dict], held: list[dict]) -> list[tuple[str, dict]]:
     """Profile and held-out cells spread evenly through the run, by their share of the work:
     device speed drifts over a long run (clocks, allocator state; on a CPU by up to ~10 %),
@@ -93,13 +96,14 @@ def measure(args) -> None:
                              moe_dense_experts=int(base.model.moe_dense_experts))
     prof, held = cells(args)
 
-    def run_cell(c: dict, where: Path) -> dict:
+    def run_cell(c: dict, where: Path, seed: int = 0) -> dict:
         where.mkdir(parents=True, exist_ok=True)
         ecfg = OmegaConf.structured(StrataConfig).engine
         ecfg.slots, ecfg.graphs, ecfg.max_context = c["slots"], c["graphs"], args.max_context
         ecfg.mode, ecfg.batch_mtp = "batch", True
         w = OmegaConf.structured(StrataConfig).workload
         w.kind, w.requests, w.prompt_tokens, w.max_tokens = "synthetic", c["requests"], c["prompt"], c["out"]
+        w.seed = seed
         eng = Engine(loaded, ecfg, dev, log=lambda s: None, trace_path=where / "trace.jsonl")
         try:
             reqs = load_workload(w, loaded.tokenizer, loaded.args.vocab_size)
@@ -118,8 +122,15 @@ def measure(args) -> None:
     # Compile and warm every shape once, outside anything measured.
     for c in prof[:1] + held[-1:]:
         run_cell(dict(c, name="warm-" + c["name"]), out / "warm")
-    for kind, c in interleave(prof, held):
-        run_cell(c, out / kind / c["name"])
+    # Held-out cells run `heldout_repeats` times on fresh prompts (seeds HELDOUT_SEED + r; the
+    # profile cells use seed 0): one request's acceptance decides an N=1 cell, so a single
+    # draw of prompts is not the engine's figure for that cell, the mean over draws is.
+    reps = [dict(c, rep=r) for c in held for r in range(args.heldout_repeats)]
+    for kind, c in interleave(prof, reps):
+        if kind == "heldout":
+            run_cell(c, out / kind / c["name"] / f"rep{c['rep']}", seed=HELDOUT_SEED + c["rep"])
+        else:
+            run_cell(c, out / kind / c["name"])
     traces = [out / "profile" / c["name"] / "trace.jsonl" for c in prof]
     source = {"device": torch.cuda.get_device_name() if dev.type == "cuda" else "cpu",
               "torch": torch.__version__, "dtype": str(loaded.dtype), "backend": backend,
@@ -127,40 +138,54 @@ def measure(args) -> None:
               "date": time.strftime("%Y-%m-%d")}
     fit_profile_files(traces, source).save(out / "profile.json")
     (out / "manifest.json").write_text(json.dumps({"source": source, "profile_cells": prof,
-                                                   "heldout_cells": held}, indent=2))
+                                                   "heldout_cells": held,
+                                                   "heldout_repeats": args.heldout_repeats}, indent=2))
 
 
 def predict(args) -> None:
-    """sim predict for every held-out cell against the engine's metrics; prints a table."""
+    """sim predict for every held-out cell and repeat against the engine's metrics of that
+    repeat; per cell, the mean over repeats of each figure, engine vs simulator."""
     out = Path(args.predict)
     man = json.loads((out / "manifest.json").read_text())
+    repeats = man.get("heldout_repeats", 1)
     rows = []
     for c in man["heldout_cells"]:
-        cell = out / "heldout" / c["name"]
-        pred = out / "predict" / c["name"]
-        cmd = [sys.executable, "-m", "sim", "mode=predict", f"profile={out / 'profile.json'}",
-               "workload=stagger", f"workload.requests={c['requests']}",
-               f"workload.prompt_tokens={c['prompt']}", f"workload.max_tokens={c['out']}",
-               f"engine.slots={c['slots']}", f"engine.max_context={args.max_context}",
-               "acceptance=position", "acceptance.from_profile=true",
-               f"compare_with={cell / 'metrics.json'}", f"hydra.run.dir={pred}"]
-        r = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
-        if r.returncode != 0:
-            print(r.stderr[-2000:], file=sys.stderr)
-            raise SystemExit(f"sim predict failed for {c['name']}")
-        cmp = json.loads((pred / "comparison.json").read_text())
-        rows.append((c, cmp))
-    figs = [f for f, _, _, _ in (tuple(r.values()) for r in rows[0][1])]
+        per_rep = []
+        for r in range(repeats):
+            cell = out / "heldout" / c["name"] / f"rep{r}"
+            pred = out / "predict" / c["name"] / f"rep{r}"
+            cmd = [sys.executable, "-m", "sim", "mode=predict", f"profile={out / 'profile.json'}",
+                   "workload=stagger", f"workload.requests={c['requests']}",
+                   f"workload.prompt_tokens={c['prompt']}", f"workload.max_tokens={c['out']}",
+                   f"engine.slots={c['slots']}", f"engine.max_context={args.max_context}",
+                   "acceptance=position", "acceptance.from_profile=true", f"seed={r}",
+                   f"compare_with={cell / 'metrics.json'}", f"hydra.run.dir={pred}"]
+            res = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
+            if res.returncode != 0:
+                print(res.stderr[-2000:], file=sys.stderr)
+                raise SystemExit(f"sim predict failed for {c['name']} repeat {r}")
+            per_rep.append(json.loads((pred / "comparison.json").read_text()))
+        mean = []
+        for i, fig in enumerate(per_rep[0]):
+            eng = [p[i]["engine"] for p in per_rep if p[i]["engine"] is not None]
+            sim = [p[i]["sim"] for p in per_rep if p[i]["sim"] is not None]
+            e = sum(eng) / len(eng) if eng else None
+            m = sum(sim) / len(sim) if sim else None
+            err = (m - e) / e if e and m is not None else None
+            mean.append({"figure": fig["figure"], "engine": e, "sim": m, "error": err})
+        rows.append((c, mean, per_rep))
+    figs = [r["figure"] for r in rows[0][1]]
+    print(f"means over {repeats} repeats (fresh prompts each) per cell")
     print("| cell | engine tok/s | sim tok/s | " + " | ".join(f"{f} err" for f in figs) + " |")
     print("|---|---|---|" + "---|" * len(figs))
-    for c, cmp in rows:
-        by = {r["figure"]: r for r in cmp}
+    for c, mean, _ in rows:
+        by = {r["figure"]: r for r in mean}
         agg = by["aggregate tok/s"]
         errs = ["-" if by[f]["error"] is None else f"{by[f]['error'] * 100:+.1f}%" for f in figs]
         print(f"| N={c['requests']} P={c['prompt']} O={c['out']} | {agg['engine']:.0f} | "
               f"{agg['sim']:.0f} | " + " | ".join(errs) + " |")
-    (out / "predict" / "summary.json").write_text(json.dumps([{"cell": c, "comparison": cmp} for c, cmp in rows],
-                                                             indent=2))
+    (out / "predict" / "summary.json").write_text(json.dumps(
+        [{"cell": c, "mean": mean, "repeats": per_rep} for c, mean, per_rep in rows], indent=2))
 
 
 def main() -> None:
@@ -170,6 +195,8 @@ def main() -> None:
     ap.add_argument("--out", default="sim_check")
     ap.add_argument("--max-context", type=int, default=1024)
     ap.add_argument("--heldout-slots", type=int, default=8)
+    ap.add_argument("--heldout-repeats", type=int, default=3,
+                    help="runs of each held-out cell on fresh prompts (the figure is their mean)")
     ap.add_argument("--predict", metavar="OUT", help="run the predictions for a measured OUT dir")
     a = ap.parse_args()
     if a.predict:

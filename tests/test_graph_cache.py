@@ -492,3 +492,17 @@ def test_padding_past_the_context_end_is_harmless(model_dir):
     got = run(build(model_dir, slots=2, max_context=64, prefill_buckets=[128]), reqs())
     assert got == want
     assert all(len(v) > 0 for v in got.values())
+
+
+def test_warmup_captures_every_prompt_chunk_graph(model_dir):
+    """With prompt-chunk graphs on, the warm-up captures one per (bucket, tier a chunk of that
+    bucket can read) on the scratch lane, so no request's time to first token pays a capture."""
+    eng = build(model_dir, slots=2, warmup="off", max_context=1024, context_tier_min=256)
+    eng.runner.p_backend = RecordingBackend(1.0)
+    eng.warmup()
+    want = {(b, t) for b in (16, 32, 64, 128, 256) for t in (256, 512, 1024)}
+    assert set(eng.runner.p_graphs) == want
+    assert any("15 prompt-chunk graphs captured" in line for line in eng.logs)
+    before = len(eng.runner.p_graphs)
+    run(eng, workload(n=3, seed=5))
+    assert len(eng.runner.p_graphs) == before  # requests found every graph there
