@@ -24,12 +24,12 @@ step build 90 python3 setup.py build_ext --inplace -q
 case $part in
 1)
   step gpu_identity 90 python3 -m pytest -q -x -m gpu tests/test_engine_backends.py
-  TAIL=8 step engine 220 python3 scripts/bench_engine.py --n 1,2,4,8 \
+  TAIL=8 step engine 200 python3 scripts/bench_engine.py --n 1,2,4,8 \
       --configs solo,batch,batch_mtp,batch_mtp_w16 --repeats 3 --max-tokens 256 --hf \
       --json "$OUT/engine.json" --md "$OUT/engine.md"
   step solo_eager 50 python3 scripts/bench_engine.py --n 1 --configs solo,solo_eager,solo_spec2,solo_spec3 \
       --repeats 1 --no-reverse --max-tokens 128 --json "$OUT/solo_eager.json" --md "$OUT/solo_eager.md"
-  step sim_check 140 python3 scripts/sim_gpu_check.py --out "$OUT/simchk"
+  step sim_check 170 python3 scripts/sim_gpu_check.py --out "$OUT/simchk"
   ;;
 2)
   step soak_layout 260 python3 scripts/soak_graphs.py --reserves 700,2048,4096 --graph-keys layout \
