@@ -38,12 +38,11 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any, Iterable, Optional
 
-from strata.trace import context_tier
+from strata.trace import context_tier, prefill_bucket
 
 from .acceptance import fit_acceptance
 from .costs import GRAPH_ACTIONS, CostProfile
 from .replay import TraceError, load_trace
-from .scheduler import prefill_padded
 
 #: Where an action with no samples takes its table from, in order of preference.
 FALLBACK_ACTIONS = {"hit": ("eager", "capture"), "eager": ("hit", "capture"),
@@ -173,7 +172,7 @@ def _prefill_key(e: dict[str, Any], knobs: dict[str, Any]) -> tuple[float, Optio
     """(padded tokens, attention tier or None) of a `prefill` event."""
     n = int(e["tokens"])
     buckets = knobs.get("prefill_buckets")
-    b = prefill_padded(n, buckets) if buckets is not None else n
+    b = prefill_bucket(n, buckets) if buckets is not None else n
     if "ctx" not in e or "context_tier_min" not in knobs or "max_context" not in knobs:
         return float(b), None
     start = int(e["ctx"]) - n

@@ -19,7 +19,8 @@ from typing import Any, Callable, Optional
 
 import simpy
 
-from strata.trace import TraceWriter, context_tier, layout_key, shape_bucket, shape_key
+from strata.trace import (TraceWriter, context_tier, layout_key, prefill_bucket, shape_bucket,
+                          shape_key)
 
 from .acceptance import AcceptanceModel
 from .costs import CostProfile
@@ -30,15 +31,6 @@ from .workload import ArrivalSource, ExternalEvents, SimRequest
 
 class SimulationError(RuntimeError):
     pass
-
-
-def prefill_padded(tokens: int, buckets: Any) -> int:
-    """The length a prompt chunk of `tokens` runs at: the smallest bucket holding it, or
-    `tokens` itself past the last bucket (or with no buckets)."""
-    for b in buckets:
-        if b >= tokens:
-            return int(b)
-    return tokens
 
 
 #: The `key` a window reports when graphs are off (no cache, so no key is computed).
@@ -197,7 +189,7 @@ class SimEngine:
         if self.external.faulted(self.step):
             yield from self._fault([st])
             return
-        padded = prefill_padded(tokens, k.prefill_buckets)
+        padded = prefill_bucket(tokens, k.prefill_buckets)
         # The engine pads the chunk to its bucket, and its attention reads the tier holding
         # the padded chunk.
         tier = context_tier(st.prompt_done + padded, k.context_tier_min, k.max_context)

@@ -86,6 +86,15 @@ def context_tier(need: int, tier_min: int, max_context: int) -> int:
     return min(tier, max_context) if need <= max_context else max_context
 
 
+def prefill_bucket(tokens: int, buckets: Iterable[int]) -> int:
+    """The length a prompt chunk of `tokens` runs at: the smallest bucket holding it, or `tokens`
+    itself past the last bucket (such a chunk runs unpadded)."""
+    for b in buckets:
+        if b >= tokens:
+            return int(b)
+    return tokens
+
+
 def shape_bucket(groups: int, buckets: Iterable[int]) -> int:
     """The smallest bucket holding `groups` groups (the largest bucket's multiple past the end)."""
     buckets = list(buckets)

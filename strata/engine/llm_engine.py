@@ -259,22 +259,18 @@ class Engine:
         buckets = [b for b in ecfg.prefill_buckets if b <= self.max_context]
         for b in buckets:
             runner.p_tokens[:b].zero_()
-            runner.p_meta.copy_(torch.tensor([scratch, 0, 1, -1]))
+            runner._set_meta(scratch, 0, 1, None)
             ver.prefill(runner.p_tokens[:b], runner.p_meta, self._tier(b))
         # Prompt-chunk graphs too, one per (bucket, tier) a chunk can read: a capture inside a
         # request would add tens of ms to its time to first token.
         captured = 0
         if runner.p_backend is not None:
             zeros = torch.zeros(self.max_context, dtype=torch.long, device=self.device)
-            tiers_all, t = [], int(ecfg.context_tier_min)
-            while True:
-                tiers_all.append(min(t, self.max_context))
-                if t >= self.max_context:
-                    break
-                t *= 2
+            every_tier = sorted({self._tier(int(ecfg.context_tier_min) << k)
+                                 for k in range(self.max_context.bit_length() + 1)})
             for b in buckets:
-                for tier in sorted(set(tiers_all)):
-                    if tier >= self._tier(b) and tier >= b:
+                for tier in every_tier:
+                    if tier >= self._tier(b):  # a chunk at start tier - b reads exactly `tier`
                         action, _ = runner.prefill(scratch, zeros, tier - b, b, None, self._tier)
                         captured += action == "capture"
         self._sync()

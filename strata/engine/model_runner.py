@@ -8,7 +8,6 @@ with one row at position 0: they compute but write nowhere that is read.
 
 from __future__ import annotations
 
-import bisect
 from typing import Any, Callable, Optional
 
 import torch
@@ -16,6 +15,7 @@ import torch
 from strata.engine.graph_cache import GraphCache
 from strata.engine.memory import MemoryBudget
 from strata.engine.verifier import Verifier
+from strata.trace import prefill_bucket
 
 
 class ModelRunner:
@@ -43,26 +43,23 @@ class ModelRunner:
         self.budget = budget
         self.p_graphs: dict[tuple[int, int], Any] = {}  # (bucket, ctx) -> captured handle
         self.p_graphs_mib = 0.0
-        self.p_eager = 0
         self._p_failed = False
 
     # ---- prompt chunks ------------------------------------------------------------------------
-    def prefill_shape(self, n: int, start: int, tier: Callable[[int], int]) -> tuple[int, int]:
-        """(padded length, attention positions read) of a chunk of n tokens at `start`."""
-        i = bisect.bisect_left(self.buckets, n)
-        b = self.buckets[i] if i < len(self.buckets) else n  # past the last bucket: unpadded
-        return b, tier(start + b)
+    def _set_meta(self, lane: int, start: int, n: int, next_token: Optional[int]) -> None:
+        h = self.p_host
+        h[0], h[1], h[2], h[3] = lane, start, n, -1 if next_token is None else next_token
+        self.p_meta.copy_(h)  # blocking: h is reused at once
 
     def prefill(self, lane: int, prompt: torch.Tensor, start: int, n: int, next_token: Optional[int],
                 tier: Callable[[int], int]) -> tuple[str, torch.Tensor]:
         """Run prompt[start:start+n] of `lane`; returns (graph action, (1,) device token)."""
-        b, ctx = self.prefill_shape(n, start, tier)
+        b = prefill_bucket(n, self.buckets)  # past the last bucket: unpadded
+        ctx = tier(start + b)
         if b > self.p_tokens.shape[0]:
             self.p_tokens = torch.zeros(b, dtype=torch.long, device=self.device)
         self.p_tokens[:n].copy_(prompt[start:start + n])
-        h = self.p_host
-        h[0], h[1], h[2], h[3] = lane, start, n, -1 if next_token is None else next_token
-        self.p_meta.copy_(h)  # blocking: h is reused at once
+        self._set_meta(lane, start, n, next_token)
         run = lambda: self.verifier.prefill(self.p_tokens[:b], self.p_meta, ctx)  # noqa: E731
         key = (b, ctx)
         if self.p_backend is None or b not in self.buckets or self._p_failed:
@@ -72,20 +69,17 @@ class ModelRunner:
             return "hit", self.p_backend.replay(handle)
         if self.budget is not None and self.budget.graph_budget_mib(
                 (self.cache.graphs_mib if self.cache else 0.0)) < (self.cache.last_mib if self.cache else 0.0):
-            self.p_eager += 1
             return "eager", run()
         try:
             # Warm on the scratch lane first: lazy initialisation must not happen in a capture.
-            h[0], h[1], h[2], h[3] = self.scratch, 0, 1, -1
-            self.p_meta.copy_(h)  # blocking: h is reused at once
+            self._set_meta(self.scratch, 0, 1, None)
             run()
             handle, mib = self.p_backend.capture(run)
         except Exception as e:  # a CUDA error in capture: prompt chunks run eagerly from now on
             self._p_failed = True
             self.log(f"WARNING: prefill graph capture failed for bucket {b} ctx {ctx} "
                      f"({type(e).__name__}: {e}); prompt chunks run eagerly")
-            h[0], h[1], h[2], h[3] = lane, start, n, -1 if next_token is None else next_token
-            self.p_meta.copy_(h)  # blocking: h is reused at once
+            self._set_meta(lane, start, n, next_token)
             return "eager", run()
         self.p_graphs[key] = handle
         self.p_graphs_mib += mib
@@ -94,8 +88,7 @@ class ModelRunner:
         if len(self.p_graphs) == 1:
             self.log(f"INFO prefill graphs: captured bucket {b} ctx {ctx} ({mib:.1f} MiB); one per "
                      f"(bucket, context tier) as prompts need them, charged to the memory budget")
-        h[0], h[1], h[2], h[3] = lane, start, n, -1 if next_token is None else next_token
-        self.p_meta.copy_(h)  # blocking: h is reused at once
+        self._set_meta(lane, start, n, next_token)
         return "capture", self.p_backend.replay(handle)
 
     def release_prefill_graphs(self) -> None:

@@ -49,7 +49,6 @@ class SlotBuffers:
         self.seed[lane] = seed
 
 
-
 class Verifier:
     def __init__(self, model: Qwen3Next, state: DecodeState, bufs: SlotBuffers, drafting: bool):
         self.model = model
