@@ -78,7 +78,9 @@ def engine_cfg(base: dict, name: str, n: int, args) -> object:
 def make_engine(loaded, device, ecfg, prompts, max_tokens) -> Engine:
     """An engine for one (configuration, N), warmed on one cohort: compiles and captures are
     not what the timed cohorts measure, and repeats reuse its graphs as a server would."""
-    eng = Engine(loaded, ecfg, device, log=lambda s: None)
+    # Warm-up and warnings go to stderr: how long compiling takes is worth seeing.
+    eng = Engine(loaded, ecfg, device,
+                 log=lambda s: s.startswith(("INFO warm-up", "WARNING")) and print(s, file=sys.stderr))
     eng.trace.keep = False
     run_requests(eng, [Request(f"w{i}", list(p), SamplingParams(max_tokens=max_tokens, stop_at_eos=False))
                        for i, p in enumerate(prompts)])
@@ -134,6 +136,37 @@ def hf_generate(path, device, prompts, max_tokens, dtype) -> float:
         if device.type == "cuda":
             torch.cuda.synchronize()
     return n * max_tokens / (time.perf_counter() - t0)
+
+
+def write_results(a, ns, names, results, loaded, device, backend) -> None:
+    """Write the JSON and the markdown table for the N done so far (a run cut short by a time
+    limit still leaves every finished N behind)."""
+    summary = {}
+    for key, runs in results.items():
+        if key == "identity":
+            continue
+        summary[key] = {"median_tps": statistics.median(r["aggregate_tps"] for r in runs),
+                        "acceptance": runs[0].get("acceptance")}
+    meta = {"device": torch.cuda.get_device_name() if device.type == "cuda" else platform.processor(),
+            "torch": torch.__version__, "dtype": str(loaded.dtype), "model": str(a.model),
+            "commit": commit_id(),
+            "date": time.strftime("%Y-%m-%d"), "backend": backend, "args": vars(a)}
+    if a.json:
+        Path(a.json).write_text(json.dumps({"meta": meta, "summary": summary,
+                                            "identity": results.get("identity", {})}, indent=2))
+    lines = ["| N | " + " | ".join(names) + (" | hf generate" if a.hf else "") + " | acceptance (batch_mtp) |",
+             "|---|" + "---|" * (len(names) + (2 if a.hf else 1))]
+    for n in ns:
+        cells = [f"{summary[f'{c}@{n}']['median_tps']:.0f}" for c in names]
+        if a.hf:
+            cells.append(f"{summary[f'hf_generate@{n}']['median_tps']:.1f}")
+        acc = summary.get(f"batch_mtp@{n}", {}).get("acceptance")
+        cells.append("-" if acc is None else f"{acc:.3f}")
+        lines.append(f"| {n} | " + " | ".join(cells) + " |")
+    table = "\n".join(lines)
+    print(table, flush=True)
+    if a.md:
+        Path(a.md).write_text(table + "\n")
 
 
 def main() -> None:
@@ -194,32 +227,7 @@ def main() -> None:
             tps = hf_generate(a.model, device, prompts, min(a.max_tokens, 64), loaded.dtype)
             results[f"hf_generate@{n}"] = [{"aggregate_tps": tps}]
             print(f"N={n} hf_generate: {tps:.1f} tok/s")
-    summary = {}
-    for key, runs in results.items():
-        if key == "identity":
-            continue
-        summary[key] = {"median_tps": statistics.median(r["aggregate_tps"] for r in runs),
-                        "acceptance": runs[0].get("acceptance")}
-    meta = {"device": torch.cuda.get_device_name() if device.type == "cuda" else platform.processor(),
-            "torch": torch.__version__, "dtype": str(loaded.dtype), "model": str(a.model),
-            "commit": commit_id(),
-            "date": time.strftime("%Y-%m-%d"), "backend": backend, "args": vars(a)}
-    if a.json:
-        Path(a.json).write_text(json.dumps({"meta": meta, "summary": summary,
-                                            "identity": results.get("identity", {})}, indent=2))
-    lines = ["| N | " + " | ".join(names) + (" | hf generate" if a.hf else "") + " | acceptance (batch_mtp) |",
-             "|---|" + "---|" * (len(names) + (2 if a.hf else 1))]
-    for n in ns:
-        cells = [f"{summary[f'{c}@{n}']['median_tps']:.0f}" for c in names]
-        if a.hf:
-            cells.append(f"{summary[f'hf_generate@{n}']['median_tps']:.1f}")
-        acc = summary.get(f"batch_mtp@{n}", {}).get("acceptance")
-        cells.append("-" if acc is None else f"{acc:.3f}")
-        lines.append(f"| {n} | " + " | ".join(cells) + " |")
-    table = "\n".join(lines)
-    print(table)
-    if a.md:
-        Path(a.md).write_text(table + "\n")
+        write_results(a, ns[:ns.index(n) + 1], names, results, loaded, device, backend)
 
 
 if __name__ == "__main__":
