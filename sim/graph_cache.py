@@ -129,6 +129,7 @@ class GraphCache:
 
     def _capture(self, key: str, size: float, evictions: list[tuple[str, str]]) -> GraphDecision:
         self._entries[key] = size
-        self._last_measured_mib = size
+        if size > 0:  # a capture that measured nothing does not lower the planned size
+            self._last_measured_mib = size
         self.captures += 1
         return GraphDecision("capture", evictions, captured_mib=size)

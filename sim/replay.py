@@ -22,7 +22,7 @@ import sys
 from collections import defaultdict
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Any, Iterable, Optional
+from typing import Callable, Any, Iterable, Optional
 
 from strata.trace import EVENT_FIELDS, FIELD_DEFAULTS, REPLAY_EVENTS, REPLAY_FIELDS, replay_view
 
@@ -154,6 +154,21 @@ def _knobs(engine: dict[str, Any], where: str) -> SimEngineConfig:
     return knobs
 
 
+def _capture_sizes(events: list[dict[str, Any]], graph_mib: Any,
+                   estimate_mib: float) -> Callable[[], float]:
+    """What each capture of the replay measures. A CPU engine's recording backend charges one
+    fixed size (`config.memory.graph_mib`); a CUDA engine measures every capture and writes it
+    on the capture's window event (`mib`), which the replay hands out in order. A trace from
+    before `mib` was recorded falls back to the engine's estimate: exact while graph memory is
+    not what decides (a divergence shows it when it is)."""
+    if graph_mib is not None:
+        fixed = float(graph_mib)
+        return lambda: fixed
+    sizes = iter([float(rec["mib"]) for rec in events
+                  if rec["ev"] == "window" and rec.get("graph") == "capture" and "mib" in rec])
+    return lambda: next(sizes, estimate_mib)
+
+
 def scenario_from_trace(events: list[dict[str, Any]], lines: Optional[list[int]] = None,
                         name: str = "trace") -> Scenario:
     def where(i: int) -> str:
@@ -220,14 +235,14 @@ def scenario_from_trace(events: list[dict[str, Any]], lines: Optional[list[int]]
             external.faults.add(rec["step"])
 
     slots = 1 if knobs.mode == "solo" else int(mem["slots"])
-    graph_mib = float(mem["graph_mib"])
+    measure_capture = _capture_sizes(events, mem["graph_mib"], float(knobs.graph_mib_estimate))
     memory = MemoryFacts(total_mib=float(mem["total_mib"]), weights_mib=float(mem["weights_mib"]),
                          slot_mib=float(mem["slot_mib"]), slots=int(mem["slots"]),
                          reserve_mib=float(knobs.vram_reserve_mib),
                          graph_mib_estimate=float(knobs.graph_mib_estimate))
     return Scenario(knobs=knobs, memory=memory, slots=slots, requests=requests,
                     acceptance=RecordedAcceptance(accepted), costs=CostProfile.zero(),
-                    measure_capture=lambda: graph_mib,
+                    measure_capture=measure_capture,
                     config_engine=cfg["engine"], config_memory=mem,
                     max_steps=max(STEPS_BOUND_FLOOR, STEPS_PER_EVENT_BOUND * len(events)
                                   + max((e["step"] for e in events), default=0)),

@@ -114,6 +114,9 @@ def test_engine_traces_replay_identically(tmp_path):
         result = replay_trace(events, lines, name=str(run_dir / "trace.jsonl"))
         if not result.ok:
             failures.append(f"{cmd}\n{result.first_divergence}")
+        captures = [e for e in events if e["ev"] == "window" and e["graph"] == "capture"]
+        if any("mib" not in e for e in captures):
+            failures.append(f"{cmd}\na capture's window event lacks the measured `mib`")
         seen["evict"] += sum(e["ev"] == "evict" for e in events)
         seen["finish"] += sum(e["ev"] == "finish" for e in events)
         seen["solo"] += "engine.mode=solo" in overrides

@@ -467,3 +467,31 @@ def test_trace_must_start_with_config():
     del events[0]["engine"]["graph_key"]
     with pytest.raises(TraceError, match="lacks \\['graph_key'\\]"):
         replay_trace(copy.deepcopy(events))
+
+
+def test_measured_capture_sizes_come_from_the_trace():
+    """A CUDA engine writes `graph_mib: null` (no fixed size) and the measured `mib` on each
+    capture's window event; the replay charges those sizes in order. The eager variant of the
+    rotation trace only replays when the 24 MiB it measured are what the cache plans with."""
+    events = trace_rotation_memory(graph_mib=24.0)
+    events[0]["memory"]["graph_mib"] = None
+    for e in events:
+        if e["ev"] == "window" and e["graph"] == "capture":
+            e["mib"] = 24.0
+    result = replay_trace(events)
+    assert result.ok, str(result.first_divergence)
+    # Without the sizes the replay plans with the 16 MiB estimate: the second window fits
+    # after the eviction and is captured, where the engine ran it eagerly.
+    for e in events:
+        e.pop("mib", None)
+    d = replay_trace(events).first_divergence
+    assert d is not None and d.engine[:2] == ("window", 3)
+    assert d.engine[4] == "eager" and d.sim[4] == "capture"
+
+
+def test_h200_trace_replays():
+    """A trace the engine wrote on the H200 (bf16, cuda kernels, batch_mtp, 2 requests; see
+    docs/BENCHMARKS.md section 6): measured graph memory, real durations, replayed exactly."""
+    result = replay_file(REPO / "tests" / "data" / "h200_batch_mtp_n2_trace.jsonl")
+    assert result.ok, str(result.first_divergence)
+    assert result.compared >= 170

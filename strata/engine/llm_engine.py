@@ -467,8 +467,12 @@ class Engine:
                                           filtered, key, {key} if key else set())
         dur = time.perf_counter() - t0
         self.windows += 1
+        extra = {}
+        if action == "capture" and key in self.cache.entries:
+            # The measured size: replaying a GPU trace needs it to decide what fits.
+            extra["mib"] = round(self.cache.entries[key].mib, 3)
         self.trace.emit("window", layout=list(layout), key=key or "eager", graph=action,
-                        rows=len(layout), dur=round(dur, 6), ctx=tier)
+                        rows=len(layout), dur=round(dur, 6), ctx=tier, **extra)
         ended = []
         for (slot, r), row in zip(groups, rows):
             rs = slot.req
