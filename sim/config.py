@@ -69,6 +69,10 @@ class SimEngineConfig:
     vram_reserve_mib: int = 2048
     #: Planned size of a graph before any capture was measured (MiB).
     graph_mib_estimate: float = 16.0
+    #: The engine's warm-up captured the shape-keyed window graphs before any request
+    #: (strata.trace.warm_window_keys; strata does this when engine.warmup runs, which `auto`
+    #: does on CUDA). Only with graphs and graph_key=shape.
+    warmup_graphs: bool = False
     #: counted: strata's policy (graph memory is budgeted; a graph that does not fit runs
     #: eagerly). upstream: the upstream engine's (graph memory is not counted; a capture that
     #: finds no free memory fails and the engine exits, failing the requests in flight).

@@ -127,6 +127,23 @@ class GraphCache:
                 f"{self.planned_mib:.1f} MiB graph"))
         return self._capture(key, self._measure_capture(), evictions)
 
+    def prewarm(self, keys: Iterable[str]) -> tuple[list[str], list[float]]:
+        """Capture `keys` in order before any request, as the engine's warm-up does: it stops
+        at the graph limit, or before a capture that would need an eviction to fit. Returns
+        the keys captured and their sizes."""
+        done: list[str] = []
+        sizes: list[float] = []
+        for key in keys:
+            if self.limit > 0 and len(self._entries) >= self.limit:
+                break
+            if self.planned_mib > self.budget_mib():
+                break
+            self.keys_seen.add(key)
+            d = self._capture(key, self._measure_capture(), [])
+            done.append(key)
+            sizes.append(d.captured_mib)
+        return done, sizes
+
     def _capture(self, key: str, size: float, evictions: list[tuple[str, str]]) -> GraphDecision:
         self._entries[key] = size
         if size > 0:  # a capture that measured nothing does not lower the planned size

@@ -15,6 +15,8 @@ from typing import Any, Optional
 
 from omegaconf import DictConfig, OmegaConf
 
+from strata.trace import shape_key, warm_window_keys
+
 from .acceptance import build_acceptance
 from .config import NOMINAL_PROFILE, SimConfig, SimConfigError, validate
 from .costs import CostProfile
@@ -81,8 +83,20 @@ def build_scenario(cfg: Any, profile: Optional[CostProfile] = None) -> tuple[Sce
         config_engine=asdict(e),
         config_memory={"total_mib": m.total_mib, "weights_mib": m.weights_mib,
                        "slot_mib": m.slot_mib, "slots": slots, "graph_mib": m.graph_mib},
-        max_steps=cfg.max_steps)
+        max_steps=cfg.max_steps,
+        warm_keys=warm_keys(e, slots))
     return scenario, info
+
+
+def warm_keys(e: Any, slots: int) -> list[str]:
+    """The window graphs the engine's warm-up captures (engine.warmup_graphs), in order."""
+    if not (e.warmup_graphs and e.graphs and e.graph_key == "shape"):
+        return []
+    spec = int(e.spec) if e.drafting else 1
+    most_rows = max(spec, 2 if (e.batch_mtp and e.drafting) else 1)
+    return [shape_key(b, g, tier) for b, g, tier in
+            warm_window_keys(slots, most_rows, int(e.window_rows), list(e.shape_buckets),
+                             int(e.context_tier_min), int(e.max_context))]
 
 
 @dataclass

@@ -164,8 +164,11 @@ def _capture_sizes(events: list[dict[str, Any]], graph_mib: Any,
     if graph_mib is not None:
         fixed = float(graph_mib)
         return lambda: fixed
-    sizes = iter([float(rec["mib"]) for rec in events
-                  if rec["ev"] == "window" and rec.get("graph") == "capture" and "mib" in rec])
+    # The warm-up's captures come first, then the windows' in trace order.
+    measured = [float(m) for rec in events if rec["ev"] == "warmup" for m in rec["mib"]]
+    measured += [float(rec["mib"]) for rec in events
+                 if rec["ev"] == "window" and rec.get("graph") == "capture" and "mib" in rec]
+    sizes = iter(measured)
     return lambda: next(sizes, estimate_mib)
 
 
@@ -246,7 +249,8 @@ def scenario_from_trace(events: list[dict[str, Any]], lines: Optional[list[int]]
                     config_engine=cfg["engine"], config_memory=mem,
                     max_steps=max(STEPS_BOUND_FLOOR, STEPS_PER_EVENT_BOUND * len(events)
                                   + max((e["step"] for e in events), default=0)),
-                    external=external)
+                    external=external,
+                    warm_keys=[k for rec in events if rec["ev"] == "warmup" for k in rec["keys"]])
 
 
 # --- comparing -------------------------------------------------------------------------------

@@ -33,6 +33,8 @@ class Scenario:
     config_memory: dict[str, Any]
     max_steps: int
     external: ExternalEvents = field(default_factory=ExternalEvents)
+    #: Window graphs the engine's warm-up captured before any request, in capture order.
+    warm_keys: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -54,6 +56,9 @@ def simulate(scenario: Scenario, trace_stream: Optional[TextIO] = None) -> SimRu
     engine = SimEngine(env, scenario.knobs, scenario.memory, scenario.slots, arrivals,
                        scenario.external, scenario.acceptance, scenario.costs, trace,
                        scenario.measure_capture, scenario.max_steps, scenario.requests)
+    if scenario.warm_keys:
+        keys, sizes = engine.cache.prewarm(scenario.warm_keys)
+        trace.emit("warmup", keys=keys, mib=sizes)
     env.run(until=engine.process)
     trace.flush()
     return SimRun(events=trace.events, records=engine.records, stats=engine.stats,

@@ -14,6 +14,8 @@ Events and their fields:
   finish   {req, reason, tokens}     reason is stop | length | cancel | error
   warning  {text}
   vram     {free_mib, graphs_mib, reserve_mib}
+  warmup   {keys, mib}               window graphs captured before any request, in capture
+                                     order (LRU first), and the MiB each measured
 
 `arrive.filtered`: the request samples with top-k / top-p (temperature > 0 and top_k > 0 or
 top_p < 1), so every window holding it uses the sorting sampler and its graph key ends in `+f`.
@@ -22,6 +24,8 @@ Traces written before it existed lack it; readers take a missing field from FIEL
 Events may carry extra fields: `window` and `prefill` carry `dur` (seconds of device work of
 that iteration) and `ctx` (for a window its context tier, for a prefill chunk the positions it
 covers) so that a cost profile can be fitted from traces.
+A capture's `window` event carries `mib` (the device memory it measured): a replay needs it
+when the engine measures captures (CUDA) rather than charging a fixed size (`graph_mib`).
 Replay compares the sequence of REPLAY_EVENTS on REPLAY_FIELDS; timestamps are never compared.
 """
 
@@ -43,6 +47,7 @@ EVENT_FIELDS: dict[str, tuple[str, ...]] = {
     "finish": ("req", "reason", "tokens"),
     "warning": ("text",),
     "vram": ("free_mib", "graphs_mib", "reserve_mib"),
+    "warmup": ("keys", "mib"),
 }
 
 #: Fields added to the schema later, with the value a reader takes when an older trace lacks one.
@@ -93,6 +98,28 @@ def prefill_bucket(tokens: int, buckets: Iterable[int]) -> int:
         if b >= tokens:
             return int(b)
     return tokens
+
+
+def warm_window_keys(slots: int, most_rows: int, window_rows: int, shape_buckets: Iterable[int],
+                     tier_min: int, max_context: int) -> list[tuple[int, int, int]]:
+    """The shape-keyed window graphs a warm-up captures, as (bucket, group rows, tier), in
+    capture order: context tiers ascending; within a tier, group rows from `most_rows` (the
+    deepest window: spec rows, or 2 for batch_mtp) down to 1; within those, every bucket up to
+    the one holding the most groups that fit (`window_rows // rows`, at most `slots`). Only
+    the sort-free sampler's keys (no `+f`). The capture stops at the graph limit, or at the
+    first capture the memory budget refuses."""
+    buckets = list(shape_buckets)
+    tiers = []
+    tier = context_tier(1, tier_min, max_context)
+    while tier not in tiers:
+        tiers.append(tier)
+        tier = context_tier(tier + 1, tier_min, max_context)
+    out = []
+    for tier in tiers:
+        for g in range(most_rows, 0, -1):
+            top = shape_bucket(max(1, min(slots, window_rows // g)), buckets)
+            out.extend((b, g, tier) for b in buckets if b <= top)
+    return out
 
 
 def shape_bucket(groups: int, buckets: Iterable[int]) -> int:

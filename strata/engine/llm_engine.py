@@ -29,7 +29,8 @@ from strata.engine.verifier import SlotBuffers, Verifier
 from strata.kernels import ops
 from strata.model.loader import LoadedModel, load_checkpoint
 from strata.model.state import DecodeState
-from strata.trace import TraceWriter, context_tier, layout_key, shape_bucket, shape_key
+from strata.trace import (TraceWriter, context_tier, layout_key, shape_bucket, shape_key,
+                          warm_window_keys)
 
 ENGINE_KNOBS = ("mode", "batch_mtp", "slots", "spec", "window_rows", "decode_share", "prefill_chunk",
                 "prefill_buckets", "prefill_graphs", "max_context", "context_tier_min",
@@ -273,10 +274,39 @@ class Engine:
                     if tier >= self._tier(b):  # a chunk at start tier - b reads exactly `tier`
                         action, _ = runner.prefill(scratch, zeros, tier - b, b, None, self._tier)
                         captured += action == "capture"
+        warm_keys = self._capture_window_graphs(most_rows, n_slots)
         self._sync()
         self.log(f"INFO warm-up: {windows} window shapes and {len(buckets)} prompt buckets run once, "
-                 f"{captured} prompt-chunk graphs captured, in {time.perf_counter() - t0:.1f} s "
-                 f"(compiling and capturing happen here, not in requests)")
+                 f"{captured} prompt-chunk graphs and {len(warm_keys)} window graphs captured, in "
+                 f"{time.perf_counter() - t0:.1f} s (compiling and capturing happen here, not in "
+                 f"requests)")
+
+    def _capture_window_graphs(self, most_rows: int, n_slots: int) -> list[str]:
+        """With shape keys, capture the window graphs requests will use (strata.trace.
+        warm_window_keys: tiers ascending, deepest windows first) up to the graph limit: a
+        capture inside a request costs it 15-35 ms on the H200. The keys, in capture order,
+        and their measured MiB go into the trace's `warmup` event, which a replay starts from.
+        Layout keys are too many to enumerate: they are captured on first use."""
+        ecfg = self.cfg
+        if self.cache is None or ecfg.graph_key != "shape":
+            return []
+        keys, mibs = [], []
+        limit = int(ecfg.graph_limit)
+        for bucket, g, tier in warm_window_keys(n_slots, most_rows, int(ecfg.window_rows),
+                                                list(ecfg.shape_buckets), int(ecfg.context_tier_min),
+                                                self.max_context):
+            if limit > 0 and len(self.cache.entries) >= limit:
+                break
+            if self.cache.last_mib > self.budget.graph_budget_mib(self.cache.graphs_mib):
+                break  # the next capture would have to evict: leave the rest to first use
+            key = shape_key(bucket, g, tier, False)
+            action, _ = self.runner.decode([], bucket, g, tier, False, key, set())
+            if action != "capture":  # the budget refused it: later requests run such windows eagerly
+                break
+            keys.append(key)
+            mibs.append(round(self.cache.entries[key].mib, 3))
+        self.trace.emit("warmup", keys=keys, mib=mibs)
+        return keys
 
     # ---- small helpers ----------------------------------------------------------------------------
     def now(self) -> float:
