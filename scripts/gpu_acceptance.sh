@@ -4,8 +4,9 @@
 # cannot starve the rest. Results go to $OUT.
 #
 #   STRATA_COMMIT=<hash> bash scripts/gpu_acceptance.sh 1    # ~9 min: sim check, engine bench grid
-#   STRATA_COMMIT=<hash> bash scripts/gpu_acceptance.sh 2    # ~9 min: graph soak, server bench
-#   STRATA_COMMIT=<hash> bash scripts/gpu_acceptance.sh 3    # ~3 min: identity test, graphs vs eager
+#   STRATA_COMMIT=<hash> bash scripts/gpu_acceptance.sh 2    # ~9 min: layout-key graph soak
+#   STRATA_COMMIT=<hash> bash scripts/gpu_acceptance.sh 3    # ~9 min: identity, graphs vs eager,
+#                                                            #   shape soak, server bench
 #
 # STRATA_COMMIT names the commit in the results (the device's copy of the tree may carry a
 # stale .git). Every step prints one summary line; see docs/GPU_RUNBOOK.md for what each feeds.
@@ -40,24 +41,24 @@ step() {  # step NAME SECONDS CMD...: run with a limit, log to $R/NAME.log, say 
 step build 90 python3 setup.py build_ext --inplace -q
 case $part in
 1)  # issue 7's profile and held-out cells first: they also fill the compile cache for the grid
-  step sim_check 170 python3 scripts/sim_gpu_check.py --out "$R/simchk"
-  TAIL=14 step sim_predict 60 python3 scripts/sim_gpu_check.py --predict "$R/simchk"
-  TAIL=10 step engine 380 python3 scripts/bench_engine.py --n 1,2,4,8 \
+  step sim_check 200 python3 scripts/sim_gpu_check.py --out "$R/simchk"
+  TAIL=14 step sim_predict 40 python3 scripts/sim_gpu_check.py --predict "$R/simchk"
+  TAIL=10 step engine 260 python3 scripts/bench_engine.py --n 1,2,4,8 \
       --configs solo,batch,batch_mtp,batch_mtp_w16 --repeats 3 --max-tokens 256 --hf \
       --json "$R/engine.json" --md "$R/engine.md"
   ;;
-2)
-  step soak_layout 260 python3 scripts/soak_graphs.py --reserves 700,2048,4096 --graph-keys layout \
-      --windows 10000 --min-layouts 500 --max-seconds 40 --json "$R/soak_layout.json"
+2)  # the layout-key soak alone: 10,000 windows and 500 layouts at each reserve
+  step soak_layout 490 python3 scripts/soak_graphs.py --reserves 700,2048,4096 --graph-keys layout \
+      --windows 10000 --min-layouts 500 --max-seconds 130 --json "$R/soak_layout.json"
+  ;;
+3)  # identity on every backend, graphs against eager, the shape-key soak, the server bench
+  step gpu_identity 60 python3 -m pytest -q -x -m gpu tests/test_engine_backends.py
+  step solo_eager 60 python3 scripts/bench_engine.py --n 1 --configs solo,solo_eager,solo_spec2,solo_spec3 \
+      --repeats 1 --no-reverse --max-tokens 128 --json "$R/solo_eager.json" --md "$R/solo_eager.md"
   step soak_shape 60 python3 scripts/soak_graphs.py --reserves 2048 --graph-keys shape --windows 5000 \
       --min-layouts 1 --max-seconds 20 --warm-windows 100 --json "$R/soak_shape.json"
-  TAIL=14 step serve 180 python3 scripts/bench.py --device cuda --dtype bfloat16 \
+  TAIL=14 step serve 300 python3 scripts/bench.py --device cuda --dtype bfloat16 \
       --configs solo,batch,batch_mtp --n 1,2,4,8 --repeats 1 --warmup full --no-progress \
       --out "$R/serve"
-  ;;
-3)  # greedy identity on every backend, and graphs against eager (issues 5 and 6)
-  step gpu_identity 90 python3 -m pytest -q -x -m gpu tests/test_engine_backends.py
-  step solo_eager 50 python3 scripts/bench_engine.py --n 1 --configs solo,solo_eager,solo_spec2,solo_spec3 \
-      --repeats 1 --no-reverse --max-tokens 128 --json "$R/solo_eager.json" --md "$R/solo_eager.md"
   ;;
 esac
