@@ -19,6 +19,7 @@ from omegaconf.errors import OmegaConfBaseException
 
 from strata.config import (ConfigError, EngineConfig, batch_mtp_from_env, check_known_keys,
                            validate_engine)
+from strata.engine.detokenizer import IncrementalDetokenizer
 from strata.engine.graph_cache import CudaGraphBackend, GraphCache, RecordingBackend
 from strata.engine.memory import MIB, MemoryBudget, fit_slots
 from strata.engine.model_runner import ModelRunner
@@ -527,6 +528,8 @@ class Engine:
         out = outs.setdefault(rs.id, RequestOutput(rs.id, [], "", prompt_tokens=rs.prompt_len))
         n = 0
         now = self.now()
+        watch_stop = bool(p.stop) and self.tokenizer is not None
+        stop_hit = False
         for tok in tokens:
             if rs.left <= 0:
                 break
@@ -536,15 +539,20 @@ class Engine:
             rs.emitted.append(tok)
             n += 1
             out.new_token_ids.append(tok)
-            if p.stop and self.tokenizer is not None:
-                text = self.tokenizer.decode(rs.emitted)
-                hit = min((i for s in p.stop if (i := text.find(s)) >= 0), default=-1)
+            if watch_stop:
+                before = len(rs.text)
+                text = rs.text = self._detok(rs).update(rs.emitted)
+                # A stop string not found before ends in the new text: search from one stop
+                # length before it.
+                lo = max(0, before - (max(len(x) for x in p.stop) - 1))
+                hit = min((i for x in p.stop if (i := text.find(x, lo)) >= 0), default=-1)
                 if hit >= 0:
                     rs.emitted.pop()  # the token that completed a stop string is not emitted
                     out.new_token_ids.pop()
                     n -= 1
                     rs.text = text[:hit]
                     rs.finished, rs.reason = True, "stop"
+                    stop_hit = True
                     break
             if rs.left <= 0:
                 rs.finished, rs.reason = True, "length"
@@ -554,9 +562,10 @@ class Engine:
         if n:
             rs.t_last = now
             self.output_tokens += n
+        if (rs.req.stream_text or watch_stop) and self.tokenizer is not None and not stop_hit:
+            det = self._detok(rs)
+            rs.text = det.finish(rs.emitted) if rs.finished else det.update(rs.emitted)
         if rs.req.stream_text and self.tokenizer is not None:
-            if rs.reason != "stop" or not p.stop:
-                rs.text = self.tokenizer.decode(rs.emitted)
             text = rs.text
             end = len(text)
             if not rs.finished:
@@ -570,6 +579,11 @@ class Engine:
         if rs.finished:
             out.finished, out.finish_reason = True, rs.reason
         return n
+
+    def _detok(self, rs: RequestState) -> IncrementalDetokenizer:
+        if rs.detok is None:
+            rs.detok = IncrementalDetokenizer(self.tokenizer)
+        return rs.detok
 
     def _finish_event(self, rs: RequestState, out: Optional[RequestOutput] = None) -> None:
         rs.t_finish = self.now()

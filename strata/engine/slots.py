@@ -22,6 +22,7 @@ class RequestState:
     cancel_requested: bool = False
     text: str = ""  # decoded text of `emitted` (when streaming text or watching stop strings)
     streamed_chars: int = 0
+    detok: Optional[object] = None  # its IncrementalDetokenizer, made on first use
     # Timing (seconds since engine start) for PP / TG / E2E.
     t_arrive: Optional[float] = None
     t_admit: Optional[float] = None
