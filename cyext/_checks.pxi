@@ -71,3 +71,144 @@ cdef int _check_inner_dense(str op, str name, object t, int first) except -1:
 
 cdef inline void* _ptr(object t):
     return <void*><uintptr_t>t.data_ptr()
+
+
+# ---- per-operation checks (everything but the device: each extension checks that itself) ----
+# Each returns the dtype codes and sizes its operation's launch needs.
+
+cdef tuple _args_write_kv(str op, k_cache, v_cache, k, v, group_slot, group_pos):
+    """-> (cache dtype, k/v dtype, nslots, T, hkv, d, ng, g)"""
+    for name, t in (("k_cache", k_cache), ("v_cache", v_cache), ("k", k), ("v", v)):
+        _check_tensor(op, name, t, 4)
+    cdef int cdt = _dtype_code(op, "k_cache", k_cache)
+    if v_cache.dtype != k_cache.dtype:
+        raise TypeError(f"{op}: v_cache dtype {v_cache.dtype} differs from k_cache {k_cache.dtype}")
+    cdef int kdt = _dtype_code(op, "k", k)
+    if v.dtype != k.dtype:
+        raise TypeError(f"{op}: v dtype {v.dtype} differs from k {k.dtype}")
+    nslots, T, hkv, d = k_cache.shape
+    _check_shape(op, "v_cache", v_cache, (nslots, T, hkv, d))
+    ng, g = k.shape[0], k.shape[1]
+    _check_shape(op, "k", k, (ng, g, hkv, d))
+    _check_shape(op, "v", v, (ng, g, hkv, d))
+    _check_contiguous(op, "k", k)
+    _check_contiguous(op, "v", v)
+    _check_inner_dense(op, "k_cache", k_cache, 3)
+    _check_inner_dense(op, "v_cache", v_cache, 3)
+    _check_index(op, "group_slot", group_slot, ng)
+    _check_index(op, "group_pos", group_pos, ng)
+    return cdt, kdt, nslots, T, hkv, d, ng, g
+
+
+cdef tuple _args_attention(str op, q, k_cache, v_cache, group_slot, group_pos, int64_t ctx, out):
+    """-> (q dtype, cache dtype, nslots, T, hkv, d, ng, g, hq)"""
+    for name, t in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache), ("out", out)):
+        _check_tensor(op, name, t, 4)
+    cdef int qdt = _dtype_code(op, "q", q)
+    cdef int cdt = _dtype_code(op, "k_cache", k_cache)
+    if v_cache.dtype != k_cache.dtype:
+        raise TypeError(f"{op}: v_cache dtype {v_cache.dtype} differs from k_cache {k_cache.dtype}")
+    if out.dtype != q.dtype:
+        raise TypeError(f"{op}: out dtype {out.dtype} differs from q {q.dtype}")
+    nslots, T, hkv, d = k_cache.shape
+    _check_shape(op, "v_cache", v_cache, (nslots, T, hkv, d))
+    ng, g, hq = q.shape[0], q.shape[1], q.shape[2]
+    _check_shape(op, "q", q, (ng, g, hq, d))
+    _check_shape(op, "out", out, (ng, g, hq, d))
+    if hkv < 1 or hq % hkv != 0:
+        raise ValueError(f"{op}: q has {hq} heads, not a multiple of the caches' {hkv} KV heads")
+    if ctx < 1 or ctx > T:
+        raise ValueError(f"{op}: ctx = {ctx} must be in [1, {T}] (cache length)")
+    _check_contiguous(op, "q", q)
+    _check_contiguous(op, "out", out)
+    _check_inner_dense(op, "k_cache", k_cache, 3)
+    _check_inner_dense(op, "v_cache", v_cache, 3)
+    _check_index(op, "group_slot", group_slot, ng)
+    _check_index(op, "group_pos", group_pos, ng)
+    return qdt, cdt, nslots, T, hkv, d, ng, g, hq
+
+
+cdef tuple _args_causal_conv(str op, x, conv_state, weight, group_slot, out, snaps):
+    """-> (x dtype, state dtype, weight dtype, nslots, ng, g, c, kw)"""
+    for name, t, nd in (("x", x, 3), ("conv_state", conv_state, 3), ("weight", weight, 2),
+                        ("out", out, 3), ("snaps", snaps, 4)):
+        _check_tensor(op, name, t, nd)
+    cdef int xdt = _dtype_code(op, "x", x)
+    cdef int sdt = _dtype_code(op, "conv_state", conv_state)
+    cdef int wdt = _dtype_code(op, "weight", weight)
+    if out.dtype != x.dtype or snaps.dtype != x.dtype:
+        raise TypeError(f"{op}: out and snaps must have x's dtype {x.dtype}")
+    ng, g, c = x.shape
+    c_w, kw = weight.shape
+    if c_w != c:
+        raise ValueError(f"{op}: weight must have shape ({c}, K), got {tuple(weight.shape)}")
+    if kw < 2:
+        raise ValueError(f"{op}: weight kernel width {kw} must be at least 2")
+    nslots = conv_state.shape[0]
+    _check_shape(op, "conv_state", conv_state, (nslots, c, kw - 1))
+    _check_shape(op, "out", out, (ng, g, c))
+    _check_shape(op, "snaps", snaps, (ng, g, c, kw - 1))
+    for name, t in (("x", x), ("weight", weight), ("out", out), ("snaps", snaps)):
+        _check_contiguous(op, name, t)
+    _check_inner_dense(op, "conv_state", conv_state, 1)
+    _check_index(op, "group_slot", group_slot, ng)
+    return xdt, sdt, wdt, nslots, ng, g, c, kw
+
+
+cdef tuple _args_gated_delta(str op, q, k, v, g, beta, rec_state, group_slot, out, snaps):
+    """-> (q, k, v, g, beta dtypes, nslots, ng, rows, h, dk, dv)"""
+    for name, t, nd in (("q", q, 4), ("k", k, 4), ("v", v, 4), ("g", g, 3), ("beta", beta, 3),
+                        ("rec_state", rec_state, 4), ("out", out, 4), ("snaps", snaps, 5)):
+        _check_tensor(op, name, t, nd)
+    cdef int qdt = _dtype_code(op, "q", q)
+    cdef int kdt = _dtype_code(op, "k", k)
+    cdef int vdt = _dtype_code(op, "v", v)
+    cdef int gdt = _dtype_code(op, "g", g)
+    cdef int bdt = _dtype_code(op, "beta", beta)
+    _dtype_code(op, "rec_state", rec_state, (0,))
+    _dtype_code(op, "out", out, (0,))
+    _dtype_code(op, "snaps", snaps, (0,))
+    ng, rows, h, dk = q.shape
+    dv = v.shape[3]
+    nslots = rec_state.shape[0]
+    _check_shape(op, "k", k, (ng, rows, h, dk))
+    _check_shape(op, "v", v, (ng, rows, h, dv))
+    _check_shape(op, "g", g, (ng, rows, h))
+    _check_shape(op, "beta", beta, (ng, rows, h))
+    _check_shape(op, "rec_state", rec_state, (nslots, h, dk, dv))
+    _check_shape(op, "out", out, (ng, rows, h, dv))
+    _check_shape(op, "snaps", snaps, (ng, rows, h, dk, dv))
+    for name, t in (("q", q), ("k", k), ("v", v), ("g", g), ("beta", beta), ("out", out),
+                    ("snaps", snaps)):
+        _check_contiguous(op, name, t)
+    _check_inner_dense(op, "rec_state", rec_state, 1)
+    _check_index(op, "group_slot", group_slot, ng)
+    return qdt, kdt, vdt, gdt, bdt, nslots, ng, rows, h, dk, dv
+
+
+cdef tuple _args_commit(str op, accept, group_slot, group_pos, rec_snaps, conv_snaps, rec_state,
+                        conv_state, slot_pos):
+    """-> (conv snapshot dtype, conv state dtype, L, nslots, ng, g, h, dk, dv, c, km1)"""
+    for name, t, nd in (("rec_snaps", rec_snaps, 6), ("conv_snaps", conv_snaps, 5),
+                        ("rec_state", rec_state, 5), ("conv_state", conv_state, 4)):
+        _check_tensor(op, name, t, nd)
+    _dtype_code(op, "rec_snaps", rec_snaps, (0,))
+    _dtype_code(op, "rec_state", rec_state, (0,))
+    cdef int sndt = _dtype_code(op, "conv_snaps", conv_snaps)
+    cdef int csdt = _dtype_code(op, "conv_state", conv_state)
+    L, ng, g, h, dk, dv = rec_snaps.shape
+    c, km1 = conv_snaps.shape[3], conv_snaps.shape[4]
+    nslots = rec_state.shape[1]
+    if conv_snaps.shape[0] != L:
+        raise ValueError(f"{op}: conv_snaps has {conv_snaps.shape[0]} layers, rec_snaps {L}")
+    _check_shape(op, "conv_snaps", conv_snaps, (L, ng, g, c, km1))
+    _check_shape(op, "rec_state", rec_state, (L, nslots, h, dk, dv))
+    _check_shape(op, "conv_state", conv_state, (L, nslots, c, km1))
+    _check_contiguous(op, "rec_snaps", rec_snaps)
+    _check_contiguous(op, "conv_snaps", conv_snaps)
+    _check_inner_dense(op, "rec_state", rec_state, 2)
+    _check_inner_dense(op, "conv_state", conv_state, 2)
+    for name, t in (("accept", accept), ("group_slot", group_slot), ("group_pos", group_pos)):
+        _check_index(op, name, t, ng)
+    _check_index(op, "slot_pos", slot_pos, nslots)
+    return sndt, csdt, L, nslots, ng, g, h, dk, dv, c, km1

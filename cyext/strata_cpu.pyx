@@ -46,9 +46,10 @@ def has_openmp():
     return bool(strata_cpu_has_openmp())
 
 
-cdef int _check_cpu(str op, str name, object t) except -1:
-    if t.device.type != "cpu":
-        raise ValueError(f"{op}: {name} is on {t.device}; the cpu kernels need CPU tensors")
+cdef int _all_cpu(str op, list named) except -1:
+    for name, t in named:
+        if t.device.type != "cpu":
+            raise ValueError(f"{op}: {name} is on {t.device}; the cpu kernels need CPU tensors")
     return 0
 
 
@@ -61,29 +62,12 @@ cdef int _raise(str op, int rc) except -1:
 def write_kv(k_cache, v_cache, k, v, group_slot, group_pos):
     """Store k, v (NG, G, Hkv, D) at (group_slot[n], group_pos[n] + j) of the caches."""
     op = "write_kv"
-    for name, t, nd in (("k_cache", k_cache, 4), ("v_cache", v_cache, 4), ("k", k, 4),
-                        ("v", v, 4)):
-        _check_tensor(op, name, t, nd)
-        _check_cpu(op, name, t)
-    cdef int cdt = _dtype_code(op, "k_cache", k_cache)
-    if v_cache.dtype != k_cache.dtype:
-        raise TypeError(f"{op}: v_cache dtype {v_cache.dtype} differs from k_cache {k_cache.dtype}")
-    cdef int kdt = _dtype_code(op, "k", k)
-    if v.dtype != k.dtype:
-        raise TypeError(f"{op}: v dtype {v.dtype} differs from k {k.dtype}")
-    nslots, T, hkv, d = k_cache.shape
-    _check_shape(op, "v_cache", v_cache, (nslots, T, hkv, d))
-    ng, g = k.shape[0], k.shape[1]
-    _check_shape(op, "k", k, (ng, g, hkv, d))
-    _check_shape(op, "v", v, (ng, g, hkv, d))
-    _check_contiguous(op, "k", k)
-    _check_contiguous(op, "v", v)
-    _check_inner_dense(op, "k_cache", k_cache, 3)
-    _check_inner_dense(op, "v_cache", v_cache, 3)
-    _check_index(op, "group_slot", group_slot, ng)
-    _check_index(op, "group_pos", group_pos, ng)
-    _check_cpu(op, "group_slot", group_slot)
-    _check_cpu(op, "group_pos", group_pos)
+    cdef int cdt, kdt
+    cdef int64_t nslots, T, hkv, d, ng, g
+    cdt, kdt, nslots, T, hkv, d, ng, g = _args_write_kv(op, k_cache, v_cache, k, v, group_slot,
+                                                         group_pos)
+    _all_cpu(op, [("k_cache", k_cache), ("v_cache", v_cache), ("k", k), ("v", v),
+                  ("group_slot", group_slot), ("group_pos", group_pos)])
     cdef int64_t kcs[3]
     cdef int64_t vcs[3]
     for i in range(3):
@@ -95,11 +79,10 @@ def write_kv(k_cache, v_cache, k, v, group_slot, group_pos):
     cdef void* vp = _ptr(v)
     cdef int64_t* gs = <int64_t*>_ptr(group_slot)
     cdef int64_t* gp = <int64_t*>_ptr(group_pos)
-    cdef int64_t c_nslots = nslots, c_T = T, c_ng = ng, c_g = g, c_hkv = hkv, c_d = d
     cdef int rc
     with nogil:
-        rc = strata_cpu_write_kv(kc, vc, cdt, kcs, vcs, c_nslots, c_T, kp, vp, kdt, gs, gp,
-                                 c_ng, c_g, c_hkv, c_d)
+        rc = strata_cpu_write_kv(kc, vc, cdt, kcs, vcs, nslots, T, kp, vp, kdt, gs, gp, ng, g,
+                                 hkv, d)
     _raise(op, rc)
 
 
@@ -107,32 +90,12 @@ def grouped_window_attention(q, k_cache, v_cache, group_slot, group_pos, int64_t
                              float scale, out):
     """out (NG, G, Hq, D), q's dtype: causal attention of each group's rows over its slot."""
     op = "grouped_window_attention"
-    for name, t in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache), ("out", out)):
-        _check_tensor(op, name, t, 4)
-        _check_cpu(op, name, t)
-    cdef int qdt = _dtype_code(op, "q", q)
-    cdef int cdt = _dtype_code(op, "k_cache", k_cache)
-    if v_cache.dtype != k_cache.dtype:
-        raise TypeError(f"{op}: v_cache dtype {v_cache.dtype} differs from k_cache {k_cache.dtype}")
-    if out.dtype != q.dtype:
-        raise TypeError(f"{op}: out dtype {out.dtype} differs from q {q.dtype}")
-    nslots, T, hkv, d = k_cache.shape
-    _check_shape(op, "v_cache", v_cache, (nslots, T, hkv, d))
-    ng, g, hq = q.shape[0], q.shape[1], q.shape[2]
-    _check_shape(op, "q", q, (ng, g, hq, d))
-    _check_shape(op, "out", out, (ng, g, hq, d))
-    if hkv < 1 or hq % hkv != 0:
-        raise ValueError(f"{op}: q has {hq} heads, not a multiple of the caches' {hkv} KV heads")
-    if ctx < 1 or ctx > T:
-        raise ValueError(f"{op}: ctx = {ctx} must be in [1, {T}] (cache length)")
-    _check_contiguous(op, "q", q)
-    _check_contiguous(op, "out", out)
-    _check_inner_dense(op, "k_cache", k_cache, 3)
-    _check_inner_dense(op, "v_cache", v_cache, 3)
-    _check_index(op, "group_slot", group_slot, ng)
-    _check_index(op, "group_pos", group_pos, ng)
-    _check_cpu(op, "group_slot", group_slot)
-    _check_cpu(op, "group_pos", group_pos)
+    cdef int qdt, cdt
+    cdef int64_t nslots, T, hkv, d, ng, g, hq
+    qdt, cdt, nslots, T, hkv, d, ng, g, hq = _args_attention(op, q, k_cache, v_cache, group_slot,
+                                                             group_pos, ctx, out)
+    _all_cpu(op, [("q", q), ("k_cache", k_cache), ("v_cache", v_cache), ("out", out),
+                  ("group_slot", group_slot), ("group_pos", group_pos)])
     cdef int64_t kcs[3]
     cdef int64_t vcs[3]
     for i in range(3):
@@ -144,45 +107,22 @@ def grouped_window_attention(q, k_cache, v_cache, group_slot, group_pos, int64_t
     cdef void* op_ = _ptr(out)
     cdef int64_t* gs = <int64_t*>_ptr(group_slot)
     cdef int64_t* gp = <int64_t*>_ptr(group_pos)
-    cdef int64_t c_nslots = nslots, c_T = T, c_ng = ng, c_g = g, c_hq = hq, c_hkv = hkv, c_d = d
     cdef int rc
     with nogil:
-        rc = strata_cpu_attention(qp, qdt, kc, vc, cdt, kcs, vcs, c_nslots, c_T, gs, gp, c_ng,
-                                  c_g, c_hq, c_hkv, c_d, ctx, scale, op_)
+        rc = strata_cpu_attention(qp, qdt, kc, vc, cdt, kcs, vcs, nslots, T, gs, gp, ng, g, hq,
+                                  hkv, d, ctx, scale, op_)
     _raise(op, rc)
 
 
 def causal_conv_window(x, conv_state, weight, group_slot, out, snaps):
     """out (NG, G, C) and snaps (NG, G, C, K-1), both x's dtype."""
     op = "causal_conv_window"
-    _check_tensor(op, "x", x, 3)
-    _check_tensor(op, "conv_state", conv_state, 3)
-    _check_tensor(op, "weight", weight, 2)
-    _check_tensor(op, "out", out, 3)
-    _check_tensor(op, "snaps", snaps, 4)
-    for name, t in (("x", x), ("conv_state", conv_state), ("weight", weight), ("out", out),
-                    ("snaps", snaps)):
-        _check_cpu(op, name, t)
-    cdef int xdt = _dtype_code(op, "x", x)
-    cdef int sdt = _dtype_code(op, "conv_state", conv_state)
-    cdef int wdt = _dtype_code(op, "weight", weight)
-    if out.dtype != x.dtype or snaps.dtype != x.dtype:
-        raise TypeError(f"{op}: out and snaps must have x's dtype {x.dtype}")
-    ng, g, c = x.shape
-    c_w, kw = weight.shape
-    if c_w != c:
-        raise ValueError(f"{op}: weight must have shape ({c}, K), got {tuple(weight.shape)}")
-    if kw < 2:
-        raise ValueError(f"{op}: weight kernel width {kw} must be at least 2")
-    nslots = conv_state.shape[0]
-    _check_shape(op, "conv_state", conv_state, (nslots, c, kw - 1))
-    _check_shape(op, "out", out, (ng, g, c))
-    _check_shape(op, "snaps", snaps, (ng, g, c, kw - 1))
-    for name, t in (("x", x), ("weight", weight), ("out", out), ("snaps", snaps)):
-        _check_contiguous(op, name, t)
-    _check_inner_dense(op, "conv_state", conv_state, 1)
-    _check_index(op, "group_slot", group_slot, ng)
-    _check_cpu(op, "group_slot", group_slot)
+    cdef int xdt, sdt, wdt
+    cdef int64_t nslots, ng, g, c, kw
+    xdt, sdt, wdt, nslots, ng, g, c, kw = _args_causal_conv(op, x, conv_state, weight, group_slot,
+                                                            out, snaps)
+    _all_cpu(op, [("x", x), ("conv_state", conv_state), ("weight", weight), ("out", out),
+                  ("snaps", snaps), ("group_slot", group_slot)])
     cdef void* xp = _ptr(x)
     cdef void* sp = _ptr(conv_state)
     cdef void* wp = _ptr(weight)
@@ -190,45 +130,23 @@ def causal_conv_window(x, conv_state, weight, group_slot, out, snaps):
     cdef void* snp = _ptr(snaps)
     cdef int64_t* gs = <int64_t*>_ptr(group_slot)
     cdef int64_t sss = conv_state.stride(0)
-    cdef int64_t c_nslots = nslots, c_ng = ng, c_g = g, c_c = c, c_kw = kw
     cdef int rc
     with nogil:
-        rc = strata_cpu_causal_conv(xp, xdt, sp, sdt, sss, c_nslots, wp, wdt, gs, c_ng, c_g,
-                                    c_c, c_kw, outp, snp)
+        rc = strata_cpu_causal_conv(xp, xdt, sp, sdt, sss, nslots, wp, wdt, gs, ng, g, c, kw,
+                                    outp, snp)
     _raise(op, rc)
 
 
 def gated_delta_window(q, k, v, g, beta, rec_state, group_slot, out, snaps):
     """out (NG, G, H, Dv) float32, snaps (NG, G, H, Dk, Dv) float32."""
     op = "gated_delta_window"
-    for name, t, nd in (("q", q, 4), ("k", k, 4), ("v", v, 4), ("g", g, 3), ("beta", beta, 3),
-                        ("rec_state", rec_state, 4), ("out", out, 4), ("snaps", snaps, 5)):
-        _check_tensor(op, name, t, nd)
-        _check_cpu(op, name, t)
-    cdef int qdt = _dtype_code(op, "q", q)
-    cdef int kdt = _dtype_code(op, "k", k)
-    cdef int vdt = _dtype_code(op, "v", v)
-    cdef int gdt = _dtype_code(op, "g", g)
-    cdef int bdt = _dtype_code(op, "beta", beta)
-    _dtype_code(op, "rec_state", rec_state, (0,))
-    _dtype_code(op, "out", out, (0,))
-    _dtype_code(op, "snaps", snaps, (0,))
-    ng, rows, h, dk = q.shape
-    dv = v.shape[3]
-    nslots = rec_state.shape[0]
-    _check_shape(op, "k", k, (ng, rows, h, dk))
-    _check_shape(op, "v", v, (ng, rows, h, dv))
-    _check_shape(op, "g", g, (ng, rows, h))
-    _check_shape(op, "beta", beta, (ng, rows, h))
-    _check_shape(op, "rec_state", rec_state, (nslots, h, dk, dv))
-    _check_shape(op, "out", out, (ng, rows, h, dv))
-    _check_shape(op, "snaps", snaps, (ng, rows, h, dk, dv))
-    for name, t in (("q", q), ("k", k), ("v", v), ("g", g), ("beta", beta), ("out", out),
-                    ("snaps", snaps)):
-        _check_contiguous(op, name, t)
-    _check_inner_dense(op, "rec_state", rec_state, 1)
-    _check_index(op, "group_slot", group_slot, ng)
-    _check_cpu(op, "group_slot", group_slot)
+    cdef int qdt, kdt, vdt, gdt, bdt
+    cdef int64_t nslots, ng, rows, h, dk, dv
+    qdt, kdt, vdt, gdt, bdt, nslots, ng, rows, h, dk, dv = _args_gated_delta(
+        op, q, k, v, g, beta, rec_state, group_slot, out, snaps)
+    _all_cpu(op, [("q", q), ("k", k), ("v", v), ("g", g), ("beta", beta),
+                  ("rec_state", rec_state), ("out", out), ("snaps", snaps),
+                  ("group_slot", group_slot)])
     cdef void* qp = _ptr(q)
     cdef void* kp = _ptr(k)
     cdef void* vp = _ptr(v)
@@ -239,11 +157,10 @@ def gated_delta_window(q, k, v, g, beta, rec_state, group_slot, out, snaps):
     cdef float* snp = <float*>_ptr(snaps)
     cdef int64_t* gs = <int64_t*>_ptr(group_slot)
     cdef int64_t sss = rec_state.stride(0)
-    cdef int64_t c_nslots = nslots, c_ng = ng, c_g = rows, c_h = h, c_dk = dk, c_dv = dv
     cdef int rc
     with nogil:
         rc = strata_cpu_gated_delta(qp, qdt, kp, kdt, vp, vdt, gp, gdt, bp, bdt, sp, sss,
-                                    c_nslots, gs, c_ng, c_g, c_h, c_dk, c_dv, outp, snp)
+                                    nslots, gs, ng, rows, h, dk, dv, outp, snp)
     _raise(op, rc)
 
 
@@ -251,34 +168,13 @@ def commit_accepted(accept, group_slot, group_pos, rec_snaps, conv_snaps, rec_st
                     slot_pos):
     """Copy each group's snapshot at its accept index into its slot; advance slot_pos."""
     op = "commit_accepted"
-    _check_tensor(op, "rec_snaps", rec_snaps, 6)
-    _check_tensor(op, "conv_snaps", conv_snaps, 5)
-    _check_tensor(op, "rec_state", rec_state, 5)
-    _check_tensor(op, "conv_state", conv_state, 4)
-    for name, t in (("rec_snaps", rec_snaps), ("conv_snaps", conv_snaps),
-                    ("rec_state", rec_state), ("conv_state", conv_state)):
-        _check_cpu(op, name, t)
-    _dtype_code(op, "rec_snaps", rec_snaps, (0,))
-    _dtype_code(op, "rec_state", rec_state, (0,))
-    cdef int sndt = _dtype_code(op, "conv_snaps", conv_snaps)
-    cdef int csdt = _dtype_code(op, "conv_state", conv_state)
-    L, ng, g, h, dk, dv = rec_snaps.shape
-    c, km1 = conv_snaps.shape[3], conv_snaps.shape[4]
-    nslots = rec_state.shape[1]
-    _check_shape(op, "conv_snaps", conv_snaps, (conv_snaps.shape[0], ng, g, c, km1))
-    _check_shape(op, "rec_state", rec_state, (L, nslots, h, dk, dv))
-    _check_shape(op, "conv_state", conv_state, (conv_snaps.shape[0], nslots, c, km1))
-    if conv_snaps.shape[0] != L:
-        raise ValueError(f"{op}: conv_snaps has {conv_snaps.shape[0]} layers, rec_snaps {L}")
-    _check_contiguous(op, "rec_snaps", rec_snaps)
-    _check_contiguous(op, "conv_snaps", conv_snaps)
-    _check_inner_dense(op, "rec_state", rec_state, 2)
-    _check_inner_dense(op, "conv_state", conv_state, 2)
-    for name, t in (("accept", accept), ("group_slot", group_slot), ("group_pos", group_pos)):
-        _check_index(op, name, t, ng)
-        _check_cpu(op, name, t)
-    _check_index(op, "slot_pos", slot_pos, nslots)
-    _check_cpu(op, "slot_pos", slot_pos)
+    cdef int sndt, csdt
+    cdef int64_t L, nslots, ng, g, h, dk, dv, c, km1
+    sndt, csdt, L, nslots, ng, g, h, dk, dv, c, km1 = _args_commit(
+        op, accept, group_slot, group_pos, rec_snaps, conv_snaps, rec_state, conv_state, slot_pos)
+    _all_cpu(op, [("accept", accept), ("group_slot", group_slot), ("group_pos", group_pos),
+                  ("rec_snaps", rec_snaps), ("conv_snaps", conv_snaps), ("rec_state", rec_state),
+                  ("conv_state", conv_state), ("slot_pos", slot_pos)])
     cdef int64_t rs[2]
     cdef int64_t cs[2]
     rs[0] = rec_state.stride(0); rs[1] = rec_state.stride(1)
@@ -291,10 +187,9 @@ def commit_accepted(accept, group_slot, group_pos, rec_snaps, conv_snaps, rec_st
     cdef float* rst = <float*>_ptr(rec_state)
     cdef void* cst = _ptr(conv_state)
     cdef int64_t* spos = <int64_t*>_ptr(slot_pos)
-    cdef int64_t c_ng = ng, c_g = g, c_L = L, rec_inner = h * dk * dv, conv_inner = c * km1
-    cdef int64_t c_nslots = nslots
+    cdef int64_t rec_inner = h * dk * dv, conv_inner = c * km1
     cdef int rc
     with nogil:
-        rc = strata_cpu_commit(ap, gs, gp, c_ng, c_g, c_L, rsn, rec_inner, csn, sndt, conv_inner,
-                               rst, rs, cst, csdt, cs, c_nslots, spos)
+        rc = strata_cpu_commit(ap, gs, gp, ng, g, L, rsn, rec_inner, csn, sndt, conv_inner,
+                               rst, rs, cst, csdt, cs, nslots, spos)
     _raise(op, rc)

@@ -4,9 +4,9 @@
 # cannot starve the rest. Results go to $OUT.
 #
 #   STRATA_COMMIT=<hash> bash scripts/gpu_acceptance.sh 1    # ~9 min: sim check, engine bench grid
-#   STRATA_COMMIT=<hash> bash scripts/gpu_acceptance.sh 2    # ~9 min: layout-key graph soak
-#   STRATA_COMMIT=<hash> bash scripts/gpu_acceptance.sh 3    # ~9 min: identity, graphs vs eager,
-#                                                            #   shape soak, server bench
+#   STRATA_COMMIT=<hash> bash scripts/gpu_acceptance.sh 2    # ~9 min: graph soaks (layout, shape)
+#   STRATA_COMMIT=<hash> bash scripts/gpu_acceptance.sh 3    # ~9 min: identity, kernel tests,
+#                                                            #   graphs vs eager, server bench
 #
 # STRATA_COMMIT names the commit in the results (the device's copy of the tree may carry a
 # stale .git). Every step prints one summary line; see docs/GPU_RUNBOOK.md for what each feeds.
@@ -47,17 +47,18 @@ case $part in
       --configs solo,batch,batch_mtp,batch_mtp_w16 --repeats 3 --max-tokens 256 --hf \
       --json "$R/engine.json" --md "$R/engine.md"
   ;;
-2)  # the layout-key soak alone: 10,000 windows and 500 layouts at each reserve
-  step soak_layout 490 python3 scripts/soak_graphs.py --reserves 700,2048,4096 --graph-keys layout \
-      --windows 10000 --min-layouts 500 --max-seconds 130 --json "$R/soak_layout.json"
+2)  # the graph soaks: 10,000 windows and 500 layouts at each reserve, then shape keys
+  step soak_layout 460 python3 scripts/soak_graphs.py --reserves 700,2048,4096 --graph-keys layout \
+      --windows 10000 --min-layouts 500 --max-seconds 120 --json "$R/soak_layout.json"
+  step soak_shape 40 python3 scripts/soak_graphs.py --reserves 2048 --graph-keys shape --windows 5000 \
+      --min-layouts 1 --max-seconds 15 --warm-windows 100 --json "$R/soak_shape.json"
   ;;
-3)  # identity on every backend, graphs against eager, the shape-key soak, the server bench
+3)  # identity on every backend, the kernels' GPU tests, graphs against eager, the server bench
   step gpu_identity 60 python3 -m pytest -q -x -m gpu tests/test_engine_backends.py
+  step gpu_kernels 120 python3 -m pytest -q -x -m gpu tests/test_kernels_gpu.py
   step solo_eager 60 python3 scripts/bench_engine.py --n 1 --configs solo,solo_eager,solo_spec2,solo_spec3 \
       --repeats 1 --no-reverse --max-tokens 128 --json "$R/solo_eager.json" --md "$R/solo_eager.md"
-  step soak_shape 60 python3 scripts/soak_graphs.py --reserves 2048 --graph-keys shape --windows 5000 \
-      --min-layouts 1 --max-seconds 20 --warm-windows 100 --json "$R/soak_shape.json"
-  TAIL=14 step serve 300 python3 scripts/bench.py --device cuda --dtype bfloat16 \
+  TAIL=14 step serve 260 python3 scripts/bench.py --device cuda --dtype bfloat16 \
       --configs solo,batch,batch_mtp --n 1,2,4,8 --repeats 1 --warmup full --no-progress \
       --out "$R/serve"
   ;;
