@@ -147,6 +147,25 @@ def measure(args) -> None:
                                                    "heldout_repeats": args.heldout_repeats}, indent=2))
 
 
+def memory_overrides(events: list[dict]) -> list[str]:
+    """The simulator's memory facts from the engine's trace: the device, weights and slot sizes
+    the engine recorded, and the graph size it measured (the mean of its captures; a CPU
+    engine's fixed size; else its estimate). Without them the simulator would plan graphs
+    into the default 24 GB card's budget and evict where the engine never did."""
+    cfg = events[0]
+    mem, eng = cfg["memory"], cfg["engine"]
+    sizes = [float(m) for e in events if e["ev"] == "warmup" for m in e["mib"]]
+    sizes += [float(e["mib"]) for e in events
+              if e["ev"] == "window" and e["graph"] == "capture" and "mib" in e]
+    graph = (sum(sizes) / len(sizes) if sizes else
+             float(mem["graph_mib"]) if mem.get("graph_mib") is not None else
+             float(eng["graph_mib_estimate"]))
+    return [f"memory.total_mib={float(mem['total_mib'])}",
+            f"memory.weights_mib={float(mem['weights_mib'])}",
+            f"memory.slot_mib={float(mem['slot_mib'])}", f"memory.graph_mib={graph}",
+            "memory.graph_mib_jitter=0", f"engine.vram_reserve_mib={int(eng['vram_reserve_mib'])}"]
+
+
 def predict(args) -> None:
     """sim predict for every held-out cell and repeat against the engine's metrics of that
     repeat; per cell, the mean over repeats of each figure, engine vs simulator."""
@@ -163,9 +182,10 @@ def predict(args) -> None:
             pred = out / "predict" / c["name"] / f"rep{r}"
             # Did the engine's warm-up capture the window graphs (CUDA, shape keys)? Its
             # trace says so; the simulator then starts from the same warm cache.
-            warm = any(e["ev"] == "warmup" and e["keys"] for e in read_trace(cell / "trace.jsonl"))
+            events = read_trace(cell / "trace.jsonl")
+            warm = any(e["ev"] == "warmup" and e["keys"] for e in events)
             cmd = [sys.executable, "-m", "sim", "mode=predict", f"profile={out / 'profile.json'}",
-                   f"engine.warmup_graphs={str(warm).lower()}",
+                   f"engine.warmup_graphs={str(warm).lower()}", *memory_overrides(events),
                    "workload=stagger", f"workload.requests={c['requests']}",
                    f"workload.prompt_tokens={c['prompt']}", f"workload.max_tokens={c['out']}",
                    f"engine.slots={c['slots']}", f"engine.max_context={args.max_context}",

@@ -236,3 +236,28 @@ def test_position_acceptance_and_shape_costs_in_predict(tmp_path):
     assert any(e["key"].startswith("shape:1x4@") for e in wins)
     pre = [e for e in run.events if e["ev"] == "prefill"]
     assert [(e["tokens"], e["ctx"], e["dur"]) for e in pre] == [(100, 100, 7.0)]
+
+
+def test_sim_check_takes_memory_facts_from_the_engine_trace():
+    """scripts/sim_gpu_check.py predicts with the device the engine ran on, not the default
+    24 GB card: its memory facts and measured graph size come from the held-out trace."""
+    sys.path.insert(0, str(REPO / "scripts"))
+    try:
+        from sim_gpu_check import memory_overrides
+    finally:
+        sys.path.pop(0)
+    from strata.trace import read_trace
+
+    events = read_trace(REPO / "tests" / "data" / "h200_batch_mtp_n2_trace.jsonl")
+    over = dict(o.split("=", 1) for o in memory_overrides(events))
+    mem = events[0]["memory"]
+    assert float(over["memory.total_mib"]) == mem["total_mib"] > 100_000  # the H200's
+    assert float(over["memory.weights_mib"]) == mem["weights_mib"]
+    assert float(over["memory.graph_mib"]) == 16.0  # written before `mib`: the estimate
+    events = [dict(e) for e in events]
+    caps = [e for e in events if e["ev"] == "window" and e["graph"] == "capture"]
+    for e, mib in zip(caps, (10.0, 30.0)):
+        e["mib"] = mib
+    events.insert(1, {"ev": "warmup", "step": 0, "t": 0.0, "keys": ["shape:1x4@256"], "mib": [20.0]})
+    over = dict(o.split("=", 1) for o in memory_overrides(events))
+    assert float(over["memory.graph_mib"]) == 20.0  # mean of 20 (warm-up), 10 and 30
