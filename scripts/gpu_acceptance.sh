@@ -3,9 +3,9 @@
 # step limits add up to under 600 s), with a time limit on every step so that one slow step
 # cannot starve the rest. Results go to $OUT.
 #
-#   STRATA_COMMIT=<hash> bash scripts/gpu_acceptance.sh 1    # ~9 min: sim check, kernel and identity tests
+#   STRATA_COMMIT=<hash> bash scripts/gpu_acceptance.sh 1    # ~9 min: sim check, kernel GPU tests
 #   STRATA_COMMIT=<hash> bash scripts/gpu_acceptance.sh 2    # ~9 min: graph soaks (layout, shape)
-#   STRATA_COMMIT=<hash> bash scripts/gpu_acceptance.sh 3    # ~9 min: engine grid, graphs vs eager,
+#   STRATA_COMMIT=<hash> bash scripts/gpu_acceptance.sh 3    # ~9 min: identity, engine grid, graphs vs eager,
 #                                                            #   server bench (re-measure)
 #
 # STRATA_COMMIT names the commit in the results (the device's copy of the tree may carry a
@@ -40,11 +40,10 @@ step() {  # step NAME SECONDS CMD...: run with a limit, log to $R/NAME.log, say 
 }
 step build 90 python3 setup.py build_ext --inplace -q
 case $part in
-1)  # the simulator's held-out check (issue 7), then the kernels' and identity GPU tests (issue 6)
-  step sim_check 300 python3 scripts/sim_gpu_check.py --out "$R/simchk"
+1)  # the simulator's held-out check (issue 7), then the kernels' GPU tests (issue 6)
+  step sim_check 330 python3 scripts/sim_gpu_check.py --out "$R/simchk"
   TAIL=14 step sim_predict 40 python3 scripts/sim_gpu_check.py --predict "$R/simchk"
   step gpu_kernels 100 python3 -m pytest -q -x -m gpu tests/test_kernels_gpu.py
-  step gpu_identity 60 python3 -m pytest -q -x -m gpu tests/test_engine_backends.py
   ;;
 2)  # the graph soaks (issue 5): 10,000 windows and 500 layouts at each reserve, then shape keys
   step soak_layout 460 python3 scripts/soak_graphs.py --reserves 700,2048,4096 --graph-keys layout \
@@ -52,13 +51,15 @@ case $part in
   step soak_shape 40 python3 scripts/soak_graphs.py --reserves 2048 --graph-keys shape --windows 5000 \
       --min-layouts 1 --max-seconds 15 --warm-windows 100 --json "$R/soak_shape.json"
   ;;
-3)  # re-measure (issues 4, 5, 8): engine grid, graphs against eager, server bench
+3)  # re-measure (issues 4, 5, 6, 8): identity on every backend, engine grid, graphs against
+    # eager, server bench
+  step gpu_identity 50 python3 -m pytest -q -x -m gpu tests/test_engine_backends.py
   TAIL=10 step engine 250 python3 scripts/bench_engine.py --n 1,2,4,8 \
       --configs solo,batch,batch_mtp,batch_mtp_w16 --repeats 3 --max-tokens 256 --hf \
       --json "$R/engine.json" --md "$R/engine.md"
   step solo_eager 50 python3 scripts/bench_engine.py --n 1 --configs solo,solo_eager,solo_spec2,solo_spec3 \
       --repeats 1 --no-reverse --max-tokens 128 --json "$R/solo_eager.json" --md "$R/solo_eager.md"
-  TAIL=14 step serve 200 python3 scripts/bench.py --device cuda --dtype bfloat16 \
+  TAIL=14 step serve 150 python3 scripts/bench.py --device cuda --dtype bfloat16 \
       --configs solo,batch,batch_mtp --n 1,2,4,8 --repeats 1 --warmup full --no-progress \
       --out "$R/serve"
   ;;
