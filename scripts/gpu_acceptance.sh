@@ -5,7 +5,7 @@
 #
 #   STRATA_COMMIT=<hash> bash scripts/gpu_acceptance.sh 1    # ~9 min: sim check, kernel GPU tests
 #   STRATA_COMMIT=<hash> bash scripts/gpu_acceptance.sh 2    # ~9 min: graph soaks (layout, shape)
-#   STRATA_COMMIT=<hash> bash scripts/gpu_acceptance.sh 3    # ~9 min: identity, engine grid, graphs vs eager,
+#   STRATA_COMMIT=<hash> bash scripts/gpu_acceptance.sh 3    # ~9 min: identity, engine grid, host profile,
 #                                                            #   server bench (re-measure)
 #
 # STRATA_COMMIT names the commit in the results (the device's copy of the tree may carry a
@@ -51,14 +51,14 @@ case $part in
   step soak_shape 40 python3 scripts/soak_graphs.py --reserves 2048 --graph-keys shape --windows 5000 \
       --min-layouts 1 --max-seconds 15 --warm-windows 100 --json "$R/soak_shape.json"
   ;;
-3)  # re-measure (issues 4, 5, 6, 8): identity on every backend, engine grid, graphs against
-    # eager, server bench
+3)  # re-measure (issues 4, 6, 8): identity on every backend, engine grid, where the host's
+    # time goes between windows, server bench
   step gpu_identity 50 python3 -m pytest -q -x -m gpu tests/test_engine_backends.py
   TAIL=10 step engine 250 python3 scripts/bench_engine.py --n 1,2,4,8 \
       --configs solo,batch,batch_mtp,batch_mtp_w16 --repeats 3 --max-tokens 256 --hf \
       --json "$R/engine.json" --md "$R/engine.md"
-  step solo_eager 50 python3 scripts/bench_engine.py --n 1 --configs solo,solo_eager,solo_spec2,solo_spec3 \
-      --repeats 1 --no-reverse --max-tokens 128 --json "$R/solo_eager.json" --md "$R/solo_eager.md"
+  TAIL=40 step host_profile 50 python3 scripts/step_breakdown.py --n 8 --configs batch_mtp_w16 \
+      --profile-host 30 --json "$R/host_profile.json"
   TAIL=14 step serve 150 python3 scripts/bench.py --device cuda --dtype bfloat16 \
       --configs solo,batch,batch_mtp --n 1,2,4,8 --repeats 1 --warmup full --no-progress \
       --out "$R/serve"

@@ -33,7 +33,7 @@ from strata.runner import run_requests  # noqa: E402
 from strata.trace import read_trace  # noqa: E402
 
 
-def breakdown(loaded, device, ecfg, prompts, max_tokens, sync) -> dict:
+def breakdown(loaded, device, ecfg, prompts, max_tokens, sync, profile_top: int = 0) -> dict:
     with tempfile.TemporaryDirectory() as d:
         eng = Engine(loaded, ecfg, device, log=lambda s: None)
         mk = lambda tag: [Request(f"{tag}{i}", list(p), SamplingParams(max_tokens=max_tokens, temperature=0.0,
@@ -48,10 +48,23 @@ def breakdown(loaded, device, ecfg, prompts, max_tokens, sync) -> dict:
         if eng.cache is not None:
             eng.cache.trace = eng.trace
         sync()
+        prof = None
+        if profile_top:  # where the host's time goes (device waits show as the syncs' time)
+            import cProfile
+            prof = cProfile.Profile()
+            prof.enable()
         t0 = time.perf_counter()
         m = run_requests(eng, mk("r"))
         sync()
         wall = time.perf_counter() - t0
+        host_top = None
+        if prof is not None:
+            import io
+            import pstats
+            prof.disable()
+            buf = io.StringIO()
+            pstats.Stats(prof, stream=buf).sort_stats("tottime").print_stats(profile_top)
+            host_top = buf.getvalue()
         eng.trace.close()
         ev = read_trace(path)
         pre = sum(e["dur"] for e in ev if e["ev"] == "prefill")
@@ -82,7 +95,7 @@ def breakdown(loaded, device, ecfg, prompts, max_tokens, sync) -> dict:
                "windows": len(wins), "window_s": win, "window_us": win / max(len(wins), 1) * 1e6,
                "other_s": wall - pre - win, "tokens_per_window": m["output_tokens"] / max(len(wins), 1),
                "actions": dict(actions), "replay_us_common_key": replay_us,
-               "acceptance": m["acceptance"]}
+               "acceptance": m["acceptance"], "host_profile": host_top}
         eng.close()
         return out
 
@@ -101,6 +114,9 @@ def main() -> None:
     ap.add_argument("--spec", type=int, default=4)
     ap.add_argument("--window-rows", type=int, default=8)
     ap.add_argument("--graphs", type=lambda s: s.lower() in ("1", "true", "yes"), default=True)
+    ap.add_argument("--profile-host", type=int, default=0, metavar="K",
+                    help="profile the timed run with cProfile (which slows the host: the time "
+                         "split is then not the plain run's) and print its K costliest functions")
     ap.add_argument("--json")
     a = ap.parse_args()
     device = torch.device(a.device)
@@ -112,13 +128,15 @@ def main() -> None:
     for n in (int(x) for x in a.n.split(",")):
         for name in a.configs.split(","):
             r = breakdown(loaded, device, engine_cfg(CONFIGS[name], name, n, a), prompts_all[:n],
-                          a.max_tokens, sync)
+                          a.max_tokens, sync, a.profile_host)
             res[f"{name}@{n}"] = r
             print(f"{name}@{n}: {r['tps']:.0f} tok/s wall {r['wall_s']*1e3:.1f} ms = prefill "
                   f"{r['prefill_s']*1e3:.1f} ({r['prefills']}) + windows {r['window_s']*1e3:.1f} "
                   f"({r['windows']} x {r['window_us']:.0f} us, replay {r['replay_us_common_key']}) + other "
                   f"{r['other_s']*1e3:.1f}; {r['tokens_per_window']:.2f} tok/window acc {r['acceptance']} "
                   f"{r['actions']}", flush=True)
+            if r["host_profile"]:
+                print(r["host_profile"], flush=True)
     if a.json:
         Path(a.json).write_text(json.dumps(res, indent=2, default=str))
 
