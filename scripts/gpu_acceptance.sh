@@ -18,16 +18,12 @@ export PYTHONUNBUFFERED=1
 # (outside $OUT) and is packed into $OUT/results.tgz after each step, so a call cut by its limit
 # still returns all that finished.
 R=${STRATA_RESULTS:-/tmp/strata_results}/r; mkdir -p "$R"
-# torch.compile's cache: a fresh machine compiles every region anew (minutes over a part). A
-# cache packed by an earlier call (carried as .cache/inductor.tgz) is unpacked first, and this
-# call's cache is packed back when it is small enough to return.
+# torch.compile's cache in a fixed place: the steps of a call share it, and so do calls that
+# find the machine still warm. (Carrying it between machines was tried: a part's cache is far
+# over the 16 MB a returned file may have.)
 export TORCHINDUCTOR_CACHE_DIR=/tmp/strata_inductor
-[ -f .cache/inductor.tgz ] && mkdir -p "$TORCHINDUCTOR_CACHE_DIR" && tar -xzf .cache/inductor.tgz -C "$TORCHINDUCTOR_CACHE_DIR"
 pack() {
   tar -czf "$OUT/results.tgz" -C "$(dirname "$R")" r
-  tar -czf "$OUT/inductor.tgz.tmp" -C "$TORCHINDUCTOR_CACHE_DIR" . 2>/dev/null
-  if [ "$(stat -c %s "$OUT/inductor.tgz.tmp" 2>/dev/null || echo 0)" -lt 15000000 ]; then
-    mv "$OUT/inductor.tgz.tmp" "$OUT/inductor.tgz"; else rm -f "$OUT/inductor.tgz.tmp"; fi
 }
 step() {  # step NAME SECONDS CMD...: run with a limit, log to $R/NAME.log, say how it ended
   local name=$1 limit=$2; shift 2
