@@ -100,6 +100,14 @@ def prefill_bucket(tokens: int, buckets: Iterable[int]) -> int:
     return tokens
 
 
+def context_tiers(tier_min: int, max_context: int) -> list[int]:
+    """Every context tier, ascending: tier_min doubled until it reaches max_context."""
+    tiers = [context_tier(1, tier_min, max_context)]
+    while tiers[-1] < max_context:
+        tiers.append(context_tier(tiers[-1] + 1, tier_min, max_context))
+    return tiers
+
+
 def warm_window_keys(slots: int, most_rows: int, window_rows: int, shape_buckets: Iterable[int],
                      tier_min: int, max_context: int) -> list[tuple[int, int, int]]:
     """The shape-keyed window graphs a warm-up captures, as (bucket, group rows, tier), in
@@ -109,13 +117,8 @@ def warm_window_keys(slots: int, most_rows: int, window_rows: int, shape_buckets
     the sort-free sampler's keys (no `+f`). The capture stops at the graph limit, or at the
     first capture the memory budget refuses."""
     buckets = list(shape_buckets)
-    tiers = []
-    tier = context_tier(1, tier_min, max_context)
-    while tier not in tiers:
-        tiers.append(tier)
-        tier = context_tier(tier + 1, tier_min, max_context)
     out = []
-    for tier in tiers:
+    for tier in context_tiers(tier_min, max_context):
         for g in range(most_rows, 0, -1):
             top = shape_bucket(max(1, min(slots, window_rows // g)), buckets)
             out.extend((b, g, tier) for b in buckets if b <= top)

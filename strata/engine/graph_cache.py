@@ -134,6 +134,11 @@ class GraphCache:
             self.log(f"WARNING: {text}")
             self.trace.emit("warning", text=text)
 
+    def has_room(self) -> bool:
+        """A capture now would need no eviction: below the limit, and the planned size fits."""
+        return ((self.limit <= 0 or len(self.entries) < self.limit)
+                and self.last_mib <= self.budget.graph_budget_mib(self.graphs_mib))
+
     def lookup(self, key: str, pinned: set[str], make: Callable[[], Callable[[], Any]],
                warm: Callable[[], None]) -> tuple[str, Callable[[], Any]]:
         """Decide how the window with `key` runs: returns (graph action, runner).

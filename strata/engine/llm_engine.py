@@ -30,8 +30,8 @@ from strata.engine.verifier import SlotBuffers, Verifier
 from strata.kernels import ops
 from strata.model.loader import LoadedModel, load_checkpoint
 from strata.model.state import DecodeState
-from strata.trace import (TraceWriter, context_tier, layout_key, shape_bucket, shape_key,
-                          warm_window_keys)
+from strata.trace import (TraceWriter, context_tier, context_tiers, layout_key, shape_bucket,
+                          shape_key, warm_window_keys)
 
 ENGINE_KNOBS = ("mode", "batch_mtp", "slots", "spec", "window_rows", "decode_share", "prefill_chunk",
                 "prefill_buckets", "prefill_graphs", "max_context", "context_tier_min",
@@ -239,7 +239,8 @@ class Engine:
         n_slots = len(self.scheduler.slots)
         spec = int(ecfg.spec) if self.drafting else 1
         most_rows = max(spec, 2 if self.batch_mtp else 1)
-        tiers = sorted({self._tier(1), self._tier(int(ecfg.context_tier_min) + 1)})
+        every_tier = context_tiers(int(ecfg.context_tier_min), self.max_context)
+        tiers = every_tier[:2]  # a second context length makes torch.compile treat it as dynamic
         shapes = set()
         for g in range(1, most_rows + 1):
             groups = max(1, min(n_slots, int(ecfg.window_rows) // g))
@@ -268,8 +269,6 @@ class Engine:
         captured = 0
         if runner.p_backend is not None:
             zeros = torch.zeros(self.max_context, dtype=torch.long, device=self.device)
-            every_tier = sorted({self._tier(int(ecfg.context_tier_min) << k)
-                                 for k in range(self.max_context.bit_length() + 1)})
             for b in buckets:
                 for tier in every_tier:
                     if tier >= self._tier(b):  # a chunk at start tier - b reads exactly `tier`
@@ -292,13 +291,10 @@ class Engine:
         if self.cache is None or ecfg.graph_key != "shape":
             return []
         keys, mibs = [], []
-        limit = int(ecfg.graph_limit)
         for bucket, g, tier in warm_window_keys(n_slots, most_rows, int(ecfg.window_rows),
                                                 list(ecfg.shape_buckets), int(ecfg.context_tier_min),
                                                 self.max_context):
-            if limit > 0 and len(self.cache.entries) >= limit:
-                break
-            if self.cache.last_mib > self.budget.graph_budget_mib(self.cache.graphs_mib):
+            if not self.cache.has_room():
                 break  # the next capture would have to evict: leave the rest to first use
             key = shape_key(bucket, g, tier, False)
             action, _ = self.runner.decode([], bucket, g, tier, False, key, set())
