@@ -525,6 +525,7 @@ class Engine:
         n = 0
         now = self.now()
         watch_stop = bool(p.stop) and self.tokenizer is not None
+        longest_stop = max((len(x) for x in p.stop), default=0)
         stop_hit = False
         for tok in tokens:
             if rs.left <= 0:
@@ -540,7 +541,7 @@ class Engine:
                 text = rs.text = self._detok(rs).update(rs.emitted)
                 # A stop string not found before ends in the new text: search from one stop
                 # length before it.
-                lo = max(0, before - (max(len(x) for x in p.stop) - 1))
+                lo = max(0, before - (longest_stop - 1))
                 hit = min((i for x in p.stop if (i := text.find(x, lo)) >= 0), default=-1)
                 if hit >= 0:
                     rs.emitted.pop()  # the token that completed a stop string is not emitted
@@ -568,7 +569,7 @@ class Engine:
                 while end > rs.streamed_chars and text[end - 1] == "\ufffd":
                     end -= 1  # hold back an incomplete UTF-8 sequence
                 if p.stop:  # and what could still become the start of a stop string
-                    end = max(rs.streamed_chars, end - (max(len(x) for x in p.stop) - 1))
+                    end = max(rs.streamed_chars, end - (longest_stop - 1))
             out.new_text += text[rs.streamed_chars:end]
             rs.streamed_chars = end
         out.output_tokens = len(rs.emitted)
