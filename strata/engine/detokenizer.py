@@ -33,6 +33,13 @@ class IncrementalDetokenizer:
 
     def update(self, ids: list[int]) -> str:
         """Bring `text` up to `ids` (the same list, grown since the last call); returns it."""
+        return self._advance(ids, final=False)
+
+    def finish(self, ids: list[int]) -> str:
+        """The final text: as `update`, but tokens ending in a split character count too."""
+        return self._advance(ids, final=True)
+
+    def _advance(self, ids: list[int], final: bool) -> str:
         if len(ids) <= self._read:
             return self.text
         prefix_text = self._tok.decode(ids[self._prefix:self._read])
@@ -41,20 +48,7 @@ class IncrementalDetokenizer:
             # A decoder whose text for earlier tokens depends on later ones: decode it all.
             self.text = self._tok.decode(ids)
             self._prefix = self._read = len(ids)
-        elif not full.endswith(REPLACEMENT):
+        elif final or not full.endswith(REPLACEMENT):
             self.text += full[len(prefix_text):]
             self._prefix, self._read = self._read, len(ids)
-        return self.text
-
-    def finish(self, ids: list[int]) -> str:
-        """The final text: as `update`, but tokens ending in a split character count too."""
-        self.update(ids)
-        if len(ids) > self._read:
-            prefix_text = self._tok.decode(ids[self._prefix:self._read])
-            full = self._tok.decode(ids[self._prefix:])
-            if full.startswith(prefix_text):
-                self.text += full[len(prefix_text):]
-            else:
-                self.text = self._tok.decode(ids)
-            self._prefix = self._read = len(ids)
         return self.text
