@@ -152,11 +152,11 @@ def memory_overrides(events: list[dict]) -> list[str]:
     the engine recorded, and the graph size it measured (the mean of its captures; a CPU
     engine's fixed size; else its estimate). Without them the simulator would plan graphs
     into the default 24 GB card's budget and evict where the engine never did."""
+    from sim.replay import measured_capture_mib
+
     cfg = events[0]
     mem, eng = cfg["memory"], cfg["engine"]
-    sizes = [float(m) for e in events if e["ev"] == "warmup" for m in e["mib"]]
-    sizes += [float(e["mib"]) for e in events
-              if e["ev"] == "window" and e["graph"] == "capture" and "mib" in e]
+    sizes = measured_capture_mib(events)
     graph = (sum(sizes) / len(sizes) if sizes else
              float(mem["graph_mib"]) if mem.get("graph_mib") is not None else
              float(eng["graph_mib_estimate"]))

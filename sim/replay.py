@@ -164,12 +164,17 @@ def _capture_sizes(events: list[dict[str, Any]], graph_mib: Any,
     if graph_mib is not None:
         fixed = float(graph_mib)
         return lambda: fixed
-    # The warm-up's captures come first, then the windows' in trace order.
+    sizes = iter(measured_capture_mib(events))
+    return lambda: next(sizes, estimate_mib)
+
+
+def measured_capture_mib(events: list[dict[str, Any]]) -> list[float]:
+    """The graph sizes a CUDA engine measured, in capture order: its warm-up's captures first,
+    then each capture's window event (`mib`; traces from before it was recorded have none)."""
     measured = [float(m) for rec in events if rec["ev"] == "warmup" for m in rec["mib"]]
     measured += [float(rec["mib"]) for rec in events
                  if rec["ev"] == "window" and rec.get("graph") == "capture" and "mib" in rec]
-    sizes = iter(measured)
-    return lambda: next(sizes, estimate_mib)
+    return measured
 
 
 def scenario_from_trace(events: list[dict[str, Any]], lines: Optional[list[int]] = None,
