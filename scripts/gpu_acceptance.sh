@@ -3,7 +3,8 @@
 # step limits add up to under 600 s), with a time limit on every step so that one slow step
 # cannot starve the rest. Results go to $OUT.
 #
-#   STRATA_COMMIT=<hash> bash scripts/gpu_acceptance.sh 1    # ~9 min: sim check, kernel GPU tests
+#   STRATA_COMMIT=<hash> bash scripts/gpu_acceptance.sh 1    # ~10 min: sim check
+#   STRATA_COMMIT=<hash> bash scripts/gpu_acceptance.sh 1k   # ~3 min: kernel GPU tests
 #   STRATA_COMMIT=<hash> bash scripts/gpu_acceptance.sh 2    # ~9 min: graph soaks (layout, shape)
 #   STRATA_COMMIT=<hash> bash scripts/gpu_acceptance.sh 3    # ~9 min: identity, engine grid, host profile,
 #                                                            #   server bench (re-measure)
@@ -11,7 +12,7 @@
 # STRATA_COMMIT names the commit in the results (the device's copy of the tree may carry a
 # stale .git). Every step prints one summary line; see docs/GPU_RUNBOOK.md for what each feeds.
 set -u
-part=${1:?usage: gpu_acceptance.sh 1|2|3}
+part=${1:?usage: gpu_acceptance.sh 1|1k|2|3}
 OUT=${OUT:?set OUT to the results directory}
 export PYTHONUNBUFFERED=1
 # The device tool brings back at most 8 files from $OUT: every log and result goes under $R
@@ -37,8 +38,12 @@ step() {  # step NAME SECONDS CMD...: run with a limit, log to $R/NAME.log, say 
 step build 90 python3 setup.py build_ext --inplace -q
 case $part in
 1)  # the simulator's held-out check (issue 7), then the kernels' GPU tests (issue 6)
-  step sim_check 330 python3 scripts/sim_gpu_check.py --out "$R/simchk"
+  # The two warm-up engines compile every window shape (about 4 min on a bare machine), then
+  # 60 engine runs of 2-3 s each.
+  step sim_check 470 python3 scripts/sim_gpu_check.py --out "$R/simchk"
   TAIL=14 step sim_predict 40 python3 scripts/sim_gpu_check.py --predict "$R/simchk"
+  ;;
+1k)  # the kernels' GPU tests (issue 6)
   step gpu_kernels 100 python3 -m pytest -q -x -m gpu tests/test_kernels_gpu.py
   ;;
 2)  # the graph soaks (issue 5): 10,000 windows and 500 layouts at each reserve, then shape keys

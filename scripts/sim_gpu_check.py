@@ -105,7 +105,9 @@ def measure(args) -> None:
         w = OmegaConf.structured(StrataConfig).workload
         w.kind, w.requests, w.prompt_tokens, w.max_tokens = "synthetic", c["requests"], c["prompt"], c["out"]
         w.seed = seed
+        t_init = time.perf_counter()
         eng = Engine(loaded, ecfg, dev, log=lambda s: None, trace_path=where / "trace.jsonl")
+        t_init = time.perf_counter() - t_init
         try:
             reqs = load_workload(w, loaded.tokenizer, loaded.args.vocab_size)
             for r in reqs:  # the simulator runs every request to max_tokens
@@ -117,7 +119,8 @@ def measure(args) -> None:
             eng.close()
         m["device"], m["mode"] = str(dev), "batch_mtp" if eng.batch_mtp else "batch"
         (where / "metrics.json").write_text(json.dumps(m, indent=2) + "\n")
-        print(f"{c['name']}: {m['output_tokens'] / wall:.0f} tok/s ({wall:.2f} s)", flush=True)
+        print(f"{c['name']}: {m['output_tokens'] / wall:.0f} tok/s ({wall:.2f} s; engine start and "
+              f"warm-up {t_init:.1f} s)", flush=True)
         return m
 
     # Compile and warm every shape once, outside anything measured.
