@@ -15,6 +15,14 @@ A draft after the first rejected one is never judged: the models draw nothing fo
   4-row windows carry, are drafted from drafts and accepted less often). Output position
   matters: acceptance drifts as a generation goes on (a small model falls into repetition its
   drafter predicts well, so its acceptance climbs with the output length).
+- `ChainAcceptance`: the text itself as a chain over output positions: position p is
+  "draftable" (the drafter's one-step guess for it is right) with a probability that depends
+  on whether position p-1 was, and on p's bucket. Windows judge a draft at some positions and
+  skip others (a 2-row group that accepts jumps two positions; a lone 4-row window judges up to
+  three in a row), so which positions get judged depends on the window shape; a model over
+  judged drafts alone (position, markov) cannot tell a lone window's first drafts, which mostly
+  follow a miss, from a grouped window's. Deeper drafts need their position draftable and pass
+  a depth factor (a draft chained on a draft is guessed less well).
 - `RecordedAcceptance`: the engine's own per-commit `accepted`, for replay.
 
 Random models draw from one stream per request (same seed, same request: same outcomes, however
@@ -23,8 +31,9 @@ the scheduler interleaves requests).
 
 from __future__ import annotations
 
+import math
 from collections import defaultdict, deque
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Iterable, Optional
 
 from .streams import RandomStreams
@@ -124,6 +133,70 @@ class MarkovAcceptance(AcceptanceModel):
         return a
 
 
+class ChainAcceptance(AcceptanceModel):
+    """Per request a chain of draftable bits over output positions, drawn lazily in order
+    (positions a window skips are drawn too, so the chain does not depend on the windows).
+    P(draftable at p) = after_hit[b] if p-1 was draftable else after_miss[b], b = p's bucket of
+    `tokens` positions (the last rate holds past the end); `first` for a request's first
+    position. Draft j of a group at position p + j is accepted iff p + j is draftable and, for
+    j >= 1, a draw passes depth_factors[j] (the last factor holds deeper)."""
+
+    def __init__(self, after_miss: list[float], after_hit: list[float], first: float, tokens: int,
+                 streams: RandomStreams, depth_factors: Optional[list[float]] = None):
+        for name, rates in (("after_miss", after_miss), ("after_hit", after_hit)):
+            if not rates or any(not 0.0 <= r <= 1.0 for r in rates):
+                raise ValueError(f"chain acceptance {name} rates must be a non-empty list in "
+                                 f"[0, 1], got {rates}")
+        if len(after_miss) != len(after_hit):
+            raise ValueError("chain acceptance after_miss and after_hit need one rate per bucket each")
+        if not 0.0 <= first <= 1.0:
+            raise ValueError(f"chain acceptance first must be in [0, 1], got {first}")
+        if tokens < 1:
+            raise ValueError(f"chain acceptance bucket must be >= 1 tokens, got {tokens}")
+        factors = [float(f) for f in (depth_factors or [1.0])]
+        if any(f < 0 for f in factors):
+            raise ValueError(f"chain acceptance depth factors must be >= 0, got {factors}")
+        self.after_miss = [float(r) for r in after_miss]
+        self.after_hit = [float(r) for r in after_hit]
+        self.first = float(first)
+        self.tokens = int(tokens)
+        self.depth_factors = factors
+        self._gens = _PerRequestStreams(streams, "acceptance")
+        #: request index -> (last position drawn, its bit)
+        self._chain: dict[int, tuple[int, bool]] = {}
+
+    def _draftable(self, idx: int, gen, position: int) -> bool:
+        last = self._chain.get(idx)
+        if last is not None and position <= last[0]:
+            raise ValueError(f"chain acceptance: position {position} of request {idx} asked after "
+                             f"{last[0]} (positions only move forward)")
+        p, bit = (position - 1, False) if last is None else last
+        while p < position:
+            p += 1
+            if last is None and p == position:
+                rate = self.first
+            else:
+                b = min(max(p, 0) // self.tokens, len(self.after_hit) - 1)
+                rate = self.after_hit[b] if bit else self.after_miss[b]
+            bit = bool(gen.random() < rate)
+        self._chain[idx] = (position, bit)
+        return bit
+
+    def accepted(self, req: Any, drafted: int, position: int = 0) -> int:
+        gen = self._gens.gen(req.index)
+        a = 0
+        while a < drafted:
+            ok = self._draftable(req.index, gen, position + a)
+            if ok and a > 0:
+                ok = bool(gen.random() < self.depth_factors[min(a, len(self.depth_factors) - 1)])
+            if not ok:
+                # The draft was wrong, but the position holds the verified token: the chain
+                # goes on from it as drawn.
+                break
+            a += 1
+        return a
+
+
 class RecordedAcceptance(AcceptanceModel):
     """Replays recorded `accepted` values, in order, per request id.
 
@@ -161,6 +234,12 @@ class AcceptanceFit:
     #: Factor of each draft depth in a group (first draft: 1), and judged drafts per depth.
     depth_factors: tuple[float, ...] = ()
     depth_judged: tuple[int, ...] = ()
+    #: Chain model (ChainAcceptance): per bucket, P(draftable) after a miss and after a hit,
+    #: the depth factors against after_hit, and the judged drafts behind each.
+    chain_after_miss: tuple[float, ...] = ()
+    chain_after_hit: tuple[float, ...] = ()
+    chain_depth_factors: tuple[float, ...] = ()
+    chain_judged: dict[str, list[int]] = field(default_factory=dict)
 
     def as_dict(self) -> dict[str, Any]:
         d = {"rate": self.rate,
@@ -174,6 +253,11 @@ class AcceptanceFit:
                              "judged": list(self.position_judged),
                              "depth_factor": list(self.depth_factors),
                              "depth_judged": list(self.depth_judged)}
+        if self.chain_after_miss:
+            d["chain"] = {"tokens": self.position_tokens, "after_miss": list(self.chain_after_miss),
+                          "after_hit": list(self.chain_after_hit), "first": self.p_accept_first,
+                          "depth_factor": list(self.chain_depth_factors),
+                          "judged": self.chain_judged}
         return d
 
 
@@ -227,6 +311,7 @@ def fit_acceptance(commits: Iterable[dict[str, Any]], default_rate: float = 0.0)
     pos_judged: list[int] = []
     pos_accepted: list[int] = []
     deep: list[tuple[int, int, bool]] = []  # (depth >= 1, position, accepted) of deeper drafts
+    walks: dict[Any, list[tuple[int, int, bool]]] = defaultdict(list)  # (position, depth, ok)
     n_commits = drafted_total = accepted_total = 0
     for c in commits:
         k, a = int(c["drafted"]), int(c["accepted"])
@@ -241,6 +326,7 @@ def fit_acceptance(commits: Iterable[dict[str, Any]], default_rate: float = 0.0)
         seq.extend([True] * a)
         if a < k:
             seq.append(False)
+        walks[c["req"]].extend((before + j, j, j < a) for j in range(min(a + 1, k)))
         # The first draft of each group gives the position rates; deeper judged drafts (at
         # positions before + j) give the depth factors against those rates.
         b = before // POSITION_TOKENS
@@ -272,6 +358,7 @@ def fit_acceptance(commits: Iterable[dict[str, Any]], default_rate: float = 0.0)
         d_judged[j - 1] += 1
         d_hits[j - 1] += ok
         d_expected[j - 1] += pos_rates[min(p // POSITION_TOKENS, len(pos_rates) - 1)]
+    chain = _fit_chain(walks, rate, pos_rates)
     return AcceptanceFit(rate=rate,
                          p_accept_after_accept=_ratio(aa, aa + ar, rate),
                          p_accept_after_reject=_ratio(ra, ra + rr, rate),
@@ -282,7 +369,51 @@ def fit_acceptance(commits: Iterable[dict[str, Any]], default_rate: float = 0.0)
                          position_rates=tuple(pos_rates),
                          position_judged=tuple(pos_judged),
                          depth_factors=tuple([1.0] + _pooled(d_judged, d_hits, d_expected, 1.0)),
-                         depth_judged=tuple([sum(pos_judged)] + d_judged))
+                         depth_judged=tuple([sum(pos_judged)] + d_judged),
+                         **chain)
+
+
+def _fit_chain(walks: dict[Any, list[tuple[int, int, bool]]], rate: float,
+               pos_rates: list[float]) -> dict[str, Any]:
+    """ChainAcceptance's parameters from each request's judged drafts in order.
+
+    after_miss: a first draft judged right after a first draft that missed (the previous
+    position is known undraftable). after_hit cannot be seen directly (a group that accepts
+    skips a position), but a first draft judged two positions after an accepted one is:
+    q = h^2 + (1 - h) m, solved for h. Depth factors: deeper drafts against h, since their
+    previous position was accepted. Buckets pool as the position model's do."""
+    nb = len(pos_rates)
+    miss_n, miss_hit = [0] * nb, [0] * nb
+    lag_n, lag_hit = [0] * nb, [0] * nb
+    deeper: list[tuple[int, int, bool]] = []
+    for seq in walks.values():
+        for (p0, j0, ok0), (p, j, ok) in zip(seq, seq[1:]):
+            b = min(p // POSITION_TOKENS, nb - 1)
+            if j > 0:
+                deeper.append((j, b, ok))
+            elif j0 == 0 and not ok0 and p == p0 + 1:
+                miss_n[b] += 1
+                miss_hit[b] += ok
+            elif j0 == 0 and ok0 and p == p0 + 2:
+                lag_n[b] += 1
+                lag_hit[b] += ok
+    if not sum(miss_n) or not sum(lag_n):
+        return {}  # windows of one shape only: nothing tells the two states apart
+    miss = _pooled(miss_n, miss_hit, miss_n, rate)
+    lag = _pooled(lag_n, lag_hit, lag_n, rate)
+    hit = []
+    for m, q in zip(miss, lag):
+        disc = m * m - 4.0 * (m - q)
+        hit.append(min(1.0, max(0.0, (m + math.sqrt(max(0.0, disc))) / 2.0)))
+    depths = max((j for j, _, _ in deeper), default=0)
+    d_n, d_hits, d_exp = [0] * depths, [0.0] * depths, [0.0] * depths
+    for j, b, ok in deeper:
+        d_n[j - 1] += 1
+        d_hits[j - 1] += ok
+        d_exp[j - 1] += hit[b]
+    return {"chain_after_miss": tuple(miss), "chain_after_hit": tuple(hit),
+            "chain_depth_factors": tuple([1.0] + _pooled(d_n, d_hits, d_exp, 1.0)),
+            "chain_judged": {"after_miss": miss_n, "two_after_hit": lag_n, "deeper": d_n}}
 
 
 def build_acceptance(cfg: Any, streams: RandomStreams,
@@ -306,10 +437,19 @@ def build_acceptance(cfg: Any, streams: RandomStreams,
             pos_rates = list(profile_fit["position"]["rate"])
             pos_tokens = int(profile_fit["position"]["tokens"])
             depth_factors = list(profile_fit["position"].get("depth_factor") or [1.0])
+    if cfg.model == "chain":
+        chain = (profile_fit or {}).get("chain") if cfg.from_profile else None
+        if chain is None:
+            raise ValueError("acceptance.model=chain needs acceptance.from_profile=true and a "
+                             "profile whose `acceptance` has a `chain` section (fitted from "
+                             "traces with grouped windows; refit with sim/profile.py)")
+        return ChainAcceptance(list(chain["after_miss"]), list(chain["after_hit"]),
+                               float(chain["first"]), int(chain["tokens"]), streams,
+                               list(chain.get("depth_factor") or [1.0]))
     if cfg.model == "fixed":
         return FixedRateAcceptance(rate, streams)
     if cfg.model == "position":
         return PositionAcceptance(pos_rates or [rate], pos_tokens, streams, depth_factors)
     if cfg.model == "markov":
         return MarkovAcceptance(p_aa, p_ar, p_first, streams)
-    raise ValueError(f"acceptance.model must be fixed or markov, got {cfg.model!r}")
+    raise ValueError(f"acceptance.model must be fixed, markov, position or chain, got {cfg.model!r}")

@@ -28,7 +28,7 @@ ENGINE_MODES = ("solo", "batch")
 GRAPH_KEYS = ("shape", "layout")
 GRAPH_POLICIES = ("counted", "upstream")
 WORKLOAD_KINDS = ("poisson", "burst", "cohort", "stagger")
-ACCEPTANCE_MODELS = ("fixed", "markov", "position")
+ACCEPTANCE_MODELS = ("fixed", "markov", "position", "chain")
 
 
 @dataclass

@@ -6,6 +6,11 @@ Schema (JSON; docs/SIMULATOR.md has the full description):
       "schema": "strata-sim-cost-profile/1",
       "source": {...},                         free-form: device, commit, traces fitted
       "host_overhead_s": 0.0003,               host time of every iteration (idle ones too)
+      "host": {"per_commit_s": 2.9e-05,        optional: host time that grows with the work:
+               "per_admit_s": 0.00027,           each commit of the previous iteration (emit,
+               "after_prefill_s": 6e-05},        stop checks), each request bound to a slot in
+                                               this one, after a prompt-chunk iteration;
+                                               host_overhead_s is then the fixed part
       "prefill": {"tokens": [t0, t1, ...],     ascending chunk sizes (padded to the engine's
                                                prefill_buckets when the traces listed them)
                   "s":      [s0, s1, ...],     seconds of one prefill chunk of that size
@@ -91,8 +96,22 @@ class CostProfile:
     #: Optional decode by window shape "NxG": action -> [tier index][shape index] seconds.
     decode_shapes: Optional[list[str]] = None
     decode_shape_s: Optional[dict[str, list[list[float]]]] = None
+    #: Optional host time that grows with the work (seconds): per commit of the previous
+    #: iteration, per request admitted in this one, and after an iteration that ran a prompt
+    #: chunk. Absent (all 0): every iteration's host time is host_overhead_s.
+    host_per_commit_s: float = 0.0
+    host_per_admit_s: float = 0.0
+    host_after_prefill_s: float = 0.0
 
     # --- queries -------------------------------------------------------------------------
+
+    def host_time(self, prev_commits: int = 0, admitted: int = 0, after_prefill: bool = False) -> float:
+        """Host seconds of an iteration: the fixed part, the previous iteration's commits
+        (emitting their tokens), this iteration's admissions (binding a lane) and, after a
+        prompt chunk, its first-token bookkeeping."""
+        return (self.host_overhead_s + self.host_per_commit_s * prev_commits
+                + self.host_per_admit_s * admitted
+                + (self.host_after_prefill_s if after_prefill else 0.0))
 
     def prefill_time(self, tokens: int, tier: Optional[int] = None) -> float:
         """Seconds of a prompt chunk of `tokens` (already padded to its bucket) whose attention
@@ -145,6 +164,10 @@ class CostProfile:
             d["prefill"].update(tiers=self.prefill_tiers, table=self.prefill_table)
         if self.decode_shapes is not None:
             d["decode"].update(shapes=self.decode_shapes, shape_s=self.decode_shape_s)
+        if self.host_per_commit_s or self.host_per_admit_s or self.host_after_prefill_s:
+            d["host"] = {"per_commit_s": self.host_per_commit_s,
+                         "per_admit_s": self.host_per_admit_s,
+                         "after_prefill_s": self.host_after_prefill_s}
         if self.acceptance is not None:
             d["acceptance"] = self.acceptance
         return d
@@ -175,6 +198,10 @@ class CostProfile:
             if "table" in pre:
                 prof.prefill_tiers = [float(x) for x in pre["tiers"]]
                 prof.prefill_table = [[float(x) for x in row] for row in pre["table"]]
+            host_parts = d.get("host") or {}
+            prof.host_per_commit_s = float(host_parts.get("per_commit_s", 0.0))
+            prof.host_per_admit_s = float(host_parts.get("per_admit_s", 0.0))
+            prof.host_after_prefill_s = float(host_parts.get("after_prefill_s", 0.0))
             if "shapes" in dec:
                 prof.decode_shapes = [str(x) for x in dec["shapes"]]
                 prof.decode_shape_s = {a: [[float(x) for x in row] for row in dec["shape_s"][a]]
@@ -191,8 +218,12 @@ class CostProfile:
             if not xs or any(x <= 0 for x in xs) or any(b <= a for a, b in zip(xs, xs[1:])):
                 raise bad(f"{name} must be ascending positive numbers, got {xs}")
 
-        if self.host_overhead_s < 0:
-            raise bad(f"host_overhead_s must be >= 0, got {self.host_overhead_s}")
+        for name, v in (("host_overhead_s", self.host_overhead_s),
+                        ("host.per_commit_s", self.host_per_commit_s),
+                        ("host.per_admit_s", self.host_per_admit_s),
+                        ("host.after_prefill_s", self.host_after_prefill_s)):
+            if v < 0:
+                raise bad(f"{name} must be >= 0, got {v}")
         ascending_positive("prefill.tokens", self.prefill_tokens)
         ascending_positive("decode.rows", self.decode_rows)
         ascending_positive("decode.tiers", self.decode_tiers)

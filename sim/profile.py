@@ -114,17 +114,71 @@ def _fill_grid(known: dict[tuple[float, Any], float], tiers: list[float],
     return out
 
 
-def _host_overhead_samples(events: list[dict[str, Any]]) -> list[float]:
-    device: dict[int, tuple[float, float]] = {}  # step -> (t, dur) of its device event
+def _host_samples(events: list[dict[str, Any]]) -> list[tuple[int, int, bool, float]]:
+    """(commits of the previous iteration, admissions of this one, previous one ran a prompt
+    chunk, host seconds before this iteration's device work) per iteration with device work.
+    The host seconds run from the end of the previous iteration's device work, or for a
+    trace's first one, from the first event of its iteration (the arrivals)."""
+    steps: dict[int, dict[str, Any]] = {}
     for e in events:
-        if e["ev"] in ("window", "prefill") and "dur" in e and e["step"] not in device:
-            device[e["step"]] = (float(e["t"]), float(e["dur"]))
-    out = []
-    for step, (t, _) in device.items():
-        nxt = device.get(step + 1)
-        if nxt is not None:
-            out.append(max(0.0, nxt[0] - t - nxt[1]))
+        if e["ev"] in ("config", "warmup"):
+            continue
+        st = steps.setdefault(e["step"], {"first_t": float(e["t"]), "dev": None, "kind": None,
+                                          "commits": 0, "admits": 0})
+        if e["ev"] in ("window", "prefill") and "dur" in e and st["dev"] is None:
+            st["dev"], st["kind"] = (float(e["t"]), float(e["dur"])), e["ev"]
+        elif e["ev"] == "commit":
+            st["commits"] += 1
+        elif e["ev"] == "admit":
+            st["admits"] += 1
+    out: list[tuple[int, int, bool, float]] = []
+    last: Optional[int] = None  # the latest step with device work
+    for step in sorted(steps):
+        st = steps[step]
+        if st["dev"] is None:
+            continue
+        start = st["dev"][0] - st["dev"][1]
+        if last is None:  # the trace's first device iteration: from its arrivals
+            out.append((0, st["admits"], False, max(0.0, start - st["first_t"])))
+        elif last == step - 1:  # idle iterations between would add their own waits
+            p_st = steps[last]
+            out.append((p_st["commits"], st["admits"], p_st["kind"] == "prefill",
+                        max(0.0, start - p_st["dev"][0])))
+        last = step
     return out
+
+
+def fit_host(samples: list[tuple[int, int, bool, float]]) -> tuple[float, float, float, float]:
+    """(fixed, per commit, per admission, after a prompt chunk) host seconds: least squares
+    over the medians of each (commits, admissions, after-chunk) cell, weighted by how many
+    iterations each holds (medians: a garbage collection or a page fault is not host time
+    of the engine's iteration). A part that comes out negative is left out and the rest
+    refitted; with too few distinct cells it is the median of all samples, fixed."""
+    import numpy as np
+
+    if not samples:
+        return 0.0, 0.0, 0.0, 0.0
+    cells: dict[tuple[int, int, bool], list[float]] = defaultdict(list)
+    for c, a, p, gap in samples:
+        cells[(c, a, p)].append(gap)
+    keys = sorted(cells)
+    x = np.array([[1.0, c, a, float(p)] for c, a, p in keys])
+    y = np.array([_median(cells[k]) for k in keys])
+    w = np.sqrt(np.array([len(cells[k]) for k in keys], dtype=float))
+    use = [0, 1, 2, 3]
+    while True:
+        cols = [i for i in use if np.any(x[:, i] != x[0, i]) or i == 0]
+        if len(keys) < len(cols) + 1:
+            return _median([g for *_, g in samples]), 0.0, 0.0, 0.0
+        coef, *_ = np.linalg.lstsq(x[:, cols] * w[:, None], y * w, rcond=None)
+        neg = [i for i, v in zip(cols, coef) if v < 0 and i != 0]
+        if not neg:
+            break
+        use = [i for i in use if i not in neg]
+    full = [0.0] * 4
+    for i, v in zip(cols, coef):
+        full[i] = max(0.0, float(v))
+    return full[0], full[1], full[2], full[3]
 
 
 def _fill_rows(known: dict[float, float], rows: list[float]) -> list[Optional[float]]:
@@ -225,7 +279,7 @@ def fit_profile(traces: Iterable[list[dict[str, Any]]],
     prefill: dict[float, list[float]] = defaultdict(list)
     prefill_tiered: dict[tuple[float, float], list[float]] = defaultdict(list)
     all_tiered = True
-    host: list[float] = []
+    host: list[tuple[int, int, bool, float]] = []
     commits: list[dict[str, Any]] = []
     n_traces = 0
     for n, events in enumerate(traces):
@@ -247,7 +301,7 @@ def fit_profile(traces: Iterable[list[dict[str, Any]]],
             elif e["ev"] == "commit":
                 # The Markov chain is per request: keep requests of different traces apart.
                 commits.append({**e, "req": (n, e["req"])})
-        host.extend(_host_overhead_samples(events))
+        host.extend(_host_samples(events))
     if not any(decode.values()):
         raise FitError("no window event with `dur` and `ctx` in the traces: nothing to fit")
     if not prefill:
@@ -283,6 +337,7 @@ def fit_profile(traces: Iterable[list[dict[str, Any]]],
         pre_cells = {k: _cell(v) for k, v in prefill_tiered.items()}
         pre_table = _fill_grid(pre_cells, pre_tiers, tokens)
     acc = fit_acceptance(commits)
+    h_fixed, h_commit, h_admit, h_prefill = fit_host(host)
     src = {**(source or {}), "kind": "fitted", "traces": n_traces,
            "counts": counts, "shape_counts": shape_counts,
            "prefill_counts": [len(prefill[t]) for t in tokens],
@@ -291,7 +346,8 @@ def fit_profile(traces: Iterable[list[dict[str, Any]]],
         src["prefill_table_counts"] = [[len(prefill_tiered.get((t, b), ())) for b in tokens]
                                        for t in pre_tiers]
     return CostProfile(
-        host_overhead_s=_median(host) if host else 0.0,
+        host_overhead_s=h_fixed, host_per_commit_s=h_commit, host_per_admit_s=h_admit,
+        host_after_prefill_s=h_prefill,
         prefill_tokens=tokens, prefill_s=[_cell(prefill[t]) for t in tokens],
         decode_rows=rows, decode_tiers=tiers, decode_s=tables,
         acceptance=acc.as_dict() if acc.judged else None, source=src,

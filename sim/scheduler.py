@@ -113,6 +113,11 @@ class SimEngine:
         self._mixed_iterations = 0
         self._mixed_decodes = 0
         self._warned_eager = False
+        #: What this iteration's host time depends on (CostProfile.host_time): the previous
+        #: iteration's commits and whether it ran a prompt chunk, this one's admissions.
+        self._prev_commits = 0
+        self._prev_prefill = False
+        self._admitted = 0
         self.drafting = bool(knobs.drafting) and knobs.spec >= 2
         self.process = env.process(self.run())
 
@@ -138,7 +143,7 @@ class SimEngine:
             self.records[req.id].arrive_s = self.env.now
             self.trace.emit("arrive", req=req.id, prompt_tokens=req.prompt_tokens,
                             max_tokens=req.max_tokens, filtered=req.filtered)
-        self._admit()
+        self._admitted = self._admit()
         prefilling = [s for s in self.slots.values() if not s.decoding]
         kind = self._iteration_kind(bool(prefilling), len(self.ring) > 0)
         if kind == "decode":
@@ -164,8 +169,16 @@ class SimEngine:
             return "prefill"
         return "idle"
 
-    def _admit(self) -> None:
+    def _host(self) -> float:
+        """This iteration's host seconds; resets what the next iteration's depend on."""
+        t = self.costs.host_time(self._prev_commits, self._admitted, self._prev_prefill)
+        self._prev_commits, self._prev_prefill, self._admitted = 0, False, 0
+        return t
+
+    def _admit(self) -> int:
+        n = 0
         while self.queue and self.free:
+            n += 1
             req = self.queue.popleft()
             slot = min(self.free)
             self.free.remove(slot)
@@ -173,13 +186,14 @@ class SimEngine:
             self._admissions += 1
             self.records[req.id].admit_s = self.env.now
             self.trace.emit("admit", req=req.id, slot=slot)
+        return n
 
     def _idle(self):
         self.stats.idle += 1
         if self.arrivals.waits_on_time:
             yield self.arrivals.wakeup()
         else:
-            yield self.env.timeout(self.costs.host_overhead_s)
+            yield self.env.timeout(self._host())
 
     # --- prefill ---------------------------------------------------------------------------
 
@@ -194,7 +208,8 @@ class SimEngine:
         # the padded chunk.
         tier = context_tier(st.prompt_done + padded, k.context_tier_min, k.max_context)
         dur = self.costs.prefill_time(padded, tier)
-        yield self.env.timeout(self.costs.host_overhead_s + dur)
+        yield self.env.timeout(self._host() + dur)
+        self._prev_prefill = True
         st.prompt_done += tokens
         rec = self.records[st.req.id]
         rec.prefill_device_s += dur
@@ -272,7 +287,8 @@ class SimEngine:
             return
         dur = self.costs.decode_time(len(layout), tier, decision.action,
                                      self._window_shape(groups))
-        yield self.env.timeout(self.costs.host_overhead_s + dur)
+        yield self.env.timeout(self._host() + dur)
+        self._prev_commits = len(groups)
 
         for ev_key, reason in decision.evictions:
             self.stats.graph["evict"] += 1
@@ -358,7 +374,7 @@ class SimEngine:
 
     def _fault(self, touched: list[SlotState]):
         """An engine fault in this iteration's device work fails the requests it touched."""
-        yield self.env.timeout(self.costs.host_overhead_s)
+        yield self.env.timeout(self._host())
         for st in touched:
             self._finish(st, "error")
             self._release(st)

@@ -1,0 +1,142 @@
+"""The cost profile's host-time parts and the chain acceptance model: the simulator charges
+them, and a fit of its own traces gives them back."""
+
+from __future__ import annotations
+
+import pytest
+from hydra import compose, initialize_config_dir
+
+from sim.acceptance import ChainAcceptance
+from sim.config import NOMINAL_PROFILE, SIM_CONF_DIR, register_configs
+from sim.costs import CostProfile
+from sim.predict import run_predict
+from sim.profile import _host_samples, fit_profile
+from sim.streams import RandomStreams
+
+register_configs()
+
+
+def cfg_of(*overrides):
+    with initialize_config_dir(config_dir=SIM_CONF_DIR, version_base="1.3"):
+        return compose(config_name="config", overrides=list(overrides))
+
+
+class Req:
+    def __init__(self, index: int = 0):
+        self.index = index
+
+
+def host_profile() -> CostProfile:
+    prof = CostProfile.load(NOMINAL_PROFILE)
+    prof.host_overhead_s = 50e-6
+    prof.host_per_commit_s = 20e-6
+    prof.host_per_admit_s = 150e-6
+    prof.host_after_prefill_s = 40e-6
+    return prof
+
+
+def test_host_time_adds_commits_admissions_and_prompt_chunks():
+    prof = host_profile()
+    assert prof.host_time() == pytest.approx(50e-6)
+    assert prof.host_time(prev_commits=4, admitted=2, after_prefill=True) == pytest.approx(
+        50e-6 + 4 * 20e-6 + 2 * 150e-6 + 40e-6)
+    back = CostProfile.from_dict(prof.to_dict())
+    assert (back.host_per_commit_s, back.host_per_admit_s, back.host_after_prefill_s) == (
+        20e-6, 150e-6, 40e-6)
+    bad = prof.to_dict()
+    bad["host"]["per_admit_s"] = -1.0
+    with pytest.raises(ValueError, match="host.per_admit_s must be >= 0"):
+        CostProfile.from_dict(bad)
+
+
+def test_fit_gives_back_the_host_parts(tmp_path):
+    prof = host_profile()
+    traces = []
+    for i, slots in enumerate((1, 4, 8)):
+        run = run_predict(cfg_of("workload=cohort", "workload.requests=12",
+                                 "workload.prompt_tokens=300", "workload.max_tokens=30",
+                                 f"engine.slots={slots}", "acceptance=markov", f"seed={i}"),
+                          tmp_path / str(i), profile=prof).run
+        traces.append(run.events)
+    # The first iteration's host time runs from the arrivals: it binds the admitted slots.
+    first = _host_samples(traces[2])[0]
+    assert first[:3] == (0, 8, False)
+    assert first[3] == pytest.approx(50e-6 + 8 * 150e-6, abs=2e-6)
+    fit = fit_profile(traces)
+    assert fit.host_overhead_s == pytest.approx(50e-6, abs=2e-6)
+    assert fit.host_per_commit_s == pytest.approx(20e-6, abs=1e-6)
+    assert fit.host_per_admit_s == pytest.approx(150e-6, abs=2e-6)
+    assert fit.host_after_prefill_s == pytest.approx(40e-6, abs=2e-6)
+
+
+def test_a_profile_without_host_parts_charges_a_fixed_host_time(tmp_path):
+    run = run_predict(cfg_of("workload=cohort", "workload.requests=4", "workload.max_tokens=20",
+                             "engine.slots=4"), tmp_path).run
+    prof = CostProfile.load(NOMINAL_PROFILE)
+    gaps = [gap for *_, gap in _host_samples(run.events)]
+    assert gaps and all(g == pytest.approx(prof.host_overhead_s, abs=2e-6) for g in gaps)
+
+
+def test_chain_model_draws_the_text_not_the_windows():
+    # Every position draftable after the first: every draft accepted, in any window shape.
+    always = ChainAcceptance([1.0], [1.0], 1.0, 16, RandomStreams(0))
+    assert always.accepted(Req(), 3, position=1) == 3
+    assert always.accepted(Req(), 1, position=5) == 1
+    # Never draftable.
+    never = ChainAcceptance([0.0], [0.0], 0.0, 16, RandomStreams(0))
+    assert never.accepted(Req(), 3, position=1) == 0
+    # Draftable only after a draftable position, and the first one is: runs forever.
+    sticky = ChainAcceptance([0.0], [1.0], 1.0, 16, RandomStreams(0))
+    assert sticky.accepted(Req(), 3, position=1) == 3 and sticky.accepted(Req(), 1, position=9) == 1
+    with pytest.raises(ValueError, match="only move forward"):
+        sticky.accepted(Req(), 1, position=2)
+    # A deeper draft needs its depth factor too.
+    shallow = ChainAcceptance([1.0], [1.0], 1.0, 16, RandomStreams(0), depth_factors=[1.0, 0.0])
+    assert shallow.accepted(Req(), 3, position=1) == 1
+    # Same seed, same outcomes; requests draw from their own streams.
+    def draws(seed):
+        m = ChainAcceptance([0.3], [0.8], 0.5, 16, RandomStreams(seed), [1.0, 0.7])
+        return [m.accepted(Req(i % 3), 3, position=1 + 4 * (i // 3)) for i in range(60)]
+    assert draws(1) == draws(1) and draws(1) != draws(2)
+    with pytest.raises(ValueError, match="one rate per bucket"):
+        ChainAcceptance([0.3, 0.4], [0.8], 0.5, 16, RandomStreams(0))
+
+
+def test_fit_gives_back_the_chain_from_grouped_and_lone_windows(tmp_path):
+    truth = CostProfile.load(NOMINAL_PROFILE)
+    truth.acceptance = {"rate": 0.7, "markov": {"p_accept_after_accept": 0.7,
+                                                "p_accept_after_reject": 0.7,
+                                                "p_accept_first": 0.7},
+                        "chain": {"tokens": 16, "after_miss": [0.3], "after_hit": [0.85],
+                                  "first": 0.5, "depth_factor": [1.0, 0.8]}}
+    traces = []
+    # Grouped windows (2-row groups) tell after_miss from after_hit; lone windows (one slot,
+    # 4 rows) give the depth factors.
+    for i, slots in enumerate((4, 1)):
+        run = run_predict(cfg_of("workload=cohort", "workload.requests=40",
+                                 "workload.prompt_tokens=64", "workload.max_tokens=200",
+                                 f"engine.slots={slots}", "acceptance=chain", f"seed={i}"),
+                          tmp_path / str(i), profile=truth).run
+        traces.append(run.events)
+    chain = fit_profile(traces).acceptance["chain"]
+
+    def mean(rates, judged):  # over the buckets (each bucket's rate is noisy on its own)
+        return sum(r * n for r, n in zip(rates, judged)) / sum(judged)
+    assert mean(chain["after_miss"], chain["judged"]["after_miss"]) == pytest.approx(0.3, abs=0.03)
+    assert mean(chain["after_hit"], chain["judged"]["two_after_hit"]) == pytest.approx(0.85, abs=0.03)
+    assert chain["depth_factor"][1] == pytest.approx(0.8, abs=0.08)
+
+
+def test_chain_needs_a_fitted_chain():
+    small = ("workload.requests=2", "workload.max_tokens=8", "acceptance=chain")
+    with pytest.raises(ValueError, match="no `acceptance` section"):
+        run_predict(cfg_of(*small))
+    prof = CostProfile.load(NOMINAL_PROFILE)
+    prof.acceptance = {"rate": 0.5, "markov": {"p_accept_after_accept": 0.5,
+                                               "p_accept_after_reject": 0.5, "p_accept_first": 0.5}}
+    with pytest.raises(ValueError, match="acceptance.model=chain needs"):
+        run_predict(cfg_of(*small), profile=prof)
+    # Traces of one window shape only cannot tell the two states apart: no chain section.
+    run = run_predict(cfg_of("workload.requests=4", "workload.max_tokens=40", "engine.mode=solo",
+                             "acceptance=markov")).run
+    assert "chain" not in fit_profile([run.events]).acceptance
