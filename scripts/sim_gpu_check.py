@@ -33,8 +33,10 @@ def cells(args) -> tuple[list[dict], list[dict]]:
         # A short prompt decoding far (tiers 256-512, positions to 160) and a long one crossing
         # into tier 1024 (its prompt chunks: 256 at tier 256, then 256 at tier 512).
         for prompt, out in ((100, 160), (480, 64)):
+            # One slot decodes in lone windows, whose acceptance has only these prompts to
+            # come from: a few more of them than 2 x slots.
             prof.append(dict(name=f"p_s{slots}_p{prompt}_o{out}", slots=slots, graphs=True,
-                             requests=2 * slots, prompt=prompt, out=out))
+                             requests=max(2 * slots, 6), prompt=prompt, out=out))
     # Prompt-chunk shapes the cells above miss (64 at tier 256; 128 at tier 512), cheaply.
     for prompt in (40, 352):
         prof.append(dict(name=f"p_s8_p{prompt}_o16", slots=8, graphs=True, requests=4,
@@ -45,8 +47,11 @@ def cells(args) -> tuple[list[dict], list[dict]]:
     held = []
     for prompt, out in ((128, 96), (384, 160)):
         for n in (1, 2, 4, 8):
+            # Acceptance varies several-fold from prompt to prompt: every cell's mean is over
+            # at least heldout_min_requests prompts (an N=1 cell: that many repeats).
+            reps = max(args.heldout_repeats, -(-args.heldout_min_requests // n))
             held.append(dict(name=f"h_n{n}_p{prompt}_o{out}", slots=args.heldout_slots, graphs=True,
-                             requests=n, prompt=prompt, out=out))
+                             requests=n, prompt=prompt, out=out, repeats=reps))
     return prof, held
 
 
@@ -129,7 +134,7 @@ def measure(args) -> None:
     # Held-out cells run `heldout_repeats` times on fresh prompts (seeds HELDOUT_SEED + r):
     # one request's acceptance decides an N=1 cell, so a single draw of prompts is not the
     # engine's figure for that cell, the mean over draws is.
-    reps = [dict(c, rep=r) for c in held for r in range(args.heldout_repeats)]
+    reps = [dict(c, rep=r) for c in held for r in range(c["repeats"])]
     # Each profile cell draws its own prompts (seeds 1, 2, ...): acceptance varies a lot from
     # prompt to prompt, and cells sharing one seed would fit it to the same few prompts (on
     # the H200 that fit came out 10-29% below the held-out acceptance).
@@ -176,11 +181,10 @@ def predict(args) -> None:
 
     out = Path(args.predict)
     man = json.loads((out / "manifest.json").read_text())
-    repeats = man.get("heldout_repeats", 1)
     rows = []
     for c in man["heldout_cells"]:
         per_rep = []
-        for r in range(repeats):
+        for r in range(c.get("repeats", man.get("heldout_repeats", 1))):
             cell = out / "heldout" / c["name"] / f"rep{r}"
             pred = out / "predict" / c["name"] / f"rep{r}"
             # Did the engine's warm-up capture the window graphs (CUDA, shape keys)? Its
@@ -192,7 +196,7 @@ def predict(args) -> None:
                    "workload=stagger", f"workload.requests={c['requests']}",
                    f"workload.prompt_tokens={c['prompt']}", f"workload.max_tokens={c['out']}",
                    f"engine.slots={c['slots']}", f"engine.max_context={args.max_context}",
-                   "acceptance=position", "acceptance.from_profile=true", f"seed={r}",
+                   f"acceptance={args.acceptance}", "acceptance.from_profile=true", f"seed={r}",
                    f"compare_with={cell / 'metrics.json'}", f"hydra.run.dir={pred}"]
             res = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
             if res.returncode != 0:
@@ -209,7 +213,8 @@ def predict(args) -> None:
             mean.append({"figure": fig["figure"], "engine": e, "sim": m, "error": err})
         rows.append((c, mean, per_rep))
     figs = [r["figure"] for r in rows[0][1]]
-    print(f"means over {repeats} repeats (fresh prompts each) per cell")
+    print("means over each cell's repeats (fresh prompts each; at least "
+          f"{min(len(p) * c['requests'] for c, _, p in rows)} prompts per cell)")
     print("| cell | engine tok/s | sim tok/s | " + " | ".join(f"{f} err" for f in figs) + " |")
     print("|---|---|---|" + "---|" * len(figs))
     for c, mean, _ in rows:
@@ -234,6 +239,10 @@ def main() -> None:
     # aggregate within 5% on every cell (docs/BENCHMARKS.md section 6).
     ap.add_argument("--heldout-repeats", type=int, default=6,
                     help="runs of each held-out cell on fresh prompts (the figure is their mean)")
+    ap.add_argument("--heldout-min-requests", type=int, default=24,
+                    help="more runs of a small-N cell until its runs hold this many prompts")
+    ap.add_argument("--acceptance", default="chain", choices=("chain", "position", "markov", "fixed"),
+                    help="the simulator's acceptance model, fitted from the profile cells")
     ap.add_argument("--predict", metavar="OUT", help="run the predictions for a measured OUT dir")
     a = ap.parse_args()
     if a.predict:
