@@ -1,7 +1,12 @@
 """Graph-cache soak: many distinct window layouts under a bounded cache and a VRAM reserve.
 
-Keeps 8-12 slots busy with staggered requests of random prompt and output lengths until the
+Keeps up to 12 slots busy with staggered requests of random prompt and output lengths until the
 engine has run --windows windows and seen --min-layouts distinct graph keys, once per reserve.
+Until --min-layouts keys are seen, the number of requests in flight changes every
+--churn-windows windows (1 to slots + 2), and some requests filter (top-k: the sorting sampler,
+another graph), so that windows keep taking new memberships and samplers (at a steady full
+load the rotation repeats a few dozen layouts, and the soak is about many); the rest of the
+windows run at full load.
 Reports crashes, failed requests, captures, evictions, MiB per graph and the device-memory curve
 (used MiB sampled every --sample windows; "flat" = its spread after the first eviction).
 
@@ -49,6 +54,7 @@ def soak(loaded, device, a, reserve: int, graph_key: str) -> dict:
     curve: list[tuple[int, float]] = []
     n_req = failed = crashes = 0
     first_evict_at = None
+    target, next_churn = a.slots + 2, a.churn_windows
     t0 = time.perf_counter()
     orig_emit = eng.trace.emit
 
@@ -64,12 +70,18 @@ def soak(loaded, device, a, reserve: int, graph_key: str) -> dict:
     while eng.windows < a.windows or (len(keys) < a.min_layouts and time.perf_counter() - t0 < a.max_seconds):
         if time.perf_counter() - t0 > a.max_seconds:
             break
+        if len(keys) >= a.min_layouts:
+            target = a.slots + 2  # enough layouts seen: the rest of the windows at full load
+        elif eng.windows >= next_churn:
+            target, next_churn = int(rng.integers(1, a.slots + 3)), eng.windows + a.churn_windows
         in_flight = sum(1 for rs in eng.requests.values() if not rs.finished)
-        while in_flight < a.slots + 2:  # keep the queue a little longer than the slots
+        while in_flight < target:
             plen = int(rng.integers(4, a.max_prompt))
+            temperature = float(rng.choice([0.0, 0.8]))
+            top_k = int(rng.choice([0, 20])) if temperature > 0 else 0
             eng.add_request(Request(f"s{n_req}", rng.integers(1, vocab, plen).tolist(),
                                     SamplingParams(max_tokens=int(rng.integers(2, a.max_tokens)),
-                                                   temperature=float(rng.choice([0.0, 0.8])),
+                                                   temperature=temperature, top_k=top_k,
                                                    seed=n_req, stop_at_eos=False),
                                     arrival_step=eng.steps + int(rng.integers(0, 3)), stream_text=False))
             n_req += 1
@@ -119,6 +131,8 @@ def main() -> None:
     ap.add_argument("--max-context", type=int, default=512)
     ap.add_argument("--tier-min", type=int, default=64)
     ap.add_argument("--max-prompt", type=int, default=48)
+    ap.add_argument("--churn-windows", type=int, default=40,
+                    help="windows between changes of the number of requests in flight")
     ap.add_argument("--max-tokens", type=int, default=40)
     ap.add_argument("--compile", default="auto", help="engine.compile (auto: on for CUDA)")
     ap.add_argument("--backend", default="auto", help="kernel backend (auto: the built kernels)")
