@@ -222,6 +222,18 @@ def _trace_config(events: list[dict[str, Any]]) -> dict[str, Any]:
     return {}
 
 
+def _graph_prefills(events: list[dict[str, Any]]) -> bool:
+    """Did this engine replay graphs for its prompt chunks? Only a CUDA engine (its trace has
+    no fixed `graph_mib`) with engine.graphs and engine.prefill_graphs on; eager chunks cost
+    several times more (a 64-token chunk on the H200: 13.5 ms eager, 1.2 ms as a graph)."""
+    for e in events:
+        if e["ev"] == "config":
+            eng, mem = e.get("engine") or {}, e.get("memory") or {}
+            return (mem.get("graph_mib", 0) is None and bool(eng.get("graphs"))
+                    and bool(eng.get("prefill_graphs", True)))
+    return False
+
+
 def _prefill_key(e: dict[str, Any], knobs: dict[str, Any]) -> tuple[float, Optional[float]]:
     """(padded tokens, attention tier or None) of a `prefill` event."""
     n = int(e["tokens"])
@@ -276,15 +288,20 @@ def fit_profile(traces: Iterable[list[dict[str, Any]]],
                                                                  for a in GRAPH_ACTIONS}
     shaped: dict[str, dict[tuple[float, str], list[float]]] = {a: defaultdict(list)
                                                                for a in GRAPH_ACTIONS}
-    prefill: dict[float, list[float]] = defaultdict(list)
-    prefill_tiered: dict[tuple[float, float], list[float]] = defaultdict(list)
-    all_tiered = True
+    # Prompt-chunk samples by how the engine ran them (graphs or eagerly): the profile's table
+    # comes from graph chunks when any trace has them, since graphs are what predictions run.
+    prefill_by: dict[bool, dict[float, list[float]]] = {True: defaultdict(list),
+                                                        False: defaultdict(list)}
+    tiered_by: dict[bool, dict[tuple[float, float], list[float]]] = {True: defaultdict(list),
+                                                                     False: defaultdict(list)}
+    untiered = {True: False, False: False}
     host: list[tuple[int, int, bool, float]] = []
     commits: list[dict[str, Any]] = []
     n_traces = 0
     for n, events in enumerate(traces):
         n_traces += 1
         knobs = _trace_config(events)
+        graph_chunks = _graph_prefills(events)
         for e in events:
             if e["ev"] == "window" and "dur" in e and "ctx" in e:
                 dur, tier = float(e["dur"]), float(e["ctx"])
@@ -293,17 +310,20 @@ def fit_profile(traces: Iterable[list[dict[str, Any]]],
                 shaped[e["graph"]][(tier, f"{g}x{r}")].append(dur)
             elif e["ev"] == "prefill" and "dur" in e:
                 tokens, tier = _prefill_key(e, knobs)
-                prefill[tokens].append(float(e["dur"]))
+                prefill_by[graph_chunks][tokens].append(float(e["dur"]))
                 if tier is None:
-                    all_tiered = False
+                    untiered[graph_chunks] = True
                 else:
-                    prefill_tiered[(tier, tokens)].append(float(e["dur"]))
+                    tiered_by[graph_chunks][(tier, tokens)].append(float(e["dur"]))
             elif e["ev"] == "commit":
                 # The Markov chain is per request: keep requests of different traces apart.
                 commits.append({**e, "req": (n, e["req"])})
         host.extend(_host_samples(events))
     if not any(decode.values()):
         raise FitError("no window event with `dur` and `ctx` in the traces: nothing to fit")
+    kind = bool(prefill_by[True])  # graph chunks if any trace ran them
+    prefill, prefill_tiered = prefill_by[kind], tiered_by[kind]
+    all_tiered = not untiered[kind]
     if not prefill:
         raise FitError("no prefill event with `dur` in the traces: nothing to fit")
 
@@ -341,6 +361,8 @@ def fit_profile(traces: Iterable[list[dict[str, Any]]],
     src = {**(source or {}), "kind": "fitted", "traces": n_traces,
            "counts": counts, "shape_counts": shape_counts,
            "prefill_counts": [len(prefill[t]) for t in tokens],
+           "prefill_from": "graphs" if kind else "eager",
+           "prefill_eager_left_out": sum(len(v) for v in prefill_by[False].values()) if kind else 0,
            "host_overhead_samples": len(host), "actions_copied": filled_from}
     if pre_table is not None:
         src["prefill_table_counts"] = [[len(prefill_tiered.get((t, b), ())) for b in tokens]

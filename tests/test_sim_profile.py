@@ -169,6 +169,22 @@ def test_prefill_is_costed_by_bucket_and_tier():
     assert old.prefill_tokens == [100.0, 128.0, 256.0] and old.prefill_table is None
 
 
+def test_prefill_comes_from_graph_chunks_when_a_trace_has_them():
+    # A CUDA engine with graphs (no fixed graph_mib) replays prompt-chunk graphs; one with
+    # graphs off runs them eagerly, several times slower. The profile is for graph runs.
+    win = [("shape:1x1@256", [0], 256, "hit", 0.005)]
+    graphs = _trace(windows=win, prefills=[(64, 64, 0.001)] * 3)
+    graphs[0].update(engine=dict(KNOBS, graphs=True, prefill_graphs=True), memory={"graph_mib": None})
+    eager = _trace(windows=win, prefills=[(64, 64, 0.013)] * 3)
+    eager[0].update(engine=dict(KNOBS, graphs=False, prefill_graphs=True), memory={"graph_mib": None})
+    prof = fit_profile([graphs, eager])
+    assert prof.prefill_time(64, 256) == pytest.approx(0.001)
+    assert prof.source["prefill_from"] == "graphs" and prof.source["prefill_eager_left_out"] == 3
+    # Eager chunks only (a CPU engine, or graphs off everywhere): those are the profile.
+    only = fit_profile([eager])
+    assert only.prefill_time(64, 256) == pytest.approx(0.013) and only.source["prefill_from"] == "eager"
+
+
 def test_prefill_tier_missing_for_a_bucket_scales_by_another_bucket():
     pre = [(64, 64, 0.010), (256, 256, 0.040), (256, 512, 0.050)]
     prof = fit_profile([_trace(windows=[("shape:1x1@256", [0], 256, "hit", 0.005)],
