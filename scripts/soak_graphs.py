@@ -164,8 +164,8 @@ def main() -> None:
                   f"captures {r['captures']}, evictions {r['evictions']}, eager {r['eager_windows']}, "
                   f"MiB/graph {r['mib_per_graph']}, used-MiB spread after 1st eviction "
                   f"{r['used_mib_spread_after_first_evict']}, {r['seconds']} s", flush=True)
-    if a.json:
-        Path(a.json).write_text(json.dumps(results, indent=1))
+            if a.json:  # after every soak: a run cut by a time limit keeps the finished ones
+                Path(a.json).write_text(json.dumps(results, indent=1))
 
 
 if __name__ == "__main__":
