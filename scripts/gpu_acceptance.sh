@@ -5,14 +5,15 @@
 #
 #   STRATA_COMMIT=<hash> bash scripts/gpu_acceptance.sh 1    # ~10 min: sim check
 #   STRATA_COMMIT=<hash> bash scripts/gpu_acceptance.sh 1k   # ~3 min: kernel GPU tests
-#   STRATA_COMMIT=<hash> bash scripts/gpu_acceptance.sh 2    # ~10 min: graph soaks (layout, shape)
+#   STRATA_COMMIT=<hash> bash scripts/gpu_acceptance.sh 2    # ~8 min: graph soak, reserves 700, 2048
+#   STRATA_COMMIT=<hash> bash scripts/gpu_acceptance.sh 2b   # ~5 min: graph soak, reserve 4096; shape keys
 #   STRATA_COMMIT=<hash> bash scripts/gpu_acceptance.sh 3    # ~9 min: identity, engine grid, host profile,
 #                                                            #   server bench (re-measure)
 #
 # STRATA_COMMIT names the commit in the results (the device's copy of the tree may carry a
 # stale .git). Every step prints one summary line; see docs/GPU_RUNBOOK.md for what each feeds.
 set -u
-part=${1:?usage: gpu_acceptance.sh 1|1k|2|3}
+part=${1:?usage: gpu_acceptance.sh 1|1k|2|2b|3}
 OUT=${OUT:?set OUT to the results directory}
 export PYTHONUNBUFFERED=1
 # The device tool brings back at most 8 files from $OUT: every log and result goes under $R
@@ -46,14 +47,20 @@ case $part in
 1k)  # the kernels' GPU tests (issue 6)
   step gpu_kernels 100 python3 -m pytest -q -x -m gpu tests/test_kernels_gpu.py
   ;;
-2)  # the graph soaks (issue 5): 10,000 windows and 500 layouts at each reserve, then shape keys.
-    # Compiled regions off: the soak is of the graph cache and device memory, and compiling
-    # every layout's window shape first took 197 s of the call (session 4, H200).
-  step soak_layout 460 python3 scripts/soak_graphs.py --reserves 700,2048,4096 --graph-keys layout \
-      --windows 10000 --min-layouts 500 --max-seconds 140 --compile off --warm-windows 100 \
-      --json "$R/soak_layout.json"
-  step soak_shape 60 python3 scripts/soak_graphs.py --reserves 2048 --graph-keys shape --windows 5000 \
-      --min-layouts 1 --max-seconds 20 --compile off --warm-windows 50 --json "$R/soak_shape.json"
+2|2b)  # the graph soaks (issue 5): 10,000 windows and 500 layouts at each reserve (2: 700 and
+    # 2048 MiB; 2b: 4096 MiB, then shape keys). Compiled regions off: the soak is of the graph
+    # cache and device memory, and compiling every layout's window shape first took 197 s of
+    # the call (session 4, H200). Uncompiled captures cost about 45 ms each, and a reserve
+    # needs about 2,800 of them: two reserves per call.
+  if [ "$part" = 2 ]; then reserves=700,2048; limit=460; else reserves=4096; limit=250; fi
+  step soak_layout_$part $limit python3 scripts/soak_graphs.py --reserves $reserves --graph-keys layout \
+      --windows 10000 --min-layouts 500 --max-seconds 200 --compile off --warm-windows 100 \
+      --json "$R/soak_layout_$part.json"
+  if [ "$part" = 2b ]; then
+    step soak_shape 60 python3 scripts/soak_graphs.py --reserves 2048 --graph-keys shape \
+        --windows 5000 --min-layouts 1 --max-seconds 20 --compile off --warm-windows 50 \
+        --json "$R/soak_shape.json"
+  fi
   ;;
 3)  # re-measure (issues 4, 6, 8): identity on every backend, engine grid, where the host's
     # time goes between windows, server bench
