@@ -521,11 +521,13 @@ class Engine:
     def _emit(self, rs: RequestState, slot: Slot, tokens: list[int], outs: dict) -> int:
         """Emit tokens in order until a stop condition; returns how many were emitted."""
         p = rs.req.params
-        out = outs.setdefault(rs.id, RequestOutput(rs.id, [], "", prompt_tokens=rs.prompt_len))
+        out = outs.get(rs.id)
+        if out is None:  # (setdefault would build an output per call: this runs per commit)
+            out = outs[rs.id] = RequestOutput(rs.id, [], "", prompt_tokens=rs.prompt_len)
         n = 0
         now = self.now()
         watch_stop = bool(p.stop) and self.tokenizer is not None
-        longest_stop = max((len(x) for x in p.stop), default=0)
+        longest_stop = max(len(x) for x in p.stop) if p.stop else 0
         stop_hit = False
         for tok in tokens:
             if rs.left <= 0:
