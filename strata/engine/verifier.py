@@ -48,6 +48,14 @@ class SlotBuffers:
         self.top_k[lane] = top_k
         self.seed[lane] = seed
 
+    def set_params_many(self, lanes: "torch.Tensor", floats: "torch.Tensor", ints: "torch.Tensor") -> None:
+        """set_params for several lanes (device tensors: lane ids; rows of (temperature, top_p)
+        as float32; rows of (top_k, seed) as int64): four kernels for the whole burst."""
+        self.temperature.index_copy_(0, lanes, floats[:, 0])
+        self.top_p.index_copy_(0, lanes, floats[:, 1])
+        self.top_k.index_copy_(0, lanes, ints[:, 0])
+        self.seed.index_copy_(0, lanes, ints[:, 1])
+
 
 class Verifier:
     def __init__(self, model: Qwen3Next, state: DecodeState, bufs: SlotBuffers, drafting: bool):

@@ -40,6 +40,12 @@ class DecodeState:
         self.conv[:, lane].zero_()
         self.rec[:, lane].zero_()
 
+    def reset_lanes(self, lanes: "torch.Tensor") -> None:
+        """reset_lane for several lanes at once (a device index tensor): two kernels, not two
+        per lane, when a burst of requests is admitted together."""
+        self.conv.index_fill_(1, lanes, 0)
+        self.rec.index_fill_(1, lanes, 0)
+
     @staticmethod
     def bytes_per_lane(args: ModelArgs, max_context: int, dtype: torch.dtype, with_mtp: bool) -> dict:
         """Device bytes one lane needs, split into main state and MTP draft state."""
