@@ -25,18 +25,19 @@ sys.path.insert(0, str(ROOT))
 
 def cells(args) -> tuple[list[dict], list[dict]]:
     """Profile cells cover what the held-out grid runs, without running its workloads: every
-    window shape (lone 1x4, 2x2, 4x2 and the odd ones as slots fill and drain), the context
-    tiers 256..1024, each prompt-chunk bucket the held-out prompts pad to at the tiers they read,
-    and output positions up to the longest held-out output (acceptance drifts with position)."""
+    window shape (lone 1x4, 2x2, 4x2 and the odd ones as requests finish), the context tiers
+    256..1024, each prompt-chunk bucket the held-out prompts pad to at the tiers they read, and
+    output positions up to the longest held-out output (acceptance drifts with position).
+    They run on the held-out engine's slot count: a user profiles the engine they will run."""
     prof = []
-    for slots in (1, 2, 4, 8):
+    for n in (1, 2, 4, 8):
         # A short prompt decoding far (tiers 256-512, positions to 160) and a long one crossing
-        # into tier 1024 (its prompt chunks: 256 at tier 256, then 256 at tier 512).
+        # into tier 1024 (its prompt chunks: 256 at tier 256, then 256 at tier 512). Each cell
+        # runs on at least 6 prompts: a lone request's acceptance comes from these alone.
         for prompt, out in ((100, 160), (480, 64)):
-            # One slot decodes in lone windows, whose acceptance has only these prompts to
-            # come from: a few more of them than 2 x slots.
-            prof.append(dict(name=f"p_s{slots}_p{prompt}_o{out}", slots=slots, graphs=True,
-                             requests=max(2 * slots, 6), prompt=prompt, out=out))
+            for r in range(-(-6 // n)):
+                prof.append(dict(name=f"p_n{n}_p{prompt}_o{out}_r{r}", slots=args.heldout_slots,
+                                 graphs=True, requests=n, prompt=prompt, out=out))
     # Prompt-chunk shapes the cells above miss (64 at tier 256; 128 at tier 512), cheaply.
     for prompt in (40, 352):
         prof.append(dict(name=f"p_s8_p{prompt}_o16", slots=8, graphs=True, requests=4,
