@@ -38,9 +38,9 @@ step() {  # step NAME SECONDS CMD...: run with a limit, log to $R/NAME.log, say 
 }
 step build 90 python3 setup.py build_ext --inplace -q
 case $part in
-1)  # the simulator's held-out check (issue 7), then the kernels' GPU tests (issue 6)
+1)  # the simulator's held-out check (issue 7)
   # The warm-up engines compile every window shape (about 2-3 min on a bare machine), then
-  # 60+ engines of 1-2 s each. The predictions run afterwards, here: on the device the 96
+  # 124 engines of 1-2 s each. The predictions run afterwards, here: on the device the 96
   # simulator runs took over the 40 s they had (session 4).
   step sim_check 470 python3 scripts/sim_gpu_check.py --out "$R/simchk"
   ;;
