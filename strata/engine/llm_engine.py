@@ -428,23 +428,15 @@ class Engine:
 
     def _bind_lanes(self, slots: list[Slot]) -> None:
         """Fresh state, sampling parameters and the prompt on the device for each admitted
-        slot. A burst is bound in a fixed number of transfers and kernels: per slot, binding
-        costs about 0.2 ms of host time on the H200 (fourth session's traces), which each
-        request of a burst would otherwise wait for before its first prompt chunk."""
+        slot, in two host-to-device copies and six kernels however many there are: per slot,
+        binding cost about 0.2 ms of host time on the H200 (fourth session's traces), which
+        each request of a burst waited for before its first prompt chunk."""
         if not slots:
             return
         now = self.now()
-        if len(slots) == 1:
-            rs, lane = slots[0].req, slots[0].id
-            p = rs.req.params
-            rs.t_admit = now
-            self.state.reset_lane(lane)
-            self.bufs.set_params(lane, float(p.temperature), float(p.top_p), int(p.top_k), int(p.seed))
-            rs.prompt_tensor = torch.tensor(rs.req.prompt_ids, dtype=torch.long, device=self.device)
-            return
+        n = len(slots)
         params = [s.req.req.params for s in slots]
         # One int64 host tensor: lane ids, (top_k, seed) rows, then every prompt's ids.
-        n = len(slots)
         ints = [s.id for s in slots] + [v for p in params for v in (int(p.top_k), int(p.seed))]
         for s in slots:
             ints.extend(s.req.req.prompt_ids)
@@ -453,7 +445,7 @@ class Engine:
                               dtype=torch.float32, device=self.device)
         lanes = dev_ints[:n]
         self.state.reset_lanes(lanes)
-        self.bufs.set_params_many(lanes, floats, dev_ints[n:3 * n].view(n, 2))
+        self.bufs.set_params(lanes, floats, dev_ints[n:3 * n].view(n, 2))
         off = 3 * n
         for s in slots:
             k = len(s.req.req.prompt_ids)

@@ -42,15 +42,9 @@ class SlotBuffers:
         self.top_k = torch.zeros(n, dtype=torch.long, device=device)
         self.seed = torch.zeros(n, dtype=torch.long, device=device)
 
-    def set_params(self, lane: int, temperature: float, top_p: float, top_k: int, seed: int) -> None:
-        self.temperature[lane] = temperature
-        self.top_p[lane] = top_p
-        self.top_k[lane] = top_k
-        self.seed[lane] = seed
-
-    def set_params_many(self, lanes: "torch.Tensor", floats: "torch.Tensor", ints: "torch.Tensor") -> None:
-        """set_params for several lanes (device tensors: lane ids; rows of (temperature, top_p)
-        as float32; rows of (top_k, seed) as int64): four kernels for the whole burst."""
+    def set_params(self, lanes: "torch.Tensor", floats: "torch.Tensor", ints: "torch.Tensor") -> None:
+        """Sampling parameters of the lanes `lanes` (a device index tensor): rows of
+        (temperature, top_p) as float32 and of (top_k, seed) as int64, in four kernels."""
         self.temperature.index_copy_(0, lanes, floats[:, 0])
         self.top_p.index_copy_(0, lanes, floats[:, 1])
         self.top_k.index_copy_(0, lanes, ints[:, 0])

@@ -35,14 +35,9 @@ class DecodeState:
         self.mtp_k = torch.zeros(mtp_shape, dtype=dtype, device=device)
         self.mtp_v = torch.zeros(mtp_shape, dtype=dtype, device=device)
 
-    def reset_lane(self, lane: int) -> None:
-        """A fresh request starts from zero DeltaNet state; stale K/V rows are masked by position."""
-        self.conv[:, lane].zero_()
-        self.rec[:, lane].zero_()
-
     def reset_lanes(self, lanes: "torch.Tensor") -> None:
-        """reset_lane for several lanes at once (a device index tensor): two kernels, not two
-        per lane, when a burst of requests is admitted together."""
+        """Fresh requests in `lanes` (a device index tensor) start from zero DeltaNet state;
+        stale K/V rows are masked by position."""
         self.conv.index_fill_(1, lanes, 0)
         self.rec.index_fill_(1, lanes, 0)
 
