@@ -73,23 +73,34 @@ class FixedRateAcceptance(AcceptanceModel):
         return a
 
 
+def _rates(what: str, rates: list[float]) -> list[float]:
+    if not rates or any(not 0.0 <= r <= 1.0 for r in rates):
+        raise ValueError(f"{what} must be a non-empty list in [0, 1], got {rates}")
+    return [float(r) for r in rates]
+
+
+def _bucket(model: str, tokens: int) -> int:
+    if tokens < 1:
+        raise ValueError(f"{model} bucket must be >= 1 tokens, got {tokens}")
+    return int(tokens)
+
+
+def _depth_factors(model: str, depth_factors: Optional[list[float]]) -> list[float]:
+    factors = [float(f) for f in (depth_factors or [1.0])]
+    if any(f < 0 for f in factors):
+        raise ValueError(f"{model} depth factors must be >= 0, got {factors}")
+    return factors
+
+
 class PositionAcceptance(AcceptanceModel):
     """Each judged draft at output position p is accepted with probability
     rates[min(p // tokens, len(rates) - 1)], independently."""
 
     def __init__(self, rates: list[float], tokens: int, streams: RandomStreams,
                  depth_factors: Optional[list[float]] = None):
-        if not rates or any(not 0.0 <= r <= 1.0 for r in rates):
-            raise ValueError(f"position acceptance rates must be a non-empty list in [0, 1], "
-                             f"got {rates}")
-        if tokens < 1:
-            raise ValueError(f"position acceptance bucket must be >= 1 tokens, got {tokens}")
-        factors = [float(f) for f in (depth_factors or [1.0])]
-        if any(f < 0 for f in factors):
-            raise ValueError(f"position acceptance depth factors must be >= 0, got {factors}")
-        self.rates = [float(r) for r in rates]
-        self.tokens = int(tokens)
-        self.depth_factors = factors
+        self.rates = _rates("position acceptance rates", rates)
+        self.tokens = _bucket("position acceptance", tokens)
+        self.depth_factors = _depth_factors("position acceptance", depth_factors)
         self._gens = _PerRequestStreams(streams, "acceptance")
 
     def rate_at(self, position: int, depth: int = 0) -> float:
@@ -143,24 +154,15 @@ class ChainAcceptance(AcceptanceModel):
 
     def __init__(self, after_miss: list[float], after_hit: list[float], first: float, tokens: int,
                  streams: RandomStreams, depth_factors: Optional[list[float]] = None):
-        for name, rates in (("after_miss", after_miss), ("after_hit", after_hit)):
-            if not rates or any(not 0.0 <= r <= 1.0 for r in rates):
-                raise ValueError(f"chain acceptance {name} rates must be a non-empty list in "
-                                 f"[0, 1], got {rates}")
+        self.after_miss = _rates("chain acceptance after_miss rates", after_miss)
+        self.after_hit = _rates("chain acceptance after_hit rates", after_hit)
         if len(after_miss) != len(after_hit):
             raise ValueError("chain acceptance after_miss and after_hit need one rate per bucket each")
         if not 0.0 <= first <= 1.0:
             raise ValueError(f"chain acceptance first must be in [0, 1], got {first}")
-        if tokens < 1:
-            raise ValueError(f"chain acceptance bucket must be >= 1 tokens, got {tokens}")
-        factors = [float(f) for f in (depth_factors or [1.0])]
-        if any(f < 0 for f in factors):
-            raise ValueError(f"chain acceptance depth factors must be >= 0, got {factors}")
-        self.after_miss = [float(r) for r in after_miss]
-        self.after_hit = [float(r) for r in after_hit]
         self.first = float(first)
-        self.tokens = int(tokens)
-        self.depth_factors = factors
+        self.tokens = _bucket("chain acceptance", tokens)
+        self.depth_factors = _depth_factors("chain acceptance", depth_factors)
         self._gens = _PerRequestStreams(streams, "acceptance")
         #: request index -> (last position drawn, its bit)
         self._chain: dict[int, tuple[int, bool]] = {}
