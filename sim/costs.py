@@ -7,10 +7,11 @@ Schema (JSON; docs/SIMULATOR.md has the full description):
       "source": {...},                         free-form: device, commit, traces fitted
       "host_overhead_s": 0.0003,               host time of every iteration (idle ones too)
       "host": {"per_commit_s": 2.9e-05,        optional: host time that grows with the work:
-               "per_admit_s": 0.00027,           each commit of the previous iteration (emit,
-               "after_prefill_s": 6e-05},        stop checks), each request bound to a slot in
-                                               this one, after a prompt-chunk iteration;
-                                               host_overhead_s is then the fixed part
+               "per_admit_s": 6e-05,             each commit of the previous iteration (emit,
+               "per_admit_burst_s": 0.00037,     stop checks), each request bound to a slot in
+               "after_prefill_s": 6e-05},        this one plus once per iteration that binds
+                                               any (one batched binding), after a prompt-chunk
+                                               iteration; host_overhead_s is the fixed part
       "prefill": {"tokens": [t0, t1, ...],     ascending chunk sizes (padded to the engine's
                                                prefill_buckets when the traces listed them)
                   "s":      [s0, s1, ...],     seconds of one prefill chunk of that size
@@ -97,20 +98,25 @@ class CostProfile:
     decode_shapes: Optional[list[str]] = None
     decode_shape_s: Optional[dict[str, list[list[float]]]] = None
     #: Optional host time that grows with the work (seconds): per commit of the previous
-    #: iteration, per request admitted in this one, and after an iteration that ran a prompt
-    #: chunk. Absent (all 0): every iteration's host time is host_overhead_s.
+    #: iteration, per request admitted in this one, once per iteration that admits any (the
+    #: engine binds a burst of admissions in one batched step, whose cost is mostly fixed),
+    #: and after an iteration that ran a prompt chunk. Absent (all 0): every iteration's
+    #: host time is host_overhead_s.
     host_per_commit_s: float = 0.0
     host_per_admit_s: float = 0.0
+    host_per_admit_burst_s: float = 0.0
     host_after_prefill_s: float = 0.0
 
     # --- queries -------------------------------------------------------------------------
 
     def host_time(self, prev_commits: int = 0, admitted: int = 0, after_prefill: bool = False) -> float:
         """Host seconds of an iteration: the fixed part, the previous iteration's commits
-        (emitting their tokens), this iteration's admissions (binding a lane) and, after a
-        prompt chunk, its first-token bookkeeping."""
+        (emitting their tokens), this iteration's admissions (binding their lanes: a part
+        per request and a part per burst) and, after a prompt chunk, its first-token
+        bookkeeping."""
         return (self.host_overhead_s + self.host_per_commit_s * prev_commits
                 + self.host_per_admit_s * admitted
+                + (self.host_per_admit_burst_s if admitted else 0.0)
                 + (self.host_after_prefill_s if after_prefill else 0.0))
 
     def prefill_time(self, tokens: int, tier: Optional[int] = None) -> float:
@@ -164,9 +170,11 @@ class CostProfile:
             d["prefill"].update(tiers=self.prefill_tiers, table=self.prefill_table)
         if self.decode_shapes is not None:
             d["decode"].update(shapes=self.decode_shapes, shape_s=self.decode_shape_s)
-        if self.host_per_commit_s or self.host_per_admit_s or self.host_after_prefill_s:
+        if (self.host_per_commit_s or self.host_per_admit_s or self.host_per_admit_burst_s
+                or self.host_after_prefill_s):
             d["host"] = {"per_commit_s": self.host_per_commit_s,
                          "per_admit_s": self.host_per_admit_s,
+                         "per_admit_burst_s": self.host_per_admit_burst_s,
                          "after_prefill_s": self.host_after_prefill_s}
         if self.acceptance is not None:
             d["acceptance"] = self.acceptance
@@ -201,6 +209,7 @@ class CostProfile:
             host_parts = d.get("host") or {}
             prof.host_per_commit_s = float(host_parts.get("per_commit_s", 0.0))
             prof.host_per_admit_s = float(host_parts.get("per_admit_s", 0.0))
+            prof.host_per_admit_burst_s = float(host_parts.get("per_admit_burst_s", 0.0))
             prof.host_after_prefill_s = float(host_parts.get("after_prefill_s", 0.0))
             if "shapes" in dec:
                 prof.decode_shapes = [str(x) for x in dec["shapes"]]
@@ -221,6 +230,7 @@ class CostProfile:
         for name, v in (("host_overhead_s", self.host_overhead_s),
                         ("host.per_commit_s", self.host_per_commit_s),
                         ("host.per_admit_s", self.host_per_admit_s),
+                        ("host.per_admit_burst_s", self.host_per_admit_burst_s),
                         ("host.after_prefill_s", self.host_after_prefill_s)):
             if v < 0:
                 raise bad(f"{name} must be >= 0, got {v}")

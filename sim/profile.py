@@ -148,37 +148,42 @@ def _host_samples(events: list[dict[str, Any]]) -> list[tuple[int, int, bool, fl
     return out
 
 
-def fit_host(samples: list[tuple[int, int, bool, float]]) -> tuple[float, float, float, float]:
-    """(fixed, per commit, per admission, after a prompt chunk) host seconds: least squares
-    over the medians of each (commits, admissions, after-chunk) cell, weighted by how many
-    iterations each holds (medians: a garbage collection or a page fault is not host time
-    of the engine's iteration). A part that comes out negative is left out and the rest
+def fit_host(samples: list[tuple[int, int, bool, float]]) -> tuple[float, float, float, float, float]:
+    """(fixed, per commit, per admission, per admitting iteration, after a prompt chunk) host
+    seconds: least squares over the medians of each (commits, admissions, after-chunk) cell,
+    weighted by how many iterations each holds (medians: a garbage collection or a page fault
+    is not host time of the engine's iteration). The engine binds all of an iteration's
+    admissions in one batched step, so binding costs a part per burst besides a part per
+    request; where the traces admit only one burst size the two cannot be told apart and the
+    whole cost is charged per burst. A part that comes out negative is left out and the rest
     refitted; with too few distinct cells it is the median of all samples, fixed."""
     import numpy as np
 
     if not samples:
-        return 0.0, 0.0, 0.0, 0.0
+        return 0.0, 0.0, 0.0, 0.0, 0.0
     cells: dict[tuple[int, int, bool], list[float]] = defaultdict(list)
     for c, a, p, gap in samples:
         cells[(c, a, p)].append(gap)
     keys = sorted(cells)
-    x = np.array([[1.0, c, a, float(p)] for c, a, p in keys])
+    x = np.array([[1.0, c, a, float(a > 0), float(p)] for c, a, p in keys])
     y = np.array([_median(cells[k]) for k in keys])
     w = np.sqrt(np.array([len(cells[k]) for k in keys], dtype=float))
-    use = [0, 1, 2, 3]
+    use = [0, 1, 2, 3, 4]
+    if len({a for _, a, _ in keys if a > 0}) < 2:
+        use.remove(2)  # one burst size: per request and per burst are the same column
     while True:
         cols = [i for i in use if np.any(x[:, i] != x[0, i]) or i == 0]
         if len(keys) < len(cols) + 1:
-            return _median([g for *_, g in samples]), 0.0, 0.0, 0.0
+            return _median([g for *_, g in samples]), 0.0, 0.0, 0.0, 0.0
         coef, *_ = np.linalg.lstsq(x[:, cols] * w[:, None], y * w, rcond=None)
         neg = [i for i, v in zip(cols, coef) if v < 0 and i != 0]
         if not neg:
             break
         use = [i for i in use if i not in neg]
-    full = [0.0] * 4
+    full = [0.0] * 5
     for i, v in zip(cols, coef):
         full[i] = max(0.0, float(v))
-    return full[0], full[1], full[2], full[3]
+    return full[0], full[1], full[2], full[3], full[4]
 
 
 def _fill_rows(known: dict[float, float], rows: list[float]) -> list[Optional[float]]:
@@ -357,7 +362,7 @@ def fit_profile(traces: Iterable[list[dict[str, Any]]],
         pre_cells = {k: _cell(v) for k, v in prefill_tiered.items()}
         pre_table = _fill_grid(pre_cells, pre_tiers, tokens)
     acc = fit_acceptance(commits)
-    h_fixed, h_commit, h_admit, h_prefill = fit_host(host)
+    h_fixed, h_commit, h_admit, h_burst, h_prefill = fit_host(host)
     src = {**(source or {}), "kind": "fitted", "traces": n_traces,
            "counts": counts, "shape_counts": shape_counts,
            "prefill_counts": [len(prefill[t]) for t in tokens],
@@ -369,7 +374,7 @@ def fit_profile(traces: Iterable[list[dict[str, Any]]],
                                        for t in pre_tiers]
     return CostProfile(
         host_overhead_s=h_fixed, host_per_commit_s=h_commit, host_per_admit_s=h_admit,
-        host_after_prefill_s=h_prefill,
+        host_per_admit_burst_s=h_burst, host_after_prefill_s=h_prefill,
         prefill_tokens=tokens, prefill_s=[_cell(prefill[t]) for t in tokens],
         decode_rows=rows, decode_tiers=tiers, decode_s=tables,
         acceptance=acc.as_dict() if acc.judged else None, source=src,

@@ -30,7 +30,8 @@ def host_profile() -> CostProfile:
     prof = CostProfile.load(NOMINAL_PROFILE)
     prof.host_overhead_s = 50e-6
     prof.host_per_commit_s = 20e-6
-    prof.host_per_admit_s = 150e-6
+    prof.host_per_admit_s = 60e-6
+    prof.host_per_admit_burst_s = 300e-6
     prof.host_after_prefill_s = 40e-6
     return prof
 
@@ -39,13 +40,18 @@ def test_host_time_adds_commits_admissions_and_prompt_chunks():
     prof = host_profile()
     assert prof.host_time() == pytest.approx(50e-6)
     assert prof.host_time(prev_commits=4, admitted=2, after_prefill=True) == pytest.approx(
-        50e-6 + 4 * 20e-6 + 2 * 150e-6 + 40e-6)
+        50e-6 + 4 * 20e-6 + 2 * 60e-6 + 300e-6 + 40e-6)
+    # One burst: the per-burst part once, however many requests it binds.
+    assert prof.host_time(admitted=8) - prof.host_time(admitted=1) == pytest.approx(7 * 60e-6)
     back = CostProfile.from_dict(prof.to_dict())
-    assert (back.host_per_commit_s, back.host_per_admit_s, back.host_after_prefill_s) == (
-        20e-6, 150e-6, 40e-6)
+    assert (back.host_per_commit_s, back.host_per_admit_s, back.host_per_admit_burst_s,
+            back.host_after_prefill_s) == (20e-6, 60e-6, 300e-6, 40e-6)
     bad = prof.to_dict()
     bad["host"]["per_admit_s"] = -1.0
     with pytest.raises(ValueError, match="host.per_admit_s must be >= 0"):
+        CostProfile.from_dict(bad)
+    bad["host"]["per_admit_s"], bad["host"]["per_admit_burst_s"] = 0.0, -1.0
+    with pytest.raises(ValueError, match="host.per_admit_burst_s must be >= 0"):
         CostProfile.from_dict(bad)
 
 
@@ -61,12 +67,25 @@ def test_fit_gives_back_the_host_parts(tmp_path):
     # The first iteration's host time runs from the arrivals: it binds the admitted slots.
     first = _host_samples(traces[2])[0]
     assert first[:3] == (0, 8, False)
-    assert first[3] == pytest.approx(50e-6 + 8 * 150e-6, abs=2e-6)
+    assert first[3] == pytest.approx(50e-6 + 300e-6 + 8 * 60e-6, abs=2e-6)
     fit = fit_profile(traces)
     assert fit.host_overhead_s == pytest.approx(50e-6, abs=2e-6)
     assert fit.host_per_commit_s == pytest.approx(20e-6, abs=1e-6)
-    assert fit.host_per_admit_s == pytest.approx(150e-6, abs=2e-6)
+    assert fit.host_per_admit_s == pytest.approx(60e-6, abs=2e-6)
+    assert fit.host_per_admit_burst_s == pytest.approx(300e-6, abs=3e-6)
     assert fit.host_after_prefill_s == pytest.approx(40e-6, abs=2e-6)
+
+
+def test_one_burst_size_charges_binding_per_burst():
+    from sim.profile import fit_host
+
+    # Every admitting iteration binds 2: per request and per burst cannot be told apart.
+    samples = ([(1, 0, False, 70e-6)] * 5 + [(2, 0, False, 90e-6)] * 5
+               + [(3, 0, False, 110e-6)] * 5 + [(0, 2, False, 450e-6)] * 3)
+    fixed, per_commit, per_admit, per_burst, _ = fit_host(samples)
+    assert per_admit == 0.0
+    assert fixed + per_burst == pytest.approx(450e-6)
+    assert per_commit == pytest.approx(20e-6)
 
 
 def test_a_profile_without_host_parts_charges_a_fixed_host_time(tmp_path):
