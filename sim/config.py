@@ -120,6 +120,10 @@ class SimWorkloadConfig:
     #: Share of requests that sample with top-k / top-p (each drawn independently): windows
     #: holding one use the filtering sampler, a separate graph (key suffix `+f`).
     filtered_share: float = 0.0
+    #: 0: every request arrives as `kind` says. k >= 1: a closed loop of k clients (the
+    #: engine's workload.concurrency): the first k arrive as `kind` says, and each later one in
+    #: the iteration after an earlier request finishes.
+    concurrency: int = 0
 
 
 @dataclass
@@ -257,6 +261,8 @@ def validate_workload(w: Any) -> None:
         bad("stagger_steps", f"must be >= 0, got {w.stagger_steps}")
     if not 0.0 <= w.filtered_share <= 1.0:
         bad("filtered_share", f"must be in [0, 1], got {w.filtered_share}")
+    if w.concurrency < 0:
+        bad("concurrency", f"must be >= 0 (0 = no closed loop), got {w.concurrency}")
 
 
 def validate_acceptance(a: Any) -> None:

@@ -349,6 +349,7 @@ class SimEngine:
         rec.reason = reason
         rec.finish_s = self.env.now
         self.trace.emit("finish", req=req.id, reason=reason, tokens=rec.tokens)
+        self.arrivals.request_finished(self.step)
 
     def _release(self, st: SlotState) -> None:
         if st.decoding:

@@ -9,6 +9,7 @@ steps, and the token count at which a request meets a stop condition.
 
 from __future__ import annotations
 
+from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
@@ -37,10 +38,14 @@ class SimRequest:
     #: The request samples with top-k / top-p: its windows use the filtering sampler, whose
     #: graphs are keyed apart (`+f`).
     filtered: bool = False
+    #: Instead of an arrival step or second: a closed loop's request, which arrives in the
+    #: iteration after an earlier request finishes (ArrivalSource.request_finished).
+    after_finish: bool = False
 
     def __post_init__(self):
-        if (self.arrival_step is None) == (self.arrival_s is None):
-            raise ValueError(f"request {self.id!r}: set exactly one of arrival_step, arrival_s")
+        if (self.arrival_step is not None) + (self.arrival_s is not None) + self.after_finish != 1:
+            raise ValueError(f"request {self.id!r}: set exactly one of arrival_step, arrival_s, "
+                             f"after_finish")
         if self.prompt_tokens < 1:
             raise ValueError(f"request {self.id!r}: prompt_tokens must be >= 1, got {self.prompt_tokens}")
         if self.max_tokens < 1:
@@ -85,6 +90,9 @@ class ArrivalSource:
                                key=lambda r: (r.arrival_step, r.index))
         self._by_time = sorted((r for r in requests if r.arrival_s is not None),
                                key=lambda r: (r.arrival_s, r.index))
+        #: A closed loop's requests, in input order, each waiting for an earlier one to finish.
+        self._after_finish = deque(sorted((r for r in requests if r.after_finish),
+                                          key=lambda r: r.index))
         self._landed: list[SimRequest] = []
         self._wakeup = env.event()
         env.process(self._release())
@@ -110,9 +118,19 @@ class ArrivalSource:
         landed.sort(key=lambda r: (r.arrival_s, r.index))
         return due + landed
 
+    def request_finished(self, step: int) -> None:
+        """A request finished in iteration `step`: a closed loop's next request arrives in the
+        next iteration (as the engine's runner adds it after the step that finished one)."""
+        if self._after_finish:
+            req = self._after_finish.popleft()
+            req.arrival_step = step + 1
+            req.after_finish = False
+            self._by_step.append(req)
+            self._by_step.sort(key=lambda r: (r.arrival_step, r.index))
+
     def withdraw(self, req_id: Any) -> bool:
         """Drop a request that has not arrived yet (cancelled before its arrival)."""
-        for pool in (self._by_step, self._by_time, self._landed):
+        for pool in (self._by_step, self._by_time, self._landed, self._after_finish):
             for r in pool:
                 if r.id == req_id:
                     pool.remove(r)
@@ -121,6 +139,9 @@ class ArrivalSource:
 
     @property
     def pending(self) -> bool:
+        """Requests due at a known step or second. A closed loop's waiting requests do not
+        count: one is released by a finish, so it is due by the time the finishing iteration
+        ends."""
         return bool(self._by_step or self._by_time or self._landed)
 
     @property
@@ -172,6 +193,9 @@ def build_workload(w: Any, streams: RandomStreams) -> list[SimRequest]:
             times.extend(start + float(o) for o in offsets)
             wave += 1
         times = times[:n]
+    closed = [w.concurrency > 0 and i >= w.concurrency for i in range(n)]
     return [SimRequest(id=f"r{i}", index=i, prompt_tokens=prompts[i], max_tokens=outputs[i],
-                       arrival_step=steps[i], arrival_s=times[i], filtered=filtered[i])
+                       arrival_step=None if closed[i] else steps[i],
+                       arrival_s=None if closed[i] else times[i], filtered=filtered[i],
+                       after_finish=closed[i])
             for i in range(n)]

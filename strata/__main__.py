@@ -34,7 +34,8 @@ def run(cfg: DictConfig, out_dir: Path) -> dict:
     engine = Engine.from_config(cfg, log=log, trace_path=out_dir / "trace.jsonl")
     try:
         requests = load_workload(cfg.workload, engine.tokenizer, engine.args.vocab_size)
-        metrics = run_requests(engine, requests, progress=cfg.progress and sys.stderr.isatty())
+        metrics = run_requests(engine, requests, progress=cfg.progress and sys.stderr.isatty(),
+                               concurrency=cfg.workload.concurrency)
         rows = write_outputs(engine, out_dir)
     finally:
         engine.close()

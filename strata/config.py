@@ -103,6 +103,10 @@ class WorkloadConfig:
     stagger_steps: int = 0
     #: kind=synthetic: prompt length in tokens (random ids from `seed`).
     prompt_tokens: int = 64
+    #: 0: every request is sent at once (each arrives at its step). k >= 1: a closed loop of k
+    #: clients: the first k requests are sent, and each one that finishes is followed by the
+    #: next in the following iteration, so at most k are in flight.
+    concurrency: int = 0
 
 
 @dataclass

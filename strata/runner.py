@@ -7,15 +7,33 @@ from pathlib import Path
 from typing import Any
 
 from strata.engine.llm_engine import Engine
-from strata.engine.request import Request
+from strata.engine.request import Request, RequestError
 from strata.metrics import run_metrics
 
 
-def run_requests(engine: Engine, requests: list[Request], progress: bool = False) -> dict[str, Any]:
-    """Add every request (all validated first), step until done; returns the run's metrics."""
+def run_requests(engine: Engine, requests: list[Request], progress: bool = False,
+                 concurrency: int = 0) -> dict[str, Any]:
+    """Add the requests and step until done; returns the run's metrics.
+
+    concurrency 0: every request is added at once (each arrives at its own step or second).
+    k >= 1: a closed loop, as k clients that each send their next request when the last one
+    finished: the first k are added, and every finish adds the next request, arriving in the
+    following iteration (its own arrival is ignored)."""
+    if concurrency < 0:
+        raise ValueError(f"concurrency must be >= 0, got {concurrency}")
+    ids = [r.id for r in requests]
+    if len(set(ids)) != len(ids):
+        dup = next(i for i in ids if ids.count(i) > 1)
+        raise RequestError("id", f"duplicate request id {dup!r}")
     for r in requests:
         r.stream_text = False  # text is decoded once at the end: no per-step detokenising
+    first, held = (requests, []) if concurrency == 0 else (requests[:concurrency], requests[concurrency:])
+    for r in held:
+        r.arrival_step = r.arrival_s = None  # arrives when a client is free: set below
+        engine.validate_request(r)  # a bad request fails the run before it starts
+    for r in first:
         engine.add_request(r)
+    held.reverse()
     bar = None
     if progress:
         from tqdm import tqdm
@@ -24,6 +42,9 @@ def run_requests(engine: Engine, requests: list[Request], progress: bool = False
     try:
         while engine.has_work():
             outs = engine.step()
+            for o in outs:
+                if o.finished and held:
+                    engine.add_request(held.pop())  # arrives at engine.steps: the next iteration
             if bar is not None:
                 bar.update(sum(len(o.new_token_ids) for o in outs))
     finally:

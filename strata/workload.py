@@ -46,6 +46,8 @@ def _params(d: dict[str, Any], w: Any, where: str) -> SamplingParams:
 
 def load_workload(w: Any, tokenizer, vocab_size: int) -> list[Request]:
     """Requests of the configured workload, in input order."""
+    if w.concurrency < 0:
+        raise WorkloadError(f"workload.concurrency: must be >= 0 (0 = all at once), got {w.concurrency}")
     if w.kind == "default":
         if tokenizer is None:
             raise WorkloadError("workload=default needs a tokenizer.json in the model directory")

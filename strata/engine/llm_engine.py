@@ -321,6 +321,18 @@ class Engine:
     # ---- requests --------------------------------------------------------------------------------
     def add_request(self, req: Request) -> None:
         """Validate and queue a request (it arrives at its arrival_step / arrival_s, or now)."""
+        self.validate_request(req)
+        rs = RequestState(req, self._order)
+        self._order += 1
+        self.requests[req.id] = rs
+        if req.arrival_s is not None:
+            heapq.heappush(self._due_secs, (float(req.arrival_s), rs.order, rs))
+        else:
+            step = req.arrival_step if req.arrival_step is not None else self.steps
+            heapq.heappush(self._due_steps, (float(step), rs.order, rs))
+
+    def validate_request(self, req: Request) -> None:
+        """Raise RequestError naming the problem if `req` cannot be added now."""
         if not isinstance(req.id, str) or not req.id:
             raise RequestError("id", "must be a non-empty string")
         if req.id in self.requests:
@@ -340,14 +352,6 @@ class Engine:
             raise RequestError("arrival_step", f"must be an integer >= 0, got {req.arrival_step!r}")
         if req.arrival_s is not None and not req.arrival_s >= 0:
             raise RequestError("arrival_s", f"must be a number >= 0, got {req.arrival_s!r}")
-        rs = RequestState(req, self._order)
-        self._order += 1
-        self.requests[req.id] = rs
-        if req.arrival_s is not None:
-            heapq.heappush(self._due_secs, (float(req.arrival_s), rs.order, rs))
-        else:
-            step = req.arrival_step if req.arrival_step is not None else self.steps
-            heapq.heappush(self._due_steps, (float(step), rs.order, rs))
 
     def cancel(self, req_id: str) -> None:
         rs = self.requests.get(req_id)
