@@ -40,8 +40,8 @@ step build 90 python3 setup.py build_ext --inplace -q
 case $part in
 1)  # the simulator's held-out check (issue 7)
   # The warm-up engines compile every window shape (about 2-3 min on a bare machine), then
-  # 124 engines of 1-2 s each. The predictions run afterwards, here: on the device the 96
-  # simulator runs took over the 40 s they had (session 4).
+  # 36 engines of 1-2 s to start, each a closed loop of 48 prompts. The predictions run
+  # afterwards, here: on the device the simulator runs took over the 40 s they had (session 4).
   step sim_check 470 python3 scripts/sim_gpu_check.py --out "$R/simchk"
   ;;
 1k)  # the kernels' GPU tests (issue 6)

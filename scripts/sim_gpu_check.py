@@ -24,35 +24,39 @@ sys.path.insert(0, str(ROOT))
 
 
 def cells(args) -> tuple[list[dict], list[dict]]:
-    """Profile cells cover what the held-out grid runs, without running its workloads: every
-    window shape (lone 1x4, 2x2, 4x2 and the odd ones as requests finish), the context tiers
-    256..1024, each prompt-chunk bucket the held-out prompts pad to at the tiers they read, and
-    output positions up to the longest held-out output (acceptance drifts with position).
-    They run on the held-out engine's slot count: a user profiles the engine they will run."""
+    """Every cell is a closed loop: `requests` prompts, of which N are in flight at once (as N
+    clients, each sending its next request when its last one finished). One run then covers
+    many prompts, whose acceptance varies several-fold from one to the next (0.1 to 0.9 on the
+    H200), for one engine start-up; a cell of one-request runs paid 1.3 s of start-up per
+    prompt.
+
+    Profile cells cover what the held-out grid runs, without running its workloads: every
+    window shape (lone 1x4, 2x2, 4x2 and the odd ones as requests come and go), the context
+    tiers 256..1024, each prompt-chunk bucket the held-out prompts pad to at the tiers they
+    read, output positions up to the longest held-out output (acceptance drifts with
+    position), and admissions mid-run. They run on the held-out engine's slot count: a user
+    profiles the engine they will run."""
     prof = []
     for n in (1, 2, 4, 8):
         # A short prompt decoding far (tiers 256-512, positions to 160) and a long one crossing
-        # into tier 1024 (its prompt chunks: 256 at tier 256, then 256 at tier 512). Each cell
-        # runs on at least 6 prompts: a lone request's acceptance comes from these alone.
+        # into tier 1024 (its prompt chunks: 256 at tier 256, then 256 at tier 512).
         for prompt, out in ((100, 160), (480, 64)):
-            for r in range(-(-6 // n)):
-                prof.append(dict(name=f"p_n{n}_p{prompt}_o{out}_r{r}", slots=args.heldout_slots,
-                                 graphs=True, requests=n, prompt=prompt, out=out))
+            prof.append(dict(name=f"p_n{n}_p{prompt}_o{out}", slots=args.heldout_slots,
+                             graphs=True, concurrency=n, requests=args.profile_requests,
+                             prompt=prompt, out=out))
     # Prompt-chunk shapes the cells above miss (64 at tier 256; 128 at tier 512), cheaply.
     for prompt in (40, 352):
-        prof.append(dict(name=f"p_s8_p{prompt}_o16", slots=8, graphs=True, requests=4,
-                         prompt=prompt, out=16))
+        prof.append(dict(name=f"p_s8_p{prompt}_o16", slots=8, graphs=True, concurrency=4,
+                         requests=4, prompt=prompt, out=16))
     for slots in (1, 8):
         prof.append(dict(name=f"p_s{slots}_p64_eager", slots=slots, graphs=False,
-                         requests=2 * slots, prompt=64, out=64))
+                         concurrency=2 * slots, requests=2 * slots, prompt=64, out=64))
     held = []
     for prompt, out in ((128, 96), (384, 160)):
         for n in (1, 2, 4, 8):
-            # Acceptance varies several-fold from prompt to prompt: every cell's mean is over
-            # at least heldout_min_requests prompts (an N=1 cell: that many repeats).
-            reps = max(args.heldout_repeats, -(-args.heldout_min_requests // n))
             held.append(dict(name=f"h_n{n}_p{prompt}_o{out}", slots=args.heldout_slots, graphs=True,
-                             requests=n, prompt=prompt, out=out, repeats=reps))
+                             concurrency=n, requests=args.heldout_requests, prompt=prompt, out=out,
+                             repeats=args.heldout_repeats))
     return prof, held
 
 
@@ -64,8 +68,8 @@ def interleave(prof: list[dict], held: list[dict]) -> list[tuple[str, dict]]:
     """Profile and held-out cells spread evenly through the run, by their share of the work:
     device speed drifts over a long run (clocks, allocator state; on a CPU by up to ~10 %),
     which must not bias the profile against the cells it predicts."""
-    def work(c: dict) -> float:  # rough: decoded tokens plus a share for prompt tokens
-        return c["requests"] * (c["out"] + c["prompt"] / 8)
+    def work(c: dict) -> float:  # rough: decoded tokens plus a share for prompt tokens, by speed
+        return c["requests"] * (c["out"] + c["prompt"] / 8) / min(c["concurrency"], 4)
 
     lists = {"profile": list(prof), "heldout": list(held)}
     total = {k: sum(work(c) for c in v) or 1.0 for k, v in lists.items()}
@@ -119,7 +123,7 @@ def measure(args) -> None:
             for r in reqs:  # the simulator runs every request to max_tokens
                 r.params.stop_at_eos = False
             t0 = time.perf_counter()
-            m = run_requests(eng, reqs)
+            m = run_requests(eng, reqs, concurrency=c["concurrency"])
             wall = time.perf_counter() - t0
         finally:
             eng.close()
@@ -131,10 +135,9 @@ def measure(args) -> None:
 
     # Compile and warm every shape once, outside anything measured.
     for c in prof[:1] + held[-1:]:
-        run_cell(dict(c, name="warm-" + c["name"]), out / "warm")
+        run_cell(dict(c, name="warm-" + c["name"], requests=2 * c["concurrency"]), out / "warm")
     # Held-out cells run `heldout_repeats` times on fresh prompts (seeds HELDOUT_SEED + r):
-    # one request's acceptance decides an N=1 cell, so a single draw of prompts is not the
-    # engine's figure for that cell, the mean over draws is.
+    # the engine's figure for a cell is the mean over its runs.
     reps = [dict(c, rep=r) for c in held for r in range(c["repeats"])]
     # Each profile cell draws its own prompts (seeds 1, 2, ...): acceptance varies a lot from
     # prompt to prompt, and cells sharing one seed would fit it to the same few prompts (on
@@ -195,6 +198,8 @@ def predict(args) -> None:
             cmd = [sys.executable, "-m", "sim", "mode=predict", f"profile={out / 'profile.json'}",
                    f"engine.warmup_graphs={str(warm).lower()}", *memory_overrides(events),
                    "workload=stagger", f"workload.requests={c['requests']}",
+                   # A manifest before closed loops (no `concurrency`) sent every request at once.
+                   f"workload.concurrency={c.get('concurrency', 0)}",
                    f"workload.prompt_tokens={c['prompt']}", f"workload.max_tokens={c['out']}",
                    f"engine.slots={c['slots']}", f"engine.max_context={args.max_context}",
                    f"acceptance={args.acceptance}", "acceptance.from_profile=true", f"seed={r}",
@@ -214,15 +219,17 @@ def predict(args) -> None:
             mean.append({"figure": fig["figure"], "engine": e, "sim": m, "error": err})
         rows.append((c, mean, per_rep))
     figs = [r["figure"] for r in rows[0][1]]
-    print("means over each cell's repeats (fresh prompts each; at least "
-          f"{min(len(p) * c['requests'] for c, _, p in rows)} prompts per cell)")
+    print("means over each cell's runs (fresh prompts each; at least "
+          f"{min(len(p) * c['requests'] for c, _, p in rows)} prompts per cell; N = requests in "
+          "flight)")
     print("| cell | engine tok/s | sim tok/s | " + " | ".join(f"{f} err" for f in figs) + " |")
     print("|---|---|---|" + "---|" * len(figs))
     for c, mean, _ in rows:
         by = {r["figure"]: r for r in mean}
         agg = by["aggregate tok/s"]
         errs = ["-" if by[f]["error"] is None else f"{by[f]['error'] * 100:+.1f}%" for f in figs]
-        print(f"| N={c['requests']} P={c['prompt']} O={c['out']} | {agg['engine']:.0f} | "
+        print(f"| N={c.get('concurrency') or c['requests']} P={c['prompt']} O={c['out']} | "
+              f"{agg['engine']:.0f} | "
               f"{agg['sim']:.0f} | " + " | ".join(errs) + " |")
     (out / "predict" / "summary.json").write_text(json.dumps(
         [{"cell": c, "mean": mean, "repeats": per_rep} for c, mean, per_rep in rows], indent=2))
@@ -235,13 +242,15 @@ def main() -> None:
     ap.add_argument("--out", default="sim_check")
     ap.add_argument("--max-context", type=int, default=1024)
     ap.add_argument("--heldout-slots", type=int, default=8)
-    # Acceptance varies widely from prompt to prompt, and an N=1 or N=2 cell holds one or two
-    # prompts: on CPU, 3 draws left the cell means 12% off in acceptance; 6 bring the
-    # aggregate within 5% on every cell (docs/BENCHMARKS.md section 6).
-    ap.add_argument("--heldout-repeats", type=int, default=6,
+    # Acceptance varies several-fold from prompt to prompt: a cell's mean over 24 prompts
+    # still moved 8% (one standard error) from one draw to the next on the H200. Closed-loop
+    # runs make prompts cheap, so every cell holds heldout_repeats x heldout_requests of them.
+    ap.add_argument("--heldout-repeats", type=int, default=3,
                     help="runs of each held-out cell on fresh prompts (the figure is their mean)")
-    ap.add_argument("--heldout-min-requests", type=int, default=24,
-                    help="more runs of a small-N cell until its runs hold this many prompts")
+    ap.add_argument("--heldout-requests", type=int, default=48,
+                    help="prompts per held-out run, N of them in flight at once (closed loop)")
+    ap.add_argument("--profile-requests", type=int, default=48,
+                    help="prompts per profile cell, N of them in flight at once (closed loop)")
     ap.add_argument("--acceptance", default="chain", choices=("chain", "position", "markov", "fixed"),
                     help="the simulator's acceptance model, fitted from the profile cells")
     ap.add_argument("--predict", metavar="OUT", help="run the predictions for a measured OUT dir")
