@@ -28,3 +28,6 @@ def test_soak_reaches_its_layouts_with_no_crash_no_failure_and_flat_memory():
     assert r["windows"] >= 150 and r["distinct_keys"] >= 40
     assert r["evictions"] > 0 and r["graphs_mib_held"] == 8 * 16.0  # the limit, 16 MiB a plan
     assert r["used_mib_spread_after_first_evict"] == 0.0
+    assert r["used_mib_max_rise_after_first_evict"] == 0.0
+    assert r["non_graph_mib_spread_after_first_evict"] == 0.0
+    assert all(len(point) == 3 for point in r["curve"])  # (window, used MiB, graphs MiB held)
