@@ -7,13 +7,14 @@
 #   STRATA_COMMIT=<hash> bash scripts/gpu_acceptance.sh 1k   # ~3 min: kernel GPU tests
 #   STRATA_COMMIT=<hash> bash scripts/gpu_acceptance.sh 2    # ~8 min: graph soak, reserves 700, 2048
 #   STRATA_COMMIT=<hash> bash scripts/gpu_acceptance.sh 2b   # ~5 min: graph soak, reserve 4096; shape keys
+#   STRATA_COMMIT=<hash> bash scripts/gpu_acceptance.sh 2s   # ~2 min: graphs vs eager, one run
 #   STRATA_COMMIT=<hash> bash scripts/gpu_acceptance.sh 3    # ~9 min: identity, engine grid, host profile,
 #                                                            #   server bench (re-measure)
 #
 # STRATA_COMMIT names the commit in the results (the device's copy of the tree may carry a
 # stale .git). Every step prints one summary line; see docs/GPU_RUNBOOK.md for what each feeds.
 set -u
-part=${1:?usage: gpu_acceptance.sh 1|1k|2|2b|3}
+part=${1:?usage: gpu_acceptance.sh 1|1k|2|2b|2s|3}
 OUT=${OUT:?set OUT to the results directory}
 export PYTHONUNBUFFERED=1
 # The device tool brings back at most 8 files from $OUT: every log and result goes under $R
@@ -61,6 +62,12 @@ case $part in
         --windows 5000 --min-layouts 1 --max-seconds 20 --compile off --warm-windows 50 \
         --json "$R/soak_shape.json"
   fi
+  ;;
+2s)  # issue 5's speed point, side by side in one run: solo decode with graphs and eagerly, and
+    # batch_mtp at N = 4 and 8 with graphs and eagerly (goal: graphs at least 5x eager)
+  TAIL=16 step graphs_vs_eager 150 python3 scripts/bench_engine.py --n 1,4,8 \
+      --configs solo,solo_eager,batch_mtp,batch_mtp_eager --repeats 1 --no-reverse --max-tokens 128 \
+      --json "$R/graphs_vs_eager.json" --md "$R/graphs_vs_eager.md"
   ;;
 3)  # re-measure (issues 4, 6, 8): identity on every backend, engine grid, where the host's
     # time goes between windows, server bench
