@@ -261,3 +261,21 @@ def test_sim_check_takes_memory_facts_from_the_engine_trace():
     events.insert(1, {"ev": "warmup", "step": 0, "t": 0.0, "keys": ["shape:1x4@256"], "mib": [20.0]})
     over = dict(o.split("=", 1) for o in memory_overrides(events))
     assert float(over["memory.graph_mib"]) == 20.0  # mean of 20 (warm-up), 10 and 30
+
+
+def test_the_h200_profile_predicts_a_closed_loop_with_at_most_k_in_flight():
+    """The shipped H200 profile (host parts, chain acceptance) drives a closed-loop run."""
+    prof = REPO / "conf" / "sim" / "profiles" / "h200_tiny_bf16.json"
+    res = run_predict(cfg_of(f"profile={prof}", "memory=h200_tiny", "acceptance=chain",
+                             "acceptance.from_profile=true", "engine.warmup_graphs=true",
+                             "engine.max_context=1024", "engine.slots=8", "workload=stagger",
+                             "workload.requests=10", "workload.prompt_tokens=128",
+                             "workload.max_tokens=24", "workload.concurrency=3"))
+    m = res.metrics
+    assert len(m["requests"]) == 10 and all(r["finish_reason"] == "length" for r in m["requests"])
+    in_flight = peak = 0
+    for e in res.run.events:
+        in_flight += (e["ev"] == "arrive") - (e["ev"] == "finish")
+        peak = max(peak, in_flight)
+    assert peak == 3
+    assert 0.0 < m["acceptance"] < 1.0 and m["aggregate_tps"] > 0
