@@ -28,9 +28,10 @@ def run(cfg: DictConfig, out_dir: Path) -> dict:
     from strata.engine.llm_engine import Engine
     from strata.metrics import format_table
     from strata.runner import run_requests, write_outputs
-    from strata.workload import load_workload
+    from strata.workload import check_workload, load_workload
 
     log = lambda s: print(s, file=sys.stderr, flush=True)  # noqa: E731
+    check_workload(cfg.workload)  # a bad knob fails before the checkpoint is read
     engine = Engine.from_config(cfg, log=log, trace_path=out_dir / "trace.jsonl")
     try:
         requests = load_workload(cfg.workload, engine.tokenizer, engine.args.vocab_size)

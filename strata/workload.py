@@ -44,32 +44,39 @@ def _params(d: dict[str, Any], w: Any, where: str) -> SamplingParams:
     return p
 
 
-def load_workload(w: Any, tokenizer, vocab_size: int) -> list[Request]:
-    """Requests of the configured workload, in input order."""
+def check_workload(w: Any) -> None:
+    """The workload knobs that need no model: checked before the checkpoint is read."""
+    if w.kind not in ("default", "file", "synthetic"):
+        raise WorkloadError(f"workload.kind: must be default, file or synthetic, got {w.kind!r}")
     if w.concurrency < 0:
         raise WorkloadError(f"workload.concurrency: must be >= 0 (0 = all at once), got {w.concurrency}")
+    if w.stagger_steps < 0:
+        raise WorkloadError(f"workload.stagger_steps: must be >= 0, got {w.stagger_steps}")
+    if w.kind != "file" and w.requests < 1:
+        raise WorkloadError(f"workload.requests: must be >= 1, got {w.requests}")
+    if w.kind == "synthetic" and w.prompt_tokens < 1:
+        raise WorkloadError(f"workload.prompt_tokens: must be >= 1, got {w.prompt_tokens}")
+
+
+def load_workload(w: Any, tokenizer, vocab_size: int) -> list[Request]:
+    """Requests of the configured workload, in input order."""
+    check_workload(w)
     if w.kind == "default":
         if tokenizer is None:
             raise WorkloadError("workload=default needs a tokenizer.json in the model directory")
         n = w.requests
-        if n < 1:
-            raise WorkloadError(f"workload.requests: must be >= 1, got {n}")
         return [Request(f"req{i}", tokenizer.encode(DEFAULT_PROMPTS[i % len(DEFAULT_PROMPTS)]),
                         _params({"seed": w.seed + i}, w, "workload"),
                         arrival_step=i * w.stagger_steps,
                         prompt_text=DEFAULT_PROMPTS[i % len(DEFAULT_PROMPTS)])
                 for i in range(n)]
     if w.kind == "synthetic":
-        if w.requests < 1 or w.prompt_tokens < 1:
-            raise WorkloadError("workload.requests and workload.prompt_tokens must be >= 1")
         rng = np.random.default_rng(w.seed)
         low = 1 if vocab_size > 1 else 0  # id 0 is EOS in strata's tiny models
         return [Request(f"req{i}", rng.integers(low, vocab_size, w.prompt_tokens).tolist(),
                         _params({"seed": w.seed + i}, w, "workload"), arrival_step=i * w.stagger_steps)
                 for i in range(w.requests)]
-    if w.kind == "file":
-        return load_request_file(w.path, w, tokenizer, vocab_size)
-    raise WorkloadError(f"workload.kind: must be default, file or synthetic, got {w.kind!r}")
+    return load_request_file(w.path, w, tokenizer, vocab_size)  # kind=file (check_workload)
 
 
 def load_request_file(path: Optional[str], w: Any, tokenizer, vocab_size: int) -> list[Request]:

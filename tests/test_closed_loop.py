@@ -123,3 +123,17 @@ def test_bad_concurrency_and_duplicate_ids_are_named(loaded):
         assert not eng.requests
     finally:
         eng.close()
+
+
+@pytest.mark.parametrize("override, key", [("workload.concurrency=-1", "workload.concurrency"),
+                                           ("workload.requests=0", "workload.requests"),
+                                           ("workload.stagger_steps=-2", "workload.stagger_steps")])
+def test_bad_workload_knobs_fail_before_the_checkpoint_is_read(tmp_path, override, key):
+    import subprocess
+    import sys
+
+    res = subprocess.run([sys.executable, "-m", "strata", override, "device=cpu",
+                          f"hydra.run.dir={tmp_path}"], capture_output=True, text=True, timeout=120)
+    assert res.returncode != 0
+    assert f"error: {key}" in res.stderr
+    assert "INFO kernels" not in res.stderr  # nothing was loaded
