@@ -56,17 +56,15 @@ def soak(loaded, device, a, reserve: int, graph_key: str) -> dict:
     first_evict_at = None
     target, next_churn = a.slots + 2, a.churn_windows
     t0 = time.perf_counter()
-    orig_emit = eng.trace.emit
 
-    def emit(ev, **f):
+    def listen(ev, f):
         nonlocal first_evict_at
         if ev == "window":
             keys.add(f["key"])
         elif ev == "evict" and first_evict_at is None:
             first_evict_at = eng.windows
-        return orig_emit(ev, **f)
 
-    eng.trace.emit = emit
+    eng.trace.listener = listen
     while eng.windows < a.windows or (len(keys) < a.min_layouts and time.perf_counter() - t0 < a.max_seconds):
         if time.perf_counter() - t0 > a.max_seconds:
             break

@@ -34,7 +34,7 @@ from __future__ import annotations
 import json
 import time
 from pathlib import Path
-from typing import Any, Iterable, Iterator, Optional, TextIO
+from typing import Any, Callable, Iterable, Iterator, Optional, TextIO
 
 EVENT_FIELDS: dict[str, tuple[str, ...]] = {
     "config": ("engine", "memory"),
@@ -153,18 +153,29 @@ class TraceWriter:
         self.step = 0
         self.events: list[dict[str, Any]] = []
         self.keep = True
+        #: Called with (event name, fields) for every event, kept or not (a soak's counters).
+        self.listener: Optional[Callable[[str, dict[str, Any]], None]] = None
+
+    @property
+    def active(self) -> bool:
+        """Whether an event would go anywhere: the engine skips building the events of its
+        hot path (a window, its commits) when not, as in a server or a benchmark."""
+        return self.keep or self._out is not None or self.listener is not None
 
     def emit(self, ev: str, **fields: Any) -> Optional[dict[str, Any]]:
-        """Check and record one event; returns it, or None when nothing keeps or writes it
-        (a server's engine: it then costs only the check, on the hot path of every commit)."""
+        """Check and record one event; returns it, or None when nothing keeps or writes it."""
+        if not self.active:
+            return None
         expected = EVENT_FIELDS.get(ev)
         if expected is None:
             raise ValueError(f"unknown trace event {ev!r}")
         for f in expected:
             if f not in fields:
                 raise ValueError(f"trace event {ev!r} lacks {[f for f in expected if f not in fields]}")
+        if self.listener is not None:
+            self.listener(ev, fields)
         if not self.keep and self._out is None:
-            return None
+            return None  # a listener only
         rec = {"ev": ev, "step": self.step, "t": round(self._clock() - self._t0, 6), **fields}
         if self.keep:
             self.events.append(rec)

@@ -516,12 +516,14 @@ class Engine:
                                           filtered, key, {key} if key else set())
         dur = time.perf_counter() - t0
         self.windows += 1
-        extra = {}
-        if action == "capture" and key in self.cache.entries:
-            # The measured size: replaying a GPU trace needs it to decide what fits.
-            extra["mib"] = round(self.cache.entries[key].mib, 3)
-        self.trace.emit("window", layout=list(layout), key=key or "eager", graph=action,
-                        rows=len(layout), dur=round(dur, 6), ctx=tier, **extra)
+        tracing = self.trace.active  # a server or benchmark builds none of these events
+        if tracing:
+            extra = {}
+            if action == "capture" and key in self.cache.entries:
+                # The measured size: replaying a GPU trace needs it to decide what fits.
+                extra["mib"] = round(self.cache.entries[key].mib, 3)
+            self.trace.emit("window", layout=list(layout), key=key or "eager", graph=action,
+                            rows=len(layout), dur=round(dur, 6), ctx=tier, **extra)
         ended = []
         for (slot, r), row in zip(groups, rows):
             rs = slot.req
@@ -532,7 +534,9 @@ class Engine:
             rs.accepted += a
             self.drafted += r - 1
             self.accepted += a
-            self.trace.emit("commit", req=rs.id, slot=slot.id, drafted=r - 1, accepted=a, emitted=n)
+            if tracing:
+                self.trace.emit("commit", req=rs.id, slot=slot.id, drafted=r - 1, accepted=a,
+                                emitted=n)
             if rs.finished:
                 ended.append(slot)
         for slot in ended:
