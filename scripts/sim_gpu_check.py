@@ -37,10 +37,12 @@ def cells(args) -> tuple[list[dict], list[dict]]:
     position), and admissions mid-run. They run on the held-out engine's slot count: a user
     profiles the engine they will run."""
     prof = []
-    for n in (1, 2, 4, 8):
-        # A short prompt decoding far (tiers 256-512, positions to 160) and a long one crossing
-        # into tier 1024 (its prompt chunks: 256 at tier 256, then 256 at tier 512).
-        for prompt, out in ((100, 160), (480, 64)):
+    # A short prompt decoding far (tiers 256-512, positions to 160) and a long one crossing
+    # into tier 1024 (its prompt chunks: 256 at tier 256, then 256 at tier 512). Ordered so
+    # that every N has a cell early in the run and one late (the run interleaves them with
+    # the held-out runs, and device speed drifts).
+    for n_short, n_long in zip((1, 2, 4, 8), (8, 4, 2, 1)):
+        for n, prompt, out in ((n_short, 100, 160), (n_long, 480, 64)):
             prof.append(dict(name=f"p_n{n}_p{prompt}_o{out}", slots=args.heldout_slots,
                              graphs=True, concurrency=n, requests=args.profile_requests,
                              prompt=prompt, out=out))
@@ -138,7 +140,10 @@ def measure(args) -> None:
         run_cell(dict(c, name="warm-" + c["name"], requests=2 * c["concurrency"]), out / "warm")
     # Held-out cells run `heldout_repeats` times on fresh prompts (seeds HELDOUT_SEED + r):
     # the engine's figure for a cell is the mean over its runs.
-    reps = [dict(c, rep=r) for c in held for r in range(c["repeats"])]
+    # Repeat by repeat (every cell's first run, then every cell's second, ...): each part of
+    # the run holds every cell, so drift over the run does not fall on some cells only.
+    reps = [dict(c, rep=r) for r in range(max(c["repeats"] for c in held)) for c in held
+            if r < c["repeats"]]
     # Each profile cell draws its own prompts (seeds 1, 2, ...): acceptance varies a lot from
     # prompt to prompt, and cells sharing one seed would fit it to the same few prompts (on
     # the H200 that fit came out 10-29% below the held-out acceptance).
