@@ -148,20 +148,29 @@ def measure(args) -> None:
     # prompt to prompt, and cells sharing one seed would fit it to the same few prompts (on
     # the H200 that fit came out 10-29% below the held-out acceptance).
     prof = [dict(c, seed=PROFILE_SEED + i) for i, c in enumerate(prof)]
-    for kind, c in interleave(prof, reps):
-        if kind == "heldout":
-            run_cell(c, out / kind / c["name"] / f"rep{c['rep']}", seed=HELDOUT_SEED + c["rep"])
-        else:
-            run_cell(c, out / kind / c["name"], seed=c["seed"])
-    traces = [out / "profile" / c["name"] / "trace.jsonl" for c in prof]
     source = {"device": torch.cuda.get_device_name() if dev.type == "cuda" else "cpu",
               "torch": torch.__version__, "dtype": str(loaded.dtype), "backend": backend,
               "commit": commit_id(),
               "date": time.strftime("%Y-%m-%d")}
-    fit_profile_files(traces, source).save(out / "profile.json")
+    # The manifest first and the profile as soon as its cells are done: a run cut by a time
+    # limit in its last held-out runs still predicts the runs that finished.
     (out / "manifest.json").write_text(json.dumps({"source": source, "profile_cells": prof,
                                                    "heldout_cells": held,
                                                    "heldout_repeats": args.heldout_repeats}, indent=2))
+    # The short cells for shapes the grid-like ones miss run first, so that the interleaved
+    # order ends with held-out runs.
+    extra = [c for c in prof if not c["name"].startswith("p_n")]
+    order = [("profile", c) for c in extra] + interleave([c for c in prof if c not in extra], reps)
+    last_profile = max(i for i, (kind, _) in enumerate(order) if kind == "profile")
+    for i, (kind, c) in enumerate(order):
+        if kind == "heldout":
+            run_cell(c, out / kind / c["name"] / f"rep{c['rep']}", seed=HELDOUT_SEED + c["rep"])
+        else:
+            run_cell(c, out / kind / c["name"], seed=c["seed"])
+        if i == last_profile:
+            traces = [out / "profile" / p["name"] / "trace.jsonl" for p in prof]
+            fit_profile_files(traces, source).save(out / "profile.json")
+            print(f"profile fitted from {len(traces)} traces: {out / 'profile.json'}", flush=True)
 
 
 def memory_overrides(events: list[dict]) -> list[str]:
@@ -196,6 +205,9 @@ def predict(args) -> None:
         for r in range(c.get("repeats", man.get("heldout_repeats", 1))):
             cell = out / "heldout" / c["name"] / f"rep{r}"
             pred = out / "predict" / c["name"] / f"rep{r}"
+            if not (cell / "metrics.json").is_file():
+                print(f"{c['name']} run {r}: not measured (the run was cut): left out", flush=True)
+                continue
             # Did the engine's warm-up capture the window graphs (CUDA, shape keys)? Its
             # trace says so; the simulator then starts from the same warm cache.
             events = read_trace(cell / "trace.jsonl")
@@ -214,6 +226,9 @@ def predict(args) -> None:
                 print(res.stderr[-2000:], file=sys.stderr)
                 raise SystemExit(f"sim predict failed for {c['name']} repeat {r}")
             per_rep.append(json.loads((pred / "comparison.json").read_text()))
+        if not per_rep:
+            print(f"{c['name']}: no run measured: left out of the table", flush=True)
+            continue
         mean = []
         for i, fig in enumerate(per_rep[0]):
             eng = [p[i]["engine"] for p in per_rep if p[i]["engine"] is not None]
@@ -223,17 +238,20 @@ def predict(args) -> None:
             err = (m - e) / e if e and m is not None else None
             mean.append({"figure": fig["figure"], "engine": e, "sim": m, "error": err})
         rows.append((c, mean, per_rep))
+    if not rows:
+        raise SystemExit(f"{out}: no held-out run was measured")
     figs = [r["figure"] for r in rows[0][1]]
     print("means over each cell's runs (fresh prompts each; at least "
           f"{min(len(p) * c['requests'] for c, _, p in rows)} prompts per cell; N = requests in "
           "flight)")
     print("| cell | engine tok/s | sim tok/s | " + " | ".join(f"{f} err" for f in figs) + " |")
     print("|---|---|---|" + "---|" * len(figs))
-    for c, mean, _ in rows:
+    for c, mean, per in rows:
         by = {r["figure"]: r for r in mean}
         agg = by["aggregate tok/s"]
         errs = ["-" if by[f]["error"] is None else f"{by[f]['error'] * 100:+.1f}%" for f in figs]
-        print(f"| N={c.get('concurrency') or c['requests']} P={c['prompt']} O={c['out']} | "
+        runs = "" if len(per) == c.get("repeats", len(per)) else f" ({len(per)} of {c['repeats']} runs)"
+        print(f"| N={c.get('concurrency') or c['requests']} P={c['prompt']} O={c['out']}{runs} | "
               f"{agg['engine']:.0f} | "
               f"{agg['sim']:.0f} | " + " | ".join(errs) + " |")
     (out / "predict" / "summary.json").write_text(json.dumps(
