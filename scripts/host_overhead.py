@@ -39,6 +39,7 @@ def stub_device(eng: Engine, accept: float, seed: int) -> None:
     rng = np.random.default_rng(seed)
     vocab = eng.args.vocab_size
     pool = 4096  # results cycled through: drawing per call would be host work of the stub's own
+    cache: dict = {}  # (groups, rows) -> [results, next index]
 
     def window(gs, gp, rows, g, ctx, filtered):
         n = gs.shape[0]
@@ -57,7 +58,6 @@ def stub_device(eng: Engine, accept: float, seed: int) -> None:
     def prefill(tokens, meta, ctx):
         return torch.tensor([int(rng.integers(1, vocab))])
 
-    cache: dict = {}
     eng.runner.verifier.window = window
     eng.runner.verifier.prefill = prefill
 

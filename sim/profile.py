@@ -220,23 +220,22 @@ def _fill_table(cells: dict[tuple[float, float], float], tiers: list[float],
     return table
 
 
-def _trace_config(events: list[dict[str, Any]]) -> dict[str, Any]:
+def _config_event(events: list[dict[str, Any]]) -> dict[str, Any]:
+    """The trace's `config` event (its first), or {} for a trace without one."""
     for e in events:
         if e["ev"] == "config":
-            return e.get("engine") or {}
+            return e
     return {}
 
 
-def _graph_prefills(events: list[dict[str, Any]]) -> bool:
-    """Did this engine replay graphs for its prompt chunks? Only a CUDA engine (its trace has
-    no fixed `graph_mib`) with engine.graphs and engine.prefill_graphs on; eager chunks cost
-    several times more (a 64-token chunk on the H200: 13.5 ms eager, 1.2 ms as a graph)."""
-    for e in events:
-        if e["ev"] == "config":
-            eng, mem = e.get("engine") or {}, e.get("memory") or {}
-            return (mem.get("graph_mib", 0) is None and bool(eng.get("graphs"))
-                    and bool(eng.get("prefill_graphs", True)))
-    return False
+def _graph_prefills(cfg: dict[str, Any]) -> bool:
+    """Did this engine (its `config` event) replay graphs for its prompt chunks? Only a CUDA
+    engine (its trace has no fixed `graph_mib`) with engine.graphs and engine.prefill_graphs
+    on; eager chunks cost several times more (a 64-token chunk on the H200: 13.5 ms eager,
+    1.2 ms as a graph)."""
+    eng, mem = cfg.get("engine") or {}, cfg.get("memory") or {}
+    return (bool(cfg) and mem.get("graph_mib", 0) is None and bool(eng.get("graphs"))
+            and bool(eng.get("prefill_graphs", True)))
 
 
 def _prefill_key(e: dict[str, Any], knobs: dict[str, Any]) -> tuple[float, Optional[float]]:
@@ -305,8 +304,9 @@ def fit_profile(traces: Iterable[list[dict[str, Any]]],
     n_traces = 0
     for n, events in enumerate(traces):
         n_traces += 1
-        knobs = _trace_config(events)
-        graph_chunks = _graph_prefills(events)
+        cfg = _config_event(events)
+        knobs = cfg.get("engine") or {}
+        graph_chunks = _graph_prefills(cfg)
         for e in events:
             if e["ev"] == "window" and "dur" in e and "ctx" in e:
                 dur, tier = float(e["dur"]), float(e["ctx"])
