@@ -22,6 +22,14 @@ mean). Gaps are filled so every query has an answer:
 - a shape never measured for an action takes another action's value scaled by the median
   ratio of the two actions over shapes measured for both;
 - an action with no sample at all copies another action's tables (FALLBACK_ACTIONS).
+Each engine process runs at its own speed: on the H200, the same window shape measured in two
+processes differed by up to 30% in window time and 2x in host time, one process slow or fast
+throughout (session 6, docs/BENCHMARKS.md section 6). A cell measured by one slow process would
+price every prediction that uses it at that speed. So before the cells are taken, each trace's
+samples are divided by the trace's speed factor (`_trace_speeds`: a median polish of log
+seconds into cell and trace effects, separately for windows, prompt chunks and host gaps), and
+factors are centred on the traces' mean, so every cell is priced at the profile runs' average
+speed. A trace with too few samples to judge (SPEED_MIN_SAMPLES) keeps factor 1.
 The profile's `source` records the samples behind every cell (`counts`, `shape_counts`,
 `prefill_counts`, `prefill_table_counts`), so filled cells can be told apart.
 
@@ -55,6 +63,40 @@ class FitError(ValueError):
 
 #: Cells with fewer samples than this take their minimum rather than their median.
 MEDIAN_MIN_SAMPLES = 3
+
+
+#: A trace needs this many samples of a kind before its speed factor for that kind is judged.
+SPEED_MIN_SAMPLES = 20
+#: The median polish stops when no trace effect moves more than this (log units), or after
+#: SPEED_POLISH_ROUNDS rounds.
+SPEED_POLISH_TOL = 1e-6
+SPEED_POLISH_ROUNDS = 100
+
+
+def _trace_speeds(samples: dict[int, list[tuple[Any, float]]]) -> dict[int, float]:
+    """Per trace, the factor its samples ran at against the others': `samples` maps a trace to
+    its (cell, seconds) pairs; log seconds are split by median polish into a cell effect and a
+    trace effect, and the trace effects of the judged traces are centred on their mean (a
+    trace with fewer than SPEED_MIN_SAMPLES samples keeps factor 1)."""
+    logs = {n: [(k, math.log(max(v, 1e-9))) for k, v in xs] for n, xs in samples.items()}
+    judged = [n for n, xs in logs.items() if len(xs) >= SPEED_MIN_SAMPLES]
+    eff = {n: 0.0 for n in logs}
+    if len(judged) < 2:
+        return {n: 1.0 for n in logs}
+    for _ in range(SPEED_POLISH_ROUNDS):
+        by_cell: dict[Any, list[float]] = defaultdict(list)
+        for n, xs in logs.items():
+            for k, lv in xs:
+                by_cell[k].append(lv - eff[n])
+        cell = {k: _median(v) for k, v in by_cell.items()}
+        new = {n: _median([lv - cell[k] for k, lv in logs[n]]) for n in judged}
+        centre = sum(new.values()) / len(new)
+        moved = max(abs(new[n] - centre - eff[n]) for n in judged)
+        for n in judged:
+            eff[n] = new[n] - centre
+        if moved < SPEED_POLISH_TOL:
+            break
+    return {n: math.exp(eff[n]) for n in logs}
 
 
 def _median(xs: list[float]) -> float:
@@ -302,28 +344,47 @@ def fit_profile(traces: Iterable[list[dict[str, Any]]],
     host: list[tuple[int, int, bool, float]] = []
     commits: list[dict[str, Any]] = []
     n_traces = 0
+    # Per trace: window samples (action, tier, rows, shape, seconds), prompt chunks
+    # (graph chunks, tokens, tier, seconds) and host gaps, kept apart until each trace's
+    # speed is known.
+    win_by: dict[int, list[tuple[str, float, float, str, float]]] = {}
+    pre_by: dict[int, list[tuple[bool, float, Optional[float], float]]] = {}
+    host_by: dict[int, list[tuple[int, int, bool, float]]] = {}
     for n, events in enumerate(traces):
         n_traces += 1
         cfg = _config_event(events)
         knobs = cfg.get("engine") or {}
         graph_chunks = _graph_prefills(cfg)
+        win_by[n], pre_by[n] = [], []
         for e in events:
             if e["ev"] == "window" and "dur" in e and "ctx" in e:
-                dur, tier = float(e["dur"]), float(e["ctx"])
-                decode[e["graph"]][(tier, float(e["rows"]))].append(dur)
                 g, r = window_shape(e)
-                shaped[e["graph"]][(tier, f"{g}x{r}")].append(dur)
+                win_by[n].append((e["graph"], float(e["ctx"]), float(e["rows"]), f"{g}x{r}",
+                                  float(e["dur"])))
             elif e["ev"] == "prefill" and "dur" in e:
                 tokens, tier = _prefill_key(e, knobs)
-                prefill_by[graph_chunks][tokens].append(float(e["dur"]))
-                if tier is None:
-                    untiered[graph_chunks] = True
-                else:
-                    tiered_by[graph_chunks][(tier, tokens)].append(float(e["dur"]))
+                pre_by[n].append((graph_chunks, tokens, tier, float(e["dur"])))
             elif e["ev"] == "commit":
                 # The Markov chain is per request: keep requests of different traces apart.
                 commits.append({**e, "req": (n, e["req"])})
-        host.extend(_host_samples(events))
+        host_by[n] = _host_samples(events)
+    win_speed = _trace_speeds({n: [((a, t, sh), d) for a, t, _, sh, d in xs]
+                               for n, xs in win_by.items()})
+    pre_speed = _trace_speeds({n: [((gc, tok, t), d) for gc, tok, t, d in xs]
+                               for n, xs in pre_by.items()})
+    host_speed = _trace_speeds({n: [((c, a, p), g) for c, a, p, g in xs]
+                                for n, xs in host_by.items()})
+    for n in win_by:
+        for a, tier, r, sh, dur in win_by[n]:
+            decode[a][(tier, r)].append(dur / win_speed[n])
+            shaped[a][(tier, sh)].append(dur / win_speed[n])
+        for gc, tokens, tier, dur in pre_by[n]:
+            prefill_by[gc][tokens].append(dur / pre_speed[n])
+            if tier is None:
+                untiered[gc] = True
+            else:
+                tiered_by[gc][(tier, tokens)].append(dur / pre_speed[n])
+        host.extend((c, a, p, g / host_speed[n]) for c, a, p, g in host_by[n])
     if not any(decode.values()):
         raise FitError("no window event with `dur` and `ctx` in the traces: nothing to fit")
     kind = bool(prefill_by[True])  # graph chunks if any trace ran them
@@ -368,7 +429,10 @@ def fit_profile(traces: Iterable[list[dict[str, Any]]],
            "prefill_counts": [len(prefill[t]) for t in tokens],
            "prefill_from": "graphs" if kind else "eager",
            "prefill_eager_left_out": sum(len(v) for v in prefill_by[False].values()) if kind else 0,
-           "host_overhead_samples": len(host), "actions_copied": filled_from}
+           "host_overhead_samples": len(host), "actions_copied": filled_from,
+           "trace_speeds": {"window": [round(win_speed[n], 4) for n in sorted(win_speed)],
+                            "prefill": [round(pre_speed[n], 4) for n in sorted(pre_speed)],
+                            "host": [round(host_speed[n], 4) for n in sorted(host_speed)]}}
     if pre_table is not None:
         src["prefill_table_counts"] = [[len(prefill_tiered.get((t, b), ())) for b in tokens]
                                        for t in pre_tiers]

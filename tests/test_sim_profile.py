@@ -228,3 +228,27 @@ def test_acceptance_depth_factors_against_the_position_rates():
     assert fit["position"]["rate"] == [0.5]
     assert fit["position"]["depth_factor"] == [1.0, 0.0]
     assert fit["position"]["depth_judged"] == [160, 80]
+
+
+def test_each_trace_speed_is_divided_out_before_cells_are_taken():
+    # Two engine processes measured the shared 1x2 shape: one ran everything 1.44x slower
+    # (1.2x above the mean speed in log terms). Each process alone measured one more shape.
+    # Without the speed factors, 2x2 would be priced at the slow process's speed; with them
+    # every cell is priced at the two processes' mean (geometric) speed.
+    fast = [("shape:1x2@256", [0, 0], 256, "hit", 0.010)] * 30 + \
+           [("shape:1x4@256", [0, 0, 0, 0], 256, "hit", 0.020)] * 30
+    slow = [("shape:1x2@256", [0, 0], 256, "hit", 0.0144)] * 30 + \
+           [("shape:2x2@256", [0, 0, 1, 1], 256, "hit", 0.0144 * 1.5)] * 30
+    prof = fit_profile([_trace(windows=fast, prefills=[(64, 64, 0.01)]),
+                        _trace(windows=slow, prefills=[(64, 64, 0.01)])])
+    assert prof.source["trace_speeds"]["window"] == pytest.approx([1 / 1.2, 1.2], rel=1e-3)
+    assert prof.decode_time(2, 256, "hit", (1, 2)) == pytest.approx(0.012, rel=1e-3)
+    assert prof.decode_time(4, 256, "hit", (1, 4)) == pytest.approx(0.024, rel=1e-3)
+    assert prof.decode_time(4, 256, "hit", (2, 2)) == pytest.approx(0.018, rel=1e-3)
+    # A trace with too few samples to judge keeps factor 1 and does not move the others.
+    short = [("shape:1x2@256", [0, 0], 256, "hit", 0.5)] * 3
+    prof = fit_profile([_trace(windows=fast, prefills=[(64, 64, 0.01)]),
+                        _trace(windows=slow, prefills=[(64, 64, 0.01)]),
+                        _trace(windows=short, prefills=[(64, 64, 0.01)])])
+    assert prof.source["trace_speeds"]["window"][2] == 1.0
+    assert prof.decode_time(4, 256, "hit", (2, 2)) == pytest.approx(0.018, rel=1e-3)
