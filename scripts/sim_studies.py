@@ -411,10 +411,10 @@ a memory event; that agrees with the reporter's reading (the eviction and recapt
 
 Setup: {" ".join(CLIENT_WORKLOAD[1:])}, `workload.concurrency` = clients: each client sends
 its next request when its last one finished. Timing, host time and acceptance (`chain`) come
-from `conf/sim/profiles/h200_tiny_bf16.json`, fitted from the fifth session's H200 sim-check
-traces (tiny model, bf16, batch_mtp, window_rows 8, shape keys); the simulator's predictions
-from that kind of profile were within 10% of the engine on 7 of 8 held-out cells
-(docs/BENCHMARKS.md section 6).
+from `conf/sim/profiles/h200_tiny_bf16.json`, fitted from the 24 profile traces of the sixth
+session's two H200 sim-check calls (tiny model, bf16, batch_mtp, window_rows 8, shape keys);
+the simulator's predictions from that kind of profile were within 4% of the engine's aggregate
+tokens/s on all 8 held-out cells (docs/BENCHMARKS.md section 6).
 
 {clients_tbl}
 
@@ -427,8 +427,8 @@ put: it comes within 5% of its peak at {knee[4]} clients with 4 slots
 add rotation rather than rows per window. Clients past the slot count only queue: at 8 slots,
 TTFT p95 goes from {cl[8, 8]["ttft95"] * 1e3:.1f} ms with 8 clients to
 {cl[8, 32]["ttft95"] * 1e3:.1f} ms with 32, while throughput moves by
-{cl[8, 32]["tps"] / cl[8, 8]["tps"] - 1:+.1%}. The engine's held-out cells agree in kind: 8,168-9,365
-tokens/s at N=4 and N=8 on the H200.
+{cl[8, 32]["tps"] / cl[8, 8]["tps"] - 1:+.1%}. The engine's held-out cells agree in kind: 9,595-10,404
+tokens/s at N=4 and N=8 on the H200 (sixth session, closed loops of 48 prompts).
 """
     Path(args.out_md).write_text(md, encoding="utf-8")
     print(f"wrote {args.out_md} and {img}/sim_*.png in {elapsed:.0f} s")

@@ -22,7 +22,12 @@ A draft after the first rejected one is never judged: the models draw nothing fo
   three in a row), so which positions get judged depends on the window shape; a model over
   judged drafts alone (position, markov) cannot tell a lone window's first drafts, which mostly
   follow a miss, from a grouped window's. Deeper drafts need their position draftable and pass
-  a depth factor (a draft chained on a draft is guessed less well).
+  a depth factor (a draft chained on a draft is guessed less well). Requests differ: some
+  prompts lead to text the drafter guesses far better than others (per-request acceptance
+  0.25-0.87 in one H200 cell), so each request draws a difficulty that shifts its rates in
+  logit space (`spread`, the shift's standard deviation, and `offset`, which keeps the mean
+  where the traces put it). Without it every request would see the same rates, and the spread
+  of requests' lengths in windows, hence the E2E tail, would come out too narrow.
 - `RecordedAcceptance`: the engine's own per-commit `accepted`, for replay.
 
 Random models draw from one stream per request (same seed, same request: same outcomes, however
@@ -150,10 +155,15 @@ class ChainAcceptance(AcceptanceModel):
     P(draftable at p) = after_hit[b] if p-1 was draftable else after_miss[b], b = p's bucket of
     `tokens` positions (the last rate holds past the end); `first` for a request's first
     position. Draft j of a group at position p + j is accepted iff p + j is draftable and, for
-    j >= 1, a draw passes depth_factors[j] (the last factor holds deeper)."""
+    j >= 1, a draw passes depth_factors[j] (the last factor holds deeper).
+
+    Per request, the rates first, after_miss and after_hit move in logit space by
+    offset + spread * z, z a standard normal drawn once per request from its own stream
+    (`acceptance_spread`); spread = offset = 0 leaves them as given."""
 
     def __init__(self, after_miss: list[float], after_hit: list[float], first: float, tokens: int,
-                 streams: RandomStreams, depth_factors: Optional[list[float]] = None):
+                 streams: RandomStreams, depth_factors: Optional[list[float]] = None,
+                 spread: float = 0.0, offset: float = 0.0):
         self.after_miss = _rates("chain acceptance after_miss rates", after_miss)
         self.after_hit = _rates("chain acceptance after_hit rates", after_hit)
         if len(after_miss) != len(after_hit):
@@ -163,23 +173,45 @@ class ChainAcceptance(AcceptanceModel):
         self.first = float(first)
         self.tokens = _bucket("chain acceptance", tokens)
         self.depth_factors = _depth_factors("chain acceptance", depth_factors)
+        if not (spread >= 0.0 and math.isfinite(spread)) or not math.isfinite(offset):
+            raise ValueError(f"chain acceptance spread must be finite and >= 0 and offset "
+                             f"finite, got spread={spread}, offset={offset}")
+        self.spread, self.offset = float(spread), float(offset)
         self._gens = _PerRequestStreams(streams, "acceptance")
+        self._spread_gens = _PerRequestStreams(streams, "acceptance_spread")
         #: request index -> (last position drawn, its bit)
         self._chain: dict[int, tuple[int, bool]] = {}
+        #: request index -> (first, after_miss, after_hit) after its shift
+        self._rates: dict[int, tuple[float, list[float], list[float]]] = {}
+
+    def _request_rates(self, idx: int) -> tuple[float, list[float], list[float]]:
+        r = self._rates.get(idx)
+        if r is None:
+            if self.spread == 0.0 and self.offset == 0.0:
+                r = (self.first, self.after_miss, self.after_hit)
+            else:
+                shift = self.offset + self.spread * float(
+                    self._spread_gens.gen(idx).standard_normal())
+                r = (logit_shift(self.first, shift),
+                     [logit_shift(x, shift) for x in self.after_miss],
+                     [logit_shift(x, shift) for x in self.after_hit])
+            self._rates[idx] = r
+        return r
 
     def _draftable(self, idx: int, gen, position: int) -> bool:
         last = self._chain.get(idx)
         if last is not None and position <= last[0]:
             raise ValueError(f"chain acceptance: position {position} of request {idx} asked after "
                              f"{last[0]} (positions only move forward)")
+        first, after_miss, after_hit = self._request_rates(idx)
         p, bit = (position - 1, False) if last is None else last
         while p < position:
             p += 1
             if last is None and p == position:
-                rate = self.first
+                rate = first
             else:
-                b = min(max(p, 0) // self.tokens, len(self.after_hit) - 1)
-                rate = self.after_hit[b] if bit else self.after_miss[b]
+                b = min(max(p, 0) // self.tokens, len(after_hit) - 1)
+                rate = after_hit[b] if bit else after_miss[b]
             bit = bool(gen.random() < rate)
         self._chain[idx] = (position, bit)
         return bit
@@ -197,6 +229,14 @@ class ChainAcceptance(AcceptanceModel):
                 break
             a += 1
         return a
+
+
+def logit_shift(rate: float, shift: float) -> float:
+    """`rate` moved by `shift` in logit space; 0 and 1 stay where they are."""
+    if rate <= 0.0 or rate >= 1.0 or shift == 0.0:
+        return rate
+    z = math.log(rate / (1.0 - rate)) + shift
+    return 1.0 / (1.0 + math.exp(-z)) if z >= 0 else math.exp(z) / (1.0 + math.exp(z))
 
 
 class RecordedAcceptance(AcceptanceModel):
@@ -242,6 +282,11 @@ class AcceptanceFit:
     chain_after_hit: tuple[float, ...] = ()
     chain_depth_factors: tuple[float, ...] = ()
     chain_judged: dict[str, list[int]] = field(default_factory=dict)
+    #: Chain model: the per-request logit shift's standard deviation and centre
+    #: (`_fit_chain_spread`), and the per-request acceptance spread it was matched to.
+    chain_spread: float = 0.0
+    chain_offset: float = 0.0
+    chain_request_sd: Optional[float] = None
 
     def as_dict(self) -> dict[str, Any]:
         d = {"rate": self.rate,
@@ -259,7 +304,9 @@ class AcceptanceFit:
             d["chain"] = {"tokens": self.position_tokens, "after_miss": list(self.chain_after_miss),
                           "after_hit": list(self.chain_after_hit), "first": self.p_accept_first,
                           "depth_factor": list(self.chain_depth_factors),
-                          "judged": self.chain_judged}
+                          "judged": self.chain_judged,
+                          "spread": self.chain_spread, "offset": self.chain_offset,
+                          "request_sd": self.chain_request_sd}
         return d
 
 
@@ -314,6 +361,7 @@ def fit_acceptance(commits: Iterable[dict[str, Any]], default_rate: float = 0.0)
     pos_accepted: list[int] = []
     deep: list[tuple[int, int, bool]] = []  # (depth >= 1, position, accepted) of deeper drafts
     walks: dict[Any, list[tuple[int, int, bool]]] = defaultdict(list)  # (position, depth, ok)
+    per_request: dict[Any, list[tuple[int, int, int]]] = defaultdict(list)  # (pos, drafted, acc)
     n_commits = drafted_total = accepted_total = 0
     for c in commits:
         k, a = int(c["drafted"]), int(c["accepted"])
@@ -322,6 +370,7 @@ def fit_acceptance(commits: Iterable[dict[str, Any]], default_rate: float = 0.0)
         accepted_total += a
         before = emitted[c["req"]]
         emitted[c["req"]] = before + int(c.get("emitted", a + 1))
+        per_request[c["req"]].append((before, k, a))
         if k == 0:
             continue
         seq = outcomes[c["req"]]
@@ -361,6 +410,12 @@ def fit_acceptance(commits: Iterable[dict[str, Any]], default_rate: float = 0.0)
         d_hits[j - 1] += ok
         d_expected[j - 1] += pos_rates[min(p // POSITION_TOKENS, len(pos_rates) - 1)]
     chain = _fit_chain(walks, rate, pos_rates)
+    if chain:
+        # Requests of one trace ran one workload; across traces window shapes and prompt sizes
+        # differ, and so does the mean acceptance: the spread is matched within traces.
+        groups = [k[0] if isinstance(k, tuple) else 0 for k in per_request]
+        chain.update(_fit_chain_spread(chain, _ratio(first_ok, n_first, rate),
+                                       list(per_request.values()), groups))
     return AcceptanceFit(rate=rate,
                          p_accept_after_accept=_ratio(aa, aa + ar, rate),
                          p_accept_after_reject=_ratio(ra, ra + rr, rate),
@@ -418,6 +473,103 @@ def _fit_chain(walks: dict[Any, list[tuple[int, int, bool]]], rate: float,
             "chain_judged": {"after_miss": miss_n, "two_after_hit": lag_n, "deeper": d_n}}
 
 
+#: Requests with fewer drafts than this say little about their own rate: left out of the
+#: spread fit (their ratio is mostly binomial noise).
+SPREAD_MIN_DRAFTED = 8
+#: At most this many requests (evenly picked) are simulated per step of the spread fit.
+SPREAD_MAX_REQUESTS = 256
+#: The spread fit's search: logit sd in [0, SPREAD_MAX], bisection steps on the sd, secant
+#: steps on the offset that keeps the chain's mean acceptance.
+SPREAD_MAX = 4.0
+SPREAD_BISECT_STEPS = 12
+SPREAD_OFFSET_STEPS = 6
+#: Seed of the fit's simulated requests (common random numbers across its steps).
+SPREAD_FIT_SEED = 12345
+
+
+def _within_sd(values: list[float], groups: list[Any]) -> float:
+    """Pooled within-group standard deviation (each group about its own mean)."""
+    by: dict[Any, list[float]] = defaultdict(list)
+    for v, g in zip(values, groups):
+        by[g].append(v)
+    ss = sum(sum((v - sum(vs) / len(vs)) ** 2 for v in vs) for vs in by.values())
+    return math.sqrt(ss / len(values))
+
+
+def _fit_chain_spread(chain: dict[str, Any], first: float,
+                      requests: list[list[tuple[int, int, int]]],
+                      groups: Optional[list[Any]] = None) -> dict[str, Any]:
+    """The chain model's per-request spread, by simulation: each traced request's commits
+    (position, drafted) are re-drawn under the chain with a per-request logit shift, and the
+    shift's sd (`chain_spread`) is set so that the sd of requests' accepted / drafted within
+    their group (trace) matches the traces', with the centre (`chain_offset`) keeping the mean of that ratio where the
+    chain alone puts it (so the spread widens the requests, and leaves the mean acceptance as
+    fitted). The chain alone already spreads requests by chance; where that covers the
+    traces' spread, the fit is 0."""
+    import statistics
+
+    groups = list(groups) if groups is not None else [0] * len(requests)
+    kept = [(r, g) for r, g in zip(requests, groups)
+            if sum(k for _, k, _ in r) >= SPREAD_MIN_DRAFTED]
+    if len(kept) < 3:
+        return {}
+    if len(kept) > SPREAD_MAX_REQUESTS:
+        step = len(kept) / SPREAD_MAX_REQUESTS
+        kept = [kept[int(i * step)] for i in range(SPREAD_MAX_REQUESTS)]
+    reqs, groups = [r for r, _ in kept], [g for _, g in kept]
+    observed = [sum(a for *_, a in r) / sum(k for _, k, _ in r) for r in reqs]
+    target_sd = _within_sd(observed, groups)
+
+    class _Req:
+        __slots__ = ("index",)
+
+        def __init__(self, index: int):
+            self.index = index
+
+    def simulate(spread: float, offset: float) -> tuple[float, float]:
+        model = ChainAcceptance(list(chain["chain_after_miss"]), list(chain["chain_after_hit"]),
+                                first, POSITION_TOKENS,
+                                RandomStreams(SPREAD_FIT_SEED),
+                                list(chain["chain_depth_factors"]), spread, offset)
+        ratios = []
+        for i, r in enumerate(reqs):
+            req, pos, acc, dr = _Req(i), r[0][0], 0, 0
+            for _, k, _ in r:
+                a = model.accepted(req, k, pos) if k else 0
+                acc, dr, pos = acc + a, dr + k, pos + a + 1
+            ratios.append(acc / dr)
+        return statistics.fmean(ratios), _within_sd(ratios, groups)
+
+    base_mean, base_sd = simulate(0.0, 0.0)
+    out = {"chain_request_sd": target_sd}
+    if base_sd >= target_sd:
+        return out
+
+    def centred(spread: float) -> tuple[float, float]:
+        """(offset, sd) at `spread`, the offset found by secant steps on the mean."""
+        o0, m0 = 0.0, simulate(spread, 0.0)[0]
+        o1 = 0.5 if m0 < base_mean else -0.5
+        m1, sd = simulate(spread, o1)
+        for _ in range(SPREAD_OFFSET_STEPS):
+            if m1 == m0:
+                break
+            o0, o1, m0 = o1, o1 + (base_mean - m1) * (o1 - o0) / (m1 - m0), m1
+            m1, sd = simulate(spread, o1)
+        return o1, sd
+
+    lo, hi = 0.0, SPREAD_MAX
+    best = (0.0, 0.0)
+    for _ in range(SPREAD_BISECT_STEPS):
+        mid = (lo + hi) / 2
+        off, sd = centred(mid)
+        if sd < target_sd:
+            lo = mid
+        else:
+            hi = mid
+        best = (mid, off)
+    return {**out, "chain_spread": best[0], "chain_offset": best[1]}
+
+
 def build_acceptance(cfg: Any, streams: RandomStreams,
                      profile_fit: Optional[dict[str, Any]] = None) -> AcceptanceModel:
     """The acceptance model of config `cfg` (`acceptance` group), optionally from a profile."""
@@ -445,9 +597,11 @@ def build_acceptance(cfg: Any, streams: RandomStreams,
             raise ValueError("acceptance.model=chain needs acceptance.from_profile=true and a "
                              "profile whose `acceptance` has a `chain` section (fitted from "
                              "traces with grouped windows; refit with sim/profile.py)")
+        spread = float(chain.get("spread") or 0.0) if cfg.request_spread else 0.0
+        offset = float(chain.get("offset") or 0.0) if cfg.request_spread else 0.0
         return ChainAcceptance(list(chain["after_miss"]), list(chain["after_hit"]),
                                float(chain["first"]), int(chain["tokens"]), streams,
-                               list(chain.get("depth_factor") or [1.0]))
+                               list(chain.get("depth_factor") or [1.0]), spread, offset)
     if cfg.model == "fixed":
         return FixedRateAcceptance(rate, streams)
     if cfg.model == "position":

@@ -146,6 +146,9 @@ class SimAcceptanceConfig:
     position_depth_factors: list[float] = field(default_factory=list)
     #: Take the parameters of `model` from the cost profile's fitted `acceptance` section.
     from_profile: bool = False
+    #: chain: give each request its own difficulty, as the profile fitted it (`chain.spread`,
+    #: `chain.offset`); false = every request sees the same rates.
+    request_spread: bool = True
 
 
 @dataclass

@@ -159,3 +159,57 @@ def test_chain_needs_a_fitted_chain():
     run = run_predict(cfg_of("workload.requests=4", "workload.max_tokens=40", "engine.mode=solo",
                              "acceptance=markov")).run
     assert "chain" not in fit_profile([run.events]).acceptance
+
+
+def test_chain_spread_gives_each_request_its_own_difficulty():
+    def ratios(spread, offset=0.0, seed=3):
+        m = ChainAcceptance([0.3], [0.8], 0.5, 16, RandomStreams(seed), [1.0, 0.8],
+                            spread=spread, offset=offset)
+        out = []
+        for i in range(200):
+            acc, pos = 0, 1
+            for _ in range(40):
+                a = m.accepted(Req(i), 1, pos)
+                acc, pos = acc + a, pos + a + 1
+            out.append(acc / 40)
+        return out
+    import statistics as st
+    flat, wide = ratios(0.0), ratios(1.5)
+    # No spread: the rates as given, draw for draw (the spread's stream is never touched).
+    m = ChainAcceptance([0.3], [0.8], 0.5, 16, RandomStreams(3), [1.0, 0.8])
+    assert m._request_rates(0) == (0.5, [0.3], [0.8])
+    assert st.pstdev(wide) > 1.5 * st.pstdev(flat)
+    assert ratios(1.5) == wide                      # same seed, same requests, same outcomes
+    # An offset moves every request's rates one way.
+    assert st.mean(ratios(0.0, offset=1.0)) > st.mean(flat) + 0.05
+    with pytest.raises(ValueError, match="spread must be finite and >= 0"):
+        ChainAcceptance([0.3], [0.8], 0.5, 16, RandomStreams(0), spread=-1.0)
+
+
+def test_fit_gives_back_the_requests_spread(tmp_path):
+    def traces_with(spread):
+        truth = CostProfile.load(NOMINAL_PROFILE)
+        truth.acceptance = {"rate": 0.7, "markov": {"p_accept_after_accept": 0.7,
+                                                    "p_accept_after_reject": 0.7,
+                                                    "p_accept_first": 0.7},
+                            "chain": {"tokens": 16, "after_miss": [0.3], "after_hit": [0.85],
+                                      "first": 0.5, "depth_factor": [1.0, 0.8],
+                                      "spread": spread, "offset": 0.0}}
+        return [run_predict(cfg_of("workload=cohort", "workload.requests=60",
+                                   "workload.prompt_tokens=64", "workload.max_tokens=160",
+                                   f"engine.slots={slots}", "acceptance=chain", f"seed={i}"),
+                            tmp_path / f"{spread}_{i}", profile=truth).run.events
+                for i, slots in enumerate((4, 1))]
+    wide = fit_profile(traces_with(1.2)).acceptance["chain"]
+    flat = fit_profile(traces_with(0.0)).acceptance["chain"]
+    assert wide["spread"] > 0.6 and wide["request_sd"] > flat["request_sd"]
+    assert flat["spread"] < 0.35
+    # The knob turns it off: every request sees the fitted rates.
+    prof = CostProfile.load(NOMINAL_PROFILE)
+    prof.acceptance = fit_profile(traces_with(1.2)).acceptance
+    on = run_predict(cfg_of("workload.requests=6", "workload.max_tokens=40", "acceptance=chain"),
+                     tmp_path / "on", profile=prof).run
+    off = run_predict(cfg_of("workload.requests=6", "workload.max_tokens=40", "acceptance=chain",
+                             "acceptance.request_spread=false"), tmp_path / "off", profile=prof).run
+    commits = lambda run: [e["accepted"] for e in run.events if e["ev"] == "commit"]
+    assert commits(on) != commits(off)
