@@ -268,7 +268,7 @@ def main() -> None:
     # Acceptance varies several-fold from prompt to prompt: a cell's mean over 24 prompts
     # still moved 8% (one standard error) from one draw to the next on the H200. Closed-loop
     # runs make prompts cheap, so every cell holds heldout_repeats x heldout_requests of them.
-    # Each run is also its own engine process, and processes run at speeds up to 30% apart
+    # Each run is also its own engine, and runs go at speeds up to 30% apart as the host slows
     # (session 6, H200): four runs average that out better than three.
     ap.add_argument("--heldout-repeats", type=int, default=4,
                     help="runs of each held-out cell on fresh prompts (the figure is their mean)")

@@ -22,9 +22,10 @@ mean). Gaps are filled so every query has an answer:
 - a shape never measured for an action takes another action's value scaled by the median
   ratio of the two actions over shapes measured for both;
 - an action with no sample at all copies another action's tables (FALLBACK_ACTIONS).
-Each engine process runs at its own speed: on the H200, the same window shape measured in two
-processes differed by up to 30% in window time and 2x in host time, one process slow or fast
-throughout (session 6, docs/BENCHMARKS.md section 6). A cell measured by one slow process would
+Each engine run goes at its own speed: on the H200, the same window shape measured in two runs
+differed by up to 30% in window time and 2x in host time, one run slow or fast throughout (the
+machine's host CPU slows down for stretches of seconds; session 6, docs/BENCHMARKS.md
+section 6). A cell measured by one slow run would
 price every prediction that uses it at that speed. So before the cells are taken, each trace's
 samples are divided by the trace's speed factor (`_trace_speeds`: a median polish of log
 seconds into cell and trace effects, separately for windows, prompt chunks and host gaps), and
