@@ -58,6 +58,12 @@ CONFIGS = {
     "batch_mtp": dict(mode="batch", batch_mtp=True),
     "batch_mtp_eager": dict(mode="batch", batch_mtp=True, graphs=False),
     "batch_mtp_w16": dict(mode="batch", batch_mtp=True, window_rows=16),
+    # engine.batch_invariant: every window runs window_rows rows. Greedy text is compared with
+    # the first configuration listed, so list solo_inv first to check the invariant ones.
+    "solo_inv": dict(mode="solo", batch_mtp=False, batch_invariant=True),
+    "batch_inv": dict(mode="batch", batch_mtp=False, batch_invariant=True),
+    "batch_mtp_inv": dict(mode="batch", batch_mtp=True, batch_invariant=True),
+    "batch_mtp_eager_inv": dict(mode="batch", batch_mtp=True, graphs=False, batch_invariant=True),
 }
 
 

@@ -10,11 +10,13 @@
 #   STRATA_COMMIT=<hash> bash scripts/gpu_acceptance.sh 2s   # ~2 min: graphs vs eager, one run
 #   STRATA_COMMIT=<hash> bash scripts/gpu_acceptance.sh 3    # ~9 min: identity, engine grid, host profile,
 #                                                            #   server bench (re-measure)
+#   STRATA_COMMIT=<hash> bash scripts/gpu_acceptance.sh 4    # ~6 min: engine.batch_invariant, bf16 text
+#                                                            #   and cost
 #
 # STRATA_COMMIT names the commit in the results (the device's copy of the tree may carry a
 # stale .git). Every step prints one summary line; see docs/GPU_RUNBOOK.md for what each feeds.
 set -u
-part=${1:?usage: gpu_acceptance.sh 1|1k|2|2b|2s|3}
+part=${1:?usage: gpu_acceptance.sh 1|1k|2|2b|2s|3|4}
 OUT=${OUT:?set OUT to the results directory}
 export PYTHONUNBUFFERED=1
 # The device tool brings back at most 8 files from $OUT: every log and result goes under $R
@@ -80,5 +82,15 @@ case $part in
   TAIL=14 step serve 150 python3 scripts/bench.py --device cuda --dtype bfloat16 \
       --configs solo,batch,batch_mtp --n 1,2,4,8 --repeats 1 --warmup full --no-progress \
       --out "$R/serve"
+  ;;
+4)  # engine.batch_invariant in bf16: greedy text against solo_inv (the first config) in every
+    # mode, with graphs and eagerly, and its cost against batch_mtp and solo; then at W16 and N=8,
+    # where plain batch_mtp's text differed (sixth session)
+  TAIL=16 step invariant_w8 220 python3 scripts/bench_engine.py --n 1,4,8 \
+      --configs solo_inv,batch_inv,batch_mtp_inv,batch_mtp_eager_inv,batch_mtp,solo --repeats 1 \
+      --no-reverse --max-tokens 256 --json "$R/invariant_w8.json" --md "$R/invariant_w8.md"
+  TAIL=12 step invariant_w16 150 python3 scripts/bench_engine.py --n 8 --window-rows 16 \
+      --configs solo_inv,batch_mtp_inv,batch_mtp --repeats 1 --no-reverse --max-tokens 256 \
+      --json "$R/invariant_w16.json" --md "$R/invariant_w16.md"
   ;;
 esac

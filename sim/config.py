@@ -63,6 +63,9 @@ class SimEngineConfig:
     graphs: bool = True
     #: Graph-cache key: `shape` (bucket + tier) or `layout` (exact layout + tier).
     graph_key: str = "shape"
+    #: Every window runs exactly `window_rows` rows (as the engine's knob of the same name):
+    #: groups padded to window_rows // rows, rows per group rounded up to a divisor of it.
+    batch_invariant: bool = False
     #: Most graphs kept (LRU); 0 = unbounded.
     graph_limit: int = 32
     #: Device memory kept free, never planned for (MiB).

@@ -96,7 +96,8 @@ def warm_keys(e: Any, slots: int) -> list[str]:
     most_rows = max(spec, 2 if (e.batch_mtp and e.drafting) else 1)
     return [shape_key(b, g, tier) for b, g, tier in
             warm_window_keys(slots, most_rows, int(e.window_rows), list(e.shape_buckets),
-                             int(e.context_tier_min), int(e.max_context))]
+                             int(e.context_tier_min), int(e.max_context),
+                             bool(e.batch_invariant))]
 
 
 @dataclass

@@ -19,8 +19,8 @@ from typing import Any, Callable, Optional
 
 import simpy
 
-from strata.trace import (TraceWriter, context_tier, layout_key, prefill_bucket, shape_bucket,
-                          shape_key)
+from strata.trace import (TraceWriter, context_tier, invariant_group_rows, layout_key,
+                          prefill_bucket, shape_bucket, shape_key)
 
 from .acceptance import AcceptanceModel
 from .costs import CostProfile
@@ -245,13 +245,18 @@ class SimEngine:
         return 2 if (k.batch_mtp and self.drafting) else 1
 
     def _window_shape(self, groups: list[tuple[SlotState, int]]) -> tuple[int, int]:
-        """(groups the engine runs, most rows of a group): the engine pads the groups to the
-        shape bucket only under shape keys with graphs on."""
+        """(groups the engine runs, rows per group it runs): batch-invariant windows run
+        window_rows rows in groups of a divisor of it; otherwise the engine pads the groups to
+        the shape bucket only under shape keys with graphs on."""
         k = self.knobs
+        g = max(r for _, r in groups)
+        if k.batch_invariant:
+            g = invariant_group_rows(g, k.window_rows)
+            return k.window_rows // g, g
         n = len(groups)
         if k.graphs and k.graph_key == "shape":
             n = shape_bucket(n, k.shape_buckets)
-        return n, max(r for _, r in groups)
+        return n, g
 
     def _window_key(self, groups: list[tuple[SlotState, int]], layout: list[int]) -> tuple[str, int]:
         k = self.knobs
@@ -260,6 +265,9 @@ class SimEngine:
         filtered = any(st.req.filtered for st, _ in groups)
         if k.graph_key == "layout":
             return layout_key(layout, tier, filtered), tier
+        if k.batch_invariant:
+            n, g = self._window_shape(groups)
+            return shape_key(n, g, tier, filtered), tier
         bucket = shape_bucket(len(groups), k.shape_buckets)
         return shape_key(bucket, max(r for _, r in groups), tier, filtered), tier
 

@@ -108,17 +108,42 @@ def context_tiers(tier_min: int, max_context: int) -> list[int]:
     return tiers
 
 
+def invariant_group_rows(rows: int, window_rows: int) -> int:
+    """Rows per group of a batch-invariant window (`engine.batch_invariant`) whose deepest
+    group has `rows` rows: the smallest divisor of window_rows that holds them, so the window's
+    groups x rows is exactly window_rows whatever its layout."""
+    for d in range(max(1, rows), window_rows + 1):
+        if window_rows % d == 0:
+            return d
+    return rows  # rows > window_rows: a config error (spec <= window_rows) caught elsewhere
+
+
+def invariant_shapes(most_rows: int, window_rows: int) -> list[tuple[int, int]]:
+    """The (groups, rows per group) shapes batch-invariant windows run, deepest first."""
+    out: list[tuple[int, int]] = []
+    for g in range(most_rows, 0, -1):
+        gr = invariant_group_rows(g, window_rows)
+        if (window_rows // gr, gr) not in out:
+            out.append((window_rows // gr, gr))
+    return out
+
+
 def warm_window_keys(slots: int, most_rows: int, window_rows: int, shape_buckets: Iterable[int],
-                     tier_min: int, max_context: int) -> list[tuple[int, int, int]]:
+                     tier_min: int, max_context: int,
+                     batch_invariant: bool = False) -> list[tuple[int, int, int]]:
     """The shape-keyed window graphs a warm-up captures, as (bucket, group rows, tier), in
     capture order: context tiers ascending; within a tier, group rows from `most_rows` (the
     deepest window: spec rows, or 2 for batch_mtp) down to 1; within those, every bucket up to
-    the one holding the most groups that fit (`window_rows // rows`, at most `slots`). Only
-    the sort-free sampler's keys (no `+f`). The capture stops at the graph limit, or at the
-    first capture the memory budget refuses."""
+    the one holding the most groups that fit (`window_rows // rows`, at most `slots`). Batch-
+    invariant windows run one shape per group depth (`invariant_shapes`). Only the sort-free
+    sampler's keys (no `+f`). The capture stops at the graph limit, or at the first capture
+    the memory budget refuses."""
     buckets = list(shape_buckets)
     out = []
     for tier in context_tiers(tier_min, max_context):
+        if batch_invariant:
+            out.extend((n, g, tier) for n, g in invariant_shapes(most_rows, window_rows))
+            continue
         for g in range(most_rows, 0, -1):
             top = shape_bucket(max(1, min(slots, window_rows // g)), buckets)
             out.extend((b, g, tier) for b in buckets if b <= top)

@@ -30,13 +30,13 @@ from strata.engine.verifier import SlotBuffers, Verifier
 from strata.kernels import ops
 from strata.model.loader import LoadedModel, load_checkpoint
 from strata.model.state import DecodeState
-from strata.trace import (TraceWriter, context_tier, context_tiers, layout_key, shape_bucket,
-                          shape_key, warm_window_keys)
+from strata.trace import (TraceWriter, context_tier, context_tiers, invariant_group_rows,
+                          invariant_shapes, layout_key, shape_bucket, shape_key, warm_window_keys)
 
 ENGINE_KNOBS = ("mode", "batch_mtp", "slots", "spec", "window_rows", "decode_share", "prefill_chunk",
                 "prefill_buckets", "prefill_graphs", "max_context", "context_tier_min",
-                "shape_buckets", "graphs", "graph_key", "graph_limit", "vram_reserve_mib",
-                "graph_mib_estimate", "cpu_graph_mib", "cpu_device_mib")
+                "shape_buckets", "graphs", "graph_key", "batch_invariant", "graph_limit",
+                "vram_reserve_mib", "graph_mib_estimate", "cpu_graph_mib", "cpu_device_mib")
 
 
 def resolve_device(name: str) -> torch.device:
@@ -180,6 +180,8 @@ class Engine:
             self.cache = GraphCache(int(ecfg.graph_limit), backend, self.budget, self.trace,
                                     estimate, log=self.log)
         max_groups = shape_bucket(n_slots, list(ecfg.shape_buckets))
+        if ecfg.batch_invariant:  # a window of 1-row groups runs window_rows of them
+            max_groups = max(max_groups, int(ecfg.window_rows))
         p_backend = (CudaGraphBackend(device) if device.type == "cuda" and ecfg.graphs
                      and ecfg.prefill_graphs else None)
         self.runner = ModelRunner(self.verifier, self.cache, device, max(max_groups, n_slots),
@@ -241,8 +243,9 @@ class Engine:
         most_rows = max(spec, 2 if self.batch_mtp else 1)
         every_tier = context_tiers(int(ecfg.context_tier_min), self.max_context)
         tiers = every_tier[:2]  # a second context length makes torch.compile treat it as dynamic
-        shapes = set()
-        for g in range(1, most_rows + 1):
+        shapes = set(invariant_shapes(most_rows, int(ecfg.window_rows))
+                     if ecfg.batch_invariant else ())
+        for g in (() if ecfg.batch_invariant else range(1, most_rows + 1)):
             groups = max(1, min(n_slots, int(ecfg.window_rows) // g))
             if ecfg.graph_key == "shape":
                 top = shape_bucket(groups, list(ecfg.shape_buckets))
@@ -293,7 +296,7 @@ class Engine:
         keys, mibs = [], []
         for bucket, g, tier in warm_window_keys(n_slots, most_rows, int(ecfg.window_rows),
                                                 list(ecfg.shape_buckets), int(ecfg.context_tier_min),
-                                                self.max_context):
+                                                self.max_context, bool(ecfg.batch_invariant)):
             if not self.cache.has_room():
                 break  # the next capture would have to evict: leave the rest to first use
             key = shape_key(bucket, g, tier, False)
@@ -502,6 +505,9 @@ class Engine:
         tier = context_tier(max(s.pos + r for s, r in groups), ecfg.context_tier_min, self.max_context)
         key = None
         n_padded = len(groups)
+        if ecfg.batch_invariant:  # window_rows rows exactly, whatever the layout
+            g = invariant_group_rows(g, int(ecfg.window_rows))
+            n_padded = int(ecfg.window_rows) // g
         layout = plan.layout
         # The sampler is part of the graph: sort-free unless a request of the window filters.
         filtered = any(s.req.filtered for s, _ in groups)
@@ -509,7 +515,8 @@ class Engine:
             if ecfg.graph_key == "layout":
                 key = layout_key(layout, tier, filtered)
             else:
-                n_padded = shape_bucket(len(groups), list(ecfg.shape_buckets))
+                if not ecfg.batch_invariant:
+                    n_padded = shape_bucket(len(groups), list(ecfg.shape_buckets))
                 key = shape_key(n_padded, g, tier, filtered)
         t0 = time.perf_counter()
         action, rows = self.runner.decode([(s.id, s.pos, r) for s, r in groups], n_padded, g, tier,
