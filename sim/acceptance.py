@@ -478,11 +478,15 @@ def _fit_chain(walks: dict[Any, list[tuple[int, int, bool]]], rate: float,
 SPREAD_MIN_DRAFTED = 8
 #: At most this many requests (evenly picked) are simulated per step of the spread fit.
 SPREAD_MAX_REQUESTS = 256
-#: The spread fit's search: logit sd in [0, SPREAD_MAX], bisection steps on the sd, secant
+#: The spread fit's search: logit sd in [0, SPREAD_MAX], bisection steps on the sd, bisection
 #: steps on the offset that keeps the chain's mean acceptance.
 SPREAD_MAX = 4.0
 SPREAD_BISECT_STEPS = 12
-SPREAD_OFFSET_STEPS = 6
+SPREAD_OFFSET_STEPS = 8
+#: The offset's search starts from [-BRACKET, BRACKET] and widens it (doubling) at most
+#: WIDEN times on each side.
+SPREAD_OFFSET_BRACKET = 0.5
+SPREAD_OFFSET_WIDEN = 4
 #: Seed of the fit's simulated requests (common random numbers across its steps).
 SPREAD_FIT_SEED = 12345
 
@@ -502,10 +506,10 @@ def _fit_chain_spread(chain: dict[str, Any], first: float,
     """The chain model's per-request spread, by simulation: each traced request's commits
     (position, drafted) are re-drawn under the chain with a per-request logit shift, and the
     shift's sd (`chain_spread`) is set so that the sd of requests' accepted / drafted within
-    their group (trace) matches the traces', with the centre (`chain_offset`) keeping the mean of that ratio where the
-    chain alone puts it (so the spread widens the requests, and leaves the mean acceptance as
-    fitted). The chain alone already spreads requests by chance; where that covers the
-    traces' spread, the fit is 0."""
+    their group (trace) matches the traces', with the centre (`chain_offset`) keeping the
+    mean of that ratio where the chain alone puts it (so the spread widens the requests, and
+    leaves the mean acceptance as fitted). The chain alone already spreads requests by
+    chance; where that covers the traces' spread, the fit is 0."""
     import statistics
 
     groups = list(groups) if groups is not None else [0] * len(requests)
@@ -546,16 +550,33 @@ def _fit_chain_spread(chain: dict[str, Any], first: float,
         return out
 
     def centred(spread: float) -> tuple[float, float]:
-        """(offset, sd) at `spread`, the offset found by secant steps on the mean."""
-        o0, m0 = 0.0, simulate(spread, 0.0)[0]
-        o1 = 0.5 if m0 < base_mean else -0.5
-        m1, sd = simulate(spread, o1)
-        for _ in range(SPREAD_OFFSET_STEPS):
-            if m1 == m0:
+        """(offset, sd) at `spread`: the offset whose mean ratio is nearest the chain's own,
+        by bracketing and bisection (the mean rises with the offset; where it is flat, as
+        with rates of exactly 0 or 1, the nearest one tried)."""
+        tried: list[tuple[float, float, float]] = []  # (|mean - base|, offset, sd)
+
+        def at(offset: float) -> float:
+            m, sd = simulate(spread, offset)
+            tried.append((abs(m - base_mean), offset, sd))
+            return m
+
+        lo, hi = -SPREAD_OFFSET_BRACKET, SPREAD_OFFSET_BRACKET
+        for _ in range(SPREAD_OFFSET_WIDEN):
+            if at(lo) <= base_mean:
                 break
-            o0, o1, m0 = o1, o1 + (base_mean - m1) * (o1 - o0) / (m1 - m0), m1
-            m1, sd = simulate(spread, o1)
-        return o1, sd
+            lo *= 2
+        for _ in range(SPREAD_OFFSET_WIDEN):
+            if at(hi) >= base_mean:
+                break
+            hi *= 2
+        for _ in range(SPREAD_OFFSET_STEPS):
+            mid = (lo + hi) / 2
+            if at(mid) < base_mean:
+                lo = mid
+            else:
+                hi = mid
+        _, offset, sd = min(tried)
+        return offset, sd
 
     lo, hi = 0.0, SPREAD_MAX
     best = (0.0, 0.0)

@@ -9,9 +9,13 @@ Schema (JSON; docs/SIMULATOR.md has the full description):
       "host": {"per_commit_s": 2.9e-05,        optional: host time that grows with the work:
                "per_admit_s": 6e-05,             each commit of the previous iteration (emit,
                "per_admit_burst_s": 0.00037,     stop checks), each request bound to a slot in
-               "after_prefill_s": 6e-05},        this one plus once per iteration that binds
-                                               any (one batched binding), after a prompt-chunk
-                                               iteration; host_overhead_s is the fixed part
+               "after_prefill_s": 6e-05,         this one plus once per iteration that binds
+               "per_finish_s": 8e-05},           any (one batched binding), after a prompt-chunk
+                                               iteration, each request finished in the previous
+                                               one; host_overhead_s is the fixed part. Commits,
+                                               finishes and after-prefill are the earlier
+                                               iteration's tail (before the next arrivals), the
+                                               rest the later one's head
       "prefill": {"tokens": [t0, t1, ...],     ascending chunk sizes (padded to the engine's
                                                prefill_buckets when the traces listed them)
                   "s":      [s0, s1, ...],     seconds of one prefill chunk of that size
@@ -106,18 +110,33 @@ class CostProfile:
     host_per_admit_s: float = 0.0
     host_per_admit_burst_s: float = 0.0
     host_after_prefill_s: float = 0.0
+    #: Per request that finished in the previous iteration (its finish event, the slot's
+    #: release; in a closed loop, handing the next request to the engine).
+    host_per_finish_s: float = 0.0
 
     # --- queries -------------------------------------------------------------------------
 
-    def host_time(self, prev_commits: int = 0, admitted: int = 0, after_prefill: bool = False) -> float:
-        """Host seconds of an iteration: the fixed part, the previous iteration's commits
-        (emitting their tokens), this iteration's admissions (binding their lanes: a part
-        per request and a part per burst) and, after a prompt chunk, its first-token
-        bookkeeping."""
-        return (self.host_overhead_s + self.host_per_commit_s * prev_commits
-                + self.host_per_admit_s * admitted
-                + (self.host_per_admit_burst_s if admitted else 0.0)
+    def host_time(self, prev_commits: int = 0, admitted: int = 0, after_prefill: bool = False,
+                  prev_finishes: int = 0) -> float:
+        """Host seconds between two iterations' device work: the tail of the earlier one
+        (`host_tail_time`) and the head of the later one (`host_head_time`)."""
+        return (self.host_tail_time(prev_commits, prev_finishes, after_prefill)
+                + self.host_head_time(admitted))
+
+    def host_tail_time(self, commits: int = 0, finishes: int = 0,
+                       after_prefill: bool = False) -> float:
+        """Host seconds after an iteration's device work, before the next iteration starts
+        (and takes its arrivals): emitting the commits' tokens, finishing requests, and after
+        a prompt chunk its first-token bookkeeping."""
+        return (self.host_per_commit_s * commits + self.host_per_finish_s * finishes
                 + (self.host_after_prefill_s if after_prefill else 0.0))
+
+    def host_head_time(self, admitted: int = 0) -> float:
+        """Host seconds at an iteration's start, after its arrivals and before its device
+        work: the fixed part and binding the admissions (a part per request and a part per
+        burst)."""
+        return (self.host_overhead_s + self.host_per_admit_s * admitted
+                + (self.host_per_admit_burst_s if admitted else 0.0))
 
     def prefill_time(self, tokens: int, tier: Optional[int] = None) -> float:
         """Seconds of a prompt chunk of `tokens` (already padded to its bucket) whose attention
@@ -171,11 +190,12 @@ class CostProfile:
         if self.decode_shapes is not None:
             d["decode"].update(shapes=self.decode_shapes, shape_s=self.decode_shape_s)
         if (self.host_per_commit_s or self.host_per_admit_s or self.host_per_admit_burst_s
-                or self.host_after_prefill_s):
+                or self.host_after_prefill_s or self.host_per_finish_s):
             d["host"] = {"per_commit_s": self.host_per_commit_s,
                          "per_admit_s": self.host_per_admit_s,
                          "per_admit_burst_s": self.host_per_admit_burst_s,
-                         "after_prefill_s": self.host_after_prefill_s}
+                         "after_prefill_s": self.host_after_prefill_s,
+                         "per_finish_s": self.host_per_finish_s}
         if self.acceptance is not None:
             d["acceptance"] = self.acceptance
         return d
@@ -211,6 +231,7 @@ class CostProfile:
             prof.host_per_admit_s = float(host_parts.get("per_admit_s", 0.0))
             prof.host_per_admit_burst_s = float(host_parts.get("per_admit_burst_s", 0.0))
             prof.host_after_prefill_s = float(host_parts.get("after_prefill_s", 0.0))
+            prof.host_per_finish_s = float(host_parts.get("per_finish_s", 0.0))
             if "shapes" in dec:
                 prof.decode_shapes = [str(x) for x in dec["shapes"]]
                 prof.decode_shape_s = {a: [[float(x) for x in row] for row in dec["shape_s"][a]]
@@ -231,7 +252,8 @@ class CostProfile:
                         ("host.per_commit_s", self.host_per_commit_s),
                         ("host.per_admit_s", self.host_per_admit_s),
                         ("host.per_admit_burst_s", self.host_per_admit_burst_s),
-                        ("host.after_prefill_s", self.host_after_prefill_s)):
+                        ("host.after_prefill_s", self.host_after_prefill_s),
+                        ("host.per_finish_s", self.host_per_finish_s)):
             if v < 0:
                 raise bad(f"{name} must be >= 0, got {v}")
         ascending_positive("prefill.tokens", self.prefill_tokens)

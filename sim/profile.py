@@ -77,24 +77,56 @@ SPEED_POLISH_ROUNDS = 100
 def _trace_speeds(samples: dict[int, list[tuple[Any, float]]]) -> dict[int, float]:
     """Per trace, the factor its samples ran at against the others': `samples` maps a trace to
     its (cell, seconds) pairs; log seconds are split by median polish into a cell effect and a
-    trace effect, and the trace effects of the judged traces are centred on their mean (a
-    trace with fewer than SPEED_MIN_SAMPLES samples keeps factor 1)."""
+    trace effect. Only cells that two or more judged traces measured say anything about speed
+    (a cell one trace alone measured would take on that trace's speed as its own), so a trace
+    is judged on its samples in shared cells, and needs SPEED_MIN_SAMPLES of them; the others
+    keep factor 1. Traces linked through shared cells form a group whose effects are centred
+    on their mean."""
     logs = {n: [(k, math.log(max(v, 1e-9))) for k, v in xs] for n, xs in samples.items()}
-    judged = [n for n, xs in logs.items() if len(xs) >= SPEED_MIN_SAMPLES]
+    judged = set(logs)
+    while True:  # drop traces with too few shared samples until the shared cells settle
+        owners: dict[Any, set[int]] = defaultdict(set)
+        for n in judged:
+            for k, _ in logs[n]:
+                owners[k].add(n)
+        shared = {k for k, ns in owners.items() if len(ns) >= 2}
+        keep = {n for n in judged if sum(k in shared for k, _ in logs[n]) >= SPEED_MIN_SAMPLES}
+        if keep == judged:
+            break
+        judged = keep
     eff = {n: 0.0 for n in logs}
     if len(judged) < 2:
         return {n: 1.0 for n in logs}
+    use = {n: [(k, lv) for k, lv in logs[n] if k in shared] for n in judged}
+    # Groups of traces linked by shared cells (union-find over the cells' owners).
+    parent = {n: n for n in judged}
+
+    def root(n: int) -> int:
+        while parent[n] != n:
+            parent[n] = parent[parent[n]]
+            n = parent[n]
+        return n
+
+    for k in shared:
+        first, *rest = sorted(owners[k])
+        for n in rest:
+            parent[root(n)] = root(first)
+    groups: dict[int, list[int]] = defaultdict(list)
+    for n in judged:
+        groups[root(n)].append(n)
     for _ in range(SPEED_POLISH_ROUNDS):
         by_cell: dict[Any, list[float]] = defaultdict(list)
-        for n, xs in logs.items():
+        for n, xs in use.items():
             for k, lv in xs:
                 by_cell[k].append(lv - eff[n])
         cell = {k: _median(v) for k, v in by_cell.items()}
-        new = {n: _median([lv - cell[k] for k, lv in logs[n]]) for n in judged}
-        centre = sum(new.values()) / len(new)
-        moved = max(abs(new[n] - centre - eff[n]) for n in judged)
-        for n in judged:
-            eff[n] = new[n] - centre
+        new = {n: _median([lv - cell[k] for k, lv in use[n]]) for n in judged}
+        for members in groups.values():
+            centre = sum(new[n] for n in members) / len(members)
+            for n in members:
+                new[n] -= centre
+        moved = max(abs(new[n] - eff[n]) for n in judged)
+        eff.update(new)
         if moved < SPEED_POLISH_TOL:
             break
     return {n: math.exp(eff[n]) for n in logs}
@@ -157,24 +189,30 @@ def _fill_grid(known: dict[tuple[float, Any], float], tiers: list[float],
     return out
 
 
-def _host_samples(events: list[dict[str, Any]]) -> list[tuple[int, int, bool, float]]:
-    """(commits of the previous iteration, admissions of this one, previous one ran a prompt
-    chunk, host seconds before this iteration's device work) per iteration with device work.
-    The host seconds run from the end of the previous iteration's device work, or for a
-    trace's first one, from the first event of its iteration (the arrivals)."""
+#: One host sample: (commits of the previous iteration, its finishes, admissions of this
+#: one, previous one ran a prompt chunk, host seconds between the two's device work).
+HostSample = tuple[int, int, int, bool, float]
+
+
+def _host_samples(events: list[dict[str, Any]]) -> list[HostSample]:
+    """A HostSample per iteration with device work. The host seconds run from the end of
+    the previous iteration's device work, or for a trace's first one, from the first event
+    of its iteration (the arrivals)."""
     steps: dict[int, dict[str, Any]] = {}
     for e in events:
         if e["ev"] in ("config", "warmup"):
             continue
         st = steps.setdefault(e["step"], {"first_t": float(e["t"]), "dev": None, "kind": None,
-                                          "commits": 0, "admits": 0})
+                                          "commits": 0, "admits": 0, "finishes": 0})
         if e["ev"] in ("window", "prefill") and "dur" in e and st["dev"] is None:
             st["dev"], st["kind"] = (float(e["t"]), float(e["dur"])), e["ev"]
         elif e["ev"] == "commit":
             st["commits"] += 1
         elif e["ev"] == "admit":
             st["admits"] += 1
-    out: list[tuple[int, int, bool, float]] = []
+        elif e["ev"] == "finish":
+            st["finishes"] += 1
+    out: list[HostSample] = []
     last: Optional[int] = None  # the latest step with device work
     for step in sorted(steps):
         st = steps[step]
@@ -182,51 +220,64 @@ def _host_samples(events: list[dict[str, Any]]) -> list[tuple[int, int, bool, fl
             continue
         start = st["dev"][0] - st["dev"][1]
         if last is None:  # the trace's first device iteration: from its arrivals
-            out.append((0, st["admits"], False, max(0.0, start - st["first_t"])))
+            out.append((0, 0, st["admits"], False, max(0.0, start - st["first_t"])))
         elif last == step - 1:  # idle iterations between would add their own waits
             p_st = steps[last]
-            out.append((p_st["commits"], st["admits"], p_st["kind"] == "prefill",
-                        max(0.0, start - p_st["dev"][0])))
+            out.append((p_st["commits"], p_st["finishes"], st["admits"],
+                        p_st["kind"] == "prefill", max(0.0, start - p_st["dev"][0])))
         last = step
     return out
 
 
-def fit_host(samples: list[tuple[int, int, bool, float]]) -> tuple[float, float, float, float, float]:
-    """(fixed, per commit, per admission, per admitting iteration, after a prompt chunk) host
-    seconds: least squares over the medians of each (commits, admissions, after-chunk) cell,
-    weighted by how many iterations each holds (medians: a garbage collection or a page fault
-    is not host time of the engine's iteration). The engine binds all of an iteration's
-    admissions in one batched step, so binding costs a part per burst besides a part per
-    request; where the traces admit only one burst size the two cannot be told apart and the
-    whole cost is charged per burst. A part that comes out negative is left out and the rest
-    refitted; with too few distinct cells it is the median of all samples, fixed."""
+#: The parts fit_host returns, in order.
+HOST_PARTS = ("fixed", "per_commit", "per_admit", "per_admit_burst", "after_prefill",
+              "per_finish")
+
+
+def fit_host(samples: list[HostSample]) -> tuple[float, ...]:
+    """The HOST_PARTS in seconds: least squares over the medians of each (commits, finishes,
+    admissions, after-chunk) cell, weighted by how many iterations each holds (medians: a
+    garbage collection or a page fault is not host time of the engine's iteration). The
+    engine binds all of an iteration's admissions in one batched step, so binding costs a
+    part per burst besides a part per request; where the traces admit only one burst size
+    the two cannot be told apart and the whole cost is charged per burst. Finishing a request
+    is a part of its own (in a closed loop every finish is followed by an admission; the
+    loop's start and end tell them apart). A part that comes out negative, or that no two
+    cells tell apart, is left out and the rest refitted; with too few distinct cells it is
+    the median of all samples, fixed."""
     import numpy as np
 
+    n_parts = len(HOST_PARTS)
     if not samples:
-        return 0.0, 0.0, 0.0, 0.0, 0.0
-    cells: dict[tuple[int, int, bool], list[float]] = defaultdict(list)
-    for c, a, p, gap in samples:
-        cells[(c, a, p)].append(gap)
+        return (0.0,) * n_parts
+    cells: dict[tuple[int, int, int, bool], list[float]] = defaultdict(list)
+    for c, f, a, p, gap in samples:
+        cells[(c, f, a, p)].append(gap)
     keys = sorted(cells)
-    x = np.array([[1.0, c, a, float(a > 0), float(p)] for c, a, p in keys])
+    x = np.array([[1.0, c, a, float(a > 0), float(p), f] for c, f, a, p in keys])
     y = np.array([_median(cells[k]) for k in keys])
     w = np.sqrt(np.array([len(cells[k]) for k in keys], dtype=float))
-    use = [0, 1, 2, 3, 4]
-    if len({a for _, a, _ in keys if a > 0}) < 2:
+    use = list(range(n_parts))
+    if len({a for _, _, a, _ in keys if a > 0}) < 2:
         use.remove(2)  # one burst size: per request and per burst are the same column
     while True:
         cols = [i for i in use if np.any(x[:, i] != x[0, i]) or i == 0]
+        if np.linalg.matrix_rank(x[:, cols]) < len(cols):
+            # Columns no cell tells apart (finishes always with admissions): the later one
+            # goes, its cost stays with the earlier.
+            use.remove(cols[-1])
+            continue
         if len(keys) < len(cols) + 1:
-            return _median([g for *_, g in samples]), 0.0, 0.0, 0.0, 0.0
+            return (_median([g for *_, g in samples]),) + (0.0,) * (n_parts - 1)
         coef, *_ = np.linalg.lstsq(x[:, cols] * w[:, None], y * w, rcond=None)
         neg = [i for i, v in zip(cols, coef) if v < 0 and i != 0]
         if not neg:
             break
         use = [i for i in use if i not in neg]
-    full = [0.0] * 5
+    full = [0.0] * n_parts
     for i, v in zip(cols, coef):
         full[i] = max(0.0, float(v))
-    return full[0], full[1], full[2], full[3], full[4]
+    return tuple(full)
 
 
 def _fill_rows(known: dict[float, float], rows: list[float]) -> list[Optional[float]]:
@@ -342,7 +393,7 @@ def fit_profile(traces: Iterable[list[dict[str, Any]]],
     tiered_by: dict[bool, dict[tuple[float, float], list[float]]] = {True: defaultdict(list),
                                                                      False: defaultdict(list)}
     untiered = {True: False, False: False}
-    host: list[tuple[int, int, bool, float]] = []
+    host: list[HostSample] = []
     commits: list[dict[str, Any]] = []
     n_traces = 0
     # Per trace: window samples (action, tier, rows, shape, seconds), prompt chunks
@@ -350,7 +401,7 @@ def fit_profile(traces: Iterable[list[dict[str, Any]]],
     # speed is known.
     win_by: dict[int, list[tuple[str, float, float, str, float]]] = {}
     pre_by: dict[int, list[tuple[bool, float, Optional[float], float]]] = {}
-    host_by: dict[int, list[tuple[int, int, bool, float]]] = {}
+    host_by: dict[int, list[HostSample]] = {}
     for n, events in enumerate(traces):
         n_traces += 1
         cfg = _config_event(events)
@@ -373,7 +424,7 @@ def fit_profile(traces: Iterable[list[dict[str, Any]]],
                                for n, xs in win_by.items()})
     pre_speed = _trace_speeds({n: [((gc, tok, t), d) for gc, tok, t, d in xs]
                                for n, xs in pre_by.items()})
-    host_speed = _trace_speeds({n: [((c, a, p), g) for c, a, p, g in xs]
+    host_speed = _trace_speeds({n: [((c, f, a, p), g) for c, f, a, p, g in xs]
                                 for n, xs in host_by.items()})
     for n in win_by:
         for a, tier, r, sh, dur in win_by[n]:
@@ -385,7 +436,7 @@ def fit_profile(traces: Iterable[list[dict[str, Any]]],
                 untiered[gc] = True
             else:
                 tiered_by[gc][(tier, tokens)].append(dur / pre_speed[n])
-        host.extend((c, a, p, g / host_speed[n]) for c, a, p, g in host_by[n])
+        host.extend((c, f, a, p, g / host_speed[n]) for c, f, a, p, g in host_by[n])
     if not any(decode.values()):
         raise FitError("no window event with `dur` and `ctx` in the traces: nothing to fit")
     kind = bool(prefill_by[True])  # graph chunks if any trace ran them
@@ -424,7 +475,7 @@ def fit_profile(traces: Iterable[list[dict[str, Any]]],
         pre_cells = {k: _cell(v) for k, v in prefill_tiered.items()}
         pre_table = _fill_grid(pre_cells, pre_tiers, tokens)
     acc = fit_acceptance(commits)
-    h_fixed, h_commit, h_admit, h_burst, h_prefill = fit_host(host)
+    h_fixed, h_commit, h_admit, h_burst, h_prefill, h_finish = fit_host(host)
     src = {**(source or {}), "kind": "fitted", "traces": n_traces,
            "counts": counts, "shape_counts": shape_counts,
            "prefill_counts": [len(prefill[t]) for t in tokens],
@@ -440,6 +491,7 @@ def fit_profile(traces: Iterable[list[dict[str, Any]]],
     return CostProfile(
         host_overhead_s=h_fixed, host_per_commit_s=h_commit, host_per_admit_s=h_admit,
         host_per_admit_burst_s=h_burst, host_after_prefill_s=h_prefill,
+        host_per_finish_s=h_finish,
         prefill_tokens=tokens, prefill_s=[_cell(prefill[t]) for t in tokens],
         decode_rows=rows, decode_tiers=tiers, decode_s=tables,
         acceptance=acc.as_dict() if acc.judged else None, source=src,

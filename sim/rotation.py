@@ -12,6 +12,8 @@ from __future__ import annotations
 import bisect
 from typing import Callable, Optional
 
+from strata.trace import invariant_group_rows
+
 
 class RotationRing:
     def __init__(self) -> None:
@@ -48,11 +50,15 @@ class RotationRing:
         i = bisect.bisect_right(self._members, slot)
         return self._members[i % len(self._members)]
 
-    def build_window(self, rows_of: Callable[[int], int], window_rows: int) -> list[int]:
+    def build_window(self, rows_of: Callable[[int], int], window_rows: int,
+                     batch_invariant: bool = False) -> list[int]:
         """Take slots for one window; returns them in window order and moves the pointer.
 
         `rows_of(slot)` is the slot's group size. A group that does not fit ends the window
         (slots are never skipped), so the first group always fits when rows_of <= window_rows.
+        Batch-invariant windows pad every group to the row count `invariant_group_rows` gives
+        for the deepest one: the groups fit while that count times their number is at most
+        window_rows.
         """
         if not self._members:
             return []
@@ -61,13 +67,19 @@ class RotationRing:
         n = len(self._members)
         taken: list[int] = []
         rows = 0
+        group_rows: list[int] = []
         for j in range(n):
             slot = self._members[(i0 + j) % n]
             r = rows_of(slot)
-            if rows + r > window_rows:
+            if batch_invariant:
+                padded = invariant_group_rows(max(group_rows + [r]), window_rows)
+                if padded * (len(group_rows) + 1) > window_rows:
+                    break
+            elif rows + r > window_rows:
                 break
             taken.append(slot)
             rows += r
+            group_rows.append(r)
         if not taken:
             raise ValueError(f"slot {start}'s group of {rows_of(start)} rows exceeds "
                              f"window_rows={window_rows}")

@@ -113,10 +113,10 @@ class SimEngine:
         self._mixed_iterations = 0
         self._mixed_decodes = 0
         self._warned_eager = False
-        #: What this iteration's host time depends on (CostProfile.host_time): the previous
-        #: iteration's commits and whether it ran a prompt chunk, this one's admissions.
-        self._prev_commits = 0
-        self._prev_prefill = False
+        #: What this iteration's host time at its start depends on (CostProfile.
+        #: host_head_time): its admissions. The host time after its device work (commits,
+        #: finishes, a prompt chunk's bookkeeping: host_tail_time) is charged before the next
+        #: iteration starts, so the next arrivals come after it, as in the engine.
         self._admitted = 0
         self.drafting = bool(knobs.drafting) and knobs.spec >= 2
         self.process = env.process(self.run())
@@ -170,10 +170,16 @@ class SimEngine:
         return "idle"
 
     def _host(self) -> float:
-        """This iteration's host seconds; resets what the next iteration's depend on."""
-        t = self.costs.host_time(self._prev_commits, self._admitted, self._prev_prefill)
-        self._prev_commits, self._prev_prefill, self._admitted = 0, False, 0
+        """This iteration's host seconds before its device work; resets its admissions."""
+        t = self.costs.host_head_time(self._admitted)
+        self._admitted = 0
         return t
+
+    def _tail(self, commits: int = 0, finishes: int = 0, after_prefill: bool = False):
+        """The host seconds after this iteration's device work (CostProfile.host_tail_time)."""
+        t = self.costs.host_tail_time(commits, finishes, after_prefill)
+        if t > 0:
+            yield self.env.timeout(t)
 
     def _admit(self) -> int:
         n = 0
@@ -209,7 +215,6 @@ class SimEngine:
         tier = context_tier(st.prompt_done + padded, k.context_tier_min, k.max_context)
         dur = self.costs.prefill_time(padded, tier)
         yield self.env.timeout(self._host() + dur)
-        self._prev_prefill = True
         st.prompt_done += tokens
         rec = self.records[st.req.id]
         rec.prefill_device_s += dur
@@ -218,6 +223,7 @@ class SimEngine:
         self.trace.emit("prefill", req=st.req.id, slot=st.slot, tokens=tokens,
                         dur=round(dur, TRACE_DUR_DIGITS), ctx=st.prompt_done)
         if st.prompt_done < st.req.prompt_tokens:
+            yield from self._tail(after_prefill=True)
             return
         # Prompt done: the slot samples and emits its first token.
         st.pos = st.req.prompt_tokens
@@ -235,6 +241,7 @@ class SimEngine:
         else:
             self._finish(st, reason)
             self._release(st)
+        yield from self._tail(finishes=reason is not None, after_prefill=True)
 
     # --- decode ----------------------------------------------------------------------------
 
@@ -279,7 +286,7 @@ class SimEngine:
             st = self.slots[slot]
             return min(base, st.left, k.max_context - st.pos)
 
-        taken = self.ring.build_window(rows_of, k.window_rows)
+        taken = self.ring.build_window(rows_of, k.window_rows, k.batch_invariant)
         groups = [(self.slots[s], rows_of(s)) for s in taken]
         if self.external.faulted(self.step):
             yield from self._fault([st for st, _ in groups])
@@ -293,10 +300,11 @@ class SimEngine:
         if decision.capture_failed:
             self._crash(decision)
             return
-        dur = self.costs.decode_time(len(layout), tier, decision.action,
-                                     self._window_shape(groups))
+        shape = self._window_shape(groups)
+        # Batch-invariant windows compute all window_rows rows, padding included.
+        rows = shape[0] * shape[1] if k.batch_invariant else len(layout)
+        dur = self.costs.decode_time(rows, tier, decision.action, shape)
         yield self.env.timeout(self._host() + dur)
-        self._prev_commits = len(groups)
 
         for ev_key, reason in decision.evictions:
             self.stats.graph["evict"] += 1
@@ -327,6 +335,7 @@ class SimEngine:
             self._finish(st, reason)
         for st, _ in finished:  # slots leave in window order, after all commits
             self._release(st)
+        yield from self._tail(commits=len(groups), finishes=len(finished))
 
     def _commit(self, st: SlotState, accepted: int) -> tuple[int, Optional[str]]:
         """Commit rows 0..accepted; returns (tokens emitted, finish reason or None)."""

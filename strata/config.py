@@ -62,9 +62,9 @@ class EngineConfig:
     #: Graph-cache key: `shape` (bucket + tier) or `layout` (exact layout + tier).
     graph_key: str = "shape"
     #: Every window runs exactly `window_rows` rows (padding groups on the scratch lane, each
-    #: group's rows rounded up to a divisor of window_rows), so every matmul of a window has
-    #: one shape and a row's arithmetic never depends on the window it is in: bfloat16 text
-    #: identical in every mode, for the cost of computing the padding rows.
+    #: group's rows rounded up to a divisor of window_rows), so the verify forward's
+    #: projection, MoE and head matmuls have one shape in every mode (bfloat16 picks kernels by
+    #: shape), for the cost of computing the padding rows. docs/ENGINE.md says what it does not fix.
     batch_invariant: bool = False
     #: Most graphs kept (LRU); 0 = unbounded.
     graph_limit: int = 32

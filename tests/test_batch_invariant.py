@@ -36,10 +36,11 @@ def test_every_window_shape_has_window_rows_rows():
     assert keys == [(n, g, t) for t in (256, 512, 1024) for n, g in ((2, 4), (4, 2), (8, 1))]
 
 
-def run(model_dir, tmp: Path, **engine) -> tuple[list[list[int]], list[dict]]:
+def run(model_dir, tmp: Path, requests: int = 5, slots: int = 4,
+        **engine) -> tuple[list[list[int]], list[dict]]:
     cfg = OmegaConf.structured(StrataConfig)
     cfg.device, cfg.model.path = "cpu", str(model_dir)
-    cfg.engine.warmup, cfg.engine.slots, cfg.engine.max_context = "on", 4, 512
+    cfg.engine.warmup, cfg.engine.slots, cfg.engine.max_context = "on", slots, 512
     for k, v in engine.items():
         setattr(cfg.engine, k, v)
     tmp.mkdir(parents=True, exist_ok=True)
@@ -47,9 +48,9 @@ def run(model_dir, tmp: Path, **engine) -> tuple[list[list[int]], list[dict]]:
     eng = Engine.from_config(cfg, log=lambda s: None, trace_path=trace)
     # Staggered arrivals and lengths: windows of 1 to 4 groups, solo windows of a lone
     # request, and groups cut short by max_tokens (1 and 3 rows).
-    reqs = [Request(f"r{i}", list(range(5 + i, 21 + 7 * i)),
-                    SamplingParams(max_tokens=9 + 5 * i, stop_at_eos=False),
-                    arrival_step=4 * i, stream_text=False) for i in range(5)]
+    reqs = [Request(f"r{i}", list(range(5 + i, 21 + 7 * (i % 5))),
+                    SamplingParams(max_tokens=9 + 5 * (i % 5) + i // 5, stop_at_eos=False),
+                    arrival_step=4 * (i % 5), stream_text=False) for i in range(requests)]
     for r in reqs:
         eng.add_request(r)
     done: dict[str, list[int]] = {}
@@ -87,3 +88,59 @@ def test_invariant_windows_need_fewer_graphs(model_dir, tmp_path):
     _, inv = run(model_dir, tmp_path / "inv", graph_limit=0, batch_invariant=True)
     keys = lambda evs: {e["key"] for e in evs if e["ev"] == "window"}  # noqa: E731
     assert len(keys(inv)) < len(keys(plain))
+
+
+def test_a_window_takes_only_the_groups_its_padded_shape_holds(model_dir, tmp_path):
+    """8 slots, 2-row groups and 1-row groups of requests about to end: rows summing to 8 can
+    be 5 groups ([2, 2, 1, 1, 2]), but padded to 2 rows only 4 fit. Every group taken must
+    commit (none dropped), and the simulator must build the same windows."""
+    text, events = run(model_dir, tmp_path / "inv", requests=12, slots=8, batch_invariant=True)
+    base, _ = run(model_dir, tmp_path / "base", requests=12, slots=8)
+    assert text == base
+    steps: dict[int, dict] = {}
+    for e in events:
+        st = steps.setdefault(e["step"], {"window": None, "commits": 0})
+        if e["ev"] == "window":
+            st["window"] = e
+        elif e["ev"] == "commit":
+            st["commits"] += 1
+    mixed = 0
+    for st in steps.values():
+        w = st["window"]
+        if w is None:
+            continue
+        runs: list[int] = []
+        for i, slot in enumerate(w["layout"]):
+            if i and slot == w["layout"][i - 1]:
+                runs[-1] += 1
+            else:
+                runs.append(1)
+        mixed += len(set(runs)) > 1
+        assert len(runs) * invariant_group_rows(max(runs), 8) <= 8
+        assert st["commits"] == len(runs)  # every group committed
+    assert mixed  # windows mixing 1- and 2-row groups did occur
+    result = replay_trace(events)
+    assert result.ok, str(result.first_divergence)
+
+
+@pytest.mark.parametrize("ring_cls", ["engine", "sim"])
+def test_rotation_packs_groups_by_their_padded_rows(ring_cls):
+    from sim.rotation import RotationRing as SimRing
+    from strata.engine.rotation import RotationRing as EngineRing
+
+    rows = {0: 2, 1: 2, 2: 1, 3: 1, 4: 2, 5: 2}
+    ring = EngineRing() if ring_cls == "engine" else SimRing()
+    for s in rows:
+        ring.join(s)
+    build = ring.build if ring_cls == "engine" else ring.build_window
+    # By plain rows, 2+2+1+1+2 = 8 fits five groups; padded to 2 rows each only four do.
+    assert build(rows.__getitem__, 8) == [0, 1, 2, 3, 4]
+    ring.pointer = 0
+    assert build(rows.__getitem__, 8, True) == [0, 1, 2, 3]
+    # A 3-row group pads to 4 at W=8: it and one more group fill the window.
+    rows3 = {0: 3, 1: 1, 2: 1, 3: 1}
+    ring = EngineRing() if ring_cls == "engine" else SimRing()
+    for s in rows3:
+        ring.join(s)
+    build = ring.build if ring_cls == "engine" else ring.build_window
+    assert build(rows3.__getitem__, 8, True) == [0, 1]

@@ -33,6 +33,7 @@ def host_profile() -> CostProfile:
     prof.host_per_admit_s = 60e-6
     prof.host_per_admit_burst_s = 300e-6
     prof.host_after_prefill_s = 40e-6
+    prof.host_per_finish_s = 80e-6
     return prof
 
 
@@ -41,11 +42,19 @@ def test_host_time_adds_commits_admissions_and_prompt_chunks():
     assert prof.host_time() == pytest.approx(50e-6)
     assert prof.host_time(prev_commits=4, admitted=2, after_prefill=True) == pytest.approx(
         50e-6 + 4 * 20e-6 + 2 * 60e-6 + 300e-6 + 40e-6)
+    # Split at the arrivals: the earlier iteration's tail (commits, finishes, a prompt
+    # chunk's bookkeeping) comes before them, the later one's head (fixed part, binding) after.
+    assert prof.host_tail_time(commits=4, finishes=2, after_prefill=True) == pytest.approx(
+        4 * 20e-6 + 2 * 80e-6 + 40e-6)
+    assert prof.host_head_time(admitted=2) == pytest.approx(50e-6 + 2 * 60e-6 + 300e-6)
+    assert prof.host_time(prev_commits=4, admitted=2, prev_finishes=2) == pytest.approx(
+        prof.host_tail_time(4, 2) + prof.host_head_time(2))
     # One burst: the per-burst part once, however many requests it binds.
     assert prof.host_time(admitted=8) - prof.host_time(admitted=1) == pytest.approx(7 * 60e-6)
     back = CostProfile.from_dict(prof.to_dict())
     assert (back.host_per_commit_s, back.host_per_admit_s, back.host_per_admit_burst_s,
-            back.host_after_prefill_s) == (20e-6, 60e-6, 300e-6, 40e-6)
+            back.host_after_prefill_s, back.host_per_finish_s) == (20e-6, 60e-6, 300e-6, 40e-6,
+                                                                     80e-6)
     bad = prof.to_dict()
     bad["host"]["per_admit_s"] = -1.0
     with pytest.raises(ValueError, match="host.per_admit_s must be >= 0"):
@@ -66,26 +75,40 @@ def test_fit_gives_back_the_host_parts(tmp_path):
         traces.append(run.events)
     # The first iteration's host time runs from the arrivals: it binds the admitted slots.
     first = _host_samples(traces[2])[0]
-    assert first[:3] == (0, 8, False)
-    assert first[3] == pytest.approx(50e-6 + 300e-6 + 8 * 60e-6, abs=2e-6)
+    assert first[:4] == (0, 0, 8, False)
+    assert first[4] == pytest.approx(50e-6 + 300e-6 + 8 * 60e-6, abs=2e-6)
     fit = fit_profile(traces)
     assert fit.host_overhead_s == pytest.approx(50e-6, abs=2e-6)
     assert fit.host_per_commit_s == pytest.approx(20e-6, abs=1e-6)
     assert fit.host_per_admit_s == pytest.approx(60e-6, abs=2e-6)
     assert fit.host_per_admit_burst_s == pytest.approx(300e-6, abs=3e-6)
     assert fit.host_after_prefill_s == pytest.approx(40e-6, abs=2e-6)
+    assert fit.host_per_finish_s == pytest.approx(80e-6, abs=3e-6)
 
 
 def test_one_burst_size_charges_binding_per_burst():
     from sim.profile import fit_host
 
     # Every admitting iteration binds 2: per request and per burst cannot be told apart.
-    samples = ([(1, 0, False, 70e-6)] * 5 + [(2, 0, False, 90e-6)] * 5
-               + [(3, 0, False, 110e-6)] * 5 + [(0, 2, False, 450e-6)] * 3)
-    fixed, per_commit, per_admit, per_burst, _ = fit_host(samples)
+    samples = ([(1, 0, 0, False, 70e-6)] * 5 + [(2, 0, 0, False, 90e-6)] * 5
+               + [(3, 0, 0, False, 110e-6)] * 5 + [(0, 0, 2, False, 450e-6)] * 3)
+    fixed, per_commit, per_admit, per_burst, _, per_finish = fit_host(samples)
     assert per_admit == 0.0
     assert fixed + per_burst == pytest.approx(450e-6)
     assert per_commit == pytest.approx(20e-6)
+    assert per_finish == 0.0  # no finish in any sample
+
+
+def test_finishes_that_always_come_with_admissions_are_charged_to_them():
+    from sim.profile import fit_host
+
+    # A closed loop seen only mid-run: every finish is followed by one admission, so the
+    # two cannot be told apart; the finish's part goes with the admission's.
+    samples = ([(1, 0, 0, False, 70e-6)] * 5 + [(2, 0, 0, False, 90e-6)] * 5
+               + [(3, 0, 0, False, 110e-6)] * 5 + [(1, 1, 1, False, 70e-6 + 380e-6)] * 5)
+    fixed, per_commit, per_admit, per_burst, _, per_finish = fit_host(samples)
+    assert per_finish == 0.0
+    assert per_admit + per_burst == pytest.approx(380e-6)
 
 
 def test_a_profile_without_host_parts_charges_a_fixed_host_time(tmp_path):

@@ -252,3 +252,15 @@ def test_each_trace_speed_is_divided_out_before_cells_are_taken():
                         _trace(windows=short, prefills=[(64, 64, 0.01)])])
     assert prof.source["trace_speeds"]["window"][2] == 1.0
     assert prof.decode_time(4, 256, "hit", (2, 2)) == pytest.approx(0.018, rel=1e-3)
+
+
+def test_trace_speeds_come_from_shared_cells_only():
+    from sim.profile import _trace_speeds
+
+    # Most samples in cells only one trace measured: they say nothing about speed (a cell's
+    # effect would just take on its one trace's speed), and must not hold the factors at 1.
+    a = [("shared", 0.010)] * 30 + [("only_a", 0.02)] * 70
+    b = [("shared", 0.0144)] * 30 + [("only_b", 0.03)] * 70
+    lone = [("only_c", 0.05)] * 50  # shares no cell with anyone: nothing to compare it with
+    f = _trace_speeds({0: a, 1: b, 2: lone})
+    assert f[0] == pytest.approx(1 / 1.2) and f[1] == pytest.approx(1.2) and f[2] == 1.0

@@ -172,7 +172,8 @@ class Engine:
                                    window_rows=int(ecfg.window_rows),
                                    decode_share=float(ecfg.decode_share),
                                    prefill_chunk=int(ecfg.prefill_chunk),
-                                   max_context=self.max_context, trace=self.trace)
+                                   max_context=self.max_context, trace=self.trace,
+                                   batch_invariant=bool(ecfg.batch_invariant))
         self.cache: Optional[GraphCache] = None
         if ecfg.graphs:
             backend = (CudaGraphBackend(device) if device.type == "cuda"

@@ -120,6 +120,9 @@ class ModelRunner:
         if n_padded > self.inputs.shape[1]:
             raise RuntimeError(f"window of {n_padded} groups exceeds the {self.inputs.shape[1]} "
                                f"input rows sized at start")
+        if n_padded < len(groups):
+            raise RuntimeError(f"window of {len(groups)} groups planned into {n_padded} padded "
+                               f"groups: a group would be dropped")
         self._fill(groups, n_padded)
         if self.cache is None or key is None:
             action, run = "eager", self._fn(n_padded, g, ctx, filtered)

@@ -2,12 +2,17 @@
 
 Active slots form a ring ordered by slot id; a pointer names the slot that starts the next
 window. A window takes slots from the pointer onward, wrapping, until the next group would not
-fit in W rows or every slot is in; the pointer then moves past the last slot taken.
+fit in W rows or every slot is in; the pointer then moves past the last slot taken. A batch-
+invariant window (`engine.batch_invariant`) runs its groups padded to one row count, a divisor
+of W (strata.trace.invariant_group_rows): a group fits when all the groups taken, padded so,
+still come to at most W rows.
 """
 
 from __future__ import annotations
 
 from typing import Callable, Optional
+
+from strata.trace import invariant_group_rows
 
 
 class RotationRing:
@@ -29,7 +34,8 @@ class RotationRing:
             later = [s for s in self.members if s > slot]
             self.pointer = later[0] if later else (self.members[0] if self.members else None)
 
-    def build(self, rows_of: Callable[[int], int], window_rows: int) -> list[int]:
+    def build(self, rows_of: Callable[[int], int], window_rows: int,
+              batch_invariant: bool = False) -> list[int]:
         """Slots of the next window, in window order; advances the pointer."""
         if not self.members:
             return []
@@ -37,11 +43,16 @@ class RotationRing:
         i0 = self.members.index(start)
         n = len(self.members)
         taken: list[int] = []
-        used = 0
+        used = deepest = 0
         for step in range(n):
             slot = self.members[(i0 + step) % n]
             r = rows_of(slot)
-            if used + r > window_rows:
+            if batch_invariant:
+                g = invariant_group_rows(max(deepest, r), window_rows)
+                if (len(taken) + 1) * g > window_rows:
+                    break
+                deepest = max(deepest, r)
+            elif used + r > window_rows:
                 break
             taken.append(slot)
             used += r

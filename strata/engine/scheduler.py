@@ -30,12 +30,13 @@ class Plan:
 class Scheduler:
     def __init__(self, n_slots: int, *, mode: str, batch_mtp: bool, drafting: bool, spec: int,
                  window_rows: int, decode_share: float, prefill_chunk: int, max_context: int,
-                 trace: TraceWriter):
+                 trace: TraceWriter, batch_invariant: bool = False):
         self.slots = [Slot(i) for i in range(n_slots)]
         self.queue: deque[RequestState] = deque()
         self.ring = RotationRing()
         self.mode, self.batch_mtp, self.drafting = mode, batch_mtp, drafting
         self.spec, self.window_rows = spec, window_rows
+        self.batch_invariant = batch_invariant
         self.decode_share, self.prefill_chunk = decode_share, prefill_chunk
         self.max_context = max_context
         self.trace = trace
@@ -105,5 +106,5 @@ class Scheduler:
             return Plan("prefill", slot=slot, tokens=tokens)
         lone = len(decoding) == 1 and not prefilling
         rows = {sid: self.rows_for(self.slots[sid], lone) for sid in decoding}
-        taken = self.ring.build(lambda sid: rows[sid], self.window_rows)
+        taken = self.ring.build(lambda sid: rows[sid], self.window_rows, self.batch_invariant)
         return Plan("decode", groups=[(self.slots[sid], rows[sid]) for sid in taken])
