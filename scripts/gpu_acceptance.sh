@@ -74,10 +74,11 @@ case $part in
 3)  # re-measure (issues 4, 6, 8): identity on every backend, engine grid, where the host's
     # time goes between windows, server bench
   step gpu_identity 50 python3 -m pytest -q -x -m gpu tests/test_engine_backends.py
-  TAIL=10 step engine 250 python3 scripts/bench_engine.py --n 1,2,4,8 \
+  TAIL=10 step engine 200 python3 scripts/bench_engine.py --n 1,2,4,8 \
       --configs solo,batch,batch_mtp,batch_mtp_w16 --repeats 3 --max-tokens 256 --hf \
       --json "$R/engine.json" --md "$R/engine.md"
-  TAIL=40 step host_profile 50 python3 scripts/step_breakdown.py --n 8 --configs batch_mtp_w16 \
+  # (50 s was too few in session 6: the new process compiles its window shapes first)
+  TAIL=40 step host_profile 100 python3 scripts/step_breakdown.py --n 8 --configs batch_mtp_w16 \
       --profile-host 30 --json "$R/host_profile.json"
   TAIL=14 step serve 150 python3 scripts/bench.py --device cuda --dtype bfloat16 \
       --configs solo,batch,batch_mtp --n 1,2,4,8 --repeats 1 --warmup full --no-progress \
