@@ -439,8 +439,8 @@ def test_trace_model_catches_a_wrong_window(model_dir):
             for i in range(3)]
     orig = eng.scheduler.ring.build
 
-    def skewed(rows_of, w):
-        taken = orig(rows_of, w)
+    def skewed(rows_of, w, *rest):
+        taken = orig(rows_of, w, *rest)
         eng.scheduler.ring.pointer = eng.scheduler.ring.members[0]  # always restart at the front
         return taken
 
