@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
 """Simulator studies of the graph cache (issue 7). Writes docs/SIM_STUDIES.md and docs/img/.
 
-(a) Graph-count growth: how many distinct graph keys the `layout` and `shape` policies need as
-    slots grow, and what that costs in captures and evictions under an LRU limit.
+(a) Graph-count growth: how many distinct graph keys the `layout` and `shape` policies (and
+    shape keys with engine.batch_invariant) need as slots grow, and what that costs in
+    captures and evictions under an LRU limit.
 (b) The upstream policy (graph memory not counted; each new layout takes ~20-25 MiB and the
     engine exits when a capture finds no free memory) on a 24 GB card: the reserve needed
     before captures run out of memory, set against the upstream reports (700 MiB failed after
@@ -39,7 +40,10 @@ from sim.predict import run_predict  # noqa: E402
 # --- study parameters (what the studies vary, and the upstream facts they are set against) ---
 
 SLOT_COUNTS = [1, 2, 4, 8, 16]
-KEY_POLICIES = ["layout", "shape"]
+KEY_POLICIES = ["layout", "shape", "shape+invariant"]
+#: The engine overrides of each key policy of study (a).
+POLICY_OVERRIDES = {"layout": ["engine.graph_key=layout"], "shape": ["engine.graph_key=shape"],
+                    "shape+invariant": ["engine.graph_key=shape", "engine.batch_invariant=true"]}
 GRAPH_LIMITS = [8, 32, 64]
 #: A saturating stream of requests of mixed lengths, so the ring's membership keeps changing.
 GROWTH_WORKLOAD = ["workload=poisson", "workload.requests=240", "workload.rate_per_s=6",
@@ -91,7 +95,7 @@ def study_growth():
     rows = []
     for slots in SLOT_COUNTS:
         for key in KEY_POLICIES:
-            base = [*GROWTH_WORKLOAD, f"engine.slots={slots}", f"engine.graph_key={key}",
+            base = [*GROWTH_WORKLOAD, f"engine.slots={slots}", *POLICY_OVERRIDES[key],
                     "memory.weights_mib=8000"]  # room for 16 slots of 512 MiB
             unbounded = run([*base, "engine.graph_limit=0"])
             keys = unbounded.run.cache.keys_seen
@@ -110,13 +114,14 @@ def study_growth():
     return rows
 
 
-COLORS = {"layout": "tab:blue", "shape": "tab:orange"}
+COLORS = {"layout": "tab:blue", "shape": "tab:orange", "shape+invariant": "tab:green"}
+MARKERS = (("layout", "o"), ("shape", "s"), ("shape+invariant", "^"))
 
 
 def plot_growth(rows, path):
     fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
     ax = axes[0]
-    for key, marker in (("layout", "o"), ("shape", "s")):
+    for key, marker in MARKERS:
         pts = [(r["slots"], r["distinct"]) for r in rows if r["key"] == key]
         ax.plot(*zip(*pts), marker + "-", color=COLORS[key], label=f"{key}: distinct keys used")
     reach = [(r["slots"], r["reachable"]) for r in rows if r["key"] == "layout"]
@@ -130,7 +135,7 @@ def plot_growth(rows, path):
     ax.set_title("Distinct graph keys in the run (graph_limit=0)")
     ax.legend(fontsize=8)
     ax = axes[1]
-    for key, marker in (("layout", "o"), ("shape", "s")):
+    for key, marker in MARKERS:
         for limit, ls in zip(GRAPH_LIMITS, (":", "-", "--")):
             pts = [(r["slots"], r[f"cap{limit}"]) for r in rows if r["key"] == key]
             ax.plot(*zip(*pts), marker + ls, color=COLORS[key], ms=4,
@@ -341,7 +346,7 @@ not measured on a GPU. Timing does not enter studies (a) and (b): they count key
 and memory, which depend only on the scheduling rules, the workload and the memory facts.
 Study (c) is timed with the cost profile fitted from the H200 engine's traces.
 
-## (a) Graph-count growth: `layout` vs `shape` keys
+## (a) Graph-count growth: `layout` vs `shape` keys (and `engine.batch_invariant`)
 
 Workload: {" ".join(GROWTH_WORKLOAD[1:])} (Poisson arrivals that keep every slot busy, lengths
 mixed so that ring membership keeps changing); batch_mtp, W = 8 (four 2-row groups per
@@ -365,7 +370,10 @@ layouts at 8 slots, {g[16, "layout"]["reachable"]} at 16, full 2-row groups at o
 far longer runs can go. With `shape` keys the count is bounded by buckets x group sizes x tiers
 ({g[8, "shape"]["distinct"]} keys at 8 slots, {g[16, "shape"]["distinct"]} at 16) and does not
 grow with slots; a limit of 32 holds all of them ({g[8, "shape"]["ev32"]} evictions at 8 slots).
-With one slot both policies name the same windows.
+With one slot both policies name the same windows. `shape+invariant` (shape keys with
+`engine.batch_invariant=true`: every window runs W rows, so a key is one shape per group depth
+and tier) needs fewer still: {g[8, "shape+invariant"]["distinct"]} keys at 8 slots and
+{g[16, "shape+invariant"]["distinct"]} at 16.
 
 ## (b) Upstream policy: the reserve needed before captures run out of memory
 
