@@ -86,7 +86,9 @@ case $part in
   ;;
 4)  # engine.batch_invariant in bf16: greedy text against solo_inv (the first config) in every
     # mode, with graphs and eagerly, and its cost against batch_mtp and solo; then at W16 and N=8,
-    # where plain batch_mtp's text differed (sixth session)
+    # where plain batch_mtp's text differed (sixth session). First the kernel property it
+    # rests on: fixed split-K chunks make a row's attention independent of its window.
+  step invariant_kernel 60 python3 -m pytest -q -m gpu tests/test_kernels_gpu.py -k fixed_splits
   TAIL=16 step invariant_w8 220 python3 scripts/bench_engine.py --n 1,4,8 \
       --configs solo_inv,batch_inv,batch_mtp_inv,batch_mtp_eager_inv,batch_mtp,solo --repeats 1 \
       --no-reverse --max-tokens 256 --json "$R/invariant_w8.json" --md "$R/invariant_w8.md"

@@ -64,8 +64,12 @@ class EngineConfig:
     #: Every window runs exactly `window_rows` rows (padding groups on the scratch lane, each
     #: group's rows rounded up to a divisor of window_rows), so the verify forward's
     #: projection, MoE and head matmuls have one shape in every mode (bfloat16 picks kernels by
-    #: shape), for the cost of computing the padding rows. docs/ENGINE.md says what it does not fix.
+    #: shape), and its attention splits keys in fixed chunks (invariant_split_keys), for the
+    #: cost of computing the padding rows. docs/ENGINE.md says what it does not fix.
     batch_invariant: bool = False
+    #: Under batch_invariant: the verify attention's split-K chunk in keys (rounded up to 64),
+    #: the same at every context tier and group count, so a row's attention sums in one order.
+    invariant_split_keys: int = 256
     #: Most graphs kept (LRU); 0 = unbounded.
     graph_limit: int = 32
     #: Device memory kept free, never planned for (MiB).
@@ -215,6 +219,8 @@ def validate_engine(e: Any) -> None:
         bad("window_rows", f"must be >= 1, got {e.window_rows}")
     if e.spec < 1:
         bad("spec", f"must be >= 1, got {e.spec}")
+    if e.invariant_split_keys < 1:
+        bad("invariant_split_keys", f"must be >= 1, got {e.invariant_split_keys}")
     if e.spec > e.window_rows:
         bad("spec", f"engine.spec={e.spec} exceeds engine.window_rows={e.window_rows}")
     if not 0.0 < e.decode_share <= 1.0:

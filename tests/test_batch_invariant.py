@@ -144,3 +144,38 @@ def test_rotation_packs_groups_by_their_padded_rows(ring_cls):
         ring.join(s)
     build = ring.build if ring_cls == "engine" else ring.build_window
     assert build(rows3.__getitem__, 8, True) == [0, 1]
+
+
+def test_fixed_split_plan_is_the_same_chunk_at_every_tier():
+    from strata.kernels.cyext_ops import MAX_ATTENTION_SPLITS, fixed_split_plan
+
+    assert [fixed_split_plan(ctx, 256) for ctx in (256, 512, 1000, 4096)] == \
+        [(1, 256), (2, 256), (4, 256), (16, 256)]
+    assert fixed_split_plan(512, 100) == (4, 128)  # rounded up to 64 keys
+    nsplit, chunk = fixed_split_plan(MAX_ATTENTION_SPLITS * 256 + 1, 256)
+    assert nsplit <= MAX_ATTENTION_SPLITS and nsplit * chunk >= MAX_ATTENTION_SPLITS * 256 + 1
+
+
+def test_invariant_windows_ask_attention_for_fixed_splits(model_dir, tmp_path, monkeypatch):
+    from strata.kernels import cyext_ops, reference
+
+    seen = []
+
+    def spying(real):
+        def spy(*args, split_keys=0, **kw):
+            seen.append(split_keys)
+            return real(*args, split_keys=split_keys, **kw)
+        return spy
+
+    text, _ = run(model_dir, tmp_path / "plain")
+    # The engine binds the backend's kernels at start (strata.kernels.ops.set_backend): spy on
+    # both tables it can bind from.
+    monkeypatch.setitem(cyext_ops.CPU_OPS, "grouped_window_attention",
+                        spying(cyext_ops.CPU_OPS["grouped_window_attention"]))
+    monkeypatch.setattr(reference, "grouped_window_attention",
+                        spying(reference.grouped_window_attention))
+    inv_text, _ = run(model_dir, tmp_path / "inv", batch_invariant=True, invariant_split_keys=128)
+    assert inv_text == text
+    # Decode windows (and the warm-up's) ask for 128-key chunks; prompt chunks and the MTP
+    # drafts keep the kernels' own plan.
+    assert 128 in seen and set(seen) <= {0, 128}

@@ -163,6 +163,8 @@ class Engine:
                                  drafting, spare_rows=spare)
         self.bufs = SlotBuffers(n_slots, self.args.hidden_size, dtype, device)
         self.verifier = Verifier(self.model, self.state, self.bufs, drafting)
+        if ecfg.batch_invariant:
+            self.verifier.split_keys = int(ecfg.invariant_split_keys)
         compiling = ecfg.compile == "on" or (ecfg.compile == "auto" and device.type == "cuda")
         if compiling:
             self._compile()

@@ -57,6 +57,9 @@ class Verifier:
         self.state = state
         self.bufs = bufs
         self.drafting = drafting
+        #: Split-K chunk of the verify forward's attention, in keys (0: the kernels' own plan);
+        #: the engine sets it under engine.batch_invariant.
+        self.split_keys = 0
         # The engine may swap in compiled versions of these three.
         self.sample = sample_lanes
         self.sample_plain = sample_plain_lanes
@@ -92,7 +95,8 @@ class Verifier:
                 h = mh
                 cols.append(tok)
         tokens = torch.stack(cols, 1)
-        hidden, logits, rec_snaps, conv_snaps = model.verify_window(tokens, gs, gp, ctx, state)
+        hidden, logits, rec_snaps, conv_snaps = model.verify_window(tokens, gs, gp, ctx, state,
+                                                                    self.split_keys)
         # target y_j sits at position p + j + 1
         y = self._sample(logits.reshape(ng * g, -1), gs, gp, g, 1, filtered).view(ng, g)
         if g > 1:

@@ -87,10 +87,12 @@ def cpu_write_kv(k_cache, v_cache, k, v, group_slot, group_pos) -> None:
 
 
 def cpu_grouped_window_attention(q, k_cache, v_cache, group_slot, group_pos, ctx, scale, *,
-                                 out=None):
+                                 out=None, split_keys=0):
+    """One pass over the keys: `split_keys` (a GPU split-K setting) changes nothing here."""
     if _compiling() and out is None:
         return torch.ops.strata.grouped_window_attention(q, k_cache, v_cache, group_slot,
-                                                         group_pos, ctx, float(scale))
+                                                         group_pos, ctx, float(scale),
+                                                         int(split_keys))
     q = q.contiguous()
     if out is None:
         out = torch.empty_like(q, memory_format=torch.contiguous_format)
@@ -184,6 +186,24 @@ def attention_plan(ng: int, hkv: int, rows: int, ctx: int, d: int, sm_count: int
     return nsplit, chunk
 
 
+#: Most split-K chunks the CUDA kernel takes (MAX_SPLITS in strata_kernels.cu).
+MAX_ATTENTION_SPLITS = 4096
+
+
+def fixed_split_plan(ctx: int, split_keys: int) -> tuple[int, int]:
+    """(nsplit, chunk) with chunks of `split_keys` keys (rounded up to 64) whatever the
+    window: a row's partials then cover the same keys at every context tier and group count,
+    and the splits past its position are empty (weight 0 in the combine), so its result does
+    not depend on the window it is in. Past MAX_ATTENTION_SPLITS chunks, longer chunks."""
+    chunk = max(64, -(-int(split_keys) // 64) * 64)
+    nsplit = -(-ctx // chunk)
+    if nsplit > MAX_ATTENTION_SPLITS:
+        per_split = -(-ctx // MAX_ATTENTION_SPLITS)
+        chunk = -(-per_split // 64) * 64
+        nsplit = -(-ctx // chunk)
+    return nsplit, chunk
+
+
 def gpu_write_kv(k_cache, v_cache, k, v, group_slot, group_pos) -> None:
     if _compiling():
         return torch.ops.strata.write_kv(k_cache, v_cache, k, v, group_slot, group_pos)
@@ -194,12 +214,15 @@ def gpu_write_kv(k_cache, v_cache, k, v, group_slot, group_pos) -> None:
 
 
 def gpu_grouped_window_attention(q, k_cache, v_cache, group_slot, group_pos, ctx, scale, *,
-                                 out=None, workspace=None, nsplit=None, use_mma=True):
-    """Split-K attention (see attention_plan). workspace: optional float32 scratch of at least
-    `attention_workspace_numel` elements; allocated here with torch.empty when missing."""
+                                 out=None, workspace=None, nsplit=None, use_mma=True,
+                                 split_keys=0):
+    """Split-K attention (see attention_plan; `split_keys` > 0: fixed_split_plan). workspace:
+    optional float32 scratch of at least `attention_workspace_numel` elements; allocated here
+    with torch.empty when missing."""
     if _compiling() and out is None and workspace is None and nsplit is None and use_mma:
         return torch.ops.strata.grouped_window_attention(q, k_cache, v_cache, group_slot,
-                                                         group_pos, ctx, float(scale))
+                                                         group_pos, ctx, float(scale),
+                                                         int(split_keys))
     ctx = int(ctx)
     q = q.contiguous()
     if q.data_ptr() % 16:
@@ -214,7 +237,9 @@ def gpu_grouped_window_attention(q, k_cache, v_cache, group_slot, group_pos, ctx
     _validate_slots("grouped_window_attention", group_slot, k_cache.shape[0])
     mma = bool(use_mma) and _gpu.has_mma() and _gpu.attn_mma_supported(d, rows) and \
         q.dtype in (torch.bfloat16, torch.float16) and k_cache.dtype == q.dtype
-    if nsplit is None:
+    if nsplit is None and split_keys:
+        nsplit, chunk = fixed_split_plan(ctx, split_keys)
+    elif nsplit is None:
         index = q.device.index if q.device.index is not None else torch.cuda.current_device()
         nsplit, chunk = attention_plan(ng, hkv, rows, ctx, d, _sm_count(index), mma)
     else:
@@ -325,12 +350,13 @@ def _register_custom_ops() -> None:
 
     @torch.library.custom_op("strata::grouped_window_attention", mutates_args=())
     def _gwa(q: Tensor, k_cache: Tensor, v_cache: Tensor, group_slot: Tensor, group_pos: Tensor,
-             ctx: int, scale: float) -> Tensor:
+             ctx: int, scale: float, split_keys: int) -> Tensor:
         return _eager("grouped_window_attention", q.device)(q, k_cache, v_cache, group_slot,
-                                                             group_pos, ctx, scale)
+                                                             group_pos, ctx, scale,
+                                                             split_keys=split_keys)
 
     @_gwa.register_fake
-    def _(q, k_cache, v_cache, group_slot, group_pos, ctx, scale):
+    def _(q, k_cache, v_cache, group_slot, group_pos, ctx, scale, split_keys):
         return torch.empty_like(q, memory_format=torch.contiguous_format)
 
     @torch.library.custom_op("strata::causal_conv_window", mutates_args=())

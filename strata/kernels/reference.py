@@ -32,8 +32,11 @@ def write_kv(k_cache: torch.Tensor, v_cache: torch.Tensor, k: torch.Tensor, v: t
 
 def grouped_window_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                              group_slot: torch.Tensor, group_pos: torch.Tensor, ctx: int,
-                             scale: float) -> torch.Tensor:
+                             scale: float, *, split_keys: int = 0) -> torch.Tensor:
     """Causal attention of window rows over their own slot's cache.
+
+    `split_keys` > 0 asks the GPU kernels for split-K chunks of that many keys whatever the
+    window's shape (engine.batch_invariant); one pass here, so it changes nothing.
 
     q: (NG, G, Hq, D). Row (g, j) sits at position p = group_pos[g] + j and attends the keys of
     slot group_slot[g] at positions 0..p (the window's own rows must already be written).

@@ -378,9 +378,11 @@ class DecoderLayer(nn.Module):
     def window_attn_pre(self, x, cos, sin):
         return self.self_attn._qkv(self.input_layernorm(x), cos, sin)
 
-    def window_attn_post(self, x, q, gate, k_cache, v_cache, group_slot, group_pos, ctx: int):
+    def window_attn_post(self, x, q, gate, k_cache, v_cache, group_slot, group_pos, ctx: int,
+                         split_keys: int = 0):
         a = self.self_attn
-        o = ops.grouped_window_attention(q, k_cache, v_cache, group_slot, group_pos, ctx, a.scale)
+        o = ops.grouped_window_attention(q, k_cache, v_cache, group_slot, group_pos, ctx, a.scale,
+                                         split_keys=split_keys)
         o = a.o_proj(o.reshape(*x.shape[:-1], a.hq * a.d) * torch.sigmoid(gate))
         return self._ffn(x + o)
 
@@ -389,14 +391,14 @@ class DecoderLayer(nn.Module):
         return self._ffn(x + h), conv, rec
 
     def window_attention(self, x, cos, sin, k_cache, v_cache, group_slot, group_pos, ctx: int,
-                         variant: str = "window"):
+                         variant: str = "window", split_keys: int = 0):
         """variant: `window` (compiled for decode windows) or `prefill` (compiled with dynamic
-        lengths for prompt chunks)."""
+        lengths for prompt chunks); split_keys: fixed split-K chunks (engine.batch_invariant)."""
         pre, post = (self.c_attn_pre, self.c_attn_post) if variant == "window" else \
             (self.p_attn_pre, self.p_attn_post)
         q, k, v, gate = pre(x, cos, sin)
         ops.write_kv(k_cache, v_cache, k, v, group_slot, group_pos)
-        return post(x, q, gate, k_cache, v_cache, group_slot, group_pos, ctx)
+        return post(x, q, gate, k_cache, v_cache, group_slot, group_pos, ctx, split_keys)
 
     def compile_regions(self, compile_fn=None, prefill_fn=None) -> None:
         """Replace the pure regions by compiled versions: `compile_fn` for decode windows,
@@ -537,8 +539,9 @@ class Qwen3Next(nn.Module):
 
     # ---- the window grid ---------------------------------------------------------------------
     def verify_window(self, tokens: torch.Tensor, group_slot: torch.Tensor, group_pos: torch.Tensor,
-                      ctx: int, state: DecodeState):
-        """tokens (NG, G) at positions group_pos[g] + j of lanes group_slot[g].
+                      ctx: int, state: DecodeState, split_keys: int = 0):
+        """tokens (NG, G) at positions group_pos[g] + j of lanes group_slot[g]; split_keys > 0
+        fixes the attention kernels' split-K chunks (engine.batch_invariant).
 
         Writes candidate K/V rows; DeltaNet states are read, not written. Returns hidden
         (NG, G, H) after model.norm, logits (NG, G, V), and per-row snapshots of every
@@ -555,7 +558,7 @@ class Qwen3Next(nn.Module):
                 rec_snaps.append(rs)
             else:
                 x = layer.window_attention(x, cos, sin, state.k[j], state.v[j], group_slot,
-                                           group_pos, ctx)
+                                           group_pos, ctx, split_keys=split_keys)
         hidden, logits = self.c_head(x)
         return hidden, logits, torch.stack(rec_snaps), torch.stack(conv_snaps)
 
