@@ -125,10 +125,11 @@ def write_kv(k_cache, v_cache, k, v, group_slot, group_pos, uintptr_t stream):
 
 def grouped_window_attention(q, k_cache, v_cache, group_slot, group_pos, int64_t ctx,
                              float scale, out, workspace, int64_t nsplit, int64_t chunk,
-                             uintptr_t stream, bint use_mma=True):
+                             uintptr_t stream, int use_mma=1):
     """Split-K attention. workspace: float32 CUDA tensor of at least
-    attention_workspace_numel(...) elements (may be None when nsplit == 1).
-    Returns 'mma' or 'simt', the path taken."""
+    attention_workspace_numel(...) elements (may be None when nsplit == 1). use_mma: 0 CUDA
+    cores, 1 tensor cores when supported, 2 the same with one m-tile per block (fixed summation
+    order for every window shape). Returns 'mma' or 'simt', the path taken."""
     op = "grouped_window_attention"
     cdef int qdt, cdt
     cdef int64_t nslots, T, hkv, d, ng, g, hq
@@ -167,7 +168,9 @@ def grouped_window_attention(q, k_cache, v_cache, group_slot, group_pos, int64_t
     cdef void* outp = _ptr(out)
     cdef int64_t* gs = <int64_t*>_ptr(group_slot)
     cdef int64_t* gp = <int64_t*>_ptr(group_pos)
-    cdef int c_mma = 1 if use_mma else 0
+    if use_mma not in (0, 1, 2):
+        raise ValueError(f"{op}: use_mma = {use_mma} must be 0, 1 or 2")
+    cdef int c_mma = use_mma
     cdef int path = 0
     cdef int rc
     with nogil:

@@ -210,7 +210,8 @@ def _host_samples(events: list[dict[str, Any]]) -> list[HostSample]:
             st["commits"] += 1
         elif e["ev"] == "admit":
             st["admits"] += 1
-        elif e["ev"] == "finish":
+        elif e["ev"] == "finish" and e.get("reason") != "cancel":
+            # (a cancel finishes at its iteration's start, before the arrivals: not tail work)
             st["finishes"] += 1
     out: list[HostSample] = []
     last: Optional[int] = None  # the latest step with device work
@@ -262,10 +263,13 @@ def fit_host(samples: list[HostSample]) -> tuple[float, ...]:
         use.remove(2)  # one burst size: per request and per burst are the same column
     while True:
         cols = [i for i in use if np.any(x[:, i] != x[0, i]) or i == 0]
-        if np.linalg.matrix_rank(x[:, cols]) < len(cols):
-            # Columns no cell tells apart (finishes always with admissions): the later one
-            # goes, its cost stays with the earlier.
-            use.remove(cols[-1])
+        rank = np.linalg.matrix_rank(x[:, cols])
+        if rank < len(cols):
+            # Columns no cell tells apart (finishes always with admissions): the last one
+            # whose loss leaves the rank as it is goes, its cost stays with the others.
+            drop = next(c for c in reversed(cols) if c != 0 and np.linalg.matrix_rank(
+                x[:, [k for k in cols if k != c]]) == rank)
+            use.remove(drop)
             continue
         if len(keys) < len(cols) + 1:
             return (_median([g for *_, g in samples]),) + (0.0,) * (n_parts - 1)

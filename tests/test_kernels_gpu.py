@@ -317,25 +317,36 @@ def test_compile_fullgraph_gpu():
 
 
 @pytest.mark.parametrize("use_mma", [True, False])
-def test_fixed_splits_make_a_row_independent_of_its_window(use_mma):
+@pytest.mark.parametrize("hq,hkv,d,pos,shapes", [
+    # tiny model's heads; a row past the first chunk, at tiers 512..1024
+    (4, 2, 64, 300, ((1, 1, 512), (1, 4, 512), (2, 4, 1024), (4, 2, 512), (8, 1, 1024),
+                     (2, 2, 768))),
+    # Qwen3-Next's full attention (16 q heads over 2 KV heads, head dim 256): rows = 8 x g
+    # cross 16 and 32, where the tensor-core path otherwise changes its m-tiles
+    (16, 2, 256, 300, ((1, 1, 512), (1, 2, 512), (1, 4, 1024), (1, 8, 512), (4, 2, 512),
+                       (2, 4, 1024))),
+    # a row inside the first chunk: one direct pass at tier 256 against split passes above
+    (16, 2, 256, 100, ((1, 1, 256), (1, 4, 256), (2, 2, 512), (1, 8, 1024))),
+])
+def test_fixed_splits_make_a_row_independent_of_its_window(use_mma, hq, hkv, d, pos, shapes):
     """split_keys (engine.batch_invariant): a row's attention output is bit-identical whatever
     the context tier and however many groups and rows share its window."""
-    hq, hkv, d, T = 4, 2, 64, 1100
+    T = 1100
     gen = torch.Generator(device="cpu").manual_seed(3)
     kc = torch.randn(9, T, hkv, d, generator=gen).to(DEV, torch.bfloat16)
     vc = torch.randn(9, T, hkv, d, generator=gen).to(DEV, torch.bfloat16)
-    q_rows = torch.randn(8, hq, d, generator=gen).to(DEV, torch.bfloat16)  # rows at 300..307
+    q_rows = torch.randn(8, hq, d, generator=gen).to(DEV, torch.bfloat16)
 
     def row_out(ng, g, ctx):
-        # Group 0 is slot 0 at position 300 with g rows; the other groups are other slots.
+        # Group 0 is slot 0 at `pos` with g rows; the other groups are other slots.
         q = torch.randn(ng, g, hq, d, generator=gen).to(DEV, torch.bfloat16)
         q[0] = q_rows[:g]
         gs = torch.arange(ng, device=DEV)
-        gp = torch.tensor([300] + [17 * i for i in range(1, ng)], device=DEV)
-        out = C.gpu_grouped_window_attention(q, kc, vc, gs, gp, ctx, 0.125, use_mma=use_mma,
+        gp = torch.tensor([pos] + [17 * i for i in range(1, ng)], device=DEV)
+        out = C.gpu_grouped_window_attention(q, kc, vc, gs, gp, ctx, 0.0625, use_mma=use_mma,
                                              split_keys=256)
-        return out[0, 0]  # the row at position 300
+        return out[0, 0]  # the row at `pos`
 
-    want = row_out(1, 1, 512)
-    for ng, g, ctx in ((1, 4, 512), (2, 4, 1024), (4, 2, 512), (8, 1, 1024), (2, 2, 768)):
+    want = row_out(*shapes[0])
+    for ng, g, ctx in shapes[1:]:
         assert torch.equal(row_out(ng, g, ctx), want), (ng, g, ctx)

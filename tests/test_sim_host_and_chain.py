@@ -236,3 +236,17 @@ def test_fit_gives_back_the_requests_spread(tmp_path):
                              "acceptance.request_spread=false"), tmp_path / "off", profile=prof).run
     commits = lambda run: [e["accepted"] for e in run.events if e["ev"] == "commit"]
     assert commits(on) != commits(off)
+
+
+def test_a_dependent_column_goes_not_merely_the_last_one():
+    from sim.profile import fit_host
+
+    # One request at a time: every commit follows a window (not a prompt chunk) and the
+    # fixed part is commits + after-prefill; finishes are their own column and must stay.
+    samples = []
+    for f in (0, 1):
+        for c, p in ((1, False), (0, True)):
+            gap = 50e-6 + 20e-6 * c + 40e-6 * p + 80e-6 * f
+            samples += [(c, f, 0, p, gap)] * 4
+    per_finish = fit_host(samples)[5]
+    assert per_finish == pytest.approx(80e-6)

@@ -984,8 +984,10 @@ int device_mma_ok(int device, int d) {
 }
 
 template <int D, typename T>
-int launch_mma_d(AttnParams& p, int ng, int device, cudaStream_t stream) {
-  int mt = p.rows <= 16 ? 1 : (p.rows <= 32 ? 2 : 4);
+int launch_mma_d(AttnParams& p, int ng, int device, cudaStream_t stream, bool fixed_tiles) {
+  // m-tiles per block by rows; fixed_tiles (use_mma == 2): always one, so that how the keys
+  // are split among the block's warps, and so a row's summation order, never depends on rows.
+  int mt = fixed_tiles ? 1 : (p.rows <= 16 ? 1 : (p.rows <= 32 ? 2 : 4));
   p.nrg = (p.rows + mt * 16 - 1) / (mt * 16);
   dim3 grid((unsigned)p.nsplit, (unsigned)p.hkv, (unsigned)(ng * p.nrg));
   int rc = 0;
@@ -1125,13 +1127,13 @@ int strata_gpu_attention(const void* q, int q_dtype, const void* k_cache, const 
   if (mma_ok) {
     path = 1;
     if (q_dtype == STRATA_DTYPE_BF16) {
-      if (d == 64) rc = launch_mma_d<64, BF16>(p, (int)ng, device, st);
-      else if (d == 128) rc = launch_mma_d<128, BF16>(p, (int)ng, device, st);
-      else rc = launch_mma_d<256, BF16>(p, (int)ng, device, st);
+      if (d == 64) rc = launch_mma_d<64, BF16>(p, (int)ng, device, st, use_mma == 2);
+      else if (d == 128) rc = launch_mma_d<128, BF16>(p, (int)ng, device, st, use_mma == 2);
+      else rc = launch_mma_d<256, BF16>(p, (int)ng, device, st, use_mma == 2);
     } else {
-      if (d == 64) rc = launch_mma_d<64, F16>(p, (int)ng, device, st);
-      else if (d == 128) rc = launch_mma_d<128, F16>(p, (int)ng, device, st);
-      else rc = launch_mma_d<256, F16>(p, (int)ng, device, st);
+      if (d == 64) rc = launch_mma_d<64, F16>(p, (int)ng, device, st, use_mma == 2);
+      else if (d == 128) rc = launch_mma_d<128, F16>(p, (int)ng, device, st, use_mma == 2);
+      else rc = launch_mma_d<256, F16>(p, (int)ng, device, st, use_mma == 2);
     }
   }
 #endif

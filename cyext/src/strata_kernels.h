@@ -30,7 +30,10 @@ int strata_gpu_write_kv(void* k_cache, void* v_cache, int cache_dtype, const int
 // otherwise the partial results go to `workspace` (float32, at least
 // strata_gpu_attention_workspace(...) elements, owned by the caller) and a second kernel merges
 // them. use_mma: 1 = tensor-core path when supported (bf16/fp16, d in {64,128,256}, aligned),
-// 0 = CUDA-core path. Returns the path taken in *path_out (1 mma, 0 simt) when non-null.
+// 2 = the same with one 16-row m-tile per block whatever the rows (more row blocks, but the
+// keys are shared among the block's warps the same way for every window shape, so a row sums
+// in one order: batch-invariant windows), 0 = CUDA-core path. Returns the path taken in
+// *path_out (1 mma, 0 simt) when non-null.
 int64_t strata_gpu_attention_workspace(int64_t ng, int64_t hkv, int64_t rows, int64_t d,
                                        int64_t nsplit);
 int strata_gpu_attention(const void* q, int q_dtype, const void* k_cache, const void* v_cache,

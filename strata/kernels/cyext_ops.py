@@ -251,17 +251,23 @@ def gpu_grouped_window_attention(q, k_cache, v_cache, group_slot, group_pos, ctx
     need = _gpu.attention_workspace_numel(ng, hkv, rows, d, nsplit)
     if need and (workspace is None or workspace.numel() < need):
         workspace = torch.empty(need, dtype=torch.float32, device=q.device)
+    # Fixed splits ask the tensor-core path for one m-tile per block too (use_mma=2): the
+    # keys are then shared among a block's warps the same way for every window shape.
+    mma_mode = (2 if split_keys else 1) if use_mma else 0
     _gpu.grouped_window_attention(q, k_cache, v_cache, group_slot, _index(group_pos), ctx,
                                   float(scale), out, workspace if need else None, nsplit, chunk,
-                                  _stream(q), use_mma)
+                                  _stream(q), mma_mode)
     return out
 
 
-def attention_workspace_numel(q, k_cache, ctx) -> int:
+def attention_workspace_numel(q, k_cache, ctx, split_keys: int = 0) -> int:
     """float32 scratch elements gpu_grouped_window_attention needs for these shapes (0 = none)."""
     ng, g, hq, d = q.shape
     hkv = k_cache.shape[2]
     rows = (hq // hkv) * g
+    if split_keys:
+        nsplit, _ = fixed_split_plan(int(ctx), split_keys)
+        return _gpu.attention_workspace_numel(ng, hkv, rows, d, nsplit)
     mma = _gpu.has_mma() and _gpu.attn_mma_supported(d, rows) and \
         q.dtype in (torch.bfloat16, torch.float16) and k_cache.dtype == q.dtype
     index = q.device.index if q.device.index is not None else torch.cuda.current_device()
