@@ -10,7 +10,7 @@
 #   STRATA_COMMIT=<hash> bash scripts/gpu_acceptance.sh 2s   # ~2 min: graphs vs eager, one run
 #   STRATA_COMMIT=<hash> bash scripts/gpu_acceptance.sh 3    # ~9 min: identity, engine grid, host profile,
 #                                                            #   server bench (re-measure)
-#   STRATA_COMMIT=<hash> bash scripts/gpu_acceptance.sh 4    # ~6 min: engine.batch_invariant, bf16 text
+#   STRATA_COMMIT=<hash> bash scripts/gpu_acceptance.sh 4    # ~9 min: engine.batch_invariant, bf16 text
 #                                                            #   and cost
 #
 # STRATA_COMMIT names the commit in the results (the device's copy of the tree may carry a
@@ -89,7 +89,8 @@ case $part in
     # where plain batch_mtp's text differed (sixth session). First the kernel property it
     # rests on: fixed split-K chunks make a row's attention independent of its window.
   step invariant_kernel 60 python3 -m pytest -q -m gpu tests/test_kernels_gpu.py -k fixed_splits
-  TAIL=16 step invariant_w8 220 python3 scripts/bench_engine.py --n 1,4,8 \
+  # N = 4 and 8 (at N = 1 every mode runs the same solo window); about 2 min of it compiles
+  TAIL=16 step invariant_w8 280 python3 scripts/bench_engine.py --n 4,8 \
       --configs solo_inv,batch_inv,batch_mtp_inv,batch_mtp_eager_inv,batch_mtp,solo --repeats 1 \
       --no-reverse --max-tokens 256 --json "$R/invariant_w8.json" --md "$R/invariant_w8.md"
   TAIL=12 step invariant_w16 150 python3 scripts/bench_engine.py --n 8 --window-rows 16 \
