@@ -8,6 +8,12 @@ the trace, finishing and admitting. On a GPU that time is spent while the device
 of the tiny model is about 0.5 ms on the H200; docs/BENCHMARKS.md, "Where we stand").
 
     python scripts/host_overhead.py --n 1,4,8 --window-rows 8,16 [--trace] [--profile 25]
+
+`--bind N1,N2,...` times binding a burst of admissions instead (`Engine._bind_lanes`: fresh
+state, sampling parameters and prompts on the device), called repeatedly on bursts of that many
+`--prompt`-token requests.
+
+    python scripts/host_overhead.py --bind 1,4,8 --prompt 128
 """
 
 from __future__ import annotations
@@ -99,6 +105,36 @@ def measure(loaded, n: int, window_rows: int, a) -> dict:
             "us_per_window": 1e6 * wall / max(windows, 1)}
 
 
+def measure_bind(loaded, n: int, a) -> float:
+    """Median microseconds of one `_bind_lanes` call binding a burst of `n` requests (warm)."""
+    import types
+
+    cfg = OmegaConf.structured(StrataConfig)
+    cfg.device, cfg.model.path = "cpu", str(EMBEDDED_MODEL_DIR)
+    cfg.engine.slots, cfg.engine.max_context = max(n, 1), a.max_context
+    eng = Engine(loaded, cfg.engine, torch.device("cpu"), log=lambda s: None)
+    slots = []
+    for i in range(n):
+        req = Request(f"r{i}", list(range(5, 5 + a.prompt)),
+                      SamplingParams(max_tokens=4, temperature=0.7, top_p=0.9, seed=i),
+                      stream_text=False)
+        slots.append(types.SimpleNamespace(id=i, req=types.SimpleNamespace(
+            req=req, prompt_tensor=None, t_admit=None)))
+    for _ in range(BIND_WARMUP_CALLS):
+        eng._bind_lanes(slots)
+    times = []
+    for _ in range(a.bind_calls):
+        t0 = time.perf_counter()
+        eng._bind_lanes(slots)
+        times.append(time.perf_counter() - t0)
+    eng.close()
+    return float(np.median(times)) * 1e6
+
+
+#: Untimed binding calls before the timed ones.
+BIND_WARMUP_CALLS = 50
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--n", default="1,4,8")
@@ -112,8 +148,17 @@ def main() -> None:
     ap.add_argument("--profile", type=int, default=0, metavar="K",
                     help="print the K functions with the most own time")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--bind", default="", metavar="N1,N2",
+                    help="time binding bursts of these many admissions instead of windows")
+    ap.add_argument("--bind-calls", type=int, default=500, help="timed calls per burst size")
     a = ap.parse_args()
     loaded = load_checkpoint(EMBEDDED_MODEL_DIR, "float32", torch.device("cpu"), log=lambda s: None)
+    if a.bind:
+        print("| requests in the burst | prompt tokens | host us per burst |")
+        print("|---|---|---|")
+        for n in (int(x) for x in a.bind.split(",")):
+            print(f"| {n} | {a.prompt} | {measure_bind(loaded, n, a):.1f} |", flush=True)
+        return
     print("| N | window_rows | windows | host us per window |")
     print("|---|---|---|---|")
     for n in (int(x) for x in a.n.split(",")):

@@ -37,18 +37,19 @@ class SlotBuffers:
         self.pending = torch.zeros(n, dtype=torch.long, device=device)
         self.draft = torch.zeros(n, dtype=torch.long, device=device)
         self.mtp_h = torch.zeros(n, hidden, dtype=dtype, device=device)
-        self.temperature = torch.zeros(n, dtype=torch.float32, device=device)
-        self.top_p = torch.ones(n, dtype=torch.float32, device=device)
-        self.top_k = torch.zeros(n, dtype=torch.long, device=device)
-        self.seed = torch.zeros(n, dtype=torch.long, device=device)
+        # Sampling parameters, two per lane in each table so that binding writes each table
+        # in one kernel; the samplers read the columns.
+        self.float_params = torch.zeros(n, 2, dtype=torch.float32, device=device)
+        self.float_params[:, 1] = 1.0
+        self.int_params = torch.zeros(n, 2, dtype=torch.long, device=device)
+        self.temperature, self.top_p = self.float_params[:, 0], self.float_params[:, 1]
+        self.top_k, self.seed = self.int_params[:, 0], self.int_params[:, 1]
 
     def set_params(self, lanes: "torch.Tensor", floats: "torch.Tensor", ints: "torch.Tensor") -> None:
         """Sampling parameters of the lanes `lanes` (a device index tensor): rows of
-        (temperature, top_p) as float32 and of (top_k, seed) as int64, in four kernels."""
-        self.temperature.index_copy_(0, lanes, floats[:, 0])
-        self.top_p.index_copy_(0, lanes, floats[:, 1])
-        self.top_k.index_copy_(0, lanes, ints[:, 0])
-        self.seed.index_copy_(0, lanes, ints[:, 1])
+        (temperature, top_p) as float32 and of (top_k, seed) as int64, in two kernels."""
+        self.float_params.index_copy_(0, lanes, floats)
+        self.int_params.index_copy_(0, lanes, ints)
 
 
 class Verifier:
