@@ -19,7 +19,7 @@ from typing import Any, Callable, Optional
 
 import simpy
 
-from strata.trace import (TraceWriter, context_tier, invariant_group_rows, layout_key,
+from strata.trace import (TraceWriter, context_tier, invariant_window_shape, layout_key,
                           prefill_bucket, shape_bucket, shape_key)
 
 from .acceptance import AcceptanceModel
@@ -258,14 +258,15 @@ class SimEngine:
         k = self.knobs
         g = max(r for _, r in groups)
         if k.batch_invariant:
-            g = invariant_group_rows(g, k.window_rows)
-            return k.window_rows // g, g
+            return invariant_window_shape(g, k.window_rows)
         n = len(groups)
         if k.graphs and k.graph_key == "shape":
             n = shape_bucket(n, k.shape_buckets)
         return n, g
 
-    def _window_key(self, groups: list[tuple[SlotState, int]], layout: list[int]) -> tuple[str, int]:
+    def _window_key(self, groups: list[tuple[SlotState, int]], layout: list[int],
+                    shape: tuple[int, int]) -> tuple[str, int]:
+        """(graph key, context tier) of a window; `shape` is its `_window_shape`."""
         k = self.knobs
         tier = context_tier(max(st.pos + r for st, r in groups), k.context_tier_min, k.max_context)
         # One filtering request makes the whole window use the sorting sampler: another graph.
@@ -273,8 +274,7 @@ class SimEngine:
         if k.graph_key == "layout":
             return layout_key(layout, tier, filtered), tier
         if k.batch_invariant:
-            n, g = self._window_shape(groups)
-            return shape_key(n, g, tier, filtered), tier
+            return shape_key(*shape, tier, filtered), tier
         bucket = shape_bucket(len(groups), k.shape_buckets)
         return shape_key(bucket, max(r for _, r in groups), tier, filtered), tier
 
@@ -292,7 +292,8 @@ class SimEngine:
             yield from self._fault([st for st, _ in groups])
             return
         layout = [st.slot for st, r in groups for _ in range(r)]
-        key, tier = self._window_key(groups, layout)
+        shape = self._window_shape(groups)
+        key, tier = self._window_key(groups, layout, shape)
         if k.graphs:
             decision = self.cache.window(key)
         else:
@@ -300,7 +301,6 @@ class SimEngine:
         if decision.capture_failed:
             self._crash(decision)
             return
-        shape = self._window_shape(groups)
         # Batch-invariant windows compute all window_rows rows, padding included.
         rows = shape[0] * shape[1] if k.batch_invariant else len(layout)
         dur = self.costs.decode_time(rows, tier, decision.action, shape)

@@ -118,13 +118,20 @@ def invariant_group_rows(rows: int, window_rows: int) -> int:
     return rows  # rows > window_rows: a config error (spec <= window_rows) caught elsewhere
 
 
+def invariant_window_shape(rows: int, window_rows: int) -> tuple[int, int]:
+    """(groups, rows per group) a batch-invariant window whose deepest group has `rows` rows
+    runs: groups x rows per group is exactly window_rows."""
+    g = invariant_group_rows(rows, window_rows)
+    return window_rows // g, g
+
+
 def invariant_shapes(most_rows: int, window_rows: int) -> list[tuple[int, int]]:
     """The (groups, rows per group) shapes batch-invariant windows run, deepest first."""
     out: list[tuple[int, int]] = []
     for g in range(most_rows, 0, -1):
-        gr = invariant_group_rows(g, window_rows)
-        if (window_rows // gr, gr) not in out:
-            out.append((window_rows // gr, gr))
+        shape = invariant_window_shape(g, window_rows)
+        if shape not in out:
+            out.append(shape)
     return out
 
 

@@ -31,8 +31,9 @@ from strata.engine.verifier import SlotBuffers, Verifier
 from strata.kernels import ops
 from strata.model.loader import LoadedModel, load_checkpoint
 from strata.model.state import DecodeState
-from strata.trace import (TraceWriter, context_tier, context_tiers, invariant_group_rows,
-                          invariant_shapes, layout_key, shape_bucket, shape_key, warm_window_keys)
+from strata.trace import (TraceWriter, context_tier, context_tiers, invariant_shapes,
+                          invariant_window_shape, layout_key, shape_bucket, shape_key,
+                          warm_window_keys)
 
 ENGINE_KNOBS = ("mode", "batch_mtp", "slots", "spec", "window_rows", "decode_share", "prefill_chunk",
                 "prefill_buckets", "prefill_graphs", "max_context", "context_tier_min",
@@ -247,15 +248,17 @@ class Engine:
         most_rows = max(spec, 2 if self.batch_mtp else 1)
         every_tier = context_tiers(int(ecfg.context_tier_min), self.max_context)
         tiers = every_tier[:2]  # a second context length makes torch.compile treat it as dynamic
-        shapes = set(invariant_shapes(most_rows, int(ecfg.window_rows))
-                     if ecfg.batch_invariant else ())
-        for g in (() if ecfg.batch_invariant else range(1, most_rows + 1)):
-            groups = max(1, min(n_slots, int(ecfg.window_rows) // g))
-            if ecfg.graph_key == "shape":
-                top = shape_bucket(groups, list(ecfg.shape_buckets))
-                shapes.update((b, g) for b in ecfg.shape_buckets if b <= top)
-            else:
-                shapes.update((n, g) for n in range(1, groups + 1))
+        if ecfg.batch_invariant:
+            shapes = set(invariant_shapes(most_rows, int(ecfg.window_rows)))
+        else:
+            shapes = set()
+            for g in range(1, most_rows + 1):
+                groups = max(1, min(n_slots, int(ecfg.window_rows) // g))
+                if ecfg.graph_key == "shape":
+                    top = shape_bucket(groups, list(ecfg.shape_buckets))
+                    shapes.update((b, g) for b in ecfg.shape_buckets if b <= top)
+                else:
+                    shapes.update((n, g) for n in range(1, groups + 1))
         windows = 0
         for ng, g in sorted(shapes):
             if ng > runner.inputs.shape[1]:
@@ -516,8 +519,7 @@ class Engine:
         key = None
         n_padded = len(groups)
         if ecfg.batch_invariant:  # window_rows rows exactly, whatever the layout
-            g = invariant_group_rows(g, int(ecfg.window_rows))
-            n_padded = int(ecfg.window_rows) // g
+            n_padded, g = invariant_window_shape(g, int(ecfg.window_rows))
         layout = plan.layout
         # The sampler is part of the graph: sort-free unless a request of the window filters.
         filtered = any(s.req.filtered for s, _ in groups)
