@@ -144,13 +144,20 @@ def test_chain_model_draws_the_text_not_the_windows():
         ChainAcceptance([0.3, 0.4], [0.8], 0.5, 16, RandomStreams(0))
 
 
-def test_fit_gives_back_the_chain_from_grouped_and_lone_windows(tmp_path):
+def chain_truth(**chain) -> CostProfile:
+    """The nominal profile with a known chain acceptance (after_miss 0.3, after_hit 0.85,
+    first 0.5, depth factor 0.8), plus `chain`'s extra keys."""
     truth = CostProfile.load(NOMINAL_PROFILE)
     truth.acceptance = {"rate": 0.7, "markov": {"p_accept_after_accept": 0.7,
                                                 "p_accept_after_reject": 0.7,
                                                 "p_accept_first": 0.7},
                         "chain": {"tokens": 16, "after_miss": [0.3], "after_hit": [0.85],
-                                  "first": 0.5, "depth_factor": [1.0, 0.8]}}
+                                  "first": 0.5, "depth_factor": [1.0, 0.8], **chain}}
+    return truth
+
+
+def test_fit_gives_back_the_chain_from_grouped_and_lone_windows(tmp_path):
+    truth = chain_truth()
     traces = []
     # Grouped windows (2-row groups) tell after_miss from after_hit; lone windows (one slot,
     # 4 rows) give the depth factors.
@@ -211,13 +218,7 @@ def test_chain_spread_gives_each_request_its_own_difficulty():
 
 def test_fit_gives_back_the_requests_spread(tmp_path):
     def traces_with(spread):
-        truth = CostProfile.load(NOMINAL_PROFILE)
-        truth.acceptance = {"rate": 0.7, "markov": {"p_accept_after_accept": 0.7,
-                                                    "p_accept_after_reject": 0.7,
-                                                    "p_accept_first": 0.7},
-                            "chain": {"tokens": 16, "after_miss": [0.3], "after_hit": [0.85],
-                                      "first": 0.5, "depth_factor": [1.0, 0.8],
-                                      "spread": spread, "offset": 0.0}}
+        truth = chain_truth(spread=spread, offset=0.0)
         return [run_predict(cfg_of("workload=cohort", "workload.requests=60",
                                    "workload.prompt_tokens=64", "workload.max_tokens=160",
                                    f"engine.slots={slots}", "acceptance=chain", f"seed={i}"),
