@@ -25,12 +25,13 @@ mean). Gaps are filled so every query has an answer:
 Each engine run goes at its own speed: on the H200, the same window shape measured in two runs
 differed by up to 30% in window time and 2x in host time, one run slow or fast throughout (the
 machine's host CPU slows down for stretches of seconds; session 6, docs/BENCHMARKS.md
-section 6). A cell measured by one slow run would
-price every prediction that uses it at that speed. So before the cells are taken, each trace's
-samples are divided by the trace's speed factor (`_trace_speeds`: a median polish of log
-seconds into cell and trace effects, separately for windows, prompt chunks and host gaps), and
-factors are centred on the traces' mean, so every cell is priced at the profile runs' average
-speed. A trace with too few samples to judge (SPEED_MIN_SAMPLES) keeps factor 1.
+section 6). A cell measured by one slow run would price every prediction that uses it at
+that speed. So before the cells are taken, each trace's samples are divided by the trace's
+speed factor (`_trace_speeds`: a median polish of log seconds into cell and trace effects,
+separately for windows, prompt chunks and host gaps, over the cells two or more traces share),
+and the factors of traces linked through shared cells are centred on their mean, so every cell
+is priced at the profile runs' average speed. A trace with fewer than SPEED_MIN_SAMPLES
+samples in shared cells keeps factor 1.
 The profile's `source` records the samples behind every cell (`counts`, `shape_counts`,
 `prefill_counts`, `prefill_table_counts`), so filled cells can be told apart.
 
