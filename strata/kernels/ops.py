@@ -23,7 +23,7 @@ from strata.kernels import cyext_ops, reference
 
 _BACKEND = "torch"
 OPS = ("write_kv", "grouped_window_attention", "causal_conv_window", "gated_delta_window",
-       "commit_accepted", "chunk_gated_delta")
+       "commit_accepted", "chunk_gated_delta", "moe_experts", "linear_fp8")
 _IMPL: dict[str, str] = {name: "torch" for name in OPS}
 
 write_kv = reference.write_kv
@@ -32,6 +32,8 @@ causal_conv_window = reference.causal_conv_window
 gated_delta_window = reference.gated_delta_window
 commit_accepted = reference.commit_accepted
 chunk_gated_delta = reference.chunk_gated_delta
+moe_experts = reference.moe_experts
+linear_fp8 = reference.linear_fp8
 
 
 def _kernels_for(name: str, dev: torch.device) -> dict:

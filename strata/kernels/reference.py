@@ -155,3 +155,59 @@ def chunk_gated_delta(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torc
         state = state * chunk_decay[:, :, i] + k_dec[:, :, i].transpose(-1, -2) @ v_new
     out = torch.stack(outs, 2).reshape(b, h, n * chunk, dv)[:, :, :length]
     return out.transpose(1, 2), state
+
+
+# ---- FP8 block-scaled weights and routed experts ------------------------------------------------
+# Hugging Face fine-grained FP8: a weight (O, I) in float8_e4m3fn with `weight_scale_inv`
+# (ceil(O / bo), ceil(I / bi)) float32; the real weight is fp8 value x its block's scale.
+# Stacked experts keep gate and up scales side by side: w_gate_up (E, 2I, H) has gu_scale
+# (E, 2 * ceil(I / bo), ceil(H / bi)), rows [0, I) (gate) reading scale rows [0, ceil(I / bo)) and
+# rows [I, 2I) (up) reading the rest, so that I need not be a multiple of bo.
+
+
+def dequant_fp8_block(w: torch.Tensor, scale_inv: torch.Tensor, block: tuple[int, int],
+                      dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """(..., O, I) FP8 weight times its (..., ceil(O/bo), ceil(I/bi)) block scales, as `dtype`."""
+    bo, bi = int(block[0]), int(block[1])
+    o, i = w.shape[-2:]
+    s = scale_inv.float().repeat_interleave(bo, -2)[..., :o, :].repeat_interleave(bi, -1)[..., :i]
+    return (w.float() * s).to(dtype)
+
+
+def dequant_gate_up(w_gate_up: torch.Tensor, gu_scale: torch.Tensor, block: tuple[int, int],
+                    dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """Stacked (..., 2I, H) FP8 gate/up weights with their side-by-side scales, as `dtype`."""
+    inter = w_gate_up.shape[-2] // 2
+    nb = gu_scale.shape[-2] // 2
+    return torch.cat([dequant_fp8_block(w_gate_up[..., :inter, :], gu_scale[..., :nb, :], block, dtype),
+                      dequant_fp8_block(w_gate_up[..., inter:, :], gu_scale[..., nb:, :], block, dtype)],
+                     dim=-2)
+
+
+def linear_fp8(x: torch.Tensor, weight: torch.Tensor, scale_inv: torch.Tensor,
+               block: tuple[int, int]) -> torch.Tensor:
+    """y = x @ W^T for an FP8 block-scaled W (O, I); x (..., I) -> (..., O) in x's dtype,
+    accumulated in float32."""
+    w = dequant_fp8_block(weight, scale_inv, block, torch.float32)
+    return F.linear(x.float(), w).to(x.dtype)
+
+
+def moe_experts(x: torch.Tensor, w_gate_up: torch.Tensor, w_down: torch.Tensor,
+                topk_weight: torch.Tensor, topk_ids: torch.Tensor,
+                gu_scale: torch.Tensor | None = None, down_scale: torch.Tensor | None = None,
+                block: tuple[int, int] | None = None) -> torch.Tensor:
+    """Routed experts: out[n] = sum_j topk_weight[n, j] * E_e(x[n]) with e = topk_ids[n, j] and
+    E_e(x) = W_down[e] @ (silu(W_gate[e] @ x) * (W_up[e] @ x)).
+
+    x (N, H); w_gate_up (E, 2I, H) (gate rows first) and w_down (E, H, I), in x's dtype or FP8
+    with gu_scale / down_scale and block (bo, bi); topk_weight (N, k) float; topk_ids (N, k)
+    int64. Computed in float32 and returned in x's dtype. This reference gathers each row's
+    experts (static shapes, capturable); the kernels read each distinct expert once."""
+    wgu, wd = w_gate_up[topk_ids], w_down[topk_ids]  # (N, k, 2I, H), (N, k, H, I)
+    if gu_scale is not None:
+        wgu = dequant_gate_up(wgu, gu_scale[topk_ids], block)
+        wd = dequant_fp8_block(wd, down_scale[topk_ids], block)
+    gu = torch.einsum("nh,nkih->nki", x.float(), wgu.float())
+    gate, up = gu.split(wgu.shape[-2] // 2, dim=-1)
+    out = torch.einsum("nki,nkhi->nkh", F.silu(gate) * up, wd.float())
+    return torch.einsum("nkh,nk->nh", out, topk_weight.float()).to(x.dtype)
