@@ -5,9 +5,11 @@ values. The schemas are registered in Hydra's ConfigStore under names prefixed `
 never collide with strata's own schemas when both packages are imported in one process, and an
 override naming an unknown key (or a value of the wrong type) is an error.
 
-The engine knobs mirror strata's `engine` group (DESIGN.md section 8) field for field, so a
-study can sweep the same names it would pass to `python -m strata`; `drafting` and
-`graph_policy` are the simulator's own additions (see the field comments).
+The engine knobs are strata's `engine` schema (DESIGN.md section 8), extended, with strata's
+validator, so a study sweeps the same names, defaults and rules it would pass to `python -m
+strata`; `drafting`, `warmup_graphs` and `graph_policy` are the simulator's own additions.
+Only the schema, its validation, the trace schema and the metric definitions are shared: the
+scheduling rules are implemented again in sim/, which is what a replay checks.
 """
 
 from __future__ import annotations
@@ -16,7 +18,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
-from hydra.core.config_store import ConfigStore
+from strata.config import ConfigError, EngineConfig, store_schemas
+from strata.config import validate_engine as validate_strata_engine
 
 #: The simulator's Hydra config tree (its own primary config.yaml and groups).
 SIM_CONF_DIR = str(Path(__file__).resolve().parent.parent / "conf" / "sim")
@@ -24,54 +27,20 @@ SIM_CONF_DIR = str(Path(__file__).resolve().parent.parent / "conf" / "sim")
 NOMINAL_PROFILE = str(Path(SIM_CONF_DIR) / "profiles" / "nominal.json")
 
 MODES = ("predict", "replay")
-ENGINE_MODES = ("solo", "batch")
-GRAPH_KEYS = ("shape", "layout")
 GRAPH_POLICIES = ("counted", "upstream")
 WORKLOAD_KINDS = ("poisson", "burst", "cohort", "stagger")
 ACCEPTANCE_MODELS = ("fixed", "markov", "position", "chain")
 
 
 @dataclass
-class SimEngineConfig:
-    #: solo: one request at a time; batch: up to `slots` requests share windows.
-    mode: str = "batch"
-    #: Grouped MTP verification in batch slots (2-row groups).
-    batch_mtp: bool = True
+class SimEngineConfig(EngineConfig):
+    """strata's engine schema (the same knobs, defaults and validation), plus what only a
+    simulation chooses. Knobs that concern the engine's host side alone (compile, warmup,
+    vram_every, cpu_*) are accepted and have no effect on a simulation."""
+
     #: Drafting is available (MTP weights present, spec >= 2, draft state fits). The engine
     #: decides this at start-up and records it in the trace; the simulator takes it as given.
     drafting: bool = True
-    #: Decoding lanes asked for; the simulator, like the engine, runs what fits in memory.
-    slots: int = 4
-    #: Verify rows per solo step (1 = no speculation); also a lone batch slot's window.
-    spec: int = 4
-    #: Rows of one verifier forward (W).
-    window_rows: int = 8
-    #: Share of iterations that are decode windows while prefill and decode both wait.
-    decode_share: float = 0.5
-    #: Prompt tokens per prefill iteration.
-    prefill_chunk: int = 256
-    #: Lengths a prompt chunk is padded to (its device time is that of the padded length; past
-    #: the last bucket a chunk runs unpadded). Empty: chunks run unpadded.
-    prefill_buckets: list[int] = field(default_factory=lambda: [16, 32, 64, 128, 256])
-    #: Context length of a slot (positions 0 .. max_context-1).
-    max_context: int = 4096
-    #: Smallest context tier; tiers double from here up to max_context.
-    context_tier_min: int = 256
-    #: Groups-per-window buckets of the `shape` graph key (ascending).
-    shape_buckets: list[int] = field(default_factory=lambda: [1, 2, 4, 8, 16])
-    #: Run windows by replaying captured graphs.
-    graphs: bool = True
-    #: Graph-cache key: `shape` (bucket + tier) or `layout` (exact layout + tier).
-    graph_key: str = "shape"
-    #: Every window runs exactly `window_rows` rows (as the engine's knob of the same name):
-    #: groups padded to window_rows // rows, rows per group rounded up to a divisor of it.
-    batch_invariant: bool = False
-    #: Most graphs kept (LRU); 0 = unbounded.
-    graph_limit: int = 32
-    #: Device memory kept free, never planned for (MiB).
-    vram_reserve_mib: int = 2048
-    #: Planned size of a graph before any capture was measured (MiB).
-    graph_mib_estimate: float = 16.0
     #: The engine's warm-up captured the shape-keyed window graphs before any request
     #: (strata.trace.warm_window_keys; strata does this when engine.warmup runs, which `auto`
     #: does on CUDA). Only with graphs and graph_key=shape.
@@ -177,58 +146,22 @@ class SimConfig:
     acceptance: SimAcceptanceConfig = field(default_factory=SimAcceptanceConfig)
 
 
-class SimConfigError(ValueError):
+class SimConfigError(ConfigError):
     """A simulator configuration value that cannot run (names the key and the problem)."""
 
 
 def register_configs() -> None:
-    cs = ConfigStore.instance()
-    cs.store(name="sim_schema", node=SimConfig)
-    cs.store(group="engine", name="sim_engine_schema", node=SimEngineConfig)
-    cs.store(group="memory", name="sim_memory_schema", node=SimMemoryConfig)
-    cs.store(group="workload", name="sim_workload_schema", node=SimWorkloadConfig)
-    cs.store(group="acceptance", name="sim_acceptance_schema", node=SimAcceptanceConfig)
+    store_schemas(SimConfig, "sim_schema", group_prefix="sim_")
 
 
 def validate_engine(e: Any) -> None:
-    """Check engine knobs a schema cannot express (the same rules as the engine's)."""
-    def bad(key: str, msg: str) -> None:
-        raise SimConfigError(f"engine.{key}: {msg}")
-
-    if e.mode not in ENGINE_MODES:
-        bad("mode", f"must be one of {ENGINE_MODES}, got {e.mode!r}")
-    if e.graph_key not in GRAPH_KEYS:
-        bad("graph_key", f"must be one of {GRAPH_KEYS}, got {e.graph_key!r}")
+    """strata's engine validator, then the simulator's own knobs."""
+    validate_strata_engine(e, SimConfigError)
     if e.graph_policy not in GRAPH_POLICIES:
-        bad("graph_policy", f"must be one of {GRAPH_POLICIES}, got {e.graph_policy!r}")
-    if e.slots < 1:
-        bad("slots", f"must be >= 1, got {e.slots}")
-    if e.window_rows < 1:
-        bad("window_rows", f"must be >= 1, got {e.window_rows}")
-    if e.spec < 1:
-        bad("spec", f"must be >= 1, got {e.spec}")
-    if e.spec > e.window_rows:
-        bad("spec", f"engine.spec={e.spec} exceeds engine.window_rows={e.window_rows}")
+        raise SimConfigError(f"engine.graph_policy: must be one of {GRAPH_POLICIES}, got {e.graph_policy!r}")
     if e.batch_mtp and e.drafting and e.mode == "batch" and e.window_rows < 2:
-        bad("window_rows", f"batch_mtp needs 2-row groups, engine.window_rows={e.window_rows}")
-    if not 0.0 < e.decode_share <= 1.0:
-        bad("decode_share", f"must be in (0, 1], got {e.decode_share}")
-    if e.prefill_chunk < 1:
-        bad("prefill_chunk", f"must be >= 1, got {e.prefill_chunk}")
-    pb = list(e.prefill_buckets)
-    if pb and (pb != sorted(set(pb)) or pb[0] < 1):
-        bad("prefill_buckets", f"must be ascending distinct positive ints, got {pb}")
-    if e.graph_limit < 0:
-        bad("graph_limit", f"must be >= 0 (0 = unbounded), got {e.graph_limit}")
-    if e.vram_reserve_mib < 0:
-        bad("vram_reserve_mib", f"must be >= 0, got {e.vram_reserve_mib}")
-    if e.max_context < 2:
-        bad("max_context", f"must be >= 2, got {e.max_context}")
-    if e.context_tier_min < 1:
-        bad("context_tier_min", f"must be >= 1, got {e.context_tier_min}")
-    buckets = list(e.shape_buckets)
-    if not buckets or buckets != sorted(set(buckets)) or buckets[0] < 1:
-        bad("shape_buckets", f"must be ascending distinct positive ints, got {buckets}")
+        raise SimConfigError(f"engine.window_rows: batch_mtp needs 2-row groups, "
+                             f"engine.window_rows={e.window_rows}")
 
 
 def validate_memory(m: Any) -> None:

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Callable, Any, Iterable, Optional
 
+from strata.config import TRACED_ENGINE_KNOBS
 from strata.trace import EVENT_FIELDS, FIELD_DEFAULTS, REPLAY_EVENTS, REPLAY_FIELDS, replay_view
 
 from .acceptance import RecordedAcceptance
@@ -36,10 +37,8 @@ from .workload import ExternalEvents, SimRequest
 #: Events of context shown on each side of a divergence.
 CONTEXT_EVENTS = 4
 #: Engine-side knobs the simulator needs from the `config` line.
-REQUIRED_ENGINE_KNOBS = ("mode", "batch_mtp", "drafting", "slots", "spec", "window_rows",
-                         "decode_share", "prefill_chunk", "max_context", "context_tier_min",
-                         "shape_buckets", "graphs", "graph_key", "graph_limit",
-                         "vram_reserve_mib", "graph_mib_estimate")
+#: (Knobs added to the trace later take the schema's default when a trace lacks them.)
+REQUIRED_ENGINE_KNOBS = TRACED_ENGINE_KNOBS + ("drafting",)
 REQUIRED_MEMORY_FACTS = ("total_mib", "weights_mib", "slot_mib", "slots", "graph_mib")
 #: Bound on simulated iterations per replay: a few per engine event is ample.
 STEPS_PER_EVENT_BOUND = 4

@@ -8,7 +8,7 @@ default. The YAML files under conf/ only choose values; the fields and their typ
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields, is_dataclass
 from pathlib import Path
 from typing import Any, Optional
 
@@ -30,37 +30,43 @@ class ModelConfig:
     moe_dense_experts: int = 16
 
 
+#: Field metadata of an engine knob that every engine trace's `config` line has recorded since
+#: the trace format began, so a replay refuses a trace without it (knobs added later are
+#: optional there: a trace without one ran the schema's default).
+TRACED = {"traced_since_v1": True}
+
+
 @dataclass
 class EngineConfig:
     #: solo: one request at a time; batch: up to `slots` requests share windows.
-    mode: str = "batch"
+    mode: str = field(default="batch", metadata=TRACED)
     #: Grouped MTP verification in batch slots (env STRATA_BATCH_MTP=1 also turns it on).
-    batch_mtp: bool = True
+    batch_mtp: bool = field(default=True, metadata=TRACED)
     #: Decoding lanes asked for; the engine runs what fits in memory and says so.
-    slots: int = 4
+    slots: int = field(default=4, metadata=TRACED)
     #: Verify rows per solo step (1 = no speculation); also a lone batch slot's window.
-    spec: int = 4
+    spec: int = field(default=4, metadata=TRACED)
     #: Rows of one verifier forward (W).
-    window_rows: int = 8
+    window_rows: int = field(default=8, metadata=TRACED)
     #: Share of iterations that are decode windows while prefill and decode both wait.
-    decode_share: float = 0.5
+    decode_share: float = field(default=0.5, metadata=TRACED)
     #: Prompt tokens per prefill iteration.
-    prefill_chunk: int = 256
+    prefill_chunk: int = field(default=256, metadata=TRACED)
     #: Lengths a prompt chunk is padded to (ascending), so prefill runs a few static shapes that
     #: are captured as graphs once; a chunk longer than the last runs unpadded and eagerly.
     prefill_buckets: list[int] = field(default_factory=lambda: [16, 32, 64, 128, 256])
     #: Replay prompt chunks from captured graphs too (on CUDA, when `graphs` is on).
     prefill_graphs: bool = True
     #: Context length of a slot (positions 0 .. max_context-1).
-    max_context: int = 4096
+    max_context: int = field(default=4096, metadata=TRACED)
     #: Smallest context tier; tiers double from here up to max_context.
-    context_tier_min: int = 256
+    context_tier_min: int = field(default=256, metadata=TRACED)
     #: Groups-per-window buckets of the `shape` graph key (ascending).
-    shape_buckets: list[int] = field(default_factory=lambda: [1, 2, 4, 8, 16])
+    shape_buckets: list[int] = field(default_factory=lambda: [1, 2, 4, 8, 16], metadata=TRACED)
     #: Run windows by replaying captured graphs (CUDA graphs on GPU, recorded plans on CPU).
-    graphs: bool = True
+    graphs: bool = field(default=True, metadata=TRACED)
     #: Graph-cache key: `shape` (bucket + tier) or `layout` (exact layout + tier).
-    graph_key: str = "shape"
+    graph_key: str = field(default="shape", metadata=TRACED)
     #: Every window runs exactly `window_rows` rows (padding groups on the scratch lane, each
     #: group's rows rounded up to a divisor of window_rows), so the verify forward's
     #: projection, MoE and head matmuls have one shape in every mode (bfloat16 picks kernels by
@@ -71,11 +77,11 @@ class EngineConfig:
     #: the same at every context tier and group count, so a row's attention sums in one order.
     invariant_split_keys: int = 256
     #: Most graphs kept (LRU); 0 = unbounded.
-    graph_limit: int = 32
+    graph_limit: int = field(default=32, metadata=TRACED)
     #: Device memory kept free, never planned for (MiB).
-    vram_reserve_mib: int = 2048
+    vram_reserve_mib: int = field(default=2048, metadata=TRACED)
     #: Planned size of a graph before any capture was measured (MiB).
-    graph_mib_estimate: float = 16.0
+    graph_mib_estimate: float = field(default=16.0, metadata=TRACED)
     #: CPU capture backend: size charged for each recorded plan (MiB), CPU has no graphs.
     cpu_graph_mib: float = 16.0
     #: CPU capture backend: the device size the memory budget is computed against (MiB).
@@ -87,6 +93,15 @@ class EngineConfig:
     #: Run every window and prompt-chunk shape once on the scratch lane at start, so compiling
     #: happens before the first request, not during it: auto (when compiling), on, off.
     warmup: str = "auto"
+
+
+#: Every engine knob, in declaration order: what an engine trace's `config` line records.
+ENGINE_KNOBS = tuple(f.name for f in fields(EngineConfig))
+#: The knobs every engine trace has recorded (a replay refuses a trace without one).
+TRACED_ENGINE_KNOBS = tuple(f.name for f in fields(EngineConfig) if f.metadata.get("traced_since_v1"))
+ENGINE_MODES = ("solo", "batch")
+GRAPH_KEYS = ("shape", "layout")
+SWITCHES = ("auto", "on", "off")
 
 
 @dataclass
@@ -158,14 +173,18 @@ class ConfigError(ValueError):
     """A configuration value that cannot run (names the key and the problem)."""
 
 
-def register_configs() -> None:
+def store_schemas(root: type, root_name: str, group_prefix: str = "") -> None:
+    """Register `root` as the primary config's schema and each of its dataclass fields as the
+    schema of the config group of that name (`<group_prefix><group>_schema`)."""
     cs = ConfigStore.instance()
-    cs.store(name="strata_schema", node=StrataConfig)
-    cs.store(group="model", name="model_schema", node=ModelConfig)
-    cs.store(group="engine", name="engine_schema", node=EngineConfig)
-    cs.store(group="backend", name="backend_schema", node=BackendConfig)
-    cs.store(group="workload", name="workload_schema", node=WorkloadConfig)
-    cs.store(group="server", name="server_schema", node=ServerConfig)
+    cs.store(name=root_name, node=root)
+    for f in fields(root):
+        if callable(f.default_factory) and is_dataclass(node := f.default_factory()):
+            cs.store(group=f.name, name=f"{group_prefix}{f.name}_schema", node=type(node))
+
+
+def register_configs() -> None:
+    store_schemas(StrataConfig, "strata_schema")
 
 
 def check_known_keys(cfg: Any) -> None:
@@ -200,19 +219,17 @@ def batch_mtp_from_env(cfg_value: bool) -> bool:
     return env == "1"
 
 
-def validate_engine(e: Any) -> None:
-    """Check engine knobs that a schema cannot express; raise ConfigError naming the key."""
+def validate_engine(e: Any, error: type[ValueError] = ConfigError) -> None:
+    """Check engine knobs that a schema cannot express; raise `error` naming the key. The
+    engine, the server and the simulator (whose engine schema extends EngineConfig) all call
+    this one validator, so they accept exactly the same values."""
     def bad(key: str, msg: str) -> None:
-        raise ConfigError(f"engine.{key}: {msg}")
+        raise error(f"engine.{key}: {msg}")
 
-    if e.mode not in ("solo", "batch"):
-        bad("mode", f"must be solo or batch, got {e.mode!r}")
-    if e.compile not in ("auto", "on", "off"):
-        bad("compile", f"must be auto, on or off, got {e.compile!r}")
-    if e.warmup not in ("auto", "on", "off"):
-        bad("warmup", f"must be auto, on or off, got {e.warmup!r}")
-    if e.graph_key not in ("shape", "layout"):
-        bad("graph_key", f"must be shape or layout, got {e.graph_key!r}")
+    for key, allowed in (("mode", ENGINE_MODES), ("compile", SWITCHES), ("warmup", SWITCHES),
+                         ("graph_key", GRAPH_KEYS)):
+        if getattr(e, key) not in allowed:
+            bad(key, f"must be {', '.join(allowed[:-1])} or {allowed[-1]}, got {getattr(e, key)!r}")
     if e.slots < 1:
         bad("slots", f"must be >= 1, got {e.slots}")
     if e.window_rows < 1:

@@ -18,8 +18,8 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from strata.config import (ConfigError, EngineConfig, batch_mtp_from_env, check_known_keys,
-                           validate_engine)
+from strata.config import (ENGINE_KNOBS, ConfigError, EngineConfig, batch_mtp_from_env,
+                           check_known_keys, validate_engine)
 from strata.engine.detokenizer import IncrementalDetokenizer
 from strata.engine.graph_cache import CudaGraphBackend, GraphCache, RecordingBackend
 from strata.engine.memory import MIB, MemoryBudget, fit_slots
@@ -34,11 +34,6 @@ from strata.model.state import DecodeState
 from strata.trace import (TraceWriter, context_tier, context_tiers, invariant_shapes,
                           invariant_window_shape, layout_key, shape_bucket, shape_key,
                           warm_window_keys)
-
-ENGINE_KNOBS = ("mode", "batch_mtp", "slots", "spec", "window_rows", "decode_share", "prefill_chunk",
-                "prefill_buckets", "prefill_graphs", "max_context", "context_tier_min",
-                "shape_buckets", "graphs", "graph_key", "batch_invariant", "graph_limit",
-                "vram_reserve_mib", "graph_mib_estimate", "cpu_graph_mib", "cpu_device_mib")
 
 
 def resolve_device(name: str) -> torch.device:
