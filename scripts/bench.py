@@ -42,6 +42,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from strata.config import EMBEDDED_MODEL_DIR  # noqa: E402
+from strata.metrics import RequestTimes, ratio  # noqa: E402
+from strata.metrics import request_metrics as metrics_of  # noqa: E402
 
 SERVER_CONFIGS = {
     "solo": ["engine.mode=solo", "engine.batch_mtp=false"],
@@ -199,19 +201,19 @@ async def run_cohort_async(base: str, prompts: list[list[int]], out_tokens: int,
         return list(await asyncio.gather(*tasks))
 
 
-def ratio(a: Optional[float], b: Optional[float]) -> Optional[float]:
-    return a / b if a is not None and b else None
-
-
 def request_metrics(rec: dict, cohort: list[dict]) -> dict:
-    """PP, TG, E2E of one streamed request (docs/BENCH.md gives the definitions)."""
-    m = {"ttft_s": (rec["t_first"] - rec["t_send"]) if rec["t_first"] is not None else None,
-         "e2e_s": rec["t_end"] - rec["t_send"], "output_tokens": rec["n_out"],
-         "prompt_tokens": rec["prompt_tokens"], "error": rec["error"]}
+    """PP, TG, E2E of one streamed request (strata.metrics' definitions, on the client's
+    clock: arrival = send; `n_first` tokens came with the first chunk)."""
     t = rec.get("timings") or {}
+    times = RequestTimes("", rec["prompt_tokens"], rec["n_out"], rec["t_send"],
+                         first=rec["t_first"], last=rec["t_last"], finish=rec["t_end"],
+                         prefill_s=t.get("prefill_s") or 0.0, first_tokens=rec["n_first"])
+    full = metrics_of(times)
+    m = {k: full[k] for k in ("ttft_s", "e2e_s", "output_tokens", "prompt_tokens", "tg_tps",
+                              "e2e_tps", "pp_tps")}
+    m["error"] = rec["error"]
     if t.get("prefill_s"):
-        m["pp_tps"], m["pp_source"] = rec["prompt_tokens"] / t["prefill_s"], "engine"
-        m["queue_s"] = t.get("queue_s")
+        m["pp_source"], m["queue_s"] = "engine", t.get("queue_s")
     elif rec["t_first"] is not None:
         # Approximation: the request waited in the queue until the last other request of its
         # cohort that finished before its first token (slots free up when requests finish).
@@ -221,9 +223,6 @@ def request_metrics(rec: dict, cohort: list[dict]) -> dict:
         m["pp_tps"], m["pp_source"] = ratio(rec["prompt_tokens"], rec["t_first"] - start), "approx"
     else:
         m["pp_tps"], m["pp_source"], m["queue_s"] = None, None, None
-    span = (rec["t_last"] - rec["t_first"]) if rec["t_first"] is not None else None
-    m["tg_tps"] = ratio(rec["n_out"] - rec["n_first"], span) if span and span > 0 else None
-    m["e2e_tps"] = ratio(rec["n_out"], m["e2e_s"])
     return m
 
 

@@ -9,7 +9,7 @@ of the tiny model is about 0.5 ms on the H200; docs/BENCHMARKS.md, "Where we sta
 
     python scripts/host_overhead.py --n 1,4,8 --window-rows 8,16 [--trace] [--profile 25]
 
-`--bind N1,N2,...` times binding a burst of admissions instead (`Engine._bind_lanes`: fresh
+`--bind N1,N2,...` times binding a burst of admissions instead (`ModelRunner.bind_lanes`: fresh
 state, sampling parameters and prompts on the device), called repeatedly on bursts of that many
 `--prompt`-token requests.
 
@@ -106,7 +106,7 @@ def measure(loaded, n: int, window_rows: int, a) -> dict:
 
 
 def measure_bind(loaded, n: int, a) -> float:
-    """Median microseconds of one `_bind_lanes` call binding a burst of `n` requests (warm)."""
+    """Median microseconds of one `bind_lanes` call binding a burst of `n` requests (warm)."""
     import types
 
     cfg = OmegaConf.structured(StrataConfig)
@@ -121,11 +121,11 @@ def measure_bind(loaded, n: int, a) -> float:
         slots.append(types.SimpleNamespace(id=i, req=types.SimpleNamespace(
             req=req, prompt_tensor=None, t_admit=None)))
     for _ in range(BIND_WARMUP_CALLS):
-        eng._bind_lanes(slots)
+        eng.runner.bind_lanes(slots)
     times = []
     for _ in range(a.bind_calls):
         t0 = time.perf_counter()
-        eng._bind_lanes(slots)
+        eng.runner.bind_lanes(slots)
         times.append(time.perf_counter() - t0)
     eng.close()
     return float(np.median(times)) * 1e6

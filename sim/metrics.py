@@ -1,52 +1,24 @@
 """outputs.jsonl and metrics.json of a simulated run (docs/SCHEDULING.md, last section).
 
-Definitions (DESIGN.md section 7): PP = prompt tokens / that request's prefill device time;
-TG = (output tokens - 1) / (last token time - first token time); E2E = output tokens /
-(finish time - arrival time); aggregate = all output tokens / time from the first arrival to
-the last finish. Percentiles are numpy's default (linear interpolation).
+The request metrics (PP, TG, E2E, TTFT, aggregate) are strata.metrics' definitions, the same
+the engine, the benchmarks and the server use; this module maps a simulated request's record
+onto them and adds the simulator's own facts.
 """
 
 from __future__ import annotations
 
 from typing import Any, Optional
 
-import numpy as np
+from strata.metrics import RequestTimes, aggregate, ratio, request_metrics
 
 from .scheduler import RequestRecord
 from .simulation import SimRun
 
-PERCENTILES = {"p50": 50, "p95": 95}
 
-
-def _div(num: float, den: Optional[float]) -> Optional[float]:
-    return num / den if den else None
-
-
-def _pcts(values: list[float]) -> dict[str, Optional[float]]:
-    if not values:
-        return {k: None for k in PERCENTILES}
-    return {k: float(np.percentile(values, q)) for k, q in PERCENTILES.items()}
-
-
-def _span(a: Optional[float], b: Optional[float]) -> Optional[float]:
-    return None if a is None or b is None else b - a
-
-
-def request_metrics(rec: RequestRecord) -> dict[str, Any]:
-    out = rec.tokens
-    return {
-        "id": rec.req.id,
-        "prompt_tokens": rec.req.prompt_tokens,
-        "output_tokens": out,
-        "queue_s": _span(rec.arrive_s, rec.admit_s),
-        "ttft_s": _span(rec.arrive_s, rec.first_token_s),
-        "e2e_s": _span(rec.arrive_s, rec.finish_s),
-        "pp_tps": _div(rec.req.prompt_tokens, rec.prefill_device_s)
-        if rec.first_token_s is not None else None,
-        "tg_tps": _div(out - 1, _span(rec.first_token_s, rec.last_token_s)) if out > 1 else None,
-        "e2e_tps": _div(out, _span(rec.arrive_s, rec.finish_s)),
-        "finish_reason": rec.reason,
-    }
+def request_times(rec: RequestRecord) -> RequestTimes:
+    return RequestTimes(rec.req.id, rec.req.prompt_tokens, rec.tokens, rec.arrive_s,
+                        rec.admit_s, rec.first_token_s, rec.last_token_s, rec.finish_s,
+                        rec.prefill_device_s, 1, rec.drafted, rec.accepted, rec.reason)
 
 
 def outputs_lines(run: SimRun) -> list[dict[str, Any]]:
@@ -58,24 +30,19 @@ def outputs_lines(run: SimRun) -> list[dict[str, Any]]:
 
 def run_metrics(run: SimRun) -> dict[str, Any]:
     recs = sorted(run.records.values(), key=lambda r: r.req.index)
-    per_request = [request_metrics(r) for r in recs]
-    output_tokens = sum(r.tokens for r in recs)
-    arrivals = [r.arrive_s for r in recs if r.arrive_s is not None]
-    finishes = [r.finish_s for r in recs if r.finish_s is not None]
-    span = (max(finishes) - min(arrivals)) if arrivals and finishes else None
-    drafted = sum(r.drafted for r in recs)
-    accepted = sum(r.accepted for r in recs)
+    times = [request_times(r) for r in recs]
+    agg = aggregate(times)
     return {
         "wall_s": run.end_s,
-        "output_tokens": output_tokens,
-        "aggregate_tps": _div(output_tokens, span),
-        "acceptance": _div(accepted, drafted),
+        "output_tokens": agg["output_tokens"],
+        "aggregate_tps": agg["aggregate_tps"],
+        "acceptance": ratio(sum(r.accepted for r in recs), sum(r.drafted for r in recs)),
         "windows": run.stats.windows,
         "prefills": run.stats.prefills,
         "graph": dict(run.stats.graph),
-        "ttft_s": _pcts([m["ttft_s"] for m in per_request if m["ttft_s"] is not None]),
-        "e2e_s": _pcts([m["e2e_s"] for m in per_request if m["e2e_s"] is not None]),
-        "requests": per_request,
+        "ttft_s": agg["ttft_s"],
+        "e2e_s": agg["e2e_s"],
+        "requests": [request_metrics(t) for t in times],
         # The simulator's own facts (the engine's metrics.json has no such key).
         "sim": {
             "steps": run.steps,

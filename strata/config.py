@@ -99,6 +99,12 @@ class EngineConfig:
 ENGINE_KNOBS = tuple(f.name for f in fields(EngineConfig))
 #: The knobs every engine trace has recorded (a replay refuses a trace without one).
 TRACED_ENGINE_KNOBS = tuple(f.name for f in fields(EngineConfig) if f.metadata.get("traced_since_v1"))
+def engine_knobs(e: Any) -> dict[str, Any]:
+    """Every engine knob's value as plain data (lists, not ListConfig), by name."""
+    return {k: (list(v) if isinstance(v := getattr(e, k), (list, tuple)) else v)
+            for k in ENGINE_KNOBS}
+
+
 ENGINE_MODES = ("solo", "batch")
 GRAPH_KEYS = ("shape", "layout")
 SWITCHES = ("auto", "on", "off")
@@ -260,3 +266,19 @@ def validate_engine(e: Any, error: type[ValueError] = ConfigError) -> None:
         bad("context_tier_min", f"must be >= 1, got {e.context_tier_min}")
     if not e.shape_buckets or list(e.shape_buckets) != sorted(set(e.shape_buckets)) or e.shape_buckets[0] < 1:
         bad("shape_buckets", f"must be ascending distinct positive ints, got {list(e.shape_buckets)}")
+
+
+def plain_engine_config(ecfg: Any) -> EngineConfig:
+    """An EngineConfig dataclass from an OmegaConf node (or a dataclass), validated by type."""
+    from omegaconf import DictConfig, OmegaConf
+    from omegaconf.errors import OmegaConfBaseException
+
+    if isinstance(ecfg, EngineConfig):
+        return ecfg
+    if isinstance(ecfg, DictConfig):
+        try:
+            node = OmegaConf.merge(OmegaConf.structured(EngineConfig), ecfg)
+        except OmegaConfBaseException as e:
+            raise ConfigError(f"engine config: {e}".splitlines()[0]) from None
+        return OmegaConf.to_object(node)
+    raise TypeError(f"engine config must be an EngineConfig or a DictConfig, got {type(ecfg).__name__}")

@@ -35,6 +35,7 @@ import json
 import time
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, Optional, TextIO
+from strata.kinds import GraphAction
 
 EVENT_FIELDS: dict[str, tuple[str, ...]] = {
     "config": ("engine", "memory"),
@@ -56,7 +57,7 @@ FIELD_DEFAULTS: dict[str, dict[str, Any]] = {"arrive": {"filtered": False}}
 #: Graph-key suffix of a window that uses the filtering (top-k / top-p) sampler.
 FILTERED_SUFFIX = "+f"
 
-GRAPH_ACTIONS = ("hit", "capture", "eager")
+GRAPH_ACTIONS = tuple(a.value for a in GraphAction)
 EVICT_REASONS = ("limit", "memory", "error")
 FINISH_REASONS = ("stop", "length", "cancel", "error")
 

@@ -481,16 +481,18 @@ def test_prefill_fault_fails_only_that_request(tok_model):
 def test_replay_fault_evicts_the_graph_and_keeps_serving(tok_model):
     """A fault while replaying a cached graph drops that graph (evict reason=error)."""
     def inject(e):
-        last = {"action": None}
-        orig_lookup = e.cache.lookup
+        replaying = {"now": False}
+        orig_replay = e.cache.backend.replay
 
-        def lookup(*a, **k):
-            out = orig_lookup(*a, **k)
-            last["action"] = out[0]
-            return out
+        def replay(handle):  # a hit replays the graph the cache holds
+            replaying["now"] = True
+            try:
+                return orig_replay(handle)
+            finally:
+                replaying["now"] = False
 
-        e.cache.lookup = lookup
-        return fault_once(e.verifier, "window", when=lambda *a: last["action"] == "hit")
+        e.cache.backend.replay = replay
+        return fault_once(e.verifier, "window", when=lambda *a: replaying["now"])
     eng, outs, state = fault_run(tok_model, inject, graphs=True)
     assert state["fired"]
     ev = [x for x in eng.trace.events if x["ev"] == "evict" and x["reason"] == "error"]

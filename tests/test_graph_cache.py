@@ -69,9 +69,9 @@ def make_cache(limit=0, total=10_000.0, reserve=0.0, weights=0.0, slot=0.0, slot
 def use(cache, key, pinned=()):
     """One window with `key`: returns the graph action, after running the chosen runner."""
     warmed = []
-    action, run = cache.lookup(key, set(pinned) | {key}, lambda: (lambda: key), lambda: warmed.append(1))
-    assert run() == key  # the runner runs this window's plan
-    return action
+    run = cache.run(key, lambda: key, lambda: warmed.append(1), pinned)
+    assert run.output == key  # the window's function ran, replayed or eagerly
+    return run.action
 
 
 def evicts(trace):

@@ -467,16 +467,17 @@ def test_queued_output_rows_coalesce_into_one_event():
     import asyncio
 
     from strata.serve.app import coalesce_outs
+    from strata.serve.messages import OutputRow
 
     def row(ids, text, finished=False, reason=None, ot=0):
-        return ("r1", ids, text, finished, reason, None, 5, ot, {"t": ot} if finished else None)
+        return OutputRow("r1", ids, text, finished, reason, None, 5, ot, {"t": ot} if finished else None)
 
     q: asyncio.Queue = asyncio.Queue()
     for r in (row([2], "b", ot=2), row([3, 4], "cd", ot=4), row([5], "e", True, "length", 5),
               row([6], "f", ot=6)):
         q.put_nowait(("out", r))
     ev, held = coalesce_outs(q, ("out", row([1], "a", ot=1)))
-    assert ev == ("out", ("r1", [1, 2, 3, 4, 5], "abcde", True, "length", None, 5, 5, {"t": 5}))
+    assert ev == ("out", OutputRow("r1", [1, 2, 3, 4, 5], "abcde", True, "length", None, 5, 5, {"t": 5}))
     assert held is None and q.qsize() == 1  # nothing past the finished row is taken
 
     q = asyncio.Queue()
@@ -484,5 +485,5 @@ def test_queued_output_rows_coalesce_into_one_event():
     q.put_nowait(("error", "engine died"))
     q.put_nowait(("out", row([3], "c", ot=3)))
     ev, held = coalesce_outs(q, ("out", row([1], "a", ot=1)))
-    assert ev[1][1:3] == ([1, 2], "ab") and held == ("error", "engine died")
+    assert (ev[1].new_token_ids, ev[1].new_text) == ([1, 2], "ab") and held == ("error", "engine died")
     assert q.qsize() == 1

@@ -15,7 +15,7 @@ trailing U+FFFD (a multi-byte character split across tokens), they wait for the 
 
 from __future__ import annotations
 
-from typing import Protocol
+from typing import Protocol, Sequence
 
 REPLACEMENT = "\ufffd"
 
@@ -52,3 +52,54 @@ class IncrementalDetokenizer:
             self.text += full[len(prefix_text):]
             self._prefix, self._read = self._read, len(ids)
         return self.text
+
+
+class TextStream:
+    """One request's output text: stop strings, held-back UTF-8, and the characters streamed.
+
+    The engine appends each emitted token to the request's id list, asks `stop_hit` whether the
+    text now contains a stop string (the text is cut before it), and after each commit takes
+    `advance`'s new characters for the stream. A streamed chunk never ends in an incomplete
+    UTF-8 sequence, nor in what could still become the start of a stop string."""
+
+    def __init__(self, tokenizer: Decoder, stop: Sequence[str] = (), stream: bool = False):
+        self._detok = IncrementalDetokenizer(tokenizer)
+        self.stop = tuple(stop)
+        self.stream = stream
+        self._longest_stop = max((len(x) for x in self.stop), default=0)
+        self.text = ""
+        self.streamed = 0  # characters of `text` already streamed
+        self.stopped = False
+
+    def stop_hit(self, ids: list[int]) -> bool:
+        """Whether the text of `ids` (grown by one token) completes a stop string; if so the
+        text ends before it and the stream stops growing."""
+        if not self.stop:
+            return False
+        before = len(self.text)
+        text = self.text = self._detok.update(ids)
+        # A stop string not found before ends in the new text: search from one stop length
+        # before it.
+        lo = max(0, before - (self._longest_stop - 1))
+        hit = min((i for x in self.stop if (i := text.find(x, lo)) >= 0), default=-1)
+        if hit < 0:
+            return False
+        self.text, self.stopped = text[:hit], True
+        return True
+
+    def advance(self, ids: list[int], finished: bool) -> str:
+        """Bring the text up to `ids`; returns the characters newly streamed ("" when not
+        streaming)."""
+        if not self.stopped:
+            self.text = self._detok.finish(ids) if finished else self._detok.update(ids)
+        if not self.stream:
+            return ""
+        end = len(self.text)
+        if not finished:
+            while end > self.streamed and self.text[end - 1] == REPLACEMENT:
+                end -= 1  # hold back an incomplete UTF-8 sequence
+            if self.stop:  # and what could still become the start of a stop string
+                end = max(self.streamed, end - (self._longest_stop - 1))
+        new = self.text[self.streamed:end]
+        self.streamed = end
+        return new

@@ -11,10 +11,11 @@ capture or replay becomes an eviction or an eager run with a log line, never a s
 from __future__ import annotations
 
 from collections import OrderedDict
-from dataclasses import dataclass
-from typing import Any, Callable, Optional, Protocol
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterable, Optional, Protocol
 
 from strata.engine.memory import MemoryBudget
+from strata.kinds import GraphAction
 from strata.trace import TraceWriter
 
 
@@ -97,6 +98,18 @@ class Entry:
     mib: float
 
 
+@dataclass
+class GraphRun:
+    """What running one window through the cache did."""
+    #: hit (replayed), capture (captured, then replayed) or eager (ran without a graph).
+    action: GraphAction
+    output: Any
+    #: The measured size of the graph captured (capture only).
+    mib: Optional[float] = None
+    #: Keys evicted to make room, in order.
+    evicted: list[str] = field(default_factory=list)
+
+
 class GraphCache:
     def __init__(self, limit: int, backend: CaptureBackend, budget: MemoryBudget, trace: TraceWriter,
                  estimate_mib: float, log: Callable[[str], None] = print):
@@ -139,35 +152,38 @@ class GraphCache:
         return ((self.limit <= 0 or len(self.entries) < self.limit)
                 and self.last_mib <= self.budget.graph_budget_mib(self.graphs_mib))
 
-    def lookup(self, key: str, pinned: set[str], make: Callable[[], Callable[[], Any]],
-               warm: Callable[[], None]) -> tuple[str, Callable[[], Any]]:
-        """Decide how the window with `key` runs: returns (graph action, runner).
+    def _make_room(self, key: str, pinned: Iterable[str]) -> list[str]:
+        """Evict for the limit, then for memory, never `key` or `pinned`; returns the keys."""
+        keep = set(pinned) | {key}
+        evicted = []
+        if self.limit > 0 and len(self.entries) >= self.limit:
+            victim = self._lru_victim(keep)
+            if victim is not None:
+                self._evict(victim, "limit")
+                evicted.append(victim)
+        while self.last_mib > self.budget.graph_budget_mib(self.graphs_mib):
+            victim = self._lru_victim(keep)
+            if victim is None:
+                break
+            self._evict(victim, "memory")
+            evicted.append(victim)
+        return evicted
 
-        `make()` returns the window's function (reading static inputs); `warm()` runs it once
-        on scratch state before a capture, so that lazy initialisation happens outside it.
-        """
+    def _choose(self, key: str, fn: Callable[[], Any], warm: Callable[[], None],
+                pinned: Iterable[str]) -> tuple[str, Callable[[], Any], Optional[float], list[str]]:
         entry = self.entries.get(key)
         if entry is not None:
             self.entries.move_to_end(key)
             self.hits += 1
-            return "hit", lambda: self.backend.replay(entry.handle)
-        fn = make()
-        if self.limit > 0 and len(self.entries) >= self.limit:
-            victim = self._lru_victim(pinned | {key})
-            if victim is not None:
-                self._evict(victim, "limit")
-        while self.last_mib > self.budget.graph_budget_mib(self.graphs_mib):
-            victim = self._lru_victim(pinned | {key})
-            if victim is None:
-                break
-            self._evict(victim, "memory")
+            return GraphAction.HIT, lambda: self.backend.replay(entry.handle), None, []
+        evicted = self._make_room(key, pinned)
         if self.last_mib > self.budget.graph_budget_mib(self.graphs_mib):
             self._warn_once("memory", f"graph memory exhausted (planned {self.last_mib:.1f} MiB, "
                                       f"budget {self.budget.graph_budget_mib(self.graphs_mib):.1f} MiB "
                                       f"above reserve {self.budget.reserve_mib} MiB): windows "
                                       f"without a cached graph run eagerly")
             self.eager += 1
-            return "eager", fn
+            return GraphAction.EAGER, fn, None, evicted
         try:
             warm()
             handle, mib = self.backend.capture(fn)
@@ -175,11 +191,36 @@ class GraphCache:
             self._warn_once("capture:" + type(e).__name__,
                             f"graph capture failed for {key} ({type(e).__name__}: {e}); running eagerly")
             self.eager += 1
-            return "eager", fn
+            return GraphAction.EAGER, fn, None, evicted
         self.entries[key] = Entry(handle, mib)
         self.last_mib = mib if mib > 0 else self.last_mib
         self.captures += 1
-        return "capture", lambda: self.backend.replay(handle)
+        return GraphAction.CAPTURE, lambda: self.backend.replay(handle), mib, evicted
+
+    def run(self, key: str, fn: Callable[[], Any], warm: Callable[[], None],
+            pinned: Iterable[str] = ()) -> GraphRun:
+        """Run the window with `key`: replay its graph, capture one, or run `fn` eagerly.
+
+        `fn` is the window's function (reading static inputs); `warm()` runs it once on
+        scratch state before a capture, so that lazy initialisation happens outside it.
+        `pinned` keys are never evicted for this window. A failed replay drops the graph (it
+        may have moved part of the state) and raises, so the caller fails the window cleanly.
+        """
+        action, call, mib, evicted = self._choose(key, fn, warm, pinned)
+        try:
+            output = call()
+        except Exception:
+            if action != GraphAction.EAGER:
+                self.drop(key, "error")
+            raise
+        return GraphRun(action, output, mib, evicted)
+
+    def stats(self: Optional["GraphCache"]) -> dict:
+        """Counters for Engine.stats (all zero without a cache: call as GraphCache.stats(c))."""
+        c = self
+        return {"graph_entries": len(c.entries) if c else 0, "graph_captures": c.captures if c else 0,
+                "graph_evictions": c.evictions if c else 0, "graph_hits": c.hits if c else 0,
+                "graph_eager": c.eager if c else 0, "graphs_mib": c.graphs_mib if c else 0.0}
 
     def drop(self, key: str, reason: str = "error") -> None:
         """Evict an entry whose replay failed."""

@@ -11,6 +11,8 @@ import math
 from dataclasses import dataclass
 from typing import Callable, Optional
 
+from strata.config import ConfigError
+
 MIB = 2**20
 
 
@@ -52,3 +54,68 @@ def fit_slots(asked: int, total_mib: float, reserve_mib: float, weights_mib: flo
     if slot_mib <= 0:
         return asked
     return max(0, min(asked, math.floor(room / slot_mib)))
+
+
+@dataclass
+class MemoryPlan:
+    """How many slots run and whether they draft, from the device size and the model."""
+    budget: MemoryBudget
+    drafting: bool
+    #: Why drafting (so batch_mtp) is off, or None.
+    off_reason: Optional[str]
+    draft_mib: float
+    #: Slots asked for.
+    asked: int
+
+    def describe(self) -> str:
+        b = self.budget
+        return (f"slots={b.slots} (asked {self.asked}): weights {b.weights_mib:.1f} MiB, "
+                f"{b.slot_mib:.2f} MiB per slot (draft state {self.draft_mib:.2f}), reserve "
+                f"{b.reserve_mib:.0f} MiB of {b.total_mib:.0f} MiB")
+
+
+def plan_memory(*, asked: int, drafting: bool, off_reason: Optional[str], total_mib: float,
+                reserve_mib: float, weights_mib: float, main_mib: float, draft_mib: float,
+                graph_estimate_mib: float,
+                device_free_mib: Optional[Callable[[], float]] = None) -> MemoryPlan:
+    """Fit `asked` slots of `main_mib` (+ `draft_mib` when drafting) above the reserve and the
+    weights, with room for one graph. Drafting is dropped when its state costs slots; not even
+    one slot fitting is a ConfigError naming the knobs that help."""
+    n_with = fit_slots(asked, total_mib, reserve_mib, weights_mib, main_mib + draft_mib,
+                       graph_estimate_mib)
+    n_without = fit_slots(asked, total_mib, reserve_mib, weights_mib, main_mib, graph_estimate_mib)
+    if drafting and n_with < min(asked, n_without):
+        drafting = False
+        off_reason = off_reason or (f"the per-slot draft state ({draft_mib:.1f} MiB) does not "
+                                    f"fit beside {asked} slots")
+    n_slots = n_with if drafting else n_without
+    if n_slots < 1:
+        raise ConfigError(
+            f"engine.slots: not even one slot fits: device {total_mib:.0f} MiB - reserve "
+            f"{reserve_mib:.0f} - weights {weights_mib:.1f} leaves too little for a slot of "
+            f"{main_mib + draft_mib:.1f} MiB (lower engine.max_context or engine.vram_reserve_mib)")
+    slot_mib = main_mib + (draft_mib if drafting else 0.0)
+    budget = MemoryBudget(total_mib, reserve_mib, weights_mib, slot_mib, n_slots, device_free_mib)
+    return MemoryPlan(budget, drafting, off_reason, draft_mib, asked)
+
+
+def plan_engine_memory(loaded, ecfg, device, max_context: int,
+                       off_reason: Optional[str]) -> MemoryPlan:
+    """plan_memory for a loaded model: its weights, and the per-lane state (KV, DeltaNet
+    states, draft state) of `max_context` positions plus the window's spare rows."""
+    import torch
+
+    from strata.engine.device import device_memory  # (it imports MIB from here)
+    from strata.model.state import DecodeState
+
+    per = DecodeState.bytes_per_lane(loaded.args, max_context + ecfg.window_rows + 1,
+                                     loaded.dtype, loaded.has_mtp)
+    elem = torch.empty((), dtype=loaded.dtype).element_size()
+    total_mib, free_fn = device_memory(device, ecfg.cpu_device_mib)
+    return plan_memory(
+        asked=ecfg.slots if ecfg.mode == "batch" else 1, drafting=off_reason is None,
+        off_reason=off_reason, total_mib=total_mib, reserve_mib=float(ecfg.vram_reserve_mib),
+        weights_mib=sum(p.numel() * p.element_size() for p in loaded.model.parameters()) / MIB,
+        main_mib=per["main"] / MIB + (loaded.args.hidden_size * elem + 64) / MIB,
+        draft_mib=per["draft"] / MIB, graph_estimate_mib=ecfg.graph_mib_estimate,
+        device_free_mib=free_fn)

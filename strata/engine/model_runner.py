@@ -10,12 +10,16 @@ from __future__ import annotations
 
 from typing import Any, Callable, Optional
 
+import numpy as np
 import torch
 
-from strata.engine.graph_cache import GraphCache
+from strata.config import EngineConfig
+from strata.engine.graph_cache import CudaGraphBackend, GraphCache, GraphRun, RecordingBackend
 from strata.engine.memory import MemoryBudget
+from strata.kinds import GraphAction
 from strata.engine.verifier import Verifier
-from strata.trace import prefill_bucket
+from strata.engine.warmup import WarmupDone, WarmupPlan
+from strata.trace import TraceWriter, prefill_bucket, shape_bucket
 
 
 class ModelRunner:
@@ -45,6 +49,56 @@ class ModelRunner:
         self.p_graphs_mib = 0.0
         self._p_failed = False
 
+    @classmethod
+    def for_engine(cls, verifier: Verifier, ecfg: EngineConfig, device: torch.device,
+                   budget: MemoryBudget, trace: TraceWriter, log: Callable[[str], None]) -> "ModelRunner":
+        """A runner with the graph cache and prompt-chunk graphs `ecfg` asks for."""
+        n_slots = budget.slots
+        cache = None
+        if ecfg.graphs:
+            backend = (CudaGraphBackend(device) if device.type == "cuda"
+                       else RecordingBackend(ecfg.cpu_graph_mib))
+            cache = GraphCache(ecfg.graph_limit, backend, budget, trace, ecfg.graph_mib_estimate,
+                               log=log)
+        max_groups = shape_bucket(n_slots, list(ecfg.shape_buckets))
+        if ecfg.batch_invariant:  # a window of 1-row groups runs window_rows of them
+            max_groups = max(max_groups, ecfg.window_rows)
+        p_backend = (CudaGraphBackend(device) if device.type == "cuda" and ecfg.graphs
+                     and ecfg.prefill_graphs else None)
+        return cls(verifier, cache, device, max(max_groups, n_slots), verifier.state.scratch,
+                   log=log, prefill_buckets=tuple(ecfg.prefill_buckets), prefill_graphs=p_backend,
+                   budget=budget)
+
+    # ---- admission --------------------------------------------------------------------------
+    def bind_lanes(self, slots: list) -> None:
+        """Fresh state, sampling parameters and the prompt on the device for each admitted
+        slot, in one host-to-device copy and four kernels however many there are. Binding is
+        host time each request of a burst waits for before its first prompt chunk, and every
+        torch call is part of it."""
+        n = len(slots)
+        params = [s.req.req.params for s in slots]
+        # One int64 host buffer: lane ids, (top_k, seed) rows, (temperature, top_p) as float32
+        # pairs in n int64 words, then every prompt's ids.
+        lens = [len(s.req.req.prompt_ids) for s in slots]
+        host = np.empty(4 * n + sum(lens), dtype=np.int64)
+        host[:n] = [s.id for s in slots]
+        host[n:3 * n] = [v for p in params for v in (int(p.top_k), int(p.seed))]
+        host[3 * n:4 * n].view(np.float32)[:] = [v for p in params
+                                                 for v in (float(p.temperature), float(p.top_p))]
+        off = 4 * n
+        for s, k in zip(slots, lens):
+            host[off:off + k] = s.req.req.prompt_ids
+            off += k
+        dev = torch.from_numpy(host).to(self.device)
+        lanes = dev[:n]
+        self.verifier.state.reset_lanes(lanes)
+        self.verifier.bufs.set_params(lanes, dev[3 * n:4 * n].view(torch.float32).view(n, 2),
+                                      dev[n:3 * n].view(n, 2))
+        off = 4 * n
+        for s, k in zip(slots, lens):
+            s.req.prompt_tensor = dev[off:off + k]  # a view: the burst's buffer lives on
+            off += k                                # until its last request ends
+
     # ---- prompt chunks ------------------------------------------------------------------------
     def _set_meta(self, lane: int, start: int, n: int, next_token: Optional[int]) -> None:
         h = self.p_host
@@ -63,13 +117,13 @@ class ModelRunner:
         run = lambda: self.verifier.prefill(self.p_tokens[:b], self.p_meta, ctx)  # noqa: E731
         key = (b, ctx)
         if self.p_backend is None or b not in self.buckets or self._p_failed:
-            return "eager", run()
+            return GraphAction.EAGER, run()
         handle = self.p_graphs.get(key)
         if handle is not None:
-            return "hit", self.p_backend.replay(handle)
+            return GraphAction.HIT, self.p_backend.replay(handle)
         if self.budget is not None and self.budget.graph_budget_mib(
                 (self.cache.graphs_mib if self.cache else 0.0)) < (self.cache.last_mib if self.cache else 0.0):
-            return "eager", run()
+            return GraphAction.EAGER, run()
         try:
             # Warm on the scratch lane first: lazy initialisation must not happen in a capture.
             self._set_meta(self.scratch, 0, 1, None)
@@ -80,7 +134,7 @@ class ModelRunner:
             self.log(f"WARNING: prefill graph capture failed for bucket {b} ctx {ctx} "
                      f"({type(e).__name__}: {e}); prompt chunks run eagerly")
             self._set_meta(lane, start, n, next_token)
-            return "eager", run()
+            return GraphAction.EAGER, run()
         self.p_graphs[key] = handle
         self.p_graphs_mib += mib
         if self.budget is not None:
@@ -89,7 +143,7 @@ class ModelRunner:
             self.log(f"INFO prefill graphs: captured bucket {b} ctx {ctx} ({mib:.1f} MiB); one per "
                      f"(bucket, context tier) as prompts need them, charged to the memory budget")
         self._set_meta(lane, start, n, next_token)
-        return "capture", self.p_backend.replay(handle)
+        return GraphAction.CAPTURE, self.p_backend.replay(handle)
 
     def release_prefill_graphs(self) -> None:
         for handle in self.p_graphs.values():
@@ -114,8 +168,8 @@ class ModelRunner:
         return lambda: self.verifier.window(gs, gp, rows, g, ctx, filtered)
 
     def decode(self, groups: list[tuple[int, int, int]], n_padded: int, g: int, ctx: int,
-               filtered: bool, key: Optional[str], pinned: set[str]) -> tuple[str, list[list[int]]]:
-        """Run a window of (lane, pos, rows) groups; returns (graph action, host rows).
+               filtered: bool, key: Optional[str]) -> GraphRun:
+        """Run a window of (lane, pos, rows) groups; its output is the host rows, one per group.
         `filtered` picks the window's sampler, so it must be part of `key`."""
         if n_padded > self.inputs.shape[1]:
             raise RuntimeError(f"window of {n_padded} groups exceeds the {self.inputs.shape[1]} "
@@ -124,25 +178,59 @@ class ModelRunner:
             raise RuntimeError(f"window of {len(groups)} groups planned into {n_padded} padded "
                                f"groups: a group would be dropped")
         self._fill(groups, n_padded)
+        fn = self._fn(n_padded, g, ctx, filtered)
         if self.cache is None or key is None:
-            action, run = "eager", self._fn(n_padded, g, ctx, filtered)
+            run = GraphRun(GraphAction.EAGER, fn())
         else:
             def warm() -> None:
                 # One eager run on the scratch lane: lazy initialisation (library handles,
                 # kernels) must not happen inside a capture, and the real state must not move.
                 if self.cache.backend.name != "record":
                     self._fill(groups, n_padded, pad_all=True)
-                    self._fn(n_padded, g, ctx, filtered)()
+                    fn()
                     self._fill(groups, n_padded)
 
-            action, run = self.cache.lookup(key, pinned, lambda: self._fn(n_padded, g, ctx, filtered),
-                                            warm)
-        try:
-            out = run()
-        except Exception:
-            # A failed replay may have moved part of the state: drop the graph, and let the
-            # engine fail the window's requests cleanly rather than guess.
-            if action != "eager" and self.cache is not None:
-                self.cache.drop(key, "error")
-            raise
-        return action, out[: len(groups)].tolist()
+            run = self.cache.run(key, fn, warm)
+        run.output = run.output[: len(groups)].tolist()
+        return run
+
+    # ---- warm-up ------------------------------------------------------------------------------
+    def warmup(self, plan: WarmupPlan, tier: Callable[[int], int]) -> WarmupDone:
+        """Run every window shape and prompt-chunk bucket of `plan` once on the scratch lane
+        (eagerly, no graphs), so that torch.compile's work happens now rather than inside the
+        first requests; then capture the prompt-chunk graphs and the shape-keyed window graphs
+        requests will use. Real lanes are not touched."""
+        done = WarmupDone()
+        for ng, g in plan.window_shapes:
+            if ng > self.inputs.shape[1]:
+                continue
+            self._fill([], ng, pad_all=True)
+            for ctx in plan.window_tiers:
+                for filtered in (False, True):
+                    self._fn(ng, g, ctx, filtered)()
+                    done.windows += 1
+        for b in plan.prefill_buckets:
+            self.p_tokens[:b].zero_()
+            self._set_meta(self.scratch, 0, 1, None)
+            self.verifier.prefill(self.p_tokens[:b], self.p_meta, tier(b))
+        # Prompt-chunk graphs, one per (bucket, tier) a chunk can read: a capture inside a
+        # request would add tens of ms to its time to first token.
+        if self.p_backend is not None:
+            zeros = torch.zeros(plan.max_context, dtype=torch.long, device=self.device)
+            for b in plan.prefill_buckets:
+                for ctx in plan.every_tier:
+                    if ctx >= tier(b):  # a chunk at start ctx - b reads exactly `ctx`
+                        action, _ = self.prefill(self.scratch, zeros, ctx - b, b, None, tier)
+                        done.prefill_graphs += action == GraphAction.CAPTURE
+        # Window graphs (tiers ascending, deepest windows first) up to the graph limit: a
+        # capture inside a request costs it 15-35 ms on the H200. Layout keys are too many to
+        # enumerate: they are captured on first use.
+        for key, (bucket, g, ctx) in plan.window_keys or []:
+            if not self.cache.has_room():
+                break  # the next capture would have to evict: leave the rest to first use
+            run = self.decode([], bucket, g, ctx, False, key)
+            if run.action != GraphAction.CAPTURE:  # refused by the budget: such windows run eagerly
+                break
+            done.window_keys.append(key)
+            done.window_mib.append(round(run.mib, 3))
+        return done

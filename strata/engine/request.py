@@ -64,6 +64,27 @@ class Request:
     #: Decode text as tokens are emitted (for streaming); off, text is decoded once at the end.
     stream_text: bool = True
 
+    def validate(self, vocab: int, max_context: int) -> None:
+        """Raise RequestError naming the problem if a model of `vocab` tokens and slots of
+        `max_context` positions cannot run this request."""
+        if not isinstance(self.id, str) or not self.id:
+            raise RequestError("id", "must be a non-empty string")
+        ids = self.prompt_ids
+        if not isinstance(ids, list) or not ids:
+            raise RequestError("prompt", "is empty")
+        for i, t in enumerate(ids):
+            if not isinstance(t, int) or isinstance(t, bool) or not 0 <= t < vocab:
+                raise RequestError("prompt", f"token id at index {i} ({t!r}) is not in [0, {vocab})")
+        if len(ids) >= max_context:
+            raise RequestError("prompt", f"{len(ids)} tokens leave no room in the context of "
+                                         f"{max_context} positions (at most {max_context - 1})")
+        self.params.validate()
+        if self.arrival_step is not None and (not isinstance(self.arrival_step, int)
+                                              or self.arrival_step < 0):
+            raise RequestError("arrival_step", f"must be an integer >= 0, got {self.arrival_step!r}")
+        if self.arrival_s is not None and not self.arrival_s >= 0:
+            raise RequestError("arrival_s", f"must be a number >= 0, got {self.arrival_s!r}")
+
 
 @dataclass
 class RequestOutput:

@@ -12,12 +12,13 @@ from typing import Optional
 
 from strata.engine.rotation import RotationRing
 from strata.engine.slots import DECODE, FREE, PREFILL, RequestState, Slot
+from strata.kinds import PlanKind
 from strata.trace import TraceWriter
 
 
 @dataclass
 class Plan:
-    kind: str  # prefill | decode | idle
+    kind: PlanKind
     slot: Optional[Slot] = None  # prefill: the slot
     tokens: int = 0  # prefill: prompt tokens this chunk
     groups: list[tuple[Slot, int]] = field(default_factory=list)  # decode: (slot, rows)
@@ -99,12 +100,12 @@ class Scheduler:
         elif prefilling:
             decode = False
         else:
-            return Plan("idle")
+            return Plan(PlanKind.IDLE)
         if not decode:
             slot = min(prefilling, key=lambda s: s.admit_seq)
             tokens = min(self.prefill_chunk, slot.req.prompt_len - slot.prefilled)
-            return Plan("prefill", slot=slot, tokens=tokens)
+            return Plan(PlanKind.PREFILL, slot=slot, tokens=tokens)
         lone = len(decoding) == 1 and not prefilling
         rows = {sid: self.rows_for(self.slots[sid], lone) for sid in decoding}
         taken = self.ring.build(lambda sid: rows[sid], self.window_rows, self.batch_invariant)
-        return Plan("decode", groups=[(self.slots[sid], rows[sid]) for sid in taken])
+        return Plan(PlanKind.DECODE, groups=[(self.slots[sid], rows[sid]) for sid in taken])

@@ -7,7 +7,9 @@ from typing import Optional
 
 from strata.engine.request import Request
 
-FREE, PREFILL, DECODE = "free", "prefill", "decode"
+from strata.kinds import Phase
+
+FREE, PREFILL, DECODE = Phase.FREE, Phase.PREFILL, Phase.DECODE
 
 
 @dataclass
@@ -20,9 +22,8 @@ class RequestState:
     reason: Optional[str] = None
     error: Optional[str] = None
     cancel_requested: bool = False
-    text: str = ""  # decoded text of `emitted` (when streaming text or watching stop strings)
-    streamed_chars: int = 0
-    detok: Optional[object] = None  # its IncrementalDetokenizer, made on first use
+    #: Its TextStream (when it streams text or watches stop strings), made at the first token.
+    text_stream: Optional[object] = None
     # Timing (seconds since engine start) for PP / TG / E2E.
     t_arrive: Optional[float] = None
     t_admit: Optional[float] = None
@@ -55,7 +56,7 @@ class RequestState:
 @dataclass
 class Slot:
     id: int
-    phase: str = FREE
+    phase: Phase = FREE
     req: Optional[RequestState] = None
     prefilled: int = 0  # prompt tokens already run
     pos: int = 0  # committed positions (the pending token sits at pos)

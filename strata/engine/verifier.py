@@ -20,6 +20,8 @@ The host reads back one small tensor per window: [y_0 .. y_(G-1), a, next draft]
 
 from __future__ import annotations
 
+from typing import Callable, Optional
+
 import torch
 
 from strata.engine.sampling import accepted_prefix, sample_lanes, sample_plain_lanes
@@ -52,19 +54,26 @@ class SlotBuffers:
         self.int_params.index_copy_(0, lanes, ints)
 
 
+#: The verifier's pure functions, by name: what `compile_pure_functions` compiles.
+PURE_FUNCTIONS = {"sample": sample_lanes, "sample_plain": sample_plain_lanes,
+                  "accepted_prefix": accepted_prefix}
+
+
 class Verifier:
-    def __init__(self, model: Qwen3Next, state: DecodeState, bufs: SlotBuffers, drafting: bool):
+    def __init__(self, model: Qwen3Next, state: DecodeState, bufs: SlotBuffers, drafting: bool,
+                 split_keys: int = 0, functions: Optional[dict[str, Callable]] = None):
+        """`split_keys`: the verify forward attention's split-K chunk in keys (0: the kernels'
+        own plan; engine.batch_invariant fixes it). `functions`: replacements (compiled
+        versions) for some of PURE_FUNCTIONS."""
         self.model = model
         self.state = state
         self.bufs = bufs
         self.drafting = drafting
-        #: Split-K chunk of the verify forward's attention, in keys (0: the kernels' own plan);
-        #: the engine sets it under engine.batch_invariant.
-        self.split_keys = 0
-        # The engine may swap in compiled versions of these three.
-        self.sample = sample_lanes
-        self.sample_plain = sample_plain_lanes
-        self.accepted_prefix = accepted_prefix
+        self.split_keys = split_keys
+        pure = {**PURE_FUNCTIONS, **(functions or {})}
+        self.sample = pure["sample"]
+        self.sample_plain = pure["sample_plain"]
+        self.accepted_prefix = pure["accepted_prefix"]
 
     def _sample(self, logits: torch.Tensor, lanes: torch.Tensor, pos0: torch.Tensor, rows_per: int,
                 offset: int, filtered: bool) -> torch.Tensor:

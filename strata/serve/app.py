@@ -72,12 +72,11 @@ def coalesce_outs(q: asyncio.Queue, ev: tuple) -> tuple[tuple, Optional[tuple]]:
     server process ~150 us of CPU whatever it carries. Returns the merged event and the first
     queued event that is not an output row (to be handled next), if one was taken."""
     row = ev[1]
-    while not row[3] and not q.empty():
+    while not row.finished and not q.empty():
         nxt = q.get_nowait()
         if nxt[0] != "out":
             return ("out", row), nxt
-        r = nxt[1]
-        row = (r[0], row[1] + r[1], row[2] + r[2]) + tuple(r[3:])
+        row = row.joined(nxt[1])
     return ("out", row), None
 
 
@@ -314,11 +313,12 @@ def create_app(cfg_dict: dict, server_cfg: Any) -> FastAPI:
                     yield P.sse(P.error_body(ev[1], "server_error", code="engine_failure"))
                     yield P.sse("[DONE]")
                     return
-                _id, new_ids, text, finished, reason, error, _pt, ot, timings = ev[1]
-                out_tokens = ot or out_tokens + len(new_ids)
+                row = ev[1]
+                text, finished, reason, timings = row.new_text, row.finished, row.finish_reason, row.timings
+                out_tokens = row.output_tokens or out_tokens + len(row.new_token_ids)
                 if finished and reason in ("error", "cancel"):
                     done = True
-                    msg = error or ("the engine cancelled the request" if reason == "cancel"
+                    msg = row.error or ("the engine cancelled the request" if reason == "cancel"
                                     else "the engine failed the request")
                     yield P.sse(P.error_body(msg, "server_error", code="engine_failure"))
                     yield P.sse("[DONE]")
@@ -356,16 +356,17 @@ def create_app(cfg_dict: dict, server_cfg: Any) -> FastAPI:
                 failed = failure_response(ev, rid)
                 if failed is not None:
                     return failed
-                _id, new_ids, text, finished, reason, error, _pt, ot, timings = ev[1]
-                out_tokens = ot or out_tokens + len(new_ids)
-                texts.append(text)
-                if finished:
+                row = ev[1]
+                out_tokens = row.output_tokens or out_tokens + len(row.new_token_ids)
+                texts.append(row.new_text)
+                if row.finished:
+                    reason = row.finish_reason
                     if reason in ("error", "cancel"):
-                        msg = error or f"the engine ended the request ({reason})"
+                        msg = row.error or f"the engine ended the request ({reason})"
                         return _err(P.ApiError(500, msg, code="engine_failure"))
                     return JSONResponse(P.full_response(req, rid, model_name, created,
                                                         "".join(texts), reason, prompt_tokens,
-                                                        out_tokens, timings))
+                                                        out_tokens, row.timings))
 
         work = asyncio.ensure_future(run())
         gone = asyncio.ensure_future(wait_disconnect(request))

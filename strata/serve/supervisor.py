@@ -23,6 +23,8 @@ import threading
 import time
 from typing import Any, Callable, Optional
 
+from strata.serve.messages import (Accepted, Cancel, Fatal, Outputs, OutputRow, Ready, Rejected,
+                                   Stats, Stop, Submit)
 from strata.serve.metrics import ServerMetrics
 from strata.serve.worker import run_worker
 
@@ -89,7 +91,7 @@ class EngineSupervisor:
         h = Handle(rid, self.generation)
         self.handles[rid] = h
         assert self._sendq is not None
-        self._sendq.put(("submit", rid, spec))
+        self._sendq.put(Submit(rid, spec))
         return h
 
     def cancel(self, rid: str, outcome: str = "cancel") -> None:
@@ -99,12 +101,12 @@ class EngineSupervisor:
             return
         h.cancelled = outcome
         if h.gen == self.generation and self._sendq is not None:
-            self._sendq.put(("cancel", rid))
+            self._sendq.put(Cancel(rid))
 
     async def shutdown(self) -> None:
         self._stop.set()
         if self._sendq is not None:
-            self._sendq.put(("stop",))
+            self._sendq.put(Stop())
         self._fail_all(None, "the server is shutting down; the request was not completed")
         if self._thread is not None:
             await asyncio.to_thread(self._thread.join, 15.0)
@@ -128,48 +130,47 @@ class EngineSupervisor:
         if self.state != "stopped":
             self.state = "loading"
 
-    def _on_event(self, gen: int, msg: tuple) -> None:
+    def _on_event(self, gen: int, msg: Any) -> None:
         if gen != self.generation:
             return
-        kind = msg[0]
-        if kind == "outs":
-            for row in msg[1]:
+        if isinstance(msg, Outputs):
+            for row in msg.rows:
                 self._on_output(row)
-        elif kind == "stats":
-            self.metrics.on_stats(msg[1])
-        elif kind == "accepted":
-            h = self.handles.get(msg[1])
+        elif isinstance(msg, Stats):
+            self.metrics.on_stats(msg.stats)
+        elif isinstance(msg, Accepted):
+            h = self.handles.get(msg.req_id)
             if h is not None:
-                h.prompt_tokens = msg[2]
-                self.metrics.prompt_tokens += msg[2]
-                h.q.put_nowait(("accepted", msg[2]))
-        elif kind == "rejected":
-            h = self.handles.pop(msg[1], None)
+                h.prompt_tokens = msg.prompt_tokens
+                self.metrics.prompt_tokens += msg.prompt_tokens
+                h.q.put_nowait(("accepted", msg.prompt_tokens))
+        elif isinstance(msg, Rejected):
+            h = self.handles.pop(msg.req_id, None)
             self.metrics.reject("invalid")
             if h is not None:
-                h.q.put_nowait(("rejected", msg[2], msg[3]))
-        elif kind == "ready":
-            self.info = dict(msg[1])
+                h.q.put_nowait(("rejected", msg.field, msg.message))
+        elif isinstance(msg, Ready):
+            self.info = dict(msg.info)
             self.pid = self.info.get("pid", self.pid)
             if self.state != "stopped":
                 self.state = "ready"
             log.info("engine ready (pid %s, generation %d): model=%s max_context=%s slots=%s",
                      self.pid, gen, self.info.get("model_name"), self.info.get("max_context"),
                      self.info.get("slots"))
-        elif kind == "fatal":
-            self.last_exit = str(msg[1]).strip().splitlines()[0]
+        elif isinstance(msg, Fatal):
+            self.last_exit = str(msg.message).strip().splitlines()[0]
 
-    def _on_output(self, row: tuple) -> None:
-        rid, new_ids, _text, finished, reason = row[:5]
-        h = self.handles.get(rid)
+    def _on_output(self, row: OutputRow) -> None:
+        h = self.handles.get(row.req_id)
         if h is None:
             return
         now = time.monotonic()
-        if h.t_first is None and new_ids:
+        if h.t_first is None and row.new_token_ids:
             h.t_first = now
             self.metrics.ttft.observe(now - h.t_submit)
-        if finished:
-            self.handles.pop(rid, None)
+        if row.finished:
+            reason = row.finish_reason
+            self.handles.pop(row.req_id, None)
             self.metrics.finished((h.cancelled or "cancel") if reason == "cancel" else (reason or "stop"))
             if reason in ("stop", "length"):
                 self.metrics.duration.observe(now - h.t_submit)
@@ -255,11 +256,11 @@ class EngineSupervisor:
                 except Exception as e:  # an event that does not unpickle: log it, keep going
                     log.error("bad message from the engine process: %s: %s", type(e).__name__, e)
                     continue
-                if msg[0] == "ready":
+                if isinstance(msg, Ready):
                     ready = True
-                elif msg[0] == "fatal":
-                    fatal = str(msg[1]).strip()
-                    tb = msg[2] if len(msg) > 2 else None
+                elif isinstance(msg, Fatal):
+                    fatal = str(msg.message).strip()
+                    tb = msg.traceback
                     log.error("engine process %d: %s%s", proc.pid, fatal,
                               f"\n{tb.rstrip()}" if tb else "")
                 self._post(self._on_event, gen, msg)

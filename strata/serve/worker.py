@@ -3,24 +3,12 @@
 Started by `supervisor.EngineSupervisor` with multiprocessing's *spawn* context. The engine is
 single-threaded and this process is its only driver.
 
-Messages (plain tuples of builtins, so the server never needs torch to unpickle them):
+Messages: strata.serve.messages (dataclasses of builtins, so the server never needs torch to
+unpickle them): Submit, Cancel and Stop in; Ready, Accepted, Rejected, Outputs, Stats and Fatal
+out.
 
-  server -> engine (commands)
-    ("submit", req_id, spec)   spec: protocol.GenRequest.engine_spec()
-    ("cancel", req_id)
-    ("stop",)                  close the engine and exit 0
-  engine -> server (events)
-    ("ready", info)            info: model_name, max_context, pid, slots, vocab_size
-    ("accepted", req_id, prompt_tokens)
-    ("rejected", req_id, field, message)
-    ("outs", [(req_id, new_token_ids, new_text, finished, finish_reason, error,
-               prompt_tokens, output_tokens, timings), ...])      one engine step;
-                               timings (a dict, see _release) only on the finishing row
-    ("stats", dict)            eng.stats(), at most every STATS_EVERY_S and when work runs out
-    ("fatal", message, traceback or None)   sent just before a non-zero exit
-
-The process exits when the server goes away (either pipe breaks), on ("stop",), or with a
-non-zero code (after "fatal") when the engine raises. SIGINT and SIGTERM are ignored: a
+The process exits when the server goes away (either pipe breaks), on Stop, or with a
+non-zero code (after Fatal) when the engine raises. SIGINT and SIGTERM are ignored: a
 terminal's Ctrl-C (or `timeout`, or a service manager) signals the whole process group, and the
 server, which gets the same signal, shuts its engine down itself (SIGKILL still works).
 """
@@ -33,6 +21,9 @@ import sys
 import time
 import traceback
 from typing import Any, Optional
+
+from strata.serve.messages import (Accepted, Cancel, Fatal, Outputs, OutputRow, Ready, Rejected,
+                                   Stats, Stop, Submit)
 
 STATS_EVERY_S = 0.25
 IDLE_POLL_S = 0.25
@@ -82,7 +73,7 @@ def _build_cfg(cfg_dict: dict) -> Any:
     return OmegaConf.merge(OmegaConf.structured(StrataConfig), cfg_dict)
 
 
-def _submit(eng: Any, rid: str, spec: dict) -> tuple:
+def _submit(eng: Any, rid: str, spec: dict) -> Accepted | Rejected:
     from strata.engine.request import Request, RequestError, SamplingParams
 
     try:
@@ -91,7 +82,7 @@ def _submit(eng: Any, rid: str, spec: dict) -> tuple:
         else:
             ids = eng.tokenizer.encode(spec["prompt"])
         if not ids:
-            return ("rejected", rid, "prompt", "prompt is empty (it encodes to no tokens)")
+            return Rejected(rid, "prompt", "prompt is empty (it encodes to no tokens)")
         room = int(eng.max_context) - len(ids)
         mt = spec.get("max_tokens")
         # No max_tokens: fill the context. More than fits: clip (the request ends with
@@ -106,10 +97,10 @@ def _submit(eng: Any, rid: str, spec: dict) -> tuple:
                                 stop=list(spec["stop"]), stop_at_eos=not spec.get("ignore_eos"))
         eng.add_request(Request(id=rid, prompt_ids=ids, params=params, prompt_text=spec.get("prompt")))
     except RequestError as e:
-        return ("rejected", rid, e.field, e.message)
+        return Rejected(rid, e.field, e.message)
     except Exception as e:  # a bad input the engine did not classify: still the request's fault
-        return ("rejected", rid, None, f"{type(e).__name__}: {e}")
-    return ("accepted", rid, len(ids))
+        return Rejected(rid, None, f"{type(e).__name__}: {e}")
+    return Accepted(rid, len(ids))
 
 
 def run_worker(cfg_dict: dict, cmd_conn: Any, out_conn: Any, generation: int) -> None:
@@ -117,7 +108,7 @@ def run_worker(cfg_dict: dict, cmd_conn: Any, out_conn: Any, generation: int) ->
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
 
-    def send(msg: tuple) -> None:
+    def send(msg: Any) -> None:
         try:
             out_conn.send(msg)
         except (BrokenPipeError, EOFError, OSError):
@@ -144,11 +135,11 @@ def run_worker(cfg_dict: dict, cmd_conn: Any, out_conn: Any, generation: int) ->
         from strata.model.config import CheckpointError
 
         known = isinstance(e, (ConfigError, CheckpointError))   # the message says it all
-        send(("fatal", f"engine failed to start: {type(e).__name__}: {e}",
-              None if known else traceback.format_exc()))
+        send(Fatal(f"engine failed to start: {type(e).__name__}: {e}",
+                   None if known else traceback.format_exc()))
         out_conn.close()
         os._exit(2)
-    send(("ready", info))
+    send(Ready(info))
 
     live: set[str] = set()
     last_stats = 0.0
@@ -159,16 +150,15 @@ def run_worker(cfg_dict: dict, cmd_conn: Any, out_conn: Any, generation: int) ->
             if cmd_conn.poll(0 if busy else IDLE_POLL_S):
                 while True:
                     cmd = cmd_conn.recv()
-                    op = cmd[0]
-                    if op == "submit":
-                        ev = _submit(eng, cmd[1], cmd[2])
-                        if ev[0] == "accepted":
-                            live.add(cmd[1])
+                    if isinstance(cmd, Submit):
+                        ev = _submit(eng, cmd.req_id, cmd.spec)
+                        if isinstance(ev, Accepted):
+                            live.add(cmd.req_id)
                         send(ev)
-                    elif op == "cancel":
-                        if cmd[1] in live:
-                            eng.cancel(cmd[1])
-                    elif op == "stop":
+                    elif isinstance(cmd, Cancel):
+                        if cmd.req_id in live:
+                            eng.cancel(cmd.req_id)
+                    elif isinstance(cmd, Stop):
                         _log("stop requested; closing the engine")
                         try:
                             eng.close()
@@ -186,19 +176,20 @@ def run_worker(cfg_dict: dict, cmd_conn: Any, out_conn: Any, generation: int) ->
             try:
                 outs = eng.step()
             except Exception as e:
-                send(("fatal", f"engine step failed: {type(e).__name__}: {e}", traceback.format_exc()))
+                send(Fatal(f"engine step failed: {type(e).__name__}: {e}", traceback.format_exc()))
                 out_conn.close()
                 os._exit(3)
             if outs:
                 rows = []
                 for o in outs:
                     timings = _release(eng, o.id, o.timings) if o.finished else None
-                    rows.append((o.id, list(o.new_token_ids), o.new_text, bool(o.finished),
-                                 o.finish_reason, o.error, int(o.prompt_tokens or 0),
-                                 int(o.output_tokens or 0), timings))
+                    rows.append(OutputRow(o.id, list(o.new_token_ids), o.new_text,
+                                          bool(o.finished), None if o.finish_reason is None else str(o.finish_reason), o.error,
+                                          int(o.prompt_tokens or 0), int(o.output_tokens or 0),
+                                          timings))
                     if o.finished:
                         live.discard(o.id)
-                send(("outs", rows))
+                send(Outputs(rows))
             busy = eng.has_work()
         now = time.monotonic()
         if now - last_stats >= STATS_EVERY_S or (was_busy and not busy):
@@ -206,6 +197,6 @@ def run_worker(cfg_dict: dict, cmd_conn: Any, out_conn: Any, generation: int) ->
                 st = {str(k): _plain(v) for k, v in dict(eng.stats()).items()}
             except Exception as e:
                 st = {"stats_error": f"{type(e).__name__}: {e}"}
-            send(("stats", st))
+            send(Stats(st))
             last_stats = now
         was_busy = busy

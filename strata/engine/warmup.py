@@ -1,0 +1,70 @@
+"""What the warm-up runs: every window shape and prompt-chunk bucket an engine can plan, and
+the shape-keyed window graphs its requests will use (ModelRunner.warmup runs the plan)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Optional
+
+from strata.config import EngineConfig
+from strata.trace import (context_tiers, invariant_shapes, shape_bucket, shape_key,
+                          warm_window_keys)
+
+
+@dataclass
+class WarmupPlan:
+    #: (groups, rows per group) of every window to run once.
+    window_shapes: list[tuple[int, int]]
+    #: Context tiers each window shape runs at.
+    window_tiers: list[int]
+    #: Prompt-chunk lengths to run once (and to capture, at every tier they can read).
+    prefill_buckets: list[int]
+    every_tier: list[int]
+    max_context: int
+    #: (key, (groups bucket, rows, tier)) of the window graphs to capture, in order; None when
+    #: windows are not captured ahead (no graph cache, or layout keys: too many to enumerate).
+    window_keys: Optional[list[tuple[str, tuple[int, int, int]]]]
+
+
+@dataclass
+class WarmupDone:
+    windows: int = 0
+    prefill_graphs: int = 0
+    #: The window graphs captured, in order, and their measured MiB (a replay starts from them).
+    window_keys: list[str] = field(default_factory=list)
+    window_mib: list[float] = field(default_factory=list)
+
+    def describe(self, plan: WarmupPlan, seconds: float) -> str:
+        return (f"warm-up: {self.windows} window shapes and {len(plan.prefill_buckets)} prompt "
+                f"buckets run once, {self.prefill_graphs} prompt-chunk graphs and "
+                f"{len(self.window_keys)} window graphs captured, in {seconds:.1f} s (compiling "
+                f"and capturing happen here, not in requests)")
+
+
+def plan_warmup(ecfg: EngineConfig, n_slots: int, most_rows: int, max_context: int,
+                graph_cache: bool) -> WarmupPlan:
+    """`most_rows`: the deepest group a window can hold; `graph_cache`: windows replay graphs."""
+    every_tier = context_tiers(ecfg.context_tier_min, max_context)
+    if ecfg.batch_invariant:
+        shapes = set(invariant_shapes(most_rows, ecfg.window_rows))
+    else:
+        shapes = set()
+        for g in range(1, most_rows + 1):
+            groups = max(1, min(n_slots, ecfg.window_rows // g))
+            if ecfg.graph_key == "shape":
+                top = shape_bucket(groups, list(ecfg.shape_buckets))
+                shapes.update((b, g) for b in ecfg.shape_buckets if b <= top)
+            else:
+                shapes.update((n, g) for n in range(1, groups + 1))
+    keys = None
+    if graph_cache and ecfg.graph_key == "shape":
+        keys = [(shape_key(b, g, t, False), (b, g, t))
+                for b, g, t in warm_window_keys(n_slots, most_rows, ecfg.window_rows,
+                                                list(ecfg.shape_buckets), ecfg.context_tier_min,
+                                                max_context, ecfg.batch_invariant)]
+    return WarmupPlan(
+        window_shapes=sorted(shapes),
+        # a second context length makes torch.compile treat it as dynamic
+        window_tiers=every_tier[:2],
+        prefill_buckets=[b for b in ecfg.prefill_buckets if b <= max_context],
+        every_tier=every_tier, max_context=max_context, window_keys=keys)
