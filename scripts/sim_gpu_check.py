@@ -173,28 +173,10 @@ def measure(args) -> None:
             print(f"profile fitted from {len(traces)} traces: {out / 'profile.json'}", flush=True)
 
 
-def memory_overrides(events: list[dict]) -> list[str]:
-    """The simulator's memory facts from the engine's trace: the device, weights and slot sizes
-    the engine recorded, and the graph size it measured (the mean of its captures; a CPU
-    engine's fixed size; else its estimate). Without them the simulator would plan graphs
-    into the default 24 GB card's budget and evict where the engine never did."""
-    from sim.replay import measured_capture_mib
-
-    cfg = events[0]
-    mem, eng = cfg["memory"], cfg["engine"]
-    sizes = measured_capture_mib(events)
-    graph = (sum(sizes) / len(sizes) if sizes else
-             float(mem["graph_mib"]) if mem.get("graph_mib") is not None else
-             float(eng["graph_mib_estimate"]))
-    return [f"memory.total_mib={float(mem['total_mib'])}",
-            f"memory.weights_mib={float(mem['weights_mib'])}",
-            f"memory.slot_mib={float(mem['slot_mib'])}", f"memory.graph_mib={graph}",
-            "memory.graph_mib_jitter=0", f"engine.vram_reserve_mib={int(eng['vram_reserve_mib'])}"]
-
-
 def predict(args) -> None:
     """sim predict for every held-out cell and repeat against the engine's metrics of that
     repeat; per cell, the mean over repeats of each figure, engine vs simulator."""
+    from sim.replay import memory_overrides
     from strata.trace import read_trace
 
     out = Path(args.predict)

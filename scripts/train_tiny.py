@@ -38,7 +38,7 @@ for p in (str(ROOT), str(ROOT / "scripts")):
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
-import eval_acceptance as ev  # noqa: E402
+from strata.tools import eval_acceptance as ev  # noqa: E402
 from strata.kernels import ops  # noqa: E402
 from strata.model.config import ModelArgs  # noqa: E402
 from strata.model.loader import save_checkpoint  # noqa: E402

@@ -506,3 +506,15 @@ def test_warmup_captures_every_prompt_chunk_graph(model_dir):
     before = len(eng.runner.p_graphs)
     run(eng, workload(n=3, seed=5))
     assert len(eng.runner.p_graphs) == before  # requests found every graph there
+
+
+def test_run_reports_action_output_size_and_evictions():
+    cache, trace, _ = make_cache(limit=2, graph_mib=12.0)
+    first = cache.run("a", lambda: "out-a", lambda: None)
+    assert (first.action, first.output, first.mib, first.evicted) == ("capture", "out-a", 12.0, [])
+    cache.run("b", lambda: "out-b", lambda: None)
+    hit = cache.run("a", lambda: "out-a", lambda: None)
+    assert (hit.action, hit.mib, hit.evicted) == ("hit", None, [])
+    third = cache.run("c", lambda: "out-c", lambda: None)  # the limit evicts b (LRU)
+    assert third.action == "capture" and third.evicted == ["b"]
+    assert evicts(trace) == [("b", "limit")]

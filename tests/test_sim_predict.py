@@ -241,11 +241,7 @@ def test_position_acceptance_and_shape_costs_in_predict(tmp_path):
 def test_sim_check_takes_memory_facts_from_the_engine_trace():
     """scripts/sim_gpu_check.py predicts with the device the engine ran on, not the default
     24 GB card: its memory facts and measured graph size come from the held-out trace."""
-    sys.path.insert(0, str(REPO / "scripts"))
-    try:
-        from sim_gpu_check import memory_overrides
-    finally:
-        sys.path.pop(0)
+    from sim.replay import memory_overrides
     from strata.trace import read_trace
 
     events = read_trace(REPO / "tests" / "data" / "h200_batch_mtp_n2_trace.jsonl")

@@ -66,12 +66,7 @@ def test_fit_without_durations_is_an_error():
 
 
 def test_profile_engine_script_grid_and_fit_only(tmp_path, capsys):
-    import importlib.util
-    from pathlib import Path
-    spec = importlib.util.spec_from_file_location(
-        "profile_engine", Path(__file__).resolve().parent.parent / "scripts" / "profile_engine.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
+    from strata.tools import profile_engine as mod
     assert mod.main(["--dry-run", "--device", "cpu", "--slots", "1,8", "--prompt-tokens", "64",
                      "--eager-slots", "8", "--work-dir", str(tmp_path)]) == 0
     cmds = [l for l in capsys.readouterr().out.splitlines() if l.startswith("[")]

@@ -4,7 +4,6 @@ memory logic): it reaches its layout count, evicts, and loses nothing."""
 from __future__ import annotations
 
 import argparse
-import importlib.util
 from pathlib import Path
 
 import torch
@@ -14,10 +13,8 @@ from strata.model.loader import load_checkpoint
 
 
 def test_soak_reaches_its_layouts_with_no_crash_no_failure_and_flat_memory():
-    spec = importlib.util.spec_from_file_location(
-        "soak_graphs", Path(__file__).resolve().parent.parent / "scripts" / "soak_graphs.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
+    from strata.tools import soak_graphs as mod
+
     device = torch.device("cpu")
     loaded = load_checkpoint(EMBEDDED_MODEL_DIR, "float32", device, log=lambda s: None)
     a = argparse.Namespace(slots=12, window_rows=8, limit=8, max_context=512, compile="off",

@@ -15,10 +15,8 @@ SCRIPT = ROOT / "scripts" / "sweep_report.py"
 
 
 def _load():
-    spec = importlib.util.spec_from_file_location("sweep_report", SCRIPT)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    from strata.tools import sweep_report
+    return sweep_report
 
 
 def _run_dir(root: Path, num: int, overrides: list[str], metrics) -> None:

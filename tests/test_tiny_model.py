@@ -123,11 +123,7 @@ def test_greedy_continuation_looks_like_python(lm):
 
 @torch.no_grad()
 def test_speculative_decoding_equals_greedy_and_accepts_drafts(lm):
-    sys.path.insert(0, str(ROOT / "scripts"))
-    try:
-        import eval_acceptance as ev
-    finally:
-        sys.path.remove(str(ROOT / "scripts"))
+    from strata.tools import eval_acceptance as ev
     prompts = [lm.tokenizer.encode(p) for p in ev.PROMPTS[:4]]
     plain = ev.speculative_generate(lm.model, prompts, 32, spec=1, eos=0)
     for spec in (2, 3):
