@@ -15,22 +15,23 @@ from typing import Any, Callable, Optional
 
 import torch
 
-from strata.config import (ConfigError, engine_knobs, batch_mtp_from_env, check_known_keys,
+from strata.config import (ConfigError, batch_mtp_from_env, check_known_keys, engine_knobs,
                            plain_engine_config, validate_engine)
 from strata.engine.arrivals import Arrivals
 from strata.engine.compiling import compiled_functions
-from strata.engine.graph_cache import GraphCache
 from strata.engine.device import MIB, device_free_used_mib, resolve_device
+from strata.engine.graph_cache import GraphCache
 from strata.engine.memory import plan_engine_memory
 from strata.engine.model_runner import ModelRunner
 from strata.engine.postprocess import emit_tokens, output_of
 from strata.engine.request import Request, RequestError, RequestOutput
-from strata.engine.scheduler import Plan, PlanKind, Scheduler
+from strata.engine.scheduler import Plan, Scheduler
 from strata.engine.slots import RequestState, Slot
 from strata.engine.verifier import SlotBuffers, Verifier
 from strata.engine.warmup import plan_warmup
 from strata.engine.window import window_shape
 from strata.kernels import ops
+from strata.kinds import FinishReason, PlanKind
 from strata.metrics import engine_request_times, request_timings
 from strata.model.loader import LoadedModel, load_checkpoint
 from strata.model.state import DecodeState
@@ -200,7 +201,7 @@ class Engine:
             for slot in touched:
                 if slot.req is not None and not slot.req.finished:
                     slot.req.error = msg
-                    self._finish(slot.req, "error", outs)
+                    self._finish(slot.req, FinishReason.ERROR, outs)
         if self.cache is not None and self.cfg.vram_every and self.steps % self.cfg.vram_every == 0:
             self._vram()
         self.steps += 1
@@ -213,7 +214,7 @@ class Engine:
         for rs in self._cancels:
             if not rs.finished:
                 cancelled_early |= rs.t_arrive is None
-                self._finish(rs, "cancel", outs)
+                self._finish(rs, FinishReason.CANCEL, outs)
         self._cancels.clear()
         if cancelled_early:
             self.arrivals.drop_finished()
