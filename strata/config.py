@@ -28,6 +28,15 @@ class ModelConfig:
     #: launches, and the same arithmetic for every window shape); larger ones gather the routed
     #: experts whenever rows x top-k is below the expert count.
     moe_dense_experts: int = 16
+    #: auto: the safetensors weights (a directory without them is an error that says to pass
+    #: dummy); safetensors: the same; dummy: seeded random weights built on the device from
+    #: config.json alone (benchmarks at real shapes without a checkpoint).
+    load_format: str = "auto"
+    #: load_format=dummy: the seed of the random weights (the same seed, the same weights).
+    dummy_seed: int = 0
+    #: load_format=dummy: run only the first N decoder layers (null = the config's
+    #: num_hidden_layers), e.g. a bfloat16 80B model at the depth that fits.
+    num_layers: Optional[int] = None
 
 
 @dataclass

@@ -89,7 +89,10 @@ class Engine:
         if cfg.model.moe_dense_experts < 0:
             raise ConfigError(f"model.moe_dense_experts: must be >= 0, got {cfg.model.moe_dense_experts}")
         loaded = load_checkpoint(cfg.model.path, cfg.model.dtype, device, log=log,
-                                 moe_dense_experts=int(cfg.model.moe_dense_experts))
+                                 moe_dense_experts=int(cfg.model.moe_dense_experts),
+                                 load_format=cfg.model.load_format,
+                                 dummy_seed=int(cfg.model.dummy_seed),
+                                 num_layers=cfg.model.num_layers)
         return cls(loaded, cfg.engine, device, log=log, trace_path=trace_path)
 
     def __init__(self, loaded: LoadedModel, ecfg: Any, device: torch.device,
