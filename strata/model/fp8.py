@@ -149,7 +149,11 @@ def fuse_projections(mods: list[nn.Module]):
 
 
 def _cat_views(mods: list[nn.Module], name: str) -> torch.Tensor:
-    fused = torch.cat([getattr(m, name).detach() for m in mods], dim=0).contiguous()
+    parts = [getattr(m, name).detach() for m in mods]
+    if parts[0].dtype == FP8_DTYPE:  # concatenated as bytes: not every torch build cats float8
+        fused = torch.cat([p.view(torch.uint8) for p in parts], dim=0).view(FP8_DTYPE)
+    else:
+        fused = torch.cat(parts, dim=0).contiguous()
     start = 0
     for m in mods:
         n = getattr(m, name).shape[0]
