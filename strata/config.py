@@ -25,8 +25,9 @@ class ModelConfig:
     #: auto (the checkpoint's torch_dtype, float32 on CPU), float32, bfloat16 or float16.
     dtype: str = "auto"
     #: MoE blocks with at most this many experts always run dense as two fused matmuls (fewer
-    #: launches, and the same arithmetic for every window shape); larger ones gather the routed
-    #: experts whenever rows x top-k is below the expert count.
+    #: launches, and the same arithmetic for every window shape); larger ones (and FP8 ones) run
+    #: the routed experts grouped by expert (ops.moe_experts) whenever rows x top-k is below the
+    #: expert count, with the shared expert folded into the same call where it has their shape.
     moe_dense_experts: int = 16
     #: auto: the safetensors weights (a directory without them is an error that says to pass
     #: dummy); safetensors: the same; dummy: seeded random weights built on the device from

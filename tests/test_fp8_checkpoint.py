@@ -253,3 +253,28 @@ def test_routed_experts_use_the_grouped_op_and_agree_with_dense(tiny_ckpts, monk
     moe.dense_experts = 16  # every row count on the fused dense path
     want = moe(x)
     assert rel_err(got, want) <= 1e-5
+
+
+@pytest.mark.parametrize("fp8", [False, True])
+@torch.no_grad()
+def test_shared_expert_folds_into_the_grouped_call(fp8, tmp_path, monkeypatch):
+    """Where the shared expert has the routed experts' shape it runs as expert E of the same
+    ops.moe_experts call, weighted by sigmoid(shared gate) on every row; router and shared gate
+    are one matmul. Same logits as the unfused model."""
+    from strata.model.tiny import make_tiny_random
+    src = make_tiny_random(tmp_path / "f", seed=3, tokenizer=False, shared_expert_intermediate_size=32)
+    path = quantize_checkpoint(src, tmp_path / "q", (16, 16), log=lambda _m: None) if fp8 else src
+    mode = dict(fp8="keep") if fp8 else {}
+    folded = load_checkpoint(path, dtype="float32", moe_dense_experts=0, **mode, **QUIET)
+    plain = load_checkpoint(path, dtype="float32", fuse=False, **mode, **QUIET)
+    moe = folded.model.layers[0].mlp
+    assert moe.experts.shared_id == 8 and moe.w_router is not None
+    assert moe.shared_expert.up_proj.weight.data_ptr() == moe.experts.stacks[0][8, 32:].data_ptr()
+    ids = []
+    real = ops.moe_experts
+    monkeypatch.setattr(ops, "moe_experts", lambda *a, **k: ids.append(a[4]) or real(*a, **k))
+    toks = _tokens(folded.args.vocab_size, (1, 3), seed=1)  # 3 rows x top-2 < 8 experts: grouped
+    got = folded.model.logits(folded.model.forward_train(toks))
+    assert ids and all(i.shape[1] == 3 and torch.all(i[:, -1] == 8) for i in ids)
+    want = plain.model.logits(plain.model.forward_train(toks))
+    assert rel_err(got, want) <= 1e-5

@@ -107,6 +107,8 @@ class Experts(nn.Module):
         self.gu_scale: Optional[nn.Parameter] = None
         self.down_scale: Optional[nn.Parameter] = None
         self.block: Optional[tuple[int, int]] = None
+        self.shared_id: Optional[int] = None  # set by fold_shared()
+        self.stacks: tuple = ()
 
     def to_fp8(self, block: tuple[int, int]) -> None:
         """FP8 weights with block scales (layouts of strata/kernels/reference.py), on the
@@ -124,11 +126,35 @@ class Experts(nn.Module):
         self.down_scale = nn.Parameter(torch.empty(n, -(-hidden // bo), -(-self.inter // bi),
                                                    device=dev), requires_grad=False)
 
-    def forward(self, x: torch.Tensor, weights: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
-        """x (N, H); weights (N, k) float32, index (N, k). Static shapes: no data-dependent
+    def fold_shared(self, shared: nn.Module) -> bool:
+        """Make the shared expert (an MLP of the experts' shape and format) expert E of stacks
+        (E+1, 2I, H) and (E+1, H, I), so that one ops.moe_experts call runs it with the routed
+        ones (fewer launches per MoE block). The routed and shared parameters become views of
+        the stacks. Returns False (nothing changed) when the shapes or formats differ."""
+        g, u, d = shared.gate_proj, shared.up_proj, shared.down_proj
+        fp8 = self.gu_scale is not None
+        if (g.weight.shape[0] != self.inter or g.weight.dtype != self.w_gate_up.dtype
+                or any(isinstance(m, nn.Linear) == fp8 for m in (g, u, d))
+                or (fp8 and any(m.block != self.block for m in (g, u, d)))):
+            return False
+        n = self.w_gate_up.shape[0]
+        gu = _stack_views(self, "w_gate_up", [g, u], "weight")
+        dn = _stack_views(self, "w_down", [d], "weight")
+        self.stacks = (gu, dn, None, None)
+        if fp8:
+            self.stacks = (gu, dn, _stack_views(self, "gu_scale", [g, u], "weight_scale_inv"),
+                           _stack_views(self, "down_scale", [d], "weight_scale_inv"))
+        self.shared_id = n
+        return True
+
+    def forward(self, x: torch.Tensor, weights: torch.Tensor, index: torch.Tensor,
+                shared_weight: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """x (N, H); weights (N, k) float32, index (N, k); shared_weight (N, 1): the folded
+        shared expert's gate (only after fold_shared). Static shapes: no data-dependent
         control flow."""
         n_exp = self.w_gate_up.shape[0]
         if self.gu_scale is None and index.shape[0] * index.shape[1] >= n_exp:
+            assert shared_weight is None, "the dense path runs the shared expert apart"
             # Dense over every expert with a routing matrix that is zero off the top-k: reads
             # each expert once and runs as plain matmuls, cheaper than grouping at this many rows.
             route = torch.zeros(x.shape[0], n_exp, dtype=weights.dtype, device=x.device)
@@ -137,12 +163,35 @@ class Experts(nn.Module):
             gate, up = gu.split(self.inter, dim=-1)
             out = torch.einsum("eni,ehi->enh", F.silu(gate) * up, self.w_down)
             return torch.einsum("enh,ne->nh", out, route.to(out.dtype))
+        wgu, wd, gus, ds = self.w_gate_up, self.w_down, self.gu_scale, self.down_scale
+        if shared_weight is not None:
+            wgu, wd, gus, ds = self.stacks
+            index = torch.cat([index, torch.full_like(index[:, :1], self.shared_id)], dim=1)
+            weights = torch.cat([weights, shared_weight.float()], dim=1)
         # Grouped by expert: each distinct expert's weights are read once for all its rows.
-        outs = [ops.moe_experts(x[s:s + self.MAX_ROWS], self.w_gate_up, self.w_down,
-                                weights[s:s + self.MAX_ROWS], index[s:s + self.MAX_ROWS],
-                                self.gu_scale, self.down_scale, self.block)
+        outs = [ops.moe_experts(x[s:s + self.MAX_ROWS], wgu, wd, weights[s:s + self.MAX_ROWS],
+                                index[s:s + self.MAX_ROWS], gus, ds, self.block)
                 for s in range(0, x.shape[0], self.MAX_ROWS)]
         return outs[0] if len(outs) == 1 else torch.cat(outs)
+
+
+def _stack_views(experts: nn.Module, name: str, shared: list[nn.Module], attr: str) -> torch.Tensor:
+    """(E+1, ...) stack of the experts' parameter `name` and the shared expert's parts (their
+    `attr`s concatenated by rows); both become views of it."""
+    routed = getattr(experts, name).detach()
+    extra = torch.cat([getattr(m, attr).detach() for m in shared], dim=0)[None]
+    if routed.dtype == FP8_DTYPE:  # concatenated as bytes: not every torch build cats float8
+        stack = torch.cat([routed.view(torch.uint8), extra.view(torch.uint8)]).view(FP8_DTYPE)
+    else:
+        stack = torch.cat([routed, extra])
+    n = routed.shape[0]
+    setattr(experts, name, nn.Parameter(stack[:n], requires_grad=False))
+    row = 0
+    for m in shared:
+        rows = getattr(m, attr).shape[0]
+        setattr(m, attr, nn.Parameter(stack[n, row:row + rows], requires_grad=False))
+        row += rows
+    return stack
 
 
 def topk_by_argmax(x: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -174,6 +223,7 @@ class SparseMoe(nn.Module):
         self.w_in: Optional[torch.Tensor] = None  # fused by fuse_for_inference()
         self.w_out: Optional[torch.Tensor] = None
         self.dense_experts = 0  # set by fuse_for_inference()
+        self.w_router: Optional[torch.Tensor] = None  # [router | shared gate], fused
 
     def _route(self, logits: torch.Tensor):
         probs = torch.softmax(logits.float(), dim=-1)
@@ -188,9 +238,16 @@ class SparseMoe(nn.Module):
         n_exp = self.experts.w_gate_up.shape[0]
         if self.w_in is not None and (n_exp <= self.dense_experts or x.shape[0] * self.top_k >= n_exp):
             return self._forward_fused(x).reshape(shape)
-        weights, index = self._route(self.gate(x))
-        out = self.experts(x, weights.float(), index)
-        out = out + torch.sigmoid(self.shared_expert_gate(x)) * self.shared_expert(x)
+        if self.w_router is not None:
+            logits, sgate = F.linear(x, self.w_router).split([n_exp, 1], dim=-1)
+        else:
+            logits, sgate = self.gate(x), self.shared_expert_gate(x)
+        weights, index = self._route(logits)
+        dense = self.experts.gu_scale is None and x.shape[0] * self.top_k >= n_exp
+        if self.experts.shared_id is not None and not dense:
+            out = self.experts(x, weights, index, shared_weight=torch.sigmoid(sgate.float()))
+        else:
+            out = self.experts(x, weights, index) + torch.sigmoid(sgate) * self.shared_expert(x)
         return out.reshape(shape)
 
     def _forward_fused(self, x: torch.Tensor) -> torch.Tensor:
@@ -214,8 +271,15 @@ class SparseMoe(nn.Module):
         e = self.experts
         se = self.shared_expert
         parts = (self.gate, self.shared_expert_gate, se.gate_proj, se.up_proj, se.down_proj)
-        if e.gu_scale is not None or any(not isinstance(m, nn.Linear) for m in parts):
-            return  # FP8 blocks run routed experts through ops.moe_experts at every row count
+        if (e.w_gate_up.shape[0] > dense_experts or e.gu_scale is not None
+                or any(not isinstance(m, nn.Linear) for m in parts)):
+            # Many experts (or FP8): routed experts through ops.moe_experts, with the shared
+            # expert folded in where it has their shape, and one matmul for both gates.
+            if all(isinstance(m, nn.Linear) for m in (self.gate, self.shared_expert_gate)):
+                fused = fuse_projections([self.gate, self.shared_expert_gate])
+                self.w_router = fused[0]
+            e.fold_shared(se)
+            return
         n_exp, two_i, hidden = e.w_gate_up.shape
         inter = two_i // 2
         shared = se.up_proj.weight.shape[0]
