@@ -246,7 +246,9 @@ def load_checkpoint(path: str | Path, dtype: str = "auto", device: str | torch.d
         init_dummy(model, dummy_seed)
         log(f"INFO: dummy weights (seed {dummy_seed}) for {path.name}"
             + (f", first {args.num_hidden_layers} layers" if num_layers is not None else "")
-            + (", FP8 block-scaled" if keep_fp8 else ""))
+            + (", FP8 block-scaled" if keep_fp8 else
+               f", {str(tdtype).replace('torch.', '')} (the config is FP8; this device runs it "
+               f"dequantised)" if quant is not None else ""))
     else:
         _load_tensors(model, entries, fp8_keys, keep_fp8, quant, tdtype, keymap, args, path)
     with torch.no_grad():
