@@ -278,3 +278,26 @@ def test_shared_expert_folds_into_the_grouped_call(fp8, tmp_path, monkeypatch):
     assert ids and all(i.shape[1] == 3 and torch.all(i[:, -1] == 8) for i in ids)
     want = plain.model.logits(plain.model.forward_train(toks))
     assert rel_err(got, want) <= 1e-5
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("name", list(BLOCKS))
+@torch.no_grad()
+def test_fp8_on_cuda_keeps_fp8_and_matches_the_dequantised_model(name, fp8_ckpts):
+    """On a GPU with FP8 the weights stay FP8 (the kernels dequantise); logits agree with the
+    exactly dequantised model on the same device. Run with each kernel backend."""
+    from strata.model.fp8 import fp8_supported
+    dev = torch.device("cuda")
+    for backend in ("torch", "auto"):
+        ops.set_backend(backend, dev)
+        try:
+            kept = load_checkpoint(fp8_ckpts[name], dtype="float32", device=dev, **QUIET)
+            plain = load_checkpoint(fp8_ckpts[name], dtype="float32", device=dev, fp8="dequant", **QUIET)
+            assert kept.fp8 == fp8_supported(dev)
+            toks = _tokens(kept.args.vocab_size, (2, 40), seed=7).to(dev)
+            got = kept.model.logits(kept.model.forward_train(toks))
+            want = plain.model.logits(plain.model.forward_train(toks))
+            assert rel_err(got, want) <= 1e-3, backend
+        finally:
+            ops.set_backend("torch", "cpu")
