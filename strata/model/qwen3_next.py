@@ -179,11 +179,13 @@ def _stack_views(experts: nn.Module, name: str, shared: list[nn.Module], attr: s
     """(E+1, ...) stack of the experts' parameter `name` and the shared expert's parts (their
     `attr`s concatenated by rows); both become views of it."""
     routed = getattr(experts, name).detach()
-    extra = torch.cat([getattr(m, attr).detach() for m in shared], dim=0)[None]
-    if routed.dtype == FP8_DTYPE:  # concatenated as bytes: not every torch build cats float8
-        stack = torch.cat([routed.view(torch.uint8), extra.view(torch.uint8)]).view(FP8_DTYPE)
-    else:
-        stack = torch.cat([routed, extra])
+    parts = [getattr(m, attr).detach() for m in shared]
+    as_bytes = routed.dtype == FP8_DTYPE  # concatenated as bytes: not every torch build cats float8
+    if as_bytes:
+        routed, parts = routed.view(torch.uint8), [p.view(torch.uint8) for p in parts]
+    stack = torch.cat([routed, torch.cat(parts, dim=0)[None]])
+    if as_bytes:
+        stack = stack.view(FP8_DTYPE)
     n = routed.shape[0]
     setattr(experts, name, nn.Parameter(stack[:n], requires_grad=False))
     row = 0
