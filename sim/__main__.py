@@ -33,6 +33,9 @@ def main(cfg: DictConfig) -> None:
             for key in ("profile", "compare_with"):
                 if cfg[key]:
                     cfg[key] = to_absolute_path(cfg[key])
+            if cfg.acceptance.from_trace:
+                cfg.acceptance.from_trace = to_absolute_path(cfg.acceptance.from_trace)
+            cfg.spread.profiles = [to_absolute_path(p) for p in cfg.spread.profiles]
             rc = main_predict(cfg, HydraConfig.get().runtime.output_dir)
     except (SimConfigError, ProfileError, SimulationError) as e:
         print(f"error: {e}", file=sys.stderr)
