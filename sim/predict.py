@@ -62,7 +62,12 @@ def acceptance_inputs(cfg: SimConfig, profile: CostProfile) -> tuple[Any, Option
     the profile's fit."""
     a = cfg.acceptance
     if a.from_trace:
-        return replace(a, from_profile=True), fit_from_trace(a.from_trace, a.from_trace_requests)
+        fit = fit_from_trace(a.from_trace, a.from_trace_requests)
+        if a.model == "chain" and not fit.get("chain"):
+            raise SimConfigError(
+                f"acceptance.from_trace: {a.from_trace}: no chain fit (its windows judged no "
+                "grouped drafts, e.g. one request at a time); use acceptance=position or fixed")
+        return replace(a, from_profile=True), fit
     return a, profile.acceptance
 
 
