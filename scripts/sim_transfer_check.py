@@ -16,6 +16,11 @@
     python scripts/sim_transfer_check.py --device cuda --out OUT      # ~5-8 min on a bare H200
     python scripts/sim_transfer_check.py --device cpu --model DIR --shipped cpu_tiny \\
         --max-tokens 16 --repeats 1 --grid tiny --max-context 256 --out OUT   # a smoke run
+
+Acceptance alone, on the held-out runs of a `scripts/sim_gpu_check.py` output (no device): each
+run's model fitted from its first 8 requests, its other requests predicted, per model:
+
+    python scripts/sim_transfer_check.py --acceptance-eval SIMCHK_DIR [--models chain,position]
 """
 
 from __future__ import annotations
@@ -125,6 +130,60 @@ def write_table(out: Path, rows: list[dict], presets: list[tuple[str, str]], arg
         encoding="utf-8")
 
 
+def acceptance_eval(root: Path, models: list[str], k: int = ACCEPTANCE_REQUESTS) -> int:
+    """For every held-out run under ROOT/heldout/CELL/repR: fit each model from the run's
+    first k requests (acceptance.from_trace_requests), simulate the rest of its workload (the
+    same closed loop) and compare with the engine's acceptance over those requests. The
+    baseline is the first k requests' own measured rate: what any fit of them starts from."""
+    from sim.config import SimConfigError
+    from sim.replay import load_trace
+    from sim.trace_acceptance import admitted_requests
+
+    errs: dict[str, list[float]] = {m: [] for m in models + ["baseline"]}
+    print(f"| run | engine (rest) | baseline (first {k}) | " + " | ".join(models) + " |")
+    print("|---|---|---|" + "---|" * len(models))
+    for trace in sorted(root.glob("heldout/*/rep*/trace.jsonl")):
+        cell = trace.parent.parent.name  # h_n{N}_p{P}_o{O}
+        n, p, o = (int(x[1:]) for x in cell.split("_")[1:])
+        events, _ = load_trace(trace)
+        order = admitted_requests(events)
+        commits = [e for e in events if e["ev"] == "commit"]
+
+        def rate(reqs: set) -> float:
+            cs = [c for c in commits if c["req"] in reqs]
+            return sum(c["accepted"] for c in cs) / max(1, sum(c["drafted"] for c in cs))
+
+        rest = set(order[k:])
+        engine, first = rate(rest), rate(set(order[:k]))
+        errs["baseline"].append(first - engine)
+        cells = []
+        for m in models:
+            over = ["workload=stagger", f"workload.requests={len(rest)}",
+                    f"workload.concurrency={n}", f"workload.prompt_tokens={p}",
+                    f"workload.max_tokens={o}", "engine.slots=8", "engine.max_context=1024",
+                    f"acceptance={m}", f"acceptance.from_trace={trace.resolve()}",
+                    f"acceptance.from_trace_requests={k}", "spread.enabled=false",
+                    "print_outputs=false"]
+            try:
+                sim = predict("h200_tiny_bf16", over)["acceptance"]
+            except SimConfigError:  # e.g. no chain fit from lone windows
+                cells.append("-")
+                continue
+            errs[m].append(sim - engine)
+            cells.append(f"{sim - engine:+.3f}")
+        print(f"| {cell}/{trace.parent.name} | {engine:.3f} | {first - engine:+.3f} | "
+              + " | ".join(cells) + " |", flush=True)
+    print()
+    print("| model | runs | mean error | mean abs error | max abs error | within 0.03 |")
+    print("|---|---|---|---|---|---|")
+    for m, e in errs.items():
+        if e:
+            print(f"| {m} | {len(e)} | {statistics.mean(e):+.3f} | "
+                  f"{statistics.mean(abs(x) for x in e):.3f} | {max(abs(x) for x in e):.3f} | "
+                  f"{sum(abs(x) <= 0.03 for x in e)}/{len(e)} |")
+    return 0
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--device", default="cuda")
@@ -142,7 +201,13 @@ def main() -> int:
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     ap.add_argument("--acceptance", default="chain", choices=("chain", "position", "markov", "fixed"),
                     help="the acceptance model fitted from the short run's trace")
+    ap.add_argument("--acceptance-eval", metavar="SIMCHK_DIR",
+                    help="only the acceptance transfer on a sim_gpu_check output (no device)")
+    ap.add_argument("--models", default="chain,position,fixed",
+                    help="--acceptance-eval: the acceptance models compared")
     args = ap.parse_args()
+    if args.acceptance_eval:
+        return acceptance_eval(Path(args.acceptance_eval), args.models.split(","))
 
     import torch
 
