@@ -158,12 +158,14 @@ def acceptance_eval(root: Path, models: list[str], k: int = ACCEPTANCE_REQUESTS)
         errs["baseline"].append(first - engine)
         cells = []
         for m in models:
+            model, _, flag = m.partition(":")  # chain:nospread = without per-request spread
             over = ["workload=stagger", f"workload.requests={len(rest)}",
                     f"workload.concurrency={n}", f"workload.prompt_tokens={p}",
                     f"workload.max_tokens={o}", "engine.slots=8", "engine.max_context=1024",
-                    f"acceptance={m}", f"acceptance.from_trace={trace.resolve()}",
+                    f"acceptance={model}", f"acceptance.from_trace={trace.resolve()}",
                     f"acceptance.from_trace_requests={k}", "spread.enabled=false",
-                    "print_outputs=false"]
+                    "print_outputs=false"] + (["acceptance.request_spread=false"]
+                                              if flag == "nospread" else [])
             try:
                 sim = predict("h200_tiny_bf16", over)["acceptance"]
             except SimConfigError:  # e.g. no chain fit from lone windows
@@ -204,7 +206,8 @@ def main() -> int:
     ap.add_argument("--acceptance-eval", metavar="SIMCHK_DIR",
                     help="only the acceptance transfer on a sim_gpu_check output (no device)")
     ap.add_argument("--models", default="chain,position,fixed",
-                    help="--acceptance-eval: the acceptance models compared")
+                    help="--acceptance-eval: the acceptance models compared (chain:nospread = "
+                         "chain without its per-request spread)")
     args = ap.parse_args()
     if args.acceptance_eval:
         return acceptance_eval(Path(args.acceptance_eval), args.models.split(","))

@@ -188,6 +188,10 @@ def test_acceptance_learned_from_8_requests_transfers_to_the_rest(tmp_path):
                               "acceptance.from_trace_requests=8", "workload.requests=32",
                               "seed=2")).metrics
     assert abs(pred["acceptance"] - measured) < 0.03
+    # the chain's per-request spread needs more than 8 requests: left out of such a fit
+    few, every = fit_from_trace(trace, 8), fit_from_trace(trace)
+    assert few["chain"]["spread"] == 0.0 and "spread_left_out" in few["chain"]
+    assert "spread_left_out" not in every["chain"]
 
 
 # --- unmeasured window shapes ----------------------------------------------------------------
