@@ -89,8 +89,9 @@ def test_cpu_calibration_predicts_another_workload_within_its_range(tiny_ckpt, t
     """Calibrate on the CPU (tiny grid), then run the engine on a workload the grid never ran
     (3 clients in a closed loop, 30-token prompts, 20 output tokens, 3 slots): the prediction
     from the calibrated preset, with the acceptance of that run's own trace, holds the engine's
-    aggregate tok/s within its range. The range is the calibration runs' own spread plus the
-    stated +-50% of a CPU shared with other jobs (the cpu_tiny preset's machine term)."""
+    aggregate tok/s within its range. The range is the calibration runs' own spread plus a
+    stated machine term of 0.9 (speeds x1.9 apart): on the busy 2-core host these tests ran on,
+    this test took 23 s in one run and 60 s in the next, a few minutes later."""
     from sim.engine_runs import EngineRunner, RunSpec
 
     runner = EngineRunner("cpu", model_dir=str(tiny_ckpt))
@@ -109,7 +110,7 @@ def test_cpu_calibration_predicts_another_workload_within_its_range(tiny_ckpt, t
                         "workload.concurrency=3", "workload.prompt_tokens=30",
                         "workload.max_tokens=20", "engine.slots=3", "acceptance=fixed",
                         f"acceptance.from_trace={tmp_path / 'other' / 'trace.jsonl'}",
-                        "spread.machine=0.5")
+                        "spread.machine=0.9")
     m = run_predict(cfg).metrics
     lo, hi = m["range"]["aggregate_tps"]
     assert m["output_tokens"] == engine["output_tokens"] == 6 * 20
