@@ -174,22 +174,16 @@ def measure(args) -> None:
 
 
 def memory_overrides(events: list[dict]) -> list[str]:
-    """The simulator's memory facts from the engine's trace: the device, weights and slot sizes
-    the engine recorded, and the graph size it measured (the mean of its captures; a CPU
-    engine's fixed size; else its estimate). Without them the simulator would plan graphs
-    into the default 24 GB card's budget and evict where the engine never did."""
-    from sim.replay import measured_capture_mib
+    """The simulator's memory facts from the engine's trace (sim.calibrate.memory_facts: the
+    device, weights and slot sizes the engine recorded, and the graph size it measured).
+    Without them the simulator would plan graphs into the default 24 GB card's budget and
+    evict where the engine never did."""
+    from sim.calibrate import memory_facts
 
-    cfg = events[0]
-    mem, eng = cfg["memory"], cfg["engine"]
-    sizes = measured_capture_mib(events)
-    graph = (sum(sizes) / len(sizes) if sizes else
-             float(mem["graph_mib"]) if mem.get("graph_mib") is not None else
-             float(eng["graph_mib_estimate"]))
-    return [f"memory.total_mib={float(mem['total_mib'])}",
-            f"memory.weights_mib={float(mem['weights_mib'])}",
-            f"memory.slot_mib={float(mem['slot_mib'])}", f"memory.graph_mib={graph}",
-            "memory.graph_mib_jitter=0", f"engine.vram_reserve_mib={int(eng['vram_reserve_mib'])}"]
+    facts = memory_facts(events)
+    eng = events[0]["engine"]
+    return [f"memory.{k}={float(v)}" for k, v in facts.items()] + [
+        "memory.graph_mib_jitter=0", f"engine.vram_reserve_mib={int(eng['vram_reserve_mib'])}"]
 
 
 def predict(args) -> None:
