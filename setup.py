@@ -145,7 +145,8 @@ class BuildExt(build_ext):
         os.makedirs(objdir, exist_ok=True)
         obj = os.path.join(objdir, "strata_kernels.o")
         deps = [src] + [os.path.join(SRC, f) for f in
-                        ("strata_common.h", "strata_kernels.h", "hip_compat.h")]
+                        ("strata_common.h", "strata_kernels.h", "hip_compat.h",
+                                  "strata_moe.cuh")]
         fresh = os.path.exists(obj) and all(os.path.getmtime(obj) >= os.path.getmtime(d)
                                             for d in deps) and not self.force
         if kind == "cuda":
@@ -197,7 +198,8 @@ def _extensions():
             language="c++",
             extra_compile_args=cflags + omp,
             extra_link_args=omp,
-            depends=[f"{SRC}/strata_cpu.h", f"{SRC}/strata_common.h", "cyext/_checks.pxi"],
+            depends=[f"{SRC}/strata_cpu.h", f"{SRC}/strata_common.h", f"{SRC}/strata_cpu_moe.inc",
+                     "cyext/_checks.pxi"],
         )
     ]
     want_gpu = _env_flag("STRATA_CUDA")

@@ -18,6 +18,7 @@
 //                            group); the state slice lives in registers; one snapshot per row.
 //   conv_kernel              depthwise causal conv + SiLU over a group's rows, with snapshots.
 //   commit_kernel            copies each group's accepted snapshot into its slot, advances pos.
+//   moe_* / linear_skinny_*  routed experts and the skinny FP8/bf16 linear: strata_moe.cuh.
 
 #include "hip_compat.h"
 #include "strata_common.h"
@@ -1274,3 +1275,5 @@ int strata_gpu_commit(const int64_t* accept, const int64_t* group_slot, const in
 }
 
 }  // extern "C"
+
+#include "strata_moe.cuh"  // routed experts and the skinny linear (same translation unit)
