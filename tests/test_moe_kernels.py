@@ -42,19 +42,19 @@ def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
 
 def experts(E, H, I, wdtype, block=(32, 32), seed=0, device="cpu"):
     """(w_gate_up, w_down, gu_scale, down_scale) in wdtype; FP8 with random block scales."""
-    gen = torch.Generator().manual_seed(seed)
-    wgu = torch.randn(E, 2 * I, H, generator=gen) / math.sqrt(H)
-    wd = torch.randn(E, H, I, generator=gen) / math.sqrt(I)
+    gen = torch.Generator(device=device).manual_seed(seed)
+    wgu = torch.randn(E, 2 * I, H, generator=gen, device=device) / math.sqrt(H)
+    wd = torch.randn(E, H, I, generator=gen, device=device) / math.sqrt(I)
     if wdtype is not FP8:
-        return wgu.to(device, wdtype), wd.to(device, wdtype), None, None
+        return wgu.to(wdtype), wd.to(wdtype), None, None
     bo, bi = block
     nbg = -(-I // bo)
-    gs = torch.rand(E, 2 * nbg, -(-H // bi), generator=gen) * 0.02 + 0.005
-    ds = torch.rand(E, -(-H // bo), -(-I // bi), generator=gen) * 0.02 + 0.005
+    gs = torch.rand(E, 2 * nbg, -(-H // bi), generator=gen, device=device) * 0.02 + 0.005
+    ds = torch.rand(E, -(-H // bo), -(-I // bi), generator=gen, device=device) * 0.02 + 0.005
     # quantise so that dequant(w) ~ the float weights (values up to ~2 in FP8 units x scale)
     wq = (wgu * 50).clamp(-440, 440).to(FP8)
     dq = (wd * 50).clamp(-440, 440).to(FP8)
-    return wq.to(device), dq.to(device), gs.to(device), ds.to(device)
+    return wq, dq, gs, ds
 
 
 def routing(N, k, E, seed=0, hot=None, tie=False, device="cpu"):

@@ -64,7 +64,7 @@ int strata_gpu_commit(const int64_t* accept, const int64_t* group_slot, const in
                       int state_dtype, const int64_t* conv_strides, int64_t nslots,
                       int64_t* slot_pos, int device, uintptr_t stream);
 
-// Routed experts at decode sizes (see strata_moe.cuh): x (n, H) in x_dtype, contiguous;
+// Routed experts at decode sizes (see strata_moe.cu): x (n, H) in x_dtype, contiguous;
 // w_gate_up (E, 2I, H) and w_down (E, H, I) contiguous in w_dtype (F32/BF16/F16, or
 // STRATA_DTYPE_FP8 with gu_scale (E, 2*ceil(I/bo), ceil(H/bi)) and down_scale
 // (E, ceil(H/bo), ceil(I/bi)) float32, bi % 16 == 0); topk_weight (n, k) float32, topk_ids (n, k)

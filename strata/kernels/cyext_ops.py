@@ -375,7 +375,7 @@ def gpu_commit_accepted(accept, group_slot, group_pos, rec_snaps, conv_snaps, re
                          _stream(rec_state))
 
 
-#: Shapes the GPU routed-expert kernel takes (cyext/src/strata_moe.cuh); others use the reference.
+#: Shapes the GPU routed-expert kernel takes (cyext/src/strata_moe.cu); others use the reference.
 MOE_MAX_ROWS = 32
 MOE_MAX_PAIRS = 512
 MOE_MAX_ROW_BYTES = 8192

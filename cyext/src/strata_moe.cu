@@ -1,5 +1,5 @@
-// strata cyext: routed experts (MoE) at decode sizes and the skinny FP8 / bf16 linear. Included
-// once by strata_kernels.cu (it shares that file's host helpers); builds with nvcc and hipcc.
+// strata cyext: routed experts (MoE) at decode sizes and the skinny FP8 / bf16 linear. Its own
+// translation unit (compiled beside strata_kernels.cu); builds with nvcc and hipcc.
 // Semantics: strata/kernels/reference.py (moe_experts, linear_fp8). Host API: strata_kernels.h.
 //
 // moe_experts: two launches per call, grids fixed by (N, k, E, I, H), so it can be captured.
@@ -25,7 +25,29 @@
 // each weight chunk is loaded and decoded once and applied to all M rows (fp32 accumulators in
 // registers), then one butterfly per (feature, row).
 
+#include "hip_compat.h"
+#include "strata_common.h"
+#include "strata_gpu_internal.h"
+#include "strata_kernels.h"
+
+#include <math.h>
+#include <stdint.h>
+
+using namespace strata;
+
 namespace {
+
+int take_launch_error(const char* name) {
+  cudaError_t e = cudaGetLastError();
+  if (e != cudaSuccess) {
+    gpu_set_last_kernel(name);
+    return (int)e;
+  }
+  return 0;
+}
+
+inline unsigned ceil_div_u(int64_t a, int64_t b) { return (unsigned)((a + b - 1) / b); }
+inline bool aligned16(const void* p) { return ((uintptr_t)p & 15u) == 0; }
 
 constexpr int MOE_MAX_PAIRS = 512;  // N * k; two pairs per thread in the block scans
 constexpr int MOE_MAX_ROWS = 32;
@@ -237,6 +259,35 @@ __global__ void __launch_bounds__(MOE_THREADS) moe_gate_up_kernel(MoeParams p) {
     if (blockIdx.x == 0 && tid == 0) p.counts[s] = 0;
     return;
   }
+  // this warp's gate and up rows: the loads are in flight while the members are gathered
+  const int lane = tid & 31, warp = tid >> 5;
+  const int i = blockIdx.x * MOE_TILE + warp;
+  const bool live = i < p.I;
+  const int nch = p.H / C::EPC;
+  const int64_t row_bytes = (int64_t)p.H * sizeof(typename W::storage);
+  const uint8_t* base = expert_gate_up(p, e);
+  const uint8_t* g_row = base + (int64_t)i * row_bytes;
+  const uint8_t* u_row = base + (int64_t)(p.I + i) * row_bytes;
+  uint4 wg[CPL], wu[CPL];
+  float sg[CPL], su[CPL];
+#pragma unroll
+  for (int j = 0; j < CPL; ++j) {
+    const int c = lane + 32 * j;
+    if (live && c < nch) {
+      wg[j] = ldg16(g_row + 16 * (int64_t)c);
+      wu[j] = ldg16(u_row + 16 * (int64_t)c);
+    } else {
+      wg[j] = make_uint4(0, 0, 0, 0);
+      wu[j] = wg[j];
+    }
+    sg[j] = su[j] = 1.f;
+    if (C::scaled && live && c < nch) {
+      const float* sc = expert_gate_up_scale(p, e);
+      const int col = (c * C::EPC) / p.bi;
+      sg[j] = __ldg(sc + (int64_t)(i / p.bo) * p.ncb_h + col);
+      su[j] = __ldg(sc + (int64_t)(p.nbg + i / p.bo) * p.ncb_h + col);
+    }
+  }
   const int q0 = 2 * tid;
   const int f0 = (q0 >= s && q0 < p.P && ids_s[q0] == e) ? 1 : 0;
   const int f1 = (q0 + 1 >= s && q0 + 1 < p.P && ids_s[q0 + 1] == e) ? 1 : 0;
@@ -250,34 +301,7 @@ __global__ void __launch_bounds__(MOE_THREADS) moe_gate_up_kernel(MoeParams p) {
     if (tid == 0) p.counts[s] = total;
   }
 
-  const int lane = tid & 31, warp = tid >> 5;
-  const int i = blockIdx.x * MOE_TILE + warp;
-  if (i >= p.I) return;
-  const int nch = p.H / C::EPC;
-  const int64_t row_bytes = (int64_t)p.H * sizeof(typename W::storage);
-  const uint8_t* base = expert_gate_up(p, e);
-  const uint8_t* g_row = base + (int64_t)i * row_bytes;
-  const uint8_t* u_row = base + (int64_t)(p.I + i) * row_bytes;
-  uint4 wg[CPL], wu[CPL];
-  float sg[CPL], su[CPL];
-#pragma unroll
-  for (int j = 0; j < CPL; ++j) {
-    const int c = lane + 32 * j;
-    if (c < nch) {
-      wg[j] = ldg16(g_row + 16 * (int64_t)c);
-      wu[j] = ldg16(u_row + 16 * (int64_t)c);
-    } else {
-      wg[j] = make_uint4(0, 0, 0, 0);
-      wu[j] = wg[j];
-    }
-    sg[j] = su[j] = 1.f;
-    if (C::scaled && c < nch) {
-      const float* sc = expert_gate_up_scale(p, e);
-      const int col = (c * C::EPC) / p.bi;
-      sg[j] = __ldg(sc + (int64_t)(i / p.bo) * p.ncb_h + col);
-      su[j] = __ldg(sc + (int64_t)(p.nbg + i / p.bo) * p.ncb_h + col);
-    }
-  }
+  if (!live) return;
   for (int m = 0; m < total; ++m) {
     const int q = mem_s[m];
     const int64_t xrow = (int64_t)(q / p.k) * p.H;
@@ -501,10 +525,12 @@ __global__ void __launch_bounds__(LIN_WARPS * 32) linear_skinny_kernel(LinParams
 
 template <typename W, int MT>
 int launch_linear_mt(const LinParams& p, int sm_blocks, cudaStream_t st) {
-  // 4 features per warp reuse each activation load 4 times; fewer when that would leave SMs idle
-  const int64_t warps = (p.o + 3) / 4;
+  // Several features per warp reuse each activation load; as many as the registers allow
+  // (accumulators grow with the rows), fewer when that would leave SMs idle.
+  const int R = MT <= 8 ? 4 : 2;
+  const int64_t warps = (p.o + R - 1) / R;
   if ((warps + LIN_WARPS - 1) / LIN_WARPS >= sm_blocks) {
-    linear_skinny_kernel<W, MT, 4><<<ceil_div_u(warps, LIN_WARPS), LIN_WARPS * 32, 0, st>>>(p);
+    linear_skinny_kernel<W, MT, R><<<ceil_div_u(warps, LIN_WARPS), LIN_WARPS * 32, 0, st>>>(p);
   } else {
     linear_skinny_kernel<W, MT, 1><<<ceil_div_u(p.o, LIN_WARPS), LIN_WARPS * 32, 0, st>>>(p);
   }
@@ -522,7 +548,7 @@ int launch_linear(const LinParams& p, int sm_blocks, cudaStream_t st) {
 }
 
 int invalid(const char* what) {
-  g_last_kernel = what;
+  gpu_set_last_kernel(what);
   return (int)cudaErrorInvalidValue;
 }
 
@@ -541,7 +567,7 @@ int strata_gpu_moe_experts(const void* x, int x_dtype, const void* w_gate_up, co
                            const int64_t* topk_ids, int64_t n, int64_t k, int64_t E, int64_t H,
                            int64_t I, void* out, float* workspace, int device,
                            uintptr_t stream) {
-  int rc = use_device(device);
+  int rc = gpu_use_device(device);
   if (rc) return rc;
   if (n == 0 || H == 0) return 0;
   const int64_t P = n * k;
@@ -595,7 +621,7 @@ int strata_gpu_moe_experts(const void* x, int x_dtype, const void* w_gate_up, co
 int strata_gpu_linear_skinny(const void* x, int x_dtype, int64_t m, int64_t in, const void* w,
                              int w_dtype, const float* scale, int64_t bo, int64_t bi, int64_t o,
                              void* out, int device, uintptr_t stream) {
-  int rc = use_device(device);
+  int rc = gpu_use_device(device);
   if (rc) return rc;
   if (m == 0 || o == 0) return 0;
   if (m > 32) return invalid("linear (the skinny kernel takes at most 32 rows)");
