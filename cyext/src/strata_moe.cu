@@ -12,7 +12,8 @@
 //       and then dotted with each member's x row. Tile 0 also records the member list in the
 //       workspace for the second kernel. Each expert's weights are therefore read once.
 //   moe_down_kernel     grid ceil(H/8). Block = 8 output features of every row. Warps take two
-//       features each and alternate over the leaders (in pair order); each down row slice is
+//       features each and one of 4 phases over the leaders (in pair order, U leaders at a
+//       time; the member lists are staged in shared memory first); each down row slice is
 //       loaded once and dotted with the members' act rows; y[q][h] stays in shared memory and
 //       the block ends with out[n][h] = sum_j w[n,j] * y[(n,j)][h] in j order: no atomics.
 // Determinism: every dot product sums in an order fixed by the dims alone (lane l takes the
@@ -52,7 +53,8 @@ inline bool aligned16(const void* p) { return ((uintptr_t)p & 15u) == 0; }
 constexpr int MOE_MAX_PAIRS = 512;  // N * k; two pairs per thread in the block scans
 constexpr int MOE_MAX_ROWS = 32;
 constexpr int MOE_TILE = 8;         // features per block in both kernels
-constexpr int MOE_THREADS = 256;
+constexpr int MOE_THREADS = 256;       // gate/up kernel
+constexpr int MOE_DOWN_THREADS = 512;  // down kernel: 4 pairs of features x 4 leader phases
 constexpr int LIN_WARPS = 4;
 constexpr int LIN_GROUP = 4;        // weight chunks per lane in flight per row (linear)
 
@@ -181,7 +183,9 @@ __device__ __forceinline__ float warp_sum(float v) {
   return v;
 }
 
-// Exclusive prefix sum of one int per thread over a 256-thread block (ends with a barrier).
+// Exclusive prefix sum of one int per thread over a block of THREADS threads (has a barrier;
+// warp_tot: THREADS / 32 ints of shared memory, not reused before another barrier).
+template <int THREADS>
 __device__ int block_exclusive_scan(int v, int* warp_tot, int* total) {
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   int x = v;
@@ -193,7 +197,7 @@ __device__ int block_exclusive_scan(int v, int* warp_tot, int* total) {
   if (lane == 31) warp_tot[warp] = x;
   __syncthreads();
   int before = 0, all = 0;
-  for (int w = 0; w < MOE_THREADS / 32; ++w) {
+  for (int w = 0; w < THREADS / 32; ++w) {
     const int t = warp_tot[w];
     if (w < warp) before += t;
     all += t;
@@ -244,7 +248,7 @@ __device__ __forceinline__ int clamp_expert(int64_t e, int E) {
 }
 
 template <typename W, int CPL>
-__global__ void __launch_bounds__(MOE_THREADS) moe_gate_up_kernel(MoeParams p) {
+__global__ void __launch_bounds__(MOE_THREADS, CPL <= 4 ? 3 : 2) moe_gate_up_kernel(MoeParams p) {
   typedef WChunk<W> C;
   __shared__ int ids_s[MOE_MAX_PAIRS];
   __shared__ int mem_s[MOE_MAX_PAIRS];
@@ -292,7 +296,7 @@ __global__ void __launch_bounds__(MOE_THREADS) moe_gate_up_kernel(MoeParams p) {
   const int f0 = (q0 >= s && q0 < p.P && ids_s[q0] == e) ? 1 : 0;
   const int f1 = (q0 + 1 >= s && q0 + 1 < p.P && ids_s[q0 + 1] == e) ? 1 : 0;
   int total;
-  const int off = block_exclusive_scan(f0 + f1, warp_tot, &total);
+  const int off = block_exclusive_scan<MOE_THREADS>(f0 + f1, warp_tot, &total);
   if (f0) mem_s[off] = q0;
   if (f1) mem_s[off + f0] = q0 + 1;
   __syncthreads();
@@ -325,33 +329,41 @@ __global__ void __launch_bounds__(MOE_THREADS) moe_gate_up_kernel(MoeParams p) {
 }
 
 template <typename W, int CPL, int U>
-__global__ void __launch_bounds__(MOE_THREADS) moe_down_kernel(MoeParams p) {
+__global__ void __launch_bounds__(MOE_DOWN_THREADS, 2) moe_down_kernel(MoeParams p) {
   typedef WChunk<W> C;
-  __shared__ int lead_s[MOE_MAX_PAIRS];
+  __shared__ int lexp_s[MOE_MAX_PAIRS];   // the leaders' experts, leaders in pair order
+  __shared__ int lcnt_s[MOE_MAX_PAIRS];   // their member counts
+  __shared__ int lst_s[MOE_MAX_PAIRS];    // where their members start in mem_s
+  __shared__ int mem_s[MOE_MAX_PAIRS];    // members, grouped by leader
   __shared__ float y_s[MOE_MAX_PAIRS * MOE_TILE];
-  __shared__ int warp_tot[MOE_THREADS / 32];
+  __shared__ int warp_tot[2][MOE_DOWN_THREADS / 32];
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-  const int q0 = 2 * tid;
-  const int f0 = (q0 < p.P && p.counts[q0] > 0) ? 1 : 0;
-  const int f1 = (q0 + 1 < p.P && p.counts[q0 + 1] > 0) ? 1 : 0;
-  int nlead;
-  const int off = block_exclusive_scan(f0 + f1, warp_tot, &nlead);
-  if (f0) lead_s[off] = q0;
-  if (f1) lead_s[off + f0] = q0 + 1;
+  const int cnt = tid < p.P ? p.counts[tid] : 0;  // one pair per thread (P <= 512)
+  int nlead, nmem;
+  const int a = block_exclusive_scan<MOE_DOWN_THREADS>(cnt > 0 ? 1 : 0, warp_tot[0], &nlead);
+  const int mst = block_exclusive_scan<MOE_DOWN_THREADS>(cnt, warp_tot[1], &nmem);
+  if (cnt > 0) {
+    lexp_s[a] = clamp_expert(p.topk_ids[tid], p.E);
+    lcnt_s[a] = cnt;
+    lst_s[a] = mst;
+    for (int m = 0; m < cnt && mst + m < MOE_MAX_PAIRS; ++m)
+      mem_s[mst + m] = p.members[(int64_t)tid * p.P + m];
+  }
   __syncthreads();
 
   const int hl = (warp & 3) * 2;  // this warp's two features within the tile
-  const int phase = warp >> 2;    // leaders are dealt to the two warp phases U at a time
+  const int phase = warp >> 2;    // leaders are dealt to the 4 warp phases U at a time
+  const int nphase = MOE_DOWN_THREADS / 128;
   const int h0 = blockIdx.x * MOE_TILE + hl;
   const int nch = p.I / C::EPC;
   const int64_t row_bytes = (int64_t)p.I * sizeof(typename W::storage);
-  for (int a0 = phase * U; a0 < nlead; a0 += 2 * U) {
+  for (int a0 = phase * U; a0 < nlead; a0 += nphase * U) {
     uint4 w[U][2][CPL];
     float sc[U][2][CPL];
 #pragma unroll
     for (int u = 0; u < U; ++u) {
       const bool live = a0 + u < nlead;
-      const int e = live ? clamp_expert(p.topk_ids[lead_s[a0 + u]], p.E) : 0;
+      const int e = live ? lexp_s[a0 + u] : 0;
 #pragma unroll
       for (int r = 0; r < 2; ++r) {
         const int h = h0 + r;
@@ -370,10 +382,10 @@ __global__ void __launch_bounds__(MOE_THREADS) moe_down_kernel(MoeParams p) {
     }
 #pragma unroll
     for (int u = 0; u < U; ++u) {
-      const int s = a0 + u < nlead ? lead_s[a0 + u] : 0;
-      const int cnt = a0 + u < nlead ? p.counts[s] : 0;
-      for (int m = 0; m < cnt; ++m) {
-        const int q = p.members[(int64_t)s * p.P + m];
+      const int nm = a0 + u < nlead ? lcnt_s[a0 + u] : 0;
+      const int m0 = a0 + u < nlead ? lst_s[a0 + u] : 0;
+      for (int m = 0; m < nm; ++m) {
+        const int q = mem_s[m0 + m];
         const float* arow = p.act + (int64_t)q * p.I;
         float acc0 = 0.f, acc1 = 0.f;
 #pragma unroll
@@ -398,7 +410,7 @@ __global__ void __launch_bounds__(MOE_THREADS) moe_down_kernel(MoeParams p) {
     }
   }
   __syncthreads();
-  for (int t = tid; t < p.n * MOE_TILE; t += MOE_THREADS) {
+  for (int t = tid; t < p.n * MOE_TILE; t += MOE_DOWN_THREADS) {
     const int n = t / MOE_TILE, hh = t % MOE_TILE;
     const int h = blockIdx.x * MOE_TILE + hh;
     if (h >= p.H) continue;
@@ -422,7 +434,7 @@ inline int chunks_per_lane(int64_t chunks) {
 template <typename W, int CPL>
 int launch_moe_down(const MoeParams& p, cudaStream_t st) {
   const int U = CPL >= 4 ? 1 : 4 / CPL;
-  moe_down_kernel<W, CPL, U><<<ceil_div_u(p.H, MOE_TILE), MOE_THREADS, 0, st>>>(p);
+  moe_down_kernel<W, CPL, U><<<ceil_div_u(p.H, MOE_TILE), MOE_DOWN_THREADS, 0, st>>>(p);
   return take_launch_error("moe_experts: moe_down_kernel");
 }
 
