@@ -2,8 +2,8 @@
 
 Extensions (importable as strata.kernels.<name>):
   strata_cpu    C++ CPU kernels (cyext/src/strata_cpu.cpp) behind cyext/strata_cpu.pyx. Always.
-  strata_cuda   CUDA kernels (cyext/src/strata_kernels.cu, compiled by nvcc into an object and
-                linked with -lcudart_static, so importing it needs no libcudart) behind
+  strata_cuda   CUDA kernels (cyext/src/strata_kernels.cu and strata_moe.cu, compiled by nvcc into
+                objects in parallel and linked with -lcudart_static, so importing it needs no libcudart) behind
                 cyext/strata_cuda.pyx. Built when nvcc is found; a failed CUDA compile only warns
                 and the CPU build goes on. With STRATA_BACKEND=hip the same .cu and .pyx are
                 compiled with hipcc for AMD (--offload-arch, default gfx90a) instead.
@@ -31,6 +31,8 @@ from setuptools.command.build_ext import build_ext
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 SRC = "cyext/src"
+#: GPU translation units, compiled separately (in parallel) and linked into strata_cuda.
+GPU_SOURCES = ("strata_kernels.cu", "strata_moe.cu")
 DEFAULT_GENCODE = ("-gencode=arch=compute_90,code=sm_90 "
                    "-gencode=arch=compute_80,code=compute_80")
 
@@ -139,22 +141,20 @@ class BuildExt(build_ext):
         _info(f"built {ext.name} in {time.time() - t0:.1f} s")
 
     def _compile_gpu_object(self, ext):
+        """nvcc/hipcc each GPU translation unit into an object (in parallel), skipping fresh ones."""
         kind = ext.strata_gpu
-        src = os.path.join(SRC, "strata_kernels.cu")
         objdir = os.path.join(self.build_temp, "strata_gpu_" + kind)
         os.makedirs(objdir, exist_ok=True)
-        obj = os.path.join(objdir, "strata_kernels.o")
-        deps = [src] + [os.path.join(SRC, f) for f in
-                        ("strata_common.h", "strata_kernels.h", "hip_compat.h")]
-        fresh = os.path.exists(obj) and all(os.path.getmtime(obj) >= os.path.getmtime(d)
-                                            for d in deps) and not self.force
+        headers = [os.path.join(SRC, f) for f in
+                   ("strata_common.h", "strata_kernels.h", "hip_compat.h",
+                    "strata_gpu_internal.h")]
         if kind == "cuda":
             nvcc = _find_nvcc()
             if nvcc is None:
                 raise RuntimeError("nvcc not found")
             gencode = os.environ.get("STRATA_CUDA_GENCODE", DEFAULT_GENCODE).split()
-            cmd = [nvcc, "-O3", "-std=c++17", "-Xcompiler", "-fPIC", "--threads", "2",
-                   "-I" + SRC, *gencode, "-c", src, "-o", obj]
+            base = [nvcc, "-O3", "-std=c++17", "-Xcompiler", "-fPIC", "--threads", "2",
+                    "-I" + SRC, *gencode]
             libdirs = _cuda_lib_dirs(nvcc)
             if not libdirs:
                 raise RuntimeError("libcudart_static.a not found (set CUDA_HOME)")
@@ -165,23 +165,32 @@ class BuildExt(build_ext):
             if hipcc is None:
                 raise RuntimeError("hipcc not found")
             arch = os.environ.get("STRATA_HIP_ARCH", "gfx90a")
-            cmd = [hipcc, "-x", "hip", "-O3", "-std=c++17", "-fPIC", f"--offload-arch={arch}",
-                   "-I" + SRC, "-c", src, "-o", obj]
+            base = [hipcc, "-x", "hip", "-O3", "-std=c++17", "-fPIC", f"--offload-arch={arch}",
+                    "-I" + SRC]
             ext.library_dirs = _hip_lib_dirs()
             ext.libraries = ["amdhip64"]
-        if not fresh:
-            _info(" ".join(cmd))
-            t0 = time.time()
-            env = dict(os.environ)
-            if kind == "hip":
-                env.setdefault("HIP_PLATFORM", "amd")
-            proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
+        env = dict(os.environ)
+        if kind == "hip":
+            env.setdefault("HIP_PLATFORM", "amd")
+        objs, procs = [], []
+        for name in GPU_SOURCES:
+            src = os.path.join(SRC, name)
+            obj = os.path.join(objdir, os.path.splitext(name)[0] + ".o")
+            objs.append(obj)
+            fresh = os.path.exists(obj) and not self.force and all(
+                os.path.getmtime(obj) >= os.path.getmtime(d) for d in [src] + headers)
+            if not fresh:
+                cmd = base + ["-c", src, "-o", obj]
+                _info(" ".join(cmd))
+                procs.append((src, time.time(), subprocess.Popen(
+                    cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)))
+        for src, t0, proc in procs:
+            out, err = proc.communicate()
             if proc.returncode != 0:
-                raise RuntimeError(f"{os.path.basename(cmd[0])} failed:\n{proc.stdout}\n"
-                                   f"{proc.stderr}")
+                raise RuntimeError(f"{os.path.basename(base[0])} failed on {src}:\n{out}\n{err}")
             _info(f"compiled {src} ({kind}) in {time.time() - t0:.1f} s")
-        ext.extra_objects = [obj]
-        ext.depends = deps
+        ext.extra_objects = objs
+        ext.depends = [os.path.join(SRC, n) for n in GPU_SOURCES] + headers
 
 
 def _extensions():
@@ -197,7 +206,8 @@ def _extensions():
             language="c++",
             extra_compile_args=cflags + omp,
             extra_link_args=omp,
-            depends=[f"{SRC}/strata_cpu.h", f"{SRC}/strata_common.h", "cyext/_checks.pxi"],
+            depends=[f"{SRC}/strata_cpu.h", f"{SRC}/strata_common.h", f"{SRC}/strata_cpu_moe.inc",
+                     "cyext/_checks.pxi"],
         )
     ]
     want_gpu = _env_flag("STRATA_CUDA")

@@ -10,9 +10,13 @@ import torch as _torch
 DTYPE_F32 = 0
 DTYPE_BF16 = 1
 DTYPE_F16 = 2
+DTYPE_FP8 = 3  # float8_e4m3fn weights with block scales (routed experts, linear_fp8)
 _CODES = {_torch.float32: 0, _torch.bfloat16: 1, _torch.float16: 2}
-_NAMES = {0: "float32", 1: "bfloat16", 2: "float16"}
+_NAMES = {0: "float32", 1: "bfloat16", 2: "float16", 3: "float8_e4m3fn"}
+if hasattr(_torch, "float8_e4m3fn"):
+    _CODES[_torch.float8_e4m3fn] = 3
 FLOATS = (0, 1, 2)
+WEIGHTS = (0, 1, 2, 3)
 
 
 cdef int _check_tensor(str op, str name, object t, int ndim) except -1:
@@ -212,3 +216,81 @@ cdef tuple _args_commit(str op, accept, group_slot, group_pos, rec_snaps, conv_s
         _check_index(op, name, t, ng)
     _check_index(op, "slot_pos", slot_pos, nslots)
     return sndt, csdt, L, nslots, ng, g, h, dk, dv, c, km1
+
+
+cdef int _check_scale(str op, str name, object t, tuple shape) except -1:
+    if t is None:
+        raise ValueError(f"{op}: FP8 weights need {name} (float32 block scales)")
+    _check_tensor(op, name, t, len(shape))
+    _dtype_code(op, name, t, (0,))
+    _check_shape(op, name, t, shape)
+    _check_contiguous(op, name, t)
+    return 0
+
+
+cdef tuple _args_moe(str op, x, w_gate_up, w_down, topk_weight, topk_ids, gu_scale, down_scale,
+                     int64_t bo, int64_t bi, out):
+    """-> (x dtype, weight dtype, n, k, E, H, I)"""
+    _check_tensor(op, "x", x, 2)
+    xdt = _dtype_code(op, "x", x)
+    _check_contiguous(op, "x", x)
+    n, hidden = x.shape
+    _check_tensor(op, "w_gate_up", w_gate_up, 3)
+    wdt = _dtype_code(op, "w_gate_up", w_gate_up, WEIGHTS)
+    _check_contiguous(op, "w_gate_up", w_gate_up)
+    e, two_i, h2 = w_gate_up.shape
+    if two_i % 2 or h2 != hidden:
+        raise ValueError(f"{op}: w_gate_up must have shape (E, 2I, H={hidden}), got "
+                         f"{tuple(w_gate_up.shape)}")
+    inter = two_i // 2
+    _check_tensor(op, "w_down", w_down, 3)
+    if w_down.dtype != w_gate_up.dtype:
+        raise TypeError(f"{op}: w_down has dtype {w_down.dtype}, w_gate_up {w_gate_up.dtype}")
+    _check_shape(op, "w_down", w_down, (e, hidden, inter))
+    _check_contiguous(op, "w_down", w_down)
+    _check_tensor(op, "topk_ids", topk_ids, 2)
+    if topk_ids.dtype != _torch.int64:
+        raise TypeError(f"{op}: topk_ids has dtype {topk_ids.dtype}; expected int64")
+    _check_shape(op, "topk_ids", topk_ids, (n, None))
+    _check_contiguous(op, "topk_ids", topk_ids)
+    k = topk_ids.shape[1]
+    _check_tensor(op, "topk_weight", topk_weight, 2)
+    _dtype_code(op, "topk_weight", topk_weight, (0,))
+    _check_shape(op, "topk_weight", topk_weight, (n, k))
+    _check_contiguous(op, "topk_weight", topk_weight)
+    if wdt == DTYPE_FP8:
+        if bo < 1 or bi < 1:
+            raise ValueError(f"{op}: block ({bo}, {bi}) must be positive")
+        _check_scale(op, "gu_scale", gu_scale,
+                     (e, 2 * ((inter + bo - 1) // bo), (hidden + bi - 1) // bi))
+        _check_scale(op, "down_scale", down_scale,
+                     (e, (hidden + bo - 1) // bo, (inter + bi - 1) // bi))
+    _check_tensor(op, "out", out, 2)
+    if out.dtype != x.dtype:
+        raise TypeError(f"{op}: out has dtype {out.dtype}, x {x.dtype}")
+    _check_shape(op, "out", out, (n, hidden))
+    _check_contiguous(op, "out", out)
+    return xdt, wdt, n, k, e, hidden, inter
+
+
+cdef tuple _args_linear(str op, x, weight, scale_inv, int64_t bo, int64_t bi, out, tuple wdts):
+    """x (m, in), weight (o, in), out (m, o) -> (x dtype, weight dtype, m, in, o)"""
+    _check_tensor(op, "x", x, 2)
+    xdt = _dtype_code(op, "x", x)
+    _check_contiguous(op, "x", x)
+    m, fin = x.shape
+    _check_tensor(op, "weight", weight, 2)
+    wdt = _dtype_code(op, "weight", weight, wdts)
+    _check_shape(op, "weight", weight, (None, fin))
+    _check_contiguous(op, "weight", weight)
+    o = weight.shape[0]
+    if wdt == DTYPE_FP8:
+        if bo < 1 or bi < 1:
+            raise ValueError(f"{op}: block ({bo}, {bi}) must be positive")
+        _check_scale(op, "scale_inv", scale_inv, ((o + bo - 1) // bo, (fin + bi - 1) // bi))
+    _check_tensor(op, "out", out, 2)
+    if out.dtype != x.dtype:
+        raise TypeError(f"{op}: out has dtype {out.dtype}, x {x.dtype}")
+    _check_shape(op, "out", out, (m, o))
+    _check_contiguous(op, "out", out)
+    return xdt, wdt, m, fin, o

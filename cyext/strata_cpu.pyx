@@ -40,6 +40,13 @@ cdef extern from "strata_cpu.h" nogil:
                           int snap_dtype, int64_t conv_inner, float* rec_state,
                           const int64_t* rec_strides, void* conv_state, int state_dtype,
                           const int64_t* conv_strides, int64_t nslots, int64_t* slot_pos)
+    int strata_cpu_moe_experts(const void* x, int x_dtype, const void* w_gate_up,
+                               const void* w_down, int w_dtype, const float* gu_scale,
+                               const float* down_scale, int64_t bo, int64_t bi,
+                               const float* topk_weight, const int64_t* topk_ids, int64_t n,
+                               int64_t k, int64_t E, int64_t H, int64_t I, void* out)
+    int strata_cpu_linear_fp8(const void* x, int x_dtype, int64_t m, int64_t fin, const void* w,
+                              const float* scale, int64_t bo, int64_t bi, int64_t o, void* out)
 
 
 def has_openmp():
@@ -192,4 +199,51 @@ def commit_accepted(accept, group_slot, group_pos, rec_snaps, conv_snaps, rec_st
     with nogil:
         rc = strata_cpu_commit(ap, gs, gp, ng, g, L, rsn, rec_inner, csn, sndt, conv_inner,
                                rst, rs, cst, csdt, cs, nslots, spos)
+    _raise(op, rc)
+
+
+def moe_experts(x, w_gate_up, w_down, topk_weight, topk_ids, gu_scale, down_scale, int64_t bo,
+                int64_t bi, out):
+    """Routed experts, grouped by expert (reference.moe_experts); writes out (N, H)."""
+    op = "moe_experts"
+    cdef int xdt, wdt
+    cdef int64_t n, k, e, hidden, inter
+    xdt, wdt, n, k, e, hidden, inter = _args_moe(op, x, w_gate_up, w_down, topk_weight,
+                                                 topk_ids, gu_scale, down_scale, bo, bi, out)
+    named = [("x", x), ("w_gate_up", w_gate_up), ("w_down", w_down),
+             ("topk_weight", topk_weight), ("topk_ids", topk_ids), ("out", out)]
+    cdef float* gsp = NULL
+    cdef float* dsp = NULL
+    if wdt == DTYPE_FP8:
+        named += [("gu_scale", gu_scale), ("down_scale", down_scale)]
+        gsp = <float*>_ptr(gu_scale)
+        dsp = <float*>_ptr(down_scale)
+    _all_cpu(op, named)
+    cdef void* xp = _ptr(x)
+    cdef void* wgu = _ptr(w_gate_up)
+    cdef void* wd = _ptr(w_down)
+    cdef float* twp = <float*>_ptr(topk_weight)
+    cdef int64_t* tip = <int64_t*>_ptr(topk_ids)
+    cdef void* outp = _ptr(out)
+    cdef int rc
+    with nogil:
+        rc = strata_cpu_moe_experts(xp, xdt, wgu, wd, wdt, gsp, dsp, bo, bi, twp, tip, n, k, e,
+                                    hidden, inter, outp)
+    _raise(op, rc)
+
+
+def linear_fp8(x, weight, scale_inv, int64_t bo, int64_t bi, out):
+    """out (M, O) = x (M, I) . dequant(weight)^T for an FP8 block-scaled weight."""
+    op = "linear_fp8"
+    cdef int xdt, wdt
+    cdef int64_t m, fin, o
+    xdt, wdt, m, fin, o = _args_linear(op, x, weight, scale_inv, bo, bi, out, (DTYPE_FP8,))
+    _all_cpu(op, [("x", x), ("weight", weight), ("scale_inv", scale_inv), ("out", out)])
+    cdef void* xp = _ptr(x)
+    cdef void* wp = _ptr(weight)
+    cdef float* sp = <float*>_ptr(scale_inv)
+    cdef void* outp = _ptr(out)
+    cdef int rc
+    with nogil:
+        rc = strata_cpu_linear_fp8(xp, xdt, m, fin, wp, sp, bo, bi, o, outp)
     _raise(op, rc)

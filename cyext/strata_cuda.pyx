@@ -54,6 +54,16 @@ cdef extern from "strata_kernels.h" nogil:
                           const int64_t* rec_strides, void* conv_state, int state_dtype,
                           const int64_t* conv_strides, int64_t nslots, int64_t* slot_pos,
                           int device, uintptr_t stream)
+    int64_t strata_gpu_moe_workspace(int64_t n, int64_t k, int64_t inter)
+    int strata_gpu_moe_experts(const void* x, int x_dtype, const void* w_gate_up,
+                               const void* w_down, int w_dtype, const float* gu_scale,
+                               const float* down_scale, int64_t bo, int64_t bi,
+                               const float* topk_weight, const int64_t* topk_ids, int64_t n,
+                               int64_t k, int64_t E, int64_t H, int64_t I, void* out,
+                               float* workspace, int device, uintptr_t stream)
+    int strata_gpu_linear_skinny(const void* x, int x_dtype, int64_t m, int64_t fin,
+                                 const void* w, int w_dtype, const float* scale, int64_t bo,
+                                 int64_t bi, int64_t o, void* out, int device, uintptr_t stream)
 
 
 def gpu_platform():
@@ -261,4 +271,76 @@ def commit_accepted(accept, group_slot, group_pos, rec_snaps, conv_snaps, rec_st
     with nogil:
         rc = strata_gpu_commit(ap, gs, gp, ng, g, L, rsn, rec_inner, csn, sndt, conv_inner,
                                rst, rs, cst, csdt, cs, nslots, spos, dev, stream)
+    _raise(op, rc)
+
+
+#: Limits of the routed-expert kernel (strata_moe.cuh): rows, rows x top-k, bytes of a weight row.
+MOE_MAX_ROWS = 32
+MOE_MAX_PAIRS = 512
+MOE_MAX_ROW_BYTES = 8192
+
+
+def moe_workspace_numel(int64_t n, int64_t k, int64_t inter):
+    """float32 elements of scratch that moe_experts needs for n rows, top-k and I = inter."""
+    return strata_gpu_moe_workspace(n, k, inter)
+
+
+def moe_experts(x, w_gate_up, w_down, topk_weight, topk_ids, gu_scale, down_scale, int64_t bo,
+                int64_t bi, out, workspace, uintptr_t stream):
+    """Routed experts grouped by expert on the device (two launches, no allocation, no sync).
+    workspace: float32, at least moe_workspace_numel(N, k, I) elements, 16-byte aligned."""
+    op = "moe_experts"
+    cdef int xdt, wdt
+    cdef int64_t n, k, e, hidden, inter
+    xdt, wdt, n, k, e, hidden, inter = _args_moe(op, x, w_gate_up, w_down, topk_weight,
+                                                 topk_ids, gu_scale, down_scale, bo, bi, out)
+    _check_tensor(op, "workspace", workspace, workspace.dim())
+    _dtype_code(op, "workspace", workspace, (0,))
+    _check_contiguous(op, "workspace", workspace)
+    cdef int64_t need = strata_gpu_moe_workspace(n, k, inter)
+    if workspace.numel() < need:
+        raise ValueError(f"{op}: workspace has {workspace.numel()} elements, needs {need}")
+    named = [("x", x), ("w_gate_up", w_gate_up), ("w_down", w_down),
+             ("topk_weight", topk_weight), ("topk_ids", topk_ids), ("out", out),
+             ("workspace", workspace)]
+    cdef float* gsp = NULL
+    cdef float* dsp = NULL
+    if wdt == DTYPE_FP8:
+        named += [("gu_scale", gu_scale), ("down_scale", down_scale)]
+        gsp = <float*>_ptr(gu_scale)
+        dsp = <float*>_ptr(down_scale)
+    cdef int dev = _device_of(op, named)
+    cdef void* xp = _ptr(x)
+    cdef void* wgu = _ptr(w_gate_up)
+    cdef void* wd = _ptr(w_down)
+    cdef float* twp = <float*>_ptr(topk_weight)
+    cdef int64_t* tip = <int64_t*>_ptr(topk_ids)
+    cdef void* outp = _ptr(out)
+    cdef float* wsp = <float*>_ptr(workspace)
+    cdef int rc
+    with nogil:
+        rc = strata_gpu_moe_experts(xp, xdt, wgu, wd, wdt, gsp, dsp, bo, bi, twp, tip, n, k, e,
+                                    hidden, inter, outp, wsp, dev, stream)
+    _raise(op, rc)
+
+
+def linear_skinny(x, weight, scale_inv, int64_t bo, int64_t bi, out, uintptr_t stream):
+    """out (M, O) = x (M, I) . W^T for M <= 32: W float8_e4m3fn with block scales (scale_inv,
+    block (bo, bi)) or bfloat16 (scale_inv None). One launch, fp32 accumulation."""
+    op = "linear_skinny"
+    cdef int xdt, wdt
+    cdef int64_t m, fin, o
+    xdt, wdt, m, fin, o = _args_linear(op, x, weight, scale_inv, bo, bi, out, (1, DTYPE_FP8))
+    named = [("x", x), ("weight", weight), ("out", out)]
+    cdef float* sp = NULL
+    if wdt == DTYPE_FP8:
+        named.append(("scale_inv", scale_inv))
+        sp = <float*>_ptr(scale_inv)
+    cdef int dev = _device_of(op, named)
+    cdef void* xp = _ptr(x)
+    cdef void* wp = _ptr(weight)
+    cdef void* outp = _ptr(out)
+    cdef int rc
+    with nogil:
+        rc = strata_gpu_linear_skinny(xp, xdt, m, fin, wp, wdt, sp, bo, bi, o, outp, dev, stream)
     _raise(op, rc)

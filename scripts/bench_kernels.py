@@ -2,6 +2,7 @@
 """Parity check, then micro-benchmark of the cyext GPU kernels against the torch reference.
 
     python scripts/bench_kernels.py --out outputs/bench_kernels.json   [--quick]
+    python scripts/bench_kernels.py --moe --out outputs/bench_moe.json  [--quick]
 
 Writes the JSON (every measurement) and a markdown table next to it (same name, .md).
 
@@ -18,6 +19,13 @@ Geometry (Qwen3-Next-like): attention Hq=16, Hkv=2, D=256, bf16, groups at the e
 so every group reads all `ctx` keys; delta rule H=32, Dk=Dv=128; conv C=8192, K=4;
 commit L=12 linear-attention layers. Window rows G in {2, 4, 8}, groups NG in {1, 2, 4, 8},
 contexts 256, 1K, 4K, 16K, 32K. Takes about a minute on an H200.
+
+--moe: instead, the routed experts (moe_experts) at Qwen3-Next's shapes (E=512, top-10, H=2048,
+I=512), bf16 and FP8 (128x128 blocks), 1 to 32 rows with uniform random routing, and linear_fp8
+(plus the bf16 skinny kernel against F.linear) at the dense shapes. Per case: the median time
+per call over graph replays (routings / weight copies rotate so reads come from HBM), the
+distinct experts, the bytes that must be read (distinct experts' weights + scales, or the weight
++ scales), achieved GB/s, % of the copy ceiling and the byte-floor time (bytes / ceiling).
 """
 
 from __future__ import annotations
@@ -305,11 +313,132 @@ def markdown(meta, parity_res, records) -> str:
     return "\n".join(lines) + "\n"
 
 
+# ---------------------------------------------------------------------------------------------
+# routed experts and the FP8 / bf16 skinny linear (--moe)
+
+MOE_SHAPE = dict(E=512, k=10, H=2048, I=512)
+MOE_ROWS = (1, 2, 4, 8, 16, 32)
+DENSE_SHAPES = ((12288, 2048), (8192, 2048), (2048, 4096), (1024, 2048))
+FP8_BLOCK = (128, 128)
+
+
+def _fp8_weight(shape, block, gen_seed=0):
+    g = torch.Generator(device=DEV).manual_seed(gen_seed)
+    w = (torch.randn(*shape, device=DEV, generator=g) * 40).clamp(-440, 440).to(torch.float8_e4m3fn)
+    lead, (o, i) = shape[:-2], shape[-2:]
+    s = torch.rand(*lead, -(-o // block[0]), -(-i // block[1]), device=DEV, generator=g) * 1e-3
+    return w, s
+
+
+def _moe_weights(fp8: bool):
+    E, H, I = MOE_SHAPE["E"], MOE_SHAPE["H"], MOE_SHAPE["I"]
+    if fp8:
+        wgu, gs = _fp8_weight((E, 2 * I, H), FP8_BLOCK, 1)
+        wd, ds = _fp8_weight((E, H, I), FP8_BLOCK, 2)
+        # gate/up scales: gate block rows then up block rows (same count here: I % 128 == 0)
+        return wgu, wd, gs, ds, FP8_BLOCK
+    wgu = torch.randn(E, 2 * I, H, device=DEV, dtype=torch.bfloat16) / 45
+    wd = torch.randn(E, H, I, device=DEV, dtype=torch.bfloat16) / 22
+    return wgu, wd, None, None, None
+
+
+def bench_moe(records, rows_list, ceiling, sets: int = 8):
+    E, k, H, I = (MOE_SHAPE[n] for n in ("E", "k", "H", "I"))
+    for fp8 in (False, True):
+        wgu, wd, gs, ds, block = _moe_weights(fp8)
+        per_expert = wgu[0].numel() * wgu.element_size() + wd[0].numel() * wd.element_size()
+        if fp8:
+            per_expert += (gs[0].numel() + ds[0].numel()) * 4
+        for n in rows_list:
+            xs, ws, ids, outs, distinct = [], [], [], [], []
+            for _ in range(sets):
+                idx = torch.stack([torch.randperm(E, device=DEV)[:k] for _ in range(n)])
+                w = torch.rand(n, k, device=DEV)
+                ids.append(idx)
+                ws.append(w / w.sum(-1, keepdim=True))
+                xs.append(torch.randn(n, H, device=DEV, dtype=torch.bfloat16))
+                outs.append(torch.empty(n, H, device=DEV, dtype=torch.bfloat16))
+                distinct.append(idx.unique().numel())
+            work = torch.empty(C.moe_workspace_numel(n, k, I), device=DEV)
+            err = rel_err(C.gpu_moe_experts(xs[0], wgu, wd, ws[0], ids[0], gs, ds, block),
+                          R.moe_experts(xs[0], wgu, wd, ws[0], ids[0], gs, ds, block))
+            calls = [(lambda i=i: C.gpu_moe_experts(xs[i], wgu, wd, ws[i], ids[i], gs, ds,
+                                                    block, out=outs[i], workspace=work))
+                     for i in range(sets)]
+            t, mode = time_calls(calls)
+            d = statistics.mean(distinct)
+            nbytes = d * per_expert
+            rec = dict(op="moe_experts", weights="fp8" if fp8 else "bf16", rows=n, k=k,
+                       distinct=d, bytes=nbytes, t_us=t * 1e6, gbps=nbytes / t / 1e9,
+                       frac=nbytes / t / ceiling, floor_us=nbytes / ceiling * 1e6, mode=mode,
+                       rel_err=err)
+            records.append(rec)
+            print(f"moe_experts {rec['weights']:4s} rows {n:2d}: {rec['t_us']:8.1f} us  "
+                  f"distinct {d:5.1f}  {nbytes / 1e6:7.1f} MB  {rec['gbps']:6.0f} GB/s  "
+                  f"{100 * rec['frac']:5.1f}% of copy  floor {rec['floor_us']:7.1f} us  "
+                  f"err {err:.1e}", flush=True)
+        del wgu, wd, gs, ds
+        torch.cuda.empty_cache()
+
+
+def bench_linear(records, rows_list, ceiling):
+    for o, i in DENSE_SHAPES:
+        w8, s8 = _fp8_weight((o, i), FP8_BLOCK, 3)
+        wb = torch.randn(o, i, device=DEV, dtype=torch.bfloat16) / 45
+        b8 = w8.numel() + s8.numel() * 4
+        copies = max(1, -(-ROTATE_BYTES // b8))
+        w8s = [w8] + [w8.clone() for _ in range(copies - 1)]
+        copies_b = max(1, -(-ROTATE_BYTES // (wb.numel() * 2)))
+        wbs = [wb] + [wb.clone() for _ in range(copies_b - 1)]
+        for n in rows_list:
+            x = torch.randn(n, i, device=DEV, dtype=torch.bfloat16)
+            y = torch.empty(n, o, device=DEV, dtype=torch.bfloat16)
+            err = rel_err(C.gpu_linear_fp8(x, w8, s8, FP8_BLOCK),
+                          R.linear_fp8(x, w8, s8, FP8_BLOCK))
+            cases = [
+                ("linear_fp8", b8, [(lambda w=w: C.gpu_linear_fp8(x, w, s8, FP8_BLOCK, out=y))
+                                    for w in w8s]),
+                ("linear_bf16_skinny", wb.numel() * 2,
+                 [(lambda w=w: C.gpu_linear_bf16_skinny(x, w, out=y)) for w in wbs]),
+                ("F.linear_bf16", wb.numel() * 2,
+                 [(lambda w=w: torch.nn.functional.linear(x, w)) for w in wbs]),
+            ]
+            for name, nbytes, calls in cases:
+                t, mode = time_calls(calls)
+                rec = dict(op=name, o=o, i=i, rows=n, bytes=nbytes, t_us=t * 1e6,
+                           gbps=nbytes / t / 1e9, frac=nbytes / t / ceiling,
+                           floor_us=nbytes / ceiling * 1e6, mode=mode,
+                           rel_err=err if name == "linear_fp8" else None)
+                records.append(rec)
+                print(f"{name:18s} {o:5d}x{i:<5d} rows {n:2d}: {rec['t_us']:7.1f} us  "
+                      f"{nbytes / 1e6:6.1f} MB  {rec['gbps']:6.0f} GB/s  "
+                      f"{100 * rec['frac']:5.1f}% of copy  floor {rec['floor_us']:6.1f} us",
+                      flush=True)
+        del w8s, wbs
+        torch.cuda.empty_cache()
+
+
+def markdown_moe(meta, records) -> str:
+    lines = [f"# routed experts and skinny linear ({meta['device']})", "",
+             f"copy ceiling (4 GiB D2D, read+write): **{meta['copy_gbps']:.0f} GB/s**; median "
+             f"time per call over CUDA-graph replays, reads from HBM.", "",
+             "| op | weights / shape | rows | distinct experts | MB read | time (us) | GB/s | "
+             "% of copy | floor (us) |", "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for r in records:
+        what = r.get("weights") or f"{r['o']}x{r['i']}"
+        lines.append(f"| {r['op']} | {what} | {r['rows']} | {r.get('distinct', '-')} | "
+                     f"{r['bytes'] / 1e6:.1f} | {r['t_us']:.1f} | {r['gbps']:.0f} | "
+                     f"{100 * r['frac']:.1f} | {r['floor_us']:.1f} |")
+    return "\n".join(lines) + "\n"
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", required=True, help="JSON path (the .md goes next to it)")
     ap.add_argument("--quick", action="store_true", help="a small grid (smoke test)")
     ap.add_argument("--skip-parity", action="store_true")
+    ap.add_argument("--moe", action="store_true",
+                    help="only the routed experts and the FP8 / bf16 skinny linear")
     args = ap.parse_args()
     if not torch.cuda.is_available() or C.gpu_platform() is None:
         print("bench_kernels: needs a GPU and the built strata_cuda extension", file=sys.stderr)
@@ -321,6 +450,8 @@ def main() -> int:
                 .multi_processor_count)
     meta["copy_gbps"] = copy_ceiling() / 1e9
     print(f"device {meta['device']}: copy ceiling {meta['copy_gbps']:.0f} GB/s", flush=True)
+    if args.moe:
+        return main_moe(args, meta, t_start)
     parity_res = {} if args.skip_parity else parity()
     bad = {k: v for k, v in parity_res.items() if not v <= 2e-2}
     for k, v in parity_res.items():
@@ -343,6 +474,24 @@ def main() -> int:
     with open(md, "w") as f:
         f.write(markdown(meta, parity_res, records))
     print(f"wrote {out} and {md} in {meta['seconds']:.0f} s", flush=True)
+    return 1 if bad else 0
+
+
+def main_moe(args, meta, t_start) -> int:
+    ceiling = meta["copy_gbps"] * 1e9
+    rows = (1, 8, 32) if args.quick else MOE_ROWS
+    records: list[dict] = []
+    bench_moe(records, rows, ceiling)
+    bench_linear(records, rows, ceiling)
+    meta["seconds"] = time.perf_counter() - t_start
+    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+    with open(args.out, "w") as f:
+        json.dump(dict(meta=meta, records=records), f, indent=1)
+    md = os.path.splitext(args.out)[0] + ".md"
+    with open(md, "w") as f:
+        f.write(markdown_moe(meta, records))
+    print(f"wrote {args.out} and {md} in {meta['seconds']:.0f} s", flush=True)
+    bad = [r for r in records if r.get("rel_err") is not None and not r["rel_err"] <= 2e-2]
     return 1 if bad else 0
 
 

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Compile-only check of the HIP path of the cyext kernels (cyext/src/strata_kernels.cu through
-# cyext/src/hip_compat.h) for AMD gfx90a (MI200). Exit 0 with a message when hipcc is absent.
+# Compile-only check of the HIP path of the cyext kernels (cyext/src/strata_kernels.cu and
+# strata_moe.cu, through cyext/src/hip_compat.h) for AMD gfx90a (MI200). Exit 0 with a message
+# when hipcc is absent.
 #   scripts/build_hip.sh [--ext]     --ext: also build the Cython extension against it
 #                                    (STRATA_BACKEND=hip python setup.py build_ext in a temp dir)
 # Environment: STRATA_HIP_ARCH (default gfx90a), HIPCC (default: hipcc on PATH).
@@ -16,10 +17,12 @@ OUT="$(mktemp -d)"
 trap 'rm -rf "$OUT"' EXIT
 export HIP_PLATFORM=amd
 start=$(date +%s)
-echo "build_hip.sh: $HIPCC -x hip --offload-arch=$ARCH cyext/src/strata_kernels.cu"
-"$HIPCC" -x hip -O3 -std=c++17 -fPIC --offload-arch="$ARCH" -Icyext/src \
-  -c cyext/src/strata_kernels.cu -o "$OUT/strata_kernels_hip.o"
-echo "build_hip.sh: compiled in $(( $(date +%s) - start )) s ($(stat -c %s "$OUT/strata_kernels_hip.o") bytes)"
+for src in strata_kernels strata_moe; do
+  echo "build_hip.sh: $HIPCC -x hip --offload-arch=$ARCH cyext/src/$src.cu"
+  "$HIPCC" -x hip -O3 -std=c++17 -fPIC --offload-arch="$ARCH" -Icyext/src \
+    -c "cyext/src/$src.cu" -o "$OUT/${src}_hip.o"
+  echo "build_hip.sh: compiled $src in $(( $(date +%s) - start )) s ($(stat -c %s "$OUT/${src}_hip.o") bytes)"
+done
 if [[ "${1:-}" == "--ext" ]]; then
   STRATA_BACKEND=hip STRATA_CUDA=1 python setup.py build_ext --build-temp "$OUT/tmp" \
     --build-lib "$OUT/lib"

@@ -12,11 +12,13 @@
 #                                                            #   server bench (re-measure)
 #   STRATA_COMMIT=<hash> bash scripts/gpu_acceptance.sh 4    # ~9 min: engine.batch_invariant, bf16 text
 #                                                            #   and cost
+#   STRATA_COMMIT=<hash> bash scripts/gpu_acceptance.sh 5    # ~8 min: sim transfer check (new workload,
+#                                                            #   quick calibration, both presets)
 #
 # STRATA_COMMIT names the commit in the results (the device's copy of the tree may carry a
 # stale .git). Every step prints one summary line; see docs/GPU_RUNBOOK.md for what each feeds.
 set -u
-part=${1:?usage: gpu_acceptance.sh 1|1k|2|2b|2s|3|4}
+part=${1:?usage: gpu_acceptance.sh 1|1k|2|2b|2s|3|4|5}
 OUT=${OUT:?set OUT to the results directory}
 export PYTHONUNBUFFERED=1
 # The device tool brings back at most 8 files from $OUT: every log and result goes under $R
@@ -96,5 +98,12 @@ case $part in
   TAIL=12 step invariant_w16 150 python3 scripts/bench_engine.py --n 8 --window-rows 16 \
       --configs solo_inv,batch_mtp_inv,batch_mtp --repeats 1 --no-reverse --max-tokens 256 \
       --json "$R/invariant_w16.json" --md "$R/invariant_w16.md"
+  ;;
+5)  # the simulator on a workload its profile never saw (issue 21): code-prompt cohorts (64-token
+    # prompts, 256 output tokens) at the engine's served defaults, acceptance learned from 8
+    # other prompts, a quick calibration on the compiled model, then predictions from the shipped
+    # preset and the calibrated one with their ranges. Most of a bare machine's time is the
+    # first compile; the table is written as soon as the shipped predictions are in.
+  TAIL=16 step sim_transfer 480 python3 scripts/sim_transfer_check.py --device cuda --out "$R/transfer"
   ;;
 esac

@@ -3,6 +3,8 @@
     python -m sim mode=replay trace=FILE          exit 0 identical, 1 divergent, 2 bad input
     python -m sim mode=predict profile=FILE workload=poisson hydra.run.dir=DIR
     python -m sim -m engine.slots=1,2,4,8 engine.graph_key=layout,shape   (one run per subdir)
+    python -m sim mode=predict hardware=h200_tiny_bf16 workload=cohort ...   (a hardware preset)
+    python -m sim calibrate device=cuda           (sim/calibrate.py: measure, write a preset)
 """
 
 from __future__ import annotations
@@ -33,6 +35,9 @@ def main(cfg: DictConfig) -> None:
             for key in ("profile", "compare_with"):
                 if cfg[key]:
                     cfg[key] = to_absolute_path(cfg[key])
+            if cfg.acceptance.from_trace:
+                cfg.acceptance.from_trace = to_absolute_path(cfg.acceptance.from_trace)
+            cfg.spread.profiles = [to_absolute_path(p) for p in cfg.spread.profiles]
             rc = main_predict(cfg, HydraConfig.get().runtime.output_dir)
     except (SimConfigError, ProfileError, SimulationError) as e:
         print(f"error: {e}", file=sys.stderr)
@@ -42,4 +47,9 @@ def main(cfg: DictConfig) -> None:
 
 
 if __name__ == "__main__":
+    if len(sys.argv) > 1 and sys.argv[1] == "calibrate":
+        # Not a Hydra run: it measures the engine and writes config files for later runs.
+        from .calibrate import main as calibrate_main
+
+        sys.exit(calibrate_main(sys.argv[2:]))
     main()

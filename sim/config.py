@@ -18,6 +18,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
+from omegaconf import OmegaConf
+
 from strata.config import ConfigError, EngineConfig, store_schemas
 from strata.config import validate_engine as validate_strata_engine
 
@@ -121,6 +123,40 @@ class SimAcceptanceConfig:
     #: chain: give each request its own difficulty, as the profile fitted it (`chain.spread`,
     #: `chain.offset`); false = every request sees the same rates.
     request_spread: bool = True
+    #: An engine trace (trace.jsonl) of the user's own workload: the model's parameters are
+    #: fitted from its commits instead of the profile's (implies from_profile's use of a fit).
+    from_trace: Optional[str] = None
+    #: With from_trace: fit from the trace's first this many requests only (in admission
+    #: order); 0 = all of them.
+    from_trace_requests: int = 0
+
+
+@dataclass
+class SimSpreadConfig:
+    """The range a prediction reports besides its point (sim/spread.py)."""
+    #: Report a range at all (each end is one more simulation of the workload).
+    enabled: bool = True
+    #: Quantiles of the profile's per-run speed factors (source.trace_speeds) that price the
+    #: fast and the slow end: every window, prompt chunk and host gap at that speed.
+    quantiles: list[float] = field(default_factory=lambda: [0.1, 0.9])
+    #: Stated speed difference between machines of the same kind, beyond the runs the profile
+    #: saw (a fraction: 0.2 = the fast end 20% faster, the slow end 20% slower). A hardware
+    #: preset states it from its own evidence; a profile calibrated on this machine needs none.
+    machine: float = 0.0
+    #: More cost profiles of the same hardware (other machines, other calls): the range is
+    #: the envelope of every profile's range.
+    profiles: list[str] = field(default_factory=list)
+
+
+@dataclass
+class SimHardwareConfig:
+    """What a hardware preset (conf/sim/hardware/NAME.yaml) says about itself; the preset
+    sets `profile`, the `memory` group, engine defaults and `spread` through the global
+    package. Empty when no preset is chosen."""
+    #: The preset's name (the file's stem).
+    name: str = ""
+    #: Free text: the device, dtype, model and where the profile comes from.
+    description: str = ""
 
 
 @dataclass
@@ -144,6 +180,8 @@ class SimConfig:
     memory: SimMemoryConfig = field(default_factory=SimMemoryConfig)
     workload: SimWorkloadConfig = field(default_factory=SimWorkloadConfig)
     acceptance: SimAcceptanceConfig = field(default_factory=SimAcceptanceConfig)
+    spread: SimSpreadConfig = field(default_factory=SimSpreadConfig)
+    hardware: SimHardwareConfig = field(default_factory=SimHardwareConfig)
 
 
 class SimConfigError(ConfigError):
@@ -152,6 +190,10 @@ class SimConfigError(ConfigError):
 
 def register_configs() -> None:
     store_schemas(SimConfig, "sim_schema", group_prefix="sim_")
+    if not OmegaConf.has_resolver("sim_conf"):
+        # `${sim_conf:profiles/X.json}`: a path under conf/sim/, as hardware presets name
+        # their profile wherever the simulator runs from.
+        OmegaConf.register_new_resolver("sim_conf", lambda rel: str(Path(SIM_CONF_DIR) / rel))
 
 
 def validate_engine(e: Any) -> None:
@@ -218,6 +260,19 @@ def validate_acceptance(a: Any) -> None:
                              f"{list(a.position_depth_factors)}")
     if a.position_tokens < 1:
         raise SimConfigError(f"acceptance.position_tokens: must be >= 1, got {a.position_tokens}")
+    if a.from_trace_requests < 0:
+        raise SimConfigError(f"acceptance.from_trace_requests: must be >= 0 (0 = all), got "
+                             f"{a.from_trace_requests}")
+    if a.from_trace_requests and not a.from_trace:
+        raise SimConfigError("acceptance.from_trace_requests: needs acceptance.from_trace=FILE")
+
+
+def validate_spread(s: Any) -> None:
+    q = list(s.quantiles)
+    if len(q) != 2 or not 0.0 <= q[0] <= q[1] <= 1.0:
+        raise SimConfigError(f"spread.quantiles: must be two ascending numbers in [0, 1], got {q}")
+    if not 0.0 <= s.machine < 1.0:
+        raise SimConfigError(f"spread.machine: must be in [0, 1), got {s.machine}")
 
 
 def validate(cfg: Any) -> None:
@@ -231,3 +286,4 @@ def validate(cfg: Any) -> None:
     validate_memory(cfg.memory)
     validate_workload(cfg.workload)
     validate_acceptance(cfg.acceptance)
+    validate_spread(cfg.spread)

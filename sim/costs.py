@@ -38,7 +38,12 @@ the last segment's slope (device time keeps growing with work), tiers clamp to t
 measured tier. Below the first point rows and tokens scale proportionally toward zero work.
 A window whose shape (groups as run, rows per group) is in `decode.shapes` takes that shape's
 column instead of the rows table: a 1x4 window (one 4-row group) and a 2x2 one have the same
-rows but not the same cost. With `prefill.table`, prefill time is also linear in log2(tier).
+rows but not the same cost. A shape the profile never measured takes the measured shape with
+the same rows per group and the nearest group count (in log2; the larger on a tie): on the
+H200, windows of one group depth cost nearly the same at any group count (2-row groups:
+444-471 us from 1x2 to 8x2), while the rows table mixes depths (its 4-row cell is mostly 1x4
+windows, 25% dearer than 2x2; plain batch's 4x1 windows, never profiled, were priced there).
+With no measured shape of that depth it falls back to the rows table. With `prefill.table`, prefill time is also linear in log2(tier).
 """
 
 from __future__ import annotations
@@ -156,6 +161,8 @@ class CostProfile:
         log_tiers = [math.log2(t) for t in self.decode_tiers]
         i, j, w = _bracket(math.log2(tier), log_tiers)
         name = None if shape is None else f"{shape[0]}x{shape[1]}"
+        if self.decode_shapes is not None and shape is not None and name not in self.decode_shapes:
+            name = self._same_depth_shape(shape)
         if self.decode_shapes is not None and name in self.decode_shapes:
             k = self.decode_shapes.index(name)
             table = self.decode_shape_s[action]
@@ -165,6 +172,16 @@ class CostProfile:
         lo = _interp(rows, self.decode_rows, table[i])
         hi = _interp(rows, self.decode_rows, table[j])
         return lo + w * (hi - lo)
+
+    def _same_depth_shape(self, shape: tuple[int, int]) -> Optional[str]:
+        """The measured shape with `shape`'s rows per group and the nearest group count (log2
+        distance, the larger on a tie), or None."""
+        groups, depth = shape
+        same = [(int(n), name) for name in self.decode_shapes
+                for n, _, g in [name.partition("x")] if int(g) == depth]
+        if not same or groups < 1:
+            return None
+        return min(same, key=lambda c: (abs(math.log2(c[0]) - math.log2(groups)), -c[0]))[1]
 
     # --- construction --------------------------------------------------------------------
 

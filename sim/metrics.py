@@ -13,6 +13,7 @@ from strata.metrics import RequestTimes, aggregate, ratio, request_metrics
 
 from .scheduler import RequestRecord
 from .simulation import SimRun
+from .spread import range_rows
 
 
 def request_times(rec: RequestRecord) -> RequestTimes:
@@ -74,6 +75,8 @@ def metrics_table(m: dict[str, Any]) -> str:
          f"{g['hit']} / {g['capture']} / {g['eager']} / {g['evict']}"),
         ("distinct graph keys", str(m["sim"]["distinct_graph_keys"])),
     ]
+    if m.get("range"):
+        rows[3:3] = range_rows(m["range"])
     if m["sim"]["crashed_at_step"] is not None:
         rows.append(("ENGINE EXIT (upstream OOM) at step", str(m["sim"]["crashed_at_step"])))
     width = max(len(k) for k, _ in rows)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any, Optional
 
@@ -24,7 +24,9 @@ from .graph_cache import MemoryFacts
 from .metrics import (compare_metrics, comparison_table, metrics_table, outputs_lines,
                       run_metrics)
 from .simulation import Scenario, SimRun, simulate
+from .spread import prediction_range
 from .streams import RandomStreams
+from .trace_acceptance import fit_from_trace
 from .workload import build_workload
 
 
@@ -54,12 +56,31 @@ def slots_that_fit(cfg: SimConfig) -> tuple[int, str]:
                f"{room:.0f} MiB")
 
 
-def build_scenario(cfg: Any, profile: Optional[CostProfile] = None) -> tuple[Scenario, str]:
-    """The predict scenario of config `cfg`, and the slot-count info line."""
+def acceptance_inputs(cfg: SimConfig, profile: CostProfile) -> tuple[Any, Optional[dict]]:
+    """The acceptance config and fit a prediction uses: with acceptance.from_trace, the fit
+    of that trace (and the config takes its parameters from it, as from a profile); else
+    the profile's fit."""
+    a = cfg.acceptance
+    if a.from_trace:
+        fit = fit_from_trace(a.from_trace, a.from_trace_requests)
+        if a.model == "chain" and not fit.get("chain"):
+            raise SimConfigError(
+                f"acceptance.from_trace: {a.from_trace}: no chain fit (its windows judged no "
+                "grouped drafts, e.g. one request at a time); use acceptance=position or fixed")
+        return replace(a, from_profile=True), fit
+    return a, profile.acceptance
+
+
+def build_scenario(cfg: Any, profile: Optional[CostProfile] = None,
+                   acceptance: Optional[tuple[Any, Optional[dict]]] = None
+                   ) -> tuple[Scenario, str]:
+    """The predict scenario of config `cfg`, and the slot-count info line. `acceptance`:
+    (config, fit) as acceptance_inputs returns them (computed when None)."""
     cfg = _as_config(cfg)
     validate(cfg)
     if profile is None:
         profile = CostProfile.load(cfg.profile or NOMINAL_PROFILE)
+    acc_cfg, acc_fit = acceptance or acceptance_inputs(cfg, profile)
     streams = RandomStreams(cfg.seed)
     e, m = cfg.engine, cfg.memory
     slots, info = slots_that_fit(cfg)
@@ -78,7 +99,7 @@ def build_scenario(cfg: Any, profile: Optional[CostProfile] = None) -> tuple[Sce
     scenario = Scenario(
         knobs=e, memory=memory, slots=slots,
         requests=build_workload(cfg.workload, streams),
-        acceptance=build_acceptance(cfg.acceptance, streams, profile.acceptance),
+        acceptance=build_acceptance(acc_cfg, streams, acc_fit),
         costs=profile, measure_capture=measure_capture,
         config_engine=asdict(e),
         config_memory={"total_mib": m.total_mib, "weights_mib": m.weights_mib,
@@ -109,8 +130,14 @@ class PredictResult:
 
 def run_predict(cfg: Any, out_dir: Optional[str | Path] = None,
                 profile: Optional[CostProfile] = None) -> PredictResult:
-    """Simulate; with `out_dir`, write outputs.jsonl, trace.jsonl and metrics.json there."""
-    scenario, info = build_scenario(cfg, profile)
+    """Simulate; with `out_dir`, write outputs.jsonl, trace.jsonl and metrics.json there.
+    With spread.enabled, metrics.json has a `range` section (sim/spread.py)."""
+    cfg = _as_config(cfg)
+    validate(cfg)
+    if profile is None:
+        profile = CostProfile.load(cfg.profile or NOMINAL_PROFILE)
+    acceptance = acceptance_inputs(cfg, profile)
+    scenario, info = build_scenario(cfg, profile, acceptance)
     if out_dir is None:
         run = simulate(scenario)
     else:
@@ -119,6 +146,12 @@ def run_predict(cfg: Any, out_dir: Optional[str | Path] = None,
         with open(out / "trace.jsonl", "w", encoding="utf-8") as f:
             run = simulate(scenario, trace_stream=f)
     metrics = run_metrics(run)
+    if cfg.spread.enabled:
+        profiles = [(cfg.profile or NOMINAL_PROFILE, profile)] + [
+            (p, CostProfile.load(p)) for p in cfg.spread.profiles]
+        metrics["range"] = prediction_range(
+            cfg.spread, profiles, metrics,
+            lambda prof: run_metrics(simulate(build_scenario(cfg, prof, acceptance)[0])))
     if out_dir is not None:
         with open(out / "outputs.jsonl", "w", encoding="utf-8") as f:
             for line in outputs_lines(run):

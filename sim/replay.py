@@ -177,20 +177,16 @@ def measured_capture_mib(events: list[dict[str, Any]]) -> list[float]:
 
 
 def memory_overrides(events: list[dict]) -> list[str]:
-    """The simulator's memory facts from the engine's trace: the device, weights and slot sizes
-    the engine recorded, and the graph size it measured (the mean of its captures; a CPU
-    engine's fixed size; else its estimate). Without them the simulator would plan graphs
-    into the default 24 GB card's budget and evict where the engine never did."""
-    cfg = events[0]
-    mem, eng = cfg["memory"], cfg["engine"]
-    sizes = measured_capture_mib(events)
-    graph = (sum(sizes) / len(sizes) if sizes else
-             float(mem["graph_mib"]) if mem.get("graph_mib") is not None else
-             float(eng["graph_mib_estimate"]))
-    return [f"memory.total_mib={float(mem['total_mib'])}",
-            f"memory.weights_mib={float(mem['weights_mib'])}",
-            f"memory.slot_mib={float(mem['slot_mib'])}", f"memory.graph_mib={graph}",
-            "memory.graph_mib_jitter=0", f"engine.vram_reserve_mib={int(eng['vram_reserve_mib'])}"]
+    """The simulator's memory facts from the engine's trace (sim.calibrate.memory_facts: the
+    device, weights and slot sizes the engine recorded, and the graph size it measured).
+    Without them the simulator would plan graphs into the default 24 GB card's budget and
+    evict where the engine never did."""
+    from .calibrate import memory_facts
+
+    facts = memory_facts(events)
+    eng = events[0]["engine"]
+    return [f"memory.{k}={float(v)}" for k, v in facts.items()] + [
+        "memory.graph_mib_jitter=0", f"engine.vram_reserve_mib={int(eng['vram_reserve_mib'])}"]
 
 
 def scenario_from_trace(events: list[dict[str, Any]], lines: Optional[list[int]] = None,

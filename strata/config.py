@@ -25,9 +25,19 @@ class ModelConfig:
     #: auto (the checkpoint's torch_dtype, float32 on CPU), float32, bfloat16 or float16.
     dtype: str = "auto"
     #: MoE blocks with at most this many experts always run dense as two fused matmuls (fewer
-    #: launches, and the same arithmetic for every window shape); larger ones gather the routed
-    #: experts whenever rows x top-k is below the expert count.
+    #: launches, and the same arithmetic for every window shape); larger ones (and FP8 ones) run
+    #: the routed experts grouped by expert (ops.moe_experts) whenever rows x top-k is below the
+    #: expert count, with the shared expert folded into the same call where it has their shape.
     moe_dense_experts: int = 16
+    #: auto: the safetensors weights (a directory without them is an error that says to pass
+    #: dummy); safetensors: the same; dummy: seeded random weights built on the device from
+    #: config.json alone (benchmarks at real shapes without a checkpoint).
+    load_format: str = "auto"
+    #: load_format=dummy: the seed of the random weights (the same seed, the same weights).
+    dummy_seed: int = 0
+    #: load_format=dummy: run only the first N decoder layers (null = the config's
+    #: num_hidden_layers), e.g. a bfloat16 80B model at the depth that fits.
+    num_layers: Optional[int] = None
 
 
 #: Field metadata of an engine knob that every engine trace's `config` line has recorded since
@@ -266,6 +276,13 @@ def validate_engine(e: Any, error: type[ValueError] = ConfigError) -> None:
         bad("context_tier_min", f"must be >= 1, got {e.context_tier_min}")
     if not e.shape_buckets or list(e.shape_buckets) != sorted(set(e.shape_buckets)) or e.shape_buckets[0] < 1:
         bad("shape_buckets", f"must be ascending distinct positive ints, got {list(e.shape_buckets)}")
+
+
+def validate_model(m: Any) -> None:
+    """Check model knobs before the checkpoint is read (the loader checks the rest: the path,
+    load_format and num_layers against the checkpoint)."""
+    if m.moe_dense_experts < 0:
+        raise ConfigError(f"model.moe_dense_experts: must be >= 0, got {m.moe_dense_experts}")
 
 
 def plain_engine_config(ecfg: Any) -> EngineConfig:

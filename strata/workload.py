@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 from typing import Any, Optional
 
@@ -58,19 +59,27 @@ def check_workload(w: Any) -> None:
         raise WorkloadError(f"workload.prompt_tokens: must be >= 1, got {w.prompt_tokens}")
 
 
-def load_workload(w: Any, tokenizer, vocab_size: int) -> list[Request]:
-    """Requests of the configured workload, in input order."""
+def _stderr(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+def load_workload(w: Any, tokenizer, vocab_size: int, log=_stderr) -> list[Request]:
+    """Requests of the configured workload, in input order. Without a tokenizer (a model of
+    dummy weights from a config alone) the default workload's code prompts become random
+    token-id prompts, as kind=synthetic draws them."""
     check_workload(w)
-    if w.kind == "default":
-        if tokenizer is None:
-            raise WorkloadError("workload=default needs a tokenizer.json in the model directory")
+    if w.kind == "default" and tokenizer is None:
+        log(f"INFO workload=default: the model has no tokenizer.json, so its {w.requests} prompts "
+            f"are {w.prompt_tokens} random token ids each (workload.seed={w.seed}, "
+            f"workload.prompt_tokens), not the code prompts")
+    if w.kind == "default" and tokenizer is not None:
         n = w.requests
         return [Request(f"req{i}", tokenizer.encode(DEFAULT_PROMPTS[i % len(DEFAULT_PROMPTS)]),
                         _params({"seed": w.seed + i}, w, "workload"),
                         arrival_step=i * w.stagger_steps,
                         prompt_text=DEFAULT_PROMPTS[i % len(DEFAULT_PROMPTS)])
                 for i in range(n)]
-    if w.kind == "synthetic":
+    if w.kind in ("synthetic", "default"):
         rng = np.random.default_rng(w.seed)
         low = 1 if vocab_size > 1 else 0  # id 0 is EOS in strata's tiny models
         return [Request(f"req{i}", rng.integers(low, vocab_size, w.prompt_tokens).tolist(),
@@ -110,7 +119,8 @@ def load_request_file(path: Optional[str], w: Any, tokenizer, vocab_size: int) -
             if not isinstance(d["prompt"], str):
                 raise WorkloadError(f"{where}: prompt must be a string")
             if tokenizer is None:
-                raise WorkloadError(f"{where}: prompt text needs a tokenizer.json; use prompt_ids")
+                raise WorkloadError(f"{where}: request {rid!r}: a text prompt needs a "
+                                    f"tokenizer.json, and the model has none; give prompt_ids")
             ids = tokenizer.encode(d["prompt"])
         else:
             ids = d["prompt_ids"]

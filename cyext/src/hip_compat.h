@@ -21,11 +21,13 @@
 // partitions the wavefront (64 lanes on CDNA) the same way as on CUDA.
 #define STRATA_SHFL_XOR(v, m, w) __shfl_xor((v), (m), (w))
 #define STRATA_SHFL(v, src, w) __shfl((v), (src), (w))
+#define STRATA_SHFL_UP(v, d, w) __shfl_up((v), (d), (w))
 #else
 #include <cuda_runtime.h>
 #define STRATA_PLATFORM_HIP 0
 #define STRATA_SHFL_XOR(v, m, w) __shfl_xor_sync(0xffffffffu, (v), (m), (w))
 #define STRATA_SHFL(v, src, w) __shfl_sync(0xffffffffu, (v), (src), (w))
+#define STRATA_SHFL_UP(v, d, w) __shfl_up_sync(0xffffffffu, (v), (d), (w))
 #endif
 
 // The tensor-core (mma.sync / ldmatrix / cp.async) attention path exists only for NVIDIA sm_80+.

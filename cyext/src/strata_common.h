@@ -10,6 +10,7 @@
 #define STRATA_DTYPE_F32 0
 #define STRATA_DTYPE_BF16 1
 #define STRATA_DTYPE_F16 2
+#define STRATA_DTYPE_FP8 3  // float8_e4m3fn (weights only, with block scales)
 
 #if defined(__CUDACC__) || defined(__HIPCC__)
 #define STRATA_HD __host__ __device__ __forceinline__
@@ -115,6 +116,19 @@ template <> STRATA_HD float from_f<F32>(float x) { return x; }
 template <> STRATA_HD uint16_t from_f<BF16>(float x) { return float_to_bf16(x); }
 template <> STRATA_HD uint16_t from_f<F16>(float x) { return float_to_f16(x); }
 
-STRATA_HD int dtype_size(int dtype) { return dtype == STRATA_DTYPE_F32 ? 4 : 2; }
+STRATA_HD int dtype_size(int dtype) {
+  return dtype == STRATA_DTYPE_F32 ? 4 : (dtype == STRATA_DTYPE_FP8 ? 1 : 2);
+}
+
+// float8_e4m3fn byte -> float, exactly (sign, 4 exponent bits with bias 7, 3 mantissa bits;
+// exponent 0 is subnormal, 0x7f / 0xff are NaN, no infinities). Portable software decode.
+STRATA_HD float fp8e4m3_to_float(uint8_t b) {
+  const uint32_t e = (b >> 3) & 0xfu, m = b & 7u;
+  float v;
+  if (e == 0) v = (float)m * 0.001953125f;  // m * 2^-9
+  else if (e == 15 && m == 7) v = bits_to_float(0x7fc00000u);
+  else v = bits_to_float(((e + 120u) << 23) | (m << 20));
+  return (b & 0x80u) ? -v : v;
+}
 
 }  // namespace strata

@@ -240,3 +240,5 @@ int strata_cpu_commit(const int64_t* accept, const int64_t* group_slot, const in
 }
 
 }  // extern "C"
+
+#include "strata_cpu_moe.inc"  // routed experts and the FP8 linear (same translation unit)

@@ -53,6 +53,20 @@ int strata_cpu_commit(const int64_t* accept, const int64_t* group_slot, const in
                       int state_dtype, const int64_t* conv_strides, int64_t nslots,
                       int64_t* slot_pos);
 
+// Routed experts (reference.moe_experts): x, out (n, H) contiguous in x_dtype; w_gate_up
+// (E, 2I, H), w_down (E, H, I) contiguous in w_dtype (STRATA_DTYPE_FP8 with gu_scale
+// (E, 2*ceil(I/bo), ceil(H/bi)) and down_scale (E, ceil(H/bo), ceil(I/bi)) float32);
+// topk_weight (n, k) float32 and topk_ids (n, k) int64, contiguous. ids out of range: error.
+int strata_cpu_moe_experts(const void* x, int x_dtype, const void* w_gate_up, const void* w_down,
+                           int w_dtype, const float* gu_scale, const float* down_scale,
+                           int64_t bo, int64_t bi, const float* topk_weight,
+                           const int64_t* topk_ids, int64_t n, int64_t k, int64_t E, int64_t H,
+                           int64_t I, void* out);
+
+// out (m, o) = x (m, in) . W^T for W (o, in) float8_e4m3fn with scale (ceil(o/bo), ceil(in/bi)).
+int strata_cpu_linear_fp8(const void* x, int x_dtype, int64_t m, int64_t in, const void* w,
+                          const float* scale, int64_t bo, int64_t bi, int64_t o, void* out);
+
 #ifdef __cplusplus
 }
 #endif

@@ -18,10 +18,12 @@
 //                            group); the state slice lives in registers; one snapshot per row.
 //   conv_kernel              depthwise causal conv + SiLU over a group's rows, with snapshots.
 //   commit_kernel            copies each group's accepted snapshot into its slot, advances pos.
+//   moe_* / linear_skinny_*  routed experts and the skinny FP8/bf16 linear: strata_moe.cu.
 
 #include "hip_compat.h"
 #include "strata_common.h"
 #include "strata_kernels.h"
+#include "strata_gpu_internal.h"
 
 #include <math.h>
 #include <stdint.h>
@@ -1274,3 +1276,9 @@ int strata_gpu_commit(const int64_t* accept, const int64_t* group_slot, const in
 }
 
 }  // extern "C"
+
+// Shared with the other GPU translation unit (strata_moe.cu), see strata_gpu_internal.h.
+namespace strata {
+void gpu_set_last_kernel(const char* name) { g_last_kernel = name; }
+int gpu_use_device(int device) { return use_device(device); }
+}  // namespace strata

@@ -64,6 +64,28 @@ int strata_gpu_commit(const int64_t* accept, const int64_t* group_slot, const in
                       int state_dtype, const int64_t* conv_strides, int64_t nslots,
                       int64_t* slot_pos, int device, uintptr_t stream);
 
+// Routed experts at decode sizes (see strata_moe.cu): x (n, H) in x_dtype, contiguous;
+// w_gate_up (E, 2I, H) and w_down (E, H, I) contiguous in w_dtype (F32/BF16/F16, or
+// STRATA_DTYPE_FP8 with gu_scale (E, 2*ceil(I/bo), ceil(H/bi)) and down_scale
+// (E, ceil(H/bo), ceil(I/bi)) float32, bi % 16 == 0); topk_weight (n, k) float32, topk_ids (n, k)
+// int64 (out-of-range ids are clamped); out (n, H) in x_dtype. workspace: float32, at least
+// strata_gpu_moe_workspace(n, k, I) elements, 16-byte aligned, owned by the caller (no
+// initialisation needed). Limits: n <= 32, n * k <= 512, H and I multiples of 16, a weight row
+// at most 8 KiB. Two launches, grids fixed by the shapes.
+int64_t strata_gpu_moe_workspace(int64_t n, int64_t k, int64_t inter);
+int strata_gpu_moe_experts(const void* x, int x_dtype, const void* w_gate_up, const void* w_down,
+                           int w_dtype, const float* gu_scale, const float* down_scale,
+                           int64_t bo, int64_t bi, const float* topk_weight,
+                           const int64_t* topk_ids, int64_t n, int64_t k, int64_t E, int64_t H,
+                           int64_t I, void* out, float* workspace, int device, uintptr_t stream);
+
+// out (m, o) = x (m, in) . W^T for m <= 32 rows; W (o, in) float8_e4m3fn with scale
+// (ceil(o/bo), ceil(in/bi)) float32 (bi % 16 == 0), or bfloat16 (scale NULL). x and out in
+// x_dtype, contiguous; in % 16 == 0. fp32 accumulation, one launch.
+int strata_gpu_linear_skinny(const void* x, int x_dtype, int64_t m, int64_t in, const void* w,
+                             int w_dtype, const float* scale, int64_t bo, int64_t bi, int64_t o,
+                             void* out, int device, uintptr_t stream);
+
 #ifdef __cplusplus
 }
 #endif

@@ -16,7 +16,7 @@ from typing import Any, Callable, Optional
 import torch
 
 from strata.config import (ConfigError, batch_mtp_from_env, check_known_keys, engine_knobs,
-                           plain_engine_config, validate_engine)
+                           plain_engine_config, validate_engine, validate_model)
 from strata.engine.arrivals import Arrivals
 from strata.engine.compiling import compiled_functions
 from strata.engine.device import MIB, device_free_used_mib, resolve_device
@@ -33,7 +33,7 @@ from strata.engine.window import window_shape
 from strata.kernels import ops
 from strata.kinds import FinishReason, PlanKind
 from strata.metrics import engine_request_times, request_timings
-from strata.model.loader import LoadedModel, load_checkpoint
+from strata.model.loader import LoadedModel, load_model
 from strata.model.state import DecodeState
 from strata.trace import TraceWriter, context_tier
 
@@ -45,15 +45,13 @@ class Engine:
         check_known_keys(cfg)
         device = resolve_device(cfg.device)
         validate_engine(cfg.engine)  # fail before the checkpoint is read
+        validate_model(cfg.model)
         try:
             chosen = ops.set_backend(cfg.backend.name, device.type)
         except ValueError as e:
             raise ConfigError(str(e)) from None
         log(f"INFO kernels: backend={chosen} ({cfg.backend.name} asked)")
-        if cfg.model.moe_dense_experts < 0:
-            raise ConfigError(f"model.moe_dense_experts: must be >= 0, got {cfg.model.moe_dense_experts}")
-        loaded = load_checkpoint(cfg.model.path, cfg.model.dtype, device, log=log,
-                                 moe_dense_experts=int(cfg.model.moe_dense_experts))
+        loaded = load_model(cfg.model, device, log)
         return cls(loaded, cfg.engine, device, log=log, trace_path=trace_path)
 
     def __init__(self, loaded: LoadedModel, ecfg: Any, device: torch.device,

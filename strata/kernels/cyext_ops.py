@@ -21,6 +21,8 @@ import os
 
 import torch
 
+from strata.kernels import reference
+
 try:
     from strata.kernels import strata_cpu as _cpu
     CPU_IMPORT_ERROR: Exception | None = None
@@ -139,12 +141,65 @@ def cpu_commit_accepted(accept, group_slot, group_pos, rec_snaps, conv_snaps, re
                          slot_pos)
 
 
+def _block_args(op: str, w: torch.Tensor, gu_or_scale, block) -> tuple[int, int]:
+    """(bo, bi) for the kernels: the FP8 block, or (1, 1) for float weights (scales unused)."""
+    if w.dtype != getattr(torch, "float8_e4m3fn", None):
+        return 1, 1
+    if block is None or gu_or_scale is None:
+        raise ValueError(f"{op}: float8_e4m3fn weights need their block scales and block=(bo, bi)")
+    bo, bi = (int(b) for b in block)
+    return bo, bi
+
+
+def _moe_inputs(x, topk_weight, topk_ids):
+    return (x.contiguous(), topk_weight.to(torch.float32).contiguous(), _index2d(topk_ids))
+
+
+def _index2d(t: torch.Tensor) -> torch.Tensor:
+    if t.dtype != torch.int64:
+        t = t.to(torch.int64)
+    return t if t.is_contiguous() else t.contiguous()
+
+
+def cpu_moe_experts(x, w_gate_up, w_down, topk_weight, topk_ids, gu_scale=None, down_scale=None,
+                    block=None, *, out=None):
+    """Routed experts on the CPU, grouped by expert: each distinct expert's rows are decoded
+    once for all the rows routed to it (reference.moe_experts semantics)."""
+    if _compiling() and out is None:
+        return torch.ops.strata.moe_experts(x, w_gate_up, w_down, topk_weight, topk_ids,
+                                            gu_scale, down_scale,
+                                            None if block is None else [int(b) for b in block])
+    bo, bi = _block_args("moe_experts", w_gate_up, gu_scale, block)
+    x, topk_weight, topk_ids = _moe_inputs(x, topk_weight, topk_ids)
+    if out is None:
+        out = torch.empty_like(x)
+    _cpu.moe_experts(x, w_gate_up.contiguous(), w_down.contiguous(), topk_weight, topk_ids,
+                     None if gu_scale is None else gu_scale.float().contiguous(),
+                     None if down_scale is None else down_scale.float().contiguous(), bo, bi, out)
+    return out
+
+
+def cpu_linear_fp8(x, weight, scale_inv, block, *, out=None):
+    """y = x @ dequant(weight)^T on the CPU (FP8 decoded exactly, per-element block scale)."""
+    if _compiling() and out is None:
+        return torch.ops.strata.linear_fp8(x, weight, scale_inv, [int(b) for b in block])
+    bo, bi = _block_args("linear_fp8", weight, scale_inv, block)
+    lead = x.shape[:-1]
+    x2 = x.reshape(-1, x.shape[-1]).contiguous()
+    y = torch.empty(x2.shape[0], weight.shape[0], dtype=x.dtype, device=x.device) \
+        if out is None else out.view(x2.shape[0], weight.shape[0])
+    _cpu.linear_fp8(x2, weight.contiguous(), scale_inv.float().contiguous(), bo, bi, y)
+    return y.view(*lead, weight.shape[0])
+
+
 CPU_OPS = {
     "write_kv": cpu_write_kv,
     "grouped_window_attention": cpu_grouped_window_attention,
     "causal_conv_window": cpu_causal_conv_window,
     "gated_delta_window": cpu_gated_delta_window,
     "commit_accepted": cpu_commit_accepted,
+    "moe_experts": cpu_moe_experts,
+    "linear_fp8": cpu_linear_fp8,
 }
 
 # ---------------------------------------------------------------------------------------------
@@ -320,12 +375,134 @@ def gpu_commit_accepted(accept, group_slot, group_pos, rec_snaps, conv_snaps, re
                          _stream(rec_state))
 
 
+#: Shapes the GPU routed-expert kernel takes (cyext/src/strata_moe.cu); others use the reference.
+MOE_MAX_ROWS = 32
+MOE_MAX_PAIRS = 512
+MOE_MAX_ROW_BYTES = 8192
+#: Rows the skinny linear kernel takes; more rows use the reference (dequantise + matmul).
+LINEAR_SKINNY_MAX_ROWS = 32
+
+
+def _aligned(t: torch.Tensor) -> torch.Tensor:
+    return t if t.data_ptr() % 16 == 0 else t.clone()
+
+
+def moe_kernel_supported(x, w_gate_up, k: int, block=None) -> bool:
+    """True when gpu_moe_experts runs these shapes on the kernel (rows beyond 32 are split into
+    chunks of 32 rows, which changes no row's result), False when it falls back to the
+    reference: H or I not a multiple of 16, a weight row over 8 KiB, top-k over 16, or FP8
+    with a scale block whose columns are not a multiple of 16."""
+    hidden = x.shape[-1]
+    inter = w_gate_up.shape[-2] // 2
+    esz = w_gate_up.element_size()
+    if hidden % 16 or inter % 16 or not 1 <= k <= MOE_MAX_PAIRS // MOE_MAX_ROWS:
+        return False
+    if max(hidden, inter) * esz > MOE_MAX_ROW_BYTES:
+        return False
+    if w_gate_up.dtype == getattr(torch, "float8_e4m3fn", None):
+        return block is not None and int(block[1]) % 16 == 0
+    return True
+
+
+def moe_workspace_numel(rows: int, k: int, inter: int) -> int:
+    """float32 scratch elements gpu_moe_experts needs for up to `rows` rows (<= 32 per launch)."""
+    return _gpu.moe_workspace_numel(min(int(rows), MOE_MAX_ROWS), int(k), int(inter))
+
+
+def _validate_ids(op: str, ids: torch.Tensor, num_experts: int) -> None:
+    if not _checks_enabled() or (ids.is_cuda and torch.cuda.is_current_stream_capturing()):
+        return
+    if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= num_experts):
+        raise ValueError(f"{op}: topk_ids values must be in [0, {num_experts}), got "
+                         f"{ids.tolist()}")
+
+
+def gpu_moe_experts(x, w_gate_up, w_down, topk_weight, topk_ids, gu_scale=None,
+                    down_scale=None, block=None, *, out=None, workspace=None):
+    """Routed experts on the GPU, grouped by expert on the device: each distinct expert's
+    gate/up and down weights are read once for all of its rows (two launches per 32 rows, fixed
+    grids, no host sync: capturable). Rows are independent: a row's result is bit-identical
+    whatever rows share the call. Shapes the kernel does not take (moe_kernel_supported) run
+    the reference. workspace: optional float32 scratch of moe_workspace_numel(N, k, I)."""
+    if _compiling() and out is None and workspace is None:
+        return torch.ops.strata.moe_experts(x, w_gate_up, w_down, topk_weight, topk_ids,
+                                            gu_scale, down_scale,
+                                            None if block is None else [int(b) for b in block])
+    k = topk_ids.shape[-1]
+    if not moe_kernel_supported(x, w_gate_up, k, block):
+        res = reference.moe_experts(x, w_gate_up, w_down, topk_weight, topk_ids, gu_scale,
+                                    down_scale, block)
+        if out is not None:
+            out.copy_(res)
+            return out
+        return res
+    bo, bi = _block_args("moe_experts", w_gate_up, gu_scale, block)
+    x, topk_weight, topk_ids = _moe_inputs(x, topk_weight, topk_ids)
+    x = _aligned(x)
+    _validate_ids("moe_experts", topk_ids, w_gate_up.shape[0])
+    n = x.shape[0]
+    inter = w_gate_up.shape[1] // 2
+    if out is None:
+        out = torch.empty_like(x)
+    need = _gpu.moe_workspace_numel(min(n, MOE_MAX_ROWS), k, inter)
+    if workspace is None or workspace.numel() < need or workspace.data_ptr() % 16:
+        workspace = torch.empty(need, dtype=torch.float32, device=x.device)
+    w_gate_up, w_down = w_gate_up.contiguous(), w_down.contiguous()
+    if gu_scale is not None:
+        gu_scale, down_scale = gu_scale.float().contiguous(), down_scale.float().contiguous()
+    stream = _stream(x)
+    for r0 in range(0, n, MOE_MAX_ROWS):  # rows are independent: chunks change no result
+        r1 = min(n, r0 + MOE_MAX_ROWS)
+        o = out if (r0 == 0 and r1 == n) else out[r0:r1]
+        _gpu.moe_experts(x[r0:r1], w_gate_up, w_down, topk_weight[r0:r1], topk_ids[r0:r1],
+                         gu_scale, down_scale, bo, bi, o, workspace, stream)
+    return out
+
+
+def gpu_linear_fp8(x, weight, scale_inv, block, *, out=None):
+    """y = x @ dequant(weight)^T. Up to 32 rows (x's leading dims flattened): the skinny kernel
+    (FP8 decoded in registers, each weight byte read once for all rows, fp32 accumulation, each
+    row independent of the others). More rows, in_features not a multiple of 16, or scale
+    blocks whose columns are not a multiple of 16: the reference (dequantise to float32 and
+    matmul)."""
+    if _compiling() and out is None:
+        return torch.ops.strata.linear_fp8(x, weight, scale_inv, [int(b) for b in block])
+    bo, bi = _block_args("linear_fp8", weight, scale_inv, block)
+    lead = x.shape[:-1]
+    x2 = x.reshape(-1, x.shape[-1])
+    if x2.shape[0] > LINEAR_SKINNY_MAX_ROWS or x.shape[-1] % 16 or bi % 16:
+        res = reference.linear_fp8(x, weight, scale_inv, block)
+        if out is not None:
+            out.copy_(res)
+            return out
+        return res
+    x2 = _aligned(x2.contiguous())
+    y = torch.empty(x2.shape[0], weight.shape[0], dtype=x.dtype, device=x.device) \
+        if out is None else out.view(x2.shape[0], weight.shape[0])
+    _gpu.linear_skinny(x2, weight.contiguous(), scale_inv.float().contiguous(), bo, bi, y,
+                       _stream(x))
+    return y.view(*lead, weight.shape[0])
+
+
+def gpu_linear_bf16_skinny(x, weight, *, out=None):
+    """y = x @ W^T for a bfloat16 W and at most 32 rows with the skinny kernel (for the
+    micro-benchmark against F.linear; not an op: it is offered only if it beats cuBLAS)."""
+    lead = x.shape[:-1]
+    x2 = _aligned(x.reshape(-1, x.shape[-1]).contiguous())
+    y = torch.empty(x2.shape[0], weight.shape[0], dtype=x.dtype, device=x.device) \
+        if out is None else out.view(x2.shape[0], weight.shape[0])
+    _gpu.linear_skinny(x2, weight.contiguous(), None, 1, 1, y, _stream(x))
+    return y.view(*lead, weight.shape[0])
+
+
 GPU_OPS = {
     "write_kv": gpu_write_kv,
     "grouped_window_attention": gpu_grouped_window_attention,
     "causal_conv_window": gpu_causal_conv_window,
     "gated_delta_window": gpu_gated_delta_window,
     "commit_accepted": gpu_commit_accepted,
+    "moe_experts": gpu_moe_experts,
+    "linear_fp8": gpu_linear_fp8,
 }
 
 
@@ -395,6 +572,25 @@ def _register_custom_ops() -> None:
                 slot_pos: Tensor) -> None:
         _eager("commit_accepted", rec_state.device)(accept, group_slot, group_pos, rec_snaps,
                                                      conv_snaps, rec_state, conv_state, slot_pos)
+
+    @torch.library.custom_op("strata::moe_experts", mutates_args=())
+    def _moe(x: Tensor, w_gate_up: Tensor, w_down: Tensor, topk_weight: Tensor,
+             topk_ids: Tensor, gu_scale: Tensor | None, down_scale: Tensor | None,
+             block: list[int] | None) -> Tensor:
+        return _eager("moe_experts", x.device)(x, w_gate_up, w_down, topk_weight, topk_ids,
+                                                gu_scale, down_scale, block)
+
+    @_moe.register_fake
+    def _(x, w_gate_up, w_down, topk_weight, topk_ids, gu_scale, down_scale, block):
+        return torch.empty_like(x, memory_format=torch.contiguous_format)
+
+    @torch.library.custom_op("strata::linear_fp8", mutates_args=())
+    def _linear_fp8(x: Tensor, weight: Tensor, scale_inv: Tensor, block: list[int]) -> Tensor:
+        return _eager("linear_fp8", x.device)(x, weight, scale_inv, block)
+
+    @_linear_fp8.register_fake
+    def _(x, weight, scale_inv, block):
+        return x.new_empty(*x.shape[:-1], weight.shape[0])
 
 
 try:

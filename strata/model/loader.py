@@ -3,20 +3,30 @@
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from contextlib import ExitStack
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Optional
 
 import torch
+import torch.nn as nn
 from safetensors import safe_open
 from safetensors.torch import save_file
 
+from strata.kernels.reference import dequant_fp8_block
 from strata.model.config import CheckpointError, ModelArgs, load_model_args
-from strata.model.qwen3_next import Qwen3Next, Rotary
+from strata.model.dummy import init_dummy
+from strata.model.fp8 import (FP8_DTYPE, QuantConfig, fp8_supported, load_quant_config, scale_shape,
+                              to_fp8_linear)
+from strata.model.qwen3_next import Experts, Qwen3Next, Rotary
 from strata.model.tokenizer import Tokenizer
 from strata.model.weight_map import QWEN3_NEXT, KeyMap
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+LOAD_FORMATS = ("auto", "safetensors", "dummy")
+#: Config directories shipped with the package (model presets name them).
+ASSETS_DIR = Path(__file__).resolve().parent.parent / "assets"
+FP8_SAFETENSORS = "F8_E4M3"  # safetensors' name for float8_e4m3fn
 
 
 @dataclass
@@ -27,6 +37,10 @@ class LoadedModel:
     path: Path
     has_mtp: bool
     dtype: torch.dtype
+    #: The checkpoint's FP8 quantization_config (None: a float checkpoint).
+    quant: Optional[QuantConfig] = None
+    #: FP8 weights kept in FP8 (dequantised inside the kernels) rather than at load.
+    fp8: bool = False
 
 
 def resolve_dtype(name: str, args: ModelArgs, device: torch.device) -> torch.dtype:
@@ -55,80 +69,198 @@ def _shard_files(path: Path) -> list[Path]:
             if not (path / f).is_file():
                 raise CheckpointError(f"{path / f}: missing shard named in {index.name}")
         return [path / f for f in files]
-    raise CheckpointError(f"{path}: no model.safetensors or model.safetensors.index.json")
+    raise CheckpointError(f"{path}: has no weights (no model.safetensors or "
+                          f"model.safetensors.index.json); use model.load_format=dummy for "
+                          f"random weights")
+
+
+def resolve_model_path(path: str | Path) -> Path:
+    """A checkpoint directory, or the name of a config directory shipped in strata/assets
+    (the presets name them so, e.g. `qwen3-next-80b-a3b-fp8`)."""
+    p = Path(path)
+    if not p.is_dir() and not p.is_absolute() and (ASSETS_DIR / p).is_dir():
+        return ASSETS_DIR / p
+    return p
+
+
+def truncate_layers(args: ModelArgs, num_layers: int) -> ModelArgs:
+    """The first `num_layers` decoder layers of the config (model.num_layers)."""
+    if not 1 <= num_layers <= args.num_hidden_layers:
+        raise CheckpointError(f"model.num_layers: must be in [1, {args.num_hidden_layers}] "
+                              f"(the config's num_hidden_layers), got {num_layers}")
+    return replace(args, num_hidden_layers=num_layers, layer_types=args.layer_types[:num_layers],
+                   mlp_only_layers=[i for i in args.mlp_only_layers if i < num_layers])
+
+
+@dataclass
+class _Entry:
+    """A tensor of the checkpoint, from the safetensors headers."""
+    file: Path
+    dtype: str  # safetensors dtype name: F32, BF16, F8_E4M3, ...
+    shape: tuple[int, ...]
+
+
+def _scan(files: list[Path]) -> dict[str, _Entry]:
+    out: dict[str, _Entry] = {}
+    for f in files:
+        try:
+            with safe_open(str(f), framework="pt") as sf:
+                for k in sf.keys():
+                    sl = sf.get_slice(k)
+                    out[k] = _Entry(f, sl.get_dtype(), tuple(sl.get_shape()))
+        except Exception as e:  # safetensors raises its own SafetensorError (or OSError)
+            raise CheckpointError(f"{f}: not a readable safetensors file ({e})") from None
+    return out
+
+
+def _check_fp8(entries: dict[str, _Entry], quant: Optional[QuantConfig], path: Path) -> set[str]:
+    """The FP8 weight keys, each checked against its scale and the quantization_config."""
+    fp8 = set()
+    for key, e in entries.items():
+        if e.dtype.startswith("F8") and e.dtype != FP8_SAFETENSORS:
+            raise CheckpointError(f"{e.file}: tensor {key!r} has dtype {e.dtype}: FP8 weights "
+                                  f"must be float8_e4m3fn ({FP8_SAFETENSORS})")
+        if e.dtype != FP8_SAFETENSORS:
+            continue
+        if quant is None:
+            raise CheckpointError(f"{e.file}: tensor {key!r} is float8_e4m3fn but "
+                                  f"{path / 'config.json'} has no quantization_config")
+        if not key.endswith(".weight"):
+            raise CheckpointError(f"{e.file}: tensor {key!r} is FP8, but only weights can be")
+        if not quant.converts(key[: -len(".weight")]):
+            raise CheckpointError(f"{e.file}: tensor {key!r} is FP8 but its module is in "
+                                  f"quantization_config.modules_to_not_convert")
+        skey = key + "_scale_inv"
+        s = entries.get(skey)
+        if s is None:
+            raise CheckpointError(f"{e.file}: FP8 tensor {key!r} has no block scales {skey!r}")
+        want = scale_shape(e.shape, quant.block)
+        if s.shape != want:
+            raise CheckpointError(f"{s.file}: tensor {skey!r} has shape {s.shape}, expected {want} "
+                                  f"(weight {e.shape}, weight_block_size {list(quant.block)})")
+        fp8.add(key)
+    for key, e in entries.items():
+        if key.endswith(".weight_scale_inv") and key[: -len("_scale_inv")] not in fp8:
+            raise CheckpointError(f"{e.file}: unexpected tensor {key!r} (a scale without an FP8 "
+                                  f"weight)")
+    return fp8
+
+
+def _to_fp8_modules(model: Qwen3Next, params: set[str], block: tuple[int, int]) -> None:
+    """Turn the modules whose weights are `params` (FP8 in the checkpoint) into FP8 modules."""
+    done = set()
+    for name in sorted(params):
+        mod_name, leaf = name.rsplit(".", 1)
+        parent = model.get_submodule(mod_name)
+        if isinstance(parent, Experts):
+            other = f"{mod_name}.{'w_down' if leaf == 'w_gate_up' else 'w_gate_up'}"
+            if other not in params:
+                raise CheckpointError(f"{mod_name}: {leaf} is FP8 but {other.rsplit('.', 1)[1]} "
+                                      f"is not (both expert weights must share a format)")
+            if mod_name not in done:
+                parent.to_fp8(block)
+                done.add(mod_name)
+            continue
+        owner_name, attr = mod_name.rsplit(".", 1) if "." in mod_name else ("", mod_name)
+        owner = model.get_submodule(owner_name) if owner_name else model
+        if leaf != "weight" or not isinstance(parent, nn.Linear):
+            raise CheckpointError(f"{name}: only linear layers and experts can hold FP8 weights")
+        to_fp8_linear(owner, attr, block)
+
+
+def _slice(dest: torch.Tensor, target) -> torch.Tensor:
+    """The part of a parameter one checkpoint tensor fills (experts: one expert's gate, up
+    or down, or their scales)."""
+    if target.expert is None:
+        return dest
+    if target.expert >= dest.shape[0]:
+        raise IndexError
+    half = dest.shape[1] // 2
+    if target.part == "gate":
+        return dest[target.expert, :half]
+    if target.part == "up":
+        return dest[target.expert, half:]
+    return dest[target.expert]
+
+
+def load_model(mcfg, device: str | torch.device, log=print) -> LoadedModel:
+    """The model a `model` config group names (strata.config.ModelConfig: path, dtype and the
+    loading knobs)."""
+    return load_checkpoint(mcfg.path, mcfg.dtype, device, log=log,
+                           moe_dense_experts=int(mcfg.moe_dense_experts),
+                           load_format=mcfg.load_format, dummy_seed=int(mcfg.dummy_seed),
+                           num_layers=mcfg.num_layers)
 
 
 def load_checkpoint(path: str | Path, dtype: str = "auto", device: str | torch.device = "cpu",
                     keymap: KeyMap = QWEN3_NEXT, log=print, fuse: bool = True,
-                    moe_dense_experts: int = 16) -> LoadedModel:
-    """Build the model from a checkpoint directory; every problem names the file and the key."""
-    path = Path(path)
+                    moe_dense_experts: int = 16, load_format: str = "auto", dummy_seed: int = 0,
+                    num_layers: Optional[int] = None, fp8: str = "auto") -> LoadedModel:
+    """Build the model from a checkpoint directory; every problem names the file and the key.
+
+    load_format: safetensors (the weights), dummy (seeded random weights from config.json
+    alone, made on `device`), auto (safetensors). num_layers: run only the first N decoder
+    layers (dummy only). fp8: what FP8 block checkpoints become: auto (FP8 on a GPU that has
+    it, else dequantised exactly), keep, or dequant (tests use keep to run the FP8 path on CPU).
+    """
+    path = resolve_model_path(path)
+    if load_format not in LOAD_FORMATS:
+        raise CheckpointError(f"model.load_format: {load_format!r} is not one of {', '.join(LOAD_FORMATS)}")
+    if fp8 not in ("auto", "keep", "dequant"):
+        raise CheckpointError(f"fp8: {fp8!r} is not one of auto, keep, dequant")
     if not path.is_dir():
         raise CheckpointError(f"model.path: {path} is not a directory")
+    if load_format == "dummy" and not (path / "config.json").is_file():
+        raise CheckpointError(f"model.load_format=dummy: {path / 'config.json'} is missing (dummy "
+                              f"weights are built from a config.json)")
     device = torch.device(device)
     args = load_model_args(path)
+    quant = load_quant_config(path)
+    if num_layers is not None:
+        if load_format != "dummy":
+            raise CheckpointError("model.num_layers: only with model.load_format=dummy (a "
+                                  "checkpoint's weights are loaded for all its layers)")
+        args = truncate_layers(args, int(num_layers))
     tdtype = resolve_dtype(dtype, args, device)
-    files = _shard_files(path)
-    with_mtp = False
-    for f in files:
-        try:
-            with safe_open(str(f), framework="pt") as sf:
-                if any(k.startswith("mtp.") for k in sf.keys()):
-                    with_mtp = True
-        except Exception as e:  # safetensors raises its own SafetensorError (or OSError)
-            raise CheckpointError(f"{f}: not a readable safetensors file ({e})") from None
+    keep_fp8 = quant is not None and (fp8 == "keep" or (fp8 == "auto" and fp8_supported(device)))
+    if quant is not None and not keep_fp8 and fp8 == "auto" and device.type == "cuda":
+        cap = ".".join(map(str, torch.cuda.get_device_capability(device)))
+        log(f"INFO: this GPU (compute capability {cap} < 8.9) has no FP8: dequantising the FP8 "
+            f"weights to {str(tdtype).replace('torch.', '')} at load")
+    entries: dict[str, _Entry] = {}
+    fp8_keys: set[str] = set()
+    if load_format == "dummy":
+        with_mtp = args.num_nextn_predict_layers > 0
+    else:
+        entries = _scan(_shard_files(path))
+        fp8_keys = _check_fp8(entries, quant, path)
+        with_mtp = any(k.startswith("mtp.") for k in entries)
     with torch.device("meta"):
-        model = Qwen3Next(args, with_mtp=with_mtp)
-    params = dict(model.named_parameters(remove_duplicate=False))
-    tied = {"lm_head.weight"} if args.tie_word_embeddings else set()
-    values: dict[str, torch.Tensor] = {name: torch.empty(p.shape, dtype=tdtype, device=device)
-                                       for name, p in params.items() if name not in tied}
-    covered: set[tuple] = set()  # (param, expert, part) of every tensor read
-    for f in files:
-        with safe_open(str(f), framework="pt", device="cpu") as sf:
-            for key in sf.keys():
-                target = keymap.to_target(key)
-                if target is None or target.param not in values:
-                    if key == "lm_head.weight" and tied:
-                        continue
-                    raise CheckpointError(f"{f}: unexpected tensor {key!r} (no such parameter)")
-                t = sf.get_tensor(key)
-                dest = values[target.param]
-                if target.expert is None:
-                    want = tuple(dest.shape)
-                    view = dest
-                else:
-                    inter = dest.shape[1] // 2 if target.part != "down" else None
-                    if target.expert >= dest.shape[0]:
-                        raise CheckpointError(f"{f}: tensor {key!r}: expert {target.expert} out of "
-                                              f"range (num_experts={dest.shape[0]})")
-                    if target.part == "gate":
-                        view = dest[target.expert, :inter]
-                    elif target.part == "up":
-                        view = dest[target.expert, inter:]
-                    else:
-                        view = dest[target.expert]
-                    want = tuple(view.shape)
-                if tuple(t.shape) != want:
-                    raise CheckpointError(f"{f}: tensor {key!r} has shape {tuple(t.shape)}, "
-                                          f"expected {want}")
-                view.copy_(t.to(tdtype))
-                covered.add((target.param, target.expert, target.part))
-    missing = [key for name in values
-               for key, tg in keymap.checkpoint_keys(name, tuple(values[name].shape))
-               if (tg.param, tg.expert, tg.part) not in covered]
-    if missing:
-        names = ", ".join(f.name for f in files)
-        raise CheckpointError(f"{path}: missing tensor {missing[0]!r} (not in {names}; "
-                              f"{len(missing)} missing in all)")
-    model.to_empty(device=device).to(tdtype)
-    model.to(dtype=tdtype)  # the parameters themselves take the load dtype (not only the values)
+        model = Qwen3Next(args, with_mtp=with_mtp).to(tdtype)
+    if keep_fp8:
+        if load_format == "dummy":
+            fp8_params = _dummy_fp8_params(model, quant, keymap)
+        else:
+            fp8_params = set()
+            for k in fp8_keys:
+                t = keymap.to_target(k)
+                if t is None:
+                    raise CheckpointError(f"{entries[k].file}: unexpected tensor {k!r} (no such parameter)")
+                fp8_params.add(t.param)
+        _to_fp8_modules(model, fp8_params, quant.block)
+    model.to_empty(device=device)
+    if args.tie_word_embeddings:
+        model.lm_head.weight = model.embed_tokens.weight
+    if load_format == "dummy":
+        init_dummy(model, dummy_seed)
+        log(f"INFO: dummy weights (seed {dummy_seed}) for {path.name}"
+            + (f", first {args.num_hidden_layers} layers" if num_layers is not None else "")
+            + (", FP8 block-scaled" if keep_fp8 else
+               f", {str(tdtype).replace('torch.', '')} (the config is FP8; this device runs it "
+               f"dequantised)" if quant is not None else ""))
+    else:
+        _load_tensors(model, entries, fp8_keys, keep_fp8, quant, tdtype, keymap, args, path)
     with torch.no_grad():
-        for name, p in model.named_parameters():
-            if name in values:
-                p.copy_(values[name])
-        if args.tie_word_embeddings:
-            model.lm_head.weight = model.embed_tokens.weight
         # Buffers are not in the checkpoint: rebuild the rotary table on the device.
         model.rotary = Rotary(args).to(device)
     model.eval().requires_grad_(False)
@@ -139,7 +271,81 @@ def load_checkpoint(path: str | Path, dtype: str = "auto", device: str | torch.d
     tok = Tokenizer.from_dir(path) if (path / "tokenizer.json").is_file() else None
     if tok is not None and not args.eos_token_id:
         args.eos_token_id = tok.eos_ids
-    return LoadedModel(model, args, tok, path, with_mtp, tdtype)
+    return LoadedModel(model, args, tok, path, with_mtp, tdtype, quant, keep_fp8)
+
+
+def _dummy_fp8_params(model: Qwen3Next, quant: QuantConfig, keymap: KeyMap) -> set[str]:
+    """The parameters a checkpoint of this config would store in FP8: linear weights and
+    expert weights whose modules quantization_config converts."""
+    out = set()
+    for name, mod in model.named_modules():
+        if isinstance(mod, nn.Linear):
+            leafs = ["weight"]
+        elif isinstance(mod, Experts):
+            leafs = ["w_gate_up", "w_down"]
+        else:
+            continue
+        for leaf in leafs:
+            key = keymap.checkpoint_keys(f"{name}.{leaf}", tuple(getattr(mod, leaf).shape))[0][0]
+            if quant.converts(key[: -len(".weight")]):
+                out.add(f"{name}.{leaf}")
+    if model.args.tie_word_embeddings:
+        out.discard("lm_head.weight")
+    return out
+
+
+@torch.no_grad()
+def _load_tensors(model: Qwen3Next, entries: dict[str, _Entry], fp8_keys: set[str], keep_fp8: bool,
+                  quant: Optional[QuantConfig], tdtype: torch.dtype, keymap: KeyMap,
+                  args: ModelArgs, path: Path) -> None:
+    """Copy every checkpoint tensor into its parameter (FP8 ones kept or dequantised exactly)."""
+    params = dict(model.named_parameters(remove_duplicate=False))
+    tied = {"lm_head.weight"} if args.tie_word_embeddings else set()
+    covered: set[tuple] = set()  # (param, expert, part) of every tensor read
+    files = sorted({e.file for e in entries.values()})
+    with ExitStack() as stack:
+        handles = {f: stack.enter_context(safe_open(str(f), framework="pt", device="cpu"))
+                   for f in files}
+        for key, e in entries.items():
+            if key.endswith(".weight_scale_inv"):
+                continue  # read with its weight (_check_fp8 paired them)
+            target = keymap.to_target(key)
+            if target is None or target.param not in params or target.param in tied:
+                if key == "lm_head.weight" and tied:
+                    continue
+                raise CheckpointError(f"{e.file}: unexpected tensor {key!r} (no such parameter)")
+            try:
+                view = _slice(params[target.param], target)
+            except IndexError:
+                raise CheckpointError(f"{e.file}: tensor {key!r}: expert {target.expert} out of "
+                                      f"range (num_experts={params[target.param].shape[0]})") from None
+            if e.shape != tuple(view.shape):
+                raise CheckpointError(f"{e.file}: tensor {key!r} has shape {e.shape}, "
+                                      f"expected {tuple(view.shape)}")
+            t = handles[e.file].get_tensor(key)
+            if key in fp8_keys:
+                skey = key + "_scale_inv"
+                s = handles[entries[skey].file].get_tensor(skey).float()
+                if keep_fp8:
+                    st = keymap.to_target(skey)
+                    _slice(params[st.param], st).copy_(s)
+                    covered.add((st.param, st.expert, st.part))
+                    view.copy_(t)
+                else:
+                    view.copy_(dequant_fp8_block(t, s, quant.block, tdtype))
+            else:
+                if view.dtype == FP8_DTYPE:
+                    raise CheckpointError(f"{e.file}: tensor {key!r} is {t.dtype} but the other "
+                                          f"experts of its layer are FP8")
+                view.copy_(t.to(tdtype))
+            covered.add((target.param, target.expert, target.part))
+    missing = [key for name, p in params.items() if name not in tied
+               for key, tg in keymap.checkpoint_keys(name, tuple(p.shape))
+               if (tg.param, tg.expert, tg.part) not in covered]
+    if missing:
+        names = ", ".join(f.name for f in files)
+        raise CheckpointError(f"{path}: missing tensor {missing[0]!r} (not in {names}; "
+                              f"{len(missing)} missing in all)")
 
 
 def save_checkpoint(model: Qwen3Next, path: str | Path, dtype: torch.dtype = torch.float32,
@@ -148,6 +354,9 @@ def save_checkpoint(model: Qwen3Next, path: str | Path, dtype: torch.dtype = tor
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
     args = model.args
+    if any(p.dtype == FP8_DTYPE for p in model.parameters()):
+        raise CheckpointError(f"{path}: save_checkpoint writes float models; FP8 checkpoints are "
+                              f"written by scripts/quantize_fp8.py")
     tensors: dict[str, torch.Tensor] = {}
     for name, p in model.named_parameters():
         if args.tie_word_embeddings and name == "lm_head.weight":

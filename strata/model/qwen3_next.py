@@ -21,19 +21,8 @@ import torch.nn.functional as F
 
 from strata.kernels import ops
 from strata.model.config import ModelArgs
+from strata.model.fp8 import FP8_DTYPE, fuse_projections, linear
 from strata.model.state import DecodeState
-
-
-def fuse_rows(*linears: nn.Linear) -> torch.Tensor:
-    """One weight for several projections of the same input (one matmul instead of several);
-    each module's weight becomes a view into it, so no memory is duplicated."""
-    fused = torch.cat([m.weight.detach() for m in linears], dim=0).contiguous()
-    start = 0
-    for m in linears:
-        n = m.weight.shape[0]
-        m.weight = nn.Parameter(fused[start:start + n], requires_grad=False)
-        start += n
-    return fused
 
 
 class RMSNorm(nn.Module):
@@ -103,30 +92,108 @@ class MLP(nn.Module):
 
 
 class Experts(nn.Module):
-    """Routed experts stored stacked: w_gate_up (E, 2I, H) and w_down (E, H, I)."""
+    """Routed experts stored stacked: w_gate_up (E, 2I, H) and w_down (E, H, I), in the model
+    dtype or, after `to_fp8`, in FP8 with block scales gu_scale / down_scale."""
+
+    #: Rows per ops.moe_experts call: the grouped kernel's range (1 to 32 rows); longer inputs
+    #: (prompt chunks) run in static slices of this many rows.
+    MAX_ROWS = 32
 
     def __init__(self, n: int, hidden: int, inter: int):
         super().__init__()
         self.inter = inter
         self.w_gate_up = nn.Parameter(torch.empty(n, 2 * inter, hidden))
         self.w_down = nn.Parameter(torch.empty(n, hidden, inter))
+        self.gu_scale: Optional[nn.Parameter] = None
+        self.down_scale: Optional[nn.Parameter] = None
+        self.block: Optional[tuple[int, int]] = None
+        self.shared_id: Optional[int] = None  # set by fold_shared()
+        self.stacks: tuple = ()
 
-    def forward(self, x: torch.Tensor, weights: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
-        """x (N, H); weights, index (N, k). Static shapes: no data-dependent control flow."""
+    def to_fp8(self, block: tuple[int, int]) -> None:
+        """FP8 weights with block scales (layouts of strata/kernels/reference.py), on the
+        device the weights are on (meta while the loader builds)."""
+        n, two_i, hidden = self.w_gate_up.shape
+        dev = self.w_gate_up.device
+        bo, bi = block
+        self.block = (int(bo), int(bi))
+        self.w_gate_up = nn.Parameter(torch.empty(n, two_i, hidden, dtype=FP8_DTYPE, device=dev),
+                                      requires_grad=False)
+        self.w_down = nn.Parameter(torch.empty(n, hidden, self.inter, dtype=FP8_DTYPE, device=dev),
+                                   requires_grad=False)
+        self.gu_scale = nn.Parameter(torch.empty(n, 2 * -(-self.inter // bo), -(-hidden // bi),
+                                                 device=dev), requires_grad=False)
+        self.down_scale = nn.Parameter(torch.empty(n, -(-hidden // bo), -(-self.inter // bi),
+                                                   device=dev), requires_grad=False)
+
+    def fold_shared(self, shared: nn.Module) -> bool:
+        """Make the shared expert (an MLP of the experts' shape and format) expert E of stacks
+        (E+1, 2I, H) and (E+1, H, I), so that one ops.moe_experts call runs it with the routed
+        ones (fewer launches per MoE block). The routed and shared parameters become views of
+        the stacks. Returns False (nothing changed) when the shapes or formats differ."""
+        g, u, d = shared.gate_proj, shared.up_proj, shared.down_proj
+        fp8 = self.gu_scale is not None
+        if (g.weight.shape[0] != self.inter or g.weight.dtype != self.w_gate_up.dtype
+                or any(isinstance(m, nn.Linear) == fp8 for m in (g, u, d))
+                or (fp8 and any(m.block != self.block for m in (g, u, d)))):
+            return False
+        n = self.w_gate_up.shape[0]
+        gu = _stack_views(self, "w_gate_up", [g, u], "weight")
+        dn = _stack_views(self, "w_down", [d], "weight")
+        self.stacks = (gu, dn, None, None)
+        if fp8:
+            self.stacks = (gu, dn, _stack_views(self, "gu_scale", [g, u], "weight_scale_inv"),
+                           _stack_views(self, "down_scale", [d], "weight_scale_inv"))
+        self.shared_id = n
+        return True
+
+    def forward(self, x: torch.Tensor, weights: torch.Tensor, index: torch.Tensor,
+                shared_weight: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """x (N, H); weights (N, k) float32, index (N, k); shared_weight (N, 1): the folded
+        shared expert's gate (only after fold_shared). Static shapes: no data-dependent
+        control flow."""
         n_exp = self.w_gate_up.shape[0]
-        if index.shape[0] * index.shape[1] >= n_exp:
+        if self.gu_scale is None and index.shape[0] * index.shape[1] >= n_exp:
+            assert shared_weight is None, "the dense path runs the shared expert apart"
             # Dense over every expert with a routing matrix that is zero off the top-k: reads
-            # each expert once, which is cheaper than gathering when rows x k >= experts.
+            # each expert once and runs as plain matmuls, cheaper than grouping at this many rows.
             route = torch.zeros(x.shape[0], n_exp, dtype=weights.dtype, device=x.device)
             route.scatter_(1, index, weights)
             gu = torch.einsum("nh,eih->eni", x, self.w_gate_up)
             gate, up = gu.split(self.inter, dim=-1)
             out = torch.einsum("eni,ehi->enh", F.silu(gate) * up, self.w_down)
             return torch.einsum("enh,ne->nh", out, route.to(out.dtype))
-        gu = torch.einsum("nh,nkih->nki", x, self.w_gate_up[index])
-        gate, up = gu.split(self.inter, dim=-1)
-        out = torch.einsum("nki,nkhi->nkh", F.silu(gate) * up, self.w_down[index])
-        return torch.einsum("nkh,nk->nh", out, weights.to(out.dtype))
+        wgu, wd, gus, ds = self.w_gate_up, self.w_down, self.gu_scale, self.down_scale
+        if shared_weight is not None:
+            wgu, wd, gus, ds = self.stacks
+            index = torch.cat([index, torch.full_like(index[:, :1], self.shared_id)], dim=1)
+            weights = torch.cat([weights, shared_weight.float()], dim=1)
+        # Grouped by expert: each distinct expert's weights are read once for all its rows.
+        outs = [ops.moe_experts(x[s:s + self.MAX_ROWS], wgu, wd, weights[s:s + self.MAX_ROWS],
+                                index[s:s + self.MAX_ROWS], gus, ds, self.block)
+                for s in range(0, x.shape[0], self.MAX_ROWS)]
+        return outs[0] if len(outs) == 1 else torch.cat(outs)
+
+
+def _stack_views(experts: nn.Module, name: str, shared: list[nn.Module], attr: str) -> torch.Tensor:
+    """(E+1, ...) stack of the experts' parameter `name` and the shared expert's parts (their
+    `attr`s concatenated by rows); both become views of it."""
+    routed = getattr(experts, name).detach()
+    parts = [getattr(m, attr).detach() for m in shared]
+    as_bytes = routed.dtype == FP8_DTYPE  # concatenated as bytes: not every torch build cats float8
+    if as_bytes:
+        routed, parts = routed.view(torch.uint8), [p.view(torch.uint8) for p in parts]
+    stack = torch.cat([routed, torch.cat(parts, dim=0)[None]])
+    if as_bytes:
+        stack = stack.view(FP8_DTYPE)
+    n = routed.shape[0]
+    setattr(experts, name, nn.Parameter(stack[:n], requires_grad=False))
+    row = 0
+    for m in shared:
+        rows = getattr(m, attr).shape[0]
+        setattr(m, attr, nn.Parameter(stack[n, row:row + rows], requires_grad=False))
+        row += rows
+    return stack
 
 
 def topk_by_argmax(x: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -158,6 +225,7 @@ class SparseMoe(nn.Module):
         self.w_in: Optional[torch.Tensor] = None  # fused by fuse_for_inference()
         self.w_out: Optional[torch.Tensor] = None
         self.dense_experts = 0  # set by fuse_for_inference()
+        self.w_router: Optional[torch.Tensor] = None  # [router | shared gate], fused
 
     def _route(self, logits: torch.Tensor):
         probs = torch.softmax(logits.float(), dim=-1)
@@ -172,9 +240,16 @@ class SparseMoe(nn.Module):
         n_exp = self.experts.w_gate_up.shape[0]
         if self.w_in is not None and (n_exp <= self.dense_experts or x.shape[0] * self.top_k >= n_exp):
             return self._forward_fused(x).reshape(shape)
-        weights, index = self._route(self.gate(x))
-        out = self.experts(x, weights.to(x.dtype), index)
-        out = out + torch.sigmoid(self.shared_expert_gate(x)) * self.shared_expert(x)
+        if self.w_router is not None:
+            logits, sgate = F.linear(x, self.w_router).split([n_exp, 1], dim=-1)
+        else:
+            logits, sgate = self.gate(x), self.shared_expert_gate(x)
+        weights, index = self._route(logits)
+        dense = self.experts.gu_scale is None and x.shape[0] * self.top_k >= n_exp
+        if self.experts.shared_id is not None and not dense:
+            out = self.experts(x, weights, index, shared_weight=torch.sigmoid(sgate.float()))
+        else:
+            out = self.experts(x, weights, index) + torch.sigmoid(sgate) * self.shared_expert(x)
         return out.reshape(shape)
 
     def _forward_fused(self, x: torch.Tensor) -> torch.Tensor:
@@ -196,8 +271,19 @@ class SparseMoe(nn.Module):
     def fuse_for_inference(self, dense_experts: int = 0) -> None:
         self.dense_experts = dense_experts
         e = self.experts
+        se = self.shared_expert
+        parts = (self.gate, self.shared_expert_gate, se.gate_proj, se.up_proj, se.down_proj)
+        if (e.w_gate_up.shape[0] > dense_experts or e.gu_scale is not None
+                or any(not isinstance(m, nn.Linear) for m in parts)):
+            # Many experts (or FP8): routed experts through ops.moe_experts, with the shared
+            # expert folded in where it has their shape, and one matmul for both gates.
+            if all(isinstance(m, nn.Linear) for m in (self.gate, self.shared_expert_gate)):
+                fused = fuse_projections([self.gate, self.shared_expert_gate])
+                self.w_router = fused[0]
+            e.fold_shared(se)
+            return
         n_exp, two_i, hidden = e.w_gate_up.shape
-        inter, se = two_i // 2, self.shared_expert
+        inter = two_i // 2
         shared = se.up_proj.weight.shape[0]
         w_in = torch.cat([self.gate.weight, self.shared_expert_gate.weight, se.gate_proj.weight,
                           se.up_proj.weight, e.w_gate_up.detach().reshape(n_exp * two_i, hidden)]).contiguous()
@@ -231,11 +317,13 @@ class Attention(nn.Module):
         self.q_norm = RMSNorm(self.d, args.rms_norm_eps)
         self.k_norm = RMSNorm(self.d, args.rms_norm_eps)
         self.w_qkv: Optional[torch.Tensor] = None  # fused by fuse_for_inference()
+        self.s_qkv: Optional[torch.Tensor] = None  # its FP8 block scales (None: float weights)
+        self.qkv_block: Optional[tuple[int, int]] = None
 
     def _qkv(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
         lead = x.shape[:-1]
         if self.w_qkv is not None:
-            qg, k, v = F.linear(x, self.w_qkv).split(
+            qg, k, v = linear(x, self.w_qkv, self.s_qkv, self.qkv_block).split(
                 [2 * self.hq * self.d, self.hkv * self.d, self.hkv * self.d], dim=-1)
         else:
             qg, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
@@ -247,7 +335,9 @@ class Attention(nn.Module):
         return q, k, v, gate.reshape(*lead, self.hq * self.d)
 
     def fuse_for_inference(self) -> None:
-        self.w_qkv = fuse_rows(self.q_proj, self.k_proj, self.v_proj)
+        fused = fuse_projections([self.q_proj, self.k_proj, self.v_proj])
+        if fused is not None:
+            self.w_qkv, self.s_qkv, self.qkv_block = fused
 
     def forward_train(self, x, cos, sin):
         q, k, v, gate = self._qkv(x, cos, sin)  # (B, L, heads, D)
@@ -282,16 +372,20 @@ class GatedDeltaNet(nn.Module):
         self.norm = GatedRMSNorm(self.dv, args.rms_norm_eps)
         self.out_proj = nn.Linear(self.value_dim, h, bias=False)
         self.w_in: Optional[torch.Tensor] = None  # fused by fuse_for_inference()
+        self.s_in: Optional[torch.Tensor] = None  # its FP8 block scales (None: float weights)
+        self.in_block: Optional[tuple[int, int]] = None
 
     def fuse_for_inference(self) -> None:
-        self.w_in = fuse_rows(self.in_proj_qkvz, self.in_proj_ba)
+        fused = fuse_projections([self.in_proj_qkvz, self.in_proj_ba])
+        if fused is not None:
+            self.w_in, self.s_in, self.in_block = fused
 
     def _project(self, x: torch.Tensor):
         """Split the fused projections in the checkpoint's per-key-head interleaved order."""
         lead = x.shape[:-1]
         r = self.nv // self.nk
         if self.w_in is not None:
-            qkvz, ba = F.linear(x, self.w_in).split([2 * self.key_dim + 2 * self.value_dim, 2 * self.nv], -1)
+            qkvz, ba = linear(x, self.w_in, self.s_in, self.in_block).split([2 * self.key_dim + 2 * self.value_dim, 2 * self.nv], -1)
         else:
             qkvz, ba = self.in_proj_qkvz(x), self.in_proj_ba(x)
         qkvz = qkvz.view(*lead, self.nk, 2 * self.dk + 2 * r * self.dv)

@@ -3,7 +3,9 @@
 Hugging Face `qwen3_next` checkpoints store `model.*` for the network, `lm_head.weight`, the MTP
 module under `mtp.*`, and routed experts one tensor per expert
 (`...mlp.experts.{e}.gate_proj.weight` (I, H), `up_proj` (I, H), `down_proj` (H, I)), which
-strata keeps stacked (`experts.w_gate_up` (E, 2I, H), `experts.w_down` (E, H, I)).
+strata keeps stacked (`experts.w_gate_up` (E, 2I, H), `experts.w_down` (E, H, I)). In FP8 block
+checkpoints each expert weight has a `weight_scale_inv` beside it, stacked the same way into
+`experts.gu_scale` (gate block rows, then up block rows) and `experts.down_scale`.
 Other layouts (Qwen3.5's fused experts, `model.language_model.` prefix, split in_proj) are
 added here as another `KeyMap`, with no change to the model.
 """
@@ -14,7 +16,10 @@ import re
 from dataclasses import dataclass
 from typing import Optional
 
-_EXPERT = re.compile(r"^(.*\.mlp\.experts)\.(\d+)\.(gate_proj|up_proj|down_proj)\.weight$")
+_EXPERT = re.compile(r"^(.*\.mlp\.experts)\.(\d+)\.(gate_proj|up_proj|down_proj)\.(weight|weight_scale_inv)$")
+#: Stacked expert parameter of (part is down, the tensor is a scale).
+_STACKED = {(False, False): "w_gate_up", (True, False): "w_down",
+            (False, True): "gu_scale", (True, True): "down_scale"}
 
 
 @dataclass(frozen=True)
@@ -43,9 +48,9 @@ class KeyMap:
                 return None
         m = _EXPERT.match(name)
         if m:
-            base, e, kind = m.groups()
+            base, e, kind, what = m.groups()
             part = {"gate_proj": "gate", "up_proj": "up", "down_proj": "down"}[kind]
-            param = base + (".w_down" if part == "down" else ".w_gate_up")
+            param = f"{base}.{_STACKED[(part == 'down', what == 'weight_scale_inv')]}"
             return Target(param, int(e), part)
         return Target(name)
 
@@ -55,15 +60,17 @@ class KeyMap:
             base = param
         else:
             base = self.prefixes[0] + param
-        if param.endswith(".w_gate_up") or param.endswith(".w_down"):
+        leaf = param.rsplit(".", 1)[-1]
+        if ".experts." in param and leaf in _STACKED.values():
             stem = base.rsplit(".", 1)[0]
+            what = "weight_scale_inv" if leaf.endswith("scale") else "weight"
             out = []
             for e in range(shape[0]):
-                if param.endswith(".w_down"):
-                    out.append((f"{stem}.{e}.down_proj.weight", Target(param, e, "down")))
+                if leaf in ("w_down", "down_scale"):
+                    out.append((f"{stem}.{e}.down_proj.{what}", Target(param, e, "down")))
                 else:
-                    out.append((f"{stem}.{e}.gate_proj.weight", Target(param, e, "gate")))
-                    out.append((f"{stem}.{e}.up_proj.weight", Target(param, e, "up")))
+                    out.append((f"{stem}.{e}.gate_proj.{what}", Target(param, e, "gate")))
+                    out.append((f"{stem}.{e}.up_proj.{what}", Target(param, e, "up")))
             return out
         return [(base, Target(param))]
 

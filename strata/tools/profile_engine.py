@@ -11,6 +11,9 @@ Runs with `engine.graphs=false` supply the eager timings.
     python scripts/profile_engine.py --device cpu --slots 1,2 --prompt-tokens 32 --out p.json
     python scripts/profile_engine.py --dry-run                     # print the commands only
     python scripts/profile_engine.py --fit-only RUN/*/trace.jsonl --out p.json
+
+A quick profile of this machine on a fixed small grid, in one process, with a hardware preset
+pointing at it, is `python -m sim calibrate device=cuda` (sim/calibrate.py; the same fit).
 """
 
 from __future__ import annotations

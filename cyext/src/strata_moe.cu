@@ -1,0 +1,673 @@
+// strata cyext: routed experts (MoE) at decode sizes and the skinny FP8 / bf16 linear. Its own
+// translation unit (compiled beside strata_kernels.cu); builds with nvcc and hipcc.
+// Semantics: strata/kernels/reference.py (moe_experts, linear_fp8). Host API: strata_kernels.h.
+//
+// moe_experts: two launches per call, grids fixed by (N, k, E, I, H), so it can be captured.
+//   moe_gate_up_kernel  grid (ceil(I/8), P = N*k). Block (tile, s) looks at pair s: when an
+//       earlier pair routes to the same expert the block exits at once (that expert belongs to
+//       its first pair, the "leader"). Otherwise it gathers the expert's member pairs (s and every
+//       later pair with the same id, in pair order) and computes act[q][i] = silu(gate_e . x_n) *
+//       (up_e . x_n) for its 8 features i and every member q = (n, j). One warp per feature: the
+//       gate and up rows are loaded once into registers (16-byte loads, the whole row in flight)
+//       and then dotted with each member's x row. Tile 0 also records the member list in the
+//       workspace for the second kernel. Each expert's weights are therefore read once.
+//   moe_down_kernel     grid ceil(H/8). Block = 8 output features of every row. Warps take two
+//       features each and one of 4 phases over the leaders (in pair order, U leaders at a
+//       time; the member lists are staged in shared memory first); each down row slice is
+//       loaded once and dotted with the members' act rows; y[q][h] stays in shared memory and
+//       the block ends with out[n][h] = sum_j w[n,j] * y[(n,j)][h] in j order: no atomics.
+// Determinism: every dot product sums in an order fixed by the dims alone (lane l takes the
+// 16-byte chunks l, l+32, ...; the elements of a chunk in order; then a fixed butterfly over the
+// 32 lanes), so a row's result is bit-identical whatever other rows share the call or an expert.
+// FP8 weights (float8_e4m3fn) are decoded in registers (cvt.e4m3x2 on sm_89+, software elsewhere)
+// and each 16-element chunk's partial sum is multiplied by its block scale (bi % 16 == 0).
+//
+// linear_skinny_kernel: y (M, O) = x (M, I) . W^T for M <= 32 rows. Warp = R output features;
+// each weight chunk is loaded and decoded once and applied to all M rows (fp32 accumulators in
+// registers), then one butterfly per (feature, row).
+
+#include "hip_compat.h"
+#include "strata_common.h"
+#include "strata_gpu_internal.h"
+#include "strata_kernels.h"
+
+#include <math.h>
+#include <stdint.h>
+
+using namespace strata;
+
+namespace {
+
+int take_launch_error(const char* name) {
+  cudaError_t e = cudaGetLastError();
+  if (e != cudaSuccess) {
+    gpu_set_last_kernel(name);
+    return (int)e;
+  }
+  return 0;
+}
+
+inline unsigned ceil_div_u(int64_t a, int64_t b) { return (unsigned)((a + b - 1) / b); }
+inline bool aligned16(const void* p) { return ((uintptr_t)p & 15u) == 0; }
+
+constexpr int MOE_MAX_PAIRS = 512;  // N * k; two pairs per thread in the block scans
+constexpr int MOE_MAX_ROWS = 32;
+constexpr int MOE_TILE = 8;         // features per block in both kernels
+constexpr int MOE_THREADS = 256;       // gate/up kernel
+constexpr int MOE_DOWN_THREADS = 512;  // down kernel: 4 pairs of features x 4 leader phases
+constexpr int LIN_WARPS = 4;
+constexpr int LIN_GROUP = 4;        // weight chunks per lane in flight per row (linear)
+
+// Weight element types: 16-byte chunk = EPC elements. FP8 = float8_e4m3fn with block scales.
+struct FP8W { typedef uint8_t storage; static const int code = STRATA_DTYPE_FP8; };
+template <typename W> struct WChunk;
+template <> struct WChunk<F32> { static const int EPC = 4; static const bool scaled = false; };
+template <> struct WChunk<BF16> { static const int EPC = 8; static const bool scaled = false; };
+template <> struct WChunk<F16> { static const int EPC = 8; static const bool scaled = false; };
+template <> struct WChunk<FP8W> { static const int EPC = 16; static const bool scaled = true; };
+
+__device__ __forceinline__ uint4 ldg16(const void* p) { return __ldg((const uint4*)p); }
+
+__device__ __forceinline__ float half_bits_to_float(uint16_t h) {
+#if !STRATA_PLATFORM_HIP
+  float f;
+  asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h));
+  return f;
+#else
+  return f16_to_float(h);
+#endif
+}
+
+// Two e4m3 bytes (low byte = first element) -> two floats, exactly.
+__device__ __forceinline__ float2 fp8x2_to_float2(uint32_t two) {
+#if !STRATA_PLATFORM_HIP && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
+  uint32_t h2;
+  const uint16_t in = (uint16_t)(two & 0xffffu);
+  asm("cvt.rn.f16x2.e4m3x2 %0, %1;" : "=r"(h2) : "h"(in));
+  return make_float2(half_bits_to_float((uint16_t)(h2 & 0xffffu)),
+                     half_bits_to_float((uint16_t)(h2 >> 16)));
+#else
+  return make_float2(fp8e4m3_to_float((uint8_t)(two & 0xffu)),
+                     fp8e4m3_to_float((uint8_t)((two >> 8) & 0xffu)));
+#endif
+}
+
+// Decode one 16-byte weight chunk into EPC floats (no scale).
+template <typename W> __device__ __forceinline__ void decode_chunk(uint4 w, float* f);
+template <> __device__ __forceinline__ void decode_chunk<F32>(uint4 w, float* f) {
+  f[0] = __uint_as_float(w.x); f[1] = __uint_as_float(w.y);
+  f[2] = __uint_as_float(w.z); f[3] = __uint_as_float(w.w);
+}
+template <> __device__ __forceinline__ void decode_chunk<BF16>(uint4 w, float* f) {
+  const uint32_t u[4] = {w.x, w.y, w.z, w.w};
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    f[2 * i] = __uint_as_float(u[i] << 16);
+    f[2 * i + 1] = __uint_as_float(u[i] & 0xffff0000u);
+  }
+}
+template <> __device__ __forceinline__ void decode_chunk<F16>(uint4 w, float* f) {
+  const uint32_t u[4] = {w.x, w.y, w.z, w.w};
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    f[2 * i] = half_bits_to_float((uint16_t)(u[i] & 0xffffu));
+    f[2 * i + 1] = half_bits_to_float((uint16_t)(u[i] >> 16));
+  }
+}
+template <> __device__ __forceinline__ void decode_chunk<FP8W>(uint4 w, float* f) {
+  const uint32_t u[4] = {w.x, w.y, w.z, w.w};
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const float2 a = fp8x2_to_float2(u[i]);
+    const float2 b = fp8x2_to_float2(u[i] >> 16);
+    f[4 * i] = a.x; f[4 * i + 1] = a.y; f[4 * i + 2] = b.x; f[4 * i + 3] = b.y;
+  }
+}
+
+// acc + (scale x) sum_e w_e * x_e over one chunk, elements in order.
+template <typename W>
+__device__ __forceinline__ float chunk_fma(const float* wf, const float* xf, float scale,
+                                           float acc) {
+  const int EPC = WChunk<W>::EPC;
+  if (WChunk<W>::scaled) {
+    float part = 0.f;
+#pragma unroll
+    for (int e = 0; e < EPC; ++e) part = fmaf(wf[e], xf[e], part);
+    return fmaf(scale, part, acc);
+  } else {
+#pragma unroll
+    for (int e = 0; e < EPC; ++e) acc = fmaf(wf[e], xf[e], acc);
+    return acc;
+  }
+}
+
+// EPC consecutive activations (run-time dtype) from element `off` (a multiple of 4) as floats.
+template <int EPC>
+__device__ __forceinline__ void load_act(const void* x, int dtype, int64_t off, float* f) {
+  if (dtype == STRATA_DTYPE_F32) {
+    const float4* p = (const float4*)((const float*)x + off);
+#pragma unroll
+    for (int i = 0; i < EPC / 4; ++i) {
+      const float4 v = __ldg(p + i);
+      f[4 * i] = v.x; f[4 * i + 1] = v.y; f[4 * i + 2] = v.z; f[4 * i + 3] = v.w;
+    }
+    return;
+  }
+  const uint16_t* base = (const uint16_t*)x + off;
+  uint32_t u[EPC / 2];
+  if (EPC >= 8) {
+#pragma unroll
+    for (int i = 0; i < EPC / 8; ++i) {
+      const uint4 v = ldg16(base + 8 * i);
+      u[4 * i] = v.x; u[4 * i + 1] = v.y; u[4 * i + 2] = v.z; u[4 * i + 3] = v.w;
+    }
+  } else {
+    const uint2 v = __ldg((const uint2*)base);
+    u[0] = v.x; u[1] = v.y;
+  }
+#pragma unroll
+  for (int i = 0; i < EPC / 2; ++i) {
+    if (dtype == STRATA_DTYPE_BF16) {
+      f[2 * i] = __uint_as_float(u[i] << 16);
+      f[2 * i + 1] = __uint_as_float(u[i] & 0xffff0000u);
+    } else {
+      f[2 * i] = half_bits_to_float((uint16_t)(u[i] & 0xffffu));
+      f[2 * i + 1] = half_bits_to_float((uint16_t)(u[i] >> 16));
+    }
+  }
+}
+
+__device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+  for (int m = 16; m >= 1; m >>= 1) v += STRATA_SHFL_XOR(v, m, 32);
+  return v;
+}
+
+// Exclusive prefix sum of one int per thread over a block of THREADS threads (has a barrier;
+// warp_tot: THREADS / 32 ints of shared memory, not reused before another barrier).
+template <int THREADS>
+__device__ int block_exclusive_scan(int v, int* warp_tot, int* total) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  int x = v;
+#pragma unroll
+  for (int d = 1; d < 32; d <<= 1) {
+    const int y = STRATA_SHFL_UP(x, d, 32);
+    if (lane >= d) x += y;
+  }
+  if (lane == 31) warp_tot[warp] = x;
+  __syncthreads();
+  int before = 0, all = 0;
+  for (int w = 0; w < THREADS / 32; ++w) {
+    const int t = warp_tot[w];
+    if (w < warp) before += t;
+    all += t;
+  }
+  *total = all;
+  return before + x - v;
+}
+
+// ------------------------------------------------------------------------------------------------
+// moe_experts
+
+struct MoeParams {
+  const void* x;
+  void* out;
+  const void* w_gu;
+  const void* w_down;
+  const float* gu_scale;
+  const float* down_scale;
+  const float* topk_w;
+  const int64_t* topk_ids;
+  float* act;    // (P, I) float32
+  int* counts;   // (P,) members of pair s's expert when s is its leader, else 0
+  int* members;  // (P, P) member pairs of each leader, in pair order
+  int64_t gu_expert_bytes, down_expert_bytes;     // stride between experts' weights
+  int64_t gu_scale_expert, down_scale_expert;     // floats per expert in the scale tensors
+  int n, k, P, E, H, I, bo, bi, x_dtype;
+  int nbg;           // ceil(I / bo): scale rows of the gate half (the up half follows)
+  int ncb_h, ncb_i;  // scale columns of gate/up (over H) and of down (over I)
+};
+
+// The one place where an expert's weights are found: an expert cache can swap these for a
+// table of device or mapped-host pointers.
+__device__ __forceinline__ const uint8_t* expert_gate_up(const MoeParams& p, int e) {
+  return (const uint8_t*)p.w_gu + (int64_t)e * p.gu_expert_bytes;
+}
+__device__ __forceinline__ const uint8_t* expert_down(const MoeParams& p, int e) {
+  return (const uint8_t*)p.w_down + (int64_t)e * p.down_expert_bytes;
+}
+__device__ __forceinline__ const float* expert_gate_up_scale(const MoeParams& p, int e) {
+  return p.gu_scale + (int64_t)e * p.gu_scale_expert;
+}
+__device__ __forceinline__ const float* expert_down_scale(const MoeParams& p, int e) {
+  return p.down_scale + (int64_t)e * p.down_scale_expert;
+}
+
+__device__ __forceinline__ int clamp_expert(int64_t e, int E) {
+  return e < 0 ? 0 : (e >= E ? E - 1 : (int)e);  // a kernel cannot raise; the wrapper checks
+}
+
+template <typename W, int CPL>
+__global__ void __launch_bounds__(MOE_THREADS, CPL <= 4 ? 3 : 2) moe_gate_up_kernel(MoeParams p) {
+  typedef WChunk<W> C;
+  __shared__ int ids_s[MOE_MAX_PAIRS];
+  __shared__ int mem_s[MOE_MAX_PAIRS];
+  __shared__ int warp_tot[MOE_THREADS / 32];
+  const int s = blockIdx.y, tid = threadIdx.x;
+  for (int q = tid; q < p.P; q += MOE_THREADS) ids_s[q] = clamp_expert(p.topk_ids[q], p.E);
+  __syncthreads();
+  const int e = ids_s[s];
+  int dup = 0;
+  for (int q = tid; q < s; q += MOE_THREADS) dup |= (ids_s[q] == e);
+  if (__syncthreads_or(dup)) {  // not the leader of its expert
+    if (blockIdx.x == 0 && tid == 0) p.counts[s] = 0;
+    return;
+  }
+  // this warp's gate and up rows: the loads are in flight while the members are gathered
+  const int lane = tid & 31, warp = tid >> 5;
+  const int i = blockIdx.x * MOE_TILE + warp;
+  const bool live = i < p.I;
+  const int nch = p.H / C::EPC;
+  const int64_t row_bytes = (int64_t)p.H * sizeof(typename W::storage);
+  const uint8_t* base = expert_gate_up(p, e);
+  const uint8_t* g_row = base + (int64_t)i * row_bytes;
+  const uint8_t* u_row = base + (int64_t)(p.I + i) * row_bytes;
+  uint4 wg[CPL], wu[CPL];
+  float sg[CPL], su[CPL];
+#pragma unroll
+  for (int j = 0; j < CPL; ++j) {
+    const int c = lane + 32 * j;
+    if (live && c < nch) {
+      wg[j] = ldg16(g_row + 16 * (int64_t)c);
+      wu[j] = ldg16(u_row + 16 * (int64_t)c);
+    } else {
+      wg[j] = make_uint4(0, 0, 0, 0);
+      wu[j] = wg[j];
+    }
+    sg[j] = su[j] = 1.f;
+    if (C::scaled && live && c < nch) {
+      const float* sc = expert_gate_up_scale(p, e);
+      const int col = (c * C::EPC) / p.bi;
+      sg[j] = __ldg(sc + (int64_t)(i / p.bo) * p.ncb_h + col);
+      su[j] = __ldg(sc + (int64_t)(p.nbg + i / p.bo) * p.ncb_h + col);
+    }
+  }
+  const int q0 = 2 * tid;
+  const int f0 = (q0 >= s && q0 < p.P && ids_s[q0] == e) ? 1 : 0;
+  const int f1 = (q0 + 1 >= s && q0 + 1 < p.P && ids_s[q0 + 1] == e) ? 1 : 0;
+  int total;
+  const int off = block_exclusive_scan<MOE_THREADS>(f0 + f1, warp_tot, &total);
+  if (f0) mem_s[off] = q0;
+  if (f1) mem_s[off + f0] = q0 + 1;
+  __syncthreads();
+  if (blockIdx.x == 0) {
+    for (int m = tid; m < total; m += MOE_THREADS) p.members[(int64_t)s * p.P + m] = mem_s[m];
+    if (tid == 0) p.counts[s] = total;
+  }
+
+  if (!live) return;
+  for (int m = 0; m < total; ++m) {
+    const int q = mem_s[m];
+    const int64_t xrow = (int64_t)(q / p.k) * p.H;
+    float ag = 0.f, au = 0.f;
+#pragma unroll
+    for (int j = 0; j < CPL; ++j) {
+      const int c = lane + 32 * j;
+      if (c < nch) {
+        float xf[C::EPC], wf[C::EPC];
+        load_act<C::EPC>(p.x, p.x_dtype, xrow + (int64_t)c * C::EPC, xf);
+        decode_chunk<W>(wg[j], wf);
+        ag = chunk_fma<W>(wf, xf, sg[j], ag);
+        decode_chunk<W>(wu[j], wf);
+        au = chunk_fma<W>(wf, xf, su[j], au);
+      }
+    }
+    ag = warp_sum(ag);
+    au = warp_sum(au);
+    if (lane == 0) p.act[(int64_t)q * p.I + i] = ag / (1.f + expf(-ag)) * au;
+  }
+}
+
+template <typename W, int CPL, int U>
+__global__ void __launch_bounds__(MOE_DOWN_THREADS, 2) moe_down_kernel(MoeParams p) {
+  typedef WChunk<W> C;
+  __shared__ int lexp_s[MOE_MAX_PAIRS];   // the leaders' experts, leaders in pair order
+  __shared__ int lcnt_s[MOE_MAX_PAIRS];   // their member counts
+  __shared__ int lst_s[MOE_MAX_PAIRS];    // where their members start in mem_s
+  __shared__ int mem_s[MOE_MAX_PAIRS];    // members, grouped by leader
+  __shared__ float y_s[MOE_MAX_PAIRS * MOE_TILE];
+  __shared__ int warp_tot[2][MOE_DOWN_THREADS / 32];
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int cnt = tid < p.P ? p.counts[tid] : 0;  // one pair per thread (P <= 512)
+  int nlead, nmem;
+  const int a = block_exclusive_scan<MOE_DOWN_THREADS>(cnt > 0 ? 1 : 0, warp_tot[0], &nlead);
+  const int mst = block_exclusive_scan<MOE_DOWN_THREADS>(cnt, warp_tot[1], &nmem);
+  if (cnt > 0) {
+    lexp_s[a] = clamp_expert(p.topk_ids[tid], p.E);
+    lcnt_s[a] = cnt;
+    lst_s[a] = mst;
+    for (int m = 0; m < cnt && mst + m < MOE_MAX_PAIRS; ++m)
+      mem_s[mst + m] = p.members[(int64_t)tid * p.P + m];
+  }
+  __syncthreads();
+
+  const int hl = (warp & 3) * 2;  // this warp's two features within the tile
+  const int phase = warp >> 2;    // leaders are dealt to the 4 warp phases U at a time
+  const int nphase = MOE_DOWN_THREADS / 128;
+  const int h0 = blockIdx.x * MOE_TILE + hl;
+  const int nch = p.I / C::EPC;
+  const int64_t row_bytes = (int64_t)p.I * sizeof(typename W::storage);
+  for (int a0 = phase * U; a0 < nlead; a0 += nphase * U) {
+    uint4 w[U][2][CPL];
+    float sc[U][2][CPL];
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const bool live = a0 + u < nlead;
+      const int e = live ? lexp_s[a0 + u] : 0;
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        const int h = h0 + r;
+        const uint8_t* row = expert_down(p, e) + (int64_t)h * row_bytes;
+#pragma unroll
+        for (int j = 0; j < CPL; ++j) {
+          const int c = lane + 32 * j;
+          const bool ok = live && h < p.H && c < nch;
+          w[u][r][j] = ok ? ldg16(row + 16 * (int64_t)c) : make_uint4(0, 0, 0, 0);
+          sc[u][r][j] = 1.f;
+          if (C::scaled && ok)
+            sc[u][r][j] = __ldg(expert_down_scale(p, e) + (int64_t)(h / p.bo) * p.ncb_i +
+                                (c * C::EPC) / p.bi);
+        }
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const int nm = a0 + u < nlead ? lcnt_s[a0 + u] : 0;
+      const int m0 = a0 + u < nlead ? lst_s[a0 + u] : 0;
+      for (int m = 0; m < nm; ++m) {
+        const int q = mem_s[m0 + m];
+        const float* arow = p.act + (int64_t)q * p.I;
+        float acc0 = 0.f, acc1 = 0.f;
+#pragma unroll
+        for (int j = 0; j < CPL; ++j) {
+          const int c = lane + 32 * j;
+          if (c < nch) {
+            float xf[C::EPC], wf[C::EPC];
+            load_act<C::EPC>(arow, STRATA_DTYPE_F32, (int64_t)c * C::EPC, xf);
+            decode_chunk<W>(w[u][0][j], wf);
+            acc0 = chunk_fma<W>(wf, xf, sc[u][0][j], acc0);
+            decode_chunk<W>(w[u][1][j], wf);
+            acc1 = chunk_fma<W>(wf, xf, sc[u][1][j], acc1);
+          }
+        }
+        acc0 = warp_sum(acc0);
+        acc1 = warp_sum(acc1);
+        if (lane == 0) {
+          y_s[q * MOE_TILE + hl] = acc0;
+          y_s[q * MOE_TILE + hl + 1] = acc1;
+        }
+      }
+    }
+  }
+  __syncthreads();
+  for (int t = tid; t < p.n * MOE_TILE; t += MOE_DOWN_THREADS) {
+    const int n = t / MOE_TILE, hh = t % MOE_TILE;
+    const int h = blockIdx.x * MOE_TILE + hh;
+    if (h >= p.H) continue;
+    float acc = 0.f;
+    for (int j = 0; j < p.k; ++j) {
+      const int q = n * p.k + j;
+      acc = fmaf(p.topk_w[q], y_s[q * MOE_TILE + hh], acc);
+    }
+    store_from_float(p.out, p.x_dtype, (int64_t)n * p.H + h, acc);
+  }
+}
+
+// Smallest power of two >= ceil(chunks / 32), or 0 when the row is longer than 16 per lane.
+inline int chunks_per_lane(int64_t chunks) {
+  const int64_t need = (chunks + 31) / 32;
+  for (int c = 1; c <= 16; c <<= 1)
+    if (need <= c) return c;
+  return 0;
+}
+
+template <typename W, int CPL>
+int launch_moe_down(const MoeParams& p, cudaStream_t st) {
+  const int U = CPL >= 4 ? 1 : 4 / CPL;
+  moe_down_kernel<W, CPL, U><<<ceil_div_u(p.H, MOE_TILE), MOE_DOWN_THREADS, 0, st>>>(p);
+  return take_launch_error("moe_experts: moe_down_kernel");
+}
+
+template <typename W>
+int launch_moe(const MoeParams& p, cudaStream_t st) {
+  const int epc = WChunk<W>::EPC;
+  const int ch = chunks_per_lane(p.H / epc), ci = chunks_per_lane(p.I / epc);
+  dim3 grid(ceil_div_u(p.I, MOE_TILE), (unsigned)p.P);
+  switch (ch) {
+    case 1: moe_gate_up_kernel<W, 1><<<grid, MOE_THREADS, 0, st>>>(p); break;
+    case 2: moe_gate_up_kernel<W, 2><<<grid, MOE_THREADS, 0, st>>>(p); break;
+    case 4: moe_gate_up_kernel<W, 4><<<grid, MOE_THREADS, 0, st>>>(p); break;
+    case 8: moe_gate_up_kernel<W, 8><<<grid, MOE_THREADS, 0, st>>>(p); break;
+    default: moe_gate_up_kernel<W, 16><<<grid, MOE_THREADS, 0, st>>>(p); break;
+  }
+  int rc = take_launch_error("moe_experts: moe_gate_up_kernel");
+  if (rc) return rc;
+  switch (ci) {
+    case 1: return launch_moe_down<W, 1>(p, st);
+    case 2: return launch_moe_down<W, 2>(p, st);
+    case 4: return launch_moe_down<W, 4>(p, st);
+    case 8: return launch_moe_down<W, 8>(p, st);
+    default: return launch_moe_down<W, 16>(p, st);
+  }
+}
+
+// ------------------------------------------------------------------------------------------------
+// skinny linear
+
+struct LinParams {
+  const void* x;
+  const void* w;
+  const float* scale;
+  void* out;
+  int m, in, o, bo, bi, ncb, x_dtype;
+};
+
+template <typename W, int MT, int R>
+__global__ void __launch_bounds__(LIN_WARPS * 32) linear_skinny_kernel(LinParams p) {
+  typedef WChunk<W> C;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int o0 = (blockIdx.x * LIN_WARPS + warp) * R;
+  if (o0 >= p.o) return;
+  const int nch = p.in / C::EPC;
+  const int64_t row_bytes = (int64_t)p.in * sizeof(typename W::storage);
+  float acc[R][MT];
+#pragma unroll
+  for (int r = 0; r < R; ++r)
+#pragma unroll
+    for (int m = 0; m < MT; ++m) acc[r][m] = 0.f;
+  for (int base = 0; base < nch; base += 32 * LIN_GROUP) {
+    uint4 w[R][LIN_GROUP];
+    float sc[R][LIN_GROUP];
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+      const bool live = o0 + r < p.o;
+      const uint8_t* row = (const uint8_t*)p.w + (int64_t)(o0 + r) * row_bytes;
+#pragma unroll
+      for (int g = 0; g < LIN_GROUP; ++g) {
+        const int c = base + lane + 32 * g;
+        const bool ok = live && c < nch;
+        w[r][g] = ok ? ldg16(row + 16 * (int64_t)c) : make_uint4(0, 0, 0, 0);
+        sc[r][g] = 1.f;
+        if (C::scaled && ok)
+          sc[r][g] = __ldg(p.scale + (int64_t)((o0 + r) / p.bo) * p.ncb + (c * C::EPC) / p.bi);
+      }
+    }
+#pragma unroll
+    for (int g = 0; g < LIN_GROUP; ++g) {
+      const int c = base + lane + 32 * g;
+      if (c < nch) {
+        float wf[R][C::EPC];
+#pragma unroll
+        for (int r = 0; r < R; ++r) decode_chunk<W>(w[r][g], wf[r]);
+#pragma unroll
+        for (int m = 0; m < MT; ++m) {
+          if (m < p.m) {
+            float xf[C::EPC];
+            load_act<C::EPC>(p.x, p.x_dtype, (int64_t)m * p.in + (int64_t)c * C::EPC, xf);
+#pragma unroll
+            for (int r = 0; r < R; ++r)
+              acc[r][m] = chunk_fma<W>(wf[r], xf, sc[r][g], acc[r][m]);
+          }
+        }
+      }
+    }
+  }
+#pragma unroll
+  for (int r = 0; r < R; ++r) {
+#pragma unroll
+    for (int m = 0; m < MT; ++m) {
+      if (m < p.m) {
+        const float v = warp_sum(acc[r][m]);
+        if (lane == m % 32 && o0 + r < p.o)
+          store_from_float(p.out, p.x_dtype, (int64_t)m * p.o + o0 + r, v);
+      }
+    }
+  }
+}
+
+template <typename W, int MT>
+int launch_linear_mt(const LinParams& p, int sm_blocks, cudaStream_t st) {
+  // Several features per warp reuse each activation load; as many as the registers allow
+  // (accumulators grow with the rows), fewer when that would leave SMs idle.
+  const int R = MT <= 8 ? 4 : 2;
+  const int64_t warps = (p.o + R - 1) / R;
+  if ((warps + LIN_WARPS - 1) / LIN_WARPS >= sm_blocks) {
+    linear_skinny_kernel<W, MT, R><<<ceil_div_u(warps, LIN_WARPS), LIN_WARPS * 32, 0, st>>>(p);
+  } else {
+    linear_skinny_kernel<W, MT, 1><<<ceil_div_u(p.o, LIN_WARPS), LIN_WARPS * 32, 0, st>>>(p);
+  }
+  return take_launch_error("linear: linear_skinny_kernel");
+}
+
+template <typename W>
+int launch_linear(const LinParams& p, int sm_blocks, cudaStream_t st) {
+  if (p.m <= 1) return launch_linear_mt<W, 1>(p, sm_blocks, st);
+  if (p.m <= 2) return launch_linear_mt<W, 2>(p, sm_blocks, st);
+  if (p.m <= 4) return launch_linear_mt<W, 4>(p, sm_blocks, st);
+  if (p.m <= 8) return launch_linear_mt<W, 8>(p, sm_blocks, st);
+  if (p.m <= 16) return launch_linear_mt<W, 16>(p, sm_blocks, st);
+  return launch_linear_mt<W, 32>(p, sm_blocks, st);
+}
+
+int invalid(const char* what) {
+  gpu_set_last_kernel(what);
+  return (int)cudaErrorInvalidValue;
+}
+
+}  // namespace
+
+extern "C" {
+
+int64_t strata_gpu_moe_workspace(int64_t n, int64_t k, int64_t inter) {
+  const int64_t P = n * k;
+  return P * inter + P + P * P;
+}
+
+int strata_gpu_moe_experts(const void* x, int x_dtype, const void* w_gate_up, const void* w_down,
+                           int w_dtype, const float* gu_scale, const float* down_scale,
+                           int64_t bo, int64_t bi, const float* topk_weight,
+                           const int64_t* topk_ids, int64_t n, int64_t k, int64_t E, int64_t H,
+                           int64_t I, void* out, float* workspace, int device,
+                           uintptr_t stream) {
+  int rc = gpu_use_device(device);
+  if (rc) return rc;
+  if (n == 0 || H == 0) return 0;
+  const int64_t P = n * k;
+  const int esz = dtype_size(w_dtype);
+  if (n > MOE_MAX_ROWS || P > MOE_MAX_PAIRS || k < 1 || E < 1 || I < 1)
+    return invalid("moe_experts (needs 1 <= N <= 32 rows and N * k <= 512)");
+  if (H % 16 || I % 16 || !chunks_per_lane(H * esz / 16) || !chunks_per_lane(I * esz / 16))
+    return invalid("moe_experts (H and I must be multiples of 16, rows at most 8 KiB)");
+  if (!aligned16(x) || !aligned16(w_gate_up) || !aligned16(w_down) || !aligned16(workspace))
+    return invalid("moe_experts (x, weights and workspace must be 16-byte aligned)");
+  const bool fp8 = w_dtype == STRATA_DTYPE_FP8;
+  if (fp8 && (!gu_scale || !down_scale || bo < 1 || bi < 16 || bi % 16))
+    return invalid("moe_experts (FP8 weights need scales and a block (bo, bi) with bi % 16 == 0)");
+  MoeParams p;
+  p.x = x;
+  p.out = out;
+  p.w_gu = w_gate_up;
+  p.w_down = w_down;
+  p.gu_scale = gu_scale;
+  p.down_scale = down_scale;
+  p.topk_w = topk_weight;
+  p.topk_ids = topk_ids;
+  p.act = workspace;
+  p.counts = (int*)(workspace + P * I);
+  p.members = p.counts + P;
+  p.gu_expert_bytes = 2 * I * H * esz;
+  p.down_expert_bytes = H * I * esz;
+  p.n = (int)n;
+  p.k = (int)k;
+  p.P = (int)P;
+  p.E = (int)E;
+  p.H = (int)H;
+  p.I = (int)I;
+  p.bo = fp8 ? (int)bo : 1;
+  p.bi = fp8 ? (int)bi : 1;
+  p.x_dtype = x_dtype;
+  p.nbg = (int)((I + p.bo - 1) / p.bo);
+  p.ncb_h = (int)((H + p.bi - 1) / p.bi);
+  p.ncb_i = (int)((I + p.bi - 1) / p.bi);
+  p.gu_scale_expert = (int64_t)2 * p.nbg * p.ncb_h;
+  p.down_scale_expert = ((H + p.bo - 1) / p.bo) * p.ncb_i;
+  cudaStream_t st = (cudaStream_t)stream;
+  switch (w_dtype) {
+    case STRATA_DTYPE_F32: return launch_moe<F32>(p, st);
+    case STRATA_DTYPE_BF16: return launch_moe<BF16>(p, st);
+    case STRATA_DTYPE_F16: return launch_moe<F16>(p, st);
+    default: return launch_moe<FP8W>(p, st);
+  }
+}
+
+int strata_gpu_linear_skinny(const void* x, int x_dtype, int64_t m, int64_t in, const void* w,
+                             int w_dtype, const float* scale, int64_t bo, int64_t bi, int64_t o,
+                             void* out, int device, uintptr_t stream) {
+  int rc = gpu_use_device(device);
+  if (rc) return rc;
+  if (m == 0 || o == 0) return 0;
+  if (m > 32) return invalid("linear (the skinny kernel takes at most 32 rows)");
+  if (w_dtype != STRATA_DTYPE_FP8 && w_dtype != STRATA_DTYPE_BF16)
+    return invalid("linear (weights must be float8_e4m3fn or bfloat16)");
+  if (in % 16 || !aligned16(x) || !aligned16(w))
+    return invalid("linear (in_features must be a multiple of 16, x and W 16-byte aligned)");
+  const bool fp8 = w_dtype == STRATA_DTYPE_FP8;
+  if (fp8 && (!scale || bo < 1 || bi < 16 || bi % 16))
+    return invalid("linear (FP8 weights need scales and a block (bo, bi) with bi % 16 == 0)");
+  int sms = 132;
+  int dev = 0;
+  if (cudaGetDevice(&dev) == cudaSuccess) {
+#if STRATA_PLATFORM_HIP
+    (void)hipDeviceGetAttribute(&sms, hipDeviceAttributeMultiprocessorCount, dev);
+#else
+    (void)cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
+#endif
+  }
+  LinParams p;
+  p.x = x;
+  p.w = w;
+  p.scale = scale;
+  p.out = out;
+  p.m = (int)m;
+  p.in = (int)in;
+  p.o = (int)o;
+  p.bo = fp8 ? (int)bo : 1;
+  p.bi = fp8 ? (int)bi : 1;
+  p.ncb = (int)((in + p.bi - 1) / p.bi);
+  p.x_dtype = x_dtype;
+  cudaStream_t st = (cudaStream_t)stream;
+  if (fp8) return launch_linear<FP8W>(p, 2 * sms, st);
+  return launch_linear<BF16>(p, 2 * sms, st);
+}
+
+}  // extern "C"

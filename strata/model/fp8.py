@@ -1,0 +1,162 @@
+"""FP8 block-scaled weights (Hugging Face fine-grained format) in the model.
+
+A checkpoint's `quantization_config` (config.json) says the format; each FP8 `...weight` has a
+`...weight_scale_inv` (ceil(O/bo), ceil(I/bi)) beside it. On a GPU with FP8 support the model
+keeps such weights in FP8: a linear layer becomes an `Fp8Linear` (its forward is
+`ops.linear_fp8`) and the stacked experts keep FP8 `w_gate_up` / `w_down` with `gu_scale` /
+`down_scale` (layouts in strata/kernels/reference.py). Elsewhere the loader dequantises exactly.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Optional
+
+import torch
+import torch.nn as nn
+
+from strata.kernels import ops
+from strata.model.config import CheckpointError
+
+FP8_DTYPE = torch.float8_e4m3fn
+#: Largest finite float8_e4m3fn value (a block's amax maps to it when quantising).
+FP8_MAX = 448.0
+
+
+@dataclass(frozen=True)
+class QuantConfig:
+    """`quantization_config` of an FP8 block checkpoint."""
+    block: tuple[int, int]
+    not_convert: tuple[str, ...] = field(default_factory=tuple)
+
+    def converts(self, module: str) -> bool:
+        """Whether the module (checkpoint name, e.g. `model.layers.0.mlp.gate`) is FP8.
+        An entry matches whole dotted components, so `mlp.gate` names the router but not
+        `mlp.gate_proj`."""
+        dotted = f".{module}."
+        return not any(f".{m.strip('.')}." in dotted for m in self.not_convert)
+
+    def to_hf_dict(self) -> dict:
+        return {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic",
+                "weight_block_size": list(self.block), "modules_to_not_convert": list(self.not_convert)}
+
+
+def parse_quant_config(cfg: dict, where: str | Path) -> Optional[QuantConfig]:
+    """The QuantConfig of a parsed config.json (None when it has no quantization_config);
+    anything strata cannot run is a CheckpointError naming `where` and the key."""
+    q = cfg.get("quantization_config")
+    if q is None:
+        return None
+    if not isinstance(q, dict):
+        raise CheckpointError(f"{where}: quantization_config must be an object")
+    method = q.get("quant_method")
+    if method != "fp8":
+        raise CheckpointError(f"{where}: quantization_config.quant_method {method!r} is not "
+                              f"supported (fp8 only)")
+    fmt = q.get("fmt", "e4m3")
+    if fmt != "e4m3":
+        raise CheckpointError(f"{where}: quantization_config.fmt {fmt!r} is not supported (e4m3 only)")
+    block = q.get("weight_block_size")
+    if (not isinstance(block, (list, tuple)) or len(block) != 2
+            or not all(isinstance(b, int) and not isinstance(b, bool) and b > 0 for b in block)):
+        raise CheckpointError(f"{where}: quantization_config.weight_block_size must be two "
+                              f"positive ints [bo, bi], got {block!r}")
+    skip = q.get("modules_to_not_convert") or []
+    if not isinstance(skip, list) or not all(isinstance(m, str) for m in skip):
+        raise CheckpointError(f"{where}: quantization_config.modules_to_not_convert must be a "
+                              f"list of module names")
+    return QuantConfig((int(block[0]), int(block[1])), tuple(skip))
+
+
+def load_quant_config(path: str | Path) -> Optional[QuantConfig]:
+    """The QuantConfig of the checkpoint directory's config.json (None: not quantised)."""
+    cfg_path = Path(path) / "config.json"
+    return parse_quant_config(json.loads(cfg_path.read_text()), cfg_path)
+
+
+def scale_shape(shape: tuple[int, ...], block: tuple[int, int]) -> tuple[int, ...]:
+    """Shape of the block scales of a (..., O, I) weight."""
+    *lead, o, i = shape
+    return (*lead, -(-o // block[0]), -(-i // block[1]))
+
+
+def fp8_supported(device: torch.device) -> bool:
+    """FP8 weights stay FP8 on a GPU of compute capability 8.9 or newer (Ada, Hopper)."""
+    if device.type != "cuda" or not torch.cuda.is_available():
+        return False
+    if getattr(torch.version, "hip", None):  # MI300 and newer: e4m3fnuz, not e4m3fn
+        return False
+    return torch.cuda.get_device_capability(device) >= (8, 9)
+
+
+class Fp8Linear(nn.Module):
+    """A bias-free linear layer with an FP8 weight (O, I) and float32 block scales."""
+
+    def __init__(self, in_features: int, out_features: int, block: tuple[int, int]):
+        super().__init__()
+        self.in_features, self.out_features = in_features, out_features
+        self.block = (int(block[0]), int(block[1]))
+        self.weight = nn.Parameter(torch.empty(out_features, in_features, dtype=FP8_DTYPE),
+                                   requires_grad=False)
+        self.weight_scale_inv = nn.Parameter(
+            torch.empty(scale_shape((out_features, in_features), block), dtype=torch.float32),
+            requires_grad=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return ops.linear_fp8(x, self.weight, self.weight_scale_inv, self.block)
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, block={self.block}"
+
+
+def to_fp8_linear(parent: nn.Module, attr: str, block: tuple[int, int]) -> Fp8Linear:
+    """Replace `parent.attr` (an nn.Linear without bias) by an Fp8Linear of the same shape
+    (on the device of the old weight, meta while the loader builds)."""
+    old = getattr(parent, attr)
+    if not isinstance(old, nn.Linear) or old.bias is not None:
+        raise CheckpointError(f"{attr}: only bias-free linear layers can hold FP8 weights")
+    with torch.device(old.weight.device):
+        new = Fp8Linear(old.in_features, old.out_features, block)
+    setattr(parent, attr, new)
+    return new
+
+
+def linear(x: torch.Tensor, weight: torch.Tensor, scale: Optional[torch.Tensor],
+           block: Optional[tuple[int, int]]) -> torch.Tensor:
+    """x @ weight^T for a float weight (scale None) or an FP8 block-scaled one."""
+    if scale is None:
+        return torch.nn.functional.linear(x, weight)
+    return ops.linear_fp8(x, weight, scale, block)
+
+
+def fuse_projections(mods: list[nn.Module]):
+    """One weight (and for FP8 one scale tensor) for several projections of the same input, or
+    None when they cannot be fused: a mix of float and FP8, or FP8 parts whose row counts are
+    not multiples of the block rows (their scale rows would straddle two parts). Each module's
+    parameters become views into the fused tensors, so no memory is duplicated.
+    Returns (weight, scale or None, block or None)."""
+    fp8 = [isinstance(m, Fp8Linear) for m in mods]
+    if any(fp8) and not all(fp8):
+        return None
+    if all(fp8):
+        block = mods[0].block
+        if any(m.block != block or m.out_features % block[0] for m in mods):
+            return None
+        return _cat_views(mods, "weight"), _cat_views(mods, "weight_scale_inv"), block
+    return _cat_views(mods, "weight"), None, None
+
+
+def _cat_views(mods: list[nn.Module], name: str) -> torch.Tensor:
+    parts = [getattr(m, name).detach() for m in mods]
+    if parts[0].dtype == FP8_DTYPE:  # concatenated as bytes: not every torch build cats float8
+        fused = torch.cat([p.view(torch.uint8) for p in parts], dim=0).view(FP8_DTYPE)
+    else:
+        fused = torch.cat(parts, dim=0).contiguous()
+    start = 0
+    for m in mods:
+        n = getattr(m, name).shape[0]
+        setattr(m, name, nn.Parameter(fused[start:start + n], requires_grad=False))
+        start += n
+    return fused

@@ -1,0 +1,303 @@
+"""FP8 block checkpoints (Hugging Face fine-grained format) and the model on the grouped MoE op.
+
+- scripts/quantize_fp8.py's quantiser writes FP8 weights with amax/448 block scales, keeps
+  the modules it is told to keep, and copies the tokenizer;
+- an FP8 checkpoint with blocks smaller than the tensors (and dims that are not multiples of
+  them) loads on CPU dequantised exactly, and matches transformers run on the dequantised float
+  copy; kept in FP8 (the GPU path: Fp8Linear, FP8 stacked experts through ops.linear_fp8 and
+  ops.moe_experts, here on their torch references) it matches too;
+- FP8 projections fuse only where every part's rows are a multiple of the block rows;
+- each malformed checkpoint is one clear error naming the file and the tensor or key;
+- routed experts go through ops.moe_experts and agree with the dense path.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors import safe_open
+from safetensors.torch import load_file, save_file
+
+from conftest import rel_err
+from strata.kernels import ops
+from strata.kernels.reference import dequant_fp8_block
+from strata.model.config import CheckpointError
+from strata.model.fp8 import FP8_DTYPE, Fp8Linear, fuse_projections
+from strata.model.loader import load_checkpoint
+from strata.model.quantize import quantize_block, quantize_checkpoint
+
+pytestmark = pytest.mark.usefixtures("single_thread")
+QUIET = dict(log=lambda _m: None)
+#: Block sizes per tiny config: (16, 12) keeps rows multiples of the block (fused FP8
+#: projections) with columns that are not; (24, 8) leaves rows ragged (expert gate/up of 32 rows,
+#: attention of 32 and 128 rows), so projections stay unfused and gate/up scales straddle.
+BLOCKS = {"base": (16, 12), "wide": (24, 8)}
+
+
+def _tokens(vocab: int, shape, seed: int = 0) -> torch.Tensor:
+    return torch.randint(0, vocab, shape, generator=torch.Generator().manual_seed(seed))
+
+
+@pytest.fixture(scope="module")
+def fp8_ckpts(tiny_ckpts, tmp_path_factory) -> dict[str, Path]:
+    return {n: quantize_checkpoint(tiny_ckpts[n], tmp_path_factory.mktemp(f"fp8-{n}"), b, log=lambda _m: None)
+            for n, b in BLOCKS.items()}
+
+
+def _dequantised_copy(src: Path, dst: Path) -> Path:
+    """The float checkpoint an FP8 one stands for: every FP8 weight times its block scales."""
+    shutil.copytree(src, dst)
+    cfg = json.loads((dst / "config.json").read_text())
+    block = cfg.pop("quantization_config")["weight_block_size"]
+    (dst / "config.json").write_text(json.dumps(cfg))
+    sd = load_file(str(dst / "model.safetensors"))
+    out = {}
+    for k, t in sd.items():
+        if k.endswith("_scale_inv"):
+            continue
+        out[k] = dequant_fp8_block(t, sd[k + "_scale_inv"], block) if t.dtype == FP8_DTYPE else t.float()
+    save_file(out, str(dst / "model.safetensors"))
+    return dst
+
+
+# ---- the quantiser ---------------------------------------------------------------------------
+def test_quantize_block_scales_are_block_amax_over_448():
+    w = torch.randn(40, 20, generator=torch.Generator().manual_seed(0))
+    q, s = quantize_block(w, (16, 8))
+    assert q.dtype == FP8_DTYPE and s.shape == (3, 3) and s.dtype == torch.float32
+    assert torch.allclose(s[0, 0], w[:16, :8].abs().max() / 448)
+    assert torch.allclose(s[2, 2], w[32:, 16:].abs().max() / 448)  # a ragged corner block
+    back = dequant_fp8_block(q, s, (16, 8))
+    assert rel_err(back, w) < 0.05  # e4m3 keeps 3 mantissa bits
+    assert q.float().abs().amax() == 448  # each block's amax lands on the top of the range
+    # quantising the dequantised weight again gives it back
+    q2, s2 = quantize_block(back, (16, 8))
+    assert rel_err(dequant_fp8_block(q2, s2, (16, 8)), back) < 1e-6
+
+
+def test_quantized_checkpoint_layout(fp8_ckpts, tiny_ckpts):
+    src, dst = tiny_ckpts["base"], fp8_ckpts["base"]
+    cfg = json.loads((dst / "config.json").read_text())
+    q = cfg["quantization_config"]
+    assert q["quant_method"] == "fp8" and q["fmt"] == "e4m3" and q["weight_block_size"] == [16, 12]
+    assert "mlp.gate" in q["modules_to_not_convert"]
+    assert (dst / "tokenizer.json").read_bytes() == (src / "tokenizer.json").read_bytes()
+    assert (dst / "generation_config.json").is_file()
+    with safe_open(str(dst / "model.safetensors"), "pt") as sf:
+        keys = set(sf.keys())
+        w = sf.get_tensor("model.layers.0.mlp.experts.3.up_proj.weight")
+        s = sf.get_tensor("model.layers.0.mlp.experts.3.up_proj.weight_scale_inv")
+        assert w.dtype == FP8_DTYPE and s.shape == (2, 6)  # (32, 64) in blocks of (16, 12)
+        for kept in ("lm_head.weight", "model.embed_tokens.weight", "model.layers.0.mlp.gate.weight",
+                     "model.layers.0.mlp.shared_expert_gate.weight",
+                     "model.layers.0.linear_attn.in_proj_ba.weight",
+                     "model.layers.0.input_layernorm.weight"):
+            assert sf.get_tensor(kept).dtype == torch.float32, kept
+            assert kept + "_scale_inv" not in keys
+        assert sf.get_tensor("model.layers.3.self_attn.q_proj.weight").dtype == FP8_DTYPE
+        assert sf.get_tensor("mtp.fc.weight").dtype == FP8_DTYPE
+
+
+def test_quantize_refuses_a_quantized_source(fp8_ckpts, tmp_path):
+    with pytest.raises(CheckpointError, match="quantization_config"):
+        quantize_checkpoint(fp8_ckpts["base"], tmp_path / "again", (16, 12), log=lambda _m: None)
+
+
+# ---- loading against transformers ------------------------------------------------------------
+@pytest.mark.parametrize("name", list(BLOCKS))
+@torch.no_grad()
+def test_fp8_checkpoint_matches_transformers_on_the_dequantised_copy(name, fp8_ckpts, tmp_path):
+    transformers = pytest.importorskip("transformers")
+    transformers.logging.set_verbosity_error()
+    ref_dir = _dequantised_copy(fp8_ckpts[name], tmp_path / "float")
+    ref = transformers.Qwen3NextForCausalLM.from_pretrained(str(ref_dir), dtype=torch.float32).eval()
+    toks = _tokens(ref.config.vocab_size, (2, 70), seed=3)
+    want = ref(input_ids=toks, use_cache=False).logits
+
+    plain = load_checkpoint(fp8_ckpts[name], dtype="float32", **QUIET)  # CPU: dequantised
+    assert not plain.fp8 and plain.quant.block == BLOCKS[name]
+    assert all(p.dtype == torch.float32 for p in plain.model.parameters())
+    assert rel_err(plain.model.logits(plain.model.forward_train(toks)), want) <= 1e-4
+
+    kept = load_checkpoint(fp8_ckpts[name], dtype="float32", fp8="keep", **QUIET)  # the GPU path
+    assert kept.fp8
+    experts = kept.model.layers[0].mlp.experts
+    assert experts.w_gate_up.dtype == FP8_DTYPE and experts.gu_scale is not None
+    assert isinstance(kept.model.layers[0].mlp.shared_expert.up_proj, Fp8Linear)
+    assert rel_err(kept.model.logits(kept.model.forward_train(toks)), want) <= 1e-4
+
+
+def test_fp8_fusion_only_where_rows_are_block_multiples(fp8_ckpts):
+    base = load_checkpoint(fp8_ckpts["base"], dtype="float32", fp8="keep", **QUIET).model
+    attn = base.layers[3].self_attn  # rows 128, 32, 32 in blocks of 16: fused, scales too
+    assert attn.s_qkv is not None and attn.w_qkv.dtype == FP8_DTYPE
+    assert attn.q_proj.weight.data_ptr() == attn.w_qkv.data_ptr()
+    assert attn.k_proj.weight_scale_inv.data_ptr() == attn.s_qkv[attn.q_proj.weight_scale_inv.shape[0]:].data_ptr()
+    assert base.layers[0].linear_attn.w_in is None  # in_proj_ba stays float: not fused with FP8
+    wide = load_checkpoint(fp8_ckpts["wide"], dtype="float32", fp8="keep", **QUIET).model
+    assert wide.layers[2].self_attn.w_qkv is not None  # 96, 24, 24 rows in blocks of 24
+    ragged = [Fp8Linear(64, 48, (24, 8)), Fp8Linear(64, 32, (24, 8))]  # 32 rows: 1.33 blocks
+    assert fuse_projections(ragged) is None
+    assert fuse_projections([Fp8Linear(64, 48, (24, 8)), torch.nn.Linear(64, 24, bias=False)]) is None
+    # FP8 scales are parameters, so the engine's weights_mib (a sum over parameters) counts them
+    names = {n for n, _ in wide.named_parameters()}
+    assert "layers.0.mlp.experts.gu_scale" in names
+    assert "layers.2.self_attn.q_proj.weight_scale_inv" in names
+
+
+@torch.no_grad()
+def test_fp8_window_paths_match_the_dequantised_model(fp8_ckpts):
+    """The cached prefill path of the FP8-kept model against the dequantised one."""
+    from strata.model.state import DecodeState
+    a = load_checkpoint(fp8_ckpts["base"], dtype="float32", **QUIET)
+    b = load_checkpoint(fp8_ckpts["base"], dtype="float32", fp8="keep", **QUIET)
+    toks = _tokens(a.args.vocab_size, (20,), seed=5)
+    outs = []
+    for lm in (a, b):
+        st = DecodeState(lm.args, 1, 32, lm.dtype, "cpu", with_mtp=True)
+        outs.append(lm.model.logits(lm.model.prefill(toks, 0, 0, st)))
+    assert rel_err(outs[1], outs[0]) <= 1e-4
+
+
+# ---- bad FP8 checkpoints ---------------------------------------------------------------------
+@pytest.fixture
+def fp8_copy(fp8_ckpts, tmp_path) -> Path:
+    return Path(shutil.copytree(fp8_ckpts["base"], tmp_path / "ckpt"))
+
+
+def _raises(path, *needles):
+    with pytest.raises(CheckpointError) as ei:
+        load_checkpoint(path, **QUIET)
+    msg = str(ei.value)
+    for n in needles:
+        assert str(n) in msg, (n, msg)
+    e = ei.value
+    assert e.__cause__ is None and (e.__context__ is None or e.__suppress_context__)
+    return msg
+
+
+def _edit(path: Path, fn) -> None:
+    f = path / "model.safetensors"
+    sd = load_file(str(f))
+    fn(sd)
+    save_file(sd, str(f))
+
+
+def _edit_quant(path: Path, **kv) -> None:
+    cfg = json.loads((path / "config.json").read_text())
+    cfg["quantization_config"].update(kv)
+    (path / "config.json").write_text(json.dumps(cfg))
+
+
+KEY = "model.layers.1.mlp.experts.2.down_proj.weight"
+
+
+def test_missing_scale(fp8_copy):
+    _edit(fp8_copy, lambda sd: sd.pop(KEY + "_scale_inv"))
+    _raises(fp8_copy, fp8_copy / "model.safetensors", KEY, "weight_scale_inv")
+
+
+def test_scale_of_the_wrong_shape(fp8_copy):
+    _edit(fp8_copy, lambda sd: sd.update({KEY + "_scale_inv": torch.ones(4, 4)}))
+    _raises(fp8_copy, fp8_copy / "model.safetensors", KEY + "_scale_inv", "(4, 4)", "(4, 3)")
+
+
+def test_scale_without_an_fp8_weight(fp8_copy):
+    k = "model.layers.0.mlp.gate.weight_scale_inv"
+    _edit(fp8_copy, lambda sd: sd.update({k: torch.ones(1, 6)}))
+    _raises(fp8_copy, fp8_copy / "model.safetensors", k)
+
+
+def test_fp8_weight_in_a_module_not_to_convert(fp8_copy):
+    k = "model.layers.0.mlp.gate.weight"
+    def edit(sd):
+        sd[k + "_scale_inv"] = torch.ones(1, 6)
+        sd[k] = sd[k].to(FP8_DTYPE)
+    _edit(fp8_copy, edit)
+    _raises(fp8_copy, fp8_copy / "model.safetensors", k, "modules_to_not_convert")
+
+
+def test_fp8_weight_without_quantization_config(fp8_copy):
+    cfg = json.loads((fp8_copy / "config.json").read_text())
+    del cfg["quantization_config"]
+    (fp8_copy / "config.json").write_text(json.dumps(cfg))
+    _raises(fp8_copy, fp8_copy / "config.json", "quantization_config", "float8_e4m3fn")
+
+
+@pytest.mark.parametrize("key,value,needle", [
+    ("quant_method", "gptq", "quant_method"),
+    ("fmt", "e5m2", "fmt"),
+    ("weight_block_size", [128], "weight_block_size"),
+    ("modules_to_not_convert", "lm_head", "modules_to_not_convert"),
+])
+def test_unsupported_quantization_config(fp8_copy, key, value, needle):
+    _edit_quant(fp8_copy, **{key: value})
+    _raises(fp8_copy, fp8_copy / "config.json", needle, repr(value) if key in ("quant_method", "fmt") else needle)
+
+
+# ---- the routed experts on ops.moe_experts ---------------------------------------------------
+@torch.no_grad()
+def test_routed_experts_use_the_grouped_op_and_agree_with_dense(tiny_ckpts, monkeypatch):
+    lm = load_checkpoint(tiny_ckpts["wide"], dtype="float32", moe_dense_experts=0, **QUIET)
+    moe = lm.model.layers[0].mlp  # 16 experts top-4: 3 rows x 4 < 16 take the grouped op
+    x = torch.randn(3, lm.args.hidden_size, generator=torch.Generator().manual_seed(0))
+    calls = []
+    real = ops.moe_experts
+    monkeypatch.setattr(ops, "moe_experts", lambda *a, **k: calls.append(a[0].shape) or real(*a, **k))
+    got = moe(x)
+    assert calls == [(3, lm.args.hidden_size)]
+    moe.dense_experts = 16  # every row count on the fused dense path
+    want = moe(x)
+    assert rel_err(got, want) <= 1e-5
+
+
+@pytest.mark.parametrize("fp8", [False, True])
+@torch.no_grad()
+def test_shared_expert_folds_into_the_grouped_call(fp8, tmp_path, monkeypatch):
+    """Where the shared expert has the routed experts' shape it runs as expert E of the same
+    ops.moe_experts call, weighted by sigmoid(shared gate) on every row; router and shared gate
+    are one matmul. Same logits as the unfused model."""
+    from strata.model.tiny import make_tiny_random
+    src = make_tiny_random(tmp_path / "f", seed=3, tokenizer=False, shared_expert_intermediate_size=32)
+    path = quantize_checkpoint(src, tmp_path / "q", (16, 16), log=lambda _m: None) if fp8 else src
+    mode = dict(fp8="keep") if fp8 else {}
+    folded = load_checkpoint(path, dtype="float32", moe_dense_experts=0, **mode, **QUIET)
+    plain = load_checkpoint(path, dtype="float32", fuse=False, **mode, **QUIET)
+    moe = folded.model.layers[0].mlp
+    assert moe.experts.shared_id == 8 and moe.w_router is not None
+    assert moe.shared_expert.up_proj.weight.data_ptr() == moe.experts.stacks[0][8, 32:].data_ptr()
+    ids = []
+    real = ops.moe_experts
+    monkeypatch.setattr(ops, "moe_experts", lambda *a, **k: ids.append(a[4]) or real(*a, **k))
+    toks = _tokens(folded.args.vocab_size, (1, 3), seed=1)  # 3 rows x top-2 < 8 experts: grouped
+    got = folded.model.logits(folded.model.forward_train(toks))
+    assert ids and all(i.shape[1] == 3 and torch.all(i[:, -1] == 8) for i in ids)
+    want = plain.model.logits(plain.model.forward_train(toks))
+    assert rel_err(got, want) <= 1e-5
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("name", list(BLOCKS))
+@torch.no_grad()
+def test_fp8_on_cuda_keeps_fp8_and_matches_the_dequantised_model(name, fp8_ckpts):
+    """On a GPU with FP8 the weights stay FP8 (the kernels dequantise); logits agree with the
+    exactly dequantised model on the same device. Run with each kernel backend."""
+    from strata.model.fp8 import fp8_supported
+    dev = torch.device("cuda")
+    for backend in ("torch", "auto"):
+        ops.set_backend(backend, dev)
+        try:
+            kept = load_checkpoint(fp8_ckpts[name], dtype="float32", device=dev, **QUIET)
+            plain = load_checkpoint(fp8_ckpts[name], dtype="float32", device=dev, fp8="dequant", **QUIET)
+            assert kept.fp8 == fp8_supported(dev)
+            toks = _tokens(kept.args.vocab_size, (2, 40), seed=7).to(dev)
+            got = kept.model.logits(kept.model.forward_train(toks))
+            want = plain.model.logits(plain.model.forward_train(toks))
+            assert rel_err(got, want) <= 1e-3, backend
+        finally:
+            ops.set_backend("torch", "cpu")

@@ -1,0 +1,318 @@
+"""Routed experts (moe_experts) and the FP8 linear (linear_fp8): the cyext kernels against
+strata.kernels.reference.
+
+CPU: the C++ twin (grouped by expert) with 64+ experts, 1 to 32 rows, experts chosen by many
+rows and by none, tied routing weights, float32 / bf16 / FP8 weights with blocks smaller than
+the dims (I not a multiple of bo), and row independence (a row's output bit-identical alone and
+inside a batch). GPU (marker `gpu`): the CUDA/HIP kernels' parity, CUDA-graph capture replayed
+with new expert ids, row independence.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from strata.kernels import cyext_ops as C
+from strata.kernels import ops
+from strata.kernels import reference as R
+
+FP8 = getattr(torch, "float8_e4m3fn", None)
+
+needs_cpu = pytest.mark.skipif(not C.cpu_available(), reason="strata_cpu extension not built")
+_GPU_MARKS = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA/HIP device"),
+    pytest.mark.skipif(C.gpu_platform() is None, reason="strata_cuda extension not built"),
+]
+
+
+def _gpu(fn):
+    for mark in reversed(_GPU_MARKS):
+        fn = mark(fn)
+    return fn
+
+
+def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
+    a, b = a.double(), b.double()
+    return ((a - b).norm() / b.norm().clamp_min(1e-30)).item()
+
+
+def experts(E, H, I, wdtype, block=(32, 32), seed=0, device="cpu"):
+    """(w_gate_up, w_down, gu_scale, down_scale) in wdtype; FP8 with random block scales."""
+    gen = torch.Generator(device=device).manual_seed(seed)
+    wgu = torch.randn(E, 2 * I, H, generator=gen, device=device) / math.sqrt(H)
+    wd = torch.randn(E, H, I, generator=gen, device=device) / math.sqrt(I)
+    if wdtype is not FP8:
+        return wgu.to(wdtype), wd.to(wdtype), None, None
+    bo, bi = block
+    nbg = -(-I // bo)
+    gs = torch.rand(E, 2 * nbg, -(-H // bi), generator=gen, device=device) * 0.02 + 0.005
+    ds = torch.rand(E, -(-H // bo), -(-I // bi), generator=gen, device=device) * 0.02 + 0.005
+    # quantise so that dequant(w) ~ the float weights (values up to ~2 in FP8 units x scale)
+    wq = (wgu * 50).clamp(-440, 440).to(FP8)
+    dq = (wd * 50).clamp(-440, 440).to(FP8)
+    return wq, dq, gs, ds
+
+
+def routing(N, k, E, seed=0, hot=None, tie=False, device="cpu"):
+    """topk ids (distinct per row) and renormalised weights; `hot` experts are chosen by every
+    row; `tie` gives every row equal weights."""
+    gen = torch.Generator().manual_seed(seed + 1)
+    rows = []
+    for _ in range(N):
+        perm = torch.randperm(E, generator=gen)
+        if hot:
+            perm = torch.cat([torch.tensor(hot), perm[~torch.isin(perm, torch.tensor(hot))]])
+        rows.append(perm[:k])
+    ids = torch.stack(rows)
+    w = torch.full((N, k), 1.0 / k) if tie else torch.rand(N, k, generator=gen) + 0.05
+    w = w / w.sum(-1, keepdim=True)
+    return w.to(device), ids.to(device)
+
+
+def call_reference(x, weights, w, ids, block):
+    wgu, wd, gs, ds = weights
+    return R.moe_experts(x, wgu, wd, w, ids, gs, ds, block if gs is not None else None)
+
+
+# ---------------------------------------------------------------------------------------------
+# CPU twin
+
+
+CPU_CASES = [
+    # E, H, I, N, k, wdtype, xdtype, block
+    (64, 48, 40, 1, 4, torch.float32, torch.float32, None),
+    (64, 64, 48, 5, 6, torch.bfloat16, torch.bfloat16, None),
+    (96, 64, 48, 32, 8, torch.float32, torch.float32, None),
+    (64, 64, 48, 7, 4, FP8, torch.bfloat16, (32, 16)),   # I = 48: not a multiple of bo = 32
+    (64, 80, 40, 32, 10, FP8, torch.float32, (16, 32)),  # H = 80, I = 40 not multiples of bi
+]
+
+
+@needs_cpu
+@pytest.mark.parametrize("E,H,I,N,k,wdtype,xdtype,block", CPU_CASES)
+def test_cpu_moe_matches_reference(E, H, I, N, k, wdtype, xdtype, block):
+    weights = experts(E, H, I, wdtype, block or (32, 32))
+    w, ids = routing(N, k, E, hot=[3, 17] if N > 1 else None)
+    x = torch.randn(N, H, generator=torch.Generator().manual_seed(5)).to(xdtype)
+    got = C.cpu_moe_experts(x, *weights[:2], w, ids, *weights[2:], block)
+    ref = call_reference(x, weights, w, ids, block)
+    assert got.dtype == x.dtype and got.shape == (N, H)
+    tol = 1e-5 if xdtype == torch.float32 else 1e-2
+    assert rel_err(got, ref) < tol
+    # experts nobody routes to exist (E >> N*k for small N, and never all at 32 rows)
+    assert ids.unique().numel() < E
+
+
+@needs_cpu
+def test_cpu_moe_tied_weights_and_shared_experts():
+    E, H, I, N, k = 64, 32, 32, 12, 4
+    weights = experts(E, H, I, torch.float32)
+    w, ids = routing(N, k, E, hot=[0, 1, 2, 3], tie=True)  # every row: the same 4 experts
+    x = torch.randn(N, H)
+    got = C.cpu_moe_experts(x, *weights[:2], w, ids)
+    assert rel_err(got, call_reference(x, weights, w, ids, None)) < 1e-5
+
+
+@needs_cpu
+@pytest.mark.parametrize("wdtype,block", [(torch.float32, None), (torch.bfloat16, None),
+                                          (FP8, (32, 16))])
+def test_cpu_moe_row_independence(wdtype, block):
+    """A row's output is bit-identical alone and inside batches of other rows."""
+    E, H, I, k = 64, 64, 48, 6
+    weights = experts(E, H, I, wdtype, block or (32, 32))
+    xdtype = torch.bfloat16 if wdtype is not torch.float32 else torch.float32
+    w, ids = routing(32, k, E, hot=[7])
+    x = torch.randn(32, H, generator=torch.Generator().manual_seed(9)).to(xdtype)
+    full = C.cpu_moe_experts(x, *weights[:2], w, ids, *weights[2:], block)
+    for r in (0, 13, 31):
+        alone = C.cpu_moe_experts(x[r:r + 1], *weights[:2], w[r:r + 1], ids[r:r + 1],
+                                  *weights[2:], block)
+        assert torch.equal(alone[0], full[r])
+    part = C.cpu_moe_experts(x[5:9], *weights[:2], w[5:9], ids[5:9], *weights[2:], block)
+    assert torch.equal(part, full[5:9])
+
+
+@needs_cpu
+def test_cpu_moe_rejects_bad_inputs():
+    weights = experts(8, 16, 16, torch.float32)
+    w, ids = routing(2, 2, 8)
+    x = torch.randn(2, 16)
+    with pytest.raises(ValueError, match="topk_ids"):
+        C.cpu_moe_experts(x, *weights[:2], w, ids + 8)
+    with pytest.raises(ValueError, match="w_down"):
+        C.cpu_moe_experts(x, weights[0], weights[1][:, :8], w, ids)
+    fp8 = experts(8, 16, 16, FP8, (16, 16))
+    with pytest.raises(ValueError, match="block"):
+        C.cpu_moe_experts(x, *fp8[:2], w, ids, *fp8[2:], None)
+
+
+@needs_cpu
+@pytest.mark.parametrize("lead,O,I,block", [((1,), 40, 64, (32, 32)), ((3, 5), 72, 48, (16, 32))])
+def test_cpu_linear_fp8_matches_reference(lead, O, I, block):
+    gen = torch.Generator().manual_seed(2)
+    weight = (torch.randn(O, I, generator=gen) * 30).to(FP8)
+    scale = torch.rand(-(-O // block[0]), -(-I // block[1]), generator=gen) * 0.01
+    x = torch.randn(*lead, I, generator=gen).to(torch.bfloat16)
+    got = C.cpu_linear_fp8(x, weight, scale, block)
+    ref = R.linear_fp8(x, weight, scale, block)
+    assert got.shape == (*lead, O) and got.dtype == x.dtype
+    assert rel_err(got, ref) < 1e-2
+    # rows are independent
+    x2 = x.reshape(-1, I)
+    one = C.cpu_linear_fp8(x2[-1:], weight, scale, block)
+    assert torch.equal(one[0], got.reshape(-1, O)[-1])
+
+
+@needs_cpu
+def test_ops_dispatch_cpu_backend():
+    try:
+        ops.set_backend("cpu", "cpu")
+        impl = ops.implementations()
+        assert impl["moe_experts"] == "cpu" and impl["linear_fp8"] == "cpu"
+        weights = experts(64, 32, 16, torch.float32)
+        w, ids = routing(3, 4, 64)
+        x = torch.randn(3, 32)
+        got = ops.moe_experts(x, *weights[:2], w, ids)
+        assert rel_err(got, call_reference(x, weights, w, ids, None)) < 1e-5
+    finally:
+        ops.set_backend("torch", "cpu")
+
+
+def test_custom_op_fake_shapes():
+    """torch.compile sees strata::moe_experts / strata::linear_fp8 with shape-correct fakes."""
+    if not hasattr(torch.ops, "strata") or not hasattr(torch.ops.strata, "moe_experts"):
+        pytest.skip("custom ops not registered on this torch")
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    with FakeTensorMode():
+        x = torch.empty(4, 32)
+        y = torch.ops.strata.moe_experts(x, torch.empty(8, 32, 32), torch.empty(8, 32, 16),
+                                         torch.empty(4, 2), torch.empty(4, 2, dtype=torch.int64),
+                                         None, None, None)
+        assert y.shape == (4, 32)
+        z = torch.ops.strata.linear_fp8(torch.empty(2, 3, 64), torch.empty(40, 64),
+                                        torch.empty(2, 2), [32, 32])
+        assert z.shape == (2, 3, 40)
+
+
+# ---------------------------------------------------------------------------------------------
+# GPU kernels
+
+
+GPU_CASES = [
+    # E, H, I, N, k, wdtype, xdtype, block
+    (64, 64, 48, 1, 4, torch.float32, torch.float32, None),
+    (64, 128, 64, 3, 8, torch.bfloat16, torch.bfloat16, None),
+    (512, 2048, 512, 2, 10, torch.bfloat16, torch.bfloat16, None),  # real shapes
+    (512, 2048, 512, 32, 10, FP8, torch.bfloat16, (128, 128)),      # real shapes, FP8
+    (64, 64, 48, 32, 10, FP8, torch.bfloat16, (32, 16)),            # I % bo != 0
+    (96, 96, 80, 17, 6, FP8, torch.float32, (16, 32)),
+    (64, 64, 32, 9, 4, torch.float16, torch.float16, None),
+]
+
+
+@_gpu
+@pytest.mark.parametrize("E,H,I,N,k,wdtype,xdtype,block", GPU_CASES)
+def test_gpu_moe_matches_reference(E, H, I, N, k, wdtype, xdtype, block):
+    weights = experts(E, H, I, wdtype, block or (32, 32), device="cuda")
+    w, ids = routing(N, k, E, hot=[1, 2] if N > 1 else None, device="cuda")
+    x = torch.randn(N, H, generator=torch.Generator().manual_seed(4)).to("cuda", xdtype)
+    assert C.moe_kernel_supported(x, weights[0], k, block)
+    got = C.gpu_moe_experts(x, *weights[:2], w, ids, *weights[2:], block)
+    ref = call_reference(x, weights, w, ids, block)
+    tol = 1e-5 if xdtype == torch.float32 else 1e-2
+    assert rel_err(got, ref) < tol
+
+
+@_gpu
+@pytest.mark.parametrize("wdtype,block", [(torch.bfloat16, None), (FP8, (128, 128))])
+def test_gpu_moe_row_independence(wdtype, block):
+    E, H, I, k = 512, 2048, 512, 10
+    weights = experts(E, H, I, wdtype, block or (32, 32), device="cuda")
+    w, ids = routing(32, k, E, hot=[5, 6, 7], device="cuda")
+    x = torch.randn(32, H, generator=torch.Generator().manual_seed(3)).to("cuda", torch.bfloat16)
+    full = C.gpu_moe_experts(x, *weights[:2], w, ids, *weights[2:], block)
+    for r in (0, 11, 31):
+        alone = C.gpu_moe_experts(x[r:r + 1], *weights[:2], w[r:r + 1], ids[r:r + 1],
+                                  *weights[2:], block)
+        assert torch.equal(alone[0], full[r])
+    part = C.gpu_moe_experts(x[4:12], *weights[:2], w[4:12], ids[4:12], *weights[2:], block)
+    assert torch.equal(part, full[4:12])
+    # more than 32 rows: chunks of 32, still row-independent
+    x2 = torch.cat([x, x[:3]])
+    big = C.gpu_moe_experts(x2, *weights[:2], torch.cat([w, w[:3]]), torch.cat([ids, ids[:3]]),
+                            *weights[2:], block)
+    assert torch.equal(big[:32], full) and torch.equal(big[32:], full[:3])
+
+
+@_gpu
+@pytest.mark.parametrize("wdtype,block", [(torch.bfloat16, None), (FP8, (128, 128))])
+def test_gpu_moe_graph_replay_new_ids(wdtype, block):
+    E, H, I, N, k = 128, 256, 128, 4, 6
+    weights = experts(E, H, I, wdtype, block or (32, 32), device="cuda")
+    w, ids = routing(N, k, E, seed=1, device="cuda")
+    x = torch.randn(N, H, device="cuda", dtype=torch.bfloat16)
+    out = torch.empty_like(x)
+    ws = torch.empty(C.moe_workspace_numel(N, k, I), device="cuda")
+    C.gpu_moe_experts(x, *weights[:2], w, ids, *weights[2:], block, out=out, workspace=ws)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        C.gpu_moe_experts(x, *weights[:2], w, ids, *weights[2:], block, out=out, workspace=ws)
+    for seed in (2, 3):
+        w2, ids2 = routing(N, k, E, seed=seed, hot=[9] if seed == 3 else None, device="cuda")
+        w.copy_(w2)
+        ids.copy_(ids2)
+        x.copy_(torch.randn(N, H, device="cuda", dtype=torch.bfloat16))
+        graph.replay()
+        torch.cuda.synchronize()
+        ref = call_reference(x, weights, w, ids, block)
+        assert rel_err(out, ref) < 1e-2
+        assert torch.equal(out, C.gpu_moe_experts(x, *weights[:2], w, ids, *weights[2:], block))
+
+
+LINEAR_CASES = [
+    # rows, O, I, block
+    (1, 1024, 2048, (128, 128)),
+    (5, 2048, 4096, (128, 128)),
+    (32, 12288, 2048, (128, 128)),
+    (7, 72, 48, (16, 16)),
+    (40, 256, 128, (128, 128)),  # > 32 rows: reference fallback
+]
+
+
+@_gpu
+@pytest.mark.parametrize("rows,O,I,block", LINEAR_CASES)
+def test_gpu_linear_fp8(rows, O, I, block):
+    gen = torch.Generator().manual_seed(6)
+    weight = (torch.randn(O, I, generator=gen) * 30).to(FP8).cuda()
+    scale = (torch.rand(-(-O // block[0]), -(-I // block[1]), generator=gen) * 0.01).cuda()
+    x = torch.randn(rows, I, generator=gen).to("cuda", torch.bfloat16)
+    got = C.gpu_linear_fp8(x, weight, scale, block)
+    ref = R.linear_fp8(x, weight, scale, block)
+    assert got.shape == (rows, O)
+    assert rel_err(got, ref) < 1e-2
+    if rows <= 32:
+        one = C.gpu_linear_fp8(x[rows - 1:], weight, scale, block)
+        assert torch.equal(one[0], got[-1])
+
+
+@_gpu
+def test_gpu_linear_bf16_skinny():
+    weight = torch.randn(1024, 2048, device="cuda", dtype=torch.bfloat16) / 45
+    x = torch.randn(8, 2048, device="cuda", dtype=torch.bfloat16)
+    got = C.gpu_linear_bf16_skinny(x, weight)
+    assert rel_err(got, torch.nn.functional.linear(x.float(), weight.float())) < 1e-2
+
+
+@_gpu
+def test_gpu_ops_dispatch():
+    try:
+        ops.set_backend("auto", "cuda")
+        assert ops.implementations()["moe_experts"] in ("cuda", "hip")
+        assert ops.implementations()["linear_fp8"] in ("cuda", "hip")
+    finally:
+        ops.set_backend("torch", "cpu")
