@@ -1,0 +1,51 @@
+"""Compiling the window regions costs once per layer kind, not once per layer.
+
+Every DecoderLayer wraps its own bound methods (compile_regions), but they share one code
+object per region, and dynamo inlines the module (its parameters are graph inputs, its guards
+check types and shapes, not the instance), so the linear-attention layers share one compiled
+graph per window shape and the full-attention layers another. A model of 8 layers must
+compile exactly as many graphs, with no more recompiles, as one of 4 (dynamo's own counters,
+backend "eager": tracing and guards are what is checked, not code generation).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch._dynamo
+from torch._dynamo.utils import counters
+
+from strata.model.qwen3_next import Qwen3Next
+from strata.model.state import DecodeState
+from strata.model.tiny import init_random, tiny_args
+
+torch.set_num_threads(1)
+
+
+def compiled_graphs(layers: int) -> dict:
+    args = tiny_args(num_hidden_layers=layers, num_experts=64, num_experts_per_tok=4,
+                     eos_token_id=[0])
+    model = init_random(Qwen3Next(args, with_mtp=True), seed=0).eval()
+    model.fuse_for_inference(16)
+    state = DecodeState(args, 3, 64, torch.float32, torch.device("cpu"), True, spare_rows=5)
+    torch._dynamo.reset()
+    counters.clear()
+    model.compile_regions(lambda f: torch.compile(f, backend="eager", dynamic=None),
+                          lambda f: torch.compile(f, backend="eager", dynamic=True))
+    with torch.no_grad():
+        for ng, g in ((2, 1), (1, 4)):  # rows x top-4 < 64 experts: the routed path
+            tokens = torch.arange(ng * g).view(ng, g) + 1
+            gs, gp = torch.arange(ng), torch.full((ng,), 5)
+            hidden, _, _, _ = model.verify_window(tokens, gs, gp, 64, state)
+            model.mtp_window(hidden, tokens, gs, gp, 64, state, with_logits=False)
+        for n in (8,):
+            model.prefill(torch.arange(n) + 1, 0, 0, state, length=torch.tensor([n - 1]), ctx=32)
+    model.compile_regions(None, None)
+    return {"graphs": counters["stats"]["unique_graphs"],
+            "recompiles": sum(counters["recompiles"].values())}
+
+
+def test_compiled_graphs_do_not_grow_with_depth():
+    four = compiled_graphs(4)
+    eight = compiled_graphs(8)
+    assert four["graphs"] > 0
+    assert eight == four, f"8 layers compiled {eight}, 4 layers {four}"
