@@ -1,11 +1,12 @@
 """Compiling the window regions costs once per layer kind, not once per layer.
 
-Every DecoderLayer wraps its own bound methods (compile_regions), but they share one code
-object per region, and dynamo inlines the module (its parameters are graph inputs, its guards
-check types and shapes, not the instance), so the linear-attention layers share one compiled
-graph per window shape and the full-attention layers another. A model of 8 layers must
-compile exactly as many graphs, with no more recompiles, as one of 4 (dynamo's own counters,
-backend "eager": tracing and guards are what is checked, not code generation).
+Qwen3Next.compile_regions compiles each region once per layer kind, as a function taking the
+layer first, and every layer of the kind (the MTP layer too, for full attention) runs that one
+function; dynamo inlines the module (its parameters are graph inputs, its guards check types
+and shapes, not the instance), so the linear-attention layers share one compiled graph per
+window shape and the full-attention layers another. A model of 8 layers must compile exactly
+as many graphs, with no more recompiles, as one of 4 (dynamo's own counters, backend "eager":
+tracing and guards are what is checked, not code generation).
 """
 
 from __future__ import annotations
@@ -31,6 +32,13 @@ def compiled_graphs(layers: int) -> dict:
     counters.clear()
     model.compile_regions(lambda f: torch.compile(f, backend="eager", dynamic=None),
                           lambda f: torch.compile(f, backend="eager", dynamic=True))
+    for kind, attrs in (("linear_attention", ("c_linear", "p_linear")),
+                        ("full_attention", ("c_attn_pre", "c_attn_post", "p_attn_pre", "p_attn_post"))):
+        layers = [m for m in model.layers if m.kind == kind]
+        if kind == "full_attention":
+            layers.append(model.mtp.layers[0])
+        for attr in attrs:
+            assert len({getattr(m, attr).__func__ for m in layers}) == 1, (kind, attr)
     with torch.no_grad():
         for ng, g in ((2, 1), (1, 4)):  # rows x top-4 < 64 experts: the routed path
             tokens = torch.arange(ng * g).view(ng, g) + 1
