@@ -1,12 +1,13 @@
 """The samplers at a real vocabulary (151,936): the two-stage argmax equals torch's argmax
-(ties to the lowest id), and the samplers compiled by inductor pick the tokens eager picks."""
+(ties to the lowest id), and the samplers compiled by inductor pick the tokens eager picks (and
+the synthetic accept step, compiled beside them, decides as eager does)."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from strata.engine.sampling import (chunked_argmax, sample_lanes, sample_plain_lanes)
+from strata.engine.sampling import chunked_argmax, sample_lanes, sample_plain_lanes, synthetic_window
 
 VOCAB = 151_936
 
@@ -50,3 +51,11 @@ def test_samplers_compile_at_real_vocabulary():
     assert torch.equal(plain(logits, idx, pos0, 2, 1, temperature, seed), want)
     want_f = sample_lanes(logits, idx, pos0, 2, 1, temperature, top_k, top_p, seed)
     assert torch.equal(filtered(logits, idx, pos0, 2, 1, temperature, top_k, top_p, seed), want_f)
+
+    tokens = torch.arange(12).view(3, 4) + 100
+    targets = torch.arange(12).view(3, 4) + 200
+    rows = torch.tensor([4, 2, 4])
+    args = (tokens, targets, rows, idx, pos0, seed, 0.8)
+    got = torch.compile(synthetic_window, fullgraph=True)(*args)
+    want = synthetic_window(*args)
+    assert all(torch.equal(a, b) for a, b in zip(got, want))

@@ -238,7 +238,7 @@ class Engine:
             pfn = lambda f: torch.compile(f, dynamic=True)  # noqa: E731
             self.model.compile_regions(fn, pfn)
             compiled = {name: torch.compile(getattr(self.verifier, name), dynamic=None)
-                        for name in ("sample", "sample_plain", "accepted_prefix")}
+                        for name in ("sample", "sample_plain", "accepted_prefix", "synthetic_window")}
             self.model._strata_compiled = compiled
         for name, fn in compiled.items():
             setattr(self.verifier, name, fn)

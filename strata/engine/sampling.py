@@ -183,3 +183,12 @@ def synthetic_commit(tokens: torch.Tensor, targets: torch.Tensor, accept: torch.
     j = torch.arange(tokens.shape[1], device=tokens.device)
     drafts = torch.cat([tokens[:, 1:], targets[:, -1:]], 1)
     return torch.where(j[None, :] < accept[:, None], drafts, targets)
+
+
+def synthetic_window(tokens: torch.Tensor, targets: torch.Tensor, rows: torch.Tensor, lanes: torch.Tensor,
+                     pos0: torch.Tensor, seed: torch.Tensor, p: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """A window's synthetic accept counts and committed rows in one pure function (compiled
+    with the samplers): seeds read from the per-lane table `seed` at `lanes`; tokens, targets
+    (NG, G). Returns (accept (NG,), committed (NG, G))."""
+    accept = synthetic_prefix(rows, seed[lanes], pos0, tokens.shape[1], p)
+    return accept, synthetic_commit(tokens, targets, accept)

@@ -26,7 +26,7 @@ from __future__ import annotations
 import torch
 
 from strata.engine.sampling import (accepted_prefix, sample_lanes, sample_plain_lanes,
-                                   synthetic_commit, synthetic_prefix)
+                                   synthetic_window)
 from strata.kernels import ops
 from strata.model.qwen3_next import Qwen3Next
 from strata.model.state import DecodeState
@@ -68,10 +68,11 @@ class Verifier:
         #: engine.synthetic_acceptance: None verifies drafts; p in [0, 1] accepts each draft with
         #: probability p (benchmarks on dummy weights; the text is not the model's).
         self.synthetic_acceptance: float | None = None
-        # The engine may swap in compiled versions of these three.
+        # The engine may swap in compiled versions of these four.
         self.sample = sample_lanes
         self.sample_plain = sample_plain_lanes
         self.accepted_prefix = accepted_prefix
+        self.synthetic_window = synthetic_window
 
     def _sample(self, logits: torch.Tensor, lanes: torch.Tensor, pos0: torch.Tensor, rows_per: int,
                 offset: int, filtered: bool) -> torch.Tensor:
@@ -108,8 +109,8 @@ class Verifier:
         # target y_j sits at position p + j + 1
         y = self._sample(logits.reshape(ng * g, -1), gs, gp, g, 1, filtered).view(ng, g)
         if g > 1 and self.synthetic_acceptance is not None:
-            accept = synthetic_prefix(rows, bufs.seed[gs], gp, g, self.synthetic_acceptance)
-            y = synthetic_commit(tokens, y, accept)
+            accept, y = self.synthetic_window(tokens, y, rows, gs, gp, bufs.seed,
+                                              self.synthetic_acceptance)
         elif g > 1:
             accept = self.accepted_prefix(tokens, y, rows)
         else:
