@@ -15,6 +15,7 @@ import torch
 import torch._dynamo
 from torch._dynamo.utils import counters
 
+from strata.kernels import ops
 from strata.model.qwen3_next import Qwen3Next
 from strata.model.state import DecodeState
 from strata.model.tiny import init_random, tiny_args
@@ -23,6 +24,9 @@ torch.set_num_threads(1)
 
 
 def compiled_graphs(layers: int) -> dict:
+    # Bind the kernels afresh: a Python wrapper left in `ops` by another test (a spy closing
+    # over a growing list) would add guards of its own.
+    ops.set_backend("auto", "cpu")
     args = tiny_args(num_hidden_layers=layers, num_experts=64, num_experts_per_tok=4,
                      eos_token_id=[0])
     model = init_random(Qwen3Next(args, with_mtp=True), seed=0).eval()
