@@ -293,7 +293,7 @@ def main() -> None:
     ap.add_argument("--preset", help="a model preset, conf/model/NAME.yaml (default: the tiny model)")
     ap.add_argument("--model", help="a checkpoint directory (model.path; overrides the preset's)")
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    ap.add_argument("--dtype", help="model.dtype (default: the preset's)")
+    ap.add_argument("--dtype", help="model.dtype (default: the preset's; auto without a preset)")
     ap.add_argument("--load-format", help="model.load_format: auto, safetensors or dummy")
     ap.add_argument("--layers", type=int, help="model.num_layers: the first N decoder layers")
     ap.add_argument("--backend", default="auto")
@@ -321,6 +321,8 @@ def main() -> None:
 
     device = torch.device(a.device)
     backend = ops.set_backend(a.backend, device.type)
+    if a.dtype is None and a.preset is None:
+        a.dtype = "auto"  # the checkpoint's own dtype, as before presets
     mcfg = model_config(a)
     a.model = mcfg.path
     loaded = load_model(mcfg, device)
