@@ -38,12 +38,21 @@ def lanes_inputs(rows_per: int, lanes: int):
     return logits, idx, pos0, temperature, top_k, top_p, seed
 
 
-@pytest.mark.slow
-def test_samplers_compile_at_real_vocabulary():
+DEVICES = [pytest.param("cpu", marks=pytest.mark.slow),
+           pytest.param("cuda", marks=[pytest.mark.gpu, pytest.mark.skipif(
+               not torch.cuda.is_available(), reason="needs a CUDA device")])]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_samplers_compile_at_real_vocabulary(device, monkeypatch):
     import torch._dynamo
 
+    # An engine compiling in this process sets suppress_errors (fall back to eager): here a
+    # compile error must fail the test.
+    monkeypatch.setattr(torch._dynamo.config, "suppress_errors", False)
     torch._dynamo.reset()
-    logits, idx, pos0, temperature, top_k, top_p, seed = lanes_inputs(rows_per=2, lanes=3)
+    logits, idx, pos0, temperature, top_k, top_p, seed = (
+        t.to(device) for t in lanes_inputs(rows_per=2, lanes=3))
     plain = torch.compile(sample_plain_lanes, fullgraph=True)
     filtered = torch.compile(sample_lanes, fullgraph=True)
     want = sample_plain_lanes(logits, idx, pos0, 2, 1, temperature, seed)
@@ -52,9 +61,9 @@ def test_samplers_compile_at_real_vocabulary():
     want_f = sample_lanes(logits, idx, pos0, 2, 1, temperature, top_k, top_p, seed)
     assert torch.equal(filtered(logits, idx, pos0, 2, 1, temperature, top_k, top_p, seed), want_f)
 
-    tokens = torch.arange(12).view(3, 4) + 100
-    targets = torch.arange(12).view(3, 4) + 200
-    rows = torch.tensor([4, 2, 4])
+    tokens = torch.arange(12, device=device).view(3, 4) + 100
+    targets = torch.arange(12, device=device).view(3, 4) + 200
+    rows = torch.tensor([4, 2, 4], device=device)
     args = (tokens, targets, rows, idx, pos0, seed, 0.8)
     got = torch.compile(synthetic_window, fullgraph=True)(*args)
     want = synthetic_window(*args)
