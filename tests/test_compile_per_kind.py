@@ -23,6 +23,7 @@ from strata.model.tiny import init_random, tiny_args
 torch.set_num_threads(1)
 
 
+@torch._dynamo.config.patch(suppress_errors=False)  # an engine in this process may have set it
 def compiled_graphs(layers: int) -> dict:
     # Bind the kernels afresh: a Python wrapper left in `ops` by another test (a spy closing
     # over a growing list) would add guards of its own.
