@@ -103,6 +103,10 @@ class EngineConfig:
     #: Run every window and prompt-chunk shape once on the scratch lane at start, so compiling
     #: happens before the first request, not during it: auto (when compiling), on, off.
     warmup: str = "auto"
+    #: Benchmarks on dummy weights: null verifies drafts; p in [0, 1] accepts each draft with
+    #: probability p given that the drafts before it were (keyed by request seed and position,
+    #: so every mode takes the same decisions). The output text is then not the model's.
+    synthetic_acceptance: Optional[float] = None
 
 
 #: Every engine knob, in declaration order: what an engine trace's `config` line records.
@@ -246,6 +250,9 @@ def validate_engine(e: Any, error: type[ValueError] = ConfigError) -> None:
                          ("graph_key", GRAPH_KEYS)):
         if getattr(e, key) not in allowed:
             bad(key, f"must be {', '.join(allowed[:-1])} or {allowed[-1]}, got {getattr(e, key)!r}")
+    p = e.synthetic_acceptance
+    if p is not None and not (isinstance(p, (int, float)) and 0.0 <= p <= 1.0):
+        bad("synthetic_acceptance", f"must be null or in [0, 1], got {p!r}")
     if e.slots < 1:
         bad("slots", f"must be >= 1, got {e.slots}")
     if e.window_rows < 1:

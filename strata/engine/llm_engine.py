@@ -19,7 +19,7 @@ from strata.config import (ConfigError, batch_mtp_from_env, check_known_keys, en
                            plain_engine_config, validate_engine, validate_model)
 from strata.engine.arrivals import Arrivals
 from strata.engine.compiling import compiled_functions
-from strata.engine.device import MIB, device_free_used_mib, resolve_device
+from strata.engine.device import device_free_used_mib, resolve_device
 from strata.engine.graph_cache import GraphCache
 from strata.engine.memory import plan_engine_memory
 from strata.engine.model_runner import ModelRunner
@@ -86,7 +86,8 @@ class Engine:
         self.bufs = SlotBuffers(n_slots, self.args.hidden_size, loaded.dtype, device)
         self.verifier = Verifier(self.model, self.state, self.bufs, self.drafting,
                                  split_keys=ecfg.invariant_split_keys if ecfg.batch_invariant else 0,
-                                 functions=compiled_functions(self.model) if self.compiling else None)
+                                 functions=compiled_functions(self.model) if self.compiling else None,
+                                 synthetic_acceptance=ecfg.synthetic_acceptance)
         self.scheduler = Scheduler(n_slots, mode=ecfg.mode, batch_mtp=self.batch_mtp,
                                    drafting=self.drafting, spec=ecfg.spec,
                                    window_rows=ecfg.window_rows, decode_share=ecfg.decode_share,
@@ -102,6 +103,9 @@ class Engine:
         self.trace.emit("config", engine=knobs, memory=memory)
         if batch_mtp and ecfg.mode == "batch" and mem.off_reason is not None:
             self.warn(f"batch_mtp is off: {mem.off_reason}")
+        if ecfg.synthetic_acceptance is not None:
+            self.warn(f"engine.synthetic_acceptance={ecfg.synthetic_acceptance}: drafts are accepted "
+                      f"at random (synthetic acceptance, for benchmarks), so the text is not the model's")
         if ecfg.warmup == "on" or (ecfg.warmup == "auto" and self.compiling):
             self.warmup()
             self._clock0 = time.perf_counter()  # request times count from here
@@ -201,7 +205,7 @@ class Engine:
                     slot.req.error = msg
                     self._finish(slot.req, FinishReason.ERROR, outs)
         if self.cache is not None and self.cfg.vram_every and self.steps % self.cfg.vram_every == 0:
-            self._vram()
+            self.trace.emit("vram", **self.budget.vram_event(self.cache.graphs_mib))
         self.steps += 1
         return list(outs.values())
 
@@ -226,15 +230,6 @@ class Engine:
             for s in admitted:
                 s.req.t_admit = now
         return self.scheduler.plan()
-
-    def _vram(self) -> None:
-        graphs = self.cache.graphs_mib if self.cache else 0.0
-        if self.device.type == "cuda":
-            free = torch.cuda.mem_get_info(self.device)[0] / MIB
-        else:
-            free = self.budget.free_mib(graphs)
-        self.trace.emit("vram", free_mib=round(free, 3), graphs_mib=round(graphs, 3),
-                        reserve_mib=self.budget.reserve_mib)
 
     def _run_prefill(self, plan: Plan, outs: dict) -> None:
         slot, rs = plan.slot, plan.slot.req

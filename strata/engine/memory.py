@@ -41,6 +41,13 @@ class MemoryBudget:
     def free_mib(self, graphs_mib: float) -> float:
         return self.total_mib - self.planned_mib() - graphs_mib
 
+    def vram_event(self, graphs_mib: float) -> dict:
+        """The `vram` trace event: free MiB (what CUDA reports; on the CPU the plan's
+        arithmetic), the graphs held and the reserve."""
+        free = self.device_free_mib() if self.device_free_mib is not None else self.free_mib(graphs_mib)
+        return {"free_mib": round(free, 3), "graphs_mib": round(graphs_mib, 3),
+                "reserve_mib": self.reserve_mib}
+
     def as_dict(self) -> dict:
         return {"total_mib": round(self.total_mib, 3), "weights_mib": round(self.weights_mib, 3),
                 "slot_mib": round(self.slot_mib, 6), "slots": self.slots,

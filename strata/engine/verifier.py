@@ -8,7 +8,10 @@ For a window of NG groups x G rows (group g: slot s, pending token at position p
   3. sample a target y_j for every row (position-keyed, so drafts and targets share noise);
      every sample in a window uses the filtering sampler when any of its requests filters
      (top-k / top-p), else the sort-free one: the host decides, since it is part of the graph;
-  4. accept the longest prefix with d_(j+1) == y_j (j + 1 < r) -> a;
+  4. accept the longest prefix with d_(j+1) == y_j (j + 1 < r) -> a; under
+     engine.synthetic_acceptance=p instead each draft is accepted with probability p given its
+     predecessors (sampling.synthetic_prefix, keyed by seed and position), and the accepted
+     drafts replace y_j for j < a, as if verified;
   5. commit: each DeltaNet layer takes the snapshot after row a, the slot advances to p + a + 1,
      y_a becomes the pending token;
   6. MTP over every committed row j with (h[j], y_j) -- y_j equals the next row's token for
@@ -24,7 +27,8 @@ from typing import Callable, Optional
 
 import torch
 
-from strata.engine.sampling import accepted_prefix, sample_lanes, sample_plain_lanes
+from strata.engine.sampling import (accepted_prefix, sample_lanes, sample_plain_lanes,
+                                   synthetic_window)
 from strata.kernels import ops
 from strata.model.qwen3_next import Qwen3Next
 from strata.model.state import DecodeState
@@ -56,15 +60,18 @@ class SlotBuffers:
 
 #: The verifier's pure functions, by name: what `compile_pure_functions` compiles.
 PURE_FUNCTIONS = {"sample": sample_lanes, "sample_plain": sample_plain_lanes,
-                  "accepted_prefix": accepted_prefix}
+                  "accepted_prefix": accepted_prefix, "synthetic_window": synthetic_window}
 
 
 class Verifier:
     def __init__(self, model: Qwen3Next, state: DecodeState, bufs: SlotBuffers, drafting: bool,
-                 split_keys: int = 0, functions: Optional[dict[str, Callable]] = None):
+                 split_keys: int = 0, functions: Optional[dict[str, Callable]] = None,
+                 synthetic_acceptance: Optional[float] = None):
         """`split_keys`: the verify forward attention's split-K chunk in keys (0: the kernels'
         own plan; engine.batch_invariant fixes it). `functions`: replacements (compiled
-        versions) for some of PURE_FUNCTIONS."""
+        versions) for some of PURE_FUNCTIONS. `synthetic_acceptance` (engine knob): None
+        verifies drafts; p in [0, 1] accepts each draft with probability p (benchmarks on
+        dummy weights; the text is not the model's)."""
         self.model = model
         self.state = state
         self.bufs = bufs
@@ -74,6 +81,9 @@ class Verifier:
         self.sample = pure["sample"]
         self.sample_plain = pure["sample_plain"]
         self.accepted_prefix = pure["accepted_prefix"]
+        self.synthetic_window = pure["synthetic_window"]
+        self.synthetic_acceptance = (None if synthetic_acceptance is None
+                                     else float(synthetic_acceptance))
 
     def _sample(self, logits: torch.Tensor, lanes: torch.Tensor, pos0: torch.Tensor, rows_per: int,
                 offset: int, filtered: bool) -> torch.Tensor:
@@ -109,7 +119,10 @@ class Verifier:
                                                                     self.split_keys)
         # target y_j sits at position p + j + 1
         y = self._sample(logits.reshape(ng * g, -1), gs, gp, g, 1, filtered).view(ng, g)
-        if g > 1:
+        if g > 1 and self.synthetic_acceptance is not None:
+            accept, y = self.synthetic_window(tokens, y, rows, gs, gp, bufs.seed,
+                                              self.synthetic_acceptance)
+        elif g > 1:
             accept = self.accepted_prefix(tokens, y, rows)
         else:
             accept = torch.zeros(ng, dtype=torch.long, device=gs.device)
