@@ -16,7 +16,8 @@ import sys
 from pathlib import Path
 from typing import Any, Callable, Iterator, Optional
 
-from strata.config import ConfigError, batch_mtp_from_env, check_key, check_known_keys
+from strata.config import (ConfigError, batch_mtp_from_env, check_key, check_known_keys,
+                           register_configs)
 
 CONF_DIR = str(Path(__file__).resolve().parent.parent / "conf")
 CONFIG_NAME = "config"
@@ -122,6 +123,7 @@ def compose_config(overrides: list[str]) -> Any:
     from hydra.errors import MissingConfigException
     from omegaconf.errors import OmegaConfBaseException
 
+    register_configs()  # the schemas the YAML files name (storing them again is harmless)
     try:
         with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
             return compose(config_name=CONFIG_NAME, overrides=overrides)
