@@ -444,7 +444,7 @@ class Engine:
         """Fresh state, sampling parameters and the prompt on the device for each admitted
         slot, in one host-to-device copy and four kernels however many there are. Binding is
         host time each request of a burst waits for before its first prompt chunk (0.3 ms a
-        burst on the H200, sixth session's traces), and every torch call is part of it."""
+        burst in the H200 sim-check traces, docs/BENCHMARKS.md "Host time"), and every torch call is part of it."""
         if not slots:
             return
         now = self.now()
