@@ -106,7 +106,12 @@ def check_overrides(args: list[str]) -> None:
                 raise ConfigError(f"{o.input_line}: several values need -m (a sweep, one job each); "
                                   f"a list is written [a,b], a string with commas is quoted")
             prefix = "++" if o.is_force_add() else "+" if o.is_add() else ""
-            values = [f"{prefix}{o.key_or_group}={v}" for v in o.sweep_string_iterator()]
+            try:
+                values = [f"{prefix}{o.key_or_group}={v}" for v in o.sweep_string_iterator()]
+            except Exception:  # a sweep only its sweeper can expand (glob, interval): its job
+                continue
+            if not values:
+                continue
             sweeps.append((len(lines), values))
             lines.append(values[0])  # compose takes one value; the others are checked below
         else:
@@ -121,7 +126,6 @@ def compose_config(overrides: list[str]) -> Any:
     """The config Hydra would compose from these overrides; ConfigError (one line) if it can't."""
     from hydra import compose, initialize_config_dir
     from hydra.errors import MissingConfigException
-    from omegaconf.errors import OmegaConfBaseException
 
     register_configs()  # the schemas the YAML files name (storing them again is harmless)
     try:
@@ -136,7 +140,7 @@ def compose_config(overrides: list[str]) -> Any:
             raise ConfigError(f"{group}={name}: no such {group} config (choose from: "
                               f"{', '.join(options)})") from None
         raise ConfigError(str(e).splitlines()[0]) from None
-    except (OmegaConfBaseException, Exception) as e:
+    except Exception as e:  # OmegaConf's and Hydra's errors, and whatever they wrap
         raise ConfigError(one_line(e)) from None
 
 
