@@ -100,6 +100,7 @@ def test_serve_bad_setting_is_one_line_exit_2_and_key_never_on_disk(tmp_path):
     assert cli.REDACTED in (run_dir / ".hydra" / "config.yaml").read_text()
 
 
+@pytest.mark.slow
 def test_serve_checks_default_max_tokens_and_key_file(tmp_path):
     res = run_cli("strata.serve", "server.default_max_tokens=0", f"hydra.run.dir={tmp_path}")
     assert_one_error(res, "server.default_max_tokens")
@@ -158,6 +159,7 @@ def test_directory_as_workload_path_says_directory(tmp_path):
         check_workload(OmegaConf.merge(OmegaConf.structured(wcfg()), {"path": "???"}))
 
 
+@pytest.mark.slow
 def test_workload_path_is_checked_before_the_model_loads(tmp_path):
     res = run_cli("strata", "workload=file", f"workload.path={tmp_path}",
                   f"hydra.run.dir={tmp_path / 'run'}")
@@ -185,6 +187,7 @@ def test_explicit_batch_mtp_beats_the_environment(monkeypatch, env, cfg_value, e
     assert batch_mtp_from_env(cfg_value, explicit=explicit) is want
 
 
+@pytest.mark.slow
 def test_run_names_mode_and_locates_request_errors(tmp_path):
     """One small run: STRATA_BATCH_MTP=1 with an explicit engine.batch_mtp=false runs batch,
     says so, writes mode into metrics.json, and frames each prompt and completion. A second
