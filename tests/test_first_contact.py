@@ -237,7 +237,9 @@ def test_api_key_sources(tmp_path):
 
 
 def test_command_line_key_moves_to_the_environment(monkeypatch):
-    monkeypatch.delenv(cli.API_KEY_ENV, raising=False)
+    # setenv first, so the key hide_api_key writes is undone after the test (the server
+    # tests that follow in this process must not inherit it)
+    monkeypatch.setenv(cli.API_KEY_ENV, "before")
     out = cli.hide_api_key(["server.port=1", "server.api_key=s3cret", "device=cpu"])
     assert out == ["server.port=1", f"server.api_key={cli.REDACTED}", "device=cpu"]
     assert os.environ[cli.API_KEY_ENV] == "s3cret"
