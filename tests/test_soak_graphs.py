@@ -13,6 +13,7 @@ from strata.config import EMBEDDED_MODEL_DIR
 from strata.model.loader import load_checkpoint
 
 
+@pytest.mark.slow
 def test_soak_reaches_its_layouts_with_no_crash_no_failure_and_flat_memory():
     spec = importlib.util.spec_from_file_location(
         "soak_graphs", Path(__file__).resolve().parent.parent / "scripts" / "soak_graphs.py")
