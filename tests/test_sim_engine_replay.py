@@ -21,6 +21,8 @@ import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import pytest
+
 from sim.replay import load_trace, replay_trace
 
 REPO = Path(__file__).resolve().parent.parent

@@ -7,6 +7,7 @@ import argparse
 import importlib.util
 from pathlib import Path
 
+import pytest
 import torch
 
 from strata.config import EMBEDDED_MODEL_DIR
