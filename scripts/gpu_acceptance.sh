@@ -46,7 +46,7 @@ case $part in
 1)  # the simulator's held-out check (issue 7)
   # The warm-up engines compile every window shape (about 2-3 min on a bare machine), then
   # 36 engines of 1-2 s to start, each a closed loop of 48 prompts. The predictions run
-  # afterwards, here: on the device the simulator runs took over the 40 s they had (session 4).
+  # afterwards, here: on the device the simulator runs took over the 40 s they had.
   step sim_check 470 python3 scripts/sim_gpu_check.py --out "$R/simchk"
   ;;
 1k)  # the kernels' GPU tests (issue 6)
@@ -55,7 +55,7 @@ case $part in
 2|2b)  # the graph soaks (issue 5): 10,000 windows and 500 layouts at each reserve (2: 700 and
     # 2048 MiB; 2b: 4096 MiB, then shape keys). Compiled regions off: the soak is of the graph
     # cache and device memory, and compiling every layout's window shape first took 197 s of
-    # the call (session 4, H200). Uncompiled captures cost about 45 ms each, and a reserve
+    # an H200 call. Uncompiled captures cost about 45 ms each, and a reserve
     # needs about 2,800 of them: two reserves per call.
   if [ "$part" = 2 ]; then reserves=700,2048; limit=460; else reserves=4096; limit=250; fi
   step soak_layout_$part $limit python3 scripts/soak_graphs.py --reserves $reserves --graph-keys layout \
@@ -79,7 +79,7 @@ case $part in
   TAIL=10 step engine 200 python3 scripts/bench_engine.py --n 1,2,4,8 \
       --configs solo,batch,batch_mtp,batch_mtp_w16 --repeats 3 --max-tokens 256 --hf \
       --json "$R/engine.json" --md "$R/engine.md"
-  # (50 s was too few in session 6: the new process compiles its window shapes first)
+  # (50 s was too few: the new process compiles its window shapes first)
   TAIL=40 step host_profile 100 python3 scripts/step_breakdown.py --n 8 --configs batch_mtp_w16 \
       --profile-host 30 --json "$R/host_profile.json"
   TAIL=14 step serve 150 python3 scripts/bench.py --device cuda --dtype bfloat16 \
@@ -88,7 +88,7 @@ case $part in
   ;;
 4)  # engine.batch_invariant in bf16: greedy text against solo_inv (the first config) in every
     # mode, with graphs and eagerly, and its cost against batch_mtp and solo; then at W16 and N=8,
-    # where plain batch_mtp's text differed (sixth session). First the kernel property it
+    # where plain batch_mtp's text differed in bf16. First the kernel property it
     # rests on: fixed split-K chunks make a row's attention independent of its window.
   step invariant_kernel 60 python3 -m pytest -q -m gpu tests/test_kernels_gpu.py -k fixed_splits
   # N = 4 and 8 (at N = 1 every mode runs the same solo window); about 2 min of it compiles

@@ -5,7 +5,7 @@ results of the right shape (targets, accepted counts drawn at `--accept`, drafts
 timed is everything the engine does on the host around them: planning and rotation, the graph
 cache lookup, filling the window's inputs, reading back its rows, committing, emitting tokens,
 the trace, finishing and admitting. On a GPU that time is spent while the device waits (a window
-of the tiny model is about 0.5 ms on the H200; docs/BENCHMARKS.md, "Where we stand").
+of the tiny model is about 0.5 ms on the H200; docs/BENCHMARKS.md, "Host time").
 
     python scripts/host_overhead.py --n 1,4,8 --window-rows 8,16 [--trace] [--profile 25]
 

@@ -4,9 +4,9 @@ the whole prompt as one exact chunk (no padding), and with eager prompt chunks.
 
     python scripts/probe_chunk_acceptance.py [--dtype auto] [--lengths 100,128,384,480]
 
-Fifth session, H200 bf16: identical in all three ways at 100, 128 and 480 tokens; at 384 four of
+On the H200 in bf16 (2026-11-29): identical in all three ways at 100, 128 and 480 tokens; at 384 four of
 ten prompts differ between 256+128 and one 384 chunk (bf16 sums in another order), none with
-padding. CPU float32: identical everywhere (docs/BENCHMARKS.md section 6)."""
+padding. CPU float32: identical everywhere (docs/CHANGELOG.md, 2026-11-29)."""
 
 from __future__ import annotations
 

@@ -251,7 +251,7 @@ def main() -> None:
     # still moved 8% (one standard error) from one draw to the next on the H200. Closed-loop
     # runs make prompts cheap, so every cell holds heldout_repeats x heldout_requests of them.
     # Each run is also its own engine, and runs go at speeds up to 30% apart as the host slows
-    # (session 6, H200): four runs average that out better than three.
+    # (seen on the H200, docs/CHANGELOG.md): four runs average that out better than three.
     ap.add_argument("--heldout-repeats", type=int, default=4,
                     help="runs of each held-out cell on fresh prompts (the figure is their mean)")
     ap.add_argument("--heldout-requests", type=int, default=48,

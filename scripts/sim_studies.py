@@ -63,7 +63,7 @@ OVERHEAD_GRID_MIB = list(range(380, 461, 5))
 SEED = 0
 
 #: (c) k clients in a closed loop (each sends its next request when its last one finished),
-#: timed with the cost profile fitted from the fifth session's H200 traces.
+#: timed with the cost profile fitted from H200 sim-check traces (conf/sim/profiles).
 CLIENT_SLOTS = [4, 8, 16]
 CLIENTS = [1, 2, 4, 8, 12, 16, 24, 32]
 CLIENT_WORKLOAD = ["profile=" + str(REPO / "conf" / "sim" / "profiles" / "h200_tiny_bf16.json"),
@@ -419,10 +419,10 @@ a memory event; that agrees with the reporter's reading (the eviction and recapt
 
 Setup: {" ".join(CLIENT_WORKLOAD[1:])}, `workload.concurrency` = clients: each client sends
 its next request when its last one finished. Timing, host time and acceptance (`chain`) come
-from `conf/sim/profiles/h200_tiny_bf16.json`, fitted from the 24 profile traces of the sixth
-session's two H200 sim-check calls (tiny model, bf16, batch_mtp, window_rows 8, shape keys);
+from `conf/sim/profiles/h200_tiny_bf16.json`, fitted from the 24 profile traces of two H200
+sim-check calls (tiny model, bf16, batch_mtp, window_rows 8, shape keys);
 the simulator's predictions from that kind of profile were within 4% of the engine's aggregate
-tokens/s on all 8 held-out cells (docs/BENCHMARKS.md section 6).
+tokens/s on all 8 held-out cells (docs/BENCHMARKS.md, "Simulator check").
 
 {clients_tbl}
 
@@ -436,7 +436,7 @@ add rotation rather than rows per window. Clients past the slot count only queue
 TTFT p95 goes from {cl[8, 8]["ttft95"] * 1e3:.1f} ms with 8 clients to
 {cl[8, 32]["ttft95"] * 1e3:.1f} ms with 32, while throughput moves by
 {cl[8, 32]["tps"] / cl[8, 8]["tps"] - 1:+.1%}. The engine's held-out cells agree in kind: 9,595-10,404
-tokens/s at N=4 and N=8 on the H200 (sixth session, closed loops of 48 prompts).
+tokens/s at N=4 and N=8 on the H200 (closed loops of 48 prompts, docs/BENCHMARKS.md).
 """
     Path(args.out_md).write_text(md, encoding="utf-8")
     print(f"wrote {args.out_md} and {img}/sim_*.png in {elapsed:.0f} s")

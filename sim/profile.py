@@ -24,8 +24,8 @@ mean). Gaps are filled so every query has an answer:
 - an action with no sample at all copies another action's tables (FALLBACK_ACTIONS).
 Each engine run goes at its own speed: on the H200, the same window shape measured in two runs
 differed by up to 30% in window time and 2x in host time, one run slow or fast throughout (the
-machine's host CPU slows down for stretches of seconds; session 6, docs/BENCHMARKS.md
-section 6). A cell measured by one slow run would price every prediction that uses it at
+machine's host CPU slows down for stretches of seconds; docs/CHANGELOG.md, 2026-11-29,
+the simulator check). A cell measured by one slow run would price every prediction that uses it at
 that speed. So before the cells are taken, each trace's samples are divided by the trace's
 speed factor (`_trace_speeds`: a median polish of log seconds into cell and trace effects,
 separately for windows, prompt chunks and host gaps, over the cells two or more traces share),

@@ -50,7 +50,8 @@ TRACED = {"traced_since_v1": True}
 class EngineConfig:
     #: solo: one request at a time; batch: up to `slots` requests share windows.
     mode: str = field(default="batch", metadata=TRACED)
-    #: Grouped MTP verification in batch slots (env STRATA_BATCH_MTP=1 also turns it on).
+    #: Grouped MTP verification in batch slots; STRATA_BATCH_MTP=0|1 replaces this default, and
+    #: an explicit engine.batch_mtp=... on the command line beats the environment.
     batch_mtp: bool = field(default=True, metadata=TRACED)
     #: Decoding lanes asked for; the engine runs what fits in memory and says so.
     slots: int = field(default=4, metadata=TRACED)
@@ -135,13 +136,19 @@ class BackendConfig:
 class WorkloadConfig:
     #: default (4 code prompts), file (JSON Lines at `path`) or synthetic.
     kind: str = "default"
+    #: kind=file: the JSON Lines request file (one request object per line; README).
     path: Optional[str] = None
-    #: Used by kind=default and kind=synthetic.
+    #: Number of requests of kind=default and kind=synthetic.
     requests: int = 4
+    #: Tokens to generate per request, unless a request line gives its own.
     max_tokens: int = 48
+    #: Sampling temperature (0 = greedy), unless a request line gives its own.
     temperature: float = 0.0
+    #: Nucleus sampling mass in (0, 1] (1 = off), unless a request line gives its own.
     top_p: float = 1.0
+    #: Keep the k most likely tokens (0 = off), unless a request line gives its own.
     top_k: int = 0
+    #: Sampling seed; request i of kind=default or synthetic uses seed + i.
     seed: int = 0
     #: Arrival step of request i is i * stagger_steps.
     stagger_steps: int = 0
@@ -155,10 +162,18 @@ class WorkloadConfig:
 
 @dataclass
 class ServerConfig:
+    #: Address to listen on.
     host: str = "127.0.0.1"
+    #: Port to listen on (0 = any free port).
     port: int = 8000
-    #: Bearer token required on /v1/* when set.
+    #: Bearer token required on /v1/* when set. Prefer $STRATA_API_KEY or api_key_file: a key
+    #: given here on the command line is saved as REDACTED in the run dir's .hydra/ files.
     api_key: Optional[str] = None
+    #: A file whose first line is the API key (not saved anywhere by strata).
+    api_key_file: Optional[str] = None
+    #: Tokens generated for a chat or completion request that gives no max_tokens (clipped to
+    #: the room left in the context).
+    default_max_tokens: int = 256
     #: Name reported by /v1/models (defaults to the checkpoint directory's name).
     model_name: Optional[str] = None
     #: Seconds to wait before restarting a dead engine child, and Retry-After meanwhile.
@@ -171,6 +186,7 @@ class ServerConfig:
     #: hung: it is killed, its requests fail with an error, and it restarts. 0 = never.
     #: Generous by default: a first compile of a new window shape can take tens of seconds.
     step_timeout_s: float = 300.0
+    #: Server log level: critical, error, warning, info, debug or trace.
     log_level: str = "info"
 
 
@@ -207,35 +223,61 @@ def register_configs() -> None:
     store_schemas(StrataConfig, "strata_schema")
 
 
+def _schema_fields(schema: type) -> dict[str, Optional[type]]:
+    """A dataclass schema's field names, each with its nested schema (None for a leaf)."""
+    import typing
+
+    hints = typing.get_type_hints(schema)
+    return {f.name: hints[f.name] if is_dataclass(hints[f.name]) else None for f in fields(schema)}
+
+
+def unknown_key_message(path: str, key: str, known: Any) -> str:
+    """`path+key: unknown key`, with the closest known key when one is close (a typo)."""
+    import difflib
+
+    close = difflib.get_close_matches(key, sorted(known), n=1, cutoff=0.6)
+    if close:
+        return f"{path}{key}: unknown key; did you mean {path}{close[0]}?"
+    return f"{path}{key}: unknown key (known: {', '.join(sorted(known))})"
+
+
+def check_key(dotted: str) -> None:
+    """Refuse a dotted key (`engine.slots`) that no schema declares, suggesting the closest."""
+    schema: Optional[type] = StrataConfig
+    path = ""
+    for part in dotted.split("."):
+        if schema is None:  # below a leaf (a list index, say): the config decides
+            return
+        known = _schema_fields(schema)
+        if part not in known:
+            raise ConfigError(unknown_key_message(path, part, known))
+        schema, path = known[part], f"{path}{part}."
+
+
 def check_known_keys(cfg: Any) -> None:
     """Refuse keys no schema declares (Hydra's `+group.key=...` can add them past the schema)."""
-    from dataclasses import fields, is_dataclass
-
     from omegaconf import DictConfig
 
-    def walk(node: Any, schema: Any, path: str) -> None:
-        known = {f.name: f.type for f in fields(schema)}
+    def walk(node: Any, schema: type, path: str) -> None:
+        known = _schema_fields(schema)
         for key in node.keys():
             if key not in known:
-                raise ConfigError(f"{path}{key}: unknown key (known: {', '.join(sorted(known))})")
-            sub = getattr(schema, "__dataclass_fields__")[key].default_factory \
-                if key in schema.__dataclass_fields__ else None
+                raise ConfigError(unknown_key_message(path, key, known))
             child = node[key] if isinstance(node, DictConfig) else None
-            if isinstance(child, DictConfig) and sub is not None and callable(sub):
-                proto = sub()
-                if is_dataclass(proto):
-                    walk(child, type(proto), f"{path}{key}.")
+            if isinstance(child, DictConfig) and known[key] is not None:
+                walk(child, known[key], f"{path}{key}.")
 
     walk(cfg, StrataConfig, "")
 
 
-def batch_mtp_from_env(cfg_value: bool) -> bool:
-    """`STRATA_BATCH_MTP=1` turns batch_mtp on, `=0` off; unset keeps the config."""
+def batch_mtp_from_env(cfg_value: bool, explicit: bool = False) -> bool:
+    """The batch_mtp to run. `STRATA_BATCH_MTP=1|0` replaces the configured default; a value
+    given explicitly (`engine.batch_mtp=...` on the command line: explicit=True) beats it."""
     env = os.environ.get("STRATA_BATCH_MTP")
-    if env is None or env == "":
-        return bool(cfg_value)
-    if env not in ("0", "1"):
+    if env is not None and env not in ("", "0", "1"):
         raise ConfigError(f"STRATA_BATCH_MTP must be 0 or 1, got {env!r}")
+    if explicit or not env:
+        return bool(cfg_value)
     return env == "1"
 
 

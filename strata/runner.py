@@ -4,11 +4,24 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from contextlib import contextmanager
+from typing import Any, Iterator
 
 from strata.engine.llm_engine import Engine
 from strata.engine.request import Request, RequestError
 from strata.metrics import run_metrics
+
+
+@contextmanager
+def located(rid: str, origins: dict[str, str]) -> Iterator[None]:
+    """Prefix a RequestError with where the request came from and its id:
+    `requests.jsonl:3: request 'a': prompt: ...`."""
+    try:
+        yield
+    except RequestError as e:
+        where = origins.get(rid)
+        e.args = (f"{where + ': ' if where else ''}request {rid!r}: {e}",)
+        raise
 
 
 def run_requests(engine: Engine, requests: list[Request], progress: bool = False,
@@ -28,11 +41,14 @@ def run_requests(engine: Engine, requests: list[Request], progress: bool = False
     for r in requests:
         r.stream_text = False  # text is decoded once at the end: no per-step detokenising
     first, held = (requests, []) if concurrency == 0 else (requests[:concurrency], requests[concurrency:])
+    origins = getattr(requests, "origins", {})  # a Workload knows each request's file:line
     for r in held:
         r.arrival_step = r.arrival_s = None  # arrives when a client is free: set below
-        engine.validate_request(r)  # a bad request fails the run before it starts
+        with located(r.id, origins):
+            engine.validate_request(r)  # a bad request fails the run before it starts
     for r in first:
-        engine.add_request(r)
+        with located(r.id, origins):
+            engine.add_request(r)
     held.reverse()
     bar = None
     if progress:

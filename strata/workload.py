@@ -31,6 +31,15 @@ class WorkloadError(ValueError):
     """A workload that cannot run; names the file, line and field."""
 
 
+class Workload(list):
+    """The requests of a workload, in input order, with where each one came from (`file:line`
+    or the workload kind), so an error the engine finds later still names its source."""
+
+    def __init__(self, requests: list[Request], origins: dict[str, str]):
+        super().__init__(requests)
+        self.origins = origins
+
+
 def _params(d: dict[str, Any], w: Any, where: str) -> SamplingParams:
     stop = d.get("stop", [])
     if isinstance(stop, str):
@@ -57,21 +66,66 @@ def check_workload(w: Any) -> None:
         raise WorkloadError(f"workload.requests: must be >= 1, got {w.requests}")
     if w.kind == "synthetic" and w.prompt_tokens < 1:
         raise WorkloadError(f"workload.prompt_tokens: must be >= 1, got {w.prompt_tokens}")
+    if w.kind == "file":
+        request_file(_path(w))
 
 
 def _stderr(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
 
 
-def load_workload(w: Any, tokenizer, vocab_size: int, log=_stderr) -> list[Request]:
+def _path(w: Any) -> Optional[str]:
+    from omegaconf import DictConfig, OmegaConf
+
+    return None if isinstance(w, DictConfig) and OmegaConf.is_missing(w, "path") else w.path
+
+
+def request_file(path: Optional[str]) -> Path:
+    """workload.path as a readable file, or a WorkloadError saying what it is instead."""
+    if not path:
+        raise WorkloadError("workload.path: workload=file needs workload.path=FILE")
+    f = Path(path)
+    if f.is_dir():
+        raise WorkloadError(f"workload.path: {f} is a directory; give a JSON Lines file")
+    if not f.exists():
+        raise WorkloadError(f"workload.path: {f} does not exist")
+    if not f.is_file():
+        raise WorkloadError(f"workload.path: {f} is not a regular file")
+    return f
+
+
+def request_lines(f: Path) -> list[str]:
+    """The file's lines, each decoded as UTF-8 on its own so a bad byte names its line."""
+    try:
+        raw = f.read_bytes()
+    except OSError as e:
+        raise WorkloadError(f"workload.path: cannot read {f}: {e.strerror}") from None
+    lines = []
+    for n, line in enumerate(raw.splitlines(), 1):
+        try:
+            lines.append(line.decode("utf-8"))
+        except UnicodeDecodeError as e:
+            raise WorkloadError(f"{f}:{n}: not UTF-8 text (byte {e.start + 1} of the line: "
+                                f"{e.reason})") from None
+    return lines
+
+
+def load_workload(w: Any, tokenizer, vocab_size: int, log=_stderr) -> Workload:
     """Requests of the configured workload, in input order. Without a tokenizer (a model of
     dummy weights from a config alone) the default workload's code prompts become random
     token-id prompts, as kind=synthetic draws them."""
     check_workload(w)
+    if w.kind == "file":
+        return load_request_file(_path(w), w, tokenizer, vocab_size)
     if w.kind == "default" and tokenizer is None:
         log(f"INFO workload=default: the model has no tokenizer.json, so its {w.requests} prompts "
             f"are {w.prompt_tokens} random token ids each (workload.seed={w.seed}, "
             f"workload.prompt_tokens), not the code prompts")
+    reqs = _generated(w, tokenizer, vocab_size)
+    return Workload(reqs, {r.id: f"workload={w.kind}" for r in reqs})
+
+
+def _generated(w: Any, tokenizer, vocab_size: int) -> list[Request]:
     if w.kind == "default" and tokenizer is not None:
         n = w.requests
         return [Request(f"req{i}", tokenizer.encode(DEFAULT_PROMPTS[i % len(DEFAULT_PROMPTS)]),
@@ -85,18 +139,15 @@ def load_workload(w: Any, tokenizer, vocab_size: int, log=_stderr) -> list[Reque
         return [Request(f"req{i}", rng.integers(low, vocab_size, w.prompt_tokens).tolist(),
                         _params({"seed": w.seed + i}, w, "workload"), arrival_step=i * w.stagger_steps)
                 for i in range(w.requests)]
-    return load_request_file(w.path, w, tokenizer, vocab_size)  # kind=file (check_workload)
+    raise WorkloadError(f"workload.kind: {w.kind!r} is not a generated workload")
 
 
-def load_request_file(path: Optional[str], w: Any, tokenizer, vocab_size: int) -> list[Request]:
-    if not path:
-        raise WorkloadError("workload.path: workload=file needs workload.path=FILE")
-    f = Path(path)
-    if not f.is_file():
-        raise WorkloadError(f"workload.path: {f} does not exist")
+def load_request_file(path: Optional[str], w: Any, tokenizer, vocab_size: int) -> Workload:
+    f = request_file(path)
     out: list[Request] = []
+    origins: dict[str, str] = {}
     seen: set[str] = set()
-    for n, line in enumerate(f.read_text(encoding="utf-8").splitlines(), 1):
+    for n, line in enumerate(request_lines(f), 1):
         if not line.strip():
             continue
         where = f"{f}:{n}"
@@ -142,6 +193,7 @@ def load_request_file(path: Optional[str], w: Any, tokenizer, vocab_size: int) -
         out.append(Request(rid, ids, _params(d, w, where), arrival_step=step,
                            arrival_s=None if sec is None else float(sec),
                            prompt_text=d.get("prompt")))
+        origins[rid] = where
     if not out:
         raise WorkloadError(f"{f}: no requests")
-    return out
+    return Workload(out, origins)

@@ -18,6 +18,8 @@ from strata.engine.request import Request, SamplingParams
 from strata.model.tiny import make_tiny_random
 from strata.trace import invariant_group_rows, invariant_shapes, read_trace, warm_window_keys
 
+pytestmark = pytest.mark.slow  # each test runs engines in several modes (issue 20: fast subset)
+
 register_configs()
 
 

@@ -76,6 +76,7 @@ def test_engine_keeps_at_most_k_in_flight_and_refills_the_next_iteration(loaded,
     assert all(f["reason"] == "length" for f in finishes)
 
 
+@pytest.mark.slow
 def test_the_simulator_releases_the_same_requests_in_the_same_iterations(loaded, tmp_path):
     for k in (1, 3):
         events, _ = closed_run(loaded, tmp_path, concurrency=k)
@@ -125,6 +126,7 @@ def test_bad_concurrency_and_duplicate_ids_are_named(loaded):
         eng.close()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("override, key", [("workload.concurrency=-1", "workload.concurrency"),
                                            ("workload.requests=0", "workload.requests"),
                                            ("workload.stagger_steps=-2", "workload.stagger_steps")])

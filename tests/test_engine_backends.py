@@ -42,6 +42,7 @@ def run(model_dir, backend, mode, batch_mtp, temperature):
     return out
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("temperature", [0.0, 0.8])
 def test_every_backend_and_mode_gives_the_same_text(model_dir, temperature):
     ref = run(model_dir, "torch", "solo", False, temperature)

@@ -191,6 +191,7 @@ def assert_grouped_mtp_ran(eng):
     assert any(ev["layout"].count(s) == 2 for ev in multi for s in set(ev["layout"]))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("graphs", GRAPHS)
 @pytest.mark.parametrize("n,slots,w", COHORTS, ids=COHORT_IDS)
 def test_greedy_identity_random_model(random_model, n, slots, w, graphs):
@@ -224,6 +225,7 @@ def test_solo_identity_with_graphs(random_model, graphs):
     assert any(ev["graph"] == "hit" for ev in eng.trace.events if ev["ev"] == "window")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("n,slots,w", COHORTS, ids=COHORT_IDS)
 def test_sampled_identity_random_model(random_model, n, slots, w):
     ref, _ = solo_reference(random_model, sampled=True)
@@ -281,6 +283,7 @@ def window_requests(eng):
     return out
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("graphs", ["shape", "layout"])
 @pytest.mark.parametrize("mode", ["solo", "batch_mtp"])
 def test_filtered_key_suffix_only_on_windows_with_a_filtering_request(random_model, mode, graphs):
@@ -308,6 +311,7 @@ def test_filtered_key_suffix_only_on_windows_with_a_filtering_request(random_mod
         assert outs[rid] == toks, rid
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("sampled", [False, True], ids=["greedy", "sampled"])
 @pytest.mark.parametrize("n,slots,w", COHORTS, ids=COHORT_IDS)
 def test_identity_with_accepted_drafts(echo_model, n, slots, w, sampled):
@@ -357,6 +361,7 @@ def force_drafts(eng, ref):
     eng.verifier._draft = forced
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("sampled", [False, True], ids=["greedy", "sampled"])
 @pytest.mark.parametrize("mode", ["solo", "batch", "batch_mtp"])
 def test_identity_with_forced_drafts(random_model, mode, sampled):

@@ -395,6 +395,7 @@ request_spec = st.tuples(st.integers(1, 14), st.integers(1, 14), st.integers(0, 
 
 
 # no shrinking: a failing engine example is reported as drawn (shrinking costs minutes on 2 cores)
+@pytest.mark.slow
 @settings(max_examples=20, deadline=None, derandomize=True, database=None,
           suppress_health_check=list(HealthCheck), phases=[Phase.explicit, Phase.generate])
 @given(

@@ -66,6 +66,7 @@ def scenario(seed: int) -> dict:
             "slots": rng.randint(1, 6), "requests": requests}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("seed", range(6))
 def test_random_scenarios_agree_across_modes(seed):
     scn = scenario(seed)

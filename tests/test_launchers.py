@@ -78,6 +78,7 @@ def test_launcher_instantiates_when_plugin_installed(name):
     assert type(launcher).__module__ + "." + type(launcher).__name__ == target
 
 
+@pytest.mark.slow
 def test_joblib_local_runs_a_real_sweep(tmp_path):
     if not _installed("hydra_plugins.hydra_joblib_launcher"):
         pytest.skip("hydra-joblib-launcher not installed (pip install hydra-joblib-launcher)")

@@ -13,6 +13,7 @@ from strata.engine.sampling import sample, sample_plain
 TEMPERATURES = [0.0, 0.05, 0.3, 0.7, 1.0, 1.5, 4.0]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("vocab", [7, 512, 4099])
 def test_sample_plain_equals_sample_on_unfiltered_rows(vocab):
     g = torch.Generator().manual_seed(vocab)

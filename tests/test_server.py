@@ -144,6 +144,7 @@ def sse_events(lines) -> list:
 # ----------------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_health_models_metrics(server):
     h = server.health().json()
     assert h["status"] == "ok" and h["engine_pid"] > 0 and h["max_context"] == CTX
@@ -158,6 +159,7 @@ def test_health_models_metrics(server):
     assert httpx.get(server.base + "/nope", timeout=5).json()["error"]["message"]
 
 
+@pytest.mark.slow
 def test_openai_client_completions_and_chat(server):
     c = client(server)
     model = server.health().json()["model"]
@@ -201,6 +203,7 @@ def test_openai_client_completions_and_chat(server):
     assert a.choices[0].text == b.choices[0].text and a.usage.prompt_tokens == 4
 
 
+@pytest.mark.slow
 def test_sixteen_concurrent_clients(server):
     c = client(server)
     model = server.health().json()["model"]
@@ -259,6 +262,7 @@ BAD = [
 ]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("path,body,needle,param", BAD, ids=[f"bad{i}" for i in range(len(BAD))])
 def test_bad_requests_are_400(server, path, body, needle, param):
     r = post(server, path, body)
@@ -270,6 +274,7 @@ def test_bad_requests_are_400(server, path, body, needle, param):
         assert err["param"] == param, err
 
 
+@pytest.mark.slow
 def test_client_disconnect_frees_slot(server):
     before = server.metrics().get('strata_requests_total{outcome="cancel"}', 0)
     body = {"prompt": "def long_function():", "max_tokens": 200, "ignore_eos": True,
@@ -297,6 +302,7 @@ def test_client_disconnect_frees_slot(server):
     server.wait_metric("strata_busy_slots", lambda v: v == 0)
 
 
+@pytest.mark.slow
 def test_abusive_burst_does_not_wedge(server):
     def garbage(i: int) -> int:
         bodies = [os.urandom(64 + i), b"{" * 5000, b'{"prompt": ' + b"[" * 3000,
@@ -344,6 +350,7 @@ def test_abusive_burst_does_not_wedge(server):
     assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] >= 1
 
 
+@pytest.mark.slow
 def test_engine_crash_mid_stream_then_recovery(server):
     old_pid = server.health().json()["engine_pid"]
     restarts = server.metrics()["strata_engine_restarts_total"]
@@ -399,6 +406,7 @@ def keyed_server(tmp_path_factory):
     s.assert_clean_log()
 
 
+@pytest.mark.slow
 def test_api_key_and_backpressure(keyed_server):
     s = keyed_server
     body = {"prompt": "x", "max_tokens": 2}
@@ -432,6 +440,7 @@ def test_api_key_and_backpressure(keyed_server):
     assert c.completions.create(model="tiny-test", prompt="x", max_tokens=2).usage.total_tokens > 1
 
 
+@pytest.mark.slow
 def test_hung_engine_is_killed_and_its_requests_fail(tmp_path_factory):
     """A ready engine that stops answering (frozen with SIGSTOP) is detected by the heartbeat
     watchdog: its requests get an error naming the hang, and the server serves again."""

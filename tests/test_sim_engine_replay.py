@@ -21,6 +21,8 @@ import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import pytest
+
 from sim.replay import load_trace, replay_trace
 
 REPO = Path(__file__).resolve().parent.parent
@@ -93,6 +95,7 @@ def run_engine(overrides: list[str], run_dir: Path) -> subprocess.CompletedProce
                           capture_output=True, text=True, timeout=RUN_TIMEOUT_S)
 
 
+@pytest.mark.slow
 def test_engine_traces_replay_identically(tmp_path):
     importlib.import_module("strata.engine")  # no engine: this test fails, it never skips
     rng = random.Random(SEED)

@@ -216,6 +216,7 @@ def test_chain_spread_gives_each_request_its_own_difficulty():
         ChainAcceptance([0.3], [0.8], 0.5, 16, RandomStreams(0), spread=-1.0)
 
 
+@pytest.mark.slow
 def test_fit_gives_back_the_requests_spread(tmp_path):
     def traces_with(spread):
         truth = chain_truth(spread=spread, offset=0.0)

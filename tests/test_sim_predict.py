@@ -150,6 +150,7 @@ def test_filtered_share_draws_its_own_stream():
         run_predict(cfg_of(*SMALL, "workload.filtered_share=1.5"))
 
 
+@pytest.mark.slow
 def test_cli_predict_and_multirun(tmp_path):
     run_dir = tmp_path / "run"
     out = subprocess.run([sys.executable, "-m", "sim", "mode=predict", *SMALL,
@@ -174,6 +175,7 @@ def test_cli_predict_and_multirun(tmp_path):
     assert out.returncode != 0 and "bogus" in out.stderr
 
 
+@pytest.mark.slow
 def test_compare_with_engine_metrics(tmp_path):
     from sim.metrics import compare_metrics
     engine = {"aggregate_tps": 100.0, "ttft_s": {"p50": 0.5, "p95": 1.0},

@@ -491,7 +491,7 @@ def test_measured_capture_sizes_come_from_the_trace():
 
 def test_h200_trace_replays():
     """A trace the engine wrote on the H200 (bf16, cuda kernels, batch_mtp, 2 requests; see
-    docs/BENCHMARKS.md section 6): measured graph memory, real durations, replayed exactly."""
+    docs/BENCHMARKS.md, "Simulator check"): measured graph memory, real durations, replayed exactly."""
     result = replay_file(REPO / "tests" / "data" / "h200_batch_mtp_n2_trace.jsonl")
     assert result.ok, str(result.first_divergence)
     assert result.compared >= 170

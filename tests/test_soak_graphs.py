@@ -6,12 +6,14 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+import pytest
 import torch
 
 from strata.config import EMBEDDED_MODEL_DIR
 from strata.model.loader import load_checkpoint
 
 
+@pytest.mark.slow
 def test_soak_reaches_its_layouts_with_no_crash_no_failure_and_flat_memory():
     from strata.tools import soak_graphs as mod
 

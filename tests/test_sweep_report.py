@@ -73,6 +73,7 @@ def _multirun(tmp_path: Path, module: str, *overrides: str) -> Path:
     return sweep
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("module,overrides", [
     ("sim", ["engine.slots=1,2", "workload=cohort", "workload.requests=4",
              "workload.prompt_tokens=64", "workload.max_tokens=16"]),

@@ -222,6 +222,7 @@ def check_run_files(run_dir: Path, n_requests: int, max_tokens: dict):
     return outputs, trace, metrics
 
 
+@pytest.mark.slow
 def test_cli_default_workload_writes_outputs_trace_metrics(tmp_path):
     run_dir = tmp_path / "run"
     p = strata_cli("device=cpu", "workload.requests=2", "workload.max_tokens=8", "progress=false",
@@ -235,6 +236,7 @@ def test_cli_default_workload_writes_outputs_trace_metrics(tmp_path):
     assert str(run_dir) in p.stderr
 
 
+@pytest.mark.slow
 def test_cli_bad_override_exits_nonzero_naming_the_key(tmp_path):
     p = strata_cli("device=cpu", "engine.slotz=3", f"hydra.run.dir={tmp_path / 'run'}")
     assert p.returncode != 0
@@ -242,6 +244,7 @@ def test_cli_bad_override_exits_nonzero_naming_the_key(tmp_path):
     assert not (tmp_path / "run" / "outputs.jsonl").exists()
 
 
+@pytest.mark.slow
 def test_cli_workload_file(tmp_path):
     f = write(tmp_path, [
         {"id": "text", "prompt": "def read_config(path):\n", "max_tokens": 6, "arrival_step": 0},

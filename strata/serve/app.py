@@ -24,6 +24,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
 
 from strata.serve import protocol as P
+from strata.serve.api_key import resolve_api_key
 from strata.serve.supervisor import EngineSupervisor, Handle
 
 log = logging.getLogger("strata.serve")
@@ -80,13 +81,20 @@ def coalesce_outs(q: asyncio.Queue, ev: tuple) -> tuple[tuple, Optional[tuple]]:
     return ("out", row), None
 
 
+def gives_max_tokens(body: dict, kind: str) -> bool:
+    """Whether a request body sets its own output length (else server.default_max_tokens)."""
+    keys = ("max_tokens", "max_completion_tokens") if kind == "chat" else ("max_tokens",)
+    return any(body.get(k) is not None for k in keys)
+
+
 def _err(e: P.ApiError) -> JSONResponse:
     return JSONResponse(e.body(), status_code=e.status, headers=e.headers)
 
 
 def create_app(cfg_dict: dict, server_cfg: Any) -> FastAPI:
     scfg = server_cfg
-    api_key: Optional[str] = scfg.api_key or None
+    api_key: Optional[str] = resolve_api_key(scfg)
+    default_max_tokens = int(scfg.default_max_tokens)
     max_pending = int(scfg.max_pending)
     queue_timeout = float(scfg.queue_timeout_s) if scfg.queue_timeout_s and scfg.queue_timeout_s > 0 else None
     fatal_hooks: list = []
@@ -241,7 +249,10 @@ def create_app(cfg_dict: dict, server_cfg: Any) -> FastAPI:
     async def generate(request: Request, kind: str) -> Response:
         try:
             check_auth(request)
-            req = P.parse_request(P.parse_json_body(await read_body(request)), kind)
+            body = P.parse_json_body(await read_body(request))
+            req = P.parse_request(body, kind)
+            if not gives_max_tokens(body, kind):
+                req.max_tokens = default_max_tokens  # not the rest of the context
             name = served_name()
             if req.model is not None and name is not None and req.model != name:
                 raise P.bad(f"model '{req.model}' is not served here; this server serves "
