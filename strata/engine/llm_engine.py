@@ -92,7 +92,8 @@ class Engine:
                                  moe_dense_experts=int(cfg.model.moe_dense_experts),
                                  load_format=cfg.model.load_format,
                                  dummy_seed=int(cfg.model.dummy_seed),
-                                 num_layers=cfg.model.num_layers)
+                                 num_layers=cfg.model.num_layers,
+                                 fp8_dense=cfg.model.fp8_dense)
         return cls(loaded, cfg.engine, device, log=log, trace_path=trace_path)
 
     def __init__(self, loaded: LoadedModel, ecfg: Any, device: torch.device,
