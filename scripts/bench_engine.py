@@ -3,8 +3,16 @@
 For each N in --n, a cohort of N distinct code prompts arrives at once; every configuration runs
 the same cohort, --repeats times (median reported), in forward order and then in reverse order
 (controls). Optionally transformers' generate() on the same checkpoint and prompts, batched at N.
+Beside each configuration, the mean time of each window shape it ran and that shape's byte floor
+(strata/byte_floor.py: the bytes the window must read over the measured copy bandwidth).
 
     python scripts/bench_engine.py --device cuda --n 1,2,4,8 --repeats 3 --json out.json --md out.md
+
+At scale, on dummy weights (a model preset or a directory with only config.json; prompts are
+random token ids when there is no tokenizer):
+
+    python scripts/bench_engine.py --preset qwen3_next_80b_a3b_fp8 --load-format dummy \
+        --layers 48 --synthetic-acceptance 0.8 --configs solo_spec2,batch,batch_mtp --n 1,2,4,8
 """
 
 from __future__ import annotations
@@ -23,7 +31,9 @@ sys.path.insert(0, str(ROOT))
 import torch  # noqa: E402
 from omegaconf import OmegaConf  # noqa: E402
 
-from strata.config import EMBEDDED_MODEL_DIR, StrataConfig  # noqa: E402
+from strata.byte_floor import (H200_COPY_BYTES_PER_S, floor_seconds, weight_format_from_config,  # noqa: E402
+                               window_bytes)
+from strata.config import StrataConfig, check_known_keys, register_configs  # noqa: E402
 from strata.engine.llm_engine import Engine  # noqa: E402
 from strata.engine.request import Request, SamplingParams  # noqa: E402
 from strata.kernels import ops  # noqa: E402
@@ -48,8 +58,77 @@ def code_prompts(tokenizer, n: int, prompt_tokens: int) -> list[list[int]]:
     raise SystemExit("not enough prompt material")
 
 
+def token_prompts(vocab: int, n: int, prompt_tokens: int, seed: int = 0) -> list[list[int]]:
+    """n random token-id prompts (ids 1 .. vocab-1, fixed seed): for models without a tokenizer."""
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(1, vocab, (n, prompt_tokens), generator=g).tolist()
+
+
+def model_config(a):
+    """The `model` group as `python -m strata` would compose it: the preset (conf/model/NAME.yaml),
+    then --model, --dtype, --load-format and --layers as overrides (an unknown knob is Hydra's
+    error naming it)."""
+    from hydra import compose, initialize_config_dir
+
+    register_configs()
+    overrides = [f"model={a.preset}"] if a.preset else []
+    if a.model:
+        overrides.append(f"model.path={a.model}")
+    if a.dtype:
+        overrides.append(f"model.dtype={a.dtype}")
+    if a.load_format:
+        overrides.append(f"model.load_format={a.load_format}")
+    if a.layers:
+        overrides.append(f"model.num_layers={a.layers}")
+    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base=None):
+        cfg = compose(config_name="config", overrides=overrides)
+    check_known_keys(cfg)
+    return cfg.model
+
+
+def load_model(mcfg, device):
+    """load_checkpoint with every model knob it takes by name (load_format, num_layers, ...)."""
+    import inspect
+
+    takes = inspect.signature(load_checkpoint).parameters
+    kw = {k: mcfg[k] for k in mcfg if k in takes and k not in ("path", "dtype", "device")}
+    return load_checkpoint(mcfg.path, mcfg.dtype, device, log=lambda s: None, **kw)
+
+
+class WindowTimes:
+    """Collects the window events of an engine's timed cohorts: (groups, rows, ctx) -> durations.
+    Padded shapes count as the engine runs them (a shape key's bucket)."""
+
+    def __init__(self):
+        self.times: dict[tuple[int, int, int], list[float]] = {}
+        self.on = False
+
+    def __call__(self, ev: str, fields: dict) -> None:
+        if not self.on or ev != "window":
+            return
+        key, layout = fields["key"], fields["layout"]
+        if key.startswith("shape:"):
+            groups, rows = (int(x) for x in key[6:].split("@")[0].split("x"))
+        else:
+            groups = len(set(layout))
+            rows = max(layout.count(s) for s in set(layout))
+        self.times.setdefault((groups, rows, int(fields["ctx"])), []).append(float(fields["dur"]))
+
+    def table(self, args, fmt, drafting: bool, bandwidth: float) -> list[dict]:
+        out = []
+        for (groups, rows, ctx), durs in sorted(self.times.items()):
+            b = window_bytes(args, groups, rows, ctx, fmt, drafting=drafting)
+            floor = floor_seconds(b["total"], bandwidth)
+            mean = statistics.fmean(durs)
+            out.append({"groups": groups, "rows": rows, "ctx": ctx, "windows": len(durs),
+                        "mean_ms": mean * 1e3, "floor_ms": floor * 1e3, "ratio": mean / floor,
+                        "bytes": b})
+        return out
+
+
 CONFIGS = {
     "solo": dict(mode="solo", batch_mtp=False),
+    "solo_spec4": dict(mode="solo", batch_mtp=False, spec=4),
     "solo_eager": dict(mode="solo", batch_mtp=False, graphs=False),
     "solo_nospec": dict(mode="solo", batch_mtp=False, spec=1),
     "solo_spec2": dict(mode="solo", batch_mtp=False, spec=2),
@@ -75,6 +154,7 @@ def engine_cfg(base: dict, name: str, n: int, args) -> object:
     cfg.window_rows = args.window_rows
     cfg.spec = args.spec
     cfg.vram_every = 0
+    cfg.synthetic_acceptance = args.synthetic_acceptance
     for k, v in base.items():
         setattr(cfg, k, v)
     cfg.slots = max(1, n) if cfg.mode == "batch" else 1
@@ -88,6 +168,8 @@ def make_engine(loaded, device, ecfg, prompts, max_tokens) -> Engine:
     eng = Engine(loaded, ecfg, device,
                  log=lambda s: s.startswith(("INFO warm-up", "WARNING")) and print(s, file=sys.stderr))
     eng.trace.keep = False
+    eng.window_times = WindowTimes()
+    eng.trace.listener = eng.window_times
     run_requests(eng, [Request(f"w{i}", list(p), SamplingParams(max_tokens=max_tokens, stop_at_eos=False))
                        for i, p in enumerate(prompts)])
     eng.requests.clear()
@@ -102,7 +184,9 @@ def run_cohort(eng: Engine, device, prompts, max_tokens) -> dict:
     if device.type == "cuda":
         torch.cuda.synchronize()
     t0 = time.perf_counter()
+    eng.window_times.on = True
     run_requests(eng, reqs)
+    eng.window_times.on = False
     if device.type == "cuda":
         torch.cuda.synchronize()
     wall = time.perf_counter() - t0
@@ -120,10 +204,29 @@ def run_cohort(eng: Engine, device, prompts, max_tokens) -> dict:
     return out
 
 
-def hf_generate(path, device, prompts, max_tokens, dtype) -> float:
-    from transformers import Qwen3NextForCausalLM
+def hf_model(path, device, dtype, dummy_args=None):
+    """transformers' Qwen3NextForCausalLM: the checkpoint, or with dummy_args (ModelArgs) a
+    random one of the same config, depth and dtype, initialised on the device."""
+    from transformers import Qwen3NextConfig, Qwen3NextForCausalLM
 
-    model = Qwen3NextForCausalLM.from_pretrained(path, dtype=dtype).to(device).eval()
+    if dummy_args is None:
+        return Qwen3NextForCausalLM.from_pretrained(path, dtype=dtype).to(device).eval()
+    d = dummy_args.to_hf_dict()
+    d.pop("dtype", None)
+    d.pop("torch_dtype", None)
+    config = Qwen3NextConfig(**d)
+    default = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        with torch.device(device):
+            model = Qwen3NextForCausalLM(config)
+    finally:
+        torch.set_default_dtype(default)
+    return model.eval()
+
+
+def hf_generate(path, device, prompts, max_tokens, dtype, dummy_args=None) -> float:
+    model = hf_model(path, device, dtype, dummy_args)
     n = len(prompts)
     width = max(len(p) for p in prompts)
     ids = torch.zeros(n, width, dtype=torch.long)
@@ -141,7 +244,9 @@ def hf_generate(path, device, prompts, max_tokens, dtype) -> float:
         model.generate(input_ids=ids, attention_mask=mask, **kw)
         if device.type == "cuda":
             torch.cuda.synchronize()
-    return n * max_tokens / (time.perf_counter() - t0)
+    tps = n * max_tokens / (time.perf_counter() - t0)
+    del model
+    return tps
 
 
 def write_results(a, ns, names, results, loaded, device, backend) -> None:
@@ -149,10 +254,12 @@ def write_results(a, ns, names, results, loaded, device, backend) -> None:
     limit still leaves every finished N behind)."""
     summary = {}
     for key, runs in results.items():
-        if key == "identity":
+        if key in ("identity", "windows"):
             continue
         summary[key] = {"median_tps": statistics.median(r["aggregate_tps"] for r in runs),
                         "acceptance": runs[0].get("acceptance")}
+        if key in results.get("windows", {}):
+            summary[key]["windows"] = results["windows"][key]
     meta = {"device": torch.cuda.get_device_name() if device.type == "cuda" else platform.processor(),
             "torch": torch.__version__, "dtype": str(loaded.dtype), "model": str(a.model),
             "commit": commit_id(),
@@ -160,6 +267,12 @@ def write_results(a, ns, names, results, loaded, device, backend) -> None:
     if a.json:
         Path(a.json).write_text(json.dumps({"meta": meta, "summary": summary,
                                             "identity": results.get("identity", {})}, indent=2))
+    floors = ["", "| config@N | groups x rows | ctx | windows | mean ms | floor ms | ratio |",
+              "|---|---|---|---|---|---|---|"]
+    for key, rows in results.get("windows", {}).items():
+        for w in rows:
+            floors.append(f"| {key} | {w['groups']} x {w['rows']} | {w['ctx']} | {w['windows']} | "
+                          f"{w['mean_ms']:.3f} | {w['floor_ms']:.3f} | {w['ratio']:.2f} |")
     lines = ["| N | " + " | ".join(names) + (" | hf generate" if a.hf else "") + " | acceptance (batch_mtp) |",
              "|---|" + "---|" * (len(names) + (2 if a.hf else 1))]
     for n in ns:
@@ -169,7 +282,7 @@ def write_results(a, ns, names, results, loaded, device, backend) -> None:
         acc = summary.get(f"batch_mtp@{n}", {}).get("acceptance")
         cells.append("-" if acc is None else f"{acc:.3f}")
         lines.append(f"| {n} | " + " | ".join(cells) + " |")
-    table = "\n".join(lines)
+    table = "\n".join(lines + floors)
     print(table, flush=True)
     if a.md:
         Path(a.md).write_text(table + "\n")
@@ -177,19 +290,28 @@ def write_results(a, ns, names, results, loaded, device, backend) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--model", default=EMBEDDED_MODEL_DIR)
+    ap.add_argument("--preset", help="a model preset, conf/model/NAME.yaml (default: the tiny model)")
+    ap.add_argument("--model", help="a checkpoint directory (model.path; overrides the preset's)")
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    ap.add_argument("--dtype", default="auto")
+    ap.add_argument("--dtype", help="model.dtype (default: the preset's; auto without a preset)")
+    ap.add_argument("--load-format", help="model.load_format: auto, safetensors or dummy")
+    ap.add_argument("--layers", type=int, help="model.num_layers: the first N decoder layers")
     ap.add_argument("--backend", default="auto")
     ap.add_argument("--n", default="1,2,4,8")
     ap.add_argument("--configs", default="solo,batch,batch_mtp",
                     help="comma list of: " + ", ".join(CONFIGS))
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--prompt-tokens", type=int, default=64)
+    ap.add_argument("--token-prompts", action="store_true",
+                    help="random token-id prompts even when the model has a tokenizer")
     ap.add_argument("--max-tokens", type=int, default=256)
     ap.add_argument("--max-context", type=int, default=1024)
     ap.add_argument("--spec", type=int, default=4)
     ap.add_argument("--window-rows", type=int, default=8)
+    ap.add_argument("--synthetic-acceptance", type=float, default=None,
+                    help="engine.synthetic_acceptance: accept each draft with this probability")
+    ap.add_argument("--bandwidth", type=float, default=H200_COPY_BYTES_PER_S,
+                    help="bytes/s of the byte floor (default: the H200's measured copy rate)")
     ap.add_argument("--graphs", type=lambda s: s.lower() in ("1", "true", "yes"), default=True)
     ap.add_argument("--hf", action="store_true", help="also time transformers generate() (batched at N)")
     ap.add_argument("--no-reverse", action="store_true")
@@ -199,10 +321,20 @@ def main() -> None:
 
     device = torch.device(a.device)
     backend = ops.set_backend(a.backend, device.type)
-    loaded = load_checkpoint(a.model, a.dtype, device, log=lambda s: None)
+    if a.dtype is None and a.preset is None:
+        a.dtype = "auto"  # the checkpoint's own dtype, as before presets
+    mcfg = model_config(a)
+    a.model = mcfg.path
+    loaded = load_model(mcfg, device)
+    dummy = mcfg.get("load_format") == "dummy"
+    config_json = json.loads((Path(mcfg.path) / "config.json").read_text())
+    fmt = weight_format_from_config(config_json, torch.empty((), dtype=loaded.dtype).element_size())
     ns = [int(x) for x in a.n.split(",")]
     names = a.configs.split(",")
-    prompts_all = code_prompts(loaded.tokenizer, max(ns), a.prompt_tokens)
+    if loaded.tokenizer is None or a.token_prompts:
+        prompts_all = token_prompts(loaded.args.vocab_size, max(ns), a.prompt_tokens)
+    else:
+        prompts_all = code_prompts(loaded.tokenizer, max(ns), a.prompt_tokens)
     results: dict = {}
     orders = [names] if a.no_reverse else [names, names[::-1]]
     for n in ns:
@@ -218,19 +350,28 @@ def main() -> None:
                     print(f"N={n} {key:<22} rep {rep}: {r['aggregate_tps']:9.1f} tok/s  "
                           f"accept {r['acceptance'] if r['acceptance'] is not None else float('nan'):.3f}  "
                           f"windows {r['windows']} graph {r['graph']}", flush=True)
-        for eng in engines.values():
+        for name, eng in engines.items():
+            rows = eng.window_times.table(loaded.args, fmt, eng.verifier.drafting, a.bandwidth)
+            results.setdefault("windows", {})[f"{name}@{n}"] = rows
+            for w in rows:
+                print(f"N={n} {name:<16} window {w['groups']}x{w['rows']}@{w['ctx']}: "
+                      f"{w['mean_ms']:.3f} ms over {w['windows']}, byte floor {w['floor_ms']:.3f} ms, "
+                      f"ratio {w['ratio']:.2f}", flush=True)
             eng.close()
         del engines
         if device.type == "cuda":
             torch.cuda.empty_cache()
-        # greedy identity across configurations (the same cohort)
+        # greedy identity across configurations (the same cohort); synthetic acceptance commits
+        # drafts, which differ between configurations, so there it is not expected
         ref = results[f"{names[0]}@{n}"][0]["tokens"]
         for name in names[1:]:
             same = results[f"{name}@{n}"][0]["tokens"] == ref
-            print(f"N={n} greedy text {name} vs {names[0]}: {'identical' if same else 'DIFFERENT'}")
+            note = " (synthetic acceptance: not expected)" if a.synthetic_acceptance is not None else ""
+            print(f"N={n} greedy text {name} vs {names[0]}: {'identical' if same else 'DIFFERENT'}{note}")
             results.setdefault("identity", {})[f"{name}@{n}"] = same
         if a.hf:
-            tps = hf_generate(a.model, device, prompts, min(a.max_tokens, 64), loaded.dtype)
+            tps = hf_generate(a.model, device, prompts, min(a.max_tokens, 64), loaded.dtype,
+                              dummy_args=loaded.args if dummy else None)
             results[f"hf_generate@{n}"] = [{"aggregate_tps": tps}]
             print(f"N={n} hf_generate: {tps:.1f} tok/s")
         write_results(a, ns[:ns.index(n) + 1], names, results, loaded, device, backend)

@@ -101,6 +101,10 @@ class EngineConfig:
     #: Run every window and prompt-chunk shape once on the scratch lane at start, so compiling
     #: happens before the first request, not during it: auto (when compiling), on, off.
     warmup: str = "auto"
+    #: Benchmarks on dummy weights: null verifies drafts; p in [0, 1] accepts each draft with
+    #: probability p given that the drafts before it were (keyed by request seed and position,
+    #: so every mode takes the same decisions). The output text is then not the model's.
+    synthetic_acceptance: Optional[float] = None
 
 
 @dataclass
@@ -225,6 +229,9 @@ def validate_engine(e: Any) -> None:
         bad("compile", f"must be auto, on or off, got {e.compile!r}")
     if e.warmup not in ("auto", "on", "off"):
         bad("warmup", f"must be auto, on or off, got {e.warmup!r}")
+    p = e.synthetic_acceptance
+    if p is not None and not (isinstance(p, (int, float)) and 0.0 <= p <= 1.0):
+        bad("synthetic_acceptance", f"must be null or in [0, 1], got {p!r}")
     if e.graph_key not in ("shape", "layout"):
         bad("graph_key", f"must be shape or layout, got {e.graph_key!r}")
     if e.slots < 1:

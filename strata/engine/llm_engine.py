@@ -38,7 +38,8 @@ from strata.trace import (TraceWriter, context_tier, context_tiers, invariant_sh
 ENGINE_KNOBS = ("mode", "batch_mtp", "slots", "spec", "window_rows", "decode_share", "prefill_chunk",
                 "prefill_buckets", "prefill_graphs", "max_context", "context_tier_min",
                 "shape_buckets", "graphs", "graph_key", "batch_invariant", "graph_limit",
-                "vram_reserve_mib", "graph_mib_estimate", "cpu_graph_mib", "cpu_device_mib")
+                "vram_reserve_mib", "graph_mib_estimate", "cpu_graph_mib", "cpu_device_mib",
+                "synthetic_acceptance")
 
 
 def resolve_device(name: str) -> torch.device:
@@ -171,6 +172,8 @@ class Engine:
         self.verifier = Verifier(self.model, self.state, self.bufs, drafting)
         if ecfg.batch_invariant:
             self.verifier.split_keys = int(ecfg.invariant_split_keys)
+        if ecfg.synthetic_acceptance is not None:
+            self.verifier.synthetic_acceptance = float(ecfg.synthetic_acceptance)
         compiling = ecfg.compile == "on" or (ecfg.compile == "auto" and device.type == "cuda")
         if compiling:
             self._compile()
@@ -206,6 +209,9 @@ class Engine:
         self.trace.emit("config", engine=knobs, memory=memory)
         if batch_mtp and ecfg.mode == "batch" and off_reason is not None:
             self.warn(f"batch_mtp is off: {off_reason}")
+        if ecfg.synthetic_acceptance is not None:
+            self.warn(f"engine.synthetic_acceptance={ecfg.synthetic_acceptance}: drafts are accepted "
+                      f"at random (synthetic acceptance, for benchmarks), so the text is not the model's")
 
         if ecfg.warmup == "on" or (ecfg.warmup == "auto" and compiling):
             self.warmup()
@@ -236,7 +242,7 @@ class Engine:
             pfn = lambda f: torch.compile(f, dynamic=True)  # noqa: E731
             self.model.compile_regions(fn, pfn)
             compiled = {name: torch.compile(getattr(self.verifier, name), dynamic=None)
-                        for name in ("sample", "sample_plain", "accepted_prefix")}
+                        for name in ("sample", "sample_plain", "accepted_prefix", "synthetic_window")}
             self.model._strata_compiled = compiled
         for name, fn in compiled.items():
             setattr(self.verifier, name, fn)

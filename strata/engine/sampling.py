@@ -8,6 +8,11 @@ equals the token the target would have sampled.
 
 `sample` filters (top-k, top-p) on the sorted vocabulary; `sample_plain` skips the sort for
 windows in which no request filters (greedy or plain temperature), and picks the same tokens.
+Every argmax over the vocabulary is `chunked_argmax`: two small reductions instead of one over
+151,936 entries, which inductor failed to generate code for on the GPU.
+
+`synthetic_prefix` is engine.synthetic_acceptance: accept decisions drawn from the same hash,
+keyed by (seed, position) only, for benchmarks on weights whose drafts would never match.
 """
 
 from __future__ import annotations
@@ -31,16 +36,52 @@ def _mix32(x: torch.Tensor) -> torch.Tensor:
     return x ^ (x >> 16)
 
 
-def gumbel_noise(seed: torch.Tensor, pos: torch.Tensor, token: torch.Tensor) -> torch.Tensor:
-    """Gumbel(0, 1) noise, float32, for broadcastable int64 tensors seed, pos and token ids."""
+def uniform_hash(seed: torch.Tensor, pos: torch.Tensor, token: torch.Tensor) -> torch.Tensor:
+    """Uniform(0, 1) float32 (never 0 or 1), a pure function of broadcastable int64 tensors seed,
+    pos and token ids."""
     s_lo = seed & _MASK32
     s_hi = (seed >> 32) & _MASK32
     h = _mix32((token & _MASK32) ^ 0x9E3779B9)
     h = _mix32(h ^ (pos & _MASK32))
     h = _mix32(h ^ s_hi)
     h = _mix32(h ^ s_lo)
-    u = ((h >> 8).float() + 0.5) * (1.0 / (1 << 24))  # uniform in (0, 1), never 0 or 1
-    return -torch.log(-torch.log(u))
+    return ((h >> 8).float() + 0.5) * (1.0 / (1 << 24))
+
+
+def gumbel_noise(seed: torch.Tensor, pos: torch.Tensor, token: torch.Tensor) -> torch.Tensor:
+    """Gumbel(0, 1) noise, float32, for broadcastable int64 tensors seed, pos and token ids."""
+    return -torch.log(-torch.log(uniform_hash(seed, pos, token)))
+
+
+#: Largest chunk of the first argmax stage; a vocabulary is split into equal chunks of at most
+#: this many entries when it has such a divisor, else padded up to a multiple of it.
+ARGMAX_CHUNK = 4096
+
+
+def _argmax_chunk(n: int) -> int:
+    """The chunk length of a two-stage argmax over n entries: the largest divisor of n in
+    [ARGMAX_CHUNK / 4, ARGMAX_CHUNK] (151,936 = 64 x 2,374), else ARGMAX_CHUNK (padding)."""
+    for c in range(min(n, ARGMAX_CHUNK), ARGMAX_CHUNK // 4 - 1, -1):
+        if n % c == 0:
+            return c
+    return ARGMAX_CHUNK
+
+
+def chunked_argmax(x: torch.Tensor) -> torch.Tensor:
+    """argmax over the last dim of a 2-D float tensor, ties to the lowest index, as two
+    reductions: within chunks, then over the chunk maxima (the first chunk holding the maximum
+    holds its lowest index). Identical to x.argmax(-1) for inputs without NaN."""
+    rows, n = x.shape
+    if n <= ARGMAX_CHUNK:
+        return x.argmax(-1)
+    c = _argmax_chunk(n)
+    pad = -n % c
+    if pad:
+        x = torch.nn.functional.pad(x, (0, pad), value=float("-inf"))
+    parts = x.reshape(rows, -1, c)
+    best, where = parts.max(-1)  # max(-1) returns the first maximal index of each chunk
+    chunk = best.argmax(-1, keepdim=True)
+    return chunk[:, 0] * c + where.gather(1, chunk)[:, 0]
 
 
 def sample(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor,
@@ -52,7 +93,7 @@ def sample(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor,
     """
     logits = logits.float()
     vocab = logits.shape[-1]
-    greedy = logits.argmax(-1)
+    greedy = chunked_argmax(logits)
     temp = torch.where(temperature > 0, temperature, torch.ones_like(temperature))
     sorted_logits, order = torch.sort(logits, dim=-1, descending=True)
     rank = torch.arange(vocab, device=logits.device)
@@ -64,7 +105,7 @@ def sample(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor,
     # top_p = 1 keeps everything: float error can push `before` past 1.0 in the far tail.
     drop = drop | ((before > top_p[:, None]) & (top_p[:, None] < 1.0))
     noise = gumbel_noise(seed[:, None], pos[:, None], order)
-    choice = (scaled.masked_fill(drop, float("-inf")) + noise).argmax(-1)
+    choice = chunked_argmax(scaled.masked_fill(drop, float("-inf")) + noise)
     sampled = order.gather(1, choice[:, None])[:, 0]
     return torch.where(temperature > 0, sampled, greedy)
 
@@ -78,12 +119,13 @@ def sample_plain(logits: torch.Tensor, temperature: torch.Tensor, seed: torch.Te
     two tokens' scores goes to the lower token id here, to the earlier one in sort order there.
     """
     logits = logits.float()
-    greedy = logits.argmax(-1)
     temp = torch.where(temperature > 0, temperature, torch.ones_like(temperature))
     token = torch.arange(logits.shape[-1], device=logits.device)
     noise = gumbel_noise(seed[:, None], pos[:, None], token[None, :])
-    sampled = (logits / temp[:, None] + noise).argmax(-1)
-    return torch.where(temperature > 0, sampled, greedy)
+    # One (rows, V) score and one argmax for greedy and sampled rows alike: greedy rows score
+    # the plain logits.
+    hot = (temperature > 0)[:, None]
+    return chunked_argmax(torch.where(hot, logits / temp[:, None] + noise, logits))
 
 
 def _rows(lanes: torch.Tensor, pos0: torch.Tensor, rows_per: int, offset: int):
@@ -115,3 +157,38 @@ def accepted_prefix(tokens: torch.Tensor, targets: torch.Tensor, rows: torch.Ten
     j = torch.arange(1, tokens.shape[1], device=tokens.device)
     match = (tokens[:, 1:] == targets[:, :-1]) & (j[None, :] < rows[:, None])
     return match.long().cumprod(1).sum(1)
+
+
+#: The hash stream's token id of the synthetic accept decisions: no vocabulary reaches it, so
+#: they never reuse a token's noise.
+SYNTHETIC_STREAM = 0xFFFFFFFF
+
+
+def synthetic_prefix(rows: torch.Tensor, seed: torch.Tensor, pos0: torch.Tensor, g: int,
+                     p: float) -> torch.Tensor:
+    """engine.synthetic_acceptance: per group, how many drafts are accepted when the draft at
+    position pos0 + j (j = 1 .. g-1, among the group's `rows` valid rows) is accepted with
+    probability p, given that the drafts before it were. The decision at a position is a pure
+    function of (seed, position): every mode and window shape takes the same one.
+    rows, seed, pos0 (NG,) int64 -> (NG,) int64."""
+    j = torch.arange(1, g, device=rows.device)
+    u = uniform_hash(seed[:, None], pos0[:, None] + j, torch.full_like(j, SYNTHETIC_STREAM))
+    take = (u < p) & (j[None, :] < rows[:, None])
+    return take.long().cumprod(1).sum(1)
+
+
+def synthetic_commit(tokens: torch.Tensor, targets: torch.Tensor, accept: torch.Tensor) -> torch.Tensor:
+    """The committed rows of a synthetically accepted window: y_j = d_(j+1) for j < a (the
+    drafts, as if verified), the target at j = a, targets after it. tokens, targets (NG, G)."""
+    j = torch.arange(tokens.shape[1], device=tokens.device)
+    drafts = torch.cat([tokens[:, 1:], targets[:, -1:]], 1)
+    return torch.where(j[None, :] < accept[:, None], drafts, targets)
+
+
+def synthetic_window(tokens: torch.Tensor, targets: torch.Tensor, rows: torch.Tensor, lanes: torch.Tensor,
+                     pos0: torch.Tensor, seed: torch.Tensor, p: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """A window's synthetic accept counts and committed rows in one pure function (compiled
+    with the samplers): seeds read from the per-lane table `seed` at `lanes`; tokens, targets
+    (NG, G). Returns (accept (NG,), committed (NG, G))."""
+    accept = synthetic_prefix(rows, seed[lanes], pos0, tokens.shape[1], p)
+    return accept, synthetic_commit(tokens, targets, accept)

@@ -8,7 +8,10 @@ For a window of NG groups x G rows (group g: slot s, pending token at position p
   3. sample a target y_j for every row (position-keyed, so drafts and targets share noise);
      every sample in a window uses the filtering sampler when any of its requests filters
      (top-k / top-p), else the sort-free one: the host decides, since it is part of the graph;
-  4. accept the longest prefix with d_(j+1) == y_j (j + 1 < r) -> a;
+  4. accept the longest prefix with d_(j+1) == y_j (j + 1 < r) -> a; under
+     engine.synthetic_acceptance=p instead each draft is accepted with probability p given its
+     predecessors (sampling.synthetic_prefix, keyed by seed and position), and the accepted
+     drafts replace y_j for j < a, as if verified;
   5. commit: each DeltaNet layer takes the snapshot after row a, the slot advances to p + a + 1,
      y_a becomes the pending token;
   6. MTP over every committed row j with (h[j], y_j) -- y_j equals the next row's token for
@@ -22,7 +25,8 @@ from __future__ import annotations
 
 import torch
 
-from strata.engine.sampling import accepted_prefix, sample_lanes, sample_plain_lanes
+from strata.engine.sampling import (accepted_prefix, sample_lanes, sample_plain_lanes,
+                                   synthetic_window)
 from strata.kernels import ops
 from strata.model.qwen3_next import Qwen3Next
 from strata.model.state import DecodeState
@@ -61,10 +65,14 @@ class Verifier:
         #: Split-K chunk of the verify forward's attention, in keys (0: the kernels' own plan);
         #: the engine sets it under engine.batch_invariant.
         self.split_keys = 0
-        # The engine may swap in compiled versions of these three.
+        #: engine.synthetic_acceptance: None verifies drafts; p in [0, 1] accepts each draft with
+        #: probability p (benchmarks on dummy weights; the text is not the model's).
+        self.synthetic_acceptance: float | None = None
+        # The engine may swap in compiled versions of these four.
         self.sample = sample_lanes
         self.sample_plain = sample_plain_lanes
         self.accepted_prefix = accepted_prefix
+        self.synthetic_window = synthetic_window
 
     def _sample(self, logits: torch.Tensor, lanes: torch.Tensor, pos0: torch.Tensor, rows_per: int,
                 offset: int, filtered: bool) -> torch.Tensor:
@@ -100,7 +108,10 @@ class Verifier:
                                                                     self.split_keys)
         # target y_j sits at position p + j + 1
         y = self._sample(logits.reshape(ng * g, -1), gs, gp, g, 1, filtered).view(ng, g)
-        if g > 1:
+        if g > 1 and self.synthetic_acceptance is not None:
+            accept, y = self.synthetic_window(tokens, y, rows, gs, gp, bufs.seed,
+                                              self.synthetic_acceptance)
+        elif g > 1:
             accept = self.accepted_prefix(tokens, y, rows)
         else:
             accept = torch.zeros(ng, dtype=torch.long, device=gs.device)

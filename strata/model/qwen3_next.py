@@ -13,6 +13,7 @@ The model knows lanes (indices into DecodeState), not requests or slots.
 
 from __future__ import annotations
 
+import types
 from typing import Optional
 
 import torch
@@ -494,19 +495,35 @@ class DecoderLayer(nn.Module):
         ops.write_kv(k_cache, v_cache, k, v, group_slot, group_pos)
         return post(x, q, gate, k_cache, v_cache, group_slot, group_pos, ctx, split_keys)
 
-    def compile_regions(self, compile_fn=None, prefill_fn=None) -> None:
+    #: The pure regions of each layer kind: (attribute, method, variant).
+    REGIONS = {"linear_attention": (("c_linear", "window_linear", "window"),
+                                    ("p_linear", "prefill_linear", "prefill")),
+               "full_attention": (("c_attn_pre", "window_attn_pre", "window"),
+                                  ("c_attn_post", "window_attn_post", "window"),
+                                  ("p_attn_pre", "window_attn_pre", "prefill"),
+                                  ("p_attn_post", "window_attn_post", "prefill"))}
+
+    def compile_regions(self, compile_fn=None, prefill_fn=None, shared: Optional[dict] = None) -> None:
         """Replace the pure regions by compiled versions: `compile_fn` for decode windows,
-        `prefill_fn` for prompt chunks (eager where None)."""
-        wrap = compile_fn or (lambda f: f)
-        pwrap = prefill_fn or (lambda f: f)
-        if self.kind == "linear_attention":
-            self.c_linear = wrap(self.window_linear)
-            self.p_linear = pwrap(self.prefill_linear)
-        else:
-            self.c_attn_pre = wrap(self.window_attn_pre)
-            self.c_attn_post = wrap(self.window_attn_post)
-            self.p_attn_pre = pwrap(self.window_attn_pre)
-            self.p_attn_post = pwrap(self.window_attn_post)
+        `prefill_fn` for prompt chunks (eager where None). `shared` ((attribute) -> function
+        taking the layer first) holds functions compiled once for every layer of this kind:
+        the model passes it, so all its layers of a kind run one compiled function (dynamo
+        inlines the module: its guards check types and shapes, not which layer it is)."""
+        for attr, method, variant in self.REGIONS[self.kind]:
+            if shared is not None and attr in shared:
+                setattr(self, attr, types.MethodType(shared[attr], self))
+                continue
+            wrap = (compile_fn if variant == "window" else prefill_fn) or (lambda f: f)
+            setattr(self, attr, wrap(getattr(self, method)))
+
+    @classmethod
+    def compiled_regions(cls, kind: str, compile_fn=None, prefill_fn=None) -> dict:
+        """One compiled function per region of a layer kind, each taking the layer first."""
+        out = {}
+        for attr, method, variant in cls.REGIONS[kind]:
+            wrap = (compile_fn if variant == "window" else prefill_fn) or (lambda f: f)
+            out[attr] = wrap(getattr(cls, method))
+        return out
 
 
 class MTP(nn.Module):
@@ -671,14 +688,18 @@ class Qwen3Next(nn.Module):
         (`prefill_fn`, dynamic lengths); None restores the eager versions."""
         wrap = compile_fn or (lambda f: f)
         pwrap = prefill_fn or (lambda f: f)
+        # One compiled function per region and layer kind, shared by every layer of the kind
+        # (and the MTP layer): compiling costs once per kind and shape, not once per layer.
+        shared = {kind: DecoderLayer.compiled_regions(kind, compile_fn, prefill_fn)
+                  for kind in DecoderLayer.REGIONS}
         for layer in self.layers:
-            layer.compile_regions(compile_fn, prefill_fn)
+            layer.compile_regions(compile_fn, prefill_fn, shared[layer.kind])
         self.c_head = wrap(self.head)
         self.c_rope = wrap(self.rope)
         self.p_rope = pwrap(self.rope)
         self.p_norm = pwrap(self.norm.forward)
         if self.mtp is not None:
-            self.mtp.layers[0].compile_regions(compile_fn, prefill_fn)
+            self.mtp.layers[0].compile_regions(compile_fn, prefill_fn, shared["full_attention"])
             self.c_mtp_fuse = wrap(self.mtp.fuse)
             self.c_mtp_norm = wrap(self.mtp.norm.forward)
             self.p_mtp_fuse = pwrap(self.mtp.fuse)

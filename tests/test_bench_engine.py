@@ -1,0 +1,38 @@
+"""scripts/bench_engine.py's pieces that need no engine run: token-id prompts and the table of
+window times beside their byte floors."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
+
+import bench_engine  # noqa: E402
+from strata.byte_floor import WeightFormat, floor_seconds, window_bytes  # noqa: E402
+from strata.model.tiny import tiny_args  # noqa: E402
+
+
+def test_token_prompts_are_fixed_and_in_range():
+    a = bench_engine.token_prompts(100, 3, 7)
+    assert a == bench_engine.token_prompts(100, 3, 7)
+    assert len(a) == 3 and all(len(p) == 7 and all(1 <= t < 100 for t in p) for p in a)
+
+
+def test_window_times_against_the_floor():
+    wt = bench_engine.WindowTimes()
+    wt("window", {"key": "shape:4x2@256", "layout": [0, 0, 1, 1], "ctx": 256, "dur": 1.0})  # off
+    wt.on = True
+    for dur in (0.002, 0.004):
+        wt("window", {"key": "shape:4x2@256", "layout": [0, 0, 1, 1], "ctx": 256, "dur": dur})
+    wt("window", {"key": "eager", "layout": [3, 3, 3, 5], "ctx": 512, "dur": 0.001})
+    wt("commit", {})
+    args = tiny_args()
+    rows = wt.table(args, WeightFormat(4), drafting=True, bandwidth=1e9)
+    assert [(r["groups"], r["rows"], r["ctx"], r["windows"]) for r in rows] == [(2, 3, 512, 1), (4, 2, 256, 2)]
+    floor = floor_seconds(window_bytes(args, 4, 2, 256, WeightFormat(4), drafting=True)["total"], 1e9)
+    assert rows[1]["mean_ms"] == pytest.approx(3.0)
+    assert rows[1]["floor_ms"] == pytest.approx(floor * 1e3)
+    assert rows[1]["ratio"] == pytest.approx(0.003 / floor)

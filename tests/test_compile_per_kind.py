@@ -1,0 +1,64 @@
+"""Compiling the window regions costs once per layer kind, not once per layer.
+
+Qwen3Next.compile_regions compiles each region once per layer kind, as a function taking the
+layer first, and every layer of the kind (the MTP layer too, for full attention) runs that one
+function; dynamo inlines the module (its parameters are graph inputs, its guards check types
+and shapes, not the instance), so the linear-attention layers share one compiled graph per
+window shape and the full-attention layers another. A model of 8 layers must compile exactly
+as many graphs, with no more recompiles, as one of 4 (dynamo's own counters, backend "eager":
+tracing and guards are what is checked, not code generation).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch._dynamo
+from torch._dynamo.utils import counters
+
+from strata.kernels import ops
+from strata.model.qwen3_next import Qwen3Next
+from strata.model.state import DecodeState
+from strata.model.tiny import init_random, tiny_args
+
+torch.set_num_threads(1)
+
+
+@torch._dynamo.config.patch(suppress_errors=False)  # an engine in this process may have set it
+def compiled_graphs(layers: int) -> dict:
+    # Bind the kernels afresh: a Python wrapper left in `ops` by another test (a spy closing
+    # over a growing list) would add guards of its own.
+    ops.set_backend("auto", "cpu")
+    args = tiny_args(num_hidden_layers=layers, num_experts=64, num_experts_per_tok=4,
+                     eos_token_id=[0])
+    model = init_random(Qwen3Next(args, with_mtp=True), seed=0).eval()
+    model.fuse_for_inference(16)
+    state = DecodeState(args, 3, 64, torch.float32, torch.device("cpu"), True, spare_rows=5)
+    torch._dynamo.reset()
+    counters.clear()
+    model.compile_regions(lambda f: torch.compile(f, backend="eager", dynamic=None),
+                          lambda f: torch.compile(f, backend="eager", dynamic=True))
+    for kind, attrs in (("linear_attention", ("c_linear", "p_linear")),
+                        ("full_attention", ("c_attn_pre", "c_attn_post", "p_attn_pre", "p_attn_post"))):
+        layers = [m for m in model.layers if m.kind == kind]
+        if kind == "full_attention":
+            layers.append(model.mtp.layers[0])
+        for attr in attrs:
+            assert len({getattr(m, attr).__func__ for m in layers}) == 1, (kind, attr)
+    with torch.no_grad():
+        for ng, g in ((2, 1), (1, 4)):  # rows x top-4 < 64 experts: the routed path
+            tokens = torch.arange(ng * g).view(ng, g) + 1
+            gs, gp = torch.arange(ng), torch.full((ng,), 5)
+            hidden, _, _, _ = model.verify_window(tokens, gs, gp, 64, state)
+            model.mtp_window(hidden, tokens, gs, gp, 64, state, with_logits=False)
+        for n in (8,):
+            model.prefill(torch.arange(n) + 1, 0, 0, state, length=torch.tensor([n - 1]), ctx=32)
+    model.compile_regions(None, None)
+    return {"graphs": counters["stats"]["unique_graphs"],
+            "recompiles": sum(counters["recompiles"].values())}
+
+
+def test_compiled_graphs_do_not_grow_with_depth():
+    four = compiled_graphs(4)
+    eight = compiled_graphs(8)
+    assert four["graphs"] > 0
+    assert eight == four, f"8 layers compiled {eight}, 4 layers {four}"
