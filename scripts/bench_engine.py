@@ -327,7 +327,7 @@ def main() -> None:
     a.model = mcfg.path
     loaded = load_model(mcfg, device)
     dummy = mcfg.get("load_format") == "dummy"
-    config_json = json.loads((Path(mcfg.path) / "config.json").read_text())
+    config_json = json.loads((loaded.path / "config.json").read_text())
     fmt = weight_format_from_config(config_json, torch.empty((), dtype=loaded.dtype).element_size())
     ns = [int(x) for x in a.n.split(",")]
     names = a.configs.split(",")
