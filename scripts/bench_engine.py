@@ -37,7 +37,7 @@ from strata.config import StrataConfig, check_known_keys, register_configs  # no
 from strata.engine.llm_engine import Engine  # noqa: E402
 from strata.engine.request import Request, SamplingParams  # noqa: E402
 from strata.kernels import ops  # noqa: E402
-from strata.model.loader import load_checkpoint  # noqa: E402
+from strata.model.loader import load_model  # noqa: E402
 from strata.runner import run_requests  # noqa: E402
 from provenance import commit_id  # noqa: E402
 
@@ -84,15 +84,6 @@ def model_config(a):
         cfg = compose(config_name="config", overrides=overrides)
     check_known_keys(cfg)
     return cfg.model
-
-
-def load_model(mcfg, device):
-    """load_checkpoint with every model knob it takes by name (load_format, num_layers, ...)."""
-    import inspect
-
-    takes = inspect.signature(load_checkpoint).parameters
-    kw = {k: mcfg[k] for k in mcfg if k in takes and k not in ("path", "dtype", "device")}
-    return load_checkpoint(mcfg.path, mcfg.dtype, device, log=lambda s: None, **kw)
 
 
 class WindowTimes:
@@ -325,9 +316,9 @@ def main() -> None:
         a.dtype = "auto"  # the checkpoint's own dtype, as before presets
     mcfg = model_config(a)
     a.model = mcfg.path
-    loaded = load_model(mcfg, device)
+    loaded = load_model(mcfg, device, log=lambda s: None)
     dummy = mcfg.get("load_format") == "dummy"
-    config_json = json.loads((Path(mcfg.path) / "config.json").read_text())
+    config_json = json.loads((loaded.path / "config.json").read_text())
     fmt = weight_format_from_config(config_json, torch.empty((), dtype=loaded.dtype).element_size())
     ns = [int(x) for x in a.n.split(",")]
     names = a.configs.split(",")

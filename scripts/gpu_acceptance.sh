@@ -10,6 +10,7 @@
 #   STRATA_COMMIT=<hash> bash scripts/gpu_acceptance.sh 2s   # ~2 min: graphs vs eager, one run
 #   STRATA_COMMIT=<hash> bash scripts/gpu_acceptance.sh 3    # ~9 min: identity, engine grid, host profile,
 #                                                            #   server bench (re-measure)
+#   STRATA_COMMIT=<hash> bash scripts/gpu_acceptance.sh 6    # ~9 min: realistic scale (FP8 80B shapes)
 #   STRATA_COMMIT=<hash> bash scripts/gpu_acceptance.sh 4    # ~9 min: engine.batch_invariant, bf16 text
 #                                                            #   and cost
 #   STRATA_COMMIT=<hash> bash scripts/gpu_acceptance.sh 5    # ~8 min: sim transfer check (new workload,
@@ -18,7 +19,7 @@
 # STRATA_COMMIT names the commit in the results (the device's copy of the tree may carry a
 # stale .git). Every step prints one summary line; see docs/GPU_RUNBOOK.md for what each feeds.
 set -u
-part=${1:?usage: gpu_acceptance.sh 1|1k|2|2b|2s|3|4|5}
+part=${1:?usage: gpu_acceptance.sh 1|1k|2|2b|2s|3|4|5|6}
 OUT=${OUT:?set OUT to the results directory}
 export PYTHONUNBUFFERED=1
 # The device tool brings back at most 8 files from $OUT: every log and result goes under $R
@@ -105,5 +106,22 @@ case $part in
     # preset and the calibrated one with their ranges. Most of a bare machine's time is the
     # first compile; the table is written as soon as the shipped predictions are in.
   TAIL=16 step sim_transfer 480 python3 scripts/sim_transfer_check.py --device cuda --out "$R/transfer"
+  ;;
+6)  # realistic scale (issue 16): the kernels' GPU tests, where an 8-layer FP8 window's time goes,
+    # full-depth FP8 Qwen3-Next-80B-A3B shapes on dummy weights with synthetic acceptance 0.8
+    # (warm-up time, then solo spec 2, batch and batch_mtp), and bf16 at 12 layers against
+    # transformers' generate() (both models must fit at once). SYNTHETIC: random weights.
+  step gpu_moe 60 python3 -m pytest -q -m gpu tests/test_moe_kernels.py tests/test_sampler_compile.py
+  TAIL=30 step profile_fp8_l8 60 python3 scripts/profile_window.py --model qwen3-next-80b-a3b-fp8 \
+      --load-format dummy --layers 8 --backend auto --groups 4 --rows 2 --iters 20 \
+      --json "$R/profile_fp8_l8.json"
+  TAIL=24 step fp8_full 280 python3 scripts/bench_engine.py --preset qwen3_next_80b_a3b_fp8 \
+      --load-format dummy --synthetic-acceptance 0.8 --configs batch_mtp,batch,solo_spec2 \
+      --n 1,2,8 --repeats 1 --no-reverse --max-tokens 64 --max-context 1024 \
+      --json "$R/fp8_full.json" --md "$R/fp8_full.md"
+  TAIL=16 step bf16_l12_hf 130 python3 scripts/bench_engine.py --preset qwen3_next_80b_a3b \
+      --load-format dummy --layers 12 --dtype bfloat16 --synthetic-acceptance 0.8 \
+      --configs solo_spec2,batch_mtp --n 1,4 --hf --repeats 1 --no-reverse --max-tokens 64 \
+      --max-context 1024 --json "$R/bf16_l12_hf.json" --md "$R/bf16_l12_hf.md"
   ;;
 esac

@@ -2,6 +2,8 @@
 heaviest kernels of an eager window, for a given group count G rows and context tier.
 
     python scripts/profile_window.py --device cuda --groups 1 --rows 4
+    python scripts/profile_window.py --model qwen3-next-80b-a3b-fp8 --load-format dummy --layers 8 \
+        --backend auto --groups 4 --rows 2
 """
 
 from __future__ import annotations
@@ -35,13 +37,16 @@ def main() -> None:
     ap.add_argument("--trace", default=None, help="write a chrome trace of one eager window")
     ap.add_argument("--compile", action="store_true", help="torch.compile the window regions")
     ap.add_argument("--dtype", default="auto")
+    ap.add_argument("--load-format", default="auto", help="model.load_format: auto, safetensors or dummy")
+    ap.add_argument("--layers", type=int, default=None, help="model.num_layers (dummy weights only)")
     ap.add_argument("--json", default=None, help="write every kernel's count and time here")
     ap.add_argument("--filtered", action="store_true",
                     help="use the top-k/top-p (sorting) sampler instead of the sort-free one")
     a = ap.parse_args()
     dev = torch.device(a.device)
     ops.set_backend(a.backend, dev.type)
-    lm = load_checkpoint(a.model, a.dtype, dev, log=lambda s: None)
+    lm = load_checkpoint(a.model, a.dtype, dev, log=lambda s: None, load_format=a.load_format,
+                         num_layers=a.layers)
     lanes = max(a.groups, 1)
     state = DecodeState(lm.args, lanes, 2048, lm.dtype, dev, lm.has_mtp, spare_rows=16)
     bufs = SlotBuffers(lanes, lm.args.hidden_size, lm.dtype, dev)

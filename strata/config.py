@@ -38,6 +38,10 @@ class ModelConfig:
     #: load_format=dummy: run only the first N decoder layers (null = the config's
     #: num_hidden_layers), e.g. a bfloat16 80B model at the depth that fits.
     num_layers: Optional[int] = None
+    #: FP8 checkpoints on a GPU: dequant (the dense, non-expert linear layers get a bf16 copy at
+    #: load and run on cuBLAS, faster than the FP8 skinny kernel above one row) or fp8 (they stay
+    #: FP8, ops.linear_fp8). Routed and shared experts stay FP8 either way.
+    fp8_dense: str = "dequant"
 
 
 #: Field metadata of an engine knob that every engine trace's `config` line has recorded since

@@ -123,22 +123,36 @@ def test_fp8_checkpoint_matches_transformers_on_the_dequantised_copy(name, fp8_c
     assert all(p.dtype == torch.float32 for p in plain.model.parameters())
     assert rel_err(plain.model.logits(plain.model.forward_train(toks)), want) <= 1e-4
 
-    kept = load_checkpoint(fp8_ckpts[name], dtype="float32", fp8="keep", **QUIET)  # the GPU path
+    kept = load_checkpoint(fp8_ckpts[name], dtype="float32", fp8="keep", fp8_dense="fp8",
+                           **QUIET)  # the GPU path with model.fp8_dense=fp8
     assert kept.fp8
     experts = kept.model.layers[0].mlp.experts
     assert experts.w_gate_up.dtype == FP8_DTYPE and experts.gu_scale is not None
     assert isinstance(kept.model.layers[0].mlp.shared_expert.up_proj, Fp8Linear)
     assert rel_err(kept.model.logits(kept.model.forward_train(toks)), want) <= 1e-4
+    # model.fp8_dense=dequant (the default): dense layers get the exact float copy, experts FP8
+    mixed = load_checkpoint(fp8_ckpts[name], dtype="float32", fp8="keep", **QUIET)
+    assert not any(isinstance(m, Fp8Linear) for m in mixed.model.layers[0].linear_attn.modules())
+    assert mixed.model.layers[0].mlp.experts.w_gate_up.dtype == FP8_DTYPE
+    assert isinstance(mixed.model.layers[0].mlp.shared_expert.up_proj, Fp8Linear)
+    assert rel_err(mixed.model.logits(mixed.model.forward_train(toks)), want) <= 1e-4
+
+
+def test_fp8_dense_must_be_known(fp8_ckpts):
+    with pytest.raises(CheckpointError, match="model.fp8_dense"):
+        load_checkpoint(fp8_ckpts["base"], fp8="keep", fp8_dense="int4", **QUIET)
 
 
 def test_fp8_fusion_only_where_rows_are_block_multiples(fp8_ckpts):
-    base = load_checkpoint(fp8_ckpts["base"], dtype="float32", fp8="keep", **QUIET).model
+    base = load_checkpoint(fp8_ckpts["base"], dtype="float32", fp8="keep", fp8_dense="fp8",
+                           **QUIET).model
     attn = base.layers[3].self_attn  # rows 128, 32, 32 in blocks of 16: fused, scales too
     assert attn.s_qkv is not None and attn.w_qkv.dtype == FP8_DTYPE
     assert attn.q_proj.weight.data_ptr() == attn.w_qkv.data_ptr()
     assert attn.k_proj.weight_scale_inv.data_ptr() == attn.s_qkv[attn.q_proj.weight_scale_inv.shape[0]:].data_ptr()
     assert base.layers[0].linear_attn.w_in is None  # in_proj_ba stays float: not fused with FP8
-    wide = load_checkpoint(fp8_ckpts["wide"], dtype="float32", fp8="keep", **QUIET).model
+    wide = load_checkpoint(fp8_ckpts["wide"], dtype="float32", fp8="keep", fp8_dense="fp8",
+                           **QUIET).model
     assert wide.layers[2].self_attn.w_qkv is not None  # 96, 24, 24 rows in blocks of 24
     ragged = [Fp8Linear(64, 48, (24, 8)), Fp8Linear(64, 32, (24, 8))]  # 32 rows: 1.33 blocks
     assert fuse_projections(ragged) is None
@@ -154,7 +168,7 @@ def test_fp8_window_paths_match_the_dequantised_model(fp8_ckpts):
     """The cached prefill path of the FP8-kept model against the dequantised one."""
     from strata.model.state import DecodeState
     a = load_checkpoint(fp8_ckpts["base"], dtype="float32", **QUIET)
-    b = load_checkpoint(fp8_ckpts["base"], dtype="float32", fp8="keep", **QUIET)
+    b = load_checkpoint(fp8_ckpts["base"], dtype="float32", fp8="keep", fp8_dense="fp8", **QUIET)
     toks = _tokens(a.args.vocab_size, (20,), seed=5)
     outs = []
     for lm in (a, b):

@@ -111,6 +111,28 @@ class Fp8Linear(nn.Module):
         return f"in_features={self.in_features}, out_features={self.out_features}, block={self.block}"
 
 
+def dequantize_dense(model: nn.Module, dtype: torch.dtype) -> int:
+    """Replace every Fp8Linear outside the MoE blocks (attention, DeltaNet and MTP projections,
+    dense MLPs) by an nn.Linear holding its exactly dequantised weight in `dtype`; the routed
+    and shared experts stay FP8 for the grouped kernel. On the H200 the FP8 skinny kernel
+    reads fewer bytes but is slower than cuBLAS on bf16 from two rows up (docs/KERNELS.md), so
+    the dense layers trade memory for speed. Returns how many layers changed."""
+    from strata.kernels.reference import dequant_fp8_block
+    from strata.model.qwen3_next import SparseMoe
+
+    in_moe = {id(m) for blk in model.modules() if isinstance(blk, SparseMoe) for m in blk.modules()}
+    todo = [(name, mod) for name, mod in model.named_modules()
+            if isinstance(mod, Fp8Linear) and id(mod) not in in_moe]
+    for name, mod in todo:
+        owner_name, attr = name.rsplit(".", 1) if "." in name else ("", name)
+        owner = model.get_submodule(owner_name) if owner_name else model
+        dense = nn.Linear(mod.in_features, mod.out_features, bias=False, device="meta")
+        dense.weight = nn.Parameter(dequant_fp8_block(mod.weight, mod.weight_scale_inv, mod.block,
+                                                      dtype), requires_grad=False)
+        setattr(owner, attr, dense)
+    return len(todo)
+
+
 def to_fp8_linear(parent: nn.Module, attr: str, block: tuple[int, int]) -> Fp8Linear:
     """Replace `parent.attr` (an nn.Linear without bias) by an Fp8Linear of the same shape
     (on the device of the old weight, meta while the loader builds)."""

@@ -16,11 +16,14 @@ from safetensors.torch import save_file
 from strata.kernels.reference import dequant_fp8_block
 from strata.model.config import CheckpointError, ModelArgs, load_model_args
 from strata.model.dummy import init_dummy
-from strata.model.fp8 import (FP8_DTYPE, QuantConfig, fp8_supported, load_quant_config, scale_shape,
+from strata.model.fp8 import (FP8_DTYPE, dequantize_dense, QuantConfig, fp8_supported, load_quant_config, scale_shape,
                               to_fp8_linear)
 from strata.model.qwen3_next import Experts, Qwen3Next, Rotary
 from strata.model.tokenizer import Tokenizer
 from strata.model.weight_map import QWEN3_NEXT, KeyMap
+
+#: model.fp8_dense: what an FP8 checkpoint's dense (non-expert) linear layers become on a GPU.
+FP8_DENSE = ("dequant", "fp8")
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 LOAD_FORMATS = ("auto", "safetensors", "dummy")
@@ -189,25 +192,30 @@ def load_model(mcfg, device: str | torch.device, log=print) -> LoadedModel:
     return load_checkpoint(mcfg.path, mcfg.dtype, device, log=log,
                            moe_dense_experts=int(mcfg.moe_dense_experts),
                            load_format=mcfg.load_format, dummy_seed=int(mcfg.dummy_seed),
-                           num_layers=mcfg.num_layers)
+                           num_layers=mcfg.num_layers, fp8_dense=mcfg.fp8_dense)
 
 
 def load_checkpoint(path: str | Path, dtype: str = "auto", device: str | torch.device = "cpu",
                     keymap: KeyMap = QWEN3_NEXT, log=print, fuse: bool = True,
                     moe_dense_experts: int = 16, load_format: str = "auto", dummy_seed: int = 0,
-                    num_layers: Optional[int] = None, fp8: str = "auto") -> LoadedModel:
+                    num_layers: Optional[int] = None, fp8: str = "auto",
+                    fp8_dense: str = "dequant") -> LoadedModel:
     """Build the model from a checkpoint directory; every problem names the file and the key.
 
     load_format: safetensors (the weights), dummy (seeded random weights from config.json
     alone, made on `device`), auto (safetensors). num_layers: run only the first N decoder
     layers (dummy only). fp8: what FP8 block checkpoints become: auto (FP8 on a GPU that has
     it, else dequantised exactly), keep, or dequant (tests use keep to run the FP8 path on CPU).
+    fp8_dense: where FP8 is kept, whether the dense (non-expert) linear layers stay FP8 (`fp8`)
+    or are dequantised to the model dtype at load (`dequant`, model.fp8_dense).
     """
     path = resolve_model_path(path)
     if load_format not in LOAD_FORMATS:
         raise CheckpointError(f"model.load_format: {load_format!r} is not one of {', '.join(LOAD_FORMATS)}")
     if fp8 not in ("auto", "keep", "dequant"):
         raise CheckpointError(f"fp8: {fp8!r} is not one of auto, keep, dequant")
+    if fp8_dense not in FP8_DENSE:
+        raise CheckpointError(f"model.fp8_dense: {fp8_dense!r} is not one of {', '.join(FP8_DENSE)}")
     if not path.is_dir():
         raise CheckpointError(f"model.path: {path} is not a directory")
     if load_format == "dummy" and not (path / "config.json").is_file():
@@ -260,6 +268,12 @@ def load_checkpoint(path: str | Path, dtype: str = "auto", device: str | torch.d
                f"dequantised)" if quant is not None else ""))
     else:
         _load_tensors(model, entries, fp8_keys, keep_fp8, quant, tdtype, keymap, args, path)
+    if keep_fp8 and fp8_dense == "dequant":
+        with torch.no_grad():
+            n = dequantize_dense(model, tdtype)
+        if n:
+            log(f"INFO: {n} dense FP8 layers dequantised to {str(tdtype).replace('torch.', '')} "
+                f"(model.fp8_dense=dequant); the experts stay FP8")
     with torch.no_grad():
         # Buffers are not in the checkpoint: rebuild the rotary table on the device.
         model.rotary = Rotary(args).to(device)
