@@ -96,3 +96,29 @@ def cpu_engine_config(model_dir, max_context: int = 256, **engine_knobs):
     for k, v in engine_knobs.items():
         setattr(cfg.engine, k, v)
     return cfg
+
+
+def checkpoint_error(path, *needles, **load_kw) -> str:
+    """Load `path`, expect one clear CheckpointError (no chained traceback) whose message holds
+    every needle; returns the message."""
+    from strata.model.config import CheckpointError
+    from strata.model.loader import load_checkpoint
+
+    with pytest.raises(CheckpointError) as ei:
+        load_checkpoint(path, log=lambda _m: None, **load_kw)
+    msg = str(ei.value)
+    for n in needles:
+        assert str(n) in msg, (n, msg)
+    e = ei.value
+    assert e.__cause__ is None and (e.__context__ is None or e.__suppress_context__)
+    return msg
+
+
+def edit_tensors(path: Path, fn) -> None:
+    """Apply fn to the state dict of path/model.safetensors and write it back."""
+    from safetensors.torch import load_file, save_file
+
+    f = path / "model.safetensors"
+    sd = load_file(str(f))
+    fn(sd)
+    save_file(sd, str(f), metadata={"format": "pt"})

@@ -10,8 +10,7 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from conftest import rel_err
-from strata.model.config import CheckpointError
+from conftest import checkpoint_error, edit_tensors, rel_err
 from strata.model.loader import load_checkpoint, save_checkpoint
 from strata.model.state import DecodeState
 
@@ -110,51 +109,34 @@ def test_load_on_meta_free_device_and_rotary_buffer(tiny_ckpt):
 
 
 # ---- bad checkpoints: one CheckpointError naming the file and the key ---------------------------
-def _raises(path, *needles):
-    with pytest.raises(CheckpointError) as ei:
-        load_checkpoint(path, **QUIET)
-    msg = str(ei.value)
-    for n in needles:
-        assert str(n) in msg, (n, msg)
-    # One clear error: no chained traceback behind it.
-    e = ei.value
-    assert e.__cause__ is None and (e.__context__ is None or e.__suppress_context__)
-    return msg
-
-
-def _edit_tensors(path: Path, fn) -> None:
-    f = path / "model.safetensors"
-    sd = load_file(str(f))
-    fn(sd)
-    save_file(sd, str(f), metadata={"format": "pt"})
 
 
 def test_not_a_directory(tmp_path):
-    _raises(tmp_path / "nope", "nope", "not a directory")
+    checkpoint_error(tmp_path / "nope", "nope", "not a directory")
 
 
 def test_missing_config(ckpt_copy):
     (ckpt_copy / "config.json").unlink()
-    _raises(ckpt_copy, ckpt_copy / "config.json", "missing")
+    checkpoint_error(ckpt_copy, ckpt_copy / "config.json", "missing")
 
 
 def test_malformed_config_json(ckpt_copy):
     (ckpt_copy / "config.json").write_text('{"model_type": "qwen3_next", ')
-    _raises(ckpt_copy, ckpt_copy / "config.json", "JSON")
+    checkpoint_error(ckpt_copy, ckpt_copy / "config.json", "JSON")
 
 
 def test_unsupported_model_type(ckpt_copy):
     cfg = json.loads((ckpt_copy / "config.json").read_text())
     cfg["model_type"] = "llama"
     (ckpt_copy / "config.json").write_text(json.dumps(cfg))
-    _raises(ckpt_copy, ckpt_copy / "config.json", "model_type", "'llama'")
+    checkpoint_error(ckpt_copy, ckpt_copy / "config.json", "model_type", "'llama'")
 
 
 def test_config_missing_required_key(ckpt_copy):
     cfg = json.loads((ckpt_copy / "config.json").read_text())
     del cfg["linear_num_value_heads"]
     (ckpt_copy / "config.json").write_text(json.dumps(cfg))
-    _raises(ckpt_copy, ckpt_copy / "config.json", "linear_num_value_heads")
+    checkpoint_error(ckpt_copy, ckpt_copy / "config.json", "linear_num_value_heads")
 
 
 @pytest.mark.parametrize("key", ["model.layers.0.linear_attn.A_log",
@@ -162,16 +144,16 @@ def test_config_missing_required_key(ckpt_copy):
                                  "model.layers.3.self_attn.k_norm.weight",
                                  "mtp.norm.weight", "lm_head.weight"])
 def test_missing_tensor(ckpt_copy, key):
-    _edit_tensors(ckpt_copy, lambda sd: sd.pop(key))
-    _raises(ckpt_copy, ckpt_copy, "model.safetensors", repr(key), "missing")
+    edit_tensors(ckpt_copy, lambda sd: sd.pop(key))
+    checkpoint_error(ckpt_copy, ckpt_copy, "model.safetensors", repr(key), "missing")
 
 
 @pytest.mark.parametrize("key", ["model.layers.0.linear_attn.extra.weight",
                                  "model.layers.1.mlp.experts.8.gate_proj.weight",
                                  "transformer.h.0.attn.weight"])
 def test_unexpected_tensor(ckpt_copy, key):
-    _edit_tensors(ckpt_copy, lambda sd: sd.__setitem__(key, torch.zeros(4, 4)))
-    _raises(ckpt_copy, ckpt_copy / "model.safetensors", repr(key))
+    edit_tensors(ckpt_copy, lambda sd: sd.__setitem__(key, torch.zeros(4, 4)))
+    checkpoint_error(ckpt_copy, ckpt_copy / "model.safetensors", repr(key))
 
 
 @pytest.mark.parametrize("key", ["model.embed_tokens.weight",
@@ -181,8 +163,8 @@ def test_misshapen_tensor(ckpt_copy, key):
     def edit(sd):
         t = sd[key]
         sd[key] = torch.zeros(t.shape[0] + 1, *t.shape[1:])
-    _edit_tensors(ckpt_copy, edit)
-    _raises(ckpt_copy, ckpt_copy / "model.safetensors", repr(key), "shape")
+    edit_tensors(ckpt_copy, edit)
+    checkpoint_error(ckpt_copy, ckpt_copy / "model.safetensors", repr(key), "shape")
 
 
 def _shard(path: Path) -> Path:
@@ -202,34 +184,34 @@ def test_missing_shard(ckpt_copy):
     second = _shard(ckpt_copy)
     load_checkpoint(ckpt_copy, **QUIET)  # complete: loads
     second.unlink()
-    _raises(ckpt_copy, second, "model.safetensors.index.json", "missing shard")
+    checkpoint_error(ckpt_copy, second, "model.safetensors.index.json", "missing shard")
 
 
 def test_malformed_shard_index(ckpt_copy):
     _shard(ckpt_copy)
     (ckpt_copy / "model.safetensors.index.json").write_text('{"weight_map": [1, 2]}')
-    _raises(ckpt_copy, ckpt_copy / "model.safetensors.index.json", "malformed")
+    checkpoint_error(ckpt_copy, ckpt_copy / "model.safetensors.index.json", "malformed")
     (ckpt_copy / "model.safetensors.index.json").write_text("{}")
-    _raises(ckpt_copy, ckpt_copy / "model.safetensors.index.json", "weight_map")
+    checkpoint_error(ckpt_copy, ckpt_copy / "model.safetensors.index.json", "weight_map")
 
 
 def test_no_safetensors_at_all(ckpt_copy):
     (ckpt_copy / "model.safetensors").unlink()
-    _raises(ckpt_copy, ckpt_copy, "model.safetensors", "model.safetensors.index.json")
+    checkpoint_error(ckpt_copy, ckpt_copy, "model.safetensors", "model.safetensors.index.json")
 
 
 def test_corrupt_safetensors(ckpt_copy):
     f = ckpt_copy / "model.safetensors"
     f.write_bytes(f.read_bytes()[:100])
-    _raises(ckpt_copy, f, "safetensors")
+    checkpoint_error(ckpt_copy, f, "safetensors")
 
 
 def test_corrupt_tokenizer_and_generation_config(ckpt_copy):
     (ckpt_copy / "generation_config.json").write_text("{eos")
-    _raises(ckpt_copy, ckpt_copy / "generation_config.json", "eos_token_id")
+    checkpoint_error(ckpt_copy, ckpt_copy / "generation_config.json", "eos_token_id")
     (ckpt_copy / "generation_config.json").unlink()
     (ckpt_copy / "tokenizer.json").write_text("not json")
-    _raises(ckpt_copy, ckpt_copy / "tokenizer.json", "tokenizer")
+    checkpoint_error(ckpt_copy, ckpt_copy / "tokenizer.json", "tokenizer")
 
 
 def test_missing_tokenizer_is_not_an_error(ckpt_copy):

@@ -22,7 +22,7 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
-from conftest import rel_err
+from conftest import checkpoint_error, edit_tensors, rel_err
 from strata.kernels import ops
 from strata.kernels.reference import dequant_fp8_block
 from strata.model.config import CheckpointError
@@ -183,22 +183,6 @@ def fp8_copy(fp8_ckpts, tmp_path) -> Path:
     return Path(shutil.copytree(fp8_ckpts["base"], tmp_path / "ckpt"))
 
 
-def _raises(path, *needles):
-    with pytest.raises(CheckpointError) as ei:
-        load_checkpoint(path, **QUIET)
-    msg = str(ei.value)
-    for n in needles:
-        assert str(n) in msg, (n, msg)
-    e = ei.value
-    assert e.__cause__ is None and (e.__context__ is None or e.__suppress_context__)
-    return msg
-
-
-def _edit(path: Path, fn) -> None:
-    f = path / "model.safetensors"
-    sd = load_file(str(f))
-    fn(sd)
-    save_file(sd, str(f))
 
 
 def _edit_quant(path: Path, **kv) -> None:
@@ -211,19 +195,19 @@ KEY = "model.layers.1.mlp.experts.2.down_proj.weight"
 
 
 def test_missing_scale(fp8_copy):
-    _edit(fp8_copy, lambda sd: sd.pop(KEY + "_scale_inv"))
-    _raises(fp8_copy, fp8_copy / "model.safetensors", KEY, "weight_scale_inv")
+    edit_tensors(fp8_copy, lambda sd: sd.pop(KEY + "_scale_inv"))
+    checkpoint_error(fp8_copy, fp8_copy / "model.safetensors", KEY, "weight_scale_inv")
 
 
 def test_scale_of_the_wrong_shape(fp8_copy):
-    _edit(fp8_copy, lambda sd: sd.update({KEY + "_scale_inv": torch.ones(4, 4)}))
-    _raises(fp8_copy, fp8_copy / "model.safetensors", KEY + "_scale_inv", "(4, 4)", "(4, 3)")
+    edit_tensors(fp8_copy, lambda sd: sd.update({KEY + "_scale_inv": torch.ones(4, 4)}))
+    checkpoint_error(fp8_copy, fp8_copy / "model.safetensors", KEY + "_scale_inv", "(4, 4)", "(4, 3)")
 
 
 def test_scale_without_an_fp8_weight(fp8_copy):
     k = "model.layers.0.mlp.gate.weight_scale_inv"
-    _edit(fp8_copy, lambda sd: sd.update({k: torch.ones(1, 6)}))
-    _raises(fp8_copy, fp8_copy / "model.safetensors", k)
+    edit_tensors(fp8_copy, lambda sd: sd.update({k: torch.ones(1, 6)}))
+    checkpoint_error(fp8_copy, fp8_copy / "model.safetensors", k)
 
 
 def test_fp8_weight_in_a_module_not_to_convert(fp8_copy):
@@ -231,15 +215,15 @@ def test_fp8_weight_in_a_module_not_to_convert(fp8_copy):
     def edit(sd):
         sd[k + "_scale_inv"] = torch.ones(1, 6)
         sd[k] = sd[k].to(FP8_DTYPE)
-    _edit(fp8_copy, edit)
-    _raises(fp8_copy, fp8_copy / "model.safetensors", k, "modules_to_not_convert")
+    edit_tensors(fp8_copy, edit)
+    checkpoint_error(fp8_copy, fp8_copy / "model.safetensors", k, "modules_to_not_convert")
 
 
 def test_fp8_weight_without_quantization_config(fp8_copy):
     cfg = json.loads((fp8_copy / "config.json").read_text())
     del cfg["quantization_config"]
     (fp8_copy / "config.json").write_text(json.dumps(cfg))
-    _raises(fp8_copy, fp8_copy / "config.json", "quantization_config", "float8_e4m3fn")
+    checkpoint_error(fp8_copy, fp8_copy / "config.json", "quantization_config", "float8_e4m3fn")
 
 
 @pytest.mark.parametrize("key,value,needle", [
@@ -250,7 +234,7 @@ def test_fp8_weight_without_quantization_config(fp8_copy):
 ])
 def test_unsupported_quantization_config(fp8_copy, key, value, needle):
     _edit_quant(fp8_copy, **{key: value})
-    _raises(fp8_copy, fp8_copy / "config.json", needle, repr(value) if key in ("quant_method", "fmt") else needle)
+    checkpoint_error(fp8_copy, fp8_copy / "config.json", needle, repr(value) if key in ("quant_method", "fmt") else needle)
 
 
 # ---- the routed experts on ops.moe_experts ---------------------------------------------------

@@ -12,9 +12,9 @@ import random
 
 import pytest
 import torch
-from omegaconf import OmegaConf
 
-from strata.config import StrataConfig
+from conftest import cpu_engine_config
+
 from strata.engine.llm_engine import Engine
 from strata.engine.request import Request, SamplingParams
 from strata.model.tiny import make_tiny_random
@@ -36,14 +36,9 @@ def cohort() -> list[Request]:
 
 
 def run(path, mode: str, graphs: bool) -> dict:
-    cfg = OmegaConf.structured(StrataConfig)
-    cfg.device = "cpu"
-    cfg.model.path = str(path)
-    e = cfg.engine
-    e.mode = "solo" if mode == "solo" else "batch"
-    e.batch_mtp = mode == "batch_mtp"
-    e.slots, e.window_rows, e.spec, e.max_context, e.prefill_chunk = 3, 6, 3, 128, 4
-    e.graphs = graphs
+    cfg = cpu_engine_config(path, 128, mode="solo" if mode == "solo" else "batch",
+                            batch_mtp=mode == "batch_mtp", slots=3, window_rows=6, spec=3,
+                            prefill_chunk=4, graphs=graphs)
     eng = Engine.from_config(cfg, log=lambda s: None)
     for r in cohort():
         eng.add_request(r)

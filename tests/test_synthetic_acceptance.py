@@ -15,6 +15,8 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
+from conftest import cpu_engine_config
+
 from strata.config import ConfigError, EngineConfig, StrataConfig, validate_engine
 from strata.engine.llm_engine import Engine
 from strata.engine.request import Request, SamplingParams
@@ -84,15 +86,9 @@ def requests(n: int = 3) -> list[Request]:
 
 
 def run(model_dir, mode: str, graphs: bool, p: float = 0.8, logs=None):
-    cfg = OmegaConf.structured(StrataConfig)
-    cfg.device = "cpu"
-    cfg.model.path = str(model_dir)
-    e = cfg.engine
-    e.mode = "solo" if mode == "solo" else "batch"
-    e.batch_mtp = mode == "batch_mtp"
-    e.slots, e.window_rows, e.spec, e.max_context = 4, 8, 4, 128
-    e.graphs = graphs
-    e.synthetic_acceptance = p
+    cfg = cpu_engine_config(model_dir, 128, mode="solo" if mode == "solo" else "batch",
+                            batch_mtp=mode == "batch_mtp", slots=4, window_rows=8, spec=4,
+                            graphs=graphs, synthetic_acceptance=p)
     eng = Engine.from_config(cfg, log=(logs.append if logs is not None else lambda s: None))
     for r in requests():
         eng.add_request(r)
