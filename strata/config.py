@@ -42,6 +42,11 @@ class ModelConfig:
     #: load and run on cuBLAS, faster than the FP8 skinny kernel above one row) or fp8 (they stay
     #: FP8, ops.linear_fp8). Routed and shared experts stay FP8 either way.
     fp8_dense: str = "dequant"
+    #: load_format=dummy: skew of the dummy routers' expert popularity (SYNTHETIC, for expert
+    #: cache studies). 0 = the uniform popularity of random routers; s > 0 biases expert e's
+    #: router logit so its popularity falls off like a Zipf law of exponent s (trained routers
+    #: are skewed; docs/EXPERT_CACHE.md gives the embedded model's measured popularity).
+    dummy_routing_skew: float = 0.0
 
 
 #: Field metadata of an engine knob that every engine trace's `config` line has recorded since
@@ -112,6 +117,26 @@ class EngineConfig:
     #: probability p given that the drafts before it were (keyed by request seed and position,
     #: so every mode takes the same decisions). The output text is then not the model's.
     synthetic_acceptance: Optional[float] = None
+    #: Device memory for routed experts (MiB); 0 = every routed expert resident on the device.
+    #: When set, routed experts live in pinned host memory and a per-layer set of device slots
+    #: holds the cached ones within this budget; a miss is read from host memory inside the
+    #: window (strata/engine/expert_cache.py).
+    expert_cache_mib: int = 0
+    #: Expert cache: every this many decode windows, swap the least-routed resident experts for
+    #: the most-routed missing ones (decayed counts), copying on a side stream; 0 = never.
+    expert_adapt_every: int = 8
+    #: Expert cache: a routing profile (scripts/profile_routing.py's JSON, per-layer expert
+    #: counts) that chooses the first resident set; null = the lowest expert ids first.
+    expert_profile: Optional[str] = None
+    #: Plan and launch window t+1 while the device runs window t (the host hidden behind the
+    #: device); acceptance-dependent inputs are written on the device by the commit.
+    overlap: bool = False
+    #: Pipeline stages: consecutive layer ranges on this many devices, one process each
+    #: (torch.distributed: NCCL on CUDA, gloo on CPU); the last holds the head and MTP layer.
+    stages: int = 1
+    #: stages > 1: auto (balance bytes per stage) or the decoder layers per stage, comma
+    #: separated, summing to the model's depth (e.g. "20,28").
+    stage_layers: str = "auto"
 
 
 #: Every engine knob, in declaration order: what an engine trace's `config` line records.
@@ -329,6 +354,19 @@ def validate_engine(e: Any, error: type[ValueError] = ConfigError) -> None:
         bad("context_tier_min", f"must be >= 1, got {e.context_tier_min}")
     if not e.shape_buckets or list(e.shape_buckets) != sorted(set(e.shape_buckets)) or e.shape_buckets[0] < 1:
         bad("shape_buckets", f"must be ascending distinct positive ints, got {list(e.shape_buckets)}")
+    for key in ("expert_cache_mib", "expert_adapt_every"):
+        if getattr(e, key) < 0:
+            bad(key, f"must be >= 0, got {getattr(e, key)}")
+    if e.stages < 1:
+        bad("stages", f"must be >= 1, got {e.stages}")
+    if e.stage_layers != "auto":
+        try:
+            counts = [int(c) for c in str(e.stage_layers).split(",")]
+        except ValueError:
+            counts = []
+        if len(counts) != e.stages or min(counts) < 1:
+            bad("stage_layers", f"must be auto or {e.stages} positive layer counts separated by "
+                                f"commas (one per stage), got {e.stage_layers!r}")
 
 
 def validate_model(m: Any) -> None:
@@ -336,6 +374,8 @@ def validate_model(m: Any) -> None:
     load_format and num_layers against the checkpoint)."""
     if m.moe_dense_experts < 0:
         raise ConfigError(f"model.moe_dense_experts: must be >= 0, got {m.moe_dense_experts}")
+    if m.dummy_routing_skew < 0:
+        raise ConfigError(f"model.dummy_routing_skew: must be >= 0, got {m.dummy_routing_skew}")
 
 
 def plain_engine_config(ecfg: Any) -> EngineConfig:
