@@ -67,7 +67,10 @@ def metrics_table(m: dict[str, Any]) -> str:
         ("output tokens", str(m["output_tokens"])),
         ("wall (simulated s)", _fmt(m["wall_s"])),
         ("aggregate tok/s", _fmt(m["aggregate_tps"], ".1f")),
-        ("acceptance", _fmt(m["acceptance"])),
+        ("acceptance", _fmt(m["acceptance"])
+         + ("" if not m.get("acceptance_range") else
+            f" (workload's mean from a few requests: {_fmt(m['acceptance_range'][0])} .. "
+            f"{_fmt(m['acceptance_range'][1])})")),
         ("TTFT p50 / p95 (s)", f"{_fmt(m['ttft_s']['p50'])} / {_fmt(m['ttft_s']['p95'])}"),
         ("E2E p50 / p95 (s)", f"{_fmt(m['e2e_s']['p50'])} / {_fmt(m['e2e_s']['p95'])}"),
         ("windows / prefills", f"{m['windows']} / {m['prefills']}"),

@@ -26,7 +26,7 @@ from .metrics import (compare_metrics, comparison_table, metrics_table, outputs_
 from .simulation import Scenario, SimRun, simulate
 from .spread import prediction_range
 from .streams import RandomStreams
-from .trace_acceptance import fit_from_trace
+from .trace_acceptance import acceptance_range, fit_from_trace
 from .workload import build_workload
 
 
@@ -58,11 +58,11 @@ def slots_that_fit(cfg: SimConfig) -> tuple[int, str]:
 
 def acceptance_inputs(cfg: SimConfig, profile: CostProfile) -> tuple[Any, Optional[dict]]:
     """The acceptance config and fit a prediction uses: with acceptance.from_trace, the fit
-    of that trace (and the config takes its parameters from it, as from a profile); else
-    the profile's fit."""
+    of that trace (and the config takes its parameters from it, as from a profile), its
+    depth factors pooled with the profile's; else the profile's fit."""
     a = cfg.acceptance
     if a.from_trace:
-        fit = fit_from_trace(a.from_trace, a.from_trace_requests)
+        fit = fit_from_trace(a.from_trace, a.from_trace_requests, prior=profile.acceptance)
         if a.model == "chain" and not fit.get("chain"):
             raise SimConfigError(
                 f"acceptance.from_trace: {a.from_trace}: no chain fit (its windows judged no "
@@ -146,6 +146,8 @@ def run_predict(cfg: Any, out_dir: Optional[str | Path] = None,
         with open(out / "trace.jsonl", "w", encoding="utf-8") as f:
             run = simulate(scenario, trace_stream=f)
     metrics = run_metrics(run)
+    # From a few requests' trace, where the workload's mean acceptance may lie (None else).
+    metrics["acceptance_range"] = acceptance_range(metrics["acceptance"], acceptance[1])
     if cfg.spread.enabled:
         profiles = [(cfg.profile or NOMINAL_PROFILE, profile)] + [
             (p, CostProfile.load(p)) for p in cfg.spread.profiles]

@@ -6,14 +6,32 @@ its own prompts; a trace of a few of the user's requests (a short engine run, or
 that workload) prices theirs. The fit is sim.acceptance.fit_acceptance over the trace's
 commit events, optionally of its first `requests` requests only (in admission order), which
 is how the transfer from a few requests to the rest is checked.
+
+Two things a few requests cannot say well, and what stands in for them:
+
+- **Depth factors** (how much worse a draft chained on a draft is guessed): a short run with
+  several requests in flight runs 2-row groups, which judge no deeper drafts, and its lone
+  windows at the end judge a handful (5 in 8 requests of 256 tokens at 4 in flight). A factor
+  fitted from 5 drafts swung a solo prediction by 0.1; without any, the factor is 1 and solo
+  came out 0.08 high. The depth factor is the drafter's, more than the text's, so each one is
+  pooled with the cost profile's (`prior`: the same model measured on that machine, lone
+  windows included) as DEPTH_PRIOR_JUDGED judged drafts' worth of evidence.
+- **The workload's mean**: requests differ far more than drafts do (per request 0.5 to 1.0 on
+  code prompts), so k requests' mean is off the rest's by about sd / sqrt(k) whatever the
+  model (0.05 for 8 requests of the CPU runs). The fit records the requests' spread
+  (`requests`, `request_sd`: per-request accepted / drafted, requests with at least
+  SPREAD_MIN_DRAFTED drafts), and a prediction reports the range that uncertainty spans
+  (`acceptance_range` in metrics.json).
 """
 
 from __future__ import annotations
 
+import math
+import statistics
 from pathlib import Path
-from typing import Any
+from typing import Any, Optional
 
-from .acceptance import fit_acceptance
+from .acceptance import SPREAD_MIN_DRAFTED, fit_acceptance
 from .config import SimConfigError
 from .replay import TraceError, load_trace
 
@@ -22,6 +40,11 @@ from .replay import TraceError, load_trace
 #: 0.18 on the H200's held-out runs, where without it the error was that of the 8 requests'
 #: own rate against the rest's (scripts/sim_transfer_check.py --acceptance-eval).
 CHAIN_SPREAD_MIN_REQUESTS = 16
+#: Weight of the profile's depth factor, in judged deeper drafts: a depth the trace judged
+#: this often weighs as much as the profile's factor.
+DEPTH_PRIOR_JUDGED = 40
+#: The normal quantile of acceptance_range's ends (p10 and p90, as spread.quantiles).
+RANGE_Z = 1.2816
 
 
 def admitted_requests(events: list[dict[str, Any]]) -> list[Any]:
@@ -33,9 +56,43 @@ def admitted_requests(events: list[dict[str, Any]]) -> list[Any]:
     return list(seen)
 
 
-def fit_from_trace(path: str | Path, requests: int = 0) -> dict[str, Any]:
+def pooled_depth(factors: list[float], judged: list[int],
+                 prior: Optional[list[float]]) -> list[float]:
+    """Depth factors (index 0 = first draft = 1) pooled with the prior's: depth j's factor is
+    (judged_j * factor_j + DEPTH_PRIOR_JUDGED * prior_j) / (judged_j + DEPTH_PRIOR_JUDGED),
+    `judged` counting the deeper drafts behind each factor from depth 1 on. Depths only one
+    side has take that side's factor (the last factor holds deeper)."""
+    if not prior or len(prior) < 2:
+        return list(factors)
+    out = [1.0]
+    for j in range(1, max(len(factors), len(prior))):
+        p = prior[min(j, len(prior) - 1)]
+        if j >= len(factors):
+            out.append(p)
+            continue
+        n = judged[j - 1] if j - 1 < len(judged) else 0
+        out.append((n * factors[j] + DEPTH_PRIOR_JUDGED * p) / (n + DEPTH_PRIOR_JUDGED))
+    return out
+
+
+def request_spread(commits: list[dict[str, Any]]) -> tuple[int, Optional[float]]:
+    """(requests with drafts, sd of their accepted / drafted) over requests with at least
+    SPREAD_MIN_DRAFTED drafts (None below two such requests)."""
+    acc: dict[Any, list[int]] = {}
+    for c in commits:
+        a = acc.setdefault(c["req"], [0, 0])
+        a[0] += int(c["accepted"])
+        a[1] += int(c["drafted"])
+    rates = [a / d for a, d in acc.values() if d >= SPREAD_MIN_DRAFTED]
+    n = sum(1 for _, d in acc.values() if d)
+    return n, (statistics.pstdev(rates) if len(rates) >= 2 else None)
+
+
+def fit_from_trace(path: str | Path, requests: int = 0,
+                   prior: Optional[dict[str, Any]] = None) -> dict[str, Any]:
     """The acceptance section (AcceptanceFit.as_dict()) fitted from the trace at `path`,
-    from its first `requests` admitted requests (0 = all)."""
+    from its first `requests` admitted requests (0 = all), its depth factors pooled with
+    `prior`'s (a profile's acceptance section, or None), plus `requests` and `request_sd`."""
     try:
         events, _ = load_trace(path)
     except TraceError as e:
@@ -55,9 +112,33 @@ def fit_from_trace(path: str | Path, requests: int = 0) -> dict[str, Any]:
         raise SimConfigError(f"acceptance.from_trace: {path}: no draft was judged in the "
                              f"{len(keep)} requests used (a trace of a run with drafting?)")
     out = fit.as_dict()
+    prior = prior or {}
+    pos = out.get("position")
+    if pos:
+        pos["depth_factor"] = pooled_depth(pos["depth_factor"], pos["depth_judged"][1:],
+                                           (prior.get("position") or {}).get("depth_factor"))
     chain = out.get("chain")
-    if chain and len(keep) < CHAIN_SPREAD_MIN_REQUESTS:
-        out["chain"] = {**chain, "spread": 0.0, "offset": 0.0,
-                        "spread_left_out": f"fitted from {len(keep)} requests "
-                                           f"(< {CHAIN_SPREAD_MIN_REQUESTS})"}
+    if chain:
+        chain["depth_factor"] = pooled_depth(chain["depth_factor"], chain["judged"]["deeper"],
+                                             (prior.get("chain") or {}).get("depth_factor"))
+        if len(keep) < CHAIN_SPREAD_MIN_REQUESTS:
+            out["chain"] = {**chain, "spread": 0.0, "offset": 0.0,
+                            "spread_left_out": f"fitted from {len(keep)} requests "
+                                               f"(< {CHAIN_SPREAD_MIN_REQUESTS})"}
+    out["requests"], out["request_sd"] = request_spread(commits)
     return out
+
+
+def acceptance_range(predicted: Optional[float], fit: Optional[dict[str, Any]]
+                     ) -> Optional[list[float]]:
+    """[low, high] of a predicted acceptance fitted from a few requests: the p10-p90 span of
+    the workload's mean acceptance given the requests' spread, sd / sqrt(requests) relative to
+    the fit's own acceptance metric, applied to the prediction. None when the fit records no
+    spread (a profile's fit, or fewer than two requests)."""
+    if predicted is None or not fit or not fit.get("request_sd") or not fit.get("requests"):
+        return None
+    base = float(fit.get("acceptance_metric") or 0.0)
+    if base <= 0:
+        return None
+    rel = RANGE_Z * float(fit["request_sd"]) / math.sqrt(int(fit["requests"])) / base
+    return [max(0.0, predicted * (1 - rel)), min(1.0, predicted * (1 + rel))]

@@ -161,7 +161,7 @@ def test_from_trace_replaces_the_profiles_acceptance():
     cfg = OmegaConf.to_object(cfg_of(*base, "acceptance=fixed", f"acceptance.from_trace={H200_TRACE}"))
     prof = CostProfile.load(cfg.profile)
     acc_cfg, fit = acceptance_inputs(cfg, prof)
-    assert acc_cfg.from_profile and fit == fit_from_trace(H200_TRACE)
+    assert acc_cfg.from_profile and fit == fit_from_trace(H200_TRACE, prior=prof.acceptance)
     assert fit["rate"] != prof.acceptance["rate"]
     assert run_predict(cfg).metrics["acceptance"] != run_predict(
         cfg_of(*base, "acceptance=fixed", "acceptance.from_profile=true")).metrics["acceptance"]
