@@ -1,0 +1,102 @@
+"""Acceptance learned from 8 requests of a CPU engine run holds on the rest of the workload.
+
+The data are real CPU engine runs of the embedded tiny model (float32, greedy) on code prompts
+(scripts/bench_engine.py's `code_prompts`: distinct standard-library files), each a closed loop
+at `max_context` 1024 (docs/SIMULATOR.md, "Acceptance from your own prompts", gives the
+commands):
+
+- `tests/data/cpu_code_bm4_first8_trace.jsonl`: the first 8 requests (prompts 0-7) of a
+  batch_mtp run of 56 prompts of 64 tokens, 256 output tokens, 4 in flight: what the model
+  learns from (its config, arrive, admit, commit and finish events);
+- `tests/data/cpu_code_acceptance_prior.json`: the fit of two other runs (prompts 64-79,
+  96-token prompts, 128 output tokens; batch_mtp at 4 in flight and solo), standing for the
+  CPU preset's profile: the drafter's depth factors the 8 requests cannot measure.
+
+The rest of the workload, as the engine measured it (accepted / drafted):
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from hydra import compose, initialize_config_dir
+
+from sim.config import SIM_CONF_DIR, register_configs
+from sim.costs import CostProfile
+from sim.predict import run_predict
+from sim.trace_acceptance import acceptance_range, fit_from_trace, pooled_depth
+
+DATA = Path(__file__).resolve().parent / "data"
+FIRST8 = DATA / "cpu_code_bm4_first8_trace.jsonl"
+PRIOR = DATA / "cpu_code_acceptance_prior.json"
+
+#: (what, engine overrides, requests, prompt tokens, output tokens, in flight, the engine's
+#: acceptance over those requests). The first three are the other 48 prompts of the same
+#: workload (prompts 8-55) in three modes; the last one prompts 0-39 at other lengths.
+REST = [
+    ("batch_mtp N=4", ("engine.mode=batch", "engine.batch_mtp=true", "engine.slots=4"),
+     48, 64, 256, 4, 5496 / 6744),
+    ("solo", ("engine.mode=solo", "engine.batch_mtp=false", "engine.slots=1"),
+     48, 64, 256, 1, 7903 / 12902),
+    ("batch_mtp W16 N=8", ("engine.mode=batch", "engine.batch_mtp=true", "engine.slots=8",
+                           "engine.window_rows=16"), 48, 64, 256, 8, 5498 / 6750),
+    ("batch_mtp N=4, 32-token prompts, 400 output tokens",
+     ("engine.mode=batch", "engine.batch_mtp=true", "engine.slots=4"), 40, 32, 400, 4,
+     7223 / 8777),
+]
+
+
+def cfg_of(*overrides: str):
+    register_configs()
+    with initialize_config_dir(config_dir=SIM_CONF_DIR, version_base="1.3"):
+        return compose(config_name="config", overrides=list(overrides))
+
+
+@pytest.fixture(scope="module")
+def prior_profile(tmp_path_factory) -> Path:
+    """The CPU preset's profile with the prior runs' acceptance section."""
+    p = CostProfile.load(Path(SIM_CONF_DIR) / "profiles" / "cpu_tiny.json")
+    p.acceptance = json.loads(PRIOR.read_text())
+    out = tmp_path_factory.mktemp("prior") / "profile.json"
+    p.save(out)
+    return out
+
+
+@pytest.mark.parametrize("what,engine,n,prompt,out,flight,measured", REST,
+                         ids=[r[0] for r in REST])
+def test_acceptance_from_8_requests_holds_on_the_rest(prior_profile, what, engine, n, prompt,
+                                                      out, flight, measured):
+    m = run_predict(cfg_of(
+        "hardware=cpu_tiny", f"profile={prior_profile}", "acceptance=chain",
+        f"acceptance.from_trace={FIRST8}", "workload=stagger", f"workload.requests={n}",
+        f"workload.concurrency={flight}", f"workload.prompt_tokens={prompt}",
+        f"workload.max_tokens={out}", "engine.max_context=1024", "spread.enabled=false",
+        "print_outputs=false", *engine)).metrics
+    assert abs(m["acceptance"] - measured) < 0.03, (what, m["acceptance"], measured)
+    lo, hi = m["acceptance_range"]
+    assert lo < m["acceptance"] < hi
+
+
+def test_depth_factors_pool_with_the_profiles():
+    # 5 deeper drafts at 0.26 against a prior of 0.82: the prior dominates
+    assert pooled_depth([1.0, 0.26], [5], [1.0, 0.82, 0.88]) == pytest.approx(
+        [1.0, (5 * 0.26 + 40 * 0.82) / 45, 0.88])
+    # none judged: the prior's; no prior: the trace's own
+    assert pooled_depth([1.0], [], [1.0, 0.8]) == [1.0, 0.8]
+    assert pooled_depth([1.0, 0.9], [100], None) == [1.0, 0.9]
+    fit = fit_from_trace(FIRST8, prior=json.loads(PRIOR.read_text()))
+    # 8 requests at 4 in flight judge no deeper draft: the chain's depth is the prior's
+    assert fit["chain"]["judged"]["deeper"] == []
+    assert fit["chain"]["depth_factor"] == json.loads(PRIOR.read_text())["chain"]["depth_factor"]
+    assert fit["requests"] == 8 and 0.05 < fit["request_sd"] < 0.3
+
+
+def test_acceptance_range_is_the_requests_standard_error():
+    fit = {"acceptance_metric": 0.8, "requests": 8, "request_sd": 0.14}
+    lo, hi = acceptance_range(0.6, fit)
+    half = 1.2816 * 0.14 / 8 ** 0.5 / 0.8 * 0.6
+    assert (lo, hi) == pytest.approx((0.6 - half, 0.6 + half))
+    assert acceptance_range(0.6, {"acceptance_metric": 0.8}) is None  # a profile's fit
+    assert acceptance_range(0.99, fit)[1] == 1.0
