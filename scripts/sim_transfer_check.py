@@ -3,11 +3,14 @@
 
 1. Engine cohorts of code prompts (scripts/bench_engine.py's prompts and configurations: 64-token
    prompts, 256 output tokens by default): solo N=1, batch N=4 and 8, batch_mtp N=4, batch_mtp
-   W16 N=8; each cell `--repeats` times on a fresh engine (warm-up as served: on CUDA it
-   captures the window graphs), its trace and metrics kept.
+   W16 N=8; each cell `--repeats` times on a fresh engine as served (warm-up: on CUDA it
+   captures the window graphs; no trace, as a server or scripts/bench_engine.py runs), and
+   once more with its trace written, as the profile's runs were: the table gives both, so the
+   trace's own cost is measured too.
 2. A short engine run of 8 other prompts of the same workload (batch_mtp, 4 in flight): the
    acceptance model is fitted from its trace (acceptance.from_trace), as a user would from a
-   few of their own requests.
+   few of their own requests; then the rest of the workload, 40 more prompts, in closed loops
+   (batch_mtp at 4 in flight, and solo), whose acceptance the model predicts.
 3. A quick calibration (sim/calibrate.py) on the model already loaded and compiled.
 4. Predictions of every cell from the shipped preset (`--shipped`, no calibration) and from
    the calibrated one, each with its range, and the table: engine vs each, errors, whether
@@ -41,6 +44,10 @@ CELLS = (("solo N=1", "solo", 1), ("batch N=4", "batch", 4), ("batch N=8", "batc
          ("batch_mtp N=4", "batch_mtp", 4), ("batch_mtp W16 N=8", "batch_mtp_w16", 8))
 #: The acceptance is learned from this many requests of the workload (not the cohorts' own).
 ACCEPTANCE_REQUESTS = 8
+#: ... and checked on this many others (the rest of the workload), in these closed loops:
+#: (name, bench_engine configuration, requests in flight).
+REST_REQUESTS = 40
+REST_LOOPS = (("batch_mtp N=4", "batch_mtp", 4), ("solo", "solo", 1))
 
 
 def engine_knobs(config: str, n: int, args) -> dict:
@@ -88,8 +95,22 @@ def add_predictions(rows: list[dict], specs: dict, label: str, preset: str, args
     log(f"predicted every cell from {preset}")
 
 
+def rest_predictions(rest_runs: dict, preset: str, args) -> list[dict]:
+    """The acceptance the model learned from the short run predicts for each closed loop of
+    the rest of the workload, against the engine's."""
+    out = []
+    for loop, (knobs, n, m) in rest_runs.items():
+        over = [o.replace("workload=cohort", "workload=stagger") for o in sim_overrides(knobs, n, args)]
+        over = [o for o in over if not o.startswith("workload.requests=")]
+        sim = predict(preset, over + [f"workload.requests={REST_REQUESTS}",
+                                      f"workload.concurrency={n}", "spread.enabled=false"])
+        out.append({"loop": loop, "engine": m["acceptance"], "sim": sim["acceptance"],
+                    "range": sim.get("acceptance_range"), "preset": preset})
+    return out
+
+
 def write_table(out: Path, rows: list[dict], presets: list[tuple[str, str]], args,
-                cal_s, source: dict) -> None:
+                cal_s, source: dict, rest: list[dict]) -> None:
     """OUT/transfer.md and OUT/transfer.json for the presets predicted so far."""
     by = {r["cell"]: r for r in rows}
     ratios = []
@@ -99,14 +120,15 @@ def write_table(out: Path, rows: list[dict], presets: list[tuple[str, str]], arg
                        **{lab: (by[num][lab]["tps"] / by[den][lab]["tps"]) / e - 1
                           for lab, _ in presets}})
     head = " | ".join(f"{lab} sim (range) | err | in range" for lab, _ in presets)
+    traced = " | engine traced tok/s"
     lines = [f"workload: code prompts of {args.prompt_tokens} tokens, {args.max_tokens} output "
              f"tokens, cohorts; engine = mean of {args.repeats} runs; acceptance "
              f"({args.acceptance}) learned from {ACCEPTANCE_REQUESTS} other prompts; presets: "
              + ", ".join(f"{lab} = {p}" for lab, p in presets)
              + ("" if cal_s is None else f"; calibration {cal_s:.0f} s"),
              "",
-             f"| cell | engine tok/s | {head} | engine acc | sim acc |",
-             "|---|---|" + "---|---|---|" * len(presets) + "---|---|"]
+             f"| cell | engine tok/s{traced} | {head} | engine acc | sim acc |",
+             "|---|---|---|" + "---|---|---|" * len(presets) + "---|---|"]
     for r in rows:
         cells = []
         for lab, _ in presets:
@@ -115,18 +137,30 @@ def write_table(out: Path, rows: list[dict], presets: list[tuple[str, str]], arg
                          f"{p['error']:+.1%} | {'yes' if p['holds'] else 'NO'}")
         acc = "-" if r["engine_acceptance"] is None else f"{r['engine_acceptance']:.3f}"
         sim_acc = r[presets[-1][0]]["acceptance"]
-        lines.append(f"| {r['cell']} | {r['engine_tps']:.0f} | " + " | ".join(cells)
+        lines.append(f"| {r['cell']} | {r['engine_tps']:.0f} | {r['engine_traced_tps']:.0f} | "
+                     + " | ".join(cells)
                      + f" | {acc} | {'-' if sim_acc is None else format(sim_acc, '.3f')} |")
     lines += ["", "| ratio | engine | " + " | ".join(f"{lab} err" for lab, _ in presets) + " |",
               "|---|---|" + "---|" * len(presets)]
     lines += [f"| {x['ratio']} | {x['engine']:.2f} | "
               + " | ".join(f"{x[lab]:+.1%}" for lab, _ in presets) + " |" for x in ratios]
+    if rest:
+        lines += ["", f"acceptance learned from {ACCEPTANCE_REQUESTS} requests, on the other "
+                      f"{REST_REQUESTS} ({args.acceptance}; range: the workload's mean given the "
+                      f"{ACCEPTANCE_REQUESTS} requests' spread, p10-p90)", "",
+                  "| closed loop | engine | sim | error | sim range | in range |", "|---|---|---|---|---|---|"]
+        for x in rest:
+            lo, hi = x["range"] or (float("nan"), float("nan"))
+            lines.append(f"| {x['loop']} | {x['engine']:.3f} | {x['sim']:.3f} | "
+                         f"{x['sim'] - x['engine']:+.3f} | {lo:.3f}-{hi:.3f} | "
+                         f"{'yes' if lo <= x['engine'] <= hi else 'NO'} |")
     table = "\n".join(lines)
     print(table, flush=True)
     (out / "transfer.md").write_text(table + "\n", encoding="utf-8")
     (out / "transfer.json").write_text(json.dumps(
         {"source": source, "args": {k: str(v) for k, v in vars(args).items()},
-         "calibration_s": cal_s, "rows": rows, "ratios": ratios}, indent=1) + "\n",
+         "calibration_s": cal_s, "rows": rows, "ratios": ratios, "acceptance_rest": rest},
+        indent=1) + "\n",
         encoding="utf-8")
 
 
@@ -231,7 +265,8 @@ def main() -> int:
     runner = EngineRunner(args.device, args.dtype, args.model)
     log(f"model loaded: {runner.source()}")
     most = max(n for _, _, n in CELLS)
-    prompts = code_prompts(runner.loaded.tokenizer, most + ACCEPTANCE_REQUESTS, args.prompt_tokens)
+    prompts = code_prompts(runner.loaded.tokenizer, most + ACCEPTANCE_REQUESTS + REST_REQUESTS,
+                           args.prompt_tokens)
 
     def requests(ps: list[list[int]], tag: str) -> list:
         return [Request(f"{tag}{i}", list(p), SamplingParams(max_tokens=args.max_tokens,
@@ -247,12 +282,18 @@ def main() -> int:
                    requests=requests(prompts[:n], "c"))
     log("compiled every cell")
     engine: dict[str, list[dict]] = {name: [] for name, _, _ in CELLS}
-    for rep in range(args.repeats):
+    traced: dict[str, dict] = {}
+    for rep in range(args.repeats + 1):  # the last repeat writes its trace
+        served = rep < args.repeats
         for name, _, n in CELLS:
-            m = runner.run(specs[name], out / "engine" / name.replace(" ", "_") / f"rep{rep}",
-                           requests=requests(prompts[:n], "r"))
-            engine[name].append(m)
-            log(f"engine {name} rep {rep}: {m['aggregate_tps']:.0f} tok/s, acceptance "
+            where = out / "engine" / name.replace(" ", "_") / (f"rep{rep}" if served else "traced")
+            m = runner.run(specs[name], where, requests=requests(prompts[:n], "r"), trace=not served)
+            if served:
+                engine[name].append(m)
+            else:
+                traced[name] = m
+            log(f"engine {name} {'rep ' + str(rep) if served else 'traced'}: "
+                f"{m['aggregate_tps']:.0f} tok/s, acceptance "
                 f"{m['acceptance'] if m['acceptance'] is not None else float('nan'):.3f}")
 
     # 2. Acceptance from a short run of other prompts of the workload.
@@ -263,6 +304,16 @@ def main() -> int:
                acc_dir, requests=requests(prompts[most:], "a"))
     args.acc_trace = str((acc_dir / "trace.jsonl").resolve())
     log(f"acceptance run of {ACCEPTANCE_REQUESTS} other prompts: {args.acc_trace}")
+    rest_prompts = prompts[most + ACCEPTANCE_REQUESTS:]
+    rest_runs = {}
+    for loop, config, n in REST_LOOPS:
+        knobs = engine_knobs(config, n, args)
+        rest_runs[loop] = (knobs, n, runner.run(
+            RunSpec(name=loop, requests=REST_REQUESTS, prompt=args.prompt_tokens,
+                    out=args.max_tokens, concurrency=n, engine=knobs),
+            out / "acceptance_rest" / loop.replace(" ", "_").replace("=", ""),
+            requests=requests(rest_prompts, "x"), trace=False))
+        log(f"the rest, {loop}: acceptance {rest_runs[loop][2]['acceptance']:.3f}")
 
     # 3. Predictions from the shipped preset, written at once (a call cut short in the
     # calibration still brings them back); 4. the quick calibration on the loaded model;
@@ -274,10 +325,12 @@ def main() -> int:
         rows.append({"cell": name, "n": n,
                      "engine_tps": statistics.mean(m["aggregate_tps"] for m in engine[name]),
                      "engine_runs": [m["aggregate_tps"] for m in engine[name]],
+                     "engine_traced_tps": traced[name]["aggregate_tps"],
                      "engine_acceptance": statistics.mean(accs) if accs else None})
     presets = [("shipped", args.shipped)]
     add_predictions(rows, specs, "shipped", args.shipped, args, log)
-    write_table(out, rows, presets, args, None, runner.source())
+    rest = rest_predictions(rest_runs, args.shipped, args)
+    write_table(out, rows, presets, args, None, runner.source(), rest)
     # The calibrated preset goes to OUT/conf (the predictions find it through hydra.searchpath;
     # the repository's conf/sim stays as it is).
     opts = calibrate_args([f"device={args.device}", f"name={args.name}", f"conf={args.conf}",
@@ -290,7 +343,9 @@ def main() -> int:
     log(f"calibration took {cal_s:.0f} s: {files['preset']}")
     presets.append(("calibrated", args.name))
     add_predictions(rows, specs, "calibrated", args.name, args, log)
-    write_table(out, rows, presets, args, cal_s, runner.source())
+    # the calibrated profile's depth factors are this machine's: the rest predicted again
+    rest = rest_predictions(rest_runs, args.name, args)
+    write_table(out, rows, presets, args, cal_s, runner.source(), rest)
     log(f"wrote {out / 'transfer.md'} and transfer.json")
     return 0
 

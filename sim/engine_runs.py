@@ -102,10 +102,12 @@ class EngineRunner:
             r.params.stop_at_eos = False
         return reqs
 
-    def run(self, spec: RunSpec, where: Path, requests: Optional[list] = None) -> dict[str, Any]:
+    def run(self, spec: RunSpec, where: Path, requests: Optional[list] = None,
+            trace: bool = True) -> dict[str, Any]:
         """Run `spec` (or the given Request objects with its engine and concurrency) on a
-        fresh Engine; writes where/trace.jsonl and where/metrics.json; returns the metrics
-        plus `wall_s` (the run, without the engine's start) and `start_s`."""
+        fresh Engine; writes where/trace.jsonl (unless `trace` is false: an engine as served,
+        which builds no events) and where/metrics.json; returns the metrics plus `wall_s`
+        (the run, without the engine's start) and `start_s`."""
         import torch
 
         from strata.engine.llm_engine import Engine
@@ -120,7 +122,8 @@ class EngineRunner:
             setattr(ecfg, k, v)
         t0 = time.perf_counter()
         eng = Engine(self.loaded, ecfg, self.device, log=lambda s: None,
-                     trace_path=where / "trace.jsonl")
+                     trace_path=where / "trace.jsonl" if trace else None)
+        eng.trace.keep = False  # events go to the file only (a traced run keeps none in memory)
         start_s = time.perf_counter() - t0
         try:
             reqs = requests if requests is not None else self.requests(spec)

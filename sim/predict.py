@@ -146,8 +146,11 @@ def run_predict(cfg: Any, out_dir: Optional[str | Path] = None,
         with open(out / "trace.jsonl", "w", encoding="utf-8") as f:
             run = simulate(scenario, trace_stream=f)
     metrics = run_metrics(run)
-    # From a few requests' trace, where the workload's mean acceptance may lie (None else).
-    metrics["acceptance_range"] = acceptance_range(metrics["acceptance"], acceptance[1])
+    # From a few requests' trace, where the workload's acceptance may lie (None else).
+    acc_cfg, acc_fit = acceptance
+    metrics["acceptance_range"] = acceptance_range(
+        lambda fit: run_metrics(simulate(build_scenario(cfg, profile, (acc_cfg, fit))[0]))[
+            "acceptance"], acc_fit)
     if cfg.spread.enabled:
         profiles = [(cfg.profile or NOMINAL_PROFILE, profile)] + [
             (p, CostProfile.load(p)) for p in cfg.spread.profiles]

@@ -21,17 +21,19 @@ Two things a few requests cannot say well, and what stands in for them:
   model (0.05 for 8 requests of the CPU runs). The fit records the requests' spread
   (`requests`, `request_sd`: per-request accepted / drafted, requests with at least
   SPREAD_MIN_DRAFTED drafts), and a prediction reports the range that uncertainty spans
-  (`acceptance_range` in metrics.json).
+  (`acceptance_range` in metrics.json: the workload simulated again with every rate moved by
+  that many standard errors in logit space, so solo's deeper windows get a wider range).
 """
 
 from __future__ import annotations
 
+import copy
 import math
 import statistics
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
-from .acceptance import SPREAD_MIN_DRAFTED, fit_acceptance
+from .acceptance import SPREAD_MIN_DRAFTED, fit_acceptance, logit_shift
 from .config import SimConfigError
 from .replay import TraceError, load_trace
 
@@ -129,16 +131,45 @@ def fit_from_trace(path: str | Path, requests: int = 0,
     return out
 
 
-def acceptance_range(predicted: Optional[float], fit: Optional[dict[str, Any]]
-                     ) -> Optional[list[float]]:
-    """[low, high] of a predicted acceptance fitted from a few requests: the p10-p90 span of
-    the workload's mean acceptance given the requests' spread, sd / sqrt(requests) relative to
-    the fit's own acceptance metric, applied to the prediction. None when the fit records no
-    spread (a profile's fit, or fewer than two requests)."""
-    if predicted is None or not fit or not fit.get("request_sd") or not fit.get("requests"):
+def range_shift(fit: Optional[dict[str, Any]]) -> Optional[float]:
+    """The logit shift of acceptance_range's ends: RANGE_Z standard errors of the requests'
+    mean acceptance (sd / sqrt(requests)), in logit units at the fit's own acceptance. None
+    when the fit records no spread (a profile's fit, or fewer than two requests)."""
+    if not fit or not fit.get("request_sd") or not fit.get("requests"):
         return None
-    base = float(fit.get("acceptance_metric") or 0.0)
-    if base <= 0:
+    m = float(fit.get("acceptance_metric") or 0.0)
+    if not 0.0 < m < 1.0:
         return None
-    rel = RANGE_Z * float(fit["request_sd"]) / math.sqrt(int(fit["requests"])) / base
-    return [max(0.0, predicted * (1 - rel)), min(1.0, predicted * (1 + rel))]
+    return RANGE_Z * float(fit["request_sd"]) / math.sqrt(int(fit["requests"])) / (m * (1 - m))
+
+
+def shifted_fit(fit: dict[str, Any], shift: float) -> dict[str, Any]:
+    """A copy of an acceptance section with every rate of every model moved by `shift` in
+    logit space (depth factors and the chain's spread as they are): the same text, that much
+    easier or harder for the drafter."""
+    out = copy.deepcopy(fit)
+    out["rate"] = logit_shift(out["rate"], shift)
+    out["markov"] = {k: logit_shift(v, shift) for k, v in out["markov"].items()}
+    if "position" in out:
+        out["position"]["rate"] = [logit_shift(x, shift) for x in out["position"]["rate"]]
+    if "chain" in out:
+        c = out["chain"]
+        c["first"] = logit_shift(c["first"], shift)
+        c["after_miss"] = [logit_shift(x, shift) for x in c["after_miss"]]
+        c["after_hit"] = [logit_shift(x, shift) for x in c["after_hit"]]
+    return out
+
+
+def acceptance_range(simulate: Callable[[dict[str, Any]], Optional[float]],
+                     fit: Optional[dict[str, Any]]) -> Optional[list[float]]:
+    """[low, high] of the workload's acceptance given that the fit saw a few requests: the
+    workload simulated again with the fit's rates moved down and up by range_shift
+    (`simulate(fit)` returns the simulated acceptance), so a mode with deeper windows, whose
+    acceptance moves more with the text, gets a wider range. None without a spread."""
+    shift = range_shift(fit)
+    if shift is None:
+        return None
+    ends = [simulate(shifted_fit(fit, -shift)), simulate(shifted_fit(fit, shift))]
+    if any(e is None for e in ends):
+        return None
+    return [min(ends), max(ends)]

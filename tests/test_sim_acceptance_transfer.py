@@ -26,7 +26,8 @@ from hydra import compose, initialize_config_dir
 from sim.config import SIM_CONF_DIR, register_configs
 from sim.costs import CostProfile
 from sim.predict import run_predict
-from sim.trace_acceptance import acceptance_range, fit_from_trace, pooled_depth
+from sim.trace_acceptance import (acceptance_range, fit_from_trace, pooled_depth, range_shift,
+                                  shifted_fit)
 
 DATA = Path(__file__).resolve().parent / "data"
 FIRST8 = DATA / "cpu_code_bm4_first8_trace.jsonl"
@@ -93,10 +94,19 @@ def test_depth_factors_pool_with_the_profiles():
     assert fit["requests"] == 8 and 0.05 < fit["request_sd"] < 0.3
 
 
-def test_acceptance_range_is_the_requests_standard_error():
-    fit = {"acceptance_metric": 0.8, "requests": 8, "request_sd": 0.14}
-    lo, hi = acceptance_range(0.6, fit)
-    half = 1.2816 * 0.14 / 8 ** 0.5 / 0.8 * 0.6
-    assert (lo, hi) == pytest.approx((0.6 - half, 0.6 + half))
-    assert acceptance_range(0.6, {"acceptance_metric": 0.8}) is None  # a profile's fit
-    assert acceptance_range(0.99, fit)[1] == 1.0
+def test_acceptance_range_moves_every_rate_by_the_requests_standard_error():
+    fit = json.loads(PRIOR.read_text())
+    fit.update(requests=8, request_sd=0.14)
+    m = fit["acceptance_metric"]
+    shift = range_shift(fit)
+    assert shift == pytest.approx(1.2816 * 0.14 / 8 ** 0.5 / (m * (1 - m)))
+    up, down = shifted_fit(fit, shift), shifted_fit(fit, -shift)
+    for key in ("after_miss", "after_hit"):
+        assert all(d < x < u for d, x, u in zip(down["chain"][key], fit["chain"][key],
+                                                  up["chain"][key]) if 0 < x < 1)
+    assert up["chain"]["depth_factor"] == fit["chain"]["depth_factor"]
+    seen = []
+    lo, hi = acceptance_range(lambda f: seen.append(f) or f["rate"], fit)
+    assert lo < fit["rate"] < hi and len(seen) == 2
+    assert range_shift({"acceptance_metric": 0.8}) is None  # a profile's fit: no range
+    assert acceptance_range(lambda f: 0.5, {"acceptance_metric": 0.8}) is None
