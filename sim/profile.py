@@ -198,15 +198,19 @@ HostSample = tuple[int, int, int, bool, float]
 def _host_samples(events: list[dict[str, Any]]) -> list[HostSample]:
     """A HostSample per iteration with device work. The host seconds run from the end of
     the previous iteration's device work, or for a trace's first one, from the first event
-    of its iteration (the arrivals)."""
+    of its iteration (the arrivals). The trace's own time in between (the `trace_s` stamps
+    of the two device events, strata.trace.DEVICE_EVENTS) is taken out: the profile prices
+    an engine as served, which writes no trace. (Traces written before the stamp keep it.)"""
     steps: dict[int, dict[str, Any]] = {}
     for e in events:
         if e["ev"] in ("config", "warmup"):
             continue
         st = steps.setdefault(e["step"], {"first_t": float(e["t"]), "dev": None, "kind": None,
-                                          "commits": 0, "admits": 0, "finishes": 0})
+                                          "trace_s": None, "commits": 0, "admits": 0,
+                                          "finishes": 0})
         if e["ev"] in ("window", "prefill") and "dur" in e and st["dev"] is None:
             st["dev"], st["kind"] = (float(e["t"]), float(e["dur"])), e["ev"]
+            st["trace_s"] = e.get("trace_s")
         elif e["ev"] == "commit":
             st["commits"] += 1
         elif e["ev"] == "admit":
@@ -225,8 +229,10 @@ def _host_samples(events: list[dict[str, Any]]) -> list[HostSample]:
             out.append((0, 0, st["admits"], False, max(0.0, start - st["first_t"])))
         elif last == step - 1:  # idle iterations between would add their own waits
             p_st = steps[last]
+            tracing = (0.0 if st["trace_s"] is None or p_st["trace_s"] is None
+                       else float(st["trace_s"]) - float(p_st["trace_s"]))
             out.append((p_st["commits"], p_st["finishes"], st["admits"],
-                        p_st["kind"] == "prefill", max(0.0, start - p_st["dev"][0])))
+                        p_st["kind"] == "prefill", max(0.0, start - p_st["dev"][0] - tracing)))
         last = step
     return out
 

@@ -51,6 +51,12 @@ EVENT_FIELDS: dict[str, tuple[str, ...]] = {
     "warmup": ("keys", "mib"),
 }
 
+#: Events of device work: a trace that writes or keeps them stamps each with `trace_s`, the
+#: seconds the writer itself has spent so far (encoding and writing events), so that a cost
+#: profile fitted from the trace can take the trace's own host time out of the host gaps it
+#: measures: an engine as served (a server, a benchmark) builds no events.
+DEVICE_EVENTS = ("prefill", "window")
+
 #: Fields added to the schema later, with the value a reader takes when an older trace lacks one.
 FIELD_DEFAULTS: dict[str, dict[str, Any]] = {"arrive": {"filtered": False}}
 
@@ -188,6 +194,8 @@ class TraceWriter:
         self.keep = True
         #: Called with (event name, fields) for every event, kept or not (a soak's counters).
         self.listener: Optional[Callable[[str, dict[str, Any]], None]] = None
+        #: Seconds spent recording events (building, keeping, encoding, writing them).
+        self.spent_s = 0.0
 
     @property
     def active(self) -> bool:
@@ -209,11 +217,15 @@ class TraceWriter:
             self.listener(ev, fields)
         if not self.keep and self._out is None:
             return None  # a listener only
-        rec = {"ev": ev, "step": self.step, "t": round(self._clock() - self._t0, 6), **fields}
+        now = self._clock()
+        rec = {"ev": ev, "step": self.step, "t": round(now - self._t0, 6), **fields}
+        if ev in DEVICE_EVENTS:
+            rec["trace_s"] = round(self.spent_s, 6)
         if self.keep:
             self.events.append(rec)
         if self._out is not None:
             self._out.write(_encode(rec) + "\n")
+        self.spent_s += self._clock() - now
         return rec
 
     def restart_clock(self) -> None:
