@@ -12,7 +12,9 @@ commands):
   96-token prompts, 128 output tokens; batch_mtp at 4 in flight and solo), standing for the
   CPU preset's profile: the drafter's depth factors the 8 requests cannot measure.
 
-The rest of the workload, as the engine measured it (accepted / drafted):
+The rest of the workload, as the engine measured it (accepted / drafted), is in REST. These 8
+requests are typical of the 56 (their own rate is 0.013 above the other 48's); docs/SIMULATOR.md
+shows 8 that are not, and how far any 8 requests may be off.
 """
 
 from __future__ import annotations
