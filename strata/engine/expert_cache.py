@@ -189,7 +189,7 @@ class ExpertCache:
         self.host_slot_of = np.full((L, E + 1), -1, dtype=np.int32)    # column E: a folded shared
         for li in range(L):
             self.host_slot_of[li, first[li]] = np.arange(S, dtype=np.int32)
-        self.slot_of = torch.from_numpy(self.host_slot_of).to(device)
+        self.slot_of = torch.from_numpy(self.host_slot_of.copy()).to(device)
         self._slot_of_staging = torch.empty(self.host_slot_of.shape, dtype=torch.int32,
                                             pin_memory=pin)
         self.window_counts = torch.zeros(L, E, dtype=torch.float32, device=device)
@@ -208,33 +208,49 @@ class ExpertCache:
     # ---- placement ----------------------------------------------------------------------------
     def _install(self, li: int, experts: nn.Module, pin: bool) -> LayerCache:
         """Move layer li's routed experts to the host store and its residents to device slots;
-        a folded shared expert takes one more slot after them (slot_of[E] = S)."""
+        a folded shared expert takes one more slot after them (slot_of[E] = S). A layer that an
+        earlier cache holds already (another engine on the same loaded model) is re-planned
+        from that cache's host store."""
         E, S = self.plan.experts, self.plan.slots
-        names = ["w_gate_up", "w_down"] + (["gu_scale", "down_scale"] if experts.gu_scale is not None else [])
+        fp8 = experts.gu_scale is not None
         folded = experts.shared_id is not None
-        stacks = experts.stacks if folded else tuple(getattr(experts, n) for n in names)
+        prev = experts.cache
+        if prev is not None:
+            routed = [prev.host_gate_up, prev.host_down, prev.host_gu_scale, prev.host_down_scale]
+            shared = [prev.gate_up, prev.down, prev.gu_scale, prev.down_scale]
+        elif folded:
+            routed = list(experts.stacks)
+            shared = list(experts.stacks)
+        else:
+            routed = [experts.w_gate_up, experts.w_down, experts.gu_scale, experts.down_scale]
+            shared = [None] * 4
+        n = 4 if fp8 else 2
         host, slots = [], []
         chosen = torch.from_numpy(self.slot_expert[li])
-        for name, stack in zip(names, stacks):
-            src = stack.detach()
-            h = torch.empty((E, *src.shape[1:]), dtype=src.dtype, pin_memory=pin)
-            h.copy_(src[:E])
+        for j in range(n):
+            src = routed[j].detach()
+            if prev is not None and src.device.type == "cpu" and (src.is_pinned() or not pin):
+                h = src  # the earlier cache's host store, as it is
+            else:
+                h = torch.empty((E, *src.shape[1:]), dtype=src.dtype, pin_memory=pin)
+                h.copy_(src[:E])
             d = torch.empty((S + folded, *src.shape[1:]), dtype=src.dtype, device=self.device)
             d[:S].copy_(h[chosen])
             if folded:
-                d[S].copy_(src[E])
+                d[S].copy_(shared[j][-1])
             host.append(h)
             slots.append(d)
-        if folded:
-            _repoint_shared(experts, slots)
-            self.host_slot_of[li, E] = S
-            self.slot_of[li, E] = S
+        names = ("w_gate_up", "w_down", "gu_scale", "down_scale")
         for name, h in zip(names, host):  # the module keeps the host store (shape (E, ...))
             setattr(experts, name, nn.Parameter(h, requires_grad=False))
         experts.stacks = ()
         while len(host) < 4:
             host.append(None)
             slots.append(None)
+        if folded:
+            _repoint_shared(experts, [t for t in slots if t is not None])
+            self.host_slot_of[li, E] = S
+            self.slot_of[li, E] = S
         self.host.append(tuple(host))
         cache = LayerCache(self.slot_of[li], self.window_counts[li], slots[0], slots[1], slots[2],
                            slots[3], tuple(host))
