@@ -6,6 +6,16 @@ from libc.stdint cimport int64_t, uintptr_t
 
 import torch as _torch
 
+cdef extern from "strata_expert_cache.h" nogil:
+    ctypedef struct StrataExpertCache:
+        const int* slot_of
+        int64_t n_slots
+        const void* host_gate_up
+        const void* host_down
+        const float* host_gu_scale
+        const float* host_down_scale
+        int64_t n_host
+
 # run-time element-type codes of strata_common.h
 DTYPE_F32 = 0
 DTYPE_BF16 = 1
@@ -271,6 +281,44 @@ cdef tuple _args_moe(str op, x, w_gate_up, w_down, topk_weight, topk_ids, gu_sca
     _check_shape(op, "out", out, (n, hidden))
     _check_contiguous(op, "out", out)
     return xdt, wdt, n, k, e, hidden, inter
+
+
+cdef int64_t _args_expert_cache(str op, StrataExpertCache* c, slot_of, host_gate_up, host_down,
+                                host_gu_scale, host_down_scale, w_gate_up, w_down, gu_scale,
+                                down_scale) except -1:
+    """Check the expert cache's arguments of moe_experts (reference.moe_experts) against the
+    slot stacks and fill `c`; returns E (the ids slot_of covers). Devices are the caller's."""
+    _check_tensor(op, "slot_of", slot_of, 1)
+    if slot_of.dtype != _torch.int32:
+        raise TypeError(f"{op}: slot_of has dtype {slot_of.dtype}; expected int32")
+    _check_contiguous(op, "slot_of", slot_of)
+    if host_gate_up is None or host_down is None:
+        raise ValueError(f"{op}: slot_of needs the host store (host_gate_up, host_down)")
+    named = [("host_gate_up", host_gate_up, w_gate_up), ("host_down", host_down, w_down)]
+    if gu_scale is not None:
+        if host_gu_scale is None or host_down_scale is None:
+            raise ValueError(f"{op}: FP8 slots need the host store's scales "
+                             f"(host_gu_scale, host_down_scale)")
+        named += [("host_gu_scale", host_gu_scale, gu_scale),
+                  ("host_down_scale", host_down_scale, down_scale)]
+    n_host = host_gate_up.shape[0] if isinstance(host_gate_up, _torch.Tensor) else -1
+    for name, t, like in named:
+        _check_tensor(op, name, t, like.dim())
+        if t.dtype != like.dtype:
+            raise TypeError(f"{op}: {name} has dtype {t.dtype}, its slots {like.dtype}")
+        _check_shape(op, name, t, (n_host,) + tuple(like.shape[1:]))
+        _check_contiguous(op, name, t)
+    if n_host > slot_of.shape[0]:
+        raise ValueError(f"{op}: the host store has {n_host} experts, slot_of only "
+                         f"{slot_of.shape[0]}")
+    c.slot_of = <const int*>_ptr(slot_of)
+    c.n_slots = w_gate_up.shape[0]
+    c.host_gate_up = _ptr(host_gate_up)
+    c.host_down = _ptr(host_down)
+    c.host_gu_scale = <const float*>_ptr(host_gu_scale) if gu_scale is not None else NULL
+    c.host_down_scale = <const float*>_ptr(host_down_scale) if gu_scale is not None else NULL
+    c.n_host = n_host
+    return slot_of.shape[0]
 
 
 cdef tuple _args_linear(str op, x, weight, scale_inv, int64_t bo, int64_t bi, out, tuple wdts):

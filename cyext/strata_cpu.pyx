@@ -44,7 +44,8 @@ cdef extern from "strata_cpu.h" nogil:
                                const void* w_down, int w_dtype, const float* gu_scale,
                                const float* down_scale, int64_t bo, int64_t bi,
                                const float* topk_weight, const int64_t* topk_ids, int64_t n,
-                               int64_t k, int64_t E, int64_t H, int64_t I, void* out)
+                               int64_t k, int64_t E, int64_t H, int64_t I,
+                               const StrataExpertCache* cache, void* out)
     int strata_cpu_linear_fp8(const void* x, int x_dtype, int64_t m, int64_t fin, const void* w,
                               const float* scale, int64_t bo, int64_t bi, int64_t o, void* out)
 
@@ -203,8 +204,10 @@ def commit_accepted(accept, group_slot, group_pos, rec_snaps, conv_snaps, rec_st
 
 
 def moe_experts(x, w_gate_up, w_down, topk_weight, topk_ids, gu_scale, down_scale, int64_t bo,
-                int64_t bi, out):
-    """Routed experts, grouped by expert (reference.moe_experts); writes out (N, H)."""
+                int64_t bi, out, slot_of=None, host_gate_up=None, host_down=None,
+                host_gu_scale=None, host_down_scale=None):
+    """Routed experts, grouped by expert (reference.moe_experts); writes out (N, H). With
+    slot_of, the stacks are the expert cache's slots and misses read the host store."""
     op = "moe_experts"
     cdef int xdt, wdt
     cdef int64_t n, k, e, hidden, inter
@@ -218,6 +221,16 @@ def moe_experts(x, w_gate_up, w_down, topk_weight, topk_ids, gu_scale, down_scal
         named += [("gu_scale", gu_scale), ("down_scale", down_scale)]
         gsp = <float*>_ptr(gu_scale)
         dsp = <float*>_ptr(down_scale)
+    cdef StrataExpertCache cache
+    cdef StrataExpertCache* cp = NULL
+    if slot_of is not None:
+        e = _args_expert_cache(op, &cache, slot_of, host_gate_up, host_down, host_gu_scale,
+                               host_down_scale, w_gate_up, w_down,
+                               gu_scale if wdt == DTYPE_FP8 else None, down_scale)
+        named += [("slot_of", slot_of), ("host_gate_up", host_gate_up), ("host_down", host_down)]
+        if wdt == DTYPE_FP8:
+            named += [("host_gu_scale", host_gu_scale), ("host_down_scale", host_down_scale)]
+        cp = &cache
     _all_cpu(op, named)
     cdef void* xp = _ptr(x)
     cdef void* wgu = _ptr(w_gate_up)
@@ -228,7 +241,7 @@ def moe_experts(x, w_gate_up, w_down, topk_weight, topk_ids, gu_scale, down_scal
     cdef int rc
     with nogil:
         rc = strata_cpu_moe_experts(xp, xdt, wgu, wd, wdt, gsp, dsp, bo, bi, twp, tip, n, k, e,
-                                    hidden, inter, outp)
+                                    hidden, inter, cp, outp)
     _raise(op, rc)
 
 

@@ -59,7 +59,8 @@ cdef extern from "strata_kernels.h" nogil:
                                const void* w_down, int w_dtype, const float* gu_scale,
                                const float* down_scale, int64_t bo, int64_t bi,
                                const float* topk_weight, const int64_t* topk_ids, int64_t n,
-                               int64_t k, int64_t E, int64_t H, int64_t I, void* out,
+                               int64_t k, int64_t E, int64_t H, int64_t I,
+                               const StrataExpertCache* cache, void* out,
                                float* workspace, int device, uintptr_t stream)
     int strata_gpu_linear_skinny(const void* x, int x_dtype, int64_t m, int64_t fin,
                                  const void* w, int w_dtype, const float* scale, int64_t bo,
@@ -286,9 +287,13 @@ def moe_workspace_numel(int64_t n, int64_t k, int64_t inter):
 
 
 def moe_experts(x, w_gate_up, w_down, topk_weight, topk_ids, gu_scale, down_scale, int64_t bo,
-                int64_t bi, out, workspace, uintptr_t stream):
+                int64_t bi, out, workspace, uintptr_t stream, slot_of=None, host_gate_up=None,
+                host_down=None, host_gu_scale=None, host_down_scale=None):
     """Routed experts grouped by expert on the device (two launches, no allocation, no sync).
-    workspace: float32, at least moe_workspace_numel(N, k, I) elements, 16-byte aligned."""
+    workspace: float32, at least moe_workspace_numel(N, k, I) elements, 16-byte aligned.
+    With slot_of (on the device), the stacks are the expert cache's slots and misses read the
+    host store: pinned CPU tensors (read through their device-visible address) or tensors on
+    the same GPU."""
     op = "moe_experts"
     cdef int xdt, wdt
     cdef int64_t n, k, e, hidden, inter
@@ -309,6 +314,23 @@ def moe_experts(x, w_gate_up, w_down, topk_weight, topk_ids, gu_scale, down_scal
         named += [("gu_scale", gu_scale), ("down_scale", down_scale)]
         gsp = <float*>_ptr(gu_scale)
         dsp = <float*>_ptr(down_scale)
+    cdef StrataExpertCache cache
+    cdef StrataExpertCache* cp = NULL
+    if slot_of is not None:
+        e = _args_expert_cache(op, &cache, slot_of, host_gate_up, host_down, host_gu_scale,
+                               host_down_scale, w_gate_up, w_down,
+                               gu_scale if wdt == DTYPE_FP8 else None, down_scale)
+        named.append(("slot_of", slot_of))
+        host = [("host_gate_up", host_gate_up), ("host_down", host_down)]
+        if wdt == DTYPE_FP8:
+            host += [("host_gu_scale", host_gu_scale), ("host_down_scale", host_down_scale)]
+        for name, t in host:
+            if t.device.type == "cpu" and not t.is_pinned():
+                raise ValueError(f"{op}: {name} is in pageable host memory; the kernels read a "
+                                 f"host store through its device address: pin it (pin_memory())")
+            if t.device.type != "cpu":
+                named.append((name, t))
+        cp = &cache
     cdef int dev = _device_of(op, named)
     cdef void* xp = _ptr(x)
     cdef void* wgu = _ptr(w_gate_up)
@@ -320,7 +342,7 @@ def moe_experts(x, w_gate_up, w_down, topk_weight, topk_ids, gu_scale, down_scal
     cdef int rc
     with nogil:
         rc = strata_gpu_moe_experts(xp, xdt, wgu, wd, wdt, gsp, dsp, bo, bi, twp, tip, n, k, e,
-                                    hidden, inter, outp, wsp, dev, stream)
+                                    hidden, inter, cp, outp, wsp, dev, stream)
     _raise(op, rc)
 
 

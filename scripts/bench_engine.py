@@ -86,6 +86,16 @@ def model_config(a):
     return cfg.model
 
 
+def window_grid(fields: dict) -> tuple[int, int]:
+    """(groups, rows per group) a `window` trace event ran: a shape key's padded bucket, else
+    its layout's distinct slots and deepest group."""
+    key, layout = fields["key"], fields["layout"]
+    if key.startswith("shape:"):
+        groups, rows = (int(x) for x in key[6:].split("@")[0].split("x"))
+        return groups, rows
+    return len(set(layout)), max(layout.count(s) for s in set(layout))
+
+
 class WindowTimes:
     """Collects the window events of an engine's timed cohorts: (groups, rows, ctx) -> durations.
     Padded shapes count as the engine runs them (a shape key's bucket)."""
@@ -97,12 +107,7 @@ class WindowTimes:
     def __call__(self, ev: str, fields: dict) -> None:
         if not self.on or ev != "window":
             return
-        key, layout = fields["key"], fields["layout"]
-        if key.startswith("shape:"):
-            groups, rows = (int(x) for x in key[6:].split("@")[0].split("x"))
-        else:
-            groups = len(set(layout))
-            rows = max(layout.count(s) for s in set(layout))
+        groups, rows = window_grid(fields)
         self.times.setdefault((groups, rows, int(fields["ctx"])), []).append(float(fields["dur"]))
 
     def table(self, args, fmt, drafting: bool, bandwidth: float) -> list[dict]:

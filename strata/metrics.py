@@ -106,8 +106,17 @@ def run_metrics(states: Iterable, stats: dict[str, Any]) -> dict[str, Any]:
         "graph": {"hit": stats["graph_hits"], "capture": stats["graph_captures"],
                   "eager": stats["graph_eager"], "evict": stats["graph_evictions"]},
         "ttft_s": agg["ttft_s"], "e2e_s": agg["e2e_s"],
+        "expert_hit_rate": expert_hit_rate(stats),
         "requests": [request_metrics(t) for t in times],
     }
+
+
+def expert_hit_rate(stats: dict[str, Any]) -> Optional[float]:
+    """Hits / (hits + misses) of the expert cache's (layer, expert) reads; None when the cache
+    is off or no window ran."""
+    if not stats.get("expert_cache"):
+        return None
+    return ratio(stats["expert_hits"], stats["expert_hits"] + stats["expert_misses"])
 
 
 def _f(v: Optional[float], nd: int = 1) -> str:
@@ -127,5 +136,7 @@ def format_table(m: dict[str, Any]) -> str:
     lines.append(f"aggregate {_f(m['aggregate_tps'])} tokens/s over {m['wall_s']:.3f} s, "
                  f"{m['output_tokens']} tokens; acceptance {_f(m['acceptance'], 3)}; "
                  f"windows {m['windows']} (graph hit {g['hit']}, capture {g['capture']}, "
-                 f"eager {g['eager']}, evict {g['evict']}); prefills {m['prefills']}")
+                 f"eager {g['eager']}, evict {g['evict']}); prefills {m['prefills']}"
+                 + (f"; expert hit rate {m['expert_hit_rate']:.3f}"
+                    if m.get("expert_hit_rate") is not None else ""))
     return "\n".join(lines)

@@ -5,6 +5,8 @@
 #pragma once
 #include <stdint.h>
 
+#include "strata_expert_cache.h"
+
 #ifdef __cplusplus
 extern "C" {
 #endif
@@ -57,11 +59,12 @@ int strata_cpu_commit(const int64_t* accept, const int64_t* group_slot, const in
 // (E, 2I, H), w_down (E, H, I) contiguous in w_dtype (STRATA_DTYPE_FP8 with gu_scale
 // (E, 2*ceil(I/bo), ceil(H/bi)) and down_scale (E, ceil(H/bo), ceil(I/bi)) float32);
 // topk_weight (n, k) float32 and topk_ids (n, k) int64, contiguous. ids out of range: error.
+// cache: NULL, or the expert cache (strata_expert_cache.h): the stacks are its slots, E ids.
 int strata_cpu_moe_experts(const void* x, int x_dtype, const void* w_gate_up, const void* w_down,
                            int w_dtype, const float* gu_scale, const float* down_scale,
                            int64_t bo, int64_t bi, const float* topk_weight,
                            const int64_t* topk_ids, int64_t n, int64_t k, int64_t E, int64_t H,
-                           int64_t I, void* out);
+                           int64_t I, const StrataExpertCache* cache, void* out);
 
 // out (m, o) = x (m, in) . W^T for W (o, in) float8_e4m3fn with scale (ceil(o/bo), ceil(in/bi)).
 int strata_cpu_linear_fp8(const void* x, int x_dtype, int64_t m, int64_t in, const void* w,

@@ -9,6 +9,8 @@
 #pragma once
 #include <stdint.h>
 
+#include "strata_expert_cache.h"
+
 #ifdef __cplusplus
 extern "C" {
 #endif
@@ -71,13 +73,16 @@ int strata_gpu_commit(const int64_t* accept, const int64_t* group_slot, const in
 // int64 (out-of-range ids are clamped); out (n, H) in x_dtype. workspace: float32, at least
 // strata_gpu_moe_workspace(n, k, I) elements, 16-byte aligned, owned by the caller (no
 // initialisation needed). Limits: n <= 32, n * k <= 512, H and I multiples of 16, a weight row
-// at most 8 KiB. Two launches, grids fixed by the shapes.
+// at most 8 KiB. Two launches, grids fixed by the shapes. cache: NULL, or the expert cache
+// (strata_expert_cache.h): the stacks are its device slots, E ids, misses read from the
+// device-visible host store; the struct is copied at launch (the caller may free it after).
 int64_t strata_gpu_moe_workspace(int64_t n, int64_t k, int64_t inter);
 int strata_gpu_moe_experts(const void* x, int x_dtype, const void* w_gate_up, const void* w_down,
                            int w_dtype, const float* gu_scale, const float* down_scale,
                            int64_t bo, int64_t bi, const float* topk_weight,
                            const int64_t* topk_ids, int64_t n, int64_t k, int64_t E, int64_t H,
-                           int64_t I, void* out, float* workspace, int device, uintptr_t stream);
+                           int64_t I, const StrataExpertCache* cache, void* out,
+                           float* workspace, int device, uintptr_t stream);
 
 // out (m, o) = x (m, in) . W^T for m <= 32 rows; W (o, in) float8_e4m3fn with scale
 // (ceil(o/bo), ceil(in/bi)) float32 (bi % 16 == 0), or bfloat16 (scale NULL). x and out in

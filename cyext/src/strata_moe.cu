@@ -223,24 +223,42 @@ struct MoeParams {
   int* members;  // (P, P) member pairs of each leader, in pair order
   int64_t gu_expert_bytes, down_expert_bytes;     // stride between experts' weights
   int64_t gu_scale_expert, down_scale_expert;     // floats per expert in the scale tensors
+  // Expert cache (strata_expert_cache.h): slot_of NULL = none (the stacks hold every expert).
+  const int32_t* slot_of;
+  const void* h_gu;
+  const void* h_down;
+  const float* h_gu_scale;
+  const float* h_down_scale;
   int n, k, P, E, H, I, bo, bi, x_dtype;
   int nbg;           // ceil(I / bo): scale rows of the gate half (the up half follows)
   int ncb_h, ncb_i;  // scale columns of gate/up (over H) and of down (over I)
 };
 
-// The one place where an expert's weights are found: an expert cache can swap these for a
-// table of device or mapped-host pointers.
+// The one place where an expert's weights are found. With the expert cache, a resident
+// expert is read from its device slot and a missing one (slot -1) from the pinned host store
+// through its device-visible address (zero-copy over the bus).
+__device__ __forceinline__ int expert_row(const MoeParams& p, int e) {
+  return p.slot_of ? __ldg(p.slot_of + e) : e;
+}
 __device__ __forceinline__ const uint8_t* expert_gate_up(const MoeParams& p, int e) {
-  return (const uint8_t*)p.w_gu + (int64_t)e * p.gu_expert_bytes;
+  const int r = expert_row(p, e);
+  if (r < 0) return (const uint8_t*)p.h_gu + (int64_t)e * p.gu_expert_bytes;
+  return (const uint8_t*)p.w_gu + (int64_t)r * p.gu_expert_bytes;
 }
 __device__ __forceinline__ const uint8_t* expert_down(const MoeParams& p, int e) {
-  return (const uint8_t*)p.w_down + (int64_t)e * p.down_expert_bytes;
+  const int r = expert_row(p, e);
+  if (r < 0) return (const uint8_t*)p.h_down + (int64_t)e * p.down_expert_bytes;
+  return (const uint8_t*)p.w_down + (int64_t)r * p.down_expert_bytes;
 }
 __device__ __forceinline__ const float* expert_gate_up_scale(const MoeParams& p, int e) {
-  return p.gu_scale + (int64_t)e * p.gu_scale_expert;
+  const int r = expert_row(p, e);
+  if (r < 0) return p.h_gu_scale + (int64_t)e * p.gu_scale_expert;
+  return p.gu_scale + (int64_t)r * p.gu_scale_expert;
 }
 __device__ __forceinline__ const float* expert_down_scale(const MoeParams& p, int e) {
-  return p.down_scale + (int64_t)e * p.down_scale_expert;
+  const int r = expert_row(p, e);
+  if (r < 0) return p.h_down_scale + (int64_t)e * p.down_scale_expert;
+  return p.down_scale + (int64_t)r * p.down_scale_expert;
 }
 
 __device__ __forceinline__ int clamp_expert(int64_t e, int E) {
@@ -577,8 +595,8 @@ int strata_gpu_moe_experts(const void* x, int x_dtype, const void* w_gate_up, co
                            int w_dtype, const float* gu_scale, const float* down_scale,
                            int64_t bo, int64_t bi, const float* topk_weight,
                            const int64_t* topk_ids, int64_t n, int64_t k, int64_t E, int64_t H,
-                           int64_t I, void* out, float* workspace, int device,
-                           uintptr_t stream) {
+                           int64_t I, const StrataExpertCache* cache, void* out,
+                           float* workspace, int device, uintptr_t stream) {
   int rc = gpu_use_device(device);
   if (rc) return rc;
   if (n == 0 || H == 0) return 0;
@@ -593,7 +611,16 @@ int strata_gpu_moe_experts(const void* x, int x_dtype, const void* w_gate_up, co
   const bool fp8 = w_dtype == STRATA_DTYPE_FP8;
   if (fp8 && (!gu_scale || !down_scale || bo < 1 || bi < 16 || bi % 16))
     return invalid("moe_experts (FP8 weights need scales and a block (bo, bi) with bi % 16 == 0)");
+  if (cache && (!cache->slot_of || !cache->host_gate_up || !cache->host_down ||
+                !aligned16(cache->host_gate_up) || !aligned16(cache->host_down) ||
+                (fp8 && (!cache->host_gu_scale || !cache->host_down_scale))))
+    return invalid("moe_experts (the expert cache needs slot_of and a 16-byte aligned host store)");
   MoeParams p;
+  p.slot_of = cache ? cache->slot_of : nullptr;
+  p.h_gu = cache ? cache->host_gate_up : nullptr;
+  p.h_down = cache ? cache->host_down : nullptr;
+  p.h_gu_scale = cache ? cache->host_gu_scale : nullptr;
+  p.h_down_scale = cache ? cache->host_down_scale : nullptr;
   p.x = x;
   p.out = out;
   p.w_gu = w_gate_up;

@@ -20,6 +20,7 @@ from strata.config import (ConfigError, batch_mtp_from_env, check_known_keys, en
 from strata.engine.arrivals import Arrivals
 from strata.engine.compiling import compiled_functions
 from strata.engine.device import device_free_used_mib, resolve_device
+from strata.engine.expert_cache import ExpertCache, plan_expert_cache
 from strata.engine.graph_cache import GraphCache
 from strata.engine.memory import plan_engine_memory
 from strata.engine.model_runner import ModelRunner
@@ -74,10 +75,21 @@ class Engine:
         batch_mtp = batch_mtp_from_env(ecfg.batch_mtp)
         off_reason = ("the checkpoint has no mtp.* weights" if not loaded.has_mtp else
                       f"engine.spec={ecfg.spec} < 2 leaves no draft row" if ecfg.spec < 2 else None)
-        mem = plan_engine_memory(loaded, ecfg, device, self.max_context, off_reason)
+        cache_plan = (plan_expert_cache(self.model, ecfg.expert_cache_mib)
+                      if ecfg.expert_cache_mib > 0 else None)
+        mem = plan_engine_memory(loaded, ecfg, device, self.max_context, off_reason, cache_plan)
         self.budget, self.drafting, n_slots = mem.budget, mem.drafting, mem.budget.slots
         self.batch_mtp = bool(batch_mtp and self.drafting)
         log(f"INFO {mem.describe()}")
+        self.expert_cache: Optional[ExpertCache] = None
+        if cache_plan is not None:
+            self.expert_cache = ExpertCache(self.model, cache_plan, device, ecfg.expert_profile,
+                                            ecfg.expert_adapt_every)
+            log(f"INFO expert cache: {cache_plan.slots} of {cache_plan.experts} routed experts "
+                f"resident in each of {cache_plan.moe_layers} MoE layers "
+                f"({cache_plan.resident_mib():.1f} MiB of slots, the rest "
+                f"{cache_plan.routed_mib() - cache_plan.resident_mib():.1f} MiB in host memory); "
+                f"first fill {'from ' + ecfg.expert_profile if ecfg.expert_profile else 'lowest ids'}")
 
         # ---- state, verifier, scheduler, graph cache, runner ------------------------------------
         self.compiling = ecfg.compile == "on" or (ecfg.compile == "auto" and device.type == "cuda")
@@ -87,7 +99,8 @@ class Engine:
         self.verifier = Verifier(self.model, self.state, self.bufs, self.drafting,
                                  split_keys=ecfg.invariant_split_keys if ecfg.batch_invariant else 0,
                                  functions=compiled_functions(self.model) if self.compiling else None,
-                                 synthetic_acceptance=ecfg.synthetic_acceptance)
+                                 synthetic_acceptance=ecfg.synthetic_acceptance,
+                                 expert_cache=self.expert_cache)
         self.scheduler = Scheduler(n_slots, mode=ecfg.mode, batch_mtp=self.batch_mtp,
                                    drafting=self.drafting, spec=ecfg.spec,
                                    window_rows=ecfg.window_rows, decode_share=ecfg.decode_share,
@@ -100,6 +113,8 @@ class Engine:
                  "max_context": self.max_context, "drafting": self.drafting}
         memory = {**self.budget.as_dict(),
                   "graph_mib": float(ecfg.cpu_graph_mib) if device.type == "cpu" else None}
+        if cache_plan is not None:
+            memory.update(cache_plan.memory_fields())
         self.trace.emit("config", engine=knobs, memory=memory)
         if batch_mtp and ecfg.mode == "batch" and mem.off_reason is not None:
             self.warn(f"batch_mtp is off: {mem.off_reason}")
@@ -127,6 +142,8 @@ class Engine:
         plan = plan_warmup(self.cfg, len(self.scheduler.slots), most_rows, self.max_context,
                            self.cache is not None)
         done = self.runner.warmup(plan, self._tier)
+        if self.expert_cache is not None:  # scratch-lane routing is not the workload's
+            self.expert_cache.reset_counts()
         if plan.window_keys is not None:  # a replay starts from these graphs
             self.trace.emit("warmup", keys=done.window_keys, mib=done.window_mib)
         self._sync()
@@ -265,9 +282,16 @@ class Engine:
         dur = time.perf_counter() - t0
         self.windows += 1
         tracing = self.trace.active  # a server or benchmark builds none of these events
+        swap = None
+        extra = {}
+        if self.expert_cache is not None:
+            hits, misses, swap = self.expert_cache.after_window()
+            extra = {"hits": hits, "misses": misses,
+                     "bus_bytes": misses * self.expert_cache.plan.expert_bytes}
         if tracing:
             # A capture's measured size: replaying a GPU trace needs it to decide what fits.
-            extra = {"mib": round(run.mib, 3)} if run.mib is not None else {}
+            if run.mib is not None:
+                extra["mib"] = round(run.mib, 3)
             self.trace.emit("window", layout=list(plan.layout), key=w.key or "eager",
                             graph=run.action, rows=len(plan.layout), dur=round(dur, 6), ctx=w.tier,
                             **extra)
@@ -288,6 +312,8 @@ class Engine:
         for slot in ended:
             self._finish_event(slot.req, outs.get(slot.req.id))
             self.scheduler.release(slot)
+        if swap is not None:
+            self.trace.emit("expert_swap", experts=swap[0], bytes=swap[1])
 
     # ---- postprocess: emission and finishing ------------------------------------------------------
     def _emit(self, rs: RequestState, slot: Slot, tokens: list[int], outs: dict) -> int:
@@ -332,6 +358,9 @@ class Engine:
             **GraphCache.stats(self.cache),
             "device_free_mib": dev_free, "device_used_mib": dev_used,
             "prefill_graphs": len(self.runner.p_graphs), "prefill_graphs_mib": self.runner.p_graphs_mib,
+            "expert_cache": self.expert_cache is not None,
+            "expert_hits": self.expert_cache.hits if self.expert_cache else 0,
+            "expert_misses": self.expert_cache.misses if self.expert_cache else 0,
         }
 
     def close(self) -> None:

@@ -107,9 +107,13 @@ def plan_memory(*, asked: int, drafting: bool, off_reason: Optional[str], total_
 
 
 def plan_engine_memory(loaded, ecfg, device, max_context: int,
-                       off_reason: Optional[str]) -> MemoryPlan:
+                       off_reason: Optional[str], expert_cache=None) -> MemoryPlan:
     """plan_memory for a loaded model: its weights, and the per-lane state (KV, DeltaNet
-    states, draft state) of `max_context` positions plus the window's spare rows."""
+    states, draft state) of `max_context` positions plus the window's spare rows.
+
+    `expert_cache` (an ExpertCachePlan, engine.expert_cache_mib > 0): the routed experts leave
+    the weights; everything else is planned first, and the cache's device slots must fit in
+    what is left (else a ConfigError naming the numbers); they then count as weights."""
     import torch
 
     from strata.engine.device import device_memory  # (it imports MIB from here)
@@ -119,10 +123,28 @@ def plan_engine_memory(loaded, ecfg, device, max_context: int,
                                      loaded.dtype, loaded.has_mtp)
     elem = torch.empty((), dtype=loaded.dtype).element_size()
     total_mib, free_fn = device_memory(device, ecfg.cpu_device_mib)
-    return plan_memory(
+    weights_mib = sum(p.numel() * p.element_size() for p in loaded.model.parameters()) / MIB
+    if expert_cache is not None:
+        weights_mib -= expert_cache.routed_mib()
+    plan = plan_memory(
         asked=ecfg.slots if ecfg.mode == "batch" else 1, drafting=off_reason is None,
         off_reason=off_reason, total_mib=total_mib, reserve_mib=float(ecfg.vram_reserve_mib),
-        weights_mib=sum(p.numel() * p.element_size() for p in loaded.model.parameters()) / MIB,
+        weights_mib=weights_mib,
         main_mib=per["main"] / MIB + (loaded.args.hidden_size * elem + 64) / MIB,
         draft_mib=per["draft"] / MIB, graph_estimate_mib=ecfg.graph_mib_estimate,
         device_free_mib=free_fn)
+    if expert_cache is not None:
+        b = plan.budget
+        room = b.total_mib - b.reserve_mib - b.planned_mib() - ecfg.graph_mib_estimate
+        need = expert_cache.resident_mib()
+        if need > room:
+            raise ConfigError(
+                f"engine.expert_cache_mib={ecfg.expert_cache_mib}: the device cannot hold the "
+                f"expert cache: {need:.1f} MiB of slots ({expert_cache.slots} per MoE layer x "
+                f"{expert_cache.moe_layers} layers x {expert_cache.expert_bytes} bytes) beside "
+                f"device {b.total_mib:.0f} MiB - reserve {b.reserve_mib:.0f} - weights without "
+                f"routed experts {b.weights_mib:.1f} - {b.slots} slots x {b.slot_mib:.2f} - one "
+                f"graph {ecfg.graph_mib_estimate:.0f} = {room:.1f} MiB (lower "
+                f"engine.expert_cache_mib, engine.slots or engine.max_context)")
+        b.weights_mib += need
+    return plan

@@ -66,12 +66,13 @@ PURE_FUNCTIONS = {"sample": sample_lanes, "sample_plain": sample_plain_lanes,
 class Verifier:
     def __init__(self, model: Qwen3Next, state: DecodeState, bufs: SlotBuffers, drafting: bool,
                  split_keys: int = 0, functions: Optional[dict[str, Callable]] = None,
-                 synthetic_acceptance: Optional[float] = None):
+                 synthetic_acceptance: Optional[float] = None, expert_cache=None):
         """`split_keys`: the verify forward attention's split-K chunk in keys (0: the kernels'
         own plan; engine.batch_invariant fixes it). `functions`: replacements (compiled
         versions) for some of PURE_FUNCTIONS. `synthetic_acceptance` (engine knob): None
         verifies drafts; p in [0, 1] accepts each draft with probability p (benchmarks on
-        dummy weights; the text is not the model's)."""
+        dummy weights; the text is not the model's). `expert_cache`: the engine's ExpertCache
+        (engine.expert_cache_mib > 0), whose hit/miss counts each window updates on the device."""
         self.model = model
         self.state = state
         self.bufs = bufs
@@ -84,6 +85,8 @@ class Verifier:
         self.synthetic_window = pure["synthetic_window"]
         self.synthetic_acceptance = (None if synthetic_acceptance is None
                                      else float(synthetic_acceptance))
+        #: strata.engine.expert_cache.ExpertCache, or None: a window starts and ends its counts.
+        self.expert_cache = expert_cache
 
     def _sample(self, logits: torch.Tensor, lanes: torch.Tensor, pos0: torch.Tensor, rows_per: int,
                 offset: int, filtered: bool) -> torch.Tensor:
@@ -103,6 +106,8 @@ class Verifier:
         """Run one window; gs, gp, rows are (NG,) device tensors. Returns (NG, G + 2) int64.
         `filtered`: some request of the window filters (`SamplingParams.filtered`)."""
         model, state, bufs = self.model, self.state, self.bufs
+        if self.expert_cache is not None:
+            self.expert_cache.begin_window()
         ng = gs.shape[0]
         cols = [bufs.pending[gs]]
         if g >= 2:
@@ -137,6 +142,8 @@ class Verifier:
             bufs.mtp_h[gs] = h_a
         else:
             draft = torch.zeros_like(accept)
+        if self.expert_cache is not None:
+            self.expert_cache.end_window()
         return torch.cat([y, accept[:, None], draft[:, None]], 1)
 
     def prefill(self, tokens: torch.Tensor, meta: torch.Tensor, ctx: int) -> torch.Tensor:

@@ -161,21 +161,41 @@ def _index2d(t: torch.Tensor) -> torch.Tensor:
     return t if t.is_contiguous() else t.contiguous()
 
 
+#: The expert cache's optional arguments of moe_experts (reference.moe_experts), in order.
+CACHE_ARGS = ("slot_of", "host_gate_up", "host_down", "host_gu_scale", "host_down_scale")
+
+
+def _cache_kwargs(slot_of, host_gate_up, host_down, host_gu_scale, host_down_scale) -> dict:
+    if slot_of is None:
+        return {}
+    return {"slot_of": slot_of, "host_gate_up": host_gate_up, "host_down": host_down,
+            "host_gu_scale": host_gu_scale, "host_down_scale": host_down_scale}
+
+
 def cpu_moe_experts(x, w_gate_up, w_down, topk_weight, topk_ids, gu_scale=None, down_scale=None,
-                    block=None, *, out=None):
+                    block=None, slot_of=None, host_gate_up=None, host_down=None,
+                    host_gu_scale=None, host_down_scale=None, *, out=None):
     """Routed experts on the CPU, grouped by expert: each distinct expert's rows are decoded
-    once for all the rows routed to it (reference.moe_experts semantics)."""
+    once for all the rows routed to it (reference.moe_experts semantics, the expert cache's
+    slots and host store included)."""
+    cache = _cache_kwargs(slot_of, host_gate_up, host_down, host_gu_scale, host_down_scale)
     if _compiling() and out is None:
         return torch.ops.strata.moe_experts(x, w_gate_up, w_down, topk_weight, topk_ids,
                                             gu_scale, down_scale,
-                                            None if block is None else [int(b) for b in block])
+                                            None if block is None else [int(b) for b in block],
+                                            slot_of, host_gate_up, host_down, host_gu_scale,
+                                            host_down_scale)
     bo, bi = _block_args("moe_experts", w_gate_up, gu_scale, block)
     x, topk_weight, topk_ids = _moe_inputs(x, topk_weight, topk_ids)
     if out is None:
         out = torch.empty_like(x)
+    if cache and gu_scale is not None:
+        cache["host_gu_scale"] = host_gu_scale.float().contiguous()
+        cache["host_down_scale"] = host_down_scale.float().contiguous()
     _cpu.moe_experts(x, w_gate_up.contiguous(), w_down.contiguous(), topk_weight, topk_ids,
                      None if gu_scale is None else gu_scale.float().contiguous(),
-                     None if down_scale is None else down_scale.float().contiguous(), bo, bi, out)
+                     None if down_scale is None else down_scale.float().contiguous(), bo, bi, out,
+                     **cache)
     return out
 
 
@@ -418,20 +438,26 @@ def _validate_ids(op: str, ids: torch.Tensor, num_experts: int) -> None:
 
 
 def gpu_moe_experts(x, w_gate_up, w_down, topk_weight, topk_ids, gu_scale=None,
-                    down_scale=None, block=None, *, out=None, workspace=None):
+                    down_scale=None, block=None, slot_of=None, host_gate_up=None, host_down=None,
+                    host_gu_scale=None, host_down_scale=None, *, out=None, workspace=None):
     """Routed experts on the GPU, grouped by expert on the device: each distinct expert's
     gate/up and down weights are read once for all of its rows (two launches per 32 rows, fixed
     grids, no host sync: capturable). Rows are independent: a row's result is bit-identical
     whatever rows share the call. Shapes the kernel does not take (moe_kernel_supported) run
-    the reference. workspace: optional float32 scratch of moe_workspace_numel(N, k, I)."""
+    the reference. workspace: optional float32 scratch of moe_workspace_numel(N, k, I).
+    With the expert cache (slot_of and the host store, reference.moe_experts), missing
+    experts are read from pinned host memory inside the kernel: still capturable."""
+    cache = _cache_kwargs(slot_of, host_gate_up, host_down, host_gu_scale, host_down_scale)
     if _compiling() and out is None and workspace is None:
         return torch.ops.strata.moe_experts(x, w_gate_up, w_down, topk_weight, topk_ids,
                                             gu_scale, down_scale,
-                                            None if block is None else [int(b) for b in block])
+                                            None if block is None else [int(b) for b in block],
+                                            slot_of, host_gate_up, host_down, host_gu_scale,
+                                            host_down_scale)
     k = topk_ids.shape[-1]
     if not moe_kernel_supported(x, w_gate_up, k, block):
         res = reference.moe_experts(x, w_gate_up, w_down, topk_weight, topk_ids, gu_scale,
-                                    down_scale, block)
+                                    down_scale, block, **cache)
         if out is not None:
             out.copy_(res)
             return out
@@ -439,7 +465,7 @@ def gpu_moe_experts(x, w_gate_up, w_down, topk_weight, topk_ids, gu_scale=None,
     bo, bi = _block_args("moe_experts", w_gate_up, gu_scale, block)
     x, topk_weight, topk_ids = _moe_inputs(x, topk_weight, topk_ids)
     x = _aligned(x)
-    _validate_ids("moe_experts", topk_ids, w_gate_up.shape[0])
+    _validate_ids("moe_experts", topk_ids, slot_of.shape[0] if cache else w_gate_up.shape[0])
     n = x.shape[0]
     inter = w_gate_up.shape[1] // 2
     if out is None:
@@ -455,7 +481,7 @@ def gpu_moe_experts(x, w_gate_up, w_down, topk_weight, topk_ids, gu_scale=None,
         r1 = min(n, r0 + MOE_MAX_ROWS)
         o = out if (r0 == 0 and r1 == n) else out[r0:r1]
         _gpu.moe_experts(x[r0:r1], w_gate_up, w_down, topk_weight[r0:r1], topk_ids[r0:r1],
-                         gu_scale, down_scale, bo, bi, o, workspace, stream)
+                         gu_scale, down_scale, bo, bi, o, workspace, stream, **cache)
     return out
 
 
@@ -576,12 +602,18 @@ def _register_custom_ops() -> None:
     @torch.library.custom_op("strata::moe_experts", mutates_args=())
     def _moe(x: Tensor, w_gate_up: Tensor, w_down: Tensor, topk_weight: Tensor,
              topk_ids: Tensor, gu_scale: Tensor | None, down_scale: Tensor | None,
-             block: list[int] | None) -> Tensor:
+             block: list[int] | None, slot_of: Tensor | None = None,
+             host_gate_up: Tensor | None = None, host_down: Tensor | None = None,
+             host_gu_scale: Tensor | None = None, host_down_scale: Tensor | None = None) -> Tensor:
         return _eager("moe_experts", x.device)(x, w_gate_up, w_down, topk_weight, topk_ids,
-                                                gu_scale, down_scale, block)
+                                                gu_scale, down_scale, block, slot_of,
+                                                host_gate_up, host_down, host_gu_scale,
+                                                host_down_scale)
 
     @_moe.register_fake
-    def _(x, w_gate_up, w_down, topk_weight, topk_ids, gu_scale, down_scale, block):
+    def _(x, w_gate_up, w_down, topk_weight, topk_ids, gu_scale, down_scale, block,
+          slot_of=None, host_gate_up=None, host_down=None, host_gu_scale=None,
+          host_down_scale=None):
         return torch.empty_like(x, memory_format=torch.contiguous_format)
 
     @torch.library.custom_op("strata::linear_fp8", mutates_args=())

@@ -195,19 +195,59 @@ def linear_fp8(x: torch.Tensor, weight: torch.Tensor, scale_inv: torch.Tensor,
 def moe_experts(x: torch.Tensor, w_gate_up: torch.Tensor, w_down: torch.Tensor,
                 topk_weight: torch.Tensor, topk_ids: torch.Tensor,
                 gu_scale: torch.Tensor | None = None, down_scale: torch.Tensor | None = None,
-                block: tuple[int, int] | None = None) -> torch.Tensor:
+                block: tuple[int, int] | None = None, slot_of: torch.Tensor | None = None,
+                host_gate_up: torch.Tensor | None = None, host_down: torch.Tensor | None = None,
+                host_gu_scale: torch.Tensor | None = None,
+                host_down_scale: torch.Tensor | None = None) -> torch.Tensor:
     """Routed experts: out[n] = sum_j topk_weight[n, j] * E_e(x[n]) with e = topk_ids[n, j] and
     E_e(x) = W_down[e] @ (silu(W_gate[e] @ x) * (W_up[e] @ x)).
 
     x (N, H); w_gate_up (E, 2I, H) (gate rows first) and w_down (E, H, I), in x's dtype or FP8
     with gu_scale / down_scale and block (bo, bi); topk_weight (N, k) float; topk_ids (N, k)
     int64. Computed in float32 and returned in x's dtype. This reference gathers each row's
-    experts (static shapes, capturable); the kernels read each distinct expert once."""
-    wgu, wd = w_gate_up[topk_ids], w_down[topk_ids]  # (N, k, 2I, H), (N, k, H, I)
-    if gu_scale is not None:
-        wgu = dequant_gate_up(wgu, gu_scale[topk_ids], block)
-        wd = dequant_fp8_block(wd, down_scale[topk_ids], block)
+    experts (static shapes, capturable); the kernels read each distinct expert once.
+
+    Expert cache (strata/engine/expert_cache.py): with `slot_of` (E,) int32, the weight and
+    scale stacks are the device slots (S, ...) and expert e is read from slot slot_of[e] when
+    slot_of[e] >= 0, else (a miss) from the host store host_gate_up / host_down /
+    host_gu_scale / host_down_scale (E_h <= E, ...) at row e: pinned host memory that the GPU
+    kernels read through its device-visible address, so a captured graph stays valid whichever
+    experts miss. Where an expert is read from never changes the result. Here (the reference)
+    a host store on another device than the ids is gathered on the host: eager only."""
+    if slot_of is not None:
+        if host_gate_up is None or host_down is None:
+            raise ValueError("moe_experts: slot_of needs the host store (host_gate_up, host_down)")
+        slot = slot_of.to(topk_ids.device)[topk_ids].long()  # (N, k); -1 = read from the host
+        wgu = _cached_rows(w_gate_up, host_gate_up, slot, topk_ids)
+        wd = _cached_rows(w_down, host_down, slot, topk_ids)
+        if gu_scale is not None:
+            wgu = dequant_gate_up(wgu, _cached_rows(gu_scale, host_gu_scale, slot, topk_ids), block)
+            wd = dequant_fp8_block(wd, _cached_rows(down_scale, host_down_scale, slot, topk_ids),
+                                   block)
+    else:
+        wgu, wd = w_gate_up[topk_ids], w_down[topk_ids]  # (N, k, 2I, H), (N, k, H, I)
+        if gu_scale is not None:
+            wgu = dequant_gate_up(wgu, gu_scale[topk_ids], block)
+            wd = dequant_fp8_block(wd, down_scale[topk_ids], block)
     gu = torch.einsum("nh,nkih->nki", x.float(), wgu.float())
     gate, up = gu.split(wgu.shape[-2] // 2, dim=-1)
     out = torch.einsum("nki,nkhi->nkh", F.silu(gate) * up, wd.float())
     return torch.einsum("nkh,nk->nh", out, topk_weight.float()).to(x.dtype)
+
+
+def _cached_rows(slots: torch.Tensor, host: torch.Tensor, slot: torch.Tensor,
+                 ids: torch.Tensor) -> torch.Tensor:
+    """(N, k, ...) expert rows: slots[slot] where slot >= 0, else host[ids] (expert cache)."""
+    dev = ids.device
+    if slots.dtype == FP8_DTYPE_REF:  # where() is not defined for float8 everywhere: bytes
+        return _cached_rows(slots.view(torch.uint8), host.view(torch.uint8), slot,
+                            ids).view(FP8_DTYPE_REF)
+    from_slot = slots[slot.clamp(min=0, max=max(slots.shape[0] - 1, 0))] if slots.shape[0] else \
+        torch.zeros(*slot.shape, *host.shape[1:], dtype=host.dtype, device=dev)
+    hid = ids.clamp(max=host.shape[0] - 1)  # ids past the store (a folded shared expert) are resident
+    from_host = host[hid.to(host.device)].to(dev)
+    keep = (slot >= 0).view(*slot.shape, *([1] * (host.dim() - 1)))
+    return torch.where(keep, from_slot, from_host)
+
+
+FP8_DTYPE_REF = getattr(torch, "float8_e4m3fn", None)

@@ -87,3 +87,27 @@ def init_dummy(model: nn.Module, seed: int) -> nn.Module:
         else:
             _fill_float(name, p, g)
     return model
+
+
+@torch.no_grad()
+def apply_routing_skew(model: nn.Module, skew: float, seed: int) -> int:
+    """model.dummy_routing_skew (SYNTHETIC): give every MoE router a skewed expert popularity.
+    Each layer ranks its experts by a seeded permutation and adds -skew * ln(1 + rank) to the
+    router logit of the expert of that rank, so each expert's softmax weight is scaled by
+    (1 + rank)^-skew: a Zipf-like fall-off of exponent `skew` (trained routers are skewed;
+    docs/EXPERT_CACHE.md). Which experts are popular differs per layer. Returns the layers
+    changed."""
+    from strata.model.qwen3_next import SparseMoe
+
+    n = 0
+    for name, m in model.named_modules():
+        if not isinstance(m, SparseMoe):
+            continue
+        n_exp = m.gate.weight.shape[0]
+        g = torch.Generator().manual_seed(param_seed(seed, f"{name}.routing_skew"))
+        rank = torch.empty(n_exp, dtype=torch.long)
+        rank[torch.randperm(n_exp, generator=g)] = torch.arange(n_exp)
+        bias = -float(skew) * torch.log1p(rank.double())
+        m.routing_bias = bias.float().to(m.gate.weight.device)
+        n += 1
+    return n

@@ -15,7 +15,7 @@ from safetensors.torch import save_file
 
 from strata.kernels.reference import dequant_fp8_block
 from strata.model.config import CheckpointError, ModelArgs, load_model_args
-from strata.model.dummy import init_dummy
+from strata.model.dummy import apply_routing_skew, init_dummy
 from strata.model.fp8 import (FP8_DTYPE, dequantize_dense, QuantConfig, fp8_supported, load_quant_config, scale_shape,
                               to_fp8_linear)
 from strata.model.qwen3_next import Experts, Qwen3Next, Rotary
@@ -192,14 +192,15 @@ def load_model(mcfg, device: str | torch.device, log=print) -> LoadedModel:
     return load_checkpoint(mcfg.path, mcfg.dtype, device, log=log,
                            moe_dense_experts=int(mcfg.moe_dense_experts),
                            load_format=mcfg.load_format, dummy_seed=int(mcfg.dummy_seed),
-                           num_layers=mcfg.num_layers, fp8_dense=mcfg.fp8_dense)
+                           num_layers=mcfg.num_layers, fp8_dense=mcfg.fp8_dense,
+                           routing_skew=float(mcfg.dummy_routing_skew))
 
 
 def load_checkpoint(path: str | Path, dtype: str = "auto", device: str | torch.device = "cpu",
                     keymap: KeyMap = QWEN3_NEXT, log=print, fuse: bool = True,
                     moe_dense_experts: int = 16, load_format: str = "auto", dummy_seed: int = 0,
                     num_layers: Optional[int] = None, fp8: str = "auto",
-                    fp8_dense: str = "dequant") -> LoadedModel:
+                    fp8_dense: str = "dequant", routing_skew: float = 0.0) -> LoadedModel:
     """Build the model from a checkpoint directory; every problem names the file and the key.
 
     load_format: safetensors (the weights), dummy (seeded random weights from config.json
@@ -208,6 +209,7 @@ def load_checkpoint(path: str | Path, dtype: str = "auto", device: str | torch.d
     it, else dequantised exactly), keep, or dequant (tests use keep to run the FP8 path on CPU).
     fp8_dense: where FP8 is kept, whether the dense (non-expert) linear layers stay FP8 (`fp8`)
     or are dequantised to the model dtype at load (`dequant`, model.fp8_dense).
+    routing_skew: dummy only, model.dummy_routing_skew (synthetic skewed expert popularity).
     """
     path = resolve_model_path(path)
     if load_format not in LOAD_FORMATS:
@@ -224,6 +226,9 @@ def load_checkpoint(path: str | Path, dtype: str = "auto", device: str | torch.d
     device = torch.device(device)
     args = load_model_args(path)
     quant = load_quant_config(path)
+    if routing_skew and load_format != "dummy":
+        raise CheckpointError("model.dummy_routing_skew: only with model.load_format=dummy (a "
+                              "checkpoint's routers are its own)")
     if num_layers is not None:
         if load_format != "dummy":
             raise CheckpointError("model.num_layers: only with model.load_format=dummy (a "
@@ -261,6 +266,10 @@ def load_checkpoint(path: str | Path, dtype: str = "auto", device: str | torch.d
         model.lm_head.weight = model.embed_tokens.weight
     if load_format == "dummy":
         init_dummy(model, dummy_seed)
+        if routing_skew:
+            apply_routing_skew(model, routing_skew, dummy_seed)
+            log(f"INFO: model.dummy_routing_skew={routing_skew}: the dummy routers' expert "
+                f"popularity is skewed (synthetic, Zipf-like)")
         log(f"INFO: dummy weights (seed {dummy_seed}) for {path.name}"
             + (f", first {args.num_hidden_layers} layers" if num_layers is not None else "")
             + (", FP8 block-scaled" if keep_fp8 else

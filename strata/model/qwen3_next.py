@@ -110,6 +110,9 @@ class Experts(nn.Module):
         self.block: Optional[tuple[int, int]] = None
         self.shared_id: Optional[int] = None  # set by fold_shared()
         self.stacks: tuple = ()
+        self.shared_modules: tuple = ()  # the folded shared expert's gate, up, down
+        #: The expert cache's view of this layer (strata/engine/expert_cache.py), or None.
+        self.cache = None
 
     def to_fp8(self, block: tuple[int, int]) -> None:
         """FP8 weights with block scales (layouts of strata/kernels/reference.py), on the
@@ -146,6 +149,7 @@ class Experts(nn.Module):
             self.stacks = (gu, dn, _stack_views(self, "gu_scale", [g, u], "weight_scale_inv"),
                            _stack_views(self, "down_scale", [d], "weight_scale_inv"))
         self.shared_id = n
+        self.shared_modules = (g, u, d)
         return True
 
     def forward(self, x: torch.Tensor, weights: torch.Tensor, index: torch.Tensor,
@@ -153,6 +157,8 @@ class Experts(nn.Module):
         """x (N, H); weights (N, k) float32, index (N, k); shared_weight (N, 1): the folded
         shared expert's gate (only after fold_shared). Static shapes: no data-dependent
         control flow."""
+        if self.cache is not None:
+            return self._forward_cached(x, weights, index, shared_weight)
         n_exp = self.w_gate_up.shape[0]
         if self.gu_scale is None and index.shape[0] * index.shape[1] >= n_exp:
             assert shared_weight is None, "the dense path runs the shared expert apart"
@@ -172,6 +178,21 @@ class Experts(nn.Module):
         # Grouped by expert: each distinct expert's weights are read once for all its rows.
         outs = [ops.moe_experts(x[s:s + self.MAX_ROWS], wgu, wd, weights[s:s + self.MAX_ROWS],
                                 index[s:s + self.MAX_ROWS], gus, ds, self.block)
+                for s in range(0, x.shape[0], self.MAX_ROWS)]
+        return outs[0] if len(outs) == 1 else torch.cat(outs)
+
+    def _forward_cached(self, x, weights, index, shared_weight):
+        """Through the expert cache: residents from their device slots, misses from the host
+        store (the kernel reads them where they are); the rows' routing is counted."""
+        c = self.cache
+        c.record(index)
+        if shared_weight is not None:  # the folded shared expert: id E, always in a slot
+            index = torch.cat([index, torch.full_like(index[:, :1], self.shared_id)], dim=1)
+            weights = torch.cat([weights, shared_weight.float()], dim=1)
+        outs = [ops.moe_experts(x[s:s + self.MAX_ROWS], c.gate_up, c.down,
+                                weights[s:s + self.MAX_ROWS], index[s:s + self.MAX_ROWS],
+                                c.gu_scale, c.down_scale, self.block, c.slot_of,
+                                c.host_gate_up, c.host_down, c.host_gu_scale, c.host_down_scale)
                 for s in range(0, x.shape[0], self.MAX_ROWS)]
         return outs[0] if len(outs) == 1 else torch.cat(outs)
 
@@ -227,8 +248,13 @@ class SparseMoe(nn.Module):
         self.w_out: Optional[torch.Tensor] = None
         self.dense_experts = 0  # set by fuse_for_inference()
         self.w_router: Optional[torch.Tensor] = None  # [router | shared gate], fused
+        #: (E,) float32 added to the router logits: model.dummy_routing_skew's synthetic
+        #: popularity for dummy weights (strata/model/dummy.py), else None.
+        self.routing_bias: Optional[torch.Tensor] = None
 
     def _route(self, logits: torch.Tensor):
+        if self.routing_bias is not None:
+            logits = logits.float() + self.routing_bias
         probs = torch.softmax(logits.float(), dim=-1)
         weights, index = topk_by_argmax(probs, self.top_k)
         if self.norm_topk:
@@ -246,7 +272,8 @@ class SparseMoe(nn.Module):
         else:
             logits, sgate = self.gate(x), self.shared_expert_gate(x)
         weights, index = self._route(logits)
-        dense = self.experts.gu_scale is None and x.shape[0] * self.top_k >= n_exp
+        dense = (self.experts.gu_scale is None and self.experts.cache is None
+                 and x.shape[0] * self.top_k >= n_exp)
         if self.experts.shared_id is not None and not dense:
             out = self.experts(x, weights, index, shared_weight=torch.sigmoid(sgate.float()))
         else:

@@ -14,7 +14,8 @@ from typing import Iterable, Optional
 
 #: Engine stats keys that are monotonic counters inside one engine process.
 ENGINE_COUNTERS = ("output_tokens", "drafted", "accepted", "graph_captures", "graph_evictions",
-                   "graph_hits", "graph_eager", "windows", "prefills")
+                   "graph_hits", "graph_eager", "windows", "prefills", "expert_hits",
+                   "expert_misses")
 #: Window over which strata_output_tokens_per_second is measured.
 RATE_WINDOW_S = 10.0
 MIB = 1 << 20
@@ -173,6 +174,12 @@ class ServerMetrics:
                self.counter("graph_hits"))
         metric("strata_graph_eager_total", "counter", "Windows run eagerly (no graph).",
                self.counter("graph_eager"))
+        metric("strata_expert_hits_total", "counter",
+               "Expert cache: distinct (layer, routed expert) reads of decode windows that found "
+               "the expert resident on the device.", self.counter("expert_hits"))
+        metric("strata_expert_misses_total", "counter",
+               "Expert cache: distinct (layer, routed expert) reads of decode windows from host "
+               "memory.", self.counter("expert_misses"))
         metric("strata_prefills_total", "counter", "Prefill iterations run.",
                self.counter("prefills"))
         v = _num(st.get("graphs_mib"))

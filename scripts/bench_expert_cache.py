@@ -1,0 +1,250 @@
+"""The expert cache on a GPU: (a) the miss path's read bandwidth against pinned host-to-device
+copies, and (b) whether batching pays at cache budgets holding 100/75/44/25% of the routed
+experts (docs/EXPERT_CACHE.md).
+
+(a) bandwidth: a pinned host-to-device copy of --copy-mib, and ops.moe_experts at the model's
+    layer shapes with every routed expert missing (all read from pinned host memory inside the
+    kernel), replayed from a CUDA graph; bytes = distinct experts x bytes of one expert. Also
+    the same call with every expert resident (HBM). Prints miss-path / copy (goal >= 0.8).
+(b) study: for each budget (and first the no-cache engine), for each configuration, one engine
+    with --max-n slots (warmed on one cohort: compiles, captures and the cache's adaptation
+    are not what is timed), then cohorts of N distinct prompts at each N; aggregate tok/s and
+    the hit rate of the timed windows. The 100% budget runs with adaptation off and its routed
+    counts become the routing profile of the lower budgets' first fill (engine.expert_profile).
+
+    python scripts/bench_expert_cache.py --part bandwidth
+    python scripts/bench_expert_cache.py --part study --layers 8 --skew 1.0 --json study.json
+
+Defaults: model=qwen3_next_80b_a3b_fp8 with dummy weights, synthetic acceptance 0.8. At full
+depth the warm-up alone compiles for ~120 s per engine shape, so the study defaults to
+--layers 8 (misses scale with depth, and so does everything else: the per-token ratios hold).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+import torch  # noqa: E402
+
+from bench_engine import (CONFIGS, engine_cfg, make_engine, model_config, run_cohort,  # noqa: E402
+                          token_prompts)
+from provenance import commit_id  # noqa: E402
+from strata.engine.expert_cache import expert_bytes, moe_layers, plan_expert_cache  # noqa: E402
+from strata.kernels import cyext_ops as C  # noqa: E402
+from strata.kernels import ops  # noqa: E402
+from strata.model.loader import load_model  # noqa: E402
+
+BUDGETS = (100, 75, 44, 25)
+
+
+# ---- (a) bandwidth ---------------------------------------------------------------------------
+def _time(fn, reps: int) -> float:
+    """Best seconds of one fn() over `reps` timed runs (CUDA events)."""
+    best = math.inf
+    for _ in range(reps):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        fn()
+        b.record()
+        b.synchronize()
+        best = min(best, a.elapsed_time(b) / 1e3)
+    return best
+
+
+def copy_bandwidth(mib: int, reps: int) -> float:
+    """Bytes/s of one pinned host-to-device copy of `mib` MiB."""
+    src = torch.empty(mib << 20, dtype=torch.uint8, pin_memory=True)
+    dst = torch.empty_like(src, device="cuda")
+    dst.copy_(src, non_blocking=True)
+    return src.numel() / _time(lambda: dst.copy_(src, non_blocking=True), reps)
+
+
+def miss_bandwidth(experts_mod, rows: int, reps: int) -> dict:
+    """moe_experts on `rows` rows routed to distinct experts, every one missing (host store)
+    and every one resident (slots), replayed from CUDA graphs: bytes/s of expert reads."""
+    e = experts_mod
+    E, k = e.w_gate_up.shape[0], min(10, e.w_gate_up.shape[0] // rows)
+    fp8 = e.gu_scale is not None
+    full = [t.detach() for t in (e.w_gate_up, e.w_down) + ((e.gu_scale, e.down_scale) if fp8 else ())]
+    host = [t[:E].to("cpu").contiguous().pin_memory() for t in full]
+    one = [t[:1].clone() for t in full]  # one slot, never used (every expert misses)
+    H = full[0].shape[2]
+    x = torch.randn(rows, H, device="cuda", dtype=torch.bfloat16)
+    ids = torch.arange(rows * k, device="cuda").view(rows, k) % E
+    w = torch.full((rows, k), 1.0 / k, device="cuda")
+    out = torch.empty_like(x)
+    ws = torch.empty(C.moe_workspace_numel(rows, k, full[0].shape[1] // 2), device="cuda")
+    missing = torch.full((E,), -1, dtype=torch.int32, device="cuda")
+    block = e.block
+    scales = lambda ts: ts[2:] if fp8 else [None, None]  # noqa: E731
+
+    def miss():
+        C.gpu_moe_experts(x, one[0], one[1], w, ids, *scales(one), block, missing, host[0],
+                          host[1], *scales(host), out=out, workspace=ws)
+
+    def resident():
+        C.gpu_moe_experts(x, full[0], full[1], w, ids, *scales(full), block, out=out,
+                          workspace=ws)
+
+    res = {}
+    nbytes = len(set(ids.flatten().tolist())) * expert_bytes(e)
+    for name, fn in (("miss", miss), ("resident", resident)):
+        fn()
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            fn()
+        t = _time(g.replay, reps)
+        res[name] = {"seconds": t, "bytes": nbytes, "bytes_per_s": nbytes / t}
+    return res
+
+
+def part_bandwidth(a, loaded) -> dict:
+    copy = copy_bandwidth(a.copy_mib, a.reps)
+    experts = moe_layers(loaded.model)[0][1].experts
+    print(f"pinned host->device copy ({a.copy_mib} MiB): {copy / 1e9:.2f} GB/s")
+    rows_out = []
+    for rows in (int(r) for r in a.rows.split(",")):
+        r = miss_bandwidth(experts, rows, a.reps)
+        ratio = r["miss"]["bytes_per_s"] / copy
+        rows_out.append({"rows": rows, **r, "miss_over_copy": ratio})
+        print(f"rows {rows:>2}: {r['miss']['bytes'] / 2**20:.0f} MiB of experts; miss path "
+              f"{r['miss']['bytes_per_s'] / 1e9:.2f} GB/s ({ratio:.0%} of the copy; goal >= 80%), "
+              f"resident {r['resident']['bytes_per_s'] / 1e9:.1f} GB/s")
+    return {"copy_bytes_per_s": copy, "kernel": rows_out}
+
+
+# ---- (b) study -------------------------------------------------------------------------------
+def routing_profile(eng, loaded) -> dict:
+    """A routing profile (docs/EXPERT_CACHE.md) from an engine whose cache holds every expert
+    and never adapts: its `routed` counts are everything its windows routed."""
+    c = eng.expert_cache
+    counts = c.routed.cpu().round().long()
+    return {"model": loaded.path.name, "layers": c.plan.layers, "experts": c.plan.experts,
+            "top_k": loaded.args.num_experts_per_tok,
+            "tokens": int(counts[0].sum()) // loaded.args.num_experts_per_tok,
+            "counts": counts.tolist(), "windows": c.windows, "distinct_per_window": {}}
+
+
+def part_study(a, loaded, device) -> dict:
+    plan = plan_expert_cache(loaded.model, 1e12)
+    ns = [int(n) for n in a.n.split(",")]
+    names = a.configs.split(",")
+    prompts = token_prompts(loaded.args.vocab_size, max(ns), a.prompt_tokens)
+    budgets = [None] + [int(b) for b in a.budgets.split(",")]
+    profile_path = Path(a.json or "expert_cache_study.json").with_suffix(".profile.json")
+    have_profile = False
+    results = []
+    for pct in budgets:  # no cache first: every cache after it re-plans from the host store
+        mib = 0
+        if pct is not None:
+            mib = int(math.ceil(plan.routed_mib() * pct / 100)) + (1 if pct == 100 else 0)
+        for name in names:
+            ecfg = engine_cfg(CONFIGS[name], name, max(ns), a)
+            ecfg.expert_cache_mib = mib
+            ecfg.expert_adapt_every = 0 if pct == 100 else a.adapt_every
+            ecfg.expert_profile = str(profile_path) if have_profile and pct != 100 else None
+            t0 = time.perf_counter()
+            eng = make_engine(loaded, device, ecfg, prompts[:max(ns)], a.max_tokens)
+            warm_s = time.perf_counter() - t0
+            for n in ns:
+                c = eng.expert_cache
+                h0, m0 = (c.hits, c.misses) if c else (0, 0)
+                r = run_cohort(eng, device, prompts[:n], a.max_tokens)
+                h, m = ((c.hits - h0, c.misses - m0) if c else (0, 0))
+                row = {"budget_pct": pct, "expert_cache_mib": mib,
+                       "slots": c.plan.slots if c else None, "config": name, "n": n,
+                       "aggregate_tps": r["aggregate_tps"], "acceptance": r["acceptance"],
+                       "windows": r["windows"], "hit_rate": h / (h + m) if h + m else None,
+                       "bus_bytes": m * plan.expert_bytes, "warm_s": warm_s}
+                results.append(row)
+                hr = "-" if row["hit_rate"] is None else f"{row['hit_rate']:.3f}"
+                print(f"budget {'none' if pct is None else f'{pct}%':>4} {name:<10} N={n}: "
+                      f"{r['aggregate_tps']:8.1f} tok/s, hit rate {hr}", flush=True)
+            if pct == 100 and not have_profile:
+                profile_path.write_text(json.dumps(routing_profile(eng, loaded)) + "\n")
+                have_profile = True
+            eng.close()
+            del eng
+            torch.cuda.empty_cache()
+    return {"rows": results, "table": study_table(results, names, ns, budgets)}
+
+
+def study_table(rows: list[dict], names: list[str], ns: list[int], budgets) -> str:
+    """Markdown: aggregate tok/s per (budget, N), each configuration, and batch_mtp's gain over
+    solo (the sign batching's gain takes)."""
+    by = {(r["budget_pct"], r["config"], r["n"]): r for r in rows}
+    head = "| budget | N | " + " | ".join(names) + " | hit rate | batch_mtp / solo |"
+    lines = [head, "|" + "---|" * (len(names) + 4)]
+    for pct in budgets:
+        for n in ns:
+            cells = [f"{by[(pct, c, n)]['aggregate_tps']:.0f}" if (pct, c, n) in by else "-"
+                     for c in names]
+            hr = by.get((pct, names[-1], n), {}).get("hit_rate")
+            solo, bm = by.get((pct, "solo", n)), by.get((pct, "batch_mtp", n))
+            gain = f"{bm['aggregate_tps'] / solo['aggregate_tps'] - 1:+.1%}" if solo and bm else "-"
+            label = "no cache" if pct is None else f"{pct}%"
+            lines.append(f"| {label} | {n} | " + " | ".join(cells)
+                         + f" | {'-' if hr is None else f'{hr:.3f}'} | {gain} |")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--part", default="both", choices=("bandwidth", "study", "both"))
+    ap.add_argument("--preset", default="qwen3_next_80b_a3b_fp8")
+    ap.add_argument("--model", help="a checkpoint directory (model.path; overrides the preset's)")
+    ap.add_argument("--dtype")
+    ap.add_argument("--load-format", default="dummy")
+    ap.add_argument("--layers", type=int, default=8, help="model.num_layers (study and bandwidth)")
+    ap.add_argument("--skew", type=float, default=1.0, help="model.dummy_routing_skew (SYNTHETIC)")
+    ap.add_argument("--backend", default="auto")
+    ap.add_argument("--copy-mib", type=int, default=1024)
+    ap.add_argument("--rows", default="1,4,8,32", help="bandwidth: window rows routed")
+    ap.add_argument("--reps", type=int, default=10)
+    ap.add_argument("--budgets", default=",".join(map(str, BUDGETS)),
+                    help="percent of the routed experts each cache holds")
+    ap.add_argument("--configs", default="solo,batch,batch_mtp")
+    ap.add_argument("--n", default="1,2,4,8")
+    ap.add_argument("--prompt-tokens", type=int, default=64)
+    ap.add_argument("--max-tokens", type=int, default=96)
+    ap.add_argument("--max-context", type=int, default=512)
+    ap.add_argument("--spec", type=int, default=4)
+    ap.add_argument("--window-rows", type=int, default=8)
+    ap.add_argument("--synthetic-acceptance", type=float, default=0.8)
+    ap.add_argument("--adapt-every", type=int, default=8, help="engine.expert_adapt_every")
+    ap.add_argument("--graphs", type=lambda s: s.lower() in ("1", "true", "yes"), default=True)
+    ap.add_argument("--json")
+    a = ap.parse_args()
+    if not torch.cuda.is_available():
+        raise SystemExit("bench_expert_cache.py measures a GPU: no CUDA device here")
+    device = torch.device("cuda")
+    backend = ops.set_backend(a.backend, device.type)
+    mcfg = model_config(a)
+    mcfg.moe_dense_experts = 0
+    mcfg.dummy_routing_skew = a.skew
+    t0 = time.perf_counter()
+    loaded = load_model(mcfg, device, log=lambda s: None)
+    print(f"loaded {loaded.path.name} ({a.layers} layers, skew {a.skew}) in "
+          f"{time.perf_counter() - t0:.0f} s", flush=True)
+    out = {"meta": {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
+                    "commit": commit_id(), "date": time.strftime("%Y-%m-%d"),
+                    "backend": backend, "args": vars(a)}}
+    if a.part in ("bandwidth", "both"):
+        out["bandwidth"] = part_bandwidth(a, loaded)
+    if a.part in ("study", "both"):
+        out["study"] = part_study(a, loaded, device)
+        print(out["study"]["table"])
+    if a.json:
+        Path(a.json).write_text(json.dumps(out, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,378 @@
+"""The expert cache (engine.expert_cache_mib > 0): routed experts in host memory, a per-layer
+set of device slots holding the cached ones.
+
+Placement. Dense weights, shared experts, routers, the LM head, the MTP layer (its experts
+too), KV, DeltaNet state and graphs are planned first (strata/engine/memory.py); then every
+decoder MoE layer gets the same number of device slots, as many as engine.expert_cache_mib
+holds (at most the layer's experts). The full routed stacks of every layer move to host memory
+(pinned on CUDA: the host store), and a device table slot_of (layers, E) int32 says which slot
+holds each expert (-1: not resident). A folded shared expert sits in a slot of its own after
+the routed ones, always resident.
+
+Misses. ops.moe_experts reads a resident expert from its slot and a missing one from the host
+store (on a GPU through its device-visible address, over the bus, inside the kernel), so the
+captured window graphs stay valid whichever experts miss and the tokens are those of an engine
+with every expert resident.
+
+Counting (capturable). Each MoE layer adds its rows' routed selections to a device histogram
+`window_counts` (layers, E); a window starts by zeroing it and ends by turning it into the
+window's hits and misses (each distinct (layer, expert) pair once: a hit when the expert was
+resident at the window's start) and adding it to `routed`, all on the device; the two numbers
+are copied into pinned host memory inside the window and read after the window's own sync.
+
+Fill and adapt. The first fill is each layer's most-routed experts of a routing profile
+(engine.expert_profile, scripts/profile_routing.py's JSON), or the lowest expert ids. Every
+engine.expert_adapt_every windows, per layer, the most-routed missing expert replaces the
+least-routed resident one when its decayed count is higher (counts decay by DECAY per
+adaptation). The copy runs on a side stream and the next window waits on its event, so no
+window ever reads a torn expert.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional
+
+import numpy as np
+import torch
+import torch.nn as nn
+
+from strata.config import ConfigError
+
+MIB = 2**20
+#: Decayed routing counts: each adaptation multiplies the old counts by this before adding the
+#: windows' since the last one, so popularity a few adaptations old fades.
+DECAY = 0.75
+
+
+def moe_layers(model) -> list[tuple[int, nn.Module]]:
+    """(decoder layer index, its SparseMoe) of every decoder MoE layer (the MTP layer's experts
+    are planned with the dense weights: always resident)."""
+    from strata.model.qwen3_next import SparseMoe
+
+    return [(i, layer.mlp) for i, layer in enumerate(model.layers) if isinstance(layer.mlp, SparseMoe)]
+
+
+def expert_bytes(experts: nn.Module) -> int:
+    """Bytes of one routed expert: gate/up and down weights, and their FP8 scales."""
+    parts = [experts.w_gate_up, experts.w_down]
+    if experts.gu_scale is not None:
+        parts += [experts.gu_scale, experts.down_scale]
+    return int(sum(p[0].numel() * p.element_size() for p in parts))
+
+
+@dataclass
+class ExpertCachePlan:
+    """How many device slots each MoE layer gets, and the sizes the trace reports."""
+    slots: int
+    experts: int
+    expert_bytes: int
+    layers: list[int]
+    cache_mib: float
+
+    @property
+    def moe_layers(self) -> int:
+        return len(self.layers)
+
+    def routed_mib(self) -> float:
+        """Every routed expert of the decoder's MoE layers (what moves to the host store)."""
+        return self.moe_layers * self.experts * self.expert_bytes / MIB
+
+    def resident_mib(self) -> float:
+        """The device slots."""
+        return self.moe_layers * self.slots * self.expert_bytes / MIB
+
+    def memory_fields(self) -> dict:
+        """The `config` trace event's memory fields of the cache (COMMON contract)."""
+        return {"expert_slots": self.slots, "experts": self.experts,
+                "expert_bytes": self.expert_bytes, "moe_layers": self.moe_layers}
+
+
+def plan_expert_cache(model, cache_mib: float) -> ExpertCachePlan:
+    """Slots per MoE layer that engine.expert_cache_mib holds; a budget or a model the cache
+    cannot serve is a ConfigError naming the numbers."""
+    layers = moe_layers(model)
+    if not layers:
+        raise ConfigError("engine.expert_cache_mib: this model has no MoE layers to cache")
+    for i, moe in layers:
+        if moe.w_in is not None:
+            raise ConfigError(
+                f"engine.expert_cache_mib: MoE layer {i} runs dense (its {moe.experts.w_gate_up.shape[0]} "
+                f"experts <= model.moe_dense_experts={moe.dense_experts}), reading every expert; "
+                f"set model.moe_dense_experts=0 to cache its experts")
+    moe0 = layers[0][1]
+    n_exp = int(moe0.experts.w_gate_up.shape[0])
+    eb = expert_bytes(moe0.experts)
+    per_slot = len(layers) * eb
+    slots = min(n_exp, math.floor(cache_mib * MIB / per_slot))
+    if slots < 1:
+        raise ConfigError(
+            f"engine.expert_cache_mib={cache_mib}: holds no routed expert per MoE layer: one "
+            f"slot in each of the {len(layers)} MoE layers takes {per_slot / MIB:.3f} MiB "
+            f"({eb} bytes per expert)")
+    return ExpertCachePlan(slots, n_exp, eb, [i for i, _ in layers], float(cache_mib))
+
+
+def read_profile(path: str, plan: ExpertCachePlan) -> np.ndarray:
+    """Per-layer routed counts (moe_layers, E) of a routing profile, for this model's MoE layers."""
+    p = Path(path)
+    try:
+        prof = json.loads(p.read_text())
+    except (OSError, ValueError) as e:
+        raise ConfigError(f"engine.expert_profile: cannot read {p}: {e}") from None
+    for key in ("layers", "experts", "counts"):
+        if key not in prof:
+            raise ConfigError(f"engine.expert_profile: {p} has no {key!r} (not a routing profile "
+                              f"of scripts/profile_routing.py)")
+    if int(prof["experts"]) != plan.experts:
+        raise ConfigError(f"engine.expert_profile: {p} profiles {prof['experts']} experts per "
+                          f"layer, this model has {plan.experts}")
+    rows = {int(li): c for li, c in zip(prof["layers"], prof["counts"])}
+    missing = [li for li in plan.layers if li not in rows]
+    if missing:
+        raise ConfigError(f"engine.expert_profile: {p} has no counts for MoE layers {missing}")
+    counts = np.array([rows[li] for li in plan.layers], dtype=np.float64)
+    if counts.shape != (plan.moe_layers, plan.experts):
+        raise ConfigError(f"engine.expert_profile: {p}: counts must be {plan.experts} numbers per "
+                          f"layer, got shape {counts.shape}")
+    return counts
+
+
+def top_experts(counts: np.ndarray, slots: int) -> np.ndarray:
+    """(layers, slots) expert ids: each layer's most-counted, ties to the lower id."""
+    return np.stack([np.sort(np.argsort(-row, kind="stable")[:slots]) for row in counts])
+
+
+class LayerCache:
+    """One MoE layer's view of the cache: what its Experts module hands ops.moe_experts."""
+
+    def __init__(self, slot_of: torch.Tensor, counts: torch.Tensor, gate_up: torch.Tensor,
+                 down: torch.Tensor, gu_scale: Optional[torch.Tensor],
+                 down_scale: Optional[torch.Tensor], host: tuple):
+        self.slot_of = slot_of          # (E [+1 shared],) int32, device
+        self.counts = counts            # (E,) float32, device: this window's routed selections
+        self.gate_up, self.down = gate_up, down          # device slots (S [+1], ...)
+        self.gu_scale, self.down_scale = gu_scale, down_scale
+        self.host_gate_up, self.host_down, self.host_gu_scale, self.host_down_scale = host
+
+    def record(self, index: torch.Tensor) -> None:
+        """Add the rows' routed experts (N, k) to this window's histogram (device, capturable)."""
+        flat = index.reshape(-1)
+        self.counts.scatter_add_(0, flat, torch.ones(flat.shape, dtype=self.counts.dtype,
+                                                     device=flat.device))
+
+
+class ExpertCache:
+    def __init__(self, model, plan: ExpertCachePlan, device: torch.device,
+                 profile: Optional[str] = None, adapt_every: int = 0):
+        """`profile`: a routing profile choosing the first fill (None: the lowest ids);
+        `adapt_every`: windows between adaptations (0: never)."""
+        self.plan, self.device, self.adapt_every = plan, device, int(adapt_every)
+        if device.type == "cuda":
+            from strata.kernels import ops
+
+            if ops.implementations()["moe_experts"] == "torch":
+                raise ConfigError("engine.expert_cache_mib: on a GPU the cache needs the cyext "
+                                  "MoE kernel (backend=auto, cuda or hip, with strata_cuda built): "
+                                  "the torch reference cannot read host memory inside a graph")
+        L, E, S = plan.moe_layers, plan.experts, plan.slots
+        pin = device.type == "cuda"
+        if profile is not None:
+            first = top_experts(read_profile(profile, plan), S)
+        else:
+            first = np.arange(S)[None].repeat(L, 0)
+        # Host-side truth: which expert each slot holds, and the slot of each expert.
+        self.slot_expert = first.astype(np.int64)                      # (L, S)
+        self.host_slot_of = np.full((L, E + 1), -1, dtype=np.int32)    # column E: a folded shared
+        for li in range(L):
+            self.host_slot_of[li, first[li]] = np.arange(S, dtype=np.int32)
+        self.slot_of = torch.from_numpy(self.host_slot_of.copy()).to(device)
+        self._slot_of_staging = torch.empty(self.host_slot_of.shape, dtype=torch.int32,
+                                            pin_memory=pin)
+        self.window_counts = torch.zeros(L, E, dtype=torch.float32, device=device)
+        self.routed = torch.zeros(L, E, dtype=torch.float32, device=device)
+        self.stats = torch.zeros(2, dtype=torch.long, device=device)
+        self.host_stats = torch.zeros(2, dtype=torch.long, pin_memory=pin)
+        self.decayed = np.zeros((L, E), dtype=np.float64)
+        self.layers: list[LayerCache] = []
+        self.host: list[tuple] = []
+        for li, (_, moe) in enumerate(moe_layers(model)):
+            self.layers.append(self._install(li, moe.experts, pin))
+        self.side = torch.cuda.Stream(device) if device.type == "cuda" else None
+        self.hits = self.misses = self.swaps = self.swap_bytes = 0
+        self.windows = 0
+
+    # ---- placement ----------------------------------------------------------------------------
+    def _install(self, li: int, experts: nn.Module, pin: bool) -> LayerCache:
+        """Move layer li's routed experts to the host store and its residents to device slots;
+        a folded shared expert takes one more slot after them (slot_of[E] = S). A layer that an
+        earlier cache holds already (another engine on the same loaded model) is re-planned
+        from that cache's host store."""
+        E, S = self.plan.experts, self.plan.slots
+        fp8 = experts.gu_scale is not None
+        folded = experts.shared_id is not None
+        prev = experts.cache
+        if prev is not None:
+            routed = [prev.host_gate_up, prev.host_down, prev.host_gu_scale, prev.host_down_scale]
+            shared = [prev.gate_up, prev.down, prev.gu_scale, prev.down_scale]
+        elif folded:
+            routed = list(experts.stacks)
+            shared = list(experts.stacks)
+        else:
+            routed = [experts.w_gate_up, experts.w_down, experts.gu_scale, experts.down_scale]
+            shared = [None] * 4
+        n = 4 if fp8 else 2
+        host, slots = [], []
+        chosen = torch.from_numpy(self.slot_expert[li])
+        for j in range(n):
+            src = routed[j].detach()
+            if prev is not None and src.device.type == "cpu" and (src.is_pinned() or not pin):
+                h = src  # the earlier cache's host store, as it is
+            else:
+                h = torch.empty((E, *src.shape[1:]), dtype=src.dtype, pin_memory=pin)
+                h.copy_(src[:E])
+            d = torch.empty((S + folded, *src.shape[1:]), dtype=src.dtype, device=self.device)
+            d[:S].copy_(h[chosen])
+            if folded:
+                d[S].copy_(shared[j][-1])
+            host.append(h)
+            slots.append(d)
+        names = ("w_gate_up", "w_down", "gu_scale", "down_scale")
+        for name, h in zip(names, host):  # the module keeps the host store (shape (E, ...))
+            setattr(experts, name, nn.Parameter(h, requires_grad=False))
+        experts.stacks = ()
+        while len(host) < 4:
+            host.append(None)
+            slots.append(None)
+        if folded:
+            _repoint_shared(experts, [t for t in slots if t is not None])
+            self.host_slot_of[li, E] = S
+            self.slot_of[li, E] = S
+        self.host.append(tuple(host))
+        cache = LayerCache(self.slot_of[li], self.window_counts[li], slots[0], slots[1], slots[2],
+                           slots[3], tuple(host))
+        experts.cache = cache
+        return cache
+
+    def resident(self) -> np.ndarray:
+        """(layers, E) bool: the resident set now."""
+        return self.host_slot_of[:, :self.plan.experts] >= 0
+
+    # ---- inside a window (device, capturable) ---------------------------------------------------
+    def begin_window(self) -> None:
+        self.window_counts.zero_()
+
+    def end_window(self) -> None:
+        """The window's hits and misses (distinct (layer, expert) pairs), and its routing added
+        to `routed`; the two numbers land in pinned host memory by the window's sync."""
+        seen = self.window_counts > 0
+        res = self.slot_of[:, :self.plan.experts] >= 0
+        self.stats[0] = (seen & res).sum()
+        self.stats[1] = (seen & ~res).sum()
+        self.routed += self.window_counts
+        self.host_stats.copy_(self.stats, non_blocking=True)
+
+    # ---- between windows (host) ---------------------------------------------------------------
+    def after_window(self) -> tuple[int, int, Optional[tuple[int, int]]]:
+        """Read the finished window's (hits, misses) (it has synced) and adapt when due; returns
+        hits, misses and (experts, bytes) of a swap or None."""
+        hits, misses = (int(v) for v in self.host_stats.tolist())
+        self.hits += hits
+        self.misses += misses
+        self.windows += 1
+        swap = None
+        if self.adapt_every and self.windows % self.adapt_every == 0:
+            swap = self.adapt()
+        return hits, misses, swap
+
+    def plan_swaps(self, counts: np.ndarray) -> list[tuple[int, int, int]]:
+        """Decay, add `counts` (layers, E), and pick per layer (layer, evicted, admitted): the
+        most-routed missing expert for the least-routed resident, when it is routed more."""
+        self.decayed = self.decayed * DECAY + counts
+        res = self.resident()
+        out = []
+        for li in range(self.plan.moe_layers):
+            if res[li].all():
+                continue
+            d = self.decayed[li]
+            missing = np.flatnonzero(~res[li])
+            resident = np.flatnonzero(res[li])
+            m = int(missing[np.argmax(d[missing])])
+            v = int(resident[np.argmin(d[resident])])
+            if d[m] > d[v]:
+                out.append((li, v, m))
+        return out
+
+    def adapt(self) -> Optional[tuple[int, int]]:
+        """One adaptation: swap per plan_swaps, copying on a side stream that the next window
+        waits on. Returns (experts copied, bytes) or None when nothing moved."""
+        counts = self.routed.cpu().numpy().astype(np.float64)  # the window synced: no stall
+        self.routed.zero_()
+        swaps = self.plan_swaps(counts)
+        if not swaps:
+            return None
+        for li, v, m in swaps:
+            slot = int(self.host_slot_of[li, v])
+            self.host_slot_of[li, v] = -1
+            self.host_slot_of[li, m] = slot
+            self.slot_expert[li, slot] = m
+        self._copy(swaps)
+        n, b = len(swaps), len(swaps) * self.plan.expert_bytes
+        self.swaps += n
+        self.swap_bytes += b
+        return n, b
+
+    def _copy(self, swaps: list[tuple[int, int, int]]) -> None:
+        def run() -> None:
+            for li, _, m in swaps:
+                slot = int(self.host_slot_of[li, m])
+                c = self.layers[li]
+                for dev, host in zip((c.gate_up, c.down, c.gu_scale, c.down_scale), self.host[li]):
+                    if dev is not None:
+                        dev[slot].copy_(host[m], non_blocking=True)
+            self._slot_of_staging.copy_(torch.from_numpy(self.host_slot_of))
+            self.slot_of.copy_(self._slot_of_staging, non_blocking=True)
+
+        if self.side is None:
+            run()
+            return
+        main = torch.cuda.current_stream(self.device)
+        self.side.wait_stream(main)  # nothing still reads the evicted slots (the window synced)
+        with torch.cuda.stream(self.side):
+            run()
+            done = torch.cuda.Event()
+            done.record(self.side)
+        main.wait_event(done)  # the next window reads whole experts only
+
+    def reset_counts(self) -> None:
+        """Forget routing seen so far (the warm-up's scratch-lane windows)."""
+        self.routed.zero_()
+
+    # ---- reporting ----------------------------------------------------------------------------
+    def hit_rate(self) -> Optional[float]:
+        total = self.hits + self.misses
+        return self.hits / total if total else None
+
+    def stats_fields(self) -> dict:
+        return {"expert_hits": self.hits, "expert_misses": self.misses,
+                "expert_swaps": self.swaps, "expert_swap_bytes": self.swap_bytes}
+
+
+def _repoint_shared(experts: nn.Module, slots: list[torch.Tensor]) -> None:
+    """A folded shared expert's parameters become views of its slot (the last), so the old
+    (E+1) stacks are freed."""
+    shared = experts.shared_modules
+    fp8 = len(slots) > 2
+    attr = "weight"
+    pairs = [(slots[0], shared[:2], attr), (slots[1], shared[2:], attr)]
+    if fp8:
+        pairs += [(slots[2], shared[:2], "weight_scale_inv"), (slots[3], shared[2:], "weight_scale_inv")]
+    for stack, mods, a in pairs:
+        row = 0
+        for m in mods:
+            rows = getattr(m, a).shape[0]
+            setattr(m, a, nn.Parameter(stack[-1, row:row + rows], requires_grad=False))
+            row += rows

@@ -1,0 +1,239 @@
+"""The expert cache on the CPU (engine.expert_cache_mib): the same resident set, host store,
+slot table and adaptive swaps as on a GPU.
+
+A 64-expert top-4 model whose shared expert has the routed experts' shape (so it is folded
+into the slots): one expert of each of its 4 MoE layers is 36 KiB, so 1 MiB holds 7 of 64
+experts per layer (most reads miss), 3 MiB holds 21 and 9 MiB all 64.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+
+import numpy as np
+import pytest
+import torch
+
+from conftest import cpu_engine_config
+
+from strata.config import ConfigError
+from strata.engine.expert_cache import (DECAY, ExpertCache, plan_expert_cache, top_experts)
+from strata.engine.llm_engine import Engine
+from strata.engine.request import Request, SamplingParams
+from strata.kernels import cyext_ops, reference
+from strata.metrics import format_table, run_metrics
+from strata.model.loader import load_checkpoint
+from strata.model.tiny import make_tiny_random
+
+torch.set_num_threads(1)
+
+
+@pytest.fixture(scope="module")
+def cached_model(tmp_path_factory):
+    return make_tiny_random(tmp_path_factory.mktemp("cache-experts"), seed=7, tokenizer=False,
+                            num_experts=64, num_experts_per_tok=4, moe_intermediate_size=48,
+                            shared_expert_intermediate_size=48)
+
+
+def cohort() -> list[Request]:
+    rng = random.Random(3)
+    return [Request(f"r{i}", [rng.randrange(1, 512) for _ in range(3 + 4 * i)],
+                    SamplingParams(max_tokens=6 + 2 * i, stop_at_eos=False), arrival_step=i)
+            for i in range(3)]
+
+
+class Audit:
+    """Independent host-side count of each window's distinct (layer, expert) pairs, from the
+    routing every cached layer records, against the resident set at the window's start."""
+
+    def __init__(self, monkeypatch):
+        from strata.engine import expert_cache as ec
+
+        self.windows: list[tuple[int, int]] = []
+        self.seen: dict[int, set] = {}
+        audit = self
+        orig_record, orig_begin, orig_end = (ec.LayerCache.record, ExpertCache.begin_window,
+                                             ExpertCache.end_window)
+
+        def record(lc, index):
+            audit.seen.setdefault(id(lc), set()).update(index.reshape(-1).tolist())
+            orig_record(lc, index)
+
+        def begin_window(cache):
+            audit.seen = {}
+            audit.resident = cache.resident().copy()
+            audit.layer_of = {id(lc): li for li, lc in enumerate(cache.layers)}
+            orig_begin(cache)
+
+        def end_window(cache):
+            pairs = [(audit.layer_of[key], e) for key, es in audit.seen.items() for e in es]
+            hits = sum(bool(audit.resident[li, e]) for li, e in pairs)
+            audit.windows.append((hits, len(pairs) - hits))
+            orig_end(cache)
+
+        monkeypatch.setattr(ec.LayerCache, "record", record)
+        monkeypatch.setattr(ExpertCache, "begin_window", begin_window)
+        monkeypatch.setattr(ExpertCache, "end_window", end_window)
+
+
+def run(path, mode: str, audit=None, **knobs):
+    cfg = cpu_engine_config(path, 128, mode="solo" if mode == "solo" else "batch",
+                            batch_mtp=mode == "batch_mtp", slots=3, window_rows=6, spec=3,
+                            prefill_chunk=4, **knobs)
+    cfg.model.moe_dense_experts = 0
+    eng = Engine.from_config(cfg, log=lambda s: None)
+    for r in cohort():
+        eng.add_request(r)
+    for _ in range(500):
+        if not eng.has_work():
+            break
+        eng.step()
+    assert not eng.has_work()
+    assert all(rs.reason == "length" for rs in eng.requests.values())
+    return {rid: list(rs.emitted) for rid, rs in eng.requests.items()}, eng
+
+
+@pytest.mark.parametrize("mode", ["solo", "batch", "batch_mtp"])
+def test_tokens_identical_at_every_budget(cached_model, mode, monkeypatch):
+    ref, _ = run(cached_model, mode)
+    budgets = ((1, 7), (3, 21), (9, 64)) if mode == "batch_mtp" else ((1, 7), (9, 64))
+    for mib, slots in budgets:
+        audit = Audit(monkeypatch)
+        out, eng = run(cached_model, mode, expert_cache_mib=mib, expert_adapt_every=2)
+        c = eng.expert_cache
+        assert out == ref, (mode, mib)
+        assert c.plan.slots == slots
+        # the budget is never exceeded: slots per layer stay fixed, and fit expert_cache_mib
+        assert c.plan.resident_mib() <= mib
+        assert (c.resident().sum(1) == slots).all()
+        assert all(lc.gate_up.shape[0] == slots + 1 for lc in c.layers)  # + the shared expert
+        # hits + misses are the distinct routed (layer, expert) pairs of each window
+        windows = [ev for ev in eng.trace.events if ev["ev"] == "window"]
+        assert [(ev["hits"], ev["misses"]) for ev in windows] == audit.windows
+        assert all(ev["bus_bytes"] == ev["misses"] * c.plan.expert_bytes for ev in windows)
+        if slots == 64:
+            assert c.misses == 0 and c.swaps == 0
+        else:
+            assert c.misses > 0
+        swaps = [ev for ev in eng.trace.events if ev["ev"] == "expert_swap"]
+        assert sum(ev["experts"] for ev in swaps) == c.swaps
+        assert all(ev["bytes"] == ev["experts"] * c.plan.expert_bytes for ev in swaps)
+        memory = eng.trace.events[0]["memory"]
+        assert (memory["expert_slots"], memory["experts"], memory["moe_layers"]) == (slots, 64, 4)
+        m = run_metrics(eng.requests.values(), eng.stats())
+        assert m["expert_hit_rate"] == pytest.approx(c.hits / (c.hits + c.misses))
+        assert "expert hit rate" in format_table(m)
+
+
+def test_no_cache_reports_no_hit_rate(cached_model):
+    _, eng = run(cached_model, "batch")
+    assert eng.expert_cache is None
+    assert run_metrics(eng.requests.values(), eng.stats())["expert_hit_rate"] is None
+    assert "hits" not in next(ev for ev in eng.trace.events if ev["ev"] == "window")
+    assert "expert_slots" not in eng.trace.events[0]["memory"]
+
+
+def _loaded(path):
+    return load_checkpoint(path, moe_dense_experts=0, log=lambda s: None)
+
+
+def test_adaptive_swap_properties(cached_model):
+    loaded = _loaded(cached_model)
+    plan = plan_expert_cache(loaded.model, 1)
+    cache = ExpertCache(loaded.model, plan, torch.device("cpu"))
+    L, E, S = plan.moe_layers, plan.experts, plan.slots
+    rng = np.random.default_rng(0)
+    popular = np.stack([rng.permutation(E) for _ in range(L)])  # rank -> expert, per layer
+    weight = 1.0 / (1.0 + np.arange(E))                          # Zipf-like by rank
+    for step in range(40):
+        counts = np.zeros((L, E))
+        for li in range(L):
+            counts[li, popular[li]] = 200 * weight + rng.uniform(0, 1, E)  # small noise
+        before = cache.resident().copy()
+        decayed_before = cache.decayed.copy()
+        cache.routed.copy_(torch.from_numpy(counts).float())
+        cache.adapt()
+        after = cache.resident()
+        assert (after.sum(1) == S).all()  # the budget never changes
+        d = decayed_before * DECAY + counts
+        for li in range(L):
+            out, inn = np.flatnonzero(before[li] & ~after[li]), np.flatnonzero(~before[li] & after[li])
+            assert len(out) == len(inn) <= 1
+            missing, resident = np.flatnonzero(~before[li]), np.flatnonzero(before[li])
+            best, worst = d[li, missing].max(), d[li, resident].min()
+            if len(inn):  # the most-routed missing for the least-routed resident
+                assert d[li, inn[0]] == best and d[li, out[0]] == worst and best > worst
+            else:
+                assert best <= worst
+        # the slot table and the slots' contents agree with the host store
+        for li, lc in enumerate(cache.layers):
+            for s in range(S):
+                e = cache.slot_expert[li, s]
+                assert cache.slot_of[li, e] == s
+                assert torch.equal(lc.gate_up[s], lc.host_gate_up[e])
+                assert torch.equal(lc.down[s], lc.host_down[e])
+    # a steady popularity converges to each layer's most popular experts
+    for li in range(L):
+        assert set(np.flatnonzero(cache.resident()[li])) == set(popular[li, :S].tolist())
+
+
+def test_profile_chooses_the_first_fill(cached_model, tmp_path):
+    loaded = _loaded(cached_model)
+    plan = plan_expert_cache(loaded.model, 1)
+    counts = [[(e * 7 + li) % 64 for e in range(64)] for li in range(plan.moe_layers)]
+    prof = tmp_path / "profile.json"
+    prof.write_text(json.dumps({"model": "t", "layers": plan.layers, "experts": 64, "top_k": 4,
+                                "tokens": 10, "counts": counts, "windows": 1,
+                                "distinct_per_window": {"1": 4.0}}))
+    cache = ExpertCache(loaded.model, plan, torch.device("cpu"), profile=str(prof))
+    want = top_experts(np.array(counts, dtype=float), plan.slots)
+    assert (cache.slot_expert == want).all()
+    for li in range(plan.moe_layers):
+        assert set(np.flatnonzero(cache.resident()[li])) == set(np.argsort(counts[li])[-plan.slots:])
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps({"layers": [0], "experts": 32, "counts": [[1] * 32]}))
+    with pytest.raises(ConfigError, match="engine.expert_profile.*32 experts"):
+        ExpertCache(_loaded(cached_model).model, plan, torch.device("cpu"), profile=str(bad))
+
+
+def test_budget_errors_name_the_numbers(cached_model, tiny_ckpt):
+    loaded = _loaded(cached_model)
+    with pytest.raises(ConfigError, match=r"expert_cache_mib=0.001.*no routed expert.*4 MoE layers"):
+        plan_expert_cache(loaded.model, 1e-3)
+    with pytest.raises(ConfigError, match="model.moe_dense_experts=0"):
+        plan_expert_cache(load_checkpoint(tiny_ckpt, log=lambda s: None).model, 64)
+    cfg = cpu_engine_config(cached_model, 128, expert_cache_mib=9, cpu_device_mib=2069,
+                            vram_reserve_mib=2048)
+    cfg.model.moe_dense_experts = 0
+    with pytest.raises(ConfigError, match="device cannot hold the expert cache"):
+        Engine.from_config(cfg, log=lambda s: None)
+
+
+@pytest.mark.parametrize("fp8", [False, True])
+def test_moe_kernel_reads_slots_and_host_store(fp8):
+    """Where an expert is read from (slot or host store) never changes the result: the C++
+    kernel is bit-identical to the all-resident call; the reference matches it."""
+    torch.manual_seed(0)
+    E, H, I, N, k = 12, 32, 16, 5, 3
+    wgu, wd = torch.randn(E + 1, 2 * I, H), torch.randn(E + 1, H, I)  # + a shared expert
+    x, w = torch.randn(N, H), torch.rand(N, k + 1)
+    ids = torch.cat([torch.randint(0, E, (N, k)), torch.full((N, 1), E)], 1)
+    extra, block = (), None
+    if fp8:
+        from strata.model.fp8 import FP8_DTYPE
+        wgu, wd = (wgu * 30).to(FP8_DTYPE), (wd * 30).to(FP8_DTYPE)
+        extra, block = (torch.rand(E + 1, 2, 2), torch.rand(E + 1, 2, 1)), (16, 16)
+    full = cyext_ops.cpu_moe_experts(x, wgu, wd, w, ids, *extra, block)
+    resident = [1, 4, 7]
+    slot_of = torch.full((E + 1,), -1, dtype=torch.int32)
+    slot_of[resident + [E]] = torch.arange(4, dtype=torch.int32)
+    pick = resident + [E]
+    slots = [t[pick].clone() for t in (wgu, wd, *extra)]
+    host = [t[:E].clone() for t in (wgu, wd, *extra)] + [None] * (2 - len(extra))
+    got = cyext_ops.cpu_moe_experts(x, slots[0], slots[1], w, ids, *(slots[2:] or [None, None]),
+                                    block, slot_of, *host)
+    assert torch.equal(got, full)
+    ref = reference.moe_experts(x, slots[0], slots[1], w, ids, *(slots[2:] or [None, None]),
+                                block, slot_of, *host)
+    assert torch.allclose(ref, full, atol=1e-4, rtol=1e-4)
