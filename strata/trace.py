@@ -16,6 +16,8 @@ Events and their fields:
   vram     {free_mib, graphs_mib, reserve_mib}
   warmup   {keys, mib}               window graphs captured before any request, in capture
                                      order (LRU first), and the MiB each measured
+  expert_swap {experts, bytes}       the expert cache's adaptive swap after the window it
+                                     follows: experts copied host -> device, their bytes
 
 `arrive.filtered`: the request samples with top-k / top-p (temperature > 0 and top_k > 0 or
 top_p < 1), so every window holding it uses the sorting sampler and its graph key ends in `+f`.
@@ -49,6 +51,7 @@ EVENT_FIELDS: dict[str, tuple[str, ...]] = {
     "warning": ("text",),
     "vram": ("free_mib", "graphs_mib", "reserve_mib"),
     "warmup": ("keys", "mib"),
+    "expert_swap": ("experts", "bytes"),
 }
 
 #: Fields added to the schema later, with the value a reader takes when an older trace lacks one.
