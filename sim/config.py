@@ -176,10 +176,12 @@ class SimExpertsConfig:
     #: top_k picks repeats the previous row's (trained routers route neighbouring tokens
     #: alike; the engine's random dummy routers do not: 0).
     row_overlap: float = 0.0
-    #: The adaptive swap as the engine runs it: counts decay by this factor per forward, and a
-    #: swap moves at most this many experts per layer (0 = no limit).
-    decay: float = 0.9
-    swap_limit: int = 0
+    #: The adaptive swap as the engine runs it (strata/engine/expert_cache.py): each
+    #: adaptation multiplies the decayed counts by this before adding the picks since the last
+    #: one (its DECAY), and moves at most this many experts per layer (0 = no limit; the
+    #: engine moves one).
+    decay: float = 0.75
+    swap_limit: int = 1
     #: profile: the cost profile's window plus each miss's bus time less its HBM time;
     #: bytes: the real-scale bytes model below (sim/expert_costs.py).
     cost: str = "profile"

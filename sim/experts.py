@@ -14,12 +14,14 @@ window's start (a hit) or not (a miss).
   request's consecutive positions): each of a row's top_k picks repeats the previous row's
   pick in that place with probability `row_overlap` (trained routers route neighbouring
   tokens alike; random dummy routers do not, 0). A prompt chunk is one group of its tokens.
-- `ExpertCacheModel`: the resident set and its adaptive swap, modelled as the engine runs it:
-  the first fill is the `slots` most popular experts of each layer (the profile's counts, or
-  the lowest ids without a profile); each window's routed selections add to decayed counts
-  (counts x decay + this window's); every `adapt_every` decode windows each layer swaps its
-  least-counted resident for its most-counted missing expert while the missing one counts
-  more (at most `swap_limit` per layer, 0 = no limit).
+- `ExpertCacheModel`: the resident set and its adaptive swap, modelled as the engine runs it
+  (strata/engine/expert_cache.py): the first fill is the `slots` most popular experts of each
+  layer (the profile's counts, ties to the lower id; the lowest ids without a profile); the
+  decode windows' routed picks accumulate, and every `adapt_every` decode windows the decayed
+  counts become counts x decay + the picks since the last adaptation, and each layer swaps its
+  least-counted resident for its most-counted missing expert while the missing one counts more
+  (at most `swap_limit` per layer, the engine's 1; 0 = no limit). Prompt chunks pay their
+  misses but, as in the engine, do not count.
 - `RecordedExperts`: replay. Hits, misses and bus bytes come from the trace's window events,
   in order, the way replay takes acceptance from commits; a swap is replayed at the step the
   trace has it, and the simulator emits it only after a window that ends an adapt period, so a
@@ -218,29 +220,31 @@ class ExpertCacheModel:
         order = np.argsort(-routing.fill_order_counts, axis=1, kind="stable")
         self.resident = np.zeros((self.moe_layers, self.experts), dtype=bool)
         np.put_along_axis(self.resident, order[:, :self.slots], True, axis=1)
+        #: Decayed counts as of the last adaptation, and the picks routed since.
         self.counts = np.zeros((self.moe_layers, self.experts), dtype=np.float64)
+        self.routed = np.zeros((self.moe_layers, self.experts), dtype=np.float64)
         self.windows = 0
         self.swapped = 0
 
-    def _forward(self, groups: list[int]) -> WindowExperts:
+    def _forward(self, groups: list[int]) -> tuple[WindowExperts, np.ndarray]:
         sel = self.routing.draw(groups, self.rng)
         #: The last forward's selections [layer][expert] (for checks and tests).
         self.last_selection = sel
         touched = sel > 0
         hits = int(np.count_nonzero(touched & self.resident))
         misses = int(np.count_nonzero(touched)) - hits
-        self.counts *= self.decay
-        self.counts += sel
-        return WindowExperts(hits, misses)
+        return WindowExperts(hits, misses), sel
 
     def window(self, step: int, groups: list[int]) -> WindowExperts:
         self.windows += 1
-        return self._forward(groups)
+        x, sel = self._forward(groups)
+        self.routed += sel
+        return x
 
     def prefill(self, step: int, tokens: int) -> WindowExperts:
         """A prompt chunk routes its tokens through the same cache (its misses cost bus
-        time too); it adds to the counts but does not advance the adapt period."""
-        return self._forward([tokens])
+        time too); the engine counts only decode windows, so it adds no counts."""
+        return self._forward([tokens])[0]
 
     def after_window(self, step: int) -> Optional[ExpertSwap]:
         if not self.adapt_every or self.windows % self.adapt_every or self.slots >= self.experts:
@@ -251,6 +255,8 @@ class ExpertCacheModel:
     def adapt(self) -> int:
         """Swap, per layer, the least-counted residents for the most-counted missing experts
         while the missing one counts more; returns the experts copied."""
+        self.counts = self.counts * self.decay + self.routed
+        self.routed[:] = 0.0
         if self.slots == 0:
             return 0
         total = 0

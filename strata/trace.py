@@ -16,8 +16,8 @@ Events and their fields:
   vram     {free_mib, graphs_mib, reserve_mib}
   warmup   {keys, mib}               window graphs captured before any request, in capture
                                      order (LRU first), and the MiB each measured
-  expert_swap {experts, bytes}       the expert cache's adaptive swap after the window it
-                                     follows: experts copied host -> device, their bytes
+  expert_swap {experts, bytes}       the expert cache's adaptive swap after the window before
+                                     it: experts copied host -> device (all layers), bytes
 
 `arrive.filtered`: the request samples with top-k / top-p (temperature > 0 and top_k > 0 or
 top_p < 1), so every window holding it uses the sorting sampler and its graph key ends in `+f`.
@@ -28,6 +28,10 @@ that iteration) and `ctx` (for a window its context tier, for a prefill chunk th
 covers) so that a cost profile can be fitted from traces.
 A capture's `window` event carries `mib` (the device memory it measured): a replay needs it
 when the engine measures captures (CUDA) rather than charging a fixed size (`graph_mib`).
+With the expert cache (engine.expert_cache_mib > 0) a `window` carries `hits`, `misses` (each
+distinct (layer, routed expert) pair its rows route to, once: a hit when resident at the
+window's start) and `bus_bytes` (misses x bytes of one routed expert), and the `config`
+event's `memory` carries `expert_slots`, `experts`, `expert_bytes` and `moe_layers`.
 Replay compares the sequence of REPLAY_EVENTS on REPLAY_FIELDS; timestamps are never compared.
 """
 
