@@ -207,9 +207,11 @@ def card_tables(cards: dict) -> str:
 
 def engine_cells(path: str) -> tuple[dict, dict]:
     """{(budget fraction, n, mode): {"tps", "hit_rate"}} and the meta of the engine study's
-    JSON: a list of cells, or {"cells": [...], "meta": {...}}; each cell has mode (or config),
-    n, budget_fraction (or budget), tok/s (tok_s, tps, aggregate_tps or median_tps) and
-    hit_rate (or expert_hit_rate)."""
+    JSON: scripts/bench_expert_cache.py's ({"meta": {"args": ...}, "study": {"rows": [...]}},
+    rows with budget_pct, config, n, aggregate_tps, hit_rate; the no-cache rows, budget_pct
+    null, are left out), or a plain list of cells (or {"cells": [...]}) with mode (or config),
+    n, budget_fraction (or budget, or budget_pct), tok/s (tok_s, tps, aggregate_tps or
+    median_tps) and hit_rate (or expert_hit_rate)."""
     p = Path(path)
     try:
         d = json.loads(p.read_text(encoding="utf-8"))
@@ -218,13 +220,15 @@ def engine_cells(path: str) -> tuple[dict, dict]:
     except json.JSONDecodeError as e:
         raise SystemExit(f"error: {p}:{e.lineno}: not JSON: {e.msg}")
     meta = d.get("meta", {}) if isinstance(d, dict) else {}
-    raw = d.get("cells", d) if isinstance(d, dict) else d
+    raw = d
+    if isinstance(d, dict):
+        raw = (d.get("study") or {}).get("rows") if "study" in d else d.get("cells")
     if not isinstance(raw, list) or not raw:
-        raise SystemExit(f"error: {p}: expected a list of cells (or a 'cells' list)")
+        raise SystemExit(f"error: {p}: expected study.rows or a list of cells")
 
     def first(c: dict, keys: tuple[str, ...], i: int):
         for k in keys:
-            if k in c and c[k] is not None:
+            if k in c:
                 return c[k]
         raise SystemExit(f"error: {p}: cell {i} lacks any of {list(keys)}")
 
@@ -233,40 +237,67 @@ def engine_cells(path: str) -> tuple[dict, dict]:
         mode = str(first(c, ("mode", "config"), i)).split("@")[0]
         if mode not in MODES:
             continue
-        frac = round(float(first(c, ("budget_fraction", "budget", "fraction"), i)), 4)
-        out[(frac, int(first(c, ("n", "N"), i)), mode)] = {
+        if "budget_pct" in c:
+            if c["budget_pct"] is None:
+                continue  # the no-cache engine
+            frac = float(c["budget_pct"]) / 100
+        else:
+            frac = float(first(c, ("budget_fraction", "budget", "fraction"), i))
+        out[(round(frac, 4), int(first(c, ("n", "N"), i)), mode)] = {
             "tps": float(first(c, ("tok_s", "tps", "aggregate_tps", "median_tps"), i)),
             "hit_rate": c.get("hit_rate", c.get("expert_hit_rate"))}
+    if not out:
+        raise SystemExit(f"error: {p}: no cell of a mode in {MODES} with a cache budget")
     return out, meta
 
 
+def non_layer_bytes() -> float:
+    """Bytes a window reads that do not grow with depth: the LM head and one MTP step (the
+    bench's 1x1 window)."""
+    for path in BENCH:
+        for cell in json.loads(path.read_text(encoding="utf-8"))["summary"].values():
+            for w in cell["windows"]:
+                if w["groups"] == 1 and w["rows"] == 1:
+                    return float(w["bytes"]["head"]) + float(w["bytes"]["mtp"])
+    raise SystemExit("error: no 1x1 window in the bench JSON")
+
+
 def engine_overrides(meta: dict, args) -> list[str]:
-    """The simulator settings of the engine study: its depth (a --layers run scales the
-    non-expert bytes and the MoE layers), its skew."""
+    """The simulator settings of the engine study, from its meta (or meta.args): its depth
+    (a --layers run: MoE layers, the per-layer cost and the per-layer bytes scale with it; the
+    head and MTP bytes do not), skew, context, adapt period, routing profile (the 100% run's
+    counts: <json>.profile.json beside the study's JSON, as bench_expert_cache.py writes it)."""
+    m = {**(meta.get("args") or {}), **{k: v for k, v in meta.items() if k != "args"}}
     extra = []
-    layers = meta.get("layers") or (meta.get("args") or {}).get("layers")
-    if layers:
+    if m.get("layers"):
         x = compose_cfg([f"hardware={H200}"]).experts
-        f = int(layers) / x.layers
-        extra += [f"experts.layers={int(layers)}", f"experts.moe_layers={int(layers)}",
-                  f"experts.other_base_bytes={x.other_base_bytes * f}",
-                  f"experts.other_per_group_bytes={x.other_per_group_bytes * f}",
-                  f"experts.other_per_draft_bytes={x.other_per_draft_bytes * f}"]
-    skew = meta.get("dummy_routing_skew", meta.get("skew"))
+        layers = int(m["layers"])
+        f = layers / x.layers
+        fixed = non_layer_bytes()
+        extra += [f"experts.layers={layers}", f"experts.moe_layers={layers}",
+                  f"experts.other_base_bytes={fixed + (x.other_base_bytes - fixed) * f}",
+                  f"experts.other_per_group_bytes={x.other_per_group_bytes * f}"]
+    skew = m.get("dummy_routing_skew", m.get("skew"))
     extra.append(f"experts.skew={args.skew if skew is None else float(skew)}")
+    if m.get("max_context"):
+        extra.append(f"engine.max_context={int(m['max_context'])}")
+    if m.get("adapt_every") is not None:
+        extra.append(f"engine.expert_adapt_every={int(m['adapt_every'])}")
+    profile = args.profile or (Path(args.engine).with_suffix(".profile.json")
+                               if Path(args.engine).with_suffix(".profile.json").is_file() else None)
+    if profile:
+        extra.append(f"engine.expert_profile={Path(profile).resolve()}")
+    for key in ("prompt_tokens", "max_tokens"):
+        if m.get(key):
+            setattr(args, key, int(m[key]))
+    if m.get("synthetic_acceptance"):
+        args.acceptance = float(m["synthetic_acceptance"])
     return extra
 
 
 def engine_check(args) -> str:
     eng, meta = engine_cells(args.engine)
     extra = engine_overrides(meta, args)
-    # the engine study's workload, when its JSON states it
-    margs = meta.get("args") or {}
-    for key in ("prompt_tokens", "max_tokens"):
-        if meta.get(key) or margs.get(key):
-            setattr(args, key, int(meta.get(key) or margs.get(key)))
-    if meta.get("synthetic_acceptance") or margs.get("synthetic_acceptance"):
-        args.acceptance = float(meta.get("synthetic_acceptance") or margs.get("synthetic_acceptance"))
     x = compose_cfg([f"hardware={H200}", *extra]).experts
     fit_in = [float(b) for b in args.fit_budgets.split(",")]
     full, low = max(fit_in), min(fit_in)
@@ -276,6 +307,8 @@ def engine_check(args) -> str:
         if frac == full:
             scale[(n, mode)] = c["tps"] / predict(H200, mode, n, budget_overrides(frac, x) + extra,
                                                   args.seeds, args)["tps"]
+    if not scale:
+        raise SystemExit(f"error: {args.engine}: no cell at the all-resident budget {full:.0%}")
 
     def sim_cells(frac: float, miss_s: float) -> dict:
         out = {}
@@ -416,6 +449,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     ap.add_argument("--fit-budgets", default="1.0,0.25",
                     help="held-in budget fractions for --engine (the rest are held out)")
     ap.add_argument("--md-out", help="with --engine: write the comparison table here")
+    ap.add_argument("--profile", help="with --engine: the routing profile of the engine's first "
+                    "fill (default: <engine json>.profile.json when it exists)")
     ap.add_argument("--fit", action="store_true", help="print the bytes model's fit and exit")
     ap.add_argument("--skew", type=float, default=H200_SKEW,
                     help="routing skew when the engine study's JSON does not state one")

@@ -334,6 +334,16 @@ def test_study_reads_engine_cells_in_either_form(tmp_path):
     cells, meta = study.engine_cells(str(path))
     assert cells == {(0.44, 4, "batch_mtp"): {"tps": 100.0, "hit_rate": 0.7}}
     assert meta == {"layers": 8}
+    # scripts/bench_expert_cache.py's form: the no-cache rows are left out
+    path.write_text('{"meta": {"args": {"layers": 8, "skew": 1.0}}, "study": {"rows": ['
+                    '{"budget_pct": null, "config": "solo", "n": 1, "aggregate_tps": 50.0}, '
+                    '{"budget_pct": 25, "config": "solo", "n": 1, "aggregate_tps": 20.0, '
+                    '"hit_rate": 0.5}]}}')
+    cells, meta = study.engine_cells(str(path))
+    assert cells == {(0.25, 1, "solo"): {"tps": 20.0, "hit_rate": 0.5}}
+    args = type("A", (), dict(skew=0.0, engine=str(path), profile=None))()
+    extra = study.engine_overrides(meta, args)
+    assert "experts.moe_layers=8" in extra and "experts.skew=1.0" in extra
     path.write_text('[{"mode": "solo", "n": 1}]')
     with pytest.raises(SystemExit, match="lacks any of"):
         study.engine_cells(str(path))
@@ -359,7 +369,7 @@ def test_study_reads_an_engine_study_and_reports_held_out_cells(tmp_path):
     path.write_text(__import__("json").dumps(
         {"meta": {"prompt_tokens": 8, "max_tokens": 8, "dummy_routing_skew": 0.9},
          "cells": cells}))
-    args.engine, args.fit_budgets = str(path), "1.0,0.25"
+    args.engine, args.fit_budgets, args.profile = str(path), "1.0,0.25", None
     table = study.engine_check(args)
     assert "held-out 50%: 2/2 cells within 10%" in table
     assert "sign of batching's gain right in 1/1" in table
