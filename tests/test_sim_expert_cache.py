@@ -373,3 +373,20 @@ def test_study_reads_an_engine_study_and_reports_held_out_cells(tmp_path):
     table = study.engine_check(args)
     assert "held-out 50%: 2/2 cells within 10%" in table
     assert "sign of batching's gain right in 1/1" in table
+
+
+@pytest.mark.parametrize("name", ["cpu_expert_cache_solo_trace.jsonl",
+                                  "cpu_expert_cache_batch_mtp_trace.jsonl"])
+def test_engine_written_expert_traces_replay(name):
+    """Traces of the engine's CPU expert cache (the cache branch at cd272d9: tiny random model
+    with 64 experts, top 4, engine.expert_cache_mib=1, expert_adapt_every=2; solo and
+    batch_mtp, 4 staggered requests) replay identically, swaps included."""
+    from sim.replay import replay_file
+
+    path = REPO / "tests" / "data" / name
+    result = replay_file(path)
+    assert result.ok, result.first_divergence
+    engine = [e for e in (__import__("json").loads(line) for line in path.open())
+              if e["ev"] == "expert_swap"]
+    assert engine and [(e["step"], e["experts"]) for e in result.sim_events
+                       if e["ev"] == "expert_swap"] == [(e["step"], e["experts"]) for e in engine]
