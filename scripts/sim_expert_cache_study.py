@@ -162,6 +162,31 @@ def h200_table(cells: dict) -> str:
     return "\n".join(rows)
 
 
+def h200_plot(cells: dict, path: Path) -> None:
+    """Batching's gain over solo against the budget, one line per mode and N."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6.4, 4.0))
+    for mode, style in (("batch", "--"), ("batch_mtp", "-")):
+        for n in NS[1:]:
+            gains = [100 * (cells[(f, n, mode)]["tps"] / cells[(f, n, "solo")]["tps"] - 1)
+                     for f in BUDGETS]
+            ax.plot([100 * f for f in BUDGETS], gains, style, marker="o", label=f"{mode} N={n}")
+    ax.axhline(0, color="black", linewidth=0.8)
+    ax.set_xlabel("cache budget (% of routed experts)")
+    ax.set_ylabel("aggregate tok/s vs solo (%)")
+    ax.set_title("SIMULATED: H200, 80B-A3B FP8 shapes, skew 0.9")
+    ax.invert_xaxis()
+    ax.legend(fontsize=7, ncol=2)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
 def h200_reading(cells: dict) -> str:
     g = lambda f, n, m: cells[(f, n, m)]["tps"] / cells[(f, n, "solo")]["tps"] - 1  # noqa: E731
     return f"""Reading. With every expert resident a window's 4.2 ms fixed cost is shared by its rows
@@ -446,6 +471,8 @@ routers repeat half of a token's experts on the next token (`experts.row_overlap
 
 {h200_table(h200)}
 
+![batching's gain against the cache budget (simulated)](img/sim_expert_cache_gain.png)
+
 Where batching's gain over solo changes sign:
 
 {chr(10).join(f"- {s}" for s in sign_sentences(h200, BUDGETS, NS))}
@@ -516,6 +543,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         h200 = h200_study(args, [f"experts.skew={args.skew}"])
         cards = {} if args.no_cards else card_study(args)
         seconds = time.perf_counter() - t0
+    h200_plot(h200, Path(args.out_md).parent / "img" / "sim_expert_cache_gain.png")
     md = study_markdown(h200, cards, args, seconds)
     write_block(Path(args.out_md), md)
     if args.json:

@@ -4,7 +4,10 @@ Inputs taken from the trace (DESIGN.md section 6): the `config` line (engine kno
 facts), arrivals by step with prompt and max tokens and whether the request filters its
 sampling (`arrive`; a trace without `filtered` means none does), each request's per-commit
 `accepted` in order (`commit`), and, for requests that finished with stop / cancel / error,
-the `finish` token count (and, for cancel and error, the step). Everything else (which slot,
+the `finish` token count (and, for cancel and error, the step). An expert-cache trace
+(`config.memory.expert_slots`) also gives each window's hits and misses and each swap's size
+(sim.experts.RecordedExperts); the simulator decides where swaps fall (after every
+engine.expert_adapt_every decode windows), and `expert_view` compares them. Everything else (which slot,
 which window, which graph, when a request finishes by length) the simulator decides itself,
 and `strata.trace.replay_view` projections of both traces must be identical.
 
