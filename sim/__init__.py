@@ -2,7 +2,8 @@
 
 An independent implementation of the scheduling rules of docs/SCHEDULING.md: arrivals and
 admission, prefill chunks and the decode_share rule, the rotation ring, group sizing, the graph
-cache with its memory budget, acceptance and commits. `strata.trace` is the only strata module
+cache with its memory budget, acceptance and commits, and the expert cache (which experts each
+forward routes to, hits, misses and the adaptive swap: `sim.experts`, `sim.expert_costs`). `strata.trace` is the only strata module
 the simulator imports; `sim.engine_runs` (used by `python -m sim calibrate` and the GPU check
 scripts only) runs the real engine, since it measures it.
 

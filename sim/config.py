@@ -32,6 +32,7 @@ MODES = ("predict", "replay")
 GRAPH_POLICIES = ("counted", "upstream")
 WORKLOAD_KINDS = ("poisson", "burst", "cohort", "stagger")
 ACCEPTANCE_MODELS = ("fixed", "markov", "position", "chain")
+EXPERT_COSTS = ("profile", "bytes")
 
 
 @dataclass
@@ -69,6 +70,14 @@ class SimMemoryConfig:
     #: upstream policy only: device memory taken after start-up by allocations other than
     #: graphs (workspaces, allocator slack) out of the reserve (MiB).
     runtime_overhead_mib: float = 0.0
+    #: Device memory bandwidth, the card's specification (GB/s); the expert cache's bytes
+    #: model reads it at experts.hbm_efficiency of it. 0 = unknown.
+    hbm_gb_s: float = 0.0
+    #: Host -> device link: PCIe generation and lanes (documentation of where bus_gb_s comes
+    #: from), and the pinned host -> device bandwidth a missed expert is read at (GB/s).
+    pcie_gen: int = 0
+    pcie_lanes: int = 16
+    bus_gb_s: float = 0.0
 
 
 @dataclass
@@ -149,6 +158,47 @@ class SimSpreadConfig:
 
 
 @dataclass
+class SimExpertsConfig:
+    """The model's routed experts and the expert cache's costs (issue 17; sim/experts.py,
+    sim/expert_costs.py). `experts` = 0: no expert model (every window costs what the
+    profile says). The cache's size and adapt period are strata's engine.expert_cache_mib,
+    engine.expert_adapt_every and engine.expert_profile."""
+    #: Routed experts per MoE layer (0 = no expert model), experts each row routes to, MoE
+    #: layers, and bytes of one routed expert's weights and scales.
+    experts: int = 0
+    top_k: int = 1
+    moe_layers: int = 1
+    expert_bytes: int = 0
+    #: Routing without engine.expert_profile: expert e's popularity ~ (e+1)^-skew (the
+    #: engine's model.dummy_routing_skew; 0 = uniform).
+    skew: float = 0.0
+    #: Within a group (one request's consecutive positions), the chance that each of a row's
+    #: top_k picks repeats the previous row's (trained routers route neighbouring tokens
+    #: alike; the engine's random dummy routers do not: 0).
+    row_overlap: float = 0.0
+    #: The adaptive swap as the engine runs it (strata/engine/expert_cache.py): each
+    #: adaptation multiplies the decayed counts by this before adding the picks since the last
+    #: one (its DECAY), and moves at most this many experts per layer (0 = no limit; the
+    #: engine moves one).
+    decay: float = 0.75
+    swap_limit: int = 1
+    #: profile: the cost profile's window plus each miss's bus time less its HBM time;
+    #: bytes: the real-scale bytes model below (sim/expert_costs.py).
+    cost: str = "profile"
+    #: Fixed seconds per missed expert on top of its bytes over memory.bus_gb_s.
+    miss_s: float = 2e-6
+    #: bytes model: all layers and their fixed cost each; the share of memory.hbm_gb_s a
+    #: window reads at; the non-expert bytes a window reads (base + per group + per MTP draft
+    #: step past the second row of a group).
+    layers: int = 1
+    per_layer_s: float = 0.0
+    hbm_efficiency: float = 1.0
+    other_base_bytes: float = 0.0
+    other_per_group_bytes: float = 0.0
+    other_per_draft_bytes: float = 0.0
+
+
+@dataclass
 class SimHardwareConfig:
     """What a hardware preset (conf/sim/hardware/NAME.yaml) says about itself; the preset
     sets `profile`, the `memory` group, engine defaults and `spread` through the global
@@ -181,6 +231,7 @@ class SimConfig:
     workload: SimWorkloadConfig = field(default_factory=SimWorkloadConfig)
     acceptance: SimAcceptanceConfig = field(default_factory=SimAcceptanceConfig)
     spread: SimSpreadConfig = field(default_factory=SimSpreadConfig)
+    experts: SimExpertsConfig = field(default_factory=SimExpertsConfig)
     hardware: SimHardwareConfig = field(default_factory=SimHardwareConfig)
 
 
@@ -211,7 +262,7 @@ def validate_memory(m: Any) -> None:
         raise SimConfigError(f"memory.{key}: {msg}")
 
     for key in ("total_mib", "weights_mib", "slot_mib", "graph_mib", "graph_mib_jitter",
-                "runtime_overhead_mib"):
+                "runtime_overhead_mib", "hbm_gb_s", "pcie_gen", "pcie_lanes", "bus_gb_s"):
         if getattr(m, key) < 0:
             bad(key, f"must be >= 0, got {getattr(m, key)}")
     if m.slot_mib == 0:
@@ -275,6 +326,42 @@ def validate_spread(s: Any) -> None:
         raise SimConfigError(f"spread.machine: must be in [0, 1), got {s.machine}")
 
 
+def validate_experts(x: Any, engine: Any, memory: Any) -> None:
+    def bad(key: str, msg: str) -> None:
+        raise SimConfigError(f"experts.{key}: {msg}")
+
+    if x.experts < 0:
+        bad("experts", f"must be >= 0 (0 = no expert model), got {x.experts}")
+    if x.cost not in EXPERT_COSTS:
+        bad("cost", f"must be one of {EXPERT_COSTS}, got {x.cost!r}")
+    if x.experts == 0:
+        if engine.expert_cache_mib > 0:
+            raise SimConfigError("engine.expert_cache_mib: the simulator needs the model's "
+                                 "experts (experts.experts, top_k, moe_layers, expert_bytes)")
+        return
+    if not 1 <= x.top_k <= x.experts:
+        bad("top_k", f"must be in [1, experts={x.experts}], got {x.top_k}")
+    for key in ("moe_layers", "expert_bytes", "layers"):
+        if getattr(x, key) < 1:
+            bad(key, f"must be >= 1, got {getattr(x, key)}")
+    for key in ("skew", "miss_s", "per_layer_s", "other_base_bytes", "other_per_group_bytes",
+                "other_per_draft_bytes", "swap_limit"):
+        if getattr(x, key) < 0:
+            bad(key, f"must be >= 0, got {getattr(x, key)}")
+    if not 0.0 <= x.row_overlap <= 1.0:
+        bad("row_overlap", f"must be in [0, 1], got {x.row_overlap}")
+    if not 0.0 < x.decay <= 1.0:
+        bad("decay", f"must be in (0, 1], got {x.decay}")
+    if not 0.0 < x.hbm_efficiency <= 1.0:
+        bad("hbm_efficiency", f"must be in (0, 1], got {x.hbm_efficiency}")
+    if memory.hbm_gb_s <= 0:
+        raise SimConfigError("memory.hbm_gb_s: the expert model needs the card's memory "
+                             "bandwidth (GB/s), got 0")
+    if engine.expert_cache_mib > 0 and memory.bus_gb_s <= 0:
+        raise SimConfigError("memory.bus_gb_s: the expert cache needs the host -> device "
+                             "bandwidth (GB/s), got 0")
+
+
 def validate(cfg: Any) -> None:
     if cfg.mode not in MODES:
         raise SimConfigError(f"mode: must be one of {MODES}, got {cfg.mode!r}")
@@ -287,3 +374,4 @@ def validate(cfg: Any) -> None:
     validate_workload(cfg.workload)
     validate_acceptance(cfg.acceptance)
     validate_spread(cfg.spread)
+    validate_experts(cfg.experts, cfg.engine, cfg.memory)

@@ -33,6 +33,8 @@ def run_metrics(run: SimRun) -> dict[str, Any]:
     recs = sorted(run.records.values(), key=lambda r: r.req.index)
     times = [request_times(r) for r in recs]
     agg = aggregate(times)
+    st = run.stats
+    cache_on = run.experts is not None and run.experts.cache_on
     return {
         "wall_s": run.end_s,
         "output_tokens": agg["output_tokens"],
@@ -41,6 +43,9 @@ def run_metrics(run: SimRun) -> dict[str, Any]:
         "windows": run.stats.windows,
         "prefills": run.stats.prefills,
         "graph": dict(run.stats.graph),
+        # hits / (hits + misses) over the decode windows; null when the cache is off.
+        "expert_hit_rate": (ratio(st.expert_hits, st.expert_hits + st.expert_misses)
+                            if cache_on else None),
         "ttft_s": agg["ttft_s"],
         "e2e_s": agg["e2e_s"],
         "requests": [request_metrics(t) for t in times],
@@ -53,6 +58,9 @@ def run_metrics(run: SimRun) -> dict[str, Any]:
             "graphs_mib": run.cache.held_mib,
             "captures": run.cache.captures,
             "crashed_at_step": run.stats.crashed_at_step,
+            "expert_hits": st.expert_hits,
+            "expert_misses": st.expert_misses,
+            "expert_swaps": st.expert_swaps,
         },
     }
 
@@ -78,6 +86,8 @@ def metrics_table(m: dict[str, Any]) -> str:
          f"{g['hit']} / {g['capture']} / {g['eager']} / {g['evict']}"),
         ("distinct graph keys", str(m["sim"]["distinct_graph_keys"])),
     ]
+    if m.get("expert_hit_rate") is not None:
+        rows.append(("expert hit rate", _fmt(m["expert_hit_rate"])))
     if m.get("range"):
         rows[3:3] = range_rows(m["range"])
     if m["sim"]["crashed_at_step"] is not None:

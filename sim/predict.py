@@ -20,6 +20,7 @@ from strata.trace import shape_key, warm_window_keys
 from .acceptance import build_acceptance
 from .config import NOMINAL_PROFILE, SimConfig, SimConfigError, validate
 from .costs import CostProfile
+from .expert_setup import build_expert_inputs
 from .graph_cache import MemoryFacts
 from .metrics import (compare_metrics, comparison_table, metrics_table, outputs_lines,
                       run_metrics)
@@ -44,13 +45,15 @@ def slots_that_fit(cfg: SimConfig) -> tuple[int, str]:
     asked = 1 if e.mode == "solo" else e.slots
     if e.graph_policy == "upstream":
         return asked, f"INFO slots={asked} (asked {e.slots}): upstream policy sizes no budget"
-    room = m.total_mib - e.vram_reserve_mib - m.weights_mib - e.graph_mib_estimate
+    # The expert cache's budget is placed with the weights (strata/engine/memory.py).
+    room = (m.total_mib - e.vram_reserve_mib - m.weights_mib - e.expert_cache_mib
+            - e.graph_mib_estimate)
     fit = math.floor(room / m.slot_mib)
     if fit < 1:
         raise SimConfigError(
             f"memory: no slot fits: total {m.total_mib} - reserve {e.vram_reserve_mib} - weights "
-            f"{m.weights_mib} - graph estimate {e.graph_mib_estimate} MiB leaves {room:.0f} MiB, "
-            f"a slot needs {m.slot_mib} MiB")
+            f"{m.weights_mib} - expert cache {e.expert_cache_mib} - graph estimate "
+            f"{e.graph_mib_estimate} MiB leaves {room:.0f} MiB, a slot needs {m.slot_mib} MiB")
     n = min(asked, fit)
     return n, (f"INFO slots={n} (asked {e.slots}): {fit} slots of {m.slot_mib} MiB fit in "
                f"{room:.0f} MiB")
@@ -92,7 +95,9 @@ def build_scenario(cfg: Any, profile: Optional[CostProfile] = None,
         return round(float(capture_gen.uniform(m.graph_mib - m.graph_mib_jitter,
                                                m.graph_mib + m.graph_mib_jitter)), 3)
 
-    memory = MemoryFacts(total_mib=m.total_mib, weights_mib=m.weights_mib, slot_mib=m.slot_mib,
+    experts = build_expert_inputs(cfg, streams, profile.source.get("scaled"))
+    memory = MemoryFacts(total_mib=m.total_mib,
+                         weights_mib=m.weights_mib + e.expert_cache_mib, slot_mib=m.slot_mib,
                          slots=slots, reserve_mib=e.vram_reserve_mib,
                          graph_mib_estimate=e.graph_mib_estimate,
                          runtime_overhead_mib=m.runtime_overhead_mib)
@@ -102,10 +107,13 @@ def build_scenario(cfg: Any, profile: Optional[CostProfile] = None,
         acceptance=build_acceptance(acc_cfg, streams, acc_fit),
         costs=profile, measure_capture=measure_capture,
         config_engine=asdict(e),
-        config_memory={"total_mib": m.total_mib, "weights_mib": m.weights_mib,
-                       "slot_mib": m.slot_mib, "slots": slots, "graph_mib": m.graph_mib},
+        config_memory={"total_mib": m.total_mib, "weights_mib": m.weights_mib + e.expert_cache_mib,
+                       "slot_mib": m.slot_mib, "slots": slots, "graph_mib": m.graph_mib,
+                       **(experts.memory_fields if experts else {})},
         max_steps=cfg.max_steps,
-        warm_keys=warm_keys(e, slots))
+        warm_keys=warm_keys(e, slots),
+        experts=experts.model if experts else None,
+        expert_costs=experts.costs if experts else None)
     return scenario, info
 
 

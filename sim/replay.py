@@ -4,7 +4,10 @@ Inputs taken from the trace (DESIGN.md section 6): the `config` line (engine kno
 facts), arrivals by step with prompt and max tokens and whether the request filters its
 sampling (`arrive`; a trace without `filtered` means none does), each request's per-commit
 `accepted` in order (`commit`), and, for requests that finished with stop / cancel / error,
-the `finish` token count (and, for cancel and error, the step). Everything else (which slot,
+the `finish` token count (and, for cancel and error, the step). An expert-cache trace
+(`config.memory.expert_slots`) also gives each window's hits and misses and each swap's size
+(sim.experts.RecordedExperts); the simulator decides where swaps fall (after every
+engine.expert_adapt_every decode windows), and `expert_view` compares them. Everything else (which slot,
 which window, which graph, when a request finishes by length) the simulator decides itself,
 and `strata.trace.replay_view` projections of both traces must be identical.
 
@@ -22,7 +25,7 @@ import sys
 from collections import defaultdict
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Callable, Any, Iterable, Optional
+from typing import Callable, Any, Iterable, Iterator, Optional
 
 from strata.config import TRACED_ENGINE_KNOBS
 from strata.trace import EVENT_FIELDS, FIELD_DEFAULTS, REPLAY_EVENTS, REPLAY_FIELDS, replay_view
@@ -30,6 +33,7 @@ from strata.trace import EVENT_FIELDS, FIELD_DEFAULTS, REPLAY_EVENTS, REPLAY_FIE
 from .acceptance import RecordedAcceptance
 from .config import SimEngineConfig, validate_engine
 from .costs import CostProfile
+from .experts import ExpertSwap, RecordedExperts
 from .graph_cache import MemoryFacts
 from .simulation import Scenario, simulate
 from .workload import ExternalEvents, SimRequest
@@ -73,11 +77,31 @@ class Divergence:
         return "\n".join(out)
 
 
+#: The expert cache's part of a replay (compared after the events of REPLAY_FIELDS): each
+#: window's hits, misses and bus bytes, and each adaptive swap.
+EXPERT_FIELDS: dict[str, tuple[str, ...]] = {
+    "window": ("step", "hits", "misses", "bus_bytes"),
+    "expert_swap": ("step", "experts", "bytes"),
+}
+
+
+def expert_view(events: Iterable[dict[str, Any]]) -> Iterator[tuple]:
+    """The expert cache's comparable projection: ("window+experts", step, hits, misses,
+    bus_bytes) for each window that carries them and ("expert_swap", step, experts, bytes)."""
+    for rec in events:
+        if rec["ev"] == "window" and "hits" in rec:
+            yield ("window+experts",) + tuple(rec[f] for f in EXPERT_FIELDS["window"])
+        elif rec["ev"] == "expert_swap":
+            yield ("expert_swap",) + tuple(rec[f] for f in EXPERT_FIELDS["expert_swap"])
+
+
 def _fmt_view(view: Optional[tuple]) -> str:
     if view is None:
         return "(no event: the trace ends here)"
     ev, step, *rest = view
-    names = [f for f in REPLAY_FIELDS[ev] if f != "step"]
+    fields_of = EXPERT_FIELDS["window"] if ev == "window+experts" else (
+        EXPERT_FIELDS.get(ev) if ev not in REPLAY_FIELDS else REPLAY_FIELDS[ev])
+    names = [f for f in fields_of if f != "step"]
     return f"step {step:<5} {ev:<7} " + " ".join(f"{n}={v!r}" for n, v in zip(names, rest))
 
 
@@ -254,6 +278,7 @@ def scenario_from_trace(events: list[dict[str, Any]], lines: Optional[list[int]]
         elif reason == "error":
             external.faults.add(rec["step"])
 
+    experts = recorded_experts(events, knobs, where) if "expert_slots" in mem else None
     slots = 1 if knobs.mode == "solo" else int(mem["slots"])
     measure_capture = _capture_sizes(events, mem["graph_mib"], float(knobs.graph_mib_estimate))
     memory = MemoryFacts(total_mib=float(mem["total_mib"]), weights_mib=float(mem["weights_mib"]),
@@ -267,7 +292,52 @@ def scenario_from_trace(events: list[dict[str, Any]], lines: Optional[list[int]]
                     max_steps=max(STEPS_BOUND_FLOOR, STEPS_PER_EVENT_BOUND * len(events)
                                   + max((e["step"] for e in events), default=0)),
                     external=external,
-                    warm_keys=[k for rec in events if rec["ev"] == "warmup" for k in rec["keys"]])
+                    warm_keys=[k for rec in events if rec["ev"] == "warmup" for k in rec["keys"]],
+                    experts=experts)
+
+
+def recorded_experts(events: list[dict[str, Any]], knobs: Any,
+                     where: Callable[[int], str]) -> RecordedExperts:
+    """The expert cache of a trace whose `config.memory` has `expert_slots`: every window's
+    hits and misses and every swap, checked (bus_bytes = misses x expert_bytes, a swap's bytes
+    = experts x expert_bytes)."""
+    mem = events[0]["memory"]
+    missing = [k for k in ("expert_slots", "experts", "expert_bytes", "moe_layers") if k not in mem]
+    if missing:
+        raise TraceError(f"{where(0)}: config.memory has expert_slots but lacks {missing}")
+    try:
+        slots, experts = int(mem["expert_slots"]), int(mem["experts"])
+        expert_bytes, moe_layers = int(mem["expert_bytes"]), int(mem["moe_layers"])
+    except (TypeError, ValueError) as e:
+        raise TraceError(f"{where(0)}: config.memory expert fields: {e}") from None
+    windows: list[tuple[int, int]] = []
+    swaps: dict[int, ExpertSwap] = {}
+    for i, rec in enumerate(events):
+        if rec["ev"] == "window":
+            lacking = [k for k in ("hits", "misses", "bus_bytes") if k not in rec]
+            if lacking:
+                raise TraceError(f"{where(i)}: window of an expert-cache trace lacks {lacking}")
+            hits, misses, bus = rec["hits"], rec["misses"], rec["bus_bytes"]
+            if not all(isinstance(v, int) and v >= 0 for v in (hits, misses, bus)):
+                raise TraceError(f"{where(i)}: window hits, misses and bus_bytes must be "
+                                 f"non-negative ints, got {hits!r}, {misses!r}, {bus!r}")
+            if bus != misses * expert_bytes:
+                raise TraceError(f"{where(i)}: window bus_bytes {bus} != misses {misses} x "
+                                 f"expert_bytes {expert_bytes} = {misses * expert_bytes}")
+            if hits + misses > moe_layers * experts:
+                raise TraceError(f"{where(i)}: window hits + misses = {hits + misses} exceeds "
+                                 f"moe_layers {moe_layers} x experts {experts}")
+            windows.append((hits, misses))
+        elif rec["ev"] == "expert_swap":
+            n, b = rec["experts"], rec["bytes"]
+            if not (isinstance(n, int) and n >= 0 and b == n * expert_bytes):
+                raise TraceError(f"{where(i)}: expert_swap bytes {b!r} != experts {n!r} x "
+                                 f"expert_bytes {expert_bytes}")
+            if rec["step"] in swaps:
+                raise TraceError(f"{where(i)}: two expert_swap events at step {rec['step']}")
+            swaps[rec["step"]] = ExpertSwap(n, b)
+    return RecordedExperts(windows, swaps, slots, experts, moe_layers, expert_bytes,
+                           int(getattr(knobs, "expert_adapt_every", 0)))
 
 
 # --- comparing -------------------------------------------------------------------------------
@@ -279,8 +349,12 @@ def compare(engine_events: Iterable[dict[str, Any]], sim_events: Iterable[dict[s
     # Line of each replayed engine event, to point at the file.
     replayed_lines = [(engine_lines[i] if engine_lines else None)
                       for i, rec in enumerate(engine_list) if rec["ev"] in REPLAY_EVENTS]
-    a = list(replay_view(engine_list))
-    b = list(replay_view(sim_events))
+    replayed_lines += [(engine_lines[i] if engine_lines else None)
+                       for i, rec in enumerate(engine_list)
+                       if (rec["ev"] == "window" and "hits" in rec) or rec["ev"] == "expert_swap"]
+    sim_list = list(sim_events)
+    a = list(replay_view(engine_list)) + list(expert_view(engine_list))
+    b = list(replay_view(sim_list)) + list(expert_view(sim_list))
     for i in range(max(len(a), len(b))):
         ea = a[i] if i < len(a) else None
         eb = b[i] if i < len(b) else None

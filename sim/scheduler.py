@@ -24,6 +24,8 @@ from strata.trace import (TraceWriter, context_tier, invariant_window_shape, lay
 
 from .acceptance import AcceptanceModel
 from .costs import CostProfile
+from .expert_costs import ExpertCosts
+from .experts import ExpertSource, window_fields
 from .graph_cache import GraphCache, GraphDecision, MemoryFacts
 from .rotation import RotationRing
 from .workload import ArrivalSource, ExternalEvents, SimRequest
@@ -81,6 +83,11 @@ class RunStats:
                                                            "evict": 0})
     #: upstream policy: the step at which a capture failed and the engine exited.
     crashed_at_step: Optional[int] = None
+    #: Expert cache: distinct (layer, expert) pairs of the decode windows that were resident
+    #: (hits) or not (misses), and adaptive swaps.
+    expert_hits: int = 0
+    expert_misses: int = 0
+    expert_swaps: int = 0
 
 
 class SimEngine:
@@ -90,7 +97,8 @@ class SimEngine:
                  arrivals: ArrivalSource, external: ExternalEvents,
                  acceptance: AcceptanceModel, costs: CostProfile, trace: TraceWriter,
                  measure_capture: Callable[[], float], max_steps: int,
-                 requests: list[SimRequest]):
+                 requests: list[SimRequest], experts: Optional[ExpertSource] = None,
+                 expert_costs: Optional[ExpertCosts] = None):
         self.env = env
         self.knobs = knobs
         self.n_slots = slots
@@ -119,6 +127,10 @@ class SimEngine:
         #: iteration starts, so the next arrivals come after it, as in the engine.
         self._admitted = 0
         self.drafting = bool(knobs.drafting) and knobs.spec >= 2
+        #: The expert cache (sim/experts.py): each forward's hits and misses, and the swaps;
+        #: `expert_costs` prices them (None in replay, where time is not compared).
+        self.experts = experts
+        self.expert_costs = expert_costs
         self.process = env.process(self.run())
 
     # --- the loop --------------------------------------------------------------------------
@@ -214,7 +226,13 @@ class SimEngine:
         # the padded chunk.
         tier = context_tier(st.prompt_done + padded, k.context_tier_min, k.max_context)
         dur = self.costs.prefill_time(padded, tier)
-        yield self.env.timeout(self._host() + dur)
+        host = self._host()
+        if self.experts is not None:
+            x = self.experts.prefill(self.step, tokens)
+            if self.expert_costs is not None:
+                dur = (self.expert_costs.prefill_s(x, tokens, dur)
+                       + self.expert_costs.wait_for_copy(host))
+        yield self.env.timeout(host + dur)
         st.prompt_done += tokens
         rec = self.records[st.req.id]
         rec.prefill_device_s += dur
@@ -304,7 +322,20 @@ class SimEngine:
         # Batch-invariant windows compute all window_rows rows, padding included.
         rows = shape[0] * shape[1] if k.batch_invariant else len(layout)
         dur = self.costs.decode_time(rows, tier, decision.action, shape)
-        yield self.env.timeout(self._host() + dur)
+        host = self._host()
+        expert_fields: dict[str, int] = {}
+        if self.experts is not None:
+            # Only the real rows route (a padded group's rows are not a request's tokens).
+            x = self.experts.window(self.step, [r for _, r in groups])
+            if self.experts.cache_on:
+                expert_fields = window_fields(x, self.experts.expert_bytes)
+                self.stats.expert_hits += x.hits
+                self.stats.expert_misses += x.misses
+            if self.expert_costs is not None:
+                hit_s = self.costs.decode_time(rows, tier, "hit", shape)
+                dur = (self.expert_costs.window_s(x, shape[0], shape[1], dur, hit_s)
+                       + self.expert_costs.wait_for_copy(host))
+        yield self.env.timeout(host + dur)
 
         for ev_key, reason in decision.evictions:
             self.stats.graph["evict"] += 1
@@ -312,7 +343,8 @@ class SimEngine:
         self.stats.windows += 1
         self.stats.graph[decision.action] += 1
         self.trace.emit("window", layout=layout, key=key, graph=decision.action,
-                        rows=len(layout), dur=round(dur, TRACE_DUR_DIGITS), ctx=tier)
+                        rows=len(layout), dur=round(dur, TRACE_DUR_DIGITS), ctx=tier,
+                        **expert_fields)
         if decision.action == "capture":
             self._emit_vram()
         if decision.eager_reason and not self._warned_eager:
@@ -335,7 +367,21 @@ class SimEngine:
             self._finish(st, reason)
         for st, _ in finished:  # slots leave in window order, after all commits
             self._release(st)
+        self._expert_swap()
         yield from self._tail(commits=len(groups), finishes=len(finished))
+
+    def _expert_swap(self) -> None:
+        """The expert cache's adaptive swap after a window that ends an adapt period; its
+        copy delays the next forward (ExpertCosts.wait_for_copy)."""
+        if self.experts is None:
+            return
+        swap = self.experts.after_window(self.step)
+        if swap is None:
+            return
+        self.stats.expert_swaps += 1
+        self.trace.emit("expert_swap", experts=swap.experts, bytes=swap.bytes)
+        if self.expert_costs is not None:
+            self.expert_costs.swap_started(swap.bytes)
 
     def _commit(self, st: SlotState, accepted: int) -> tuple[int, Optional[str]]:
         """Commit rows 0..accepted; returns (tokens emitted, finish reason or None)."""

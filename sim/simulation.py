@@ -35,6 +35,10 @@ class Scenario:
     external: ExternalEvents = field(default_factory=ExternalEvents)
     #: Window graphs the engine's warm-up captured before any request, in capture order.
     warm_keys: list[str] = field(default_factory=list)
+    #: The expert cache (sim/experts.py: the model in predict, the trace in replay) and what
+    #: prices its misses (sim/expert_costs.py; None in replay); None = no expert model.
+    experts: Any = None
+    expert_costs: Any = None
 
 
 @dataclass
@@ -45,6 +49,8 @@ class SimRun:
     cache: GraphCache
     steps: int
     end_s: float
+    #: The expert cache the run used (None: no expert model).
+    experts: Any = None
 
 
 def simulate(scenario: Scenario, trace_stream: Optional[TextIO] = None) -> SimRun:
@@ -55,11 +61,13 @@ def simulate(scenario: Scenario, trace_stream: Optional[TextIO] = None) -> SimRu
     arrivals = ArrivalSource(env, scenario.requests)
     engine = SimEngine(env, scenario.knobs, scenario.memory, scenario.slots, arrivals,
                        scenario.external, scenario.acceptance, scenario.costs, trace,
-                       scenario.measure_capture, scenario.max_steps, scenario.requests)
+                       scenario.measure_capture, scenario.max_steps, scenario.requests,
+                       experts=scenario.experts, expert_costs=scenario.expert_costs)
     if scenario.warm_keys:
         keys, sizes = engine.cache.prewarm(scenario.warm_keys)
         trace.emit("warmup", keys=keys, mib=sizes)
     env.run(until=engine.process)
     trace.flush()
     return SimRun(events=trace.events, records=engine.records, stats=engine.stats,
-                  cache=engine.cache, steps=engine.step, end_s=env.now)
+                  cache=engine.cache, steps=engine.step, end_s=env.now,
+                  experts=scenario.experts)

@@ -1,0 +1,193 @@
+"""Device time of a forward when routed experts may miss the device (issue 17).
+
+Two ways to price a window, `experts.cost` choosing:
+
+- `profile`: the cost profile's window (measured with every expert resident) plus, per miss,
+  the expert's bytes over the bus plus `miss_s`, less the same bytes over effective HBM
+  bandwidth (a miss is read from host memory instead of the device).
+- `bytes` (real scale, and cards with no profile): a window of `groups` groups of `depth`
+  rows at full depth costs
+      layers x per_layer_s
+      + (other bytes + hits x expert_bytes) / (hbm_gb_s x hbm_efficiency)
+      + misses x (expert_bytes / bus + miss_s)
+  where other bytes = the dense weights, head, MTP, KV and state the window reads:
+  base + per_group x groups + per_draft x max(0, depth - 2) (a lone slot's deeper window runs
+  more MTP draft steps). per_layer_s, hbm_efficiency and the byte terms are fitted
+  (`fit_window_bytes`) to the engine's full-depth FP8 windows on the H200
+  (docs/bench/s7/fp8_full.json and fp8_n8.json); a card keeps the per-layer cost and the
+  efficiency and brings its own bandwidths. A capture or an eager window adds the profile's
+  excess over a graph hit. A prompt chunk of T tokens costs what a 1-group window of T rows
+  costs (a memory-bound estimate: fair for the short chunks of the studies, low for long ones).
+
+A swap's copy runs on a side stream after the window it follows; the next forward waits for
+it, so what the host time before that forward does not hide is added to it.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Optional, Sequence
+
+import numpy as np
+
+from .experts import ExpertModelError, WindowExperts
+
+
+@dataclass
+class WindowBytesModel:
+    """A full-depth window's device time from the bytes it reads (see the module doc)."""
+    layers: int
+    per_layer_s: float
+    hbm_bytes_per_s: float
+    other_base_bytes: float
+    other_per_group_bytes: float
+    other_per_draft_bytes: float
+    expert_bytes: float
+
+    def other_bytes(self, groups: int, depth: int) -> float:
+        return (self.other_base_bytes + self.other_per_group_bytes * groups
+                + self.other_per_draft_bytes * max(0, depth - 2))
+
+    def resident_s(self, groups: int, depth: int, resident_experts: int) -> float:
+        """Seconds of the window's device-resident work: the fixed part and the HBM bytes."""
+        return (self.layers * self.per_layer_s
+                + (self.other_bytes(groups, depth) + resident_experts * self.expert_bytes)
+                / self.hbm_bytes_per_s)
+
+
+@dataclass
+class MissCost:
+    """Seconds one missed expert adds: its bytes over the bus and a fixed cost."""
+    expert_bytes: float
+    bus_bytes_per_s: float
+    miss_s: float
+
+    def seconds(self, misses: int) -> float:
+        return misses * (self.expert_bytes / self.bus_bytes_per_s + self.miss_s)
+
+
+class ExpertCosts:
+    """Prices forwards for the scheduler, given the expert draw of each."""
+
+    def __init__(self, mode: str, miss: MissCost, hbm_bytes_per_s: float,
+                 bytes_model: Optional[WindowBytesModel] = None, window_scale: float = 1.0,
+                 prefill_scale: float = 1.0):
+        if mode not in ("profile", "bytes"):
+            raise ExpertModelError(f"experts.cost: must be profile or bytes, got {mode!r}")
+        if mode == "bytes" and bytes_model is None:
+            raise ExpertModelError("experts.cost=bytes needs the window bytes model")
+        self.mode = mode
+        self.miss = miss
+        self.hbm_bytes_per_s = hbm_bytes_per_s
+        self.bytes_model = bytes_model
+        #: bytes model: the speed factors of a prediction range's end (sim/spread.py scales
+        #: the profile's windows and prompt chunks; the bytes model's device time follows).
+        self.window_scale = window_scale
+        self.prefill_scale = prefill_scale
+        #: Seconds of swap copy still running when the last forward ended.
+        self.pending_copy_s = 0.0
+
+    def window_s(self, x: WindowExperts, groups: int, depth: int, profile_s: float,
+                 profile_hit_s: float) -> float:
+        """A window's device seconds; profile_s / profile_hit_s: the cost profile's time of
+        this window with its graph action / as a graph hit (every expert resident)."""
+        if self.mode == "bytes":
+            base = (self.bytes_model.resident_s(groups, depth, x.hits) * self.window_scale
+                    + max(0.0, profile_s - profile_hit_s))
+        else:
+            base = profile_s - x.misses * self.miss.expert_bytes / self.hbm_bytes_per_s
+        return max(0.0, base) + self.miss.seconds(x.misses)
+
+    def prefill_s(self, x: WindowExperts, tokens: int, profile_s: float) -> float:
+        if self.mode == "bytes":
+            return (self.bytes_model.resident_s(1, 1, x.hits) * self.prefill_scale
+                    + self.miss.seconds(x.misses))
+        return max(0.0, profile_s - x.misses * self.miss.expert_bytes / self.hbm_bytes_per_s) \
+            + self.miss.seconds(x.misses)
+
+    def swap_started(self, swap_bytes: int) -> None:
+        self.pending_copy_s += swap_bytes / self.miss.bus_bytes_per_s
+
+    def wait_for_copy(self, host_s: float) -> float:
+        """Seconds the next forward waits for the swap copy beyond `host_s` of host time."""
+        wait = max(0.0, self.pending_copy_s - host_s)
+        self.pending_copy_s = 0.0
+        return wait
+
+
+# --- fitting the bytes model -----------------------------------------------------------------
+
+def bench_windows(paths: Sequence[str | Path], skip: Sequence[str] = ("w16",)) -> list[dict]:
+    """The window rows of scripts/bench_engine.py JSON files (summary -> config@N -> windows:
+    groups, rows, windows, mean_ms, bytes), leaving out configurations whose name holds a
+    `skip` substring."""
+    out = []
+    for path in paths:
+        p = Path(path)
+        try:
+            d = json.loads(p.read_text(encoding="utf-8"))
+        except FileNotFoundError:
+            raise ExpertModelError(f"{p}: bench JSON not found") from None
+        for name, cell in (d.get("summary") or {}).items():
+            if any(s in name for s in skip):
+                continue
+            for w in cell.get("windows", []):
+                try:
+                    out.append({"config": name, "groups": int(w["groups"]), "depth": int(w["rows"]),
+                                "count": int(w["windows"]), "s": float(w["mean_ms"]) / 1e3,
+                                "expert_bytes_read": float(w["bytes"]["experts"]),
+                                "distinct": float(w["bytes"]["distinct_experts"]),
+                                "other_bytes": float(w["bytes"]["total"]) - float(w["bytes"]["experts"])})
+                except (KeyError, TypeError, ValueError) as e:
+                    raise ExpertModelError(f"{p}: {name}: malformed window row ({e})") from None
+    if not out:
+        raise ExpertModelError(f"no window rows in {[str(p) for p in paths]}")
+    return out
+
+
+def fit_window_bytes(rows: list[dict], layers: int, moe_layers: int, expert_bytes: float,
+                     hbm_gb_s: float, weight_cap: int = 10) -> tuple[WindowBytesModel, dict]:
+    """Least squares of t = fixed + (other + experts) bytes / bandwidth over the measured
+    windows (each weighted by its window count, capped at `weight_cap`: a shape seen in one
+    or two windows is noisier); then the other bytes as base + per_group x groups + per_draft
+    x max(0, depth - 2). Returns the model and a report (efficiency against `hbm_gb_s`, each
+    row's fitted time and error)."""
+    t = np.array([r["s"] for r in rows])
+    total = np.array([r["other_bytes"] + r["expert_bytes_read"] for r in rows])
+    w = np.sqrt(np.minimum([r["count"] for r in rows], weight_cap).astype(float))
+    a = np.stack([np.ones_like(total), total], axis=1)
+    (fixed, inv_bw), *_ = np.linalg.lstsq(a * w[:, None], t * w, rcond=None)
+    if inv_bw <= 0 or fixed < 0:
+        raise ExpertModelError(f"window bytes fit is not physical: fixed {fixed} s, "
+                               f"1/bandwidth {inv_bw} s/B")
+    b = np.array([[1.0, r["groups"], max(0, r["depth"] - 2)] for r in rows])
+    other = np.array([r["other_bytes"] for r in rows])
+    (base, per_group, per_draft), *_ = np.linalg.lstsq(b, other, rcond=None)
+    model = WindowBytesModel(layers=layers, per_layer_s=float(fixed) / layers,
+                             hbm_bytes_per_s=1.0 / float(inv_bw),
+                             other_base_bytes=float(base), other_per_group_bytes=float(per_group),
+                             other_per_draft_bytes=float(per_draft), expert_bytes=expert_bytes)
+    fitted = []
+    for r in rows:
+        # the model as the simulator runs it: distinct experts per layer x MoE layers
+        s = model.resident_s(r["groups"], r["depth"], round(r["distinct"] * moe_layers))
+        fitted.append({**{k: r[k] for k in ("config", "groups", "depth", "count")},
+                       "measured_ms": r["s"] * 1e3, "model_ms": s * 1e3,
+                       "error": s / r["s"] - 1.0})
+    report = {"per_layer_s": model.per_layer_s, "hbm_gb_s_effective": model.hbm_bytes_per_s / 1e9,
+              "hbm_efficiency": model.hbm_bytes_per_s / (hbm_gb_s * 1e9),
+              "other_base_bytes": base, "other_per_group_bytes": per_group,
+              "other_per_draft_bytes": per_draft, "rows": fitted}
+    return model, report
+
+
+def bytes_model_from_config(x: Any, memory: Any) -> WindowBytesModel:
+    """The bytes model of an `experts` config on the `memory` group's card."""
+    return WindowBytesModel(layers=int(x.layers), per_layer_s=float(x.per_layer_s),
+                            hbm_bytes_per_s=float(memory.hbm_gb_s) * 1e9 * float(x.hbm_efficiency),
+                            other_base_bytes=float(x.other_base_bytes),
+                            other_per_group_bytes=float(x.other_per_group_bytes),
+                            other_per_draft_bytes=float(x.other_per_draft_bytes),
+                            expert_bytes=float(x.expert_bytes))

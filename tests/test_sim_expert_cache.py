@@ -1,0 +1,392 @@
+"""The simulator's expert cache (issue 17): the routing model, the resident set and its
+adaptive swap, the budget, the costs, replay of expert traces, the card presets, and the sign
+of batching's gain."""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hydra import compose, initialize_config_dir
+
+from sim.config import SIM_CONF_DIR, SimConfigError, register_configs
+from sim.expert_costs import (ExpertCosts, MissCost, WindowBytesModel, bench_windows,
+                              fit_window_bytes)
+from sim.expert_setup import cache_mib_for_fraction, expert_slots
+from sim.experts import (ExpertCacheModel, ExpertModelError, RoutingModel, WindowExperts,
+                         expected_distinct_uniform, load_routing_profile)
+from sim.predict import run_predict, slots_that_fit
+from sim.replay import TraceError, replay_trace
+from tests.test_sim_replay import config, trace_two_slots_limit
+
+REPO = Path(__file__).resolve().parent.parent
+register_configs()
+
+
+def cfg_of(*overrides: str):
+    with initialize_config_dir(config_dir=SIM_CONF_DIR, version_base="1.3"):
+        return compose(config_name="config", overrides=list(overrides))
+
+
+# A small MoE: 4 layers x 64 experts, top 4, 1 MiB experts, on the tiny H200 profile.
+SMALL_EXPERTS = ("experts.experts=64", "experts.top_k=4", "experts.moe_layers=4",
+                 f"experts.expert_bytes={1 << 20}", "memory.hbm_gb_s=4800", "memory.bus_gb_s=50")
+COHORT = ("workload=cohort", "workload.requests=4", "workload.prompt_tokens=16",
+          "workload.max_tokens=24", "engine.slots=4", "spread.enabled=false")
+
+
+# --- the routing model -----------------------------------------------------------------------
+
+@pytest.mark.parametrize("rows", [1, 2, 4, 8])
+def test_uniform_distinct_experts_match_the_closed_form(rows):
+    E, k = 64, 4
+    model = RoutingModel.zipf(layers=8, experts=E, top_k=k, skew=0.0)
+    rng = np.random.default_rng(1)
+    distinct = [np.count_nonzero(model.draw([1] * rows, rng), axis=1).mean() for _ in range(300)]
+    assert np.mean(distinct) == pytest.approx(expected_distinct_uniform(E, k, rows), rel=0.02)
+
+
+def test_each_row_picks_top_k_distinct_experts():
+    model = RoutingModel.zipf(layers=3, experts=32, top_k=5, skew=1.2)
+    sel = model.draw([1], np.random.default_rng(0))
+    assert sel.sum(axis=1).tolist() == [5, 5, 5] and sel.max() == 1
+
+
+def test_skew_makes_low_ids_popular_and_row_overlap_shares_experts_within_a_group():
+    rng = np.random.default_rng(2)
+    skewed = RoutingModel.zipf(layers=4, experts=64, top_k=4, skew=1.0)
+    counts = sum(skewed.draw([8], rng) for _ in range(200))
+    assert counts[:, :8].sum() > counts[:, -8:].sum() * 4
+    plain = RoutingModel.zipf(layers=4, experts=64, top_k=4, skew=0.0)
+    shared = RoutingModel.zipf(layers=4, experts=64, top_k=4, skew=0.0, row_overlap=0.8)
+    one_group = np.mean([np.count_nonzero(shared.draw([4], rng)) for _ in range(200)])
+    four_groups = np.mean([np.count_nonzero(shared.draw([1, 1, 1, 1], rng)) for _ in range(200)])
+    independent = np.mean([np.count_nonzero(plain.draw([4], rng)) for _ in range(200)])
+    # one request's 4 rows share experts; 4 requests' rows do not
+    assert one_group < 0.7 * four_groups
+    assert four_groups == pytest.approx(independent, rel=0.05)
+
+
+def test_routing_profile_fit_and_its_errors(tmp_path):
+    p = tmp_path / "routing.json"
+    p.write_text('{"model": "m", "layers": [0, 1], "experts": 4, "top_k": 2, "tokens": 10, '
+                 '"counts": [[10, 6, 4, 0], [0, 0, 10, 10]], "windows": 5, '
+                 '"distinct_per_window": {"1": 2.0}}')
+    model = RoutingModel.from_profile(p)
+    assert model.layers == 2 and model.experts == 4 and model.top_k == 2
+    assert model.popularity[0].argmax() == 0 and model.popularity[1, 0] < 0.05
+    # the first fill follows the profile's counts
+    cache = ExpertCacheModel(model, 2, 0, 0.9, 0, 1, np.random.default_rng(0))
+    assert cache.resident.tolist() == [[True, True, False, False], [False, False, True, True]]
+    p.write_text('{"layers": [0], "experts": 4, "top_k": 2, "counts": [[1, 2, 3]]}')
+    with pytest.raises(ExpertModelError, match=r"routing.json: counts\[0\] must be 4"):
+        load_routing_profile(p)
+    with pytest.raises(ExpertModelError, match="not found"):
+        load_routing_profile(tmp_path / "none.json")
+
+
+# --- the resident set and the adaptive swap --------------------------------------------------
+
+def test_hits_and_misses_add_up_and_the_budget_is_never_exceeded():
+    routing = RoutingModel.zipf(layers=4, experts=32, top_k=4, skew=0.8)
+    cache = ExpertCacheModel(routing, 10, adapt_every=2, decay=0.8, swap_limit=3,
+                             expert_bytes=100, rng=np.random.default_rng(3))
+    swapped = 0
+    for step in range(200):
+        x = cache.window(step, [2, 2, 1])
+        assert x.hits + x.misses == np.count_nonzero(cache.last_selection)
+        swap = cache.after_window(step)
+        if swap is not None:
+            assert step % 2 == 1 and swap.bytes == swap.experts * 100
+            assert swap.experts <= 3 * 4  # swap_limit per layer
+            swapped += swap.experts
+        assert cache.resident.sum(axis=1).tolist() == [10] * 4
+    assert swapped == cache.swapped > 0
+
+
+def test_adaptive_swap_recovers_from_a_wrong_first_fill():
+    """Popular experts are the low ids; a profile that ranks them last fills the cache with
+    the unpopular ones. The swap moves the popular ones in."""
+    routing = RoutingModel.zipf(layers=2, experts=32, top_k=2, skew=1.5)
+    routing.fill_order_counts = routing.fill_order_counts[:, ::-1].copy()
+    rates = {}
+    for adapt in (0, 4):
+        cache = ExpertCacheModel(routing, 8, adapt, 0.9, 0, 1, np.random.default_rng(4))
+        hits = misses = 0
+        for step in range(300):
+            x = cache.window(step, [1, 1])
+            cache.after_window(step)
+            if step >= 100:
+                hits, misses = hits + x.hits, misses + x.misses
+        rates[adapt] = hits / (hits + misses)
+    assert rates[0] < 0.2 < 0.6 < rates[4]
+
+
+# --- the budget ------------------------------------------------------------------------------
+
+def test_budget_to_slots_and_back():
+    eb = 3146496
+    for frac in (1.0, 0.75, 0.44, 0.25):
+        mib = cache_mib_for_fraction(frac, 512, 48, eb)
+        assert expert_slots(mib, 512, 48, eb) == round(frac * 512)
+    assert expert_slots(0, 512, 48, eb) == 512  # no cache: every expert resident
+    assert expert_slots(10 ** 9, 512, 48, eb) == 512
+
+
+def test_the_cache_budget_takes_device_memory_before_slots():
+    base = cfg_of(*SMALL_EXPERTS, "memory.total_mib=4000", "memory.weights_mib=1000",
+                  "memory.slot_mib=100", "engine.vram_reserve_mib=0", "engine.slots=64")
+    cached = cfg_of(*SMALL_EXPERTS, "memory.total_mib=4000", "memory.weights_mib=1000",
+                    "memory.slot_mib=100", "engine.vram_reserve_mib=0", "engine.slots=64",
+                    "engine.expert_cache_mib=2000")
+    assert slots_that_fit(base)[0] == 29 and slots_that_fit(cached)[0] == 9
+
+
+def test_bad_expert_settings_are_errors_naming_the_key():
+    with pytest.raises(SimConfigError, match="engine.expert_cache_mib: the simulator needs"):
+        run_predict(cfg_of("engine.expert_cache_mib=100", *COHORT))
+    with pytest.raises(SimConfigError, match="holds no expert slot"):
+        run_predict(cfg_of(*SMALL_EXPERTS, "engine.expert_cache_mib=2", *COHORT))
+    with pytest.raises(SimConfigError, match="memory.bus_gb_s"):
+        run_predict(cfg_of(*SMALL_EXPERTS, "memory.bus_gb_s=0", "engine.expert_cache_mib=64",
+                           *COHORT))
+    with pytest.raises(SimConfigError, match="experts.row_overlap"):
+        run_predict(cfg_of(*SMALL_EXPERTS, "experts.row_overlap=1.5", *COHORT))
+
+
+# --- costs -----------------------------------------------------------------------------------
+
+def test_a_miss_costs_its_bytes_over_the_bus_instead_of_hbm():
+    miss = MissCost(expert_bytes=1e6, bus_bytes_per_s=1e10, miss_s=1e-6)
+    costs = ExpertCosts("profile", miss, hbm_bytes_per_s=1e12)
+    assert costs.window_s(WindowExperts(10, 0), 2, 2, 0.01, 0.01) == pytest.approx(0.01)
+    # 5 misses: + 5 x (100 us + 1 us) - 5 x 1 us of HBM
+    assert costs.window_s(WindowExperts(5, 5), 2, 2, 0.01, 0.01) == pytest.approx(0.01 + 5e-4)
+    model = WindowBytesModel(layers=2, per_layer_s=1e-3, hbm_bytes_per_s=1e12,
+                             other_base_bytes=1e9, other_per_group_bytes=1e8,
+                             other_per_draft_bytes=0.0, expert_bytes=1e6)
+    costs = ExpertCosts("bytes", miss, 1e12, model)
+    # 2 ms fixed + (1e9 + 2e8 + 10 x 1e6) B / 1e12 B/s, then 3 misses
+    assert costs.window_s(WindowExperts(10, 3), 2, 1, 0.5, 0.5) == pytest.approx(
+        2e-3 + 1.21e-3 + 3 * 1.01e-4)
+    costs.swap_started(2e6)  # 200 us of copy; 50 us of host time hides part of it
+    assert costs.wait_for_copy(5e-5) == pytest.approx(1.5e-4) and costs.wait_for_copy(0) == 0
+
+
+def test_bytes_model_fits_the_measured_full_depth_fp8_windows():
+    rows = bench_windows([REPO / "docs/bench/s7/fp8_full.json", REPO / "docs/bench/s7/fp8_n8.json"])
+    model, report = fit_window_bytes(rows, 48, 48, 3146496, 4800)
+    assert all(abs(r["error"]) < 0.03 for r in report["rows"] if r["groups"] * r["depth"] > 1)
+    x = cfg_of("experts=qwen3_next_80b_a3b_fp8").experts  # the shipped preset holds this fit
+    assert x.per_layer_s == pytest.approx(model.per_layer_s, rel=1e-3)
+    assert x.hbm_efficiency == pytest.approx(report["hbm_efficiency"], rel=1e-3)
+
+
+# --- predict and replay ----------------------------------------------------------------------
+
+def test_predicted_expert_trace_carries_the_contract_fields_and_replays():
+    cfg = cfg_of(*SMALL_EXPERTS, "engine.expert_cache_mib=64", "engine.expert_adapt_every=2",
+                 "experts.skew=1.0", *COHORT)
+    run = run_predict(cfg)
+    events = run.run.events
+    mem = events[0]["memory"]
+    assert mem["expert_slots"] == 16 and mem["experts"] == 64 and mem["moe_layers"] == 4
+    windows = [e for e in events if e["ev"] == "window"]
+    assert windows and all(e["bus_bytes"] == e["misses"] * (1 << 20) for e in windows)
+    assert all(e["hits"] + e["misses"] <= 4 * min(64, e["rows"] * 4) for e in windows)
+    swaps = [e for e in events if e["ev"] == "expert_swap"]
+    assert swaps and all(e["bytes"] == e["experts"] * (1 << 20) for e in swaps)
+    m = run.metrics
+    hits, misses = m["sim"]["expert_hits"], m["sim"]["expert_misses"]
+    assert m["expert_hit_rate"] == pytest.approx(hits / (hits + misses))
+    assert replay_trace(events).ok
+    # a swap moved off an adapt point is a divergence
+    bad = copy.deepcopy(events)
+    i = next(i for i, e in enumerate(bad) if e["ev"] == "expert_swap")
+    later = next(e for e in bad[i + 1:] if e["ev"] == "window" and e["step"] > bad[i]["step"] + 1)
+    bad[i]["step"] = later["step"]
+    result = replay_trace(bad)
+    assert not result.ok and result.first_divergence.engine[0] == "expert_swap"
+
+
+def test_cache_off_has_no_expert_fields_and_a_null_hit_rate():
+    run = run_predict(cfg_of(*SMALL_EXPERTS, *COHORT))
+    assert run.metrics["expert_hit_rate"] is None
+    assert not any("hits" in e for e in run.run.events if e["ev"] == "window")
+    assert "expert_slots" not in run.run.events[0]["memory"]
+
+
+def expert_trace():
+    """trace_two_slots_limit (tests/test_sim_replay.py: windows at steps 2, 4 and 5) as an
+    expert-cache engine would write it: 2 MoE layers x 8 experts, 3 slots, 1000-byte experts,
+    a swap every 2 windows, so after the second window (step 4)."""
+    events = copy.deepcopy(trace_two_slots_limit())
+    events[0] = config(engine=dict(graph_limit=2, expert_cache_mib=1, expert_adapt_every=2),
+                       memory=dict(expert_slots=3, experts=8, expert_bytes=1000, moe_layers=2))
+    figures = iter([(3, 1), (4, 2), (2, 0)])
+    out = []
+    for e in events:
+        if e["ev"] == "window":
+            hits, misses = next(figures)
+            e.update(hits=hits, misses=misses, bus_bytes=misses * 1000)
+        out.append(e)
+        if e["ev"] == "commit" and e["step"] == 4 and e["req"] == "b":
+            out.append({"ev": "expert_swap", "step": 4, "t": 0.0, "experts": 2, "bytes": 2000})
+    return out
+
+
+def test_hand_written_expert_trace_replays_with_its_figures():
+    events = expert_trace()
+    result = replay_trace(events)
+    assert result.ok, result.first_divergence
+    sim_windows = [(e["hits"], e["misses"], e["bus_bytes"]) for e in result.sim_events
+                   if e["ev"] == "window"]
+    assert sim_windows == [(3, 1, 1000), (4, 2, 2000), (2, 0, 0)]
+    assert [(e["step"], e["experts"]) for e in result.sim_events
+            if e["ev"] == "expert_swap"] == [(4, 2)]
+
+
+def test_expert_trace_errors_name_the_line():
+    events = expert_trace()
+    w = next(e for e in events if e["ev"] == "window")
+    w["bus_bytes"] = 5
+    with pytest.raises(TraceError, match=r"bus_bytes 5 != misses 1 x expert_bytes 1000"):
+        replay_trace(events)
+    events = expert_trace()
+    del next(e for e in events if e["ev"] == "window")["hits"]
+    with pytest.raises(TraceError, match="lacks \\['hits'\\]"):
+        replay_trace(events)
+    events = expert_trace()
+    next(e for e in events if e["ev"] == "expert_swap")["bytes"] = 1
+    with pytest.raises(TraceError, match="expert_swap bytes 1"):
+        replay_trace(events)
+    # a swap after the first window (not an adapt point) diverges
+    events = expert_trace()
+    swap = next(e for e in events if e["ev"] == "expert_swap")
+    events.remove(swap)
+    swap["step"] = 2
+    events.insert(next(i for i, e in enumerate(events) if e["ev"] == "commit") + 1, swap)
+    assert not replay_trace(events).ok
+
+
+# --- presets and the sign of batching's gain ---------------------------------------------------
+
+CARDS = ("rtx4090_80b_a3b_iq3_s", "r9700_80b_a3b_iq3_s", "p40_80b_a3b_iq3_xxs",
+         "rtx5070_80b_a3b_iq3_s")
+
+
+@pytest.mark.parametrize("preset", CARDS + ("h200_80b_a3b_fp8",))
+def test_card_presets_state_their_bus_and_memory(preset):
+    cfg = cfg_of(f"hardware={preset}")
+    m = cfg.memory
+    assert m.hbm_gb_s > 0 and m.bus_gb_s > 0 and m.pcie_gen in (3, 4, 5) and m.total_mib > 0
+    assert cfg.experts.experts == 512 and cfg.experts.cost == "bytes"
+    if preset in CARDS:
+        assert cfg.engine.expert_cache_mib > 0
+
+
+def test_p40_preset_holds_the_reported_44_percent():
+    cfg = cfg_of("hardware=p40_80b_a3b_iq3_xxs")
+    x = cfg.experts
+    assert expert_slots(cfg.engine.expert_cache_mib, x.experts, x.moe_layers,
+                        x.expert_bytes) / 512 == pytest.approx(0.44, abs=0.005)
+
+
+def aggregate(*overrides):
+    return run_predict(cfg_of(*overrides)).metrics["aggregate_tps"]
+
+
+def test_batching_gain_changes_sign_at_low_hit_rate_on_a_slow_bus():
+    """Plain batching of 4 requests against one at a time (solo, spec 4): with every expert
+    resident 4 rows cost little more than one, so batching gains; with a quarter of the
+    experts resident on a PCIe 3 bus each extra request's distinct experts cross the bus,
+    while one request's draft rows share theirs (row_overlap), so batching loses."""
+    common = ("hardware=h200_80b_a3b_fp8", "workload=cohort", "workload.requests=4",
+              "workload.prompt_tokens=16", "workload.max_tokens=32", "acceptance.rate=0.8",
+              "spread.enabled=false", "experts.row_overlap=0.7")
+    budget = cache_mib_for_fraction(0.25, 512, 48, 3146496)
+    gains = {}
+    for name, extra in (("resident", ()),
+                        ("slow_bus", (f"engine.expert_cache_mib={budget}", "memory.bus_gb_s=12"))):
+        solo = aggregate(*common, *extra, "engine.mode=solo")
+        batch = aggregate(*common, *extra, "engine.slots=4", "engine.batch_mtp=false")
+        gains[name] = batch / solo - 1
+    assert gains["resident"] > 0.05 and gains["slow_bus"] < -0.1, gains
+
+
+# --- the study script against an engine study -------------------------------------------------
+
+def study_module():
+    import sys
+
+    sys.path.insert(0, str(REPO / "scripts"))
+    import sim_expert_cache_study as study
+    return study
+
+
+def test_study_reads_engine_cells_in_either_form(tmp_path):
+    study = study_module()
+    path = tmp_path / "engine.json"
+    path.write_text('{"meta": {"layers": 8}, "cells": [{"config": "batch_mtp@4", "n": 4, '
+                    '"budget": 0.44, "median_tps": 100.0, "expert_hit_rate": 0.7}]}')
+    cells, meta = study.engine_cells(str(path))
+    assert cells == {(0.44, 4, "batch_mtp"): {"tps": 100.0, "hit_rate": 0.7}}
+    assert meta == {"layers": 8}
+    # scripts/bench_expert_cache.py's form: the no-cache rows are left out
+    path.write_text('{"meta": {"args": {"layers": 8, "skew": 1.0}}, "study": {"rows": ['
+                    '{"budget_pct": null, "config": "solo", "n": 1, "aggregate_tps": 50.0}, '
+                    '{"budget_pct": 25, "config": "solo", "n": 1, "aggregate_tps": 20.0, '
+                    '"hit_rate": 0.5}]}}')
+    cells, meta = study.engine_cells(str(path))
+    assert cells == {(0.25, 1, "solo"): {"tps": 20.0, "hit_rate": 0.5}}
+    args = type("A", (), dict(skew=0.0, engine=str(path), profile=None))()
+    extra = study.engine_overrides(meta, args)
+    assert "experts.moe_layers=8" in extra and "experts.skew=1.0" in extra
+    path.write_text('[{"mode": "solo", "n": 1}]')
+    with pytest.raises(SystemExit, match="lacks any of"):
+        study.engine_cells(str(path))
+
+
+@pytest.mark.slow
+def test_study_reads_an_engine_study_and_reports_held_out_cells(tmp_path):
+    """A small engine-study JSON made from the simulator itself, 10% faster at every budget:
+    the per-cell scale from the all-resident cells absorbs it, so the held-out cells come back
+    within 10% with the signs right."""
+    study = study_module()
+    args = type("A", (), dict(prompt_tokens=8, max_tokens=8, acceptance=0.8, seeds=1,
+                              skew=0.9))()
+    cells = []
+    for frac in (1.0, 0.5, 0.25):
+        for mode in ("solo", "batch"):
+            x = cfg_of("hardware=h200_80b_a3b_fp8").experts
+            r = study.predict(study.H200, mode, 2, study.budget_overrides(frac, x)
+                              + ["experts.skew=0.9"], 1, args)
+            cells.append({"mode": mode, "n": 2, "budget_fraction": frac,
+                          "tok_s": r["tps"] * 1.1, "hit_rate": r["hit_rate"]})
+    path = tmp_path / "engine.json"
+    path.write_text(__import__("json").dumps(
+        {"meta": {"prompt_tokens": 8, "max_tokens": 8, "dummy_routing_skew": 0.9},
+         "cells": cells}))
+    args.engine, args.fit_budgets, args.profile = str(path), "1.0,0.25", None
+    table = study.engine_check(args)
+    assert "held-out 50%: 2/2 cells within 10%" in table
+    assert "sign of batching's gain right in 1/1" in table
+
+
+@pytest.mark.parametrize("name", ["cpu_expert_cache_solo_trace.jsonl",
+                                  "cpu_expert_cache_batch_mtp_trace.jsonl"])
+def test_engine_written_expert_traces_replay(name):
+    """Traces of the engine's CPU expert cache (the cache branch at cd272d9: tiny random model
+    with 64 experts, top 4, engine.expert_cache_mib=1, expert_adapt_every=2; solo and
+    batch_mtp, 4 staggered requests) replay identically, swaps included."""
+    from sim.replay import replay_file
+
+    path = REPO / "tests" / "data" / name
+    result = replay_file(path)
+    assert result.ok, result.first_divergence
+    engine = [e for e in (__import__("json").loads(line) for line in path.open())
+              if e["ev"] == "expert_swap"]
+    assert engine and [(e["step"], e["experts"]) for e in result.sim_events
+                       if e["ev"] == "expert_swap"] == [(e["step"], e["experts"]) for e in engine]
