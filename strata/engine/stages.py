@@ -152,9 +152,10 @@ class StageGroup:
         self.backend = "nccl" if devices[0].type == "cuda" else "gloo"
         self.comm_device = devices[0]
         port = _free_port()
-        self.store = dist.TCPStore("127.0.0.1", port, self.world, is_master=True,
-                                   timeout=timedelta(seconds=JOIN_TIMEOUT_S), wait_for_workers=False)
-        ctx = mp.get_context("spawn")
+        # CUDA needs fresh processes; on the CPU a fork starts in a fraction of a second where a
+        # spawned interpreter takes seconds to import torch again.
+        fork = devices[0].type == "cpu" and "fork" in mp.get_all_start_methods()
+        ctx = mp.get_context("fork" if fork else "spawn")
         self.procs = []
         for k in range(1, self.world):
             sl = slices[k]
@@ -163,6 +164,9 @@ class StageGroup:
                                   str(devices[k]), os.getpid()))
             p.start()
             self.procs.append(p)
+        # The store after the processes: a fork must not inherit its server (they connect, retrying).
+        self.store = dist.TCPStore("127.0.0.1", port, self.world, is_master=True,
+                                   timeout=timedelta(seconds=JOIN_TIMEOUT_S), wait_for_workers=False)
         self.closed = False
         self.failure: Optional[str] = None
         self._in_call_since: Optional[float] = None
