@@ -86,8 +86,8 @@ def stage_main(rank: int, world: int, port: int, cfg_dict: dict, sl: tuple, devi
         cfg = OmegaConf.merge(OmegaConf.structured(StrataConfig), cfg_dict)
         if device.type == "cuda":
             torch.cuda.set_device(device)
-        else:  # the stages share the host's cores
-            torch.set_num_threads(max(1, (os.cpu_count() or 1) // world))
+        else:  # a forked child: OpenMP hangs in it with more than one thread (CPU stages are
+            torch.set_num_threads(1)  # for tests and checks, not speed)
         ops.set_backend(cfg.backend.name, device.type)
         loaded = load_model(cfg.model, device, lambda m: None, stage=stage)
     except Exception as e:
