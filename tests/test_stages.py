@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from conftest import cpu_engine_config
+from sim.replay import replay_trace
 from strata.config import EMBEDDED_MODEL_DIR, ConfigError
 from strata.engine.llm_engine import Engine
 from strata.engine.request import Request, SamplingParams
@@ -125,6 +126,8 @@ def test_two_stages_give_the_one_stage_tokens(mode, single_thread):
     assert one == two
     assert ev1 == ev2  # the same scheduling decisions, event for event
     assert eng.trace.events[0]["engine"]["stages"] == 2
+    result = replay_trace(eng.trace.events, name=f"stages=2 {mode}")  # the simulator agrees
+    assert result.ok, result.first_divergence
 
 
 @pytest.mark.slow
