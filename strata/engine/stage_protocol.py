@@ -6,6 +6,7 @@ the same collectives in the same order, so a message needs no tags or acknowledg
   BIND    [n] + (n, 4) int64              lanes, (top_k, seed), (temperature, top_p) as float32 pairs
   WINDOW  [groups, rows, ctx, filtered]   + (3, groups) lane, position, rows per group
   PREFILL [bucket, ctx]                   + (bucket + 4): the chunk, then lane, start, length, next
+  PING    [groups, rows]                  a window's messages without its compute (benchmarks)
   STOP    []
 """
 
@@ -14,7 +15,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-OP_SETUP, OP_BIND, OP_WINDOW, OP_PREFILL, OP_STOP = 1, 2, 3, 4, 5
+OP_SETUP, OP_BIND, OP_WINDOW, OP_PREFILL, OP_STOP, OP_PING = 1, 2, 3, 4, 5, 6
 HEADER = 6
 
 

@@ -166,5 +166,15 @@ def serve(rank: int, world: int, stage: StageSlice, cfg: Any, loaded: Any, devic
                 x = model.prefill_layers(x, meta[0:1], meta[1:2], state, length=meta[2:3], ctx=ctx)
                 proto.send(x, rank + 1)
                 proto.broadcast(empty(1), last)
+            elif op == proto.OP_PING:
+                ng, g = a, b
+                plan = proto.broadcast(empty(3, ng), 0)
+                hidden = empty(ng, g, args.hidden_size, dtype=loaded.dtype)
+                if stage.last:
+                    proto.send(empty(ng, g).zero_(), 0)
+                proto.recv(hidden, rank - 1)
+                if not stage.last:
+                    proto.send(hidden, rank + 1)
+                proto.broadcast(empty(ng, g + 2), last)
             else:
                 raise RuntimeError(f"stage {rank}: unknown op {op}")

@@ -319,6 +319,29 @@ class FirstStageVerifier:
         proto.send(x, 1)
         return proto.broadcast(torch.empty(1, dtype=torch.long, device=tokens.device), grp.last)
 
+    def handoff_seconds(self, groups: int, rows: int, repeats: int = 50) -> float:
+        """Mean seconds of one window's exchange between the stages (header, plan, tokens,
+        hidden states through every stage, output) without its compute: what the split
+        adds to a window of this shape. For benchmarks; run it between requests."""
+        grp, dev = self.group, self.group.comm_device
+        h = self.model.args.hidden_size
+
+        def once() -> None:
+            proto.send_header(proto.OP_PING, groups, rows, device=dev)
+            proto.broadcast(torch.zeros(3, groups, dtype=torch.long, device=dev), 0)
+            proto.recv(torch.empty(groups, rows, dtype=torch.long, device=dev), grp.last)
+            proto.send(torch.zeros(groups, rows, h, dtype=self.model.dtype, device=dev), 1)
+            proto.broadcast(torch.empty(groups, rows + 2, dtype=torch.long, device=dev), grp.last)
+
+        sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
+        grp.call(once)  # first use: NCCL sets up its channels
+        sync()
+        t0 = time.perf_counter()
+        for _ in range(repeats):
+            grp.call(once)
+        sync()
+        return (time.perf_counter() - t0) / repeats
+
 
 def commit_stage(accept: torch.Tensor, gs: torch.Tensor, gp: torch.Tensor, rec: torch.Tensor,
                  conv: torch.Tensor, state: Any, pos: torch.Tensor) -> None:
