@@ -95,6 +95,9 @@ class Engine:
                                  functions=compiled_functions(self.model) if self.compiling else None,
                                  synthetic_acceptance=ecfg.synthetic_acceptance)
         self.stages, self.fault = stages, None  # fault: why the engine stopped (a dead stage)
+        if ecfg.stages > 1 and stages is None:
+            raise ConfigError(f"engine.stages={ecfg.stages}: build the engine with "
+                              f"Engine.from_config, which starts the stage processes")
         if stages is not None:
             from strata.engine.stages import attach
             self.verifier = attach(self, stages)

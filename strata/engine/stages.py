@@ -269,6 +269,14 @@ class DriverSlotBuffers(SlotBuffers):
 
     group: StageGroup
 
+    @classmethod
+    def wrapping(cls, bufs: SlotBuffers, group: StageGroup) -> "DriverSlotBuffers":
+        """The engine's buffers (the same tensors) with binding sent to the stages."""
+        out = cls.__new__(cls)
+        out.__dict__.update(bufs.__dict__)
+        out.group = group
+        return out
+
     def set_params(self, lanes: torch.Tensor, floats: torch.Tensor, ints: torch.Tensor) -> None:
         super().set_params(lanes, floats, ints)
         payload = torch.cat([lanes[:, None], ints, floats.contiguous().view(torch.int64)], 1)
@@ -286,10 +294,7 @@ class FirstStageVerifier:
         self.state = engine.state
         self.split_keys = engine.verifier.split_keys
         self.drafting = engine.drafting
-        bufs = engine.bufs
-        self.bufs = DriverSlotBuffers.__new__(DriverSlotBuffers)
-        self.bufs.__dict__.update(bufs.__dict__)
-        self.bufs.group = group
+        self.bufs = DriverSlotBuffers.wrapping(engine.bufs, group)
 
     def window(self, gs: torch.Tensor, gp: torch.Tensor, rows: torch.Tensor, g: int, ctx: int,
                filtered: bool) -> torch.Tensor:
