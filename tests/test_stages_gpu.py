@@ -22,6 +22,7 @@ pytestmark = [
 def _run(**knobs):
     cfg = cpu_engine_config(EMBEDDED_MODEL_DIR, **knobs)
     cfg.device = "cuda"
+    cfg.model.dtype = "float32"  # as conf/model/tiny.yaml
     eng = Engine.from_config(cfg, log=lambda m: None)
     try:
         for r in _requests(max_tokens=24):
