@@ -174,3 +174,17 @@ def test_a_stage_killed_mid_run_fails_every_request_with_an_error(single_thread)
         assert all(e["reason"] == "error" for e in finishes)
     finally:
         eng.close()
+
+
+def test_a_stage_that_cannot_load_is_a_clear_error(ckpt_copy, single_thread):
+    from conftest import edit_tensors
+    from strata.model.config import CheckpointError, load_model_args
+
+    last = load_model_args(ckpt_copy).num_hidden_layers - 1
+    key = f"model.layers.{last}.input_layernorm.weight"
+    edit_tensors(ckpt_copy, lambda sd: sd.pop(key))  # only the last stage reads it
+    with pytest.raises(CheckpointError, match=rf"stage 1: .*missing tensor '{key}'"):
+        Engine.from_config(cpu_engine_config(ckpt_copy, stages=2), log=lambda m: None)
+    # the stage processes are gone and a new split starts in this process
+    _, _, eng = _run(**MODES["batch"], stages=2)
+    assert eng.stages.closed

@@ -22,6 +22,7 @@ path (503 + Retry-After while it restarts).
 
 from __future__ import annotations
 
+import gc
 import os
 import socket
 import threading
@@ -157,13 +158,20 @@ class StageGroup:
         fork = devices[0].type == "cpu" and "fork" in mp.get_all_start_methods()
         ctx = mp.get_context("fork" if fork else "spawn")
         self.procs = []
-        for k in range(1, self.world):
-            sl = slices[k]
-            p = ctx.Process(target=stage_main, name=f"strata-stage-{k}", daemon=True,
-                            args=(k, self.world, port, cfg_dict, (sl.start, sl.stop, sl.first, sl.last),
-                                  str(devices[k]), os.getpid()))
-            p.start()
-            self.procs.append(p)
+        if fork:  # a fork's collector must never destroy the parent's objects (C++ ones abort)
+            gc.freeze()
+        try:
+            for k in range(1, self.world):
+                sl = slices[k]
+                p = ctx.Process(target=stage_main, name=f"strata-stage-{k}", daemon=True,
+                                args=(k, self.world, port, cfg_dict,
+                                      (sl.start, sl.stop, sl.first, sl.last), str(devices[k]),
+                                      os.getpid()))
+                p.start()
+                self.procs.append(p)
+        finally:
+            if fork:
+                gc.unfreeze()
         # The store after the processes: a fork must not inherit its server (they connect, retrying).
         self.store = dist.TCPStore("127.0.0.1", port, self.world, is_master=True,
                                    timeout=timedelta(seconds=JOIN_TIMEOUT_S), wait_for_workers=False)
@@ -245,7 +253,11 @@ class StageGroup:
         if self.closed:
             return
         self.closed = True
-        if dist.is_initialized():
+        joined = dist.is_initialized()
+        if not joined:  # a failed start: the stages wait for a group that will never form
+            for p in self.procs:
+                p.kill()
+        if joined:
             if self.failure is None and self.dead_stage() is None:
                 try:
                     proto.send_header(proto.OP_STOP, device=self.comm_device)
