@@ -188,3 +188,22 @@ def test_a_stage_that_cannot_load_is_a_clear_error(ckpt_copy, single_thread):
     # the stage processes are gone and a new split starts in this process
     _, _, eng = _run(**MODES["batch"], stages=2)
     assert eng.stages.closed
+
+
+def test_a_stage_without_room_for_the_slots_is_a_clear_error(monkeypatch, single_thread):
+    """Stage 0 plans the slot count; a stage that cannot hold that many is named (the CPU stages
+    are forks, so a patch made here reaches them)."""
+    from strata.model import state as state_mod
+
+    driver, build = os.getpid(), state_mod.DecodeState.__init__
+
+    def full_device(self, *a, **kw):
+        if os.getpid() != driver:
+            raise RuntimeError("out of memory (simulated)\nmore")
+        build(self, *a, **kw)
+
+    monkeypatch.setattr(state_mod.DecodeState, "__init__", full_device)
+    with pytest.raises(ConfigError, match=r"engine.slots: stage 1 cannot hold the state of 3 slots "
+                                          r"\(RuntimeError: out of memory \(simulated\)\)"):
+        Engine.from_config(cpu_engine_config(EMBEDDED_MODEL_DIR, stages=2, mode="batch", slots=3),
+                           log=lambda m: None)

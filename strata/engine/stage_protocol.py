@@ -2,7 +2,8 @@
 rank 0 broadcasts (the op and a few integers), then the op's tensors. Every rank takes part in
 the same collectives in the same order, so a message needs no tags or acknowledgements.
 
-  SETUP   [slots, drafting]               once, after the driver planned memory
+  SETUP   [slots, drafting]               once, after the driver planned memory; then every
+                                          rank's status (0: its slot state is built), max-reduced
   BIND    [n] + (n, 4) int64              lanes, (top_k, seed), (temperature, top_p) as float32 pairs
   WINDOW  [groups, rows, ctx, filtered]   + (3, groups) lane, position, rows per group
   PREFILL [bucket, ctx]                   + (bucket + 4): the chunk, then lane, start, length, next
@@ -48,3 +49,10 @@ def recv(t: torch.Tensor, src: int) -> torch.Tensor:
 def send_bind(payload: torch.Tensor, device: torch.device) -> None:
     send_header(OP_BIND, payload.shape[0], device=device)
     broadcast(payload, 0)
+
+
+def gather_status(status: int, device: torch.device) -> int:
+    """The largest status over all ranks (each rank passes its own)."""
+    t = torch.tensor([status], dtype=torch.long, device=device)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return int(t.item())

@@ -97,7 +97,7 @@ def stage_main(rank: int, world: int, port: int, cfg_dict: dict, sl: tuple, devi
     dist.init_process_group("nccl" if device.type == "cuda" else "gloo", store=store, rank=rank,
                             world_size=world, timeout=timedelta(seconds=JOIN_TIMEOUT_S))
     try:
-        serve(rank, world, stage, cfg, loaded, device)
+        serve(rank, world, stage, cfg, loaded, device, store)
     except Exception as e:  # the driver went away mid-message, or a real error: say which
         _log(rank, f"stopped: {type(e).__name__}: {e}")
         if not isinstance(e, RuntimeError) or "Connection closed" not in str(e):
@@ -107,7 +107,8 @@ def stage_main(rank: int, world: int, port: int, cfg_dict: dict, sl: tuple, devi
     os._exit(0)
 
 
-def serve(rank: int, world: int, stage: StageSlice, cfg: Any, loaded: Any, device: torch.device) -> None:
+def serve(rank: int, world: int, stage: StageSlice, cfg: Any, loaded: Any, device: torch.device,
+          store: Any) -> None:
     from strata.config import plain_engine_config
     from strata.engine.compiling import compiled_functions
     from strata.engine.stages import commit_stage
@@ -121,9 +122,18 @@ def serve(rank: int, world: int, stage: StageSlice, cfg: Any, loaded: Any, devic
         raise RuntimeError(f"stage {rank}: expected the setup message, got op {op}")
     drafting = bool(drafting)
     max_context = min(int(ecfg.max_context), args.max_position_embeddings)
-    state = DecodeState(args, n_slots, max_context, loaded.dtype, device, drafting and stage.last,
-                        spare_rows=ecfg.window_rows + 1)
-    bufs = SlotBuffers(n_slots, args.hidden_size, loaded.dtype, device)
+    try:
+        state = DecodeState(args, n_slots, max_context, loaded.dtype, device, drafting and stage.last,
+                            spare_rows=ecfg.window_rows + 1)
+        bufs = SlotBuffers(n_slots, args.hidden_size, loaded.dtype, device)
+        status = 0
+    except Exception as e:  # (out of memory) the driver reports it by stage
+        store.set(f"stage{rank}.error", f"ConfigError:engine.slots: stage {rank} cannot hold the "
+                  f"state of {n_slots} slots ({type(e).__name__}: {str(e).splitlines()[0]}); lower "
+                  f"engine.slots or engine.max_context, or move layers off it (engine.stage_layers)")
+        status = 1
+    if proto.gather_status(status, device):
+        return
     compiling = ecfg.compile == "on" or (ecfg.compile == "auto" and device.type == "cuda")
     functions = compiled_functions(model) if compiling else None
     split_keys = ecfg.invariant_split_keys if ecfg.batch_invariant else 0

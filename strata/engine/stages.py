@@ -403,10 +403,20 @@ def start(engine_cls: type, cfg: Any, device: torch.device, log: Callable[[str],
 
 
 def attach(engine: Any, group: StageGroup) -> FirstStageVerifier:
-    """Called by Engine.__init__ once its state is built: tell the stages the slot count and
-    whether slots draft, and return stage 0's verifier."""
-    group.call(lambda: proto.send_header(proto.OP_SETUP, engine.state.lanes, int(engine.drafting),
-                                         device=group.comm_device))
+    """Called by Engine.__init__ once its state is built: the stages build theirs for the slot
+    count stage 0 planned (and whether slots draft); one that cannot (its device is fuller, or
+    holds the head and every slot's draft state) is a config error naming it. Returns stage 0's
+    verifier."""
+    def setup() -> int:
+        proto.send_header(proto.OP_SETUP, engine.state.lanes, int(engine.drafting),
+                          device=group.comm_device)
+        return proto.gather_status(0, group.comm_device)
+
+    if group.call(setup):
+        for k in range(1, group.world):
+            if group.store.check([f"stage{k}.error"]):
+                raise ConfigError(group.store.get(f"stage{k}.error").decode().partition(":")[2])
+        raise ConfigError("engine.stages: a stage could not build its slot state")
     return FirstStageVerifier(engine, group)
 
 
