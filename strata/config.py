@@ -359,6 +359,9 @@ def validate_engine(e: Any, error: type[ValueError] = ConfigError) -> None:
             bad(key, f"must be >= 0, got {getattr(e, key)}")
     if e.stages < 1:
         bad("stages", f"must be >= 1, got {e.stages}")
+    if e.stages > 1 and e.expert_cache_mib:
+        bad("expert_cache_mib", f"the expert cache runs on one device; engine.stages={e.stages} "
+                                f"needs engine.expert_cache_mib=0")
     if e.stage_layers != "auto":
         try:
             counts = [int(c) for c in str(e.stage_layers).split(",")]

@@ -52,11 +52,17 @@ class Engine:
         except ValueError as e:
             raise ConfigError(str(e)) from None
         log(f"INFO kernels: backend={chosen} ({cfg.backend.name} asked)")
+        if cfg.engine.stages > 1:  # a layer split: stage processes (strata/engine/stages.py)
+            from strata.engine import stages
+            return stages.start(cls, cfg, device, log, trace_path)
         loaded = load_model(cfg.model, device, log)
         return cls(loaded, cfg.engine, device, log=log, trace_path=trace_path)
 
     def __init__(self, loaded: LoadedModel, ecfg: Any, device: torch.device,
-                 log: Callable[[str], None] = print, trace_path: Optional[str | Path] = None):
+                 log: Callable[[str], None] = print, trace_path: Optional[str | Path] = None,
+                 stages: Optional[Any] = None):
+        """`stages`: the stage processes of engine.stages > 1 (stages.StageGroup); `loaded`
+        is then stage 0's part of the model."""
         ecfg = self.cfg = plain_engine_config(ecfg)  # attribute reads on the hot path must be cheap
         validate_engine(ecfg)
         self.log, self.device, self.loaded = log, device, loaded
@@ -101,6 +107,13 @@ class Engine:
                                  functions=compiled_functions(self.model) if self.compiling else None,
                                  synthetic_acceptance=ecfg.synthetic_acceptance,
                                  expert_cache=self.expert_cache)
+        self.stages, self.fault = stages, None  # fault: why the engine stopped (a dead stage)
+        if ecfg.stages > 1 and stages is None:
+            raise ConfigError(f"engine.stages={ecfg.stages}: build the engine with "
+                              f"Engine.from_config, which starts the stage processes")
+        if stages is not None:
+            from strata.engine.stages import attach
+            self.verifier = attach(self, stages)
         self.scheduler = Scheduler(n_slots, mode=ecfg.mode, batch_mtp=self.batch_mtp,
                                    drafting=self.drafting, spec=ecfg.spec,
                                    window_rows=ecfg.window_rows, decode_share=ecfg.decode_share,
@@ -221,6 +234,9 @@ class Engine:
                 if slot.req is not None and not slot.req.finished:
                     slot.req.error = msg
                     self._finish(slot.req, FinishReason.ERROR, outs)
+            if self.stages is not None and self.stages.failure is not None:
+                from strata.engine.stages import fail_everything
+                fail_everything(self, msg, outs)
         if self.cache is not None and self.cfg.vram_every and self.steps % self.cfg.vram_every == 0:
             self.trace.emit("vram", **self.budget.vram_event(self.cache.graphs_mib))
         self.steps += 1
@@ -367,4 +383,6 @@ class Engine:
         if self.cache is not None:
             self.cache.clear()
         self.runner.release_prefill_graphs()
+        if self.stages is not None:
+            self.stages.close()
         self.trace.close()

@@ -19,6 +19,7 @@ from strata.model.dummy import apply_routing_skew, init_dummy
 from strata.model.fp8 import (FP8_DTYPE, dequantize_dense, QuantConfig, fp8_supported, load_quant_config, scale_shape,
                               to_fp8_linear)
 from strata.model.qwen3_next import Experts, Qwen3Next, Rotary
+from strata.model.stage_slice import StageSlice, global_view, stage_args
 from strata.model.tokenizer import Tokenizer
 from strata.model.weight_map import QWEN3_NEXT, KeyMap
 
@@ -186,21 +187,23 @@ def _slice(dest: torch.Tensor, target) -> torch.Tensor:
     return dest[target.expert]
 
 
-def load_model(mcfg, device: str | torch.device, log=print) -> LoadedModel:
+def load_model(mcfg, device: str | torch.device, log=print,
+               stage: Optional[StageSlice] = None) -> LoadedModel:
     """The model a `model` config group names (strata.config.ModelConfig: path, dtype and the
-    loading knobs)."""
+    loading knobs); `stage`: only a pipeline stage's part of it (strata/model/stage_slice.py)."""
     return load_checkpoint(mcfg.path, mcfg.dtype, device, log=log,
                            moe_dense_experts=int(mcfg.moe_dense_experts),
                            load_format=mcfg.load_format, dummy_seed=int(mcfg.dummy_seed),
                            num_layers=mcfg.num_layers, fp8_dense=mcfg.fp8_dense,
-                           routing_skew=float(mcfg.dummy_routing_skew))
+                           routing_skew=float(mcfg.dummy_routing_skew), stage=stage)
 
 
 def load_checkpoint(path: str | Path, dtype: str = "auto", device: str | torch.device = "cpu",
                     keymap: KeyMap = QWEN3_NEXT, log=print, fuse: bool = True,
                     moe_dense_experts: int = 16, load_format: str = "auto", dummy_seed: int = 0,
                     num_layers: Optional[int] = None, fp8: str = "auto",
-                    fp8_dense: str = "dequant", routing_skew: float = 0.0) -> LoadedModel:
+                    fp8_dense: str = "dequant", routing_skew: float = 0.0,
+                    stage: Optional[StageSlice] = None) -> LoadedModel:
     """Build the model from a checkpoint directory; every problem names the file and the key.
 
     load_format: safetensors (the weights), dummy (seeded random weights from config.json
@@ -210,6 +213,8 @@ def load_checkpoint(path: str | Path, dtype: str = "auto", device: str | torch.d
     fp8_dense: where FP8 is kept, whether the dense (non-expert) linear layers stay FP8 (`fp8`)
     or are dequantised to the model dtype at load (`dequant`, model.fp8_dense).
     routing_skew: dummy only, model.dummy_routing_skew (synthetic skewed expert popularity).
+    stage: build only this pipeline stage's layers (and the embedding, head and MTP it holds);
+    the result's args are the stage's (StageSlice), its has_mtp the checkpoint's.
     """
     path = resolve_model_path(path)
     if load_format not in LOAD_FORMATS:
@@ -234,6 +239,8 @@ def load_checkpoint(path: str | Path, dtype: str = "auto", device: str | torch.d
             raise CheckpointError("model.num_layers: only with model.load_format=dummy (a "
                                   "checkpoint's weights are loaded for all its layers)")
         args = truncate_layers(args, int(num_layers))
+    if stage is not None:
+        args = stage_args(args, stage)
     tdtype = resolve_dtype(dtype, args, device)
     keep_fp8 = quant is not None and (fp8 == "keep" or (fp8 == "auto" and fp8_supported(device)))
     if quant is not None and not keep_fp8 and fp8 == "auto" and device.type == "cuda":
@@ -249,10 +256,15 @@ def load_checkpoint(path: str | Path, dtype: str = "auto", device: str | torch.d
         fp8_keys = _check_fp8(entries, quant, path)
         with_mtp = any(k.startswith("mtp.") for k in entries)
     with torch.device("meta"):
-        model = Qwen3Next(args, with_mtp=with_mtp).to(tdtype)
+        model = Qwen3Next(args, with_mtp=with_mtp and (stage is None or stage.last)).to(tdtype)
+    # What is materialised, filled and loaded, under the whole model's parameter names.
+    part = model if stage is None else global_view(model, stage)
+    if stage is not None:
+        entries = _stage_entries(entries, part, keymap)
+        fp8_keys &= set(entries)
     if keep_fp8:
         if load_format == "dummy":
-            fp8_params = _dummy_fp8_params(model, quant, keymap)
+            fp8_params = _dummy_fp8_params(part, quant, keymap)
         else:
             fp8_params = set()
             for k in fp8_keys:
@@ -260,14 +272,14 @@ def load_checkpoint(path: str | Path, dtype: str = "auto", device: str | torch.d
                 if t is None:
                     raise CheckpointError(f"{entries[k].file}: unexpected tensor {k!r} (no such parameter)")
                 fp8_params.add(t.param)
-        _to_fp8_modules(model, fp8_params, quant.block)
-    model.to_empty(device=device)
+        _to_fp8_modules(part, fp8_params, quant.block)
+    part.to_empty(device=device)
     if args.tie_word_embeddings:
         model.lm_head.weight = model.embed_tokens.weight
     if load_format == "dummy":
-        init_dummy(model, dummy_seed)
+        init_dummy(part, dummy_seed)
         if routing_skew:
-            apply_routing_skew(model, routing_skew, dummy_seed)
+            apply_routing_skew(part, routing_skew, dummy_seed)
             log(f"INFO: model.dummy_routing_skew={routing_skew}: the dummy routers' expert "
                 f"popularity is skewed (synthetic, Zipf-like)")
         log(f"INFO: dummy weights (seed {dummy_seed}) for {path.name}"
@@ -276,13 +288,17 @@ def load_checkpoint(path: str | Path, dtype: str = "auto", device: str | torch.d
                f", {str(tdtype).replace('torch.', '')} (the config is FP8; this device runs it "
                f"dequantised)" if quant is not None else ""))
     else:
-        _load_tensors(model, entries, fp8_keys, keep_fp8, quant, tdtype, keymap, args, path)
+        _load_tensors(part, entries, fp8_keys, keep_fp8, quant, tdtype, keymap, args, path)
     if keep_fp8 and fp8_dense == "dequant":
         with torch.no_grad():
-            n = dequantize_dense(model, tdtype)
+            n = dequantize_dense(part, tdtype)
         if n:
             log(f"INFO: {n} dense FP8 layers dequantised to {str(tdtype).replace('torch.', '')} "
                 f"(model.fp8_dense=dequant); the experts stay FP8")
+    if stage is not None:  # a top-level module the view replaced (FP8 or dequantised) is the model's
+        for name in stage.owned():
+            if getattr(part, name, None) is not None:
+                setattr(model, name, getattr(part, name))
     with torch.no_grad():
         # Buffers are not in the checkpoint: rebuild the rotary table on the device.
         model.rotary = Rotary(args).to(device)
@@ -295,6 +311,25 @@ def load_checkpoint(path: str | Path, dtype: str = "auto", device: str | torch.d
     if tok is not None and not args.eos_token_id:
         args.eos_token_id = tok.eos_ids
     return LoadedModel(model, args, tok, path, with_mtp, tdtype, quant, keep_fp8)
+
+
+def _stage_entries(entries: dict[str, "_Entry"], part: nn.Module,
+                   keymap: KeyMap) -> dict[str, "_Entry"]:
+    """The checkpoint tensors of a stage's parameters (scales go with their weights); keys
+    that map to no parameter at all stay, so that they are still reported as unexpected."""
+    names = {n for n, _ in part.named_parameters(remove_duplicate=False)}
+    out = {}
+    for key, e in entries.items():
+        base = key[: -len("_scale_inv")] if key.endswith(".weight_scale_inv") else key
+        target = keymap.to_target(base)
+        if target is None or target.param in names or not _is_model_param(target.param):
+            out[key] = e
+    return out
+
+
+def _is_model_param(name: str) -> bool:
+    head = name.split(".", 1)[0]
+    return head in ("layers", "embed_tokens", "norm", "lm_head", "mtp")
 
 
 def _dummy_fp8_params(model: Qwen3Next, quant: QuantConfig, keymap: KeyMap) -> set[str]:

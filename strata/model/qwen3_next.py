@@ -655,11 +655,17 @@ class Qwen3Next(nn.Module):
         prompt and the rest padding: their K/V rows land past the prompt, where decoding writes
         before it reads, and they leave the DeltaNet state alone. `ctx` (attention positions
         read) defaults to start + L and must cover the real tokens."""
-        n = tokens.shape[0]
-        dev = tokens.device
+        x = self.embed_tokens(tokens)[None]  # (1, L, H): a window grid of one group
+        return self.p_norm(self.prefill_layers(x, lane, start, state, length, ctx))[0]
+
+    def prefill_layers(self, x: torch.Tensor, lane, start, state: DecodeState,
+                       length: Optional[torch.Tensor] = None, ctx: Optional[int] = None) -> torch.Tensor:
+        """The decoder layers of `prefill` over embedded (or handed-over) x (1, L, H): what a
+        pipeline stage runs for its layer range. Returns x after the last layer, before the norm."""
+        n = x.shape[1]
+        dev = x.device
         lane_t = torch.as_tensor(lane, dtype=torch.long, device=dev).reshape(1)
         start_t = torch.as_tensor(start, dtype=torch.long, device=dev).reshape(1)
-        x = self.embed_tokens(tokens)[None]  # (1, L, H): a window grid of one group
         cos, sin = self.p_rope(start_t, n)
         ctx = int(start) + n if ctx is None else ctx
         valid = None if length is None else (torch.arange(n, device=dev) < length)[None]
@@ -673,7 +679,7 @@ class Qwen3Next(nn.Module):
             else:
                 x = layer.window_attention(x, cos, sin, state.k[j], state.v[j], lane_t, start_t, ctx,
                                            variant="prefill")
-        return self.p_norm(x)[0]
+        return x
 
     # ---- the window grid ---------------------------------------------------------------------
     def verify_window(self, tokens: torch.Tensor, group_slot: torch.Tensor, group_pos: torch.Tensor,
@@ -685,8 +691,18 @@ class Qwen3Next(nn.Module):
         (NG, G, H) after model.norm, logits (NG, G, V), and per-row snapshots of every
         linear-attention layer: rec (L, NG, G, H, Dk, Dv) and conv (L, NG, G, C, K-1).
         """
-        x = self.embed_tokens(tokens)
-        cos, sin = self.c_rope(group_pos, tokens.shape[1])
+        x, rec_snaps, conv_snaps = self.window_layers(self.embed_tokens(tokens), group_slot,
+                                                      group_pos, ctx, state, split_keys)
+        hidden, logits = self.c_head(x)
+        return hidden, logits, rec_snaps, conv_snaps
+
+    def window_layers(self, x: torch.Tensor, group_slot: torch.Tensor, group_pos: torch.Tensor,
+                      ctx: int, state: DecodeState, split_keys: int = 0):
+        """The decoder layers of `verify_window` over embedded (or handed-over) x (NG, G, H):
+        what a pipeline stage runs for its layer range. Returns x after the last layer (before
+        the norm) and the stacked DeltaNet snapshots (zero layers when the model has none)."""
+        ng, g = x.shape[:2]
+        cos, sin = self.c_rope(group_pos, g)
         rec_snaps, conv_snaps = [], []
         for i, layer in enumerate(self.layers):
             j = self.state_index[i]
@@ -697,8 +713,10 @@ class Qwen3Next(nn.Module):
             else:
                 x = layer.window_attention(x, cos, sin, state.k[j], state.v[j], group_slot,
                                            group_pos, ctx, split_keys=split_keys)
-        hidden, logits = self.c_head(x)
-        return hidden, logits, torch.stack(rec_snaps), torch.stack(conv_snaps)
+        if not rec_snaps:  # a layer range without DeltaNet layers commits nothing
+            return (x, state.rec.new_empty((0, ng, g) + tuple(state.rec.shape[2:])),
+                    state.conv.new_empty((0, ng, g) + tuple(state.conv.shape[2:])))
+        return x, torch.stack(rec_snaps), torch.stack(conv_snaps)
 
     def rope(self, group_pos: torch.Tensor, rows: int) -> tuple[torch.Tensor, torch.Tensor]:
         """cos, sin (NG, rows, rotary_dim) for the positions group_pos[g] + j, j < rows (a pure

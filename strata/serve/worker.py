@@ -190,6 +190,10 @@ def run_worker(cfg_dict: dict, cmd_conn: Any, out_conn: Any, generation: int) ->
                     if o.finished:
                         live.discard(o.id)
                 send(Outputs(rows))
+            if getattr(eng, "fault", None):  # a dead stage process: restart the whole engine
+                send(Fatal(f"engine stopped: {eng.fault}", None))
+                out_conn.close()
+                os._exit(3)
             busy = eng.has_work()
         now = time.monotonic()
         if now - last_stats >= STATS_EVERY_S or (was_busy and not busy):

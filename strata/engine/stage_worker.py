@@ -1,0 +1,190 @@
+"""A stage process of engine.stages > 1 (strata/engine/stages.py starts it; spawn target).
+
+It loads only its layer range, joins the group, then serves the driver's messages
+(strata/engine/stage_protocol.py) until STOP or until the driver goes away: its own K/V,
+DeltaNet state and snapshots for its layers; on the last stage also the slot buffers and the
+unchanged Verifier, whose model is `LastStageModel` (its verify forward and prompt chunk start
+from the hidden states handed over by the stage before).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+import time
+import traceback
+from datetime import timedelta
+from typing import Any
+
+import torch
+
+from strata.engine import stage_protocol as proto
+from strata.model.stage_slice import StageSlice
+
+
+def _log(rank: int, msg: str) -> None:
+    print(f"[stage {rank} {os.getpid()}] {msg}", file=sys.stderr, flush=True)
+
+
+def _watch_parent(parent: int) -> None:
+    """The driver gone (even by SIGKILL): nothing is left to serve."""
+    while True:
+        time.sleep(0.5)
+        if os.getppid() != parent:
+            os._exit(1)
+
+
+class LastStageModel:
+    """The last stage's model as the Verifier sees it: the window's tokens (made here, from the
+    pending token and drafts) go to stage 0, and the verify forward and prompt chunk continue
+    from the hidden states the stage before hands over. Everything else is the stage model's."""
+
+    def __init__(self, model: Any, rank: int):
+        self._model = model
+        self._rank = rank
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._model, name)
+
+    def _hidden(self, *lead: int, like: torch.Tensor) -> torch.Tensor:
+        m = self._model
+        x = torch.empty(*lead, m.args.hidden_size, dtype=m.dtype, device=like.device)
+        return proto.recv(x, self._rank - 1)
+
+    def verify_window(self, tokens, group_slot, group_pos, ctx, state, split_keys=0):
+        proto.send(tokens, 0)
+        x = self._hidden(*tokens.shape, like=tokens)
+        x, rec, conv = self._model.window_layers(x, group_slot, group_pos, ctx, state, split_keys)
+        hidden, logits = self._model.c_head(x)
+        return hidden, logits, rec, conv
+
+    def prefill(self, tokens, lane, start, state, length=None, ctx=None):
+        x = self._hidden(1, tokens.shape[0], like=tokens)
+        return self._model.p_norm(self._model.prefill_layers(x, lane, start, state, length, ctx))[0]
+
+
+def stage_main(rank: int, world: int, port: int, cfg_dict: dict, sl: tuple, device_name: str,
+               parent: int) -> None:
+    """Process entry point: load, report ready (or the load error) through the store, serve."""
+    import torch.distributed as dist
+
+    from strata.engine.stages import JOIN_TIMEOUT_S
+
+    threading.Thread(target=_watch_parent, args=(parent,), daemon=True).start()
+    store = dist.TCPStore("127.0.0.1", port, world, is_master=False,
+                          timeout=timedelta(seconds=JOIN_TIMEOUT_S))
+    stage = StageSlice(*sl)
+    device = torch.device(device_name)
+    try:
+        from omegaconf import OmegaConf
+
+        from strata.config import StrataConfig
+        from strata.kernels import ops
+        from strata.model.loader import load_model
+
+        cfg = OmegaConf.merge(OmegaConf.structured(StrataConfig), cfg_dict)
+        if device.type == "cuda":
+            torch.cuda.set_device(device)
+        else:  # a forked child: OpenMP hangs in it with more than one thread (CPU stages are
+            torch.set_num_threads(1)  # for tests and checks, not speed)
+        ops.set_backend(cfg.backend.name, device.type)
+        loaded = load_model(cfg.model, device, lambda m: None, stage=stage)
+    except Exception as e:
+        store.set(f"stage{rank}.error", f"{type(e).__name__}:stage {rank}: {e}")
+        os._exit(2)
+    store.set(f"stage{rank}.ready", "1")
+    dist.init_process_group("nccl" if device.type == "cuda" else "gloo", store=store, rank=rank,
+                            world_size=world, timeout=timedelta(seconds=JOIN_TIMEOUT_S))
+    try:
+        serve(rank, world, stage, cfg, loaded, device, store)
+    except Exception as e:  # the driver went away mid-message, or a real error: say which
+        _log(rank, f"stopped: {type(e).__name__}: {e}")
+        if not isinstance(e, RuntimeError) or "Connection closed" not in str(e):
+            traceback.print_exc()
+        os._exit(1)
+    dist.destroy_process_group()
+    os._exit(0)
+
+
+def serve(rank: int, world: int, stage: StageSlice, cfg: Any, loaded: Any, device: torch.device,
+          store: Any) -> None:
+    from strata.config import plain_engine_config
+    from strata.engine.compiling import compiled_functions
+    from strata.engine.stages import commit_stage
+    from strata.engine.verifier import SlotBuffers, Verifier
+    from strata.model.state import DecodeState
+
+    ecfg = plain_engine_config(cfg.engine)
+    model, args, last = loaded.model, loaded.args, world - 1
+    op, n_slots, drafting, *_ = proto.recv_header(device)
+    if op != proto.OP_SETUP:
+        raise RuntimeError(f"stage {rank}: expected the setup message, got op {op}")
+    drafting = bool(drafting)
+    max_context = min(int(ecfg.max_context), args.max_position_embeddings)
+    try:
+        state = DecodeState(args, n_slots, max_context, loaded.dtype, device, drafting and stage.last,
+                            spare_rows=ecfg.window_rows + 1)
+        bufs = SlotBuffers(n_slots, args.hidden_size, loaded.dtype, device)
+        status = 0
+    except Exception as e:  # (out of memory) the driver reports it by stage
+        store.set(f"stage{rank}.error", f"ConfigError:engine.slots: stage {rank} cannot hold the "
+                  f"state of {n_slots} slots ({type(e).__name__}: {str(e).splitlines()[0]}); lower "
+                  f"engine.slots or engine.max_context, or move layers off it (engine.stage_layers)")
+        status = 1
+    if proto.gather_status(status, device):
+        return
+    compiling = ecfg.compile == "on" or (ecfg.compile == "auto" and device.type == "cuda")
+    functions = compiled_functions(model) if compiling else None
+    split_keys = ecfg.invariant_split_keys if ecfg.batch_invariant else 0
+    verifier = None
+    if stage.last:
+        verifier = Verifier(LastStageModel(model, rank), state, bufs, drafting, split_keys=split_keys,
+                            functions=functions, synthetic_acceptance=ecfg.synthetic_acceptance)
+    empty = lambda *shape, dtype=torch.long: torch.empty(*shape, dtype=dtype, device=device)  # noqa: E731
+    with torch.inference_mode():
+        while True:
+            op, a, b, c, d, _ = proto.recv_header(device)
+            if op == proto.OP_STOP:
+                return
+            if op == proto.OP_BIND:
+                payload = proto.broadcast(empty(a, 4), 0)
+                lanes = payload[:, 0].contiguous()
+                state.reset_lanes(lanes)
+                bufs.set_params(lanes, payload[:, 3:4].contiguous().view(torch.float32),
+                                payload[:, 1:3].contiguous())
+            elif op == proto.OP_WINDOW:
+                ng, g, ctx, filtered = a, b, c, bool(d)
+                plan = proto.broadcast(empty(3, ng), 0)
+                gs, gp, rows = plan[0], plan[1], plan[2]
+                if stage.last:
+                    proto.broadcast(verifier.window(gs, gp, rows, g, ctx, filtered), rank)
+                    continue
+                x = proto.recv(empty(ng, g, args.hidden_size, dtype=loaded.dtype), rank - 1)
+                x, rec, conv = model.window_layers(x, gs, gp, ctx, state, split_keys)
+                proto.send(x, rank + 1)
+                out = proto.broadcast(empty(ng, g + 2), last)
+                commit_stage(out[:, g], gs, gp, rec, conv, state, bufs.pos)
+            elif op == proto.OP_PREFILL:
+                n, ctx = a, b
+                buf = proto.broadcast(empty(n + 4), 0)
+                tokens, meta = buf[:n], buf[n:]
+                if stage.last:
+                    proto.broadcast(verifier.prefill(tokens, meta, ctx), rank)
+                    continue
+                x = proto.recv(empty(1, n, args.hidden_size, dtype=loaded.dtype), rank - 1)
+                x = model.prefill_layers(x, meta[0:1], meta[1:2], state, length=meta[2:3], ctx=ctx)
+                proto.send(x, rank + 1)
+                proto.broadcast(empty(1), last)
+            elif op == proto.OP_PING:
+                ng, g = a, b
+                plan = proto.broadcast(empty(3, ng), 0)
+                hidden = empty(ng, g, args.hidden_size, dtype=loaded.dtype)
+                if stage.last:
+                    proto.send(empty(ng, g).zero_(), 0)
+                proto.recv(hidden, rank - 1)
+                if not stage.last:
+                    proto.send(hidden, rank + 1)
+                proto.broadcast(empty(ng, g + 2), last)
+            else:
+                raise RuntimeError(f"stage {rank}: unknown op {op}")

@@ -1,0 +1,45 @@
+"""engine.stages=2 on two CUDA devices (NCCL): the one-stage tokens in every mode, and the
+hand-off measurement runs. The lead runs it on the two-GPU machine:
+`PYTHONPATH=$PWD python3 -m pytest -q tests/test_stages_gpu.py`."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from conftest import cpu_engine_config
+from strata.config import EMBEDDED_MODEL_DIR
+from strata.engine.llm_engine import Engine
+from test_stages import MODES, _requests
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.device_count() < 2,
+                       reason="needs two CUDA devices"),
+]
+
+
+def _run(**knobs):
+    cfg = cpu_engine_config(EMBEDDED_MODEL_DIR, **knobs)
+    cfg.device = "cuda"
+    cfg.model.dtype = "float32"  # as conf/model/tiny.yaml
+    eng = Engine.from_config(cfg, log=lambda m: None)
+    try:
+        for r in _requests(max_tokens=24):
+            eng.add_request(r)
+        while eng.has_work():
+            eng.step()
+        hand = eng.verifier.handoff_seconds(2, 2, 20) if eng.stages is not None else None
+        return {k: (rs.emitted, str(rs.reason)) for k, rs in eng.requests.items()}, hand
+    finally:
+        eng.close()
+
+
+@pytest.mark.parametrize("mode", list(MODES))
+@pytest.mark.parametrize("compile_", ["off", "auto"])
+def test_two_gpu_stages_give_the_one_gpu_tokens(mode, compile_):
+    knobs = dict(MODES[mode], compile=compile_, graphs=False)
+    one, _ = _run(**knobs)
+    two, hand = _run(**knobs, stages=2)
+    assert one == two
+    assert 0 < hand < 0.05  # one 2x2 window's messages over NCCL: well under 50 ms
