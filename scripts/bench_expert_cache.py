@@ -15,6 +15,9 @@ experts (docs/EXPERT_CACHE.md).
     python scripts/bench_expert_cache.py --part bandwidth
     python scripts/bench_expert_cache.py --part study --layers 8 --skew 1.0 --json study.json
 
+A study split over two GPU calls: `--budgets 100,75 --json a.json`, then `--budgets 44,25
+--no-baseline --profile a.profile.json --json b.json`.
+
 Defaults: model=qwen3_next_80b_a3b_fp8 with dummy weights, synthetic acceptance 0.8. At full
 depth the warm-up alone compiles for ~120 s per engine shape, so the study defaults to
 --layers 8 (misses scale with depth, and so does everything else: the per-token ratios hold).
@@ -138,9 +141,9 @@ def part_study(a, loaded, device) -> dict:
     ns = [int(n) for n in a.n.split(",")]
     names = a.configs.split(",")
     prompts = token_prompts(loaded.args.vocab_size, max(ns), a.prompt_tokens)
-    budgets = [None] + [int(b) for b in a.budgets.split(",")]
-    profile_path = Path(a.json or "expert_cache_study.json").with_suffix(".profile.json")
-    have_profile = False
+    budgets = ([] if a.no_baseline else [None]) + [int(b) for b in a.budgets.split(",")]
+    profile_path = Path(a.profile or Path(a.json or "expert_cache_study.json").with_suffix(".profile.json"))
+    have_profile = a.profile is not None
     results = []
     for pct in budgets:  # no cache first: every cache after it re-plans from the host store
         mib = 0
@@ -220,6 +223,10 @@ def main() -> None:
     ap.add_argument("--window-rows", type=int, default=8)
     ap.add_argument("--synthetic-acceptance", type=float, default=0.8)
     ap.add_argument("--adapt-every", type=int, default=8, help="engine.expert_adapt_every")
+    ap.add_argument("--no-baseline", action="store_true",
+                    help="skip the no-cache engine (a study split over several GPU calls)")
+    ap.add_argument("--profile", help="the lower budgets' first fill (default: the routing "
+                                      "profile of this run's 100%% budget, written beside --json)")
     ap.add_argument("--graphs", type=lambda s: s.lower() in ("1", "true", "yes"), default=True)
     ap.add_argument("--json")
     a = ap.parse_args()
