@@ -4,7 +4,8 @@ experts (docs/EXPERT_CACHE.md).
 
 (a) bandwidth: a pinned host-to-device copy of --copy-mib, and ops.moe_experts at the model's
     layer shapes with every routed expert missing (all read from pinned host memory inside the
-    kernel), replayed from a CUDA graph; bytes = distinct experts x bytes of one expert. Also
+    kernel; the FP8 scales stay on the device, as in the engine), replayed from a CUDA graph;
+    bytes = distinct experts x weight bytes of one expert. Also
     the same call with every expert resident (HBM). Prints miss-path / copy (goal >= 0.8).
 (b) study: for each budget (and first the no-cache engine), for each configuration, one engine
     with --max-n slots (warmed on one cohort: compiles, captures and the cache's adaptation
@@ -14,6 +15,9 @@ experts (docs/EXPERT_CACHE.md).
 
     python scripts/bench_expert_cache.py --part bandwidth
     python scripts/bench_expert_cache.py --part study --layers 8 --skew 1.0 --json study.json
+
+A study split over two GPU calls: `--budgets 100,75 --json a.json`, then `--budgets 44,25
+--no-baseline --profile a.profile.json --json b.json`.
 
 Defaults: model=qwen3_next_80b_a3b_fp8 with dummy weights, synthetic acceptance 0.8. At full
 depth the warm-up alone compiles for ~120 s per engine shape, so the study defaults to
@@ -37,7 +41,8 @@ import torch  # noqa: E402
 from bench_engine import (CONFIGS, engine_cfg, make_engine, model_config, run_cohort,  # noqa: E402
                           token_prompts)
 from provenance import commit_id  # noqa: E402
-from strata.engine.expert_cache import expert_bytes, moe_layers, plan_expert_cache  # noqa: E402
+from strata.engine.expert_cache import (expert_bytes, moe_layers, plan_expert_cache,  # noqa: E402
+                                        scale_bytes)
 from strata.kernels import cyext_ops as C  # noqa: E402
 from strata.kernels import ops  # noqa: E402
 from strata.model.loader import load_model  # noqa: E402
@@ -74,7 +79,8 @@ def miss_bandwidth(experts_mod, rows: int, reps: int) -> dict:
     E, k = e.w_gate_up.shape[0], min(10, e.w_gate_up.shape[0] // rows)
     fp8 = e.gu_scale is not None
     full = [t.detach() for t in (e.w_gate_up, e.w_down) + ((e.gu_scale, e.down_scale) if fp8 else ())]
-    host = [t[:E].to("cpu").contiguous().pin_memory() for t in full]
+    # weights in pinned host memory, every expert's FP8 scales on the device (as the engine)
+    host = [t[:E].to("cpu").contiguous().pin_memory() for t in full[:2]] + full[2:]
     one = [t[:1].clone() for t in full]  # one slot, never used (every expert misses)
     H = full[0].shape[2]
     x = torch.randn(rows, H, device="cuda", dtype=torch.bfloat16)
@@ -95,7 +101,7 @@ def miss_bandwidth(experts_mod, rows: int, reps: int) -> dict:
                           workspace=ws)
 
     res = {}
-    nbytes = len(set(ids.flatten().tolist())) * expert_bytes(e)
+    nbytes = len(set(ids.flatten().tolist())) * (expert_bytes(e) - scale_bytes(e))  # over the bus
     for name, fn in (("miss", miss), ("resident", resident)):
         fn()
         g = torch.cuda.CUDAGraph()
@@ -138,9 +144,9 @@ def part_study(a, loaded, device) -> dict:
     ns = [int(n) for n in a.n.split(",")]
     names = a.configs.split(",")
     prompts = token_prompts(loaded.args.vocab_size, max(ns), a.prompt_tokens)
-    budgets = [None] + [int(b) for b in a.budgets.split(",")]
-    profile_path = Path(a.json or "expert_cache_study.json").with_suffix(".profile.json")
-    have_profile = False
+    budgets = ([] if a.no_baseline else [None]) + [int(b) for b in a.budgets.split(",")]
+    profile_path = Path(a.profile or Path(a.json or "expert_cache_study.json").with_suffix(".profile.json"))
+    have_profile = a.profile is not None
     results = []
     for pct in budgets:  # no cache first: every cache after it re-plans from the host store
         mib = 0
@@ -220,6 +226,10 @@ def main() -> None:
     ap.add_argument("--window-rows", type=int, default=8)
     ap.add_argument("--synthetic-acceptance", type=float, default=0.8)
     ap.add_argument("--adapt-every", type=int, default=8, help="engine.expert_adapt_every")
+    ap.add_argument("--no-baseline", action="store_true",
+                    help="skip the no-cache engine (a study split over several GPU calls)")
+    ap.add_argument("--profile", help="the lower budgets' first fill (default: the routing "
+                                      "profile of this run's 100%% budget, written beside --json)")
     ap.add_argument("--graphs", type=lambda s: s.lower() in ("1", "true", "yes"), default=True)
     ap.add_argument("--json")
     a = ap.parse_args()

@@ -237,3 +237,35 @@ def test_moe_kernel_reads_slots_and_host_store(fp8):
     ref = reference.moe_experts(x, slots[0], slots[1], w, ids, *(slots[2:] or [None, None]),
                                 block, slot_of, *host)
     assert torch.allclose(ref, full, atol=1e-4, rtol=1e-4)
+
+
+def test_fp8_experts_identical_tokens_with_scales_on_the_device(cached_model, tmp_path):
+    """FP8 experts (block scales): misses read the weights from the host store and the scales
+    from the device copy every expert keeps; the tokens do not change."""
+    from omegaconf import OmegaConf
+
+    from strata.config import StrataConfig
+    from strata.model.quantize import quantize_checkpoint
+
+    fp8 = quantize_checkpoint(cached_model, tmp_path / "fp8", (16, 16), log=lambda _m: None)
+
+    def tokens(mib: int):
+        loaded = load_checkpoint(fp8, dtype="float32", fp8="keep", moe_dense_experts=0,
+                                 log=lambda _m: None)
+        ecfg = OmegaConf.structured(StrataConfig).engine
+        ecfg.slots, ecfg.window_rows, ecfg.spec, ecfg.max_context = 3, 6, 3, 128
+        ecfg.expert_cache_mib, ecfg.expert_adapt_every = mib, 2
+        eng = Engine(loaded, ecfg, torch.device("cpu"), log=lambda s: None)
+        for r in cohort():
+            eng.add_request(r)
+        while eng.has_work():
+            eng.step()
+        return {rid: list(rs.emitted) for rid, rs in eng.requests.items()}, eng
+
+    ref, _ = tokens(0)
+    out, eng = tokens(1)
+    c = eng.expert_cache
+    assert c.plan.scale_bytes > 0 and 0 < c.plan.slots < 64 and c.misses > 0
+    assert c.plan.resident_mib() <= 1
+    assert all(lc.host_gu_scale.shape[0] == 64 for lc in c.layers)
+    assert out == ref

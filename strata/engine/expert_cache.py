@@ -5,9 +5,9 @@ Placement. Dense weights, shared experts, routers, the LM head, the MTP layer (i
 too), KV, DeltaNet state and graphs are planned first (strata/engine/memory.py); then every
 decoder MoE layer gets the same number of device slots, as many as engine.expert_cache_mib
 holds (at most the layer's experts). The full routed stacks of every layer move to host memory
-(pinned on CUDA: the host store), and a device table slot_of (layers, E) int32 says which slot
-holds each expert (-1: not resident). A folded shared expert sits in a slot of its own after
-the routed ones, always resident.
+(pinned on CUDA: the host store; the FP8 scales of every expert stay on the device), and a
+device table slot_of (layers, E) int32 says which slot holds each expert (-1: not resident).
+A folded shared expert sits in a slot of its own after the routed ones, always resident.
 
 Misses. ops.moe_experts reads a resident expert from its slot and a missing one from the host
 store (on a GPU through its device-visible address, over the bus, inside the kernel), so the
@@ -64,6 +64,15 @@ def expert_bytes(experts: nn.Module) -> int:
     return int(sum(p[0].numel() * p.element_size() for p in parts))
 
 
+def scale_bytes(experts: nn.Module) -> int:
+    """Bytes of one routed expert's FP8 block scales (0 for float experts). Every expert's
+    scales stay on the device (about 0.03% of an FP8 expert), so a miss reads only its
+    weights over the bus, in large requests."""
+    if experts.gu_scale is None:
+        return 0
+    return int(sum(p[0].numel() * p.element_size() for p in (experts.gu_scale, experts.down_scale)))
+
+
 @dataclass
 class ExpertCachePlan:
     """How many device slots each MoE layer gets, and the sizes the trace reports."""
@@ -72,6 +81,8 @@ class ExpertCachePlan:
     expert_bytes: int
     layers: list[int]
     cache_mib: float
+    #: Bytes of one expert's FP8 scales (part of expert_bytes), resident for every expert.
+    scale_bytes: int = 0
 
     @property
     def moe_layers(self) -> int:
@@ -82,8 +93,9 @@ class ExpertCachePlan:
         return self.moe_layers * self.experts * self.expert_bytes / MIB
 
     def resident_mib(self) -> float:
-        """The device slots."""
-        return self.moe_layers * self.slots * self.expert_bytes / MIB
+        """The device slots, and every expert's scales."""
+        weights = self.expert_bytes - self.scale_bytes
+        return self.moe_layers * (self.slots * weights + self.experts * self.scale_bytes) / MIB
 
     def memory_fields(self) -> dict:
         """The `config` trace event's memory fields of the cache (COMMON contract)."""
@@ -105,15 +117,17 @@ def plan_expert_cache(model, cache_mib: float) -> ExpertCachePlan:
                 f"set model.moe_dense_experts=0 to cache its experts")
     moe0 = layers[0][1]
     n_exp = int(moe0.experts.w_gate_up.shape[0])
-    eb = expert_bytes(moe0.experts)
-    per_slot = len(layers) * eb
-    slots = min(n_exp, math.floor(cache_mib * MIB / per_slot))
+    eb, sb = expert_bytes(moe0.experts), scale_bytes(moe0.experts)
+    per_slot = len(layers) * (eb - sb)
+    scales = len(layers) * n_exp * sb
+    slots = min(n_exp, math.floor((cache_mib * MIB - scales) / per_slot))
     if slots < 1:
         raise ConfigError(
             f"engine.expert_cache_mib={cache_mib}: holds no routed expert per MoE layer: one "
             f"slot in each of the {len(layers)} MoE layers takes {per_slot / MIB:.3f} MiB "
-            f"({eb} bytes per expert)")
-    return ExpertCachePlan(slots, n_exp, eb, [i for i, _ in layers], float(cache_mib))
+            f"({eb - sb} bytes per expert)"
+            + (f", beside every expert's scales ({scales / MIB:.3f} MiB)" if sb else ""))
+    return ExpertCachePlan(slots, n_exp, eb, [i for i, _ in layers], float(cache_mib), sb)
 
 
 def read_profile(path: str, plan: ExpertCachePlan) -> np.ndarray:
@@ -229,7 +243,9 @@ class ExpertCache:
         chosen = torch.from_numpy(self.slot_expert[li])
         for j in range(n):
             src = routed[j].detach()
-            if prev is not None and src.device.type == "cpu" and (src.is_pinned() or not pin):
+            if j >= 2:  # FP8 scales: every expert's stay on the device (scale_bytes)
+                h = src if prev is not None else src[:E].clone()
+            elif prev is not None and src.device.type == "cpu" and (src.is_pinned() or not pin):
                 h = src  # the earlier cache's host store, as it is
             else:
                 h = torch.empty((E, *src.shape[1:]), dtype=src.dtype, pin_memory=pin)
