@@ -491,6 +491,9 @@ Window cost: the bytes model fitted to the engine's full-depth FP8 windows on th
 {H200_SKEW} (trained routers' skew, see conf/sim/experts/qwen3_next_80b_a3b_iq3_s.yaml), rows of one
 request routed independently on the H200 (random dummy routers); the cards' presets assume trained
 routers repeat half of a token's experts on the next token (`experts.row_overlap=0.5`).
+With every expert resident the preset runs 5-11% above the engine's measured full-depth cohorts
+(`--bench-check`, docs/SIMULATOR.md): read the absolute figures as high by about that much; the
+ratios and signs are what this study is for.
 
 ### H200, Qwen3-Next-80B-A3B FP8 shapes (`hardware=h200_80b_a3b_fp8 experts.skew={H200_SKEW}`)
 
