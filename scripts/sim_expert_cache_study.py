@@ -151,7 +151,8 @@ def sign_sentences(cells: dict, budgets, ns) -> list[str]:
 
 
 def h200_table(cells: dict) -> str:
-    rows = ["| budget | N | hit rate | solo tok/s | batch tok/s | batch_mtp tok/s | batch vs solo | batch_mtp vs solo |",
+    rows = ["| budget | N | hit rate | solo tok/s | batch tok/s | batch_mtp tok/s | batch vs solo "
+            "| batch_mtp vs solo |",
             "|---|---|---|---|---|---|---|---|"]
     for frac in BUDGETS:
         for n in NS:
@@ -581,7 +582,9 @@ def main(argv: Optional[list[str]] = None) -> int:
     write_block(Path(args.out_md), md)
     if args.json:
         Path(args.json).write_text(json.dumps(
-            {"seconds": seconds, "h200": [{"budget_fraction": f, "n": n, "mode": m, **c} for (f, n, m), c in h200.items()],
+            {"seconds": seconds,
+             "h200": [{"budget_fraction": f, "n": n, "mode": m, **c}
+                      for (f, n, m), c in h200.items()],
              "cards": {k: [{"n": n, "mode": m, **c} for (n, m), c in v.items()]
                        for k, v in cards.items()}}, indent=1) + "\n", encoding="utf-8")
     print(md)
