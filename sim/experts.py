@@ -185,8 +185,9 @@ def load_routing_profile(path: str | Path) -> dict[str, Any]:
     if not isinstance(d["top_k"], int) or not 1 <= d["top_k"] <= E:
         raise ExpertModelError(f"{p}: top_k must be an int in [1, experts={E}], got {d['top_k']!r}")
     if not isinstance(counts, list) or not counts or len(counts) != len(d["layers"]):
+        got = len(counts) if isinstance(counts, list) else repr(counts)
         raise ExpertModelError(f"{p}: counts must hold one list per entry of layers "
-                               f"({len(d['layers'])}), got {len(counts) if isinstance(counts, list) else counts!r}")
+                               f"({len(d['layers'])}), got {got}")
     for i, row in enumerate(counts):
         if not isinstance(row, list) or len(row) != E or any(
                 not isinstance(c, (int, float)) or c < 0 for c in row):
