@@ -13,7 +13,7 @@
 #   STRATA_COMMIT=<hash> bash scripts/gpu_acceptance.sh 6    # ~9 min: realistic scale (FP8 80B shapes)
 #   STRATA_COMMIT=<hash> bash scripts/gpu_acceptance.sh 4    # ~9 min: engine.batch_invariant, bf16 text
 #                                                            #   and cost
-#   STRATA_COMMIT=<hash> bash scripts/gpu_acceptance.sh 5    # ~8 min: sim transfer check (new workload,
+#   STRATA_COMMIT=<hash> bash scripts/gpu_acceptance.sh 5    # ~5-7 min: sim transfer check (new workload,
 #                                                            #   quick calibration, both presets)
 #
 # STRATA_COMMIT names the commit in the results (the device's copy of the tree may carry a
@@ -105,7 +105,7 @@ case $part in
     # other prompts, a quick calibration on the compiled model, then predictions from the shipped
     # preset and the calibrated one with their ranges. Most of a bare machine's time is the
     # first compile; the table is written as soon as the shipped predictions are in.
-  TAIL=16 step sim_transfer 480 python3 scripts/sim_transfer_check.py --device cuda --out "$R/transfer"
+  TAIL=32 step sim_transfer 480 python3 scripts/sim_transfer_check.py --device cuda --out "$R/transfer"
   ;;
 6)  # realistic scale (issue 16): the kernels' GPU tests, where an 8-layer FP8 window's time goes,
     # full-depth FP8 Qwen3-Next-80B-A3B shapes on dummy weights with synthetic acceptance 0.8
