@@ -5,6 +5,7 @@
 #
 #   bash scripts/device_kernels.sh profile   # compiled 8-layer FP8 windows: replay + attribution
 #   bash scripts/device_kernels.sh moe       # the MoE / linear micro-benchmark
+#   bash scripts/device_kernels.sh moev      # moe_experts only, every launch variant
 #   bash scripts/device_kernels.sh tests     # GPU tests of the MoE kernels and the samplers
 #   bash scripts/device_kernels.sh profile,tests   # several, in order
 #
@@ -41,6 +42,11 @@ for part in ${1//,/ }; do
       > "$OUT/moe.log" 2>&1
     rc=$?
     tail -n 30 "$OUT/moe.log"; grep -E "moe_experts" "$OUT/bench_moe.md" ;;
+  moev)
+    timeout "${MOE_S:-120}" python3 scripts/bench_kernels.py --moe --moe-variants --no-linear \
+      --out "$OUT/bench_moe_variants.json" > "$OUT/moev.log" 2>&1
+    rc=$?
+    grep -E "moe_experts|ceiling|wrote" "$OUT/moev.log" ;;
   tests)
     timeout "${TESTS_S:-100}" python3 -m pytest -q -x -m gpu tests/test_sampler_compile.py \
       tests/test_moe_kernels.py > "$OUT/tests.log" 2>&1

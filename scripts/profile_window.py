@@ -108,8 +108,8 @@ def attribute(prof) -> dict:
     ranges.sort(key=lambda r: r[1] - r[0])  # innermost first
     out: dict = defaultdict(lambda: defaultdict(lambda: [0, 0.0]))
     for e in evs:
-        if e.device_type.name != "CUDA":
-            continue
+        if e.device_type.name != "CUDA" or e.name.startswith("@"):
+            continue  # (the ranges themselves also appear on the device timeline)
         t = e.time_range.start
         label = next((r[2] for r in ranges if r[0] <= t <= r[1]), "other")
         cell = out[label][e.name]
@@ -216,7 +216,8 @@ def main() -> None:
             sync()
         if a.trace:
             prof.export_chrome_trace(a.trace)
-        kern = [e for e in prof.events() if e.device_type.name == "CUDA"]
+        kern = [e for e in prof.events()
+                if e.device_type.name == "CUDA" and not e.name.startswith("@")]
         busy = sum(e.time_range.end - e.time_range.start for e in kern) / n_rep
         by = defaultdict(lambda: [0, 0.0])
         for e in kern:
