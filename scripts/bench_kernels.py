@@ -397,7 +397,7 @@ def bench_moe(records, rows_list, ceiling, sets: int = 8, variants=("default",))
         del wgu, wd, gs, ds
         torch.cuda.empty_cache()
     if variants != ("default",):
-        C.moe_launch_options(**MOE_VARIANTS["all"])
+        C.moe_launch_options(**MOE_VARIANTS["pdl+early"])  # the defaults
 
 
 def bench_linear(records, rows_list, ceiling):

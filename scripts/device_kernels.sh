@@ -4,12 +4,13 @@
 # limit, logs and JSON under $OUT.
 #
 #   bash scripts/device_kernels.sh profile   # compiled 8-layer FP8 windows: replay + attribution
+#   bash scripts/device_kernels.sh profile_full   # the same at full depth (48 layers)
 #   bash scripts/device_kernels.sh moe       # the MoE / linear micro-benchmark
 #   bash scripts/device_kernels.sh moev      # moe_experts only, every launch variant
 #   bash scripts/device_kernels.sh tests     # GPU tests of the MoE kernels and the samplers
 #   bash scripts/device_kernels.sh profile,tests   # several, in order
 #
-# Env: LAYERS (8), SHAPES (1x2,4x2), PROFILE_S (240), MOE_S (120), TESTS_S (100).
+# Env: LAYERS (8), SHAPES (1x2,4x2), PROFILE_S (240), FULL_S (150), MOE_S (120), TESTS_S (100).
 set -u
 OUT=${OUT:?set OUT to the results directory}
 export PYTHONUNBUFFERED=1 TORCHINDUCTOR_CACHE_DIR=/tmp/strata_inductor
@@ -37,6 +38,13 @@ for part in ${1//,/ }; do
       > "$OUT/profile.log" 2>&1
     rc=$?
     grep -v -i -E "warn|^$" "$OUT/profile.log" | tail -n 120 ;;
+  profile_full)
+    timeout "${FULL_S:-150}" python3 scripts/profile_window.py --model qwen3-next-80b-a3b-fp8 \
+      --load-format dummy --backend auto --compile --shapes "${SHAPES:-1x2,4x2}" --iters 50 \
+      --top 12 --json "$OUT/profile_full.json" > "$OUT/profile_full.log" 2>&1
+    rc=$?
+    grep -E "^===|graph replay|^region|^[a-z(:+)]+ +[0-9]+ +[0-9.]+ +[0-9.]+ +[0-9.]+$" \
+      "$OUT/profile_full.log" ;;
   moe)
     timeout "${MOE_S:-120}" python3 scripts/bench_kernels.py --moe --out "$OUT/bench_moe.json" \
       > "$OUT/moe.log" 2>&1
@@ -49,7 +57,7 @@ for part in ${1//,/ }; do
     grep -E "moe_experts|ceiling|wrote" "$OUT/moev.log" ;;
   tests)
     timeout "${TESTS_S:-100}" python3 -m pytest -q -x -m gpu tests/test_sampler_compile.py \
-      tests/test_moe_kernels.py > "$OUT/tests.log" 2>&1
+      tests/test_moe_kernels.py tests/test_engine_backends.py > "$OUT/tests.log" 2>&1
     rc=$?
     tail -n 15 "$OUT/tests.log" ;;
   *) echo "unknown part $part"; rc=2 ;;

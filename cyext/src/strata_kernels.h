@@ -73,12 +73,12 @@ int strata_gpu_commit(const int64_t* accept, const int64_t* group_slot, const in
 // initialisation needed). Limits: n <= 32, n * k <= 512, H and I multiples of 16, a weight row
 // at most 8 KiB. Two launches, grids fixed by the shapes.
 int64_t strata_gpu_moe_workspace(int64_t n, int64_t k, int64_t inter);
-// Launch switches of moe_experts, process-wide (all on by default): STRATA_MOE_PDL launches the
-// down kernel as a programmatic dependent of the gate/up kernel (sm_90+; its first down rows
-// load while gate/up finishes), STRATA_MOE_EARLY has gate/up blocks of small windows load their
-// weights before the duplicate check, STRATA_MOE_WIDE gives each gate/up warp two features
-// where rows are short (FP8). Results are the same bits either way. flags < 0 only reads.
-// Returns the previous flags.
+// Launch switches of moe_experts, process-wide (PDL and EARLY on by default, WIDE off):
+// STRATA_MOE_PDL launches the down kernel as a programmatic dependent of the gate/up kernel
+// (sm_90+; its first down rows load while gate/up finishes), STRATA_MOE_EARLY has gate/up blocks
+// of small windows load their weights before the duplicate check, STRATA_MOE_WIDE gives each
+// gate/up warp two features where rows are short (FP8; measured slower). Results are the same
+// bits either way. flags < 0 only reads. Returns the previous flags.
 #define STRATA_MOE_PDL 1
 #define STRATA_MOE_EARLY 2
 #define STRATA_MOE_WIDE 4

@@ -411,11 +411,11 @@ def moe_kernel_supported(x, w_gate_up, k: int, block=None) -> bool:
 
 
 def moe_launch_options(pdl=None, early=None, wide=None) -> dict:
-    """Read or set moe_experts' launch switches on the GPU extension (process-wide; all on by
-    default; every setting gives the same bits): `pdl`, the down kernel as a programmatic
-    dependent launch (sm_90+), `early`, weight loads before the duplicate check at small
-    windows, `wide`, two features per gate/up warp where weight rows are short (FP8). None
-    leaves a switch as it is. Returns the switches now in force."""
+    """Read or set moe_experts' launch switches on the GPU extension (process-wide; every
+    setting gives the same bits): `pdl` (on by default), the down kernel as a programmatic
+    dependent launch (sm_90+); `early` (on), weight loads before the duplicate check at small
+    windows; `wide` (off: measured slower), two features per gate/up warp where weight rows
+    are short (FP8). None leaves a switch as it is. Returns the switches now in force."""
     flags = _gpu.moe_set_options(-1)
     for bit, on in ((1, pdl), (2, early), (4, wide)):
         if on is not None:
