@@ -55,6 +55,7 @@ cdef extern from "strata_kernels.h" nogil:
                           const int64_t* conv_strides, int64_t nslots, int64_t* slot_pos,
                           int device, uintptr_t stream)
     int64_t strata_gpu_moe_workspace(int64_t n, int64_t k, int64_t inter)
+    int strata_gpu_moe_set_options(int flags)
     int strata_gpu_moe_experts(const void* x, int x_dtype, const void* w_gate_up,
                                const void* w_down, int w_dtype, const float* gu_scale,
                                const float* down_scale, int64_t bo, int64_t bi,
@@ -279,6 +280,14 @@ def commit_accepted(accept, group_slot, group_pos, rec_snaps, conv_snaps, rec_st
 MOE_MAX_ROWS = 32
 MOE_MAX_PAIRS = 512
 MOE_MAX_ROW_BYTES = 8192
+
+
+def moe_set_options(int flags=-1):
+    """moe_experts' launch switches (bit 1: programmatic dependent launch of the down kernel,
+    bit 2: early weight loads at small windows, bit 4: two features per gate/up warp where rows
+    are short; 1 and 2 on by default; the results are the same bits). flags < 0 only reads.
+    Returns the previous flags."""
+    return strata_gpu_moe_set_options(flags)
 
 
 def moe_workspace_numel(int64_t n, int64_t k, int64_t inter):

@@ -342,9 +342,18 @@ def _moe_weights(fp8: bool):
     return wgu, wd, None, None, None
 
 
-def bench_moe(records, rows_list, ceiling, sets: int = 8):
+#: moe_experts launch switches compared by --moe-variants (cyext_ops.moe_launch_options).
+MOE_VARIANTS = {"plain": dict(pdl=False, early=False, wide=False),
+                "pdl+early": dict(pdl=True, early=True, wide=False),
+                "wide": dict(pdl=False, early=False, wide=True),
+                "all": dict(pdl=True, early=True, wide=True)}
+
+
+def bench_moe(records, rows_list, ceiling, sets: int = 8, variants=("default",)):
     E, k, H, I = (MOE_SHAPE[n] for n in ("E", "k", "H", "I"))
-    for fp8 in (False, True):
+    for fp8, variant in ((f, v) for f in (True, False) for v in variants):
+        if variant != "default":
+            C.moe_launch_options(**MOE_VARIANTS[variant])
         wgu, wd, gs, ds, block = _moe_weights(fp8)
         per_expert = wgu[0].numel() * wgu.element_size() + wd[0].numel() * wd.element_size()
         if fp8:
@@ -360,25 +369,35 @@ def bench_moe(records, rows_list, ceiling, sets: int = 8):
                 outs.append(torch.empty(n, H, device=DEV, dtype=torch.bfloat16))
                 distinct.append(idx.unique().numel())
             work = torch.empty(C.moe_workspace_numel(n, k, I), device=DEV)
-            err = rel_err(C.gpu_moe_experts(xs[0], wgu, wd, ws[0], ids[0], gs, ds, block),
-                          R.moe_experts(xs[0], wgu, wd, ws[0], ids[0], gs, ds, block))
+            got = C.gpu_moe_experts(xs[0], wgu, wd, ws[0], ids[0], gs, ds, block)
+            err = rel_err(got, R.moe_experts(xs[0], wgu, wd, ws[0], ids[0], gs, ds, block))
+            if variant != "default":  # every launch variant gives the same bits
+                saved = C.moe_launch_options()
+                C.moe_launch_options(**MOE_VARIANTS["plain"])
+                same = torch.equal(got, C.gpu_moe_experts(xs[0], wgu, wd, ws[0], ids[0], gs,
+                                                          ds, block))
+                C.moe_launch_options(**saved)
+                if not same:
+                    err = float("nan")  # fails the run
             calls = [(lambda i=i: C.gpu_moe_experts(xs[i], wgu, wd, ws[i], ids[i], gs, ds,
                                                     block, out=outs[i], workspace=work))
                      for i in range(sets)]
             t, mode = time_calls(calls)
             d = statistics.mean(distinct)
             nbytes = d * per_expert
-            rec = dict(op="moe_experts", weights="fp8" if fp8 else "bf16", rows=n, k=k,
+            rec = dict(op="moe_experts", weights="fp8" if fp8 else "bf16", variant=variant, rows=n, k=k,
                        distinct=d, bytes=nbytes, t_us=t * 1e6, gbps=nbytes / t / 1e9,
                        frac=nbytes / t / ceiling, floor_us=nbytes / ceiling * 1e6, mode=mode,
                        rel_err=err)
             records.append(rec)
-            print(f"moe_experts {rec['weights']:4s} rows {n:2d}: {rec['t_us']:8.1f} us  "
+            print(f"moe_experts {rec['weights']:4s} {variant:9s} rows {n:2d}: {rec['t_us']:8.1f} us  "
                   f"distinct {d:5.1f}  {nbytes / 1e6:7.1f} MB  {rec['gbps']:6.0f} GB/s  "
                   f"{100 * rec['frac']:5.1f}% of copy  floor {rec['floor_us']:7.1f} us  "
                   f"err {err:.1e}", flush=True)
         del wgu, wd, gs, ds
         torch.cuda.empty_cache()
+    if variants != ("default",):
+        C.moe_launch_options(**MOE_VARIANTS["pdl+early"])  # the defaults
 
 
 def bench_linear(records, rows_list, ceiling):
@@ -426,6 +445,8 @@ def markdown_moe(meta, records) -> str:
              "% of copy | floor (us) |", "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for r in records:
         what = r.get("weights") or f"{r['o']}x{r['i']}"
+        if r.get("variant") not in (None, "default"):
+            what += f" ({r['variant']})"
         lines.append(f"| {r['op']} | {what} | {r['rows']} | {r.get('distinct', '-')} | "
                      f"{r['bytes'] / 1e6:.1f} | {r['t_us']:.1f} | {r['gbps']:.0f} | "
                      f"{100 * r['frac']:.1f} | {r['floor_us']:.1f} |")
@@ -439,6 +460,9 @@ def main() -> int:
     ap.add_argument("--skip-parity", action="store_true")
     ap.add_argument("--moe", action="store_true",
                     help="only the routed experts and the FP8 / bf16 skinny linear")
+    ap.add_argument("--moe-variants", action="store_true",
+                    help="with --moe: every launch variant of moe_experts (PDL, early loads)")
+    ap.add_argument("--no-linear", action="store_true", help="with --moe: skip the linear layers")
     args = ap.parse_args()
     if not torch.cuda.is_available() or C.gpu_platform() is None:
         print("bench_kernels: needs a GPU and the built strata_cuda extension", file=sys.stderr)
@@ -481,8 +505,10 @@ def main_moe(args, meta, t_start) -> int:
     ceiling = meta["copy_gbps"] * 1e9
     rows = (1, 8, 32) if args.quick else MOE_ROWS
     records: list[dict] = []
-    bench_moe(records, rows, ceiling)
-    bench_linear(records, rows, ceiling)
+    bench_moe(records, rows, ceiling,
+              variants=tuple(MOE_VARIANTS) if args.moe_variants else ("default",))
+    if not args.no_linear:
+        bench_linear(records, rows, ceiling)
     meta["seconds"] = time.perf_counter() - t_start
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
     with open(args.out, "w") as f:

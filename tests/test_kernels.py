@@ -187,6 +187,30 @@ def test_gated_delta_mixed_dtypes():
     torch.testing.assert_close(cs, rs, rtol=1e-4, atol=1e-5)
 
 
+@pytest.mark.parametrize("impl", ["reference", "cpu"])
+def test_gated_delta_snapshots_into_a_slice(impl):
+    """snaps=: the snapshots land in the given tensor (a layer's slice of a window's stack),
+    the same values as when the op allocates them; the rest of the stack is untouched; and a
+    compiled region that passes a slice writes it in place."""
+    (q, k, v, gg, beta), st, gs = _gdn_case(5, torch.float32)
+    fn = R.gated_delta_window if impl == "reference" else C.cpu_gated_delta_window
+    want_o, want_s = fn(q, k, v, gg, beta, st, gs)
+    stack = torch.full((3, *want_s.shape), 7.0)
+    out, snaps = fn(q, k, v, gg, beta, st, gs, snaps=stack[1])
+    assert snaps.data_ptr() == stack[1].data_ptr()
+    assert torch.equal(out, want_o) and torch.equal(stack[1], want_s)
+    assert torch.all(stack[0] == 7.0) and torch.all(stack[2] == 7.0)
+    if impl == "cpu":
+        from torch import _dynamo
+
+        _dynamo.reset()
+        region = torch.compile(lambda *a, snaps: fn(*a, snaps=snaps)[0] * 2)
+        stack.fill_(7.0)
+        got = region(q, k, v, gg, beta, st, gs, snaps=stack[2])
+        torch.testing.assert_close(got, want_o * 2)
+        assert torch.equal(stack[2], want_s) and torch.all(stack[1] == 7.0)
+
+
 def _commit_case(seed, conv_snap_dtype=torch.bfloat16):
     gen = _gen(seed)
     L, ng, g, h, dk, dv, c, km1, S = 3, 4, 5, 2, 6, 7, 9, 3, 6

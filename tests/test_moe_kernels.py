@@ -274,6 +274,39 @@ def test_gpu_moe_graph_replay_new_ids(wdtype, block):
         assert torch.equal(out, C.gpu_moe_experts(x, *weights[:2], w, ids, *weights[2:], block))
 
 
+@_gpu
+@pytest.mark.parametrize("wdtype,block", [(torch.bfloat16, None), (FP8, (128, 128))])
+@pytest.mark.parametrize("N", [1, 3, 8, 32])
+def test_gpu_moe_launch_variants_same_bits(wdtype, block, N):
+    """The launch switches (programmatic dependent launch of the down kernel, early weight
+    loads, two features per gate/up warp) change when and where loads are issued, never what
+    is summed: the same bits, captured too."""
+    E, H, I, k = 512, 2048, 512, 11
+    weights = experts(E, H, I, wdtype, block or (32, 32), device="cuda")
+    w, ids = routing(N, k, E, hot=[3, 4] if N > 1 else None, device="cuda")
+    x = torch.randn(N, H, generator=torch.Generator().manual_seed(8)).to("cuda", torch.bfloat16)
+    saved = C.moe_launch_options()
+    try:
+        outs = []
+        for pdl, early, wide in ((False, False, False), (True, False, False),
+                                 (False, True, False), (False, False, True), (True, True, True)):
+            C.moe_launch_options(pdl=pdl, early=early, wide=wide)
+            outs.append(C.gpu_moe_experts(x, *weights[:2], w, ids, *weights[2:], block))
+            out = torch.empty_like(x)
+            ws = torch.empty(C.moe_workspace_numel(N, k, I), device="cuda")
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                C.gpu_moe_experts(x, *weights[:2], w, ids, *weights[2:], block, out=out,
+                                  workspace=ws)
+            graph.replay()
+            torch.cuda.synchronize()
+            outs.append(out.clone())
+    finally:
+        C.moe_launch_options(**saved)
+    assert all(torch.equal(o, outs[0]) for o in outs[1:])
+    assert rel_err(outs[0], call_reference(x, weights, w, ids, block)) < 1e-2
+
+
 LINEAR_CASES = [
     # rows, O, I, block
     (1, 1024, 2048, (128, 128)),

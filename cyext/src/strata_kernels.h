@@ -77,6 +77,16 @@ int strata_gpu_commit(const int64_t* accept, const int64_t* group_slot, const in
 // (strata_expert_cache.h): the stacks are its device slots, E ids, misses read from the
 // device-visible host store; the struct is copied at launch (the caller may free it after).
 int64_t strata_gpu_moe_workspace(int64_t n, int64_t k, int64_t inter);
+// Launch switches of moe_experts, process-wide (PDL and EARLY on by default, WIDE off):
+// STRATA_MOE_PDL launches the down kernel as a programmatic dependent of the gate/up kernel
+// (sm_90+; its first down rows load while gate/up finishes), STRATA_MOE_EARLY has gate/up blocks
+// of small windows load their weights before the duplicate check, STRATA_MOE_WIDE gives each
+// gate/up warp two features where rows are short (FP8; measured slower). Results are the same
+// bits either way. flags < 0 only reads. Returns the previous flags.
+#define STRATA_MOE_PDL 1
+#define STRATA_MOE_EARLY 2
+#define STRATA_MOE_WIDE 4
+int strata_gpu_moe_set_options(int flags);
 int strata_gpu_moe_experts(const void* x, int x_dtype, const void* w_gate_up, const void* w_down,
                            int w_dtype, const float* gu_scale, const float* down_scale,
                            int64_t bo, int64_t bi, const float* topk_weight,

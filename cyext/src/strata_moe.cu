@@ -141,6 +141,47 @@ __device__ __forceinline__ float chunk_fma(const float* wf, const float* xf, flo
   }
 }
 
+// chunk_fma of a chunk still in its 16 bytes, decoded a word at a time next to its FMAs, so
+// that no decoded copy of the whole chunk is live (the FP8 gate/up kernel spilled with one).
+// Same elements, same order, same result as decode_chunk + chunk_fma.
+template <typename W>
+__device__ __forceinline__ float chunk_dot(uint4 w, const float* xf, float scale, float acc) {
+  float wf[WChunk<W>::EPC];
+  decode_chunk<W>(w, wf);
+  return chunk_fma<W>(wf, xf, scale, acc);
+}
+template <>
+__device__ __forceinline__ float chunk_dot<FP8W>(uint4 w, const float* xf, float scale, float acc) {
+  const uint32_t u[4] = {w.x, w.y, w.z, w.w};
+  float part = 0.f;
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const float2 a = fp8x2_to_float2(u[i]);
+    const float2 b = fp8x2_to_float2(u[i] >> 16);
+    part = fmaf(a.x, xf[4 * i], part);
+    part = fmaf(a.y, xf[4 * i + 1], part);
+    part = fmaf(b.x, xf[4 * i + 2], part);
+    part = fmaf(b.y, xf[4 * i + 3], part);
+  }
+  return fmaf(scale, part, acc);
+}
+
+// part + the dot of 8 FP8 weights (two words, low byte first) with 8 activations, in order.
+__device__ __forceinline__ float fp8_half_dot(uint32_t w0, uint32_t w1, const float* xf,
+                                              float part) {
+  const uint32_t u[2] = {w0, w1};
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    const float2 a = fp8x2_to_float2(u[i]);
+    const float2 b = fp8x2_to_float2(u[i] >> 16);
+    part = fmaf(a.x, xf[4 * i], part);
+    part = fmaf(a.y, xf[4 * i + 1], part);
+    part = fmaf(b.x, xf[4 * i + 2], part);
+    part = fmaf(b.y, xf[4 * i + 3], part);
+  }
+  return part;
+}
+
 // EPC consecutive activations (run-time dtype) from element `off` (a multiple of 4) as floats.
 template <int EPC>
 __device__ __forceinline__ void load_act(const void* x, int dtype, int64_t off, float* f) {
@@ -265,51 +306,90 @@ __device__ __forceinline__ int clamp_expert(int64_t e, int E) {
   return e < 0 ? 0 : (e >= E ? E - 1 : (int)e);  // a kernel cannot raise; the wrapper checks
 }
 
-template <typename W, int CPL>
-__global__ void __launch_bounds__(MOE_THREADS, CPL <= 4 ? 3 : 2) moe_gate_up_kernel(MoeParams p) {
+// Programmatic dependent launch (sm_90+): the gate/up kernel lets the down kernel start as soon
+// as every gate/up block is running; the down kernel loads its first down rows (which need no
+// gate/up output) and then waits for the gate/up grid to finish and flush before it reads the
+// activations. Elsewhere (older GPUs, HIP) both are no-ops and the launches are stream-ordered.
+__device__ __forceinline__ void pdl_launch_dependents() {
+#if !STRATA_PLATFORM_HIP && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void pdl_wait_primary() {
+#if !STRATA_PLATFORM_HIP && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+
+// Pairs up to which the gate/up blocks issue their weight loads before the duplicate check
+// (a duplicate block's loads are then wasted: few at small windows, many at 16-32 rows).
+constexpr int MOE_EARLY_MAX_PAIRS = 96;
+
+// One warp's gate and up rows of features i0 .. i0+F-1 of expert e into registers (16-byte
+// loads, all in flight at once), with their block scales (FP8).
+template <typename W, int CPL, int F>
+__device__ __forceinline__ void load_gate_up_rows(const MoeParams& p, int e, int i0, int nch,
+                                                  int64_t row_bytes, int lane,
+                                                  uint4 (&wg)[F][CPL], uint4 (&wu)[F][CPL],
+                                                  float (&sg)[F][CPL], float (&su)[F][CPL]) {
+  typedef WChunk<W> C;
+  const uint8_t* base = expert_gate_up(p, e);
+#pragma unroll
+  for (int f = 0; f < F; ++f) {
+    const int i = i0 + f;
+    const bool live = i < p.I;
+    const uint8_t* g_row = base + (int64_t)i * row_bytes;
+    const uint8_t* u_row = base + (int64_t)(p.I + i) * row_bytes;
+#pragma unroll
+    for (int j = 0; j < CPL; ++j) {
+      const int c = lane + 32 * j;
+      if (live && c < nch) {
+        wg[f][j] = ldg16(g_row + 16 * (int64_t)c);
+        wu[f][j] = ldg16(u_row + 16 * (int64_t)c);
+      } else {
+        wg[f][j] = make_uint4(0, 0, 0, 0);
+        wu[f][j] = wg[f][j];
+      }
+      sg[f][j] = su[f][j] = 1.f;
+      if (C::scaled && live && c < nch) {
+        const float* sc = expert_gate_up_scale(p, e);
+        const int col = (c * C::EPC) / p.bi;
+        sg[f][j] = __ldg(sc + (int64_t)(i / p.bo) * p.ncb_h + col);
+        su[f][j] = __ldg(sc + (int64_t)(p.nbg + i / p.bo) * p.ncb_h + col);
+      }
+    }
+  }
+}
+
+// F features per warp: F = 2 doubles the bytes each warp has in flight (FP8 rows are short)
+// and halves the blocks, each of which pays the ids / duplicate-check prologue.
+template <typename W, int CPL, int F, bool EARLY>
+__global__ void __launch_bounds__(MOE_THREADS, (CPL * F) <= 4 ? 3 : 2)
+    moe_gate_up_kernel(MoeParams p) {
   typedef WChunk<W> C;
   __shared__ int ids_s[MOE_MAX_PAIRS];
   __shared__ int mem_s[MOE_MAX_PAIRS];
   __shared__ int warp_tot[MOE_THREADS / 32];
+  pdl_launch_dependents();
   const int s = blockIdx.y, tid = threadIdx.x;
+  // EARLY: this pair's expert straight from global memory, so the weight loads below are in
+  // flight while the ids are staged and the duplicate check runs.
+  const int e_early = EARLY ? clamp_expert(__ldg(p.topk_ids + s), p.E) : 0;
+  const int lane = tid & 31, warp = tid >> 5;
+  const int i0 = (blockIdx.x * (MOE_THREADS / 32) + warp) * F;
+  const int nch = p.H / C::EPC;
+  const int64_t row_bytes = (int64_t)p.H * sizeof(typename W::storage);
+  uint4 wg[F][CPL], wu[F][CPL];
+  float sg[F][CPL], su[F][CPL];
+  if (EARLY) load_gate_up_rows<W, CPL, F>(p, e_early, i0, nch, row_bytes, lane, wg, wu, sg, su);
   for (int q = tid; q < p.P; q += MOE_THREADS) ids_s[q] = clamp_expert(p.topk_ids[q], p.E);
   __syncthreads();
   const int e = ids_s[s];
   int dup = 0;
   for (int q = tid; q < s; q += MOE_THREADS) dup |= (ids_s[q] == e);
-  if (__syncthreads_or(dup)) {  // not the leader of its expert
-    if (blockIdx.x == 0 && tid == 0) p.counts[s] = 0;
-    return;
-  }
+  if (__syncthreads_or(dup)) return;  // not the leader of its expert
   // this warp's gate and up rows: the loads are in flight while the members are gathered
-  const int lane = tid & 31, warp = tid >> 5;
-  const int i = blockIdx.x * MOE_TILE + warp;
-  const bool live = i < p.I;
-  const int nch = p.H / C::EPC;
-  const int64_t row_bytes = (int64_t)p.H * sizeof(typename W::storage);
-  const uint8_t* base = expert_gate_up(p, e);
-  const uint8_t* g_row = base + (int64_t)i * row_bytes;
-  const uint8_t* u_row = base + (int64_t)(p.I + i) * row_bytes;
-  uint4 wg[CPL], wu[CPL];
-  float sg[CPL], su[CPL];
-#pragma unroll
-  for (int j = 0; j < CPL; ++j) {
-    const int c = lane + 32 * j;
-    if (live && c < nch) {
-      wg[j] = ldg16(g_row + 16 * (int64_t)c);
-      wu[j] = ldg16(u_row + 16 * (int64_t)c);
-    } else {
-      wg[j] = make_uint4(0, 0, 0, 0);
-      wu[j] = wg[j];
-    }
-    sg[j] = su[j] = 1.f;
-    if (C::scaled && live && c < nch) {
-      const float* sc = expert_gate_up_scale(p, e);
-      const int col = (c * C::EPC) / p.bi;
-      sg[j] = __ldg(sc + (int64_t)(i / p.bo) * p.ncb_h + col);
-      su[j] = __ldg(sc + (int64_t)(p.nbg + i / p.bo) * p.ncb_h + col);
-    }
-  }
+  if (!EARLY) load_gate_up_rows<W, CPL, F>(p, e, i0, nch, row_bytes, lane, wg, wu, sg, su);
   const int q0 = 2 * tid;
   const int f0 = (q0 >= s && q0 < p.P && ids_s[q0] == e) ? 1 : 0;
   const int f1 = (q0 + 1 >= s && q0 + 1 < p.P && ids_s[q0 + 1] == e) ? 1 : 0;
@@ -318,37 +398,91 @@ __global__ void __launch_bounds__(MOE_THREADS, CPL <= 4 ? 3 : 2) moe_gate_up_ker
   if (f0) mem_s[off] = q0;
   if (f1) mem_s[off + f0] = q0 + 1;
   __syncthreads();
-  if (blockIdx.x == 0) {
-    for (int m = tid; m < total; m += MOE_THREADS) p.members[(int64_t)s * p.P + m] = mem_s[m];
-    if (tid == 0) p.counts[s] = total;
-  }
 
-  if (!live) return;
+  if (i0 >= p.I) return;
   for (int m = 0; m < total; ++m) {
     const int q = mem_s[m];
     const int64_t xrow = (int64_t)(q / p.k) * p.H;
-    float ag = 0.f, au = 0.f;
+    float ag[F], au[F];
+#pragma unroll
+    for (int f = 0; f < F; ++f) ag[f] = au[f] = 0.f;
 #pragma unroll
     for (int j = 0; j < CPL; ++j) {
       const int c = lane + 32 * j;
-      if (c < nch) {
-        float xf[C::EPC], wf[C::EPC];
+      if (c >= nch) continue;
+      if constexpr (C::scaled) {
+        // FP8: the chunk's 16 activations in two halves of 8, each decoded next to its FMAs
+        // (a whole chunk of decoded x and weights made the kernel spill); same order, same sums
+        float pg[F], pu[F];
+#pragma unroll
+        for (int f = 0; f < F; ++f) pg[f] = pu[f] = 0.f;
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          float xf[8];
+          load_act<8>(p.x, p.x_dtype, xrow + (int64_t)c * 16 + 8 * h, xf);
+#pragma unroll
+          for (int f = 0; f < F; ++f) {
+            pg[f] = fp8_half_dot(h ? wg[f][j].z : wg[f][j].x, h ? wg[f][j].w : wg[f][j].y, xf, pg[f]);
+            pu[f] = fp8_half_dot(h ? wu[f][j].z : wu[f][j].x, h ? wu[f][j].w : wu[f][j].y, xf, pu[f]);
+          }
+        }
+#pragma unroll
+        for (int f = 0; f < F; ++f) {
+          ag[f] = fmaf(sg[f][j], pg[f], ag[f]);
+          au[f] = fmaf(su[f][j], pu[f], au[f]);
+        }
+      } else {
+        float xf[C::EPC];
         load_act<C::EPC>(p.x, p.x_dtype, xrow + (int64_t)c * C::EPC, xf);
-        decode_chunk<W>(wg[j], wf);
-        ag = chunk_fma<W>(wf, xf, sg[j], ag);
-        decode_chunk<W>(wu[j], wf);
-        au = chunk_fma<W>(wf, xf, su[j], au);
+#pragma unroll
+        for (int f = 0; f < F; ++f) {
+          ag[f] = chunk_dot<W>(wg[f][j], xf, sg[f][j], ag[f]);
+          au[f] = chunk_dot<W>(wu[f][j], xf, su[f][j], au[f]);
+        }
       }
     }
-    ag = warp_sum(ag);
-    au = warp_sum(au);
-    if (lane == 0) p.act[(int64_t)q * p.I + i] = ag / (1.f + expf(-ag)) * au;
+#pragma unroll
+    for (int f = 0; f < F; ++f) {
+      const float g = warp_sum(ag[f]), u = warp_sum(au[f]);
+      if (lane == 0 && i0 + f < p.I) p.act[(int64_t)q * p.I + i0 + f] = g / (1.f + expf(-g)) * u;
+    }
+  }
+}
+
+// One batch of down-row slices: for the U leaders a0 .. a0+U-1 (those < nlead), rows h0 and
+// h0+1, this lane's CPL chunks, with their block scales (FP8).
+template <typename W, int CPL, int U>
+__device__ __forceinline__ void load_down_batch(const MoeParams& p, const int* lexp_s, int a0,
+                                                int nlead, int h0, int nch, int64_t row_bytes,
+                                                int lane, uint4 (&w)[U][2][CPL],
+                                                float (&sc)[U][2][CPL]) {
+  typedef WChunk<W> C;
+#pragma unroll
+  for (int u = 0; u < U; ++u) {
+    const bool live = a0 + u < nlead;
+    const int e = live ? lexp_s[a0 + u] : 0;
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const int h = h0 + r;
+      const uint8_t* row = expert_down(p, e) + (int64_t)h * row_bytes;
+#pragma unroll
+      for (int j = 0; j < CPL; ++j) {
+        const int c = lane + 32 * j;
+        const bool ok = live && h < p.H && c < nch;
+        w[u][r][j] = ok ? ldg16(row + 16 * (int64_t)c) : make_uint4(0, 0, 0, 0);
+        sc[u][r][j] = 1.f;
+        if (C::scaled && ok)
+          sc[u][r][j] = __ldg(expert_down_scale(p, e) + (int64_t)(h / p.bo) * p.ncb_i +
+                              (c * C::EPC) / p.bi);
+      }
+    }
   }
 }
 
 template <typename W, int CPL, int U>
 __global__ void __launch_bounds__(MOE_DOWN_THREADS, 2) moe_down_kernel(MoeParams p) {
   typedef WChunk<W> C;
+  __shared__ int ids_s[MOE_MAX_PAIRS];    // every pair's expert
   __shared__ int lexp_s[MOE_MAX_PAIRS];   // the leaders' experts, leaders in pair order
   __shared__ int lcnt_s[MOE_MAX_PAIRS];   // their member counts
   __shared__ int lst_s[MOE_MAX_PAIRS];    // where their members start in mem_s
@@ -356,16 +490,30 @@ __global__ void __launch_bounds__(MOE_DOWN_THREADS, 2) moe_down_kernel(MoeParams
   __shared__ float y_s[MOE_MAX_PAIRS * MOE_TILE];
   __shared__ int warp_tot[2][MOE_DOWN_THREADS / 32];
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-  const int cnt = tid < p.P ? p.counts[tid] : 0;  // one pair per thread (P <= 512)
+  // The grouping again, from the ids alone (no output of the gate/up kernel is needed before
+  // the activations): pair t leads when no earlier pair has its expert; its members are the
+  // pairs from t on with that expert, in pair order. One pair per thread (P <= 512).
+  for (int q = tid; q < p.P; q += MOE_DOWN_THREADS) ids_s[q] = clamp_expert(p.topk_ids[q], p.E);
+  __syncthreads();
+  int cnt = 0;
+  if (tid < p.P) {
+    const int e = ids_s[tid];
+    bool lead = true;
+    for (int q = 0; q < tid && lead; ++q) lead = ids_s[q] != e;
+    if (lead)
+      for (int q = tid; q < p.P; ++q) cnt += ids_s[q] == e;
+  }
   int nlead, nmem;
   const int a = block_exclusive_scan<MOE_DOWN_THREADS>(cnt > 0 ? 1 : 0, warp_tot[0], &nlead);
   const int mst = block_exclusive_scan<MOE_DOWN_THREADS>(cnt, warp_tot[1], &nmem);
   if (cnt > 0) {
-    lexp_s[a] = clamp_expert(p.topk_ids[tid], p.E);
+    const int e = ids_s[tid];
+    lexp_s[a] = e;
     lcnt_s[a] = cnt;
     lst_s[a] = mst;
-    for (int m = 0; m < cnt && mst + m < MOE_MAX_PAIRS; ++m)
-      mem_s[mst + m] = p.members[(int64_t)tid * p.P + m];
+    int m = 0;
+    for (int q = tid; q < p.P && m < cnt; ++q)
+      if (ids_s[q] == e) mem_s[mst + m++] = q;
   }
   __syncthreads();
 
@@ -375,29 +523,14 @@ __global__ void __launch_bounds__(MOE_DOWN_THREADS, 2) moe_down_kernel(MoeParams
   const int h0 = blockIdx.x * MOE_TILE + hl;
   const int nch = p.I / C::EPC;
   const int64_t row_bytes = (int64_t)p.I * sizeof(typename W::storage);
+  uint4 w[U][2][CPL];
+  float sc[U][2][CPL];
+  // the first batch of down rows is in flight before the wait for the gate/up grid
+  load_down_batch<W, CPL, U>(p, lexp_s, phase * U, nlead, h0, nch, row_bytes, lane, w, sc);
+  pdl_wait_primary();
   for (int a0 = phase * U; a0 < nlead; a0 += nphase * U) {
-    uint4 w[U][2][CPL];
-    float sc[U][2][CPL];
-#pragma unroll
-    for (int u = 0; u < U; ++u) {
-      const bool live = a0 + u < nlead;
-      const int e = live ? lexp_s[a0 + u] : 0;
-#pragma unroll
-      for (int r = 0; r < 2; ++r) {
-        const int h = h0 + r;
-        const uint8_t* row = expert_down(p, e) + (int64_t)h * row_bytes;
-#pragma unroll
-        for (int j = 0; j < CPL; ++j) {
-          const int c = lane + 32 * j;
-          const bool ok = live && h < p.H && c < nch;
-          w[u][r][j] = ok ? ldg16(row + 16 * (int64_t)c) : make_uint4(0, 0, 0, 0);
-          sc[u][r][j] = 1.f;
-          if (C::scaled && ok)
-            sc[u][r][j] = __ldg(expert_down_scale(p, e) + (int64_t)(h / p.bo) * p.ncb_i +
-                                (c * C::EPC) / p.bi);
-        }
-      }
-    }
+    if (a0 != phase * U)
+      load_down_batch<W, CPL, U>(p, lexp_s, a0, nlead, h0, nch, row_bytes, lane, w, sc);
 #pragma unroll
     for (int u = 0; u < U; ++u) {
       const int nm = a0 + u < nlead ? lcnt_s[a0 + u] : 0;
@@ -410,12 +543,10 @@ __global__ void __launch_bounds__(MOE_DOWN_THREADS, 2) moe_down_kernel(MoeParams
         for (int j = 0; j < CPL; ++j) {
           const int c = lane + 32 * j;
           if (c < nch) {
-            float xf[C::EPC], wf[C::EPC];
+            float xf[C::EPC];
             load_act<C::EPC>(arow, STRATA_DTYPE_F32, (int64_t)c * C::EPC, xf);
-            decode_chunk<W>(w[u][0][j], wf);
-            acc0 = chunk_fma<W>(wf, xf, sc[u][0][j], acc0);
-            decode_chunk<W>(w[u][1][j], wf);
-            acc1 = chunk_fma<W>(wf, xf, sc[u][1][j], acc1);
+            acc0 = chunk_dot<W>(w[u][0][j], xf, sc[u][0][j], acc0);
+            acc1 = chunk_dot<W>(w[u][1][j], xf, sc[u][1][j], acc1);
           }
         }
         acc0 = warp_sum(acc0);
@@ -449,33 +580,92 @@ inline int chunks_per_lane(int64_t chunks) {
   return 0;
 }
 
+// Process-wide switches of the routed-expert launches (STRATA_MOE_* in strata_kernels.h). PDL and
+// EARLY are on (each measured faster on an H200); WIDE is off: two features per warp measured
+// 3-12% slower for FP8 (twice the registers, two blocks per SM instead of three), kept to
+// measure again after register-lean changes.
+int g_moe_options = STRATA_MOE_PDL | STRATA_MOE_EARLY;
+
+// Whether the device runs programmatic dependent launches (sm_90+), cached per device.
+bool device_has_pdl(int device) {
+#if STRATA_PLATFORM_HIP
+  (void)device;
+  return false;
+#else
+  static int cached[64];  // 0 unknown, 1 no, 2 yes; benign race (same value written)
+  if (device < 0 || device >= 64) return false;
+  if (!cached[device]) {
+    int major = 0;
+    cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device);
+    cached[device] = major >= 9 ? 2 : 1;
+  }
+  return cached[device] == 2;
+#endif
+}
+
 template <typename W, int CPL>
-int launch_moe_down(const MoeParams& p, cudaStream_t st) {
+int launch_moe_down(const MoeParams& p, cudaStream_t st, bool pdl) {
   const int U = CPL >= 4 ? 1 : 4 / CPL;
-  moe_down_kernel<W, CPL, U><<<ceil_div_u(p.H, MOE_TILE), MOE_DOWN_THREADS, 0, st>>>(p);
+  const dim3 grid(ceil_div_u(p.H, MOE_TILE));
+#if !STRATA_PLATFORM_HIP
+  if (pdl) {
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = grid;
+    cfg.blockDim = dim3(MOE_DOWN_THREADS);
+    cfg.dynamicSmemBytes = 0;
+    cfg.stream = st;
+    cudaLaunchAttribute attr[1];
+    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[0].val.programmaticStreamSerializationAllowed = 1;
+    cfg.attrs = attr;
+    cfg.numAttrs = 1;
+    cudaLaunchKernelEx(&cfg, moe_down_kernel<W, CPL, U>, p);
+    return take_launch_error("moe_experts: moe_down_kernel");
+  }
+#else
+  (void)pdl;
+#endif
+  moe_down_kernel<W, CPL, U><<<grid, MOE_DOWN_THREADS, 0, st>>>(p);
   return take_launch_error("moe_experts: moe_down_kernel");
 }
 
+template <typename W, int F, bool EARLY>
+void launch_moe_gate_up(const MoeParams& p, int ch, cudaStream_t st) {
+  const dim3 grid(ceil_div_u(p.I, (MOE_THREADS / 32) * F), (unsigned)p.P);
+  switch (ch) {
+    case 1: moe_gate_up_kernel<W, 1, F, EARLY><<<grid, MOE_THREADS, 0, st>>>(p); break;
+    case 2: moe_gate_up_kernel<W, 2, F, EARLY><<<grid, MOE_THREADS, 0, st>>>(p); break;
+    case 4: moe_gate_up_kernel<W, 4, F, EARLY><<<grid, MOE_THREADS, 0, st>>>(p); break;
+    case 8: moe_gate_up_kernel<W, 8, 1, EARLY><<<dim3(ceil_div_u(p.I, MOE_THREADS / 32), p.P),
+                                                MOE_THREADS, 0, st>>>(p); break;
+    default: moe_gate_up_kernel<W, 16, 1, EARLY><<<dim3(ceil_div_u(p.I, MOE_THREADS / 32), p.P),
+                                                   MOE_THREADS, 0, st>>>(p); break;
+  }
+}
+
 template <typename W>
-int launch_moe(const MoeParams& p, cudaStream_t st) {
+int launch_moe(const MoeParams& p, int device, cudaStream_t st) {
   const int epc = WChunk<W>::EPC;
   const int ch = chunks_per_lane(p.H / epc), ci = chunks_per_lane(p.I / epc);
-  dim3 grid(ceil_div_u(p.I, MOE_TILE), (unsigned)p.P);
-  switch (ch) {
-    case 1: moe_gate_up_kernel<W, 1><<<grid, MOE_THREADS, 0, st>>>(p); break;
-    case 2: moe_gate_up_kernel<W, 2><<<grid, MOE_THREADS, 0, st>>>(p); break;
-    case 4: moe_gate_up_kernel<W, 4><<<grid, MOE_THREADS, 0, st>>>(p); break;
-    case 8: moe_gate_up_kernel<W, 8><<<grid, MOE_THREADS, 0, st>>>(p); break;
-    default: moe_gate_up_kernel<W, 16><<<grid, MOE_THREADS, 0, st>>>(p); break;
+  // two features per warp where a warp's rows are short (at most 4 chunks per lane)
+  const bool early = (g_moe_options & STRATA_MOE_EARLY) && p.P <= MOE_EARLY_MAX_PAIRS;
+  const bool wide = (g_moe_options & STRATA_MOE_WIDE) && ch <= 4;
+  if (wide) {
+    if (early) launch_moe_gate_up<W, 2, true>(p, ch, st);
+    else launch_moe_gate_up<W, 2, false>(p, ch, st);
+  } else {
+    if (early) launch_moe_gate_up<W, 1, true>(p, ch, st);
+    else launch_moe_gate_up<W, 1, false>(p, ch, st);
   }
   int rc = take_launch_error("moe_experts: moe_gate_up_kernel");
   if (rc) return rc;
+  const bool pdl = (g_moe_options & STRATA_MOE_PDL) && device_has_pdl(device);
   switch (ci) {
-    case 1: return launch_moe_down<W, 1>(p, st);
-    case 2: return launch_moe_down<W, 2>(p, st);
-    case 4: return launch_moe_down<W, 4>(p, st);
-    case 8: return launch_moe_down<W, 8>(p, st);
-    default: return launch_moe_down<W, 16>(p, st);
+    case 1: return launch_moe_down<W, 1>(p, st, pdl);
+    case 2: return launch_moe_down<W, 2>(p, st, pdl);
+    case 4: return launch_moe_down<W, 4>(p, st, pdl);
+    case 8: return launch_moe_down<W, 8>(p, st, pdl);
+    default: return launch_moe_down<W, 16>(p, st, pdl);
   }
 }
 
@@ -586,6 +776,12 @@ int invalid(const char* what) {
 
 extern "C" {
 
+int strata_gpu_moe_set_options(int flags) {
+  const int old = g_moe_options;
+  if (flags >= 0) g_moe_options = flags;
+  return old;
+}
+
 int64_t strata_gpu_moe_workspace(int64_t n, int64_t k, int64_t inter) {
   const int64_t P = n * k;
   return P * inter + P + P * P;
@@ -650,10 +846,10 @@ int strata_gpu_moe_experts(const void* x, int x_dtype, const void* w_gate_up, co
   p.down_scale_expert = ((H + p.bo - 1) / p.bo) * p.ncb_i;
   cudaStream_t st = (cudaStream_t)stream;
   switch (w_dtype) {
-    case STRATA_DTYPE_F32: return launch_moe<F32>(p, st);
-    case STRATA_DTYPE_BF16: return launch_moe<BF16>(p, st);
-    case STRATA_DTYPE_F16: return launch_moe<F16>(p, st);
-    default: return launch_moe<FP8W>(p, st);
+    case STRATA_DTYPE_F32: return launch_moe<F32>(p, device, st);
+    case STRATA_DTYPE_BF16: return launch_moe<BF16>(p, device, st);
+    case STRATA_DTYPE_F16: return launch_moe<F16>(p, device, st);
+    default: return launch_moe<FP8W>(p, device, st);
   }
 }
 

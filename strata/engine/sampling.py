@@ -92,8 +92,22 @@ def sample(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor,
     greedy. Static shapes, no host synchronisation.
     """
     logits = logits.float()
-    vocab = logits.shape[-1]
     greedy = chunked_argmax(logits)
+    sampled = filtered_sample(logits, temperature, top_k, top_p, seed, pos)
+    return torch.where(temperature > 0, sampled, greedy)
+
+
+@torch.library.custom_op("strata::filtered_sample", mutates_args=())
+def filtered_sample(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor,
+                    top_p: torch.Tensor, seed: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
+    """The sampled token of every row after top-k / top-p filtering of the sorted vocabulary
+    (float32 logits (R, V)); `sample` picks it for rows with temperature > 0.
+
+    An opaque operator for torch.compile: the sort, the scan over the vocabulary and their
+    masks run as the library's kernels. Inductor's own code for them at a vocabulary of 151,936
+    failed to build on CUDA ("Ambiguous type"), and a compiled sampler has to work at every
+    vocabulary. Still graph-capturable: no host synchronisation."""
+    vocab = logits.shape[-1]
     temp = torch.where(temperature > 0, temperature, torch.ones_like(temperature))
     sorted_logits, order = torch.sort(logits, dim=-1, descending=True)
     rank = torch.arange(vocab, device=logits.device)
@@ -106,8 +120,12 @@ def sample(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor,
     drop = drop | ((before > top_p[:, None]) & (top_p[:, None] < 1.0))
     noise = gumbel_noise(seed[:, None], pos[:, None], order)
     choice = chunked_argmax(scaled.masked_fill(drop, float("-inf")) + noise)
-    sampled = order.gather(1, choice[:, None])[:, 0]
-    return torch.where(temperature > 0, sampled, greedy)
+    return order.gather(1, choice[:, None])[:, 0]
+
+
+@filtered_sample.register_fake
+def _filtered_sample_shape(logits, temperature, top_k, top_p, seed, pos):
+    return logits.new_empty(logits.shape[:1], dtype=torch.long)
 
 
 def sample_plain(logits: torch.Tensor, temperature: torch.Tensor, seed: torch.Tensor,

@@ -120,6 +120,9 @@ def cpu_causal_conv_window(x, conv_state, weight, group_slot, *, out=None, snaps
 def cpu_gated_delta_window(q, k, v, g, beta, rec_state, group_slot, *, out=None, snaps=None):
     if _compiling() and out is None and snaps is None:
         return torch.ops.strata.gated_delta_window(q, k, v, g, beta, rec_state, group_slot)
+    if _compiling() and out is None:  # snapshots into the caller's tensor
+        return (torch.ops.strata.gated_delta_window_into(q, k, v, g, beta, rec_state,
+                                                         group_slot, snaps), snaps)
     q, k, v, g, beta = (t.contiguous() for t in (q, k, v, g, beta))
     ng, rows, h, dk = k.shape
     dv = v.shape[-1]
@@ -370,6 +373,9 @@ def gpu_causal_conv_window(x, conv_state, weight, group_slot, *, out=None, snaps
 def gpu_gated_delta_window(q, k, v, g, beta, rec_state, group_slot, *, out=None, snaps=None):
     if _compiling() and out is None and snaps is None:
         return torch.ops.strata.gated_delta_window(q, k, v, g, beta, rec_state, group_slot)
+    if _compiling() and out is None:  # snapshots into the caller's tensor
+        return (torch.ops.strata.gated_delta_window_into(q, k, v, g, beta, rec_state,
+                                                         group_slot, snaps), snaps)
     q, k, v, g, beta = (t.contiguous() for t in (q, k, v, g, beta))
     ng, rows, h, dk = k.shape
     dv = v.shape[-1]
@@ -422,6 +428,20 @@ def moe_kernel_supported(x, w_gate_up, k: int, block=None) -> bool:
     if w_gate_up.dtype == getattr(torch, "float8_e4m3fn", None):
         return block is not None and int(block[1]) % 16 == 0
     return True
+
+
+def moe_launch_options(pdl=None, early=None, wide=None) -> dict:
+    """Read or set moe_experts' launch switches on the GPU extension (process-wide; every
+    setting gives the same bits): `pdl` (on by default), the down kernel as a programmatic
+    dependent launch (sm_90+); `early` (on), weight loads before the duplicate check at small
+    windows; `wide` (off: measured slower), two features per gate/up warp where weight rows
+    are short (FP8). None leaves a switch as it is. Returns the switches now in force."""
+    flags = _gpu.moe_set_options(-1)
+    for bit, on in ((1, pdl), (2, early), (4, wide)):
+        if on is not None:
+            flags = (flags | bit) if on else (flags & ~bit)
+    _gpu.moe_set_options(flags)
+    return {"pdl": bool(flags & 1), "early": bool(flags & 2), "wide": bool(flags & 4)}
 
 
 def moe_workspace_numel(rows: int, k: int, inter: int) -> int:
@@ -590,6 +610,17 @@ def _register_custom_ops() -> None:
         dv = v.shape[-1]
         return (q.new_empty(ng, rows, h, dv, dtype=torch.float32),
                 q.new_empty(ng, rows, h, dk, dv, dtype=torch.float32))
+
+    @torch.library.custom_op("strata::gated_delta_window_into", mutates_args=("snaps",))
+    def _gdn_into(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, rec_state: Tensor,
+                  group_slot: Tensor, snaps: Tensor) -> Tensor:
+        return _eager("gated_delta_window", q.device)(q, k, v, g, beta, rec_state, group_slot,
+                                                       snaps=snaps)[0]
+
+    @_gdn_into.register_fake
+    def _(q, k, v, g, beta, rec_state, group_slot, snaps):
+        ng, rows, h, _ = k.shape
+        return q.new_empty(ng, rows, h, v.shape[-1], dtype=torch.float32)
 
     @torch.library.custom_op("strata::commit_accepted",
                              mutates_args=("rec_state", "conv_state", "slot_pos"))

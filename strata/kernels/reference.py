@@ -15,6 +15,8 @@ Layouts (S slots plus one scratch slot):
 
 from __future__ import annotations
 
+from typing import Optional
+
 import torch
 import torch.nn.functional as F
 
@@ -78,26 +80,30 @@ def causal_conv_window(x: torch.Tensor, conv_state: torch.Tensor, weight: torch.
 
 
 def gated_delta_window(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor,
-                       beta: torch.Tensor, rec_state: torch.Tensor,
-                       group_slot: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+                       beta: torch.Tensor, rec_state: torch.Tensor, group_slot: torch.Tensor,
+                       *, snaps: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Gated delta rule over each group's rows, one state snapshot per row.
 
     q, k: (NG, G, H, Dk), already L2-normalised (q also scaled by Dk^-0.5); v: (NG, G, H, Dv);
     g (log decay) and beta: (NG, G, H); rec_state: (S+1, H, Dk, Dv) float32 for one layer, read
     at group_slot and not modified. Returns out (NG, G, H, Dv) float32 and snapshots
-    (NG, G, H, Dk, Dv) float32 (the state after each row).
+    (NG, G, H, Dk, Dv) float32 (the state after each row); `snaps`: a float32 tensor of that
+    shape to write them into (returned), e.g. a layer's slice of a window's stacked snapshots.
     """
     s = rec_state[group_slot]
     q, k, v, g, beta = (t.float() for t in (q, k, v, g, beta))
-    outs, snaps = [], []
+    outs, states = [], []
     for j in range(q.shape[1]):
         s = s * g[:, j].exp()[..., None, None]
         kv_mem = torch.einsum("nhk,nhkv->nhv", k[:, j], s)
         delta = (v[:, j] - kv_mem) * beta[:, j, :, None]
         s = s + k[:, j, :, :, None] * delta[:, :, None, :]
         outs.append(torch.einsum("nhk,nhkv->nhv", q[:, j], s))
-        snaps.append(s)
-    return torch.stack(outs, 1), torch.stack(snaps, 1)
+        states.append(s)
+    if snaps is None:
+        return torch.stack(outs, 1), torch.stack(states, 1)
+    snaps.copy_(torch.stack(states, 1))
+    return torch.stack(outs, 1), snaps
 
 
 def commit_accepted(accept: torch.Tensor, group_slot: torch.Tensor, group_pos: torch.Tensor,

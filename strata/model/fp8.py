@@ -153,11 +153,14 @@ def linear(x: torch.Tensor, weight: torch.Tensor, scale: Optional[torch.Tensor],
     return ops.linear_fp8(x, weight, scale, block)
 
 
-def fuse_projections(mods: list[nn.Module]):
+def fuse_projections(mods: list[nn.Module], row_multiple: int = 1):
     """One weight (and for FP8 one scale tensor) for several projections of the same input, or
     None when they cannot be fused: a mix of float and FP8, or FP8 parts whose row counts are
     not multiples of the block rows (their scale rows would straddle two parts). Each module's
     parameters become views into the fused tensors, so no memory is duplicated.
+    row_multiple (float weights only): zero rows are appended up to a multiple of it, so that
+    the product's rows stay 16-byte aligned (cuBLAS falls back to slow unaligned kernels for an
+    output of 513 columns, the router plus the shared-expert gate); callers slice them off.
     Returns (weight, scale or None, block or None)."""
     fp8 = [isinstance(m, Fp8Linear) for m in mods]
     if any(fp8) and not all(fp8):
@@ -167,14 +170,17 @@ def fuse_projections(mods: list[nn.Module]):
         if any(m.block != block or m.out_features % block[0] for m in mods):
             return None
         return _cat_views(mods, "weight"), _cat_views(mods, "weight_scale_inv"), block
-    return _cat_views(mods, "weight"), None, None
+    return _cat_views(mods, "weight", row_multiple), None, None
 
 
-def _cat_views(mods: list[nn.Module], name: str) -> torch.Tensor:
+def _cat_views(mods: list[nn.Module], name: str, row_multiple: int = 1) -> torch.Tensor:
     parts = [getattr(m, name).detach() for m in mods]
     if parts[0].dtype == FP8_DTYPE:  # concatenated as bytes: not every torch build cats float8
         fused = torch.cat([p.view(torch.uint8) for p in parts], dim=0).view(FP8_DTYPE)
     else:
+        pad = -sum(p.shape[0] for p in parts) % row_multiple
+        if pad:
+            parts.append(parts[0].new_zeros(pad, *parts[0].shape[1:]))
         fused = torch.cat(parts, dim=0).contiguous()
     start = 0
     for m in mods:

@@ -219,17 +219,19 @@ def _stack_views(experts: nn.Module, name: str, shared: list[nn.Module], attr: s
 
 
 def topk_by_argmax(x: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Top-k of the last dim as k rounds of argmax (descending, ties to the lower index).
+    """Top-k of the last dim as k rounds of max (descending, ties to the lower index).
 
-    Routing picks a few of a few hundred experts per row: torch.compile fuses these rounds with
-    the softmax into one kernel, where torch.topk stays two library launches (a sort and a
-    gather) per MoE layer, which is most of a decode window's routing time."""
+    Routing picks a few of a few hundred experts per row. Each round masks the winner with a
+    pointwise `where` on a column iota, never a scatter: inductor can then keep the row in
+    registers and run the softmax and every round as one kernel, where a scatter (an indirect
+    store) ends its kernel, and k rounds became 2k launches per MoE layer on the GPU."""
     vals, idxs = [], []
+    col = torch.arange(x.shape[-1], device=x.device)
     for _ in range(k):
-        i = x.argmax(-1, keepdim=True)
-        vals.append(x.gather(-1, i))
+        v, i = x.max(-1, keepdim=True)
+        vals.append(v)
         idxs.append(i)
-        x = x.scatter(-1, i, float("-inf"))
+        x = torch.where(col == i, float("-inf"), x)
     return torch.cat(vals, -1), torch.cat(idxs, -1)
 
 
@@ -268,7 +270,8 @@ class SparseMoe(nn.Module):
         if self.w_in is not None and (n_exp <= self.dense_experts or x.shape[0] * self.top_k >= n_exp):
             return self._forward_fused(x).reshape(shape)
         if self.w_router is not None:
-            logits, sgate = F.linear(x, self.w_router).split([n_exp, 1], dim=-1)
+            y = F.linear(x, self.w_router)  # padded rows past n_exp + 1 are zero: dropped
+            logits, sgate = y[:, :n_exp], y[:, n_exp:n_exp + 1]
         else:
             logits, sgate = self.gate(x), self.shared_expert_gate(x)
         weights, index = self._route(logits)
@@ -306,7 +309,7 @@ class SparseMoe(nn.Module):
             # Many experts (or FP8): routed experts through ops.moe_experts, with the shared
             # expert folded in where it has their shape, and one matmul for both gates.
             if all(isinstance(m, nn.Linear) for m in (self.gate, self.shared_expert_gate)):
-                fused = fuse_projections([self.gate, self.shared_expert_gate])
+                fused = fuse_projections([self.gate, self.shared_expert_gate], row_multiple=8)
                 self.w_router = fused[0]
             e.fold_shared(se)
             return
@@ -464,13 +467,19 @@ class GatedDeltaNet(nn.Module):
         core, rec_final = ops.chunk_gated_delta(q, k, v, g, beta, rec_init)
         return self._out(core, z, x.dtype), conv_final, rec_final
 
-    def forward_window(self, x, conv_state, rec_state, group_slot):
-        """Window grid x (NG, G, H); states of this layer for all lanes (read, not written)."""
+    def forward_window(self, x, conv_state, rec_state, group_slot, rec_out=None):
+        """Window grid x (NG, G, H); states of this layer for all lanes (read, not written).
+        rec_out: where the per-row state snapshots go (this layer's slice of the window's
+        stacked snapshots, so that they are written once and never copied); None allocates."""
         mixed, z, b, a = self._project(x)
         weight = self.conv1d.weight[:, 0, :]
         mixed, conv_snaps = ops.causal_conv_window(mixed, conv_state, weight, group_slot)
         q, k, v, g, beta = self._heads(mixed, b, a)
-        core, rec_snaps = ops.gated_delta_window(q, k, v, g, beta, rec_state, group_slot)
+        if rec_out is None:
+            core, rec_snaps = ops.gated_delta_window(q, k, v, g, beta, rec_state, group_slot)
+        else:
+            core, rec_snaps = ops.gated_delta_window(q, k, v, g, beta, rec_state, group_slot,
+                                                     snaps=rec_out)
         return self._out(core, z, x.dtype), conv_snaps, rec_snaps
 
 
@@ -492,9 +501,9 @@ class DecoderLayer(nn.Module):
 
     # Pure regions of a window step (no state is written inside them), so each can be compiled
     # into a few fused kernels; the K/V write between attn_pre and attn_post stays outside.
-    def window_linear(self, x, conv_state, rec_state, group_slot):
+    def window_linear(self, x, conv_state, rec_state, group_slot, rec_out=None):
         h, conv_snaps, rec_snaps = self.linear_attn.forward_window(
-            self.input_layernorm(x), conv_state, rec_state, group_slot)
+            self.input_layernorm(x), conv_state, rec_state, group_slot, rec_out)
         return self._ffn(x + h), conv_snaps, rec_snaps
 
     def window_attn_pre(self, x, cos, sin):
@@ -703,20 +712,22 @@ class Qwen3Next(nn.Module):
         the norm) and the stacked DeltaNet snapshots (zero layers when the model has none)."""
         ng, g = x.shape[:2]
         cos, sin = self.c_rope(group_pos, g)
-        rec_snaps, conv_snaps = [], []
+        # every linear-attention layer writes its recurrent snapshots into its slice of one
+        # tensor: stacking them afterwards copied 2 MB per row and layer
+        rec_snaps = torch.empty(state.rec.shape[0], ng, g, *state.rec.shape[2:],
+                                dtype=torch.float32, device=x.device)
+        conv_snaps = []
         for i, layer in enumerate(self.layers):
             j = self.state_index[i]
             if layer.kind == "linear_attention":
-                x, cs, rs = layer.c_linear(x, state.conv[j], state.rec[j], group_slot)
+                x, cs, _ = layer.c_linear(x, state.conv[j], state.rec[j], group_slot, rec_snaps[j])
                 conv_snaps.append(cs)
-                rec_snaps.append(rs)
             else:
                 x = layer.window_attention(x, cos, sin, state.k[j], state.v[j], group_slot,
                                            group_pos, ctx, split_keys=split_keys)
-        if not rec_snaps:  # a layer range without DeltaNet layers commits nothing
-            return (x, state.rec.new_empty((0, ng, g) + tuple(state.rec.shape[2:])),
-                    state.conv.new_empty((0, ng, g) + tuple(state.conv.shape[2:])))
-        return x, torch.stack(rec_snaps), torch.stack(conv_snaps)
+        if not conv_snaps:  # a layer range without DeltaNet layers commits nothing
+            return x, rec_snaps, state.conv.new_empty((0, ng, g) + tuple(state.conv.shape[2:]))
+        return x, rec_snaps, torch.stack(conv_snaps)
 
     def rope(self, group_pos: torch.Tensor, rows: int) -> tuple[torch.Tensor, torch.Tensor]:
         """cos, sin (NG, rows, rotary_dim) for the positions group_pos[g] + j, j < rows (a pure

@@ -1,0 +1,66 @@
+#!/usr/bin/env bash
+# Kernel work on a lent H200 in one device call: install the carried wheels, use carried
+# extensions when they import (else build them, ~70 s), then the named parts, each with a time
+# limit, logs and JSON under $OUT.
+#
+#   bash scripts/device_kernels.sh profile   # compiled 8-layer FP8 windows: replay + attribution
+#   bash scripts/device_kernels.sh profile_full   # the same at full depth (48 layers)
+#   bash scripts/device_kernels.sh moe       # the MoE / linear micro-benchmark
+#   bash scripts/device_kernels.sh moev      # moe_experts only, every launch variant
+#   bash scripts/device_kernels.sh tests     # GPU tests of the MoE kernels and the samplers
+#   bash scripts/device_kernels.sh profile,tests   # several, in order
+#
+# Env: LAYERS (8), SHAPES (1x2,4x2), PROFILE_S (240), FULL_S (150), MOE_S (120), TESTS_S (100).
+set -u
+OUT=${OUT:?set OUT to the results directory}
+export PYTHONUNBUFFERED=1 TORCHINDUCTOR_CACHE_DIR=/tmp/strata_inductor
+if [ -d .whl ]; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+    --target /tmp/site .whl/*.whl || exit 1
+  export PYTHONPATH=/tmp/site:$PWD
+fi
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader
+python3 -c "import torch; print('torch', torch.__version__)"
+t0=$SECONDS
+if ! python3 -c "import strata.kernels.strata_cuda" 2>/dev/null; then
+  timeout 150 python3 setup.py build_ext --inplace -q > "$OUT/build.log" 2>&1
+  echo "== build: rc=$? ($((SECONDS - t0)) s)"
+else
+  echo "== carried extensions import"
+fi
+for part in ${1//,/ }; do
+  t0=$SECONDS
+  case $part in
+  profile)
+    timeout "${PROFILE_S:-240}" python3 scripts/profile_window.py --model qwen3-next-80b-a3b-fp8 \
+      --load-format dummy --layers "${LAYERS:-8}" --backend auto --compile \
+      --shapes "${SHAPES:-1x2,4x2}" --iters 100 --top 22 --json "$OUT/profile.json" \
+      > "$OUT/profile.log" 2>&1
+    rc=$?
+    grep -v -i -E "warn|^$" "$OUT/profile.log" | tail -n 120 ;;
+  profile_full)
+    timeout "${FULL_S:-150}" python3 scripts/profile_window.py --model qwen3-next-80b-a3b-fp8 \
+      --load-format dummy --backend auto --compile --shapes "${SHAPES:-1x2,4x2}" --iters 50 \
+      --top 12 --json "$OUT/profile_full.json" > "$OUT/profile_full.log" 2>&1
+    rc=$?
+    grep -E "^===|graph replay|^region|^[a-z(:+)]+ +[0-9]+ +[0-9.]+ +[0-9.]+ +[0-9.]+$" \
+      "$OUT/profile_full.log" ;;
+  moe)
+    timeout "${MOE_S:-120}" python3 scripts/bench_kernels.py --moe --out "$OUT/bench_moe.json" \
+      > "$OUT/moe.log" 2>&1
+    rc=$?
+    tail -n 30 "$OUT/moe.log"; grep -E "moe_experts" "$OUT/bench_moe.md" ;;
+  moev)
+    timeout "${MOE_S:-120}" python3 scripts/bench_kernels.py --moe --moe-variants --no-linear \
+      --out "$OUT/bench_moe_variants.json" > "$OUT/moev.log" 2>&1
+    rc=$?
+    grep -E "moe_experts|ceiling|wrote" "$OUT/moev.log" ;;
+  tests)
+    timeout "${TESTS_S:-100}" python3 -m pytest -q -x -m gpu tests/test_sampler_compile.py \
+      tests/test_moe_kernels.py tests/test_engine_backends.py > "$OUT/tests.log" 2>&1
+    rc=$?
+    tail -n 15 "$OUT/tests.log" ;;
+  *) echo "unknown part $part"; rc=2 ;;
+  esac
+  echo "== $part: rc=$rc ($((SECONDS - t0)) s)"
+done
