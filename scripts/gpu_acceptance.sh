@@ -19,7 +19,7 @@
 # STRATA_COMMIT names the commit in the results (the device's copy of the tree may carry a
 # stale .git). Every step prints one summary line; see docs/GPU_RUNBOOK.md for what each feeds.
 set -u
-part=${1:?usage: gpu_acceptance.sh 1|1k|2|2b|2s|3|4|5|6}
+part=${1:?usage: gpu_acceptance.sh 1|1k|2|2b|2s|3|4|5|5c|6}
 OUT=${OUT:?set OUT to the results directory}
 export PYTHONUNBUFFERED=1
 # The device tool brings back at most 8 files from $OUT: every log and result goes under $R
@@ -106,6 +106,13 @@ case $part in
     # preset and the calibrated one with their ranges. Most of a bare machine's time is the
     # first compile; the table is written as soon as the shipped predictions are in.
   TAIL=32 step sim_transfer 480 python3 scripts/sim_transfer_check.py --device cuda --out "$R/transfer"
+  ;;
+5c)  # part 5 in a shorter limit, then the expert cache's GPU checks (issue 17): the miss path in
+    # a captured graph against all-resident, and the miss path's bandwidth against pinned copies
+  TAIL=32 step sim_transfer 400 python3 scripts/sim_transfer_check.py --device cuda --out "$R/transfer"
+  step gpu_expert_cache 60 python3 -m pytest -q -x -m gpu tests/test_expert_cache_gpu.py
+  TAIL=20 step expert_bandwidth 50 python3 scripts/bench_expert_cache.py --part bandwidth --layers 4 \
+      --json "$R/expert_bandwidth.json"
   ;;
 6)  # realistic scale (issue 16): the kernels' GPU tests, where an 8-layer FP8 window's time goes,
     # full-depth FP8 Qwen3-Next-80B-A3B shapes on dummy weights with synthetic acceptance 0.8
