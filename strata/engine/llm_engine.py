@@ -37,6 +37,10 @@ from strata.model.loader import LoadedModel, load_model
 from strata.model.state import DecodeState
 from strata.trace import TraceWriter, context_tier
 
+#: Plan kinds the step compares every iteration (read through the enum's class, a member costs
+#: a metaclass attribute hook).
+_PREFILL, _DECODE = PlanKind.PREFILL, PlanKind.DECODE
+
 
 class Engine:
     @classmethod
@@ -190,9 +194,9 @@ class Engine:
         outs: dict[str, RequestOutput] = {}
         plan = self._schedule(outs)
         try:
-            if plan.kind == PlanKind.PREFILL:
+            if plan.kind == _PREFILL:
                 self._run_prefill(plan, outs)
-            elif plan.kind == PlanKind.DECODE:
+            elif plan.kind == _DECODE:
                 self._run_decode(plan, outs)
             elif wait := self.next_arrival_in():
                 time.sleep(min(wait, 0.05))

@@ -15,6 +15,7 @@ from strata.engine.slots import DECODE, FREE, PREFILL, RequestState, Slot
 from strata.kinds import PlanKind
 from strata.trace import TraceWriter
 
+_DECODE_PLAN = PlanKind.DECODE  # (an enum member read through its class costs a hook per window)
 
 @dataclass
 class Plan:
@@ -108,4 +109,4 @@ class Scheduler:
         lone = len(decoding) == 1 and not prefilling
         rows = {sid: self.rows_for(self.slots[sid], lone) for sid in decoding}
         taken = self.ring.build(lambda sid: rows[sid], self.window_rows, self.batch_invariant)
-        return Plan(PlanKind.DECODE, groups=[(self.slots[sid], rows[sid]) for sid in taken])
+        return Plan(_DECODE_PLAN, groups=[(self.slots[sid], rows[sid]) for sid in taken])
