@@ -10,6 +10,7 @@ the faces (strata.serve, strata.__main__). Single-threaded: drive it from one th
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Optional
 
@@ -20,7 +21,7 @@ from strata.config import (ConfigError, batch_mtp_from_env, check_known_keys, en
 from strata.engine.arrivals import Arrivals
 from strata.engine.compiling import compiled_functions
 from strata.engine.device import device_free_used_mib, resolve_device
-from strata.engine.graph_cache import GraphCache
+from strata.engine.graph_cache import GraphCache, GraphRun
 from strata.engine.memory import plan_engine_memory
 from strata.engine.model_runner import ModelRunner
 from strata.engine.postprocess import emit_tokens, output_of
@@ -29,7 +30,7 @@ from strata.engine.scheduler import Plan, Scheduler
 from strata.engine.slots import RequestState, Slot
 from strata.engine.verifier import SlotBuffers, Verifier
 from strata.engine.warmup import plan_warmup
-from strata.engine.window import window_shape
+from strata.engine.window import WindowShape, window_shape
 from strata.kernels import ops
 from strata.kinds import FinishReason, PlanKind
 from strata.metrics import engine_request_times, request_timings
@@ -40,6 +41,17 @@ from strata.trace import TraceWriter, context_tier
 #: Plan kinds the step compares every iteration (read through the enum's class, a member costs
 #: a metaclass attribute hook).
 _PREFILL, _DECODE = PlanKind.PREFILL, PlanKind.DECODE
+
+
+@dataclass
+class Launched:
+    """A decode window launched and not yet read (engine.overlap)."""
+    #: (slot, rows, the request the slot held at launch), in window order.
+    groups: list[tuple[Slot, int, RequestState]]
+    layout: tuple[int, ...]
+    shape: WindowShape
+    #: Its graph action and size; `output` is the runner's PendingWindow.
+    run: GraphRun
 
 
 class Engine:
@@ -91,7 +103,8 @@ class Engine:
         self.verifier = Verifier(self.model, self.state, self.bufs, self.drafting,
                                  split_keys=ecfg.invariant_split_keys if ecfg.batch_invariant else 0,
                                  functions=compiled_functions(self.model) if self.compiling else None,
-                                 synthetic_acceptance=ecfg.synthetic_acceptance)
+                                 synthetic_acceptance=ecfg.synthetic_acceptance,
+                                 device_positions=bool(ecfg.overlap))
         self.scheduler = Scheduler(n_slots, mode=ecfg.mode, batch_mtp=self.batch_mtp,
                                    drafting=self.drafting, spec=ecfg.spec,
                                    window_rows=ecfg.window_rows, decode_share=ecfg.decode_share,
@@ -121,6 +134,9 @@ class Engine:
         self.steps = self.windows = self.prefills = 0
         self.output_tokens = self.drafted = self.accepted = 0
         self._cancels: list[RequestState] = []
+        self.overlap = bool(ecfg.overlap)
+        #: engine.overlap: the decode window launched and not yet read.
+        self._inflight: Optional[Launched] = None
 
     def warmup(self) -> None:
         """Run every shape this engine can plan once on the scratch lane and capture the graphs
@@ -182,7 +198,8 @@ class Engine:
         del self.requests[req_id]
 
     def has_work(self) -> bool:
-        return bool(self.arrivals) or self.scheduler.busy() or bool(self._cancels)
+        return (bool(self.arrivals) or self.scheduler.busy() or bool(self._cancels)
+                or self._inflight is not None)
 
     def next_arrival_in(self) -> Optional[float]:
         """Seconds until the next wall-clock arrival, when nothing else is waiting."""
@@ -193,6 +210,17 @@ class Engine:
         self.trace.step = self.steps
         outs: dict[str, RequestOutput] = {}
         plan = self._schedule(outs)
+        if self.overlap:
+            self._step_overlapped(plan, outs)
+        else:
+            self._run(plan, outs)
+        if self.cache is not None and self.cfg.vram_every and self.steps % self.cfg.vram_every == 0:
+            self.trace.emit("vram", **self.budget.vram_event(self.cache.graphs_mib))
+        self.steps += 1
+        return list(outs.values())
+
+    def _run(self, plan: Plan, outs: dict) -> None:
+        """Run one planned iteration to the end (the serial step)."""
         try:
             if plan.kind == _PREFILL:
                 self._run_prefill(plan, outs)
@@ -202,17 +230,62 @@ class Engine:
                 time.sleep(min(wait, 0.05))
         except Exception as e:  # an engine fault fails the requests it touched, never hangs
             touched = [plan.slot] if plan.kind == PlanKind.PREFILL else [s for s, _ in plan.groups]
-            msg = f"engine fault in {plan.kind} iteration {self.steps}: {type(e).__name__}: {e}"
-            self.log(f"ERROR: {msg}")
-            for slot in touched:
-                if slot.req is not None and not slot.req.finished:
-                    slot.req.error = msg
-                    self._finish(slot.req, FinishReason.ERROR, outs)
-        if self.cache is not None and self.cfg.vram_every and self.steps % self.cfg.vram_every == 0:
-            self.trace.emit("vram", **self.budget.vram_event(self.cache.graphs_mib))
-        self.steps += 1
-        return list(outs.values())
+            self._fault(plan.kind, e, [(s, s.req) for s in touched], outs)
 
+    def _fault(self, kind: str, e: Exception, touched: list, outs: dict) -> None:
+        """Fail the requests of (slot, request) pairs that the faulted work touched."""
+        msg = f"engine fault in {kind} iteration {self.steps}: {type(e).__name__}: {e}"
+        self.log(f"ERROR: {msg}")
+        for slot, rs in touched:
+            if rs is not None and slot.req is rs and not rs.finished:
+                rs.error = msg
+                self._finish(rs, FinishReason.ERROR, outs)
+
+    # ---- engine.overlap: launch window t+1, then read window t ---------------------------------
+    def _step_overlapped(self, plan: Plan, outs: dict) -> None:
+        """A decode plan is launched before the window in flight is read, so the host's
+        planning of it overlaps the device's run of the previous one; any other plan waits for
+        that read first and then runs as in the serial step. The read finishes requests one
+        window late: their groups in the window launched meanwhile are discarded when it is
+        read (tokens past a finish are never emitted; the rows wrote only the request's own
+        lane, which a new request's binding resets after them in stream order)."""
+        prev, self._inflight = self._inflight, None
+        if plan.kind != _DECODE:
+            if prev is not None:
+                self._land(prev, outs)
+            self._run(plan, outs)
+            return
+        try:
+            launched = self._launch(plan)
+        except Exception as e:
+            launched = None
+            self._fault(plan.kind, e, [(s, s.req) for s, _ in plan.groups], outs)
+        if prev is not None:
+            self._land(prev, outs)
+        if launched is not None:
+            for slot, r, rs in launched.groups:
+                if slot.req is rs:
+                    slot.inflight = r
+            self._inflight = launched
+
+    def _launch(self, plan: Plan) -> "Launched":
+        w = window_shape(plan.groups, plan.layout, self.cfg, self._tier, self.cache is not None)
+        run = self.runner.launch([(s.id, s.pos, r) for s, r in plan.groups], w.groups, w.rows,
+                                 w.tier, w.filtered, w.key)
+        return Launched([(s, r, s.req) for s, r in plan.groups], plan.layout, w, run)
+
+    def _land(self, launched: "Launched", outs: dict) -> None:
+        """Read a launched window and commit it."""
+        for slot, _, rs in launched.groups:
+            if slot.req is rs:
+                slot.inflight = 0
+        try:
+            rows, dur = self.runner.read(launched.run.output)
+        except Exception as e:
+            self._fault(PlanKind.DECODE, e, [(s, rs) for s, _, rs in launched.groups], outs)
+            return
+        self._commit_window(launched.groups, launched.layout, launched.shape, launched.run, rows,
+                            dur, outs)
     def _schedule(self, outs: dict) -> Plan:
         """Cancels, then arrivals, then admission (lanes bound), then the iteration's plan."""
         now = self.now()
@@ -267,17 +340,27 @@ class Engine:
         run = self.runner.decode([(s.id, s.pos, r) for s, r in plan.groups], w.groups, w.rows,
                                  w.tier, w.filtered, w.key)
         dur = time.perf_counter() - t0
+        self._commit_window([(s, r, s.req) for s, r in plan.groups], plan.layout, w, run,
+                            run.output, dur, outs)
+
+    def _commit_window(self, groups: list, layout: tuple, w: WindowShape, run: GraphRun,
+                       rows: list, dur: float, outs: dict) -> None:
+        """The window event, then each group's commit and emission, then the finishes.
+        `groups`: (slot, rows, request) as launched; a group whose request has finished or
+        left its slot since (engine.overlap) is discarded."""
         self.windows += 1
         tracing = self.trace.active  # a server or benchmark builds none of these events
         if tracing:
             # A capture's measured size: replaying a GPU trace needs it to decide what fits.
             extra = {"mib": round(run.mib, 3)} if run.mib is not None else {}
-            self.trace.emit("window", layout=list(plan.layout), key=w.key or "eager",
-                            graph=run.action, rows=len(plan.layout), dur=round(dur, 6), ctx=w.tier,
+            self.trace.emit("window", layout=list(layout), key=w.key or "eager",
+                            graph=run.action, rows=len(layout), dur=round(dur, 6), ctx=w.tier,
                             **extra)
         ended = []
-        for (slot, r), row in zip(plan.groups, run.output):
-            rs, a = slot.req, row[w.rows]
+        for (slot, r, rs), row in zip(groups, rows):
+            if rs.finished or slot.req is not rs:
+                continue
+            a = row[w.rows]
             slot.pos += a + 1
             n = self._emit(rs, slot, row[: a + 1], outs)
             rs.drafted += r - 1
