@@ -237,3 +237,18 @@ def test_ring_passes_over_slots_of_no_rows():
     assert ring.build(lambda s: 0 if s == 0 else 2, 8) == [1, 2]
     assert ring.pointer == 0
     assert ring.build(lambda s: 0, 8) == [] and ring.pointer == 0
+
+
+@pytest.mark.parametrize("mode,graphs,slots,cancels", [
+    ("batch_mtp", "shape", 3, {}), ("batch_mtp", "layout", 2, {7: ["r3"], 12: ["r1"]}),
+    ("solo", "shape", 1, {5: ["r0"]}), ("batch", "off", 3, {})])
+def test_overlapped_traces_replay_exactly(echo_tok, mode, graphs, slots, cancels):
+    """The simulator plans windows against the window in flight as the engine does: the
+    same windows, commits (discarded groups included) and finishes, event for event."""
+    from sim.replay import replay_trace
+
+    eng = engine(echo_tok, mode, True, slots=slots, graphs=graphs, max_context=48)
+    drive(eng, requests(7, True, seed=2), cancels)
+    result = replay_trace(list(eng.trace.events), name="overlap")
+    assert result.ok, str(result.first_divergence)
+    assert discarded_groups(eng) > 0
