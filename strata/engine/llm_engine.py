@@ -271,7 +271,7 @@ class Engine:
     def _launch(self, plan: Plan) -> "Launched":
         w = window_shape(plan.groups, plan.layout, self.cfg, self._tier, self.cache is not None)
         run = self.runner.launch([(s.id, s.pos, r) for s, r in plan.groups], w.groups, w.rows,
-                                 w.tier, w.filtered, w.key)
+                                 w.tier, w.filtered, w.key, timed=self.trace.active)
         return Launched([(s, r, s.req) for s, r in plan.groups], plan.layout, w, run)
 
     def _land(self, launched: "Launched", outs: dict) -> None:

@@ -217,15 +217,16 @@ class ModelRunner:
         return run
 
     def launch(self, groups: list[tuple[int, int, int]], n_padded: int, g: int, ctx: int,
-               filtered: bool, key: Optional[str]) -> GraphRun:
+               filtered: bool, key: Optional[str], timed: bool = True) -> GraphRun:
         """As `decode`, without waiting for the device (engine.overlap): the output is a
         PendingWindow for `read`, which the engine calls after launching the next window. The
-        groups' positions are ignored: the verifier reads them on the device."""
+        groups' positions are ignored: the verifier reads them on the device. `timed`: time
+        it on the device (two timing events; without, `read` reports 0 seconds)."""
         self._flip_host_inputs()
         cuda = self.device.type == "cuda"
         start = end = None
         t0 = time.perf_counter()
-        if cuda:
+        if cuda and timed:
             start = torch.cuda.Event(enable_timing=True)
             start.record()
         run = self._run(groups, n_padded, g, ctx, filtered, key)
@@ -238,7 +239,7 @@ class ModelRunner:
             self._out_at ^= 1
             host = bufs[self._out_at]
             host.copy_(out, non_blocking=True)  # before the next window overwrites a graph's output
-            end = torch.cuda.Event(enable_timing=True)
+            end = torch.cuda.Event(enable_timing=timed)
             end.record()
         else:  # the CPU ran it already
             host = out.clone()
@@ -252,7 +253,8 @@ class ModelRunner:
         if pending.end is None:
             return pending.host.tolist()[: pending.groups], pending.cpu_s
         pending.end.synchronize()
-        return pending.host.tolist()[: pending.groups], pending.start.elapsed_time(pending.end) / 1e3
+        dur = 0.0 if pending.start is None else pending.start.elapsed_time(pending.end) / 1e3
+        return pending.host.tolist()[: pending.groups], dur
 
     def _run(self, groups: list[tuple[int, int, int]], n_padded: int, g: int, ctx: int,
              filtered: bool, key: Optional[str]) -> GraphRun:
