@@ -200,7 +200,6 @@ class SimEngine:
 
     def _launch(self, groups: list[tuple[SlotState, int]]):
         """Plan and launch one window: host time, then the device runs it once it is free."""
-        k = self.knobs
         if self.external.faulted(self.step):
             for st, _ in groups:
                 self._finish(st, "error")

@@ -10,7 +10,6 @@ the faces (strata.serve, strata.__main__). Single-threaded: drive it from one th
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Optional
 
@@ -24,6 +23,7 @@ from strata.engine.device import device_free_used_mib, resolve_device
 from strata.engine.graph_cache import GraphCache, GraphRun
 from strata.engine.memory import plan_engine_memory
 from strata.engine.model_runner import ModelRunner
+from strata.engine.overlap import OverlappedWindows
 from strata.engine.postprocess import emit_tokens, output_of
 from strata.engine.request import Request, RequestError, RequestOutput
 from strata.engine.scheduler import Plan, Scheduler
@@ -41,17 +41,6 @@ from strata.trace import TraceWriter, context_tier
 #: Plan kinds the step compares every iteration (read through the enum's class, a member costs
 #: a metaclass attribute hook).
 _PREFILL, _DECODE = PlanKind.PREFILL, PlanKind.DECODE
-
-
-@dataclass
-class Launched:
-    """A decode window launched and not yet read (engine.overlap)."""
-    #: (slot, rows, the request the slot held at launch), in window order.
-    groups: list[tuple[Slot, int, RequestState]]
-    layout: tuple[int, ...]
-    shape: WindowShape
-    #: Its graph action and size; `output` is the runner's PendingWindow.
-    run: GraphRun
 
 
 class Engine:
@@ -134,9 +123,8 @@ class Engine:
         self.steps = self.windows = self.prefills = 0
         self.output_tokens = self.drafted = self.accepted = 0
         self._cancels: list[RequestState] = []
-        self.overlap = bool(ecfg.overlap)
-        #: engine.overlap: the decode window launched and not yet read.
-        self._inflight: Optional[Launched] = None
+        #: engine.overlap: the decode windows launched ahead of their reads.
+        self.overlap = OverlappedWindows(self) if ecfg.overlap else None
 
     def warmup(self) -> None:
         """Run every shape this engine can plan once on the scratch lane and capture the graphs
@@ -199,7 +187,7 @@ class Engine:
 
     def has_work(self) -> bool:
         return (bool(self.arrivals) or self.scheduler.busy() or bool(self._cancels)
-                or self._inflight is not None)
+                or (self.overlap is not None and self.overlap.inflight is not None))
 
     def next_arrival_in(self) -> Optional[float]:
         """Seconds until the next wall-clock arrival, when nothing else is waiting."""
@@ -210,8 +198,8 @@ class Engine:
         self.trace.step = self.steps
         outs: dict[str, RequestOutput] = {}
         plan = self._schedule(outs)
-        if self.overlap:
-            self._step_overlapped(plan, outs)
+        if self.overlap is not None:
+            self.overlap.step(plan, outs)
         else:
             self._run(plan, outs)
         if self.cache is not None and self.cfg.vram_every and self.steps % self.cfg.vram_every == 0:
@@ -241,51 +229,6 @@ class Engine:
                 rs.error = msg
                 self._finish(rs, FinishReason.ERROR, outs)
 
-    # ---- engine.overlap: launch window t+1, then read window t ---------------------------------
-    def _step_overlapped(self, plan: Plan, outs: dict) -> None:
-        """A decode plan is launched before the window in flight is read, so the host's
-        planning of it overlaps the device's run of the previous one; any other plan waits for
-        that read first and then runs as in the serial step. The read finishes requests one
-        window late: their groups in the window launched meanwhile are discarded when it is
-        read (tokens past a finish are never emitted; the rows wrote only the request's own
-        lane, which a new request's binding resets after them in stream order)."""
-        prev, self._inflight = self._inflight, None
-        if plan.kind != _DECODE:
-            if prev is not None:
-                self._land(prev, outs)
-            self._run(plan, outs)
-            return
-        try:
-            launched = self._launch(plan)
-        except Exception as e:
-            launched = None
-            self._fault(plan.kind, e, [(s, s.req) for s, _ in plan.groups], outs)
-        if prev is not None:
-            self._land(prev, outs)
-        if launched is not None:
-            for slot, r, rs in launched.groups:
-                if slot.req is rs:
-                    slot.inflight = r
-            self._inflight = launched
-
-    def _launch(self, plan: Plan) -> "Launched":
-        w = window_shape(plan.groups, plan.layout, self.cfg, self._tier, self.cache is not None)
-        run = self.runner.launch([(s.id, s.pos, r) for s, r in plan.groups], w.groups, w.rows,
-                                 w.tier, w.filtered, w.key, timed=self.trace.active)
-        return Launched([(s, r, s.req) for s, r in plan.groups], plan.layout, w, run)
-
-    def _land(self, launched: "Launched", outs: dict) -> None:
-        """Read a launched window and commit it."""
-        for slot, _, rs in launched.groups:
-            if slot.req is rs:
-                slot.inflight = 0
-        try:
-            rows, dur = self.runner.read(launched.run.output)
-        except Exception as e:
-            self._fault(PlanKind.DECODE, e, [(s, rs) for s, _, rs in launched.groups], outs)
-            return
-        self._commit_window(launched.groups, launched.layout, launched.shape, launched.run, rows,
-                            dur, outs)
     def _schedule(self, outs: dict) -> Plan:
         """Cancels, then arrivals, then admission (lanes bound), then the iteration's plan."""
         now = self.now()

@@ -55,8 +55,8 @@ class ModelRunner:
         self._host_bufs = [torch.zeros(3, max_groups, dtype=torch.long, pin_memory=pin)
                            for _ in range(2)]
         self._host_at = 0
-        self.host_inputs = self._host_bufs[0]
-        self.host_np = self.host_inputs.numpy()  # cheap element writes on the hot path
+        self._host_nps = [b.numpy() for b in self._host_bufs]  # cheap element writes
+        self.host_inputs, self.host_np = self._host_bufs[0], self._host_nps[0]
         # Views of both input buffers by padded group count, made once: a torch slice costs
         # microseconds of host time, and a window took five of them.
         self._views: dict[int, tuple[torch.Tensor, ...]] = {}
@@ -190,8 +190,7 @@ class ModelRunner:
 
     def _flip_host_inputs(self) -> None:
         self._host_at ^= 1
-        self.host_inputs = self._host_bufs[self._host_at]
-        self.host_np = self.host_inputs.numpy()
+        self.host_inputs, self.host_np = self._host_bufs[self._host_at], self._host_nps[self._host_at]
 
     def _fill(self, groups: list[tuple[int, int, int]], n: int, pad_all: bool = False) -> None:
         h = self.host_np
@@ -241,8 +240,8 @@ class ModelRunner:
             host.copy_(out, non_blocking=True)  # before the next window overwrites a graph's output
             end = torch.cuda.Event(enable_timing=timed)
             end.record()
-        else:  # the CPU ran it already
-            host = out.clone()
+        else:  # the CPU ran it already, into a tensor of its own (no static graph output)
+            host = out
         run.output = PendingWindow(host, len(groups), start, end, time.perf_counter() - t0)
         return run
 
