@@ -274,6 +274,8 @@ class ModelRunner:
                 if self.cache.backend.name != "record":
                     self._fill(groups, n_padded, pad_all=True)
                     fn()
+                    if self.device.type == "cuda":  # the padding's copy must be done before
+                        torch.cuda.synchronize(self.device)  # its host buffer is refilled
                     self._fill(groups, n_padded)
 
             run = self.cache.run(key, fn, warm)
