@@ -365,6 +365,9 @@ class Engine:
         }
 
     def close(self) -> None:
+        if self.overlap is not None and self.overlap.inflight is not None:
+            self.overlap.inflight = None  # unread: its graph must not go while it runs
+            self._sync()
         if self.cache is not None:
             self.cache.clear()
         self.runner.release_prefill_graphs()
