@@ -131,10 +131,10 @@ case $part in
     # configuration beside its NAME+overlap twin, greedy identity checked across them); where
     # a window's time goes both ways (under overlap `other` is the host time not hidden)
   step gpu_identity 60 python3 -m pytest -q -x -m gpu tests/test_engine_backends.py
-  TAIL=30 step engine_overlap 330 python3 scripts/bench_engine.py --n 1,4,8 \
+  TAIL=30 step engine_overlap 300 python3 scripts/bench_engine.py --n 1,4,8 \
       --configs solo,batch_mtp,batch_mtp_w16 --overlap both --repeats 3 --max-tokens 256 \
       --json "$R/engine_overlap.json" --md "$R/engine_overlap.md"
-  TAIL=14 step breakdown_overlap 150 python3 scripts/step_breakdown.py --n 1,8 \
+  TAIL=14 step breakdown_overlap 130 python3 scripts/step_breakdown.py --n 1,8 \
       --configs solo,batch_mtp_w16 --overlap both --json "$R/breakdown_overlap.json"
   ;;
 esac
