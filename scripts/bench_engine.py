@@ -142,6 +142,29 @@ CONFIGS = {
 }
 
 
+#: --overlap: engine.overlap off, on, or each configuration both ways.
+OVERLAP_CHOICES = ("off", "on", "both")
+#: The name of a configuration's overlapped twin.
+OVERLAP_SUFFIX = "+overlap"
+
+
+def with_overlap(names: list[str], overlap: str) -> list[str]:
+    """Configuration names for --overlap: as given (off), all overlapped (on), or each
+    followed by its overlapped twin (both)."""
+    for name in names:
+        if name not in CONFIGS:
+            raise SystemExit(f"error: --configs: unknown configuration {name!r} "
+                             f"(known: {', '.join(CONFIGS)})")
+    twins = {"off": ("",), "on": (OVERLAP_SUFFIX,), "both": ("", OVERLAP_SUFFIX)}[overlap]
+    return [name + t for name in names for t in twins]
+
+
+def config_of(name: str) -> dict:
+    """A configuration's engine settings; NAME+overlap adds engine.overlap=true."""
+    base = name.removesuffix(OVERLAP_SUFFIX)
+    return {**CONFIGS[base], "overlap": name != base}
+
+
 def engine_cfg(base: dict, name: str, n: int, args) -> object:
     """Command-line settings first, then the configuration's own (which win)."""
     cfg = OmegaConf.structured(StrataConfig).engine
@@ -311,6 +334,9 @@ def main() -> None:
     ap.add_argument("--graphs", type=lambda s: s.lower() in ("1", "true", "yes"), default=True)
     ap.add_argument("--hf", action="store_true", help="also time transformers generate() (batched at N)")
     ap.add_argument("--no-reverse", action="store_true")
+    ap.add_argument("--overlap", choices=OVERLAP_CHOICES, default="off",
+                    help="engine.overlap for every configuration; both: each configuration twice, "
+                         f"the overlapped one named NAME{OVERLAP_SUFFIX}, side by side")
     ap.add_argument("--json")
     ap.add_argument("--md")
     a = ap.parse_args()
@@ -326,7 +352,7 @@ def main() -> None:
     config_json = json.loads((loaded.path / "config.json").read_text())
     fmt = weight_format_from_config(config_json, torch.empty((), dtype=loaded.dtype).element_size())
     ns = [int(x) for x in a.n.split(",")]
-    names = a.configs.split(",")
+    names = with_overlap(a.configs.split(","), a.overlap)
     if loaded.tokenizer is None or a.token_prompts:
         prompts_all = token_prompts(loaded.args.vocab_size, max(ns), a.prompt_tokens)
     else:
@@ -335,8 +361,8 @@ def main() -> None:
     orders = [names] if a.no_reverse else [names, names[::-1]]
     for n in ns:
         prompts = prompts_all[:n]
-        engines = {name: make_engine(loaded, device, engine_cfg(CONFIGS[name], name, n, a), prompts,
-                                     a.max_tokens) for name in names}
+        engines = {name: make_engine(loaded, device, engine_cfg(config_of(name), name, n, a),
+                                     prompts, a.max_tokens) for name in names}
         for order_i, order in enumerate(orders):
             for rep in range(a.repeats if order_i == 0 else 1):
                 for name in order:

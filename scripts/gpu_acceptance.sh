@@ -15,11 +15,13 @@
 #                                                            #   and cost
 #   STRATA_COMMIT=<hash> bash scripts/gpu_acceptance.sh 5    # ~5-7 min: sim transfer check (new workload,
 #                                                            #   quick calibration, both presets)
+#   STRATA_COMMIT=<hash> bash scripts/gpu_acceptance.sh 7    # ~9 min: engine.overlap: identity, the tiny
+#                                                            #   grid and window breakdown off and on
 #
 # STRATA_COMMIT names the commit in the results (the device's copy of the tree may carry a
 # stale .git). Every step prints one summary line; see docs/GPU_RUNBOOK.md for what each feeds.
 set -u
-part=${1:?usage: gpu_acceptance.sh 1|1k|2|2b|2s|3|4|5|5c|6}
+part=${1:?usage: gpu_acceptance.sh 1|1k|2|2b|2s|3|4|5|5c|6|7}
 OUT=${OUT:?set OUT to the results directory}
 export PYTHONUNBUFFERED=1
 # The device tool brings back at most 8 files from $OUT: every log and result goes under $R
@@ -130,5 +132,16 @@ case $part in
       --load-format dummy --layers 12 --dtype bfloat16 --synthetic-acceptance 0.8 \
       --configs solo_spec2,batch_mtp --n 1,4 --hf --repeats 1 --no-reverse --max-tokens 64 \
       --max-context 1024 --json "$R/bf16_l12_hf.json" --md "$R/bf16_l12_hf.md"
+  ;;
+7)  # overlapped host scheduling (issue 18): the same text with engine.overlap in every mode on
+    # every backend; the tiny model's grid with overlap off and on side by side (each
+    # configuration beside its NAME+overlap twin, greedy identity checked across them); where
+    # a window's time goes both ways (under overlap `other` is the host time not hidden)
+  step gpu_identity 60 python3 -m pytest -q -x -m gpu tests/test_engine_backends.py
+  TAIL=30 step engine_overlap 300 python3 scripts/bench_engine.py --n 1,4,8 \
+      --configs solo,batch_mtp,batch_mtp_w16 --overlap both --repeats 3 --max-tokens 256 \
+      --json "$R/engine_overlap.json" --md "$R/engine_overlap.md"
+  TAIL=14 step breakdown_overlap 130 python3 scripts/step_breakdown.py --n 1,8 \
+      --configs solo,batch_mtp_w16 --overlap both --json "$R/breakdown_overlap.json"
   ;;
 esac

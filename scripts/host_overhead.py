@@ -7,7 +7,7 @@ cache lookup, filling the window's inputs, reading back its rows, committing, em
 the trace, finishing and admitting. On a GPU that time is spent while the device waits (a window
 of the tiny model is about 0.5 ms on the H200; docs/BENCHMARKS.md, "Host time").
 
-    python scripts/host_overhead.py --n 1,4,8 --window-rows 8,16 [--trace] [--profile 25]
+    python scripts/host_overhead.py --n 1,4,8 --window-rows 8,16 [--trace] [--profile 25] [--overlap]
 
 `--bind N1,N2,...` times binding a burst of admissions instead (`ModelRunner.bind_lanes`: fresh
 state, sampling parameters and prompts on the device), called repeatedly on bursts of that many
@@ -71,7 +71,7 @@ def stub_device(eng: Engine, accept: float, seed: int) -> None:
 def measure(loaded, n: int, window_rows: int, a) -> dict:
     ecfg = OmegaConf.structured(StrataConfig).engine
     ecfg.slots, ecfg.mode, ecfg.batch_mtp, ecfg.window_rows = max(n, 1), "batch", True, window_rows
-    ecfg.max_context = a.max_context
+    ecfg.max_context, ecfg.overlap = a.max_context, a.overlap
     with tempfile.TemporaryDirectory() as d:
         eng = Engine(loaded, ecfg, torch.device("cpu"), log=lambda s: None,
                      trace_path=Path(d) / "trace.jsonl" if a.trace else None)
@@ -148,6 +148,8 @@ def main() -> None:
     ap.add_argument("--profile", type=int, default=0, metavar="K",
                     help="print the K functions with the most own time")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--overlap", action="store_true",
+                    help="engine.overlap: windows launched before the previous one is read")
     ap.add_argument("--bind", default="", metavar="N1,N2",
                     help="time binding bursts of these many admissions instead of windows")
     ap.add_argument("--bind-calls", type=int, default=500, help="timed calls per burst size")

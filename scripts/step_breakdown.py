@@ -4,7 +4,10 @@ Runs one cohort per configuration (after a warm-up cohort), with the trace on, a
 timed run's wall time into prefill iterations, decode windows and everything else; then times
 the graph replay of the most common window alone, so the host share of a window shows.
 
-    python scripts/step_breakdown.py --device cuda --n 1,4,8 --configs solo,batch_mtp
+    python scripts/step_breakdown.py --device cuda --n 1,4,8 --configs solo,batch_mtp [--overlap both]
+
+Under engine.overlap a window's `dur` is its device time (CUDA events), and the host's planning
+runs meanwhile: "other" is then the host time the device did not hide.
 """
 
 from __future__ import annotations
@@ -23,7 +26,8 @@ sys.path.insert(0, str(ROOT / "scripts"))
 
 import torch  # noqa: E402
 
-from bench_engine import CONFIGS, code_prompts, engine_cfg  # noqa: E402
+from bench_engine import (OVERLAP_CHOICES, code_prompts, config_of, engine_cfg,  # noqa: E402
+                          with_overlap)
 from strata.config import EMBEDDED_MODEL_DIR  # noqa: E402
 from strata.engine.llm_engine import Engine  # noqa: E402
 from strata.engine.request import Request, SamplingParams  # noqa: E402
@@ -117,6 +121,11 @@ def main() -> None:
     ap.add_argument("--profile-host", type=int, default=0, metavar="K",
                     help="profile the timed run with cProfile (which slows the host: the time "
                          "split is then not the plain run's) and print its K costliest functions")
+    ap.add_argument("--synthetic-acceptance", type=float, default=None,
+                    help="engine.synthetic_acceptance (dummy weights)")
+    ap.add_argument("--overlap", choices=OVERLAP_CHOICES, default="off",
+                    help="engine.overlap; both: each configuration also overlapped "
+                         "(NAME+overlap), side by side")
     ap.add_argument("--json")
     a = ap.parse_args()
     device = torch.device(a.device)
@@ -126,8 +135,8 @@ def main() -> None:
     prompts_all = code_prompts(loaded.tokenizer, max(int(x) for x in a.n.split(",")), a.prompt_tokens)
     res = {}
     for n in (int(x) for x in a.n.split(",")):
-        for name in a.configs.split(","):
-            r = breakdown(loaded, device, engine_cfg(CONFIGS[name], name, n, a), prompts_all[:n],
+        for name in with_overlap(a.configs.split(","), a.overlap):
+            r = breakdown(loaded, device, engine_cfg(config_of(name), name, n, a), prompts_all[:n],
                           a.max_tokens, sync, a.profile_host)
             res[f"{name}@{n}"] = r
             print(f"{name}@{n}: {r['tps']:.0f} tok/s wall {r['wall_s']*1e3:.1f} ms = prefill "

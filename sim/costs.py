@@ -10,7 +10,9 @@ Schema (JSON; docs/SIMULATOR.md has the full description):
                "per_admit_s": 6e-05,             each commit of the previous iteration (emit,
                "per_admit_burst_s": 0.00037,     stop checks), each request bound to a slot in
                "after_prefill_s": 6e-05,         this one plus once per iteration that binds
-               "per_finish_s": 8e-05},           any (one batched binding), after a prompt-chunk
+               "per_finish_s": 8e-05,            any (one batched binding), after a prompt-chunk
+               "sync_s": 1e-05},                 (engine.overlap: reading a window's output
+                                                 after its device work, once per window)
                                                iteration, each request finished in the previous
                                                one; host_overhead_s is the fixed part. Commits,
                                                finishes and after-prefill are the earlier
@@ -118,6 +120,9 @@ class CostProfile:
     #: Per request that finished in the previous iteration (its finish event, the slot's
     #: release; in a closed loop, handing the next request to the engine).
     host_per_finish_s: float = 0.0
+    #: engine.overlap: the host's wait for a window's output rows after its device work ends
+    #: (the event's wake-up and the copy's read), once per window read.
+    host_sync_s: float = 0.0
 
     # --- queries -------------------------------------------------------------------------
 
@@ -207,12 +212,12 @@ class CostProfile:
         if self.decode_shapes is not None:
             d["decode"].update(shapes=self.decode_shapes, shape_s=self.decode_shape_s)
         if (self.host_per_commit_s or self.host_per_admit_s or self.host_per_admit_burst_s
-                or self.host_after_prefill_s or self.host_per_finish_s):
+                or self.host_after_prefill_s or self.host_per_finish_s or self.host_sync_s):
             d["host"] = {"per_commit_s": self.host_per_commit_s,
                          "per_admit_s": self.host_per_admit_s,
                          "per_admit_burst_s": self.host_per_admit_burst_s,
                          "after_prefill_s": self.host_after_prefill_s,
-                         "per_finish_s": self.host_per_finish_s}
+                         "per_finish_s": self.host_per_finish_s, "sync_s": self.host_sync_s}
         if self.acceptance is not None:
             d["acceptance"] = self.acceptance
         return d
@@ -249,6 +254,7 @@ class CostProfile:
             prof.host_per_admit_burst_s = float(host_parts.get("per_admit_burst_s", 0.0))
             prof.host_after_prefill_s = float(host_parts.get("after_prefill_s", 0.0))
             prof.host_per_finish_s = float(host_parts.get("per_finish_s", 0.0))
+            prof.host_sync_s = float(host_parts.get("sync_s", 0.0))
             if "shapes" in dec:
                 prof.decode_shapes = [str(x) for x in dec["shapes"]]
                 prof.decode_shape_s = {a: [[float(x) for x in row] for row in dec["shape_s"][a]]

@@ -56,6 +56,8 @@ class RotationRing:
 
         `rows_of(slot)` is the slot's group size. A group that does not fit ends the window
         (slots are never skipped), so the first group always fits when rows_of <= window_rows.
+        A slot of 0 rows is passed over (engine.overlap: the window in flight may take it to
+        the end of its context); if every slot is, the window is empty and the pointer stays.
         Batch-invariant windows pad every group to the row count `invariant_group_rows` gives
         for the deepest one: the groups fit while that count times their number is at most
         window_rows.
@@ -71,6 +73,8 @@ class RotationRing:
         for j in range(n):
             slot = self._members[(i0 + j) % n]
             r = rows_of(slot)
+            if r == 0:
+                continue
             if batch_invariant:
                 padded = invariant_group_rows(max(group_rows + [r]), window_rows)
                 if padded * (len(group_rows) + 1) > window_rows:
@@ -80,6 +84,8 @@ class RotationRing:
             taken.append(slot)
             rows += r
             group_rows.append(r)
+        if not taken and all(rows_of(s) == 0 for s in self._members):
+            return taken
         if not taken:
             raise ValueError(f"slot {start}'s group of {rows_of(start)} rows exceeds "
                              f"window_rows={window_rows}")

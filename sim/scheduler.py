@@ -52,6 +52,8 @@ class SlotState:
     pos: int = 0
     emitted: int = 0
     decoding: bool = False
+    #: engine.overlap: rows of its group in the window launched and not yet read.
+    inflight: int = 0
 
     @property
     def left(self) -> int:
@@ -72,6 +74,19 @@ class RequestRecord:
     reason: Optional[str] = None
     drafted: int = 0
     accepted: int = 0
+
+
+@dataclass
+class InFlight:
+    """engine.overlap: a window launched and not yet read."""
+    groups: list[tuple[SlotState, int]]
+    layout: list[int]
+    key: str
+    decision: GraphDecision
+    dur: float
+    tier: int
+    #: Simulated time its device work ends.
+    end: float
 
 
 @dataclass
@@ -131,12 +146,16 @@ class SimEngine:
         #: `expert_costs` prices them (None in replay, where time is not compared).
         self.experts = experts
         self.expert_costs = expert_costs
+        #: engine.overlap: the window in flight, and when the device is free of it.
+        self.overlap = bool(getattr(knobs, "overlap", False))
+        self._inflight: Optional[InFlight] = None
+        self._device_free = 0.0
         self.process = env.process(self.run())
 
     # --- the loop --------------------------------------------------------------------------
 
     def _has_work(self) -> bool:
-        return bool(self.slots or self.queue or self.arrivals.pending)
+        return bool(self.slots or self.queue or self.arrivals.pending or self._inflight)
 
     def run(self):
         while self._has_work() and self.stats.crashed_at_step is None:
@@ -158,12 +177,68 @@ class SimEngine:
         self._admitted = self._admit()
         prefilling = [s for s in self.slots.values() if not s.decoding]
         kind = self._iteration_kind(bool(prefilling), len(self.ring) > 0)
-        if kind == "decode":
+        if self.overlap:
+            yield from self._overlapped(kind, prefilling)
+        elif kind == "decode":
             yield from self._decode(prefilling_exists=bool(prefilling))
         elif kind == "prefill":
             yield from self._prefill(min(prefilling, key=lambda s: s.admitted_seq))
         else:
             yield from self._idle()
+
+    def _overlapped(self, kind: str, prefilling: list[SlotState]):
+        """engine.overlap: a decode window is planned and launched before the window in flight
+        is read; anything else reads that window first, then runs as in the serial loop."""
+        prev, self._inflight = self._inflight, None
+        if kind == "decode":
+            groups = self._plan_groups(bool(prefilling))
+            if groups:
+                launched = yield from self._launch(groups)
+                if prev is not None:
+                    yield from self._land(prev)
+                if launched is not None:
+                    for st, r in launched.groups:
+                        if self.slots.get(st.slot) is st:
+                            st.inflight = r
+                    self._inflight = launched
+                return
+            kind = "idle"  # every decoding slot waits for the window in flight
+        if prev is not None:
+            yield from self._land(prev)
+        if kind == "prefill":
+            yield from self._prefill(min(prefilling, key=lambda s: s.admitted_seq))
+        elif prev is None:
+            yield from self._idle()
+
+    def _launch(self, groups: list[tuple[SlotState, int]]):
+        """Plan and launch one window: host time, then the device runs it once it is free."""
+        if self.external.faulted(self.step):
+            for st, _ in groups:
+                self._finish(st, "error")
+                self._release(st)
+            return None
+        layout, key, tier, decision, dur = self._window_decision(groups)
+        if decision.capture_failed:
+            self._crash(decision)
+            return None
+        yield self.env.timeout(self._host())
+        for ev_key, reason in decision.evictions:
+            self.stats.graph["evict"] += 1
+            self.trace.emit("evict", key=ev_key, reason=reason)
+        start = max(self.env.now, self._device_free)
+        self._device_free = start + dur
+        return InFlight(groups, layout, key, decision, dur, tier, self._device_free)
+
+    def _land(self, w: InFlight):
+        """Wait for a launched window's device work and read it: its window event, then the
+        commits of the groups whose requests still hold their slots."""
+        for st, _ in w.groups:
+            st.inflight = 0
+        wait = max(0.0, w.end - self.env.now) + self.costs.host_sync_s
+        if wait > 0:
+            yield self.env.timeout(wait)
+        groups = [(st, r) for st, r in w.groups if self.slots.get(st.slot) is st]
+        yield from self._read_window(w.layout, w.key, w.decision, w.dur, w.tier, groups)
 
     def _iteration_kind(self, prefilling: bool, decoding: bool) -> str:
         if prefilling and decoding:
@@ -286,7 +361,8 @@ class SimEngine:
                     shape: tuple[int, int]) -> tuple[str, int]:
         """(graph key, context tier) of a window; `shape` is its `_window_shape`."""
         k = self.knobs
-        tier = context_tier(max(st.pos + r for st, r in groups), k.context_tier_min, k.max_context)
+        tier = context_tier(max(st.pos + st.inflight + r for st, r in groups), k.context_tier_min,
+                            k.max_context)
         # One filtering request makes the whole window use the sorting sampler: another graph.
         filtered = any(st.req.filtered for st, _ in groups)
         if k.graph_key == "layout":
@@ -296,19 +372,24 @@ class SimEngine:
         bucket = shape_bucket(len(groups), k.shape_buckets)
         return shape_key(bucket, max(r for _, r in groups), tier, filtered), tier
 
-    def _decode(self, prefilling_exists: bool):
+    def _plan_groups(self, prefilling_exists: bool) -> list[tuple[SlotState, int]]:
+        """The next window's (slot, rows) groups. Under engine.overlap the window in flight
+        may still commit `inflight` positions and emit as many tokens: the rows assume it does,
+        and a slot it may take to the end of the context waits (0 rows)."""
         k = self.knobs
         base = self._base_rows(lone=len(self.ring) == 1 and not prefilling_exists)
 
         def rows_of(slot: int) -> int:
             st = self.slots[slot]
-            return min(base, st.left, k.max_context - st.pos)
+            room = k.max_context - st.pos - st.inflight
+            return 0 if room < 1 else max(1, min(base, st.left - st.inflight, room))
 
         taken = self.ring.build_window(rows_of, k.window_rows, k.batch_invariant)
-        groups = [(self.slots[s], rows_of(s)) for s in taken]
-        if self.external.faulted(self.step):
-            yield from self._fault([st for st, _ in groups])
-            return
+        return [(self.slots[s], rows_of(s)) for s in taken]
+
+    def _window_decision(self, groups: list[tuple[SlotState, int]]):
+        """(layout, key, tier, graph decision, device seconds) of a window of `groups`."""
+        k = self.knobs
         layout = [st.slot for st, r in groups for _ in range(r)]
         shape = self._window_shape(groups)
         key, tier = self._window_key(groups, layout, shape)
@@ -316,15 +397,26 @@ class SimEngine:
             decision = self.cache.window(key)
         else:
             decision, key = GraphDecision("eager"), NO_GRAPH_KEY
+        # Batch-invariant windows compute all window_rows rows, padding included.
+        rows = shape[0] * shape[1] if k.batch_invariant else len(layout)
+        dur = 0.0 if decision.capture_failed else self.costs.decode_time(rows, tier,
+                                                                          decision.action, shape)
+        return layout, key, tier, decision, dur
+
+    def _decode(self, prefilling_exists: bool):
+        groups = self._plan_groups(prefilling_exists)
+        if self.external.faulted(self.step):
+            yield from self._fault([st for st, _ in groups])
+            return
+        layout, key, tier, decision, dur = self._window_decision(groups)
         if decision.capture_failed:
             self._crash(decision)
             return
-        # Batch-invariant windows compute all window_rows rows, padding included.
-        rows = shape[0] * shape[1] if k.batch_invariant else len(layout)
-        dur = self.costs.decode_time(rows, tier, decision.action, shape)
         host = self._host()
         expert_fields: dict[str, int] = {}
-        if self.experts is not None:
+        if self.experts is not None:  # (engine.overlap refuses the expert cache)
+            shape = self._window_shape(groups)
+            rows = shape[0] * shape[1] if self.knobs.batch_invariant else len(layout)
             # Only the real rows route (a padded group's rows are not a request's tokens).
             x = self.experts.window(self.step, [r for _, r in groups])
             if self.experts.cache_on:
@@ -340,11 +432,17 @@ class SimEngine:
         for ev_key, reason in decision.evictions:
             self.stats.graph["evict"] += 1
             self.trace.emit("evict", key=ev_key, reason=reason)
+        yield from self._read_window(layout, key, decision, dur, tier, groups, expert_fields)
+
+    def _read_window(self, layout: list[int], key: str, decision: GraphDecision, dur: float,
+                     tier: int, groups: list[tuple[SlotState, int]],
+                     expert_fields: Optional[dict[str, int]] = None):
+        """A window's results: its event, each group's commit, the finishes, the host tail."""
         self.stats.windows += 1
         self.stats.graph[decision.action] += 1
         self.trace.emit("window", layout=layout, key=key, graph=decision.action,
                         rows=len(layout), dur=round(dur, TRACE_DUR_DIGITS), ctx=tier,
-                        **expert_fields)
+                        **(expert_fields or {}))
         if decision.action == "capture":
             self._emit_vram()
         if decision.eager_reason and not self._warned_eager:

@@ -362,6 +362,10 @@ def validate_engine(e: Any, error: type[ValueError] = ConfigError) -> None:
     if e.stages > 1 and e.expert_cache_mib:
         bad("expert_cache_mib", f"the expert cache runs on one device; engine.stages={e.stages} "
                                 f"needs engine.expert_cache_mib=0")
+    if e.overlap and (e.stages > 1 or e.expert_cache_mib):
+        bad("overlap", "engine.overlap runs on one device without the expert cache (the cache "
+                       "reads its counts and swaps experts between windows); set "
+                       "engine.stages=1 and engine.expert_cache_mib=0, or engine.overlap=false")
     if e.stage_layers != "auto":
         try:
             counts = [int(c) for c in str(e.stage_layers).split(",")]

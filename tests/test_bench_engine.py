@@ -36,3 +36,15 @@ def test_window_times_against_the_floor():
     assert rows[1]["mean_ms"] == pytest.approx(3.0)
     assert rows[1]["floor_ms"] == pytest.approx(floor * 1e3)
     assert rows[1]["ratio"] == pytest.approx(0.003 / floor)
+
+
+def test_overlap_both_puts_each_configuration_beside_its_overlapped_twin():
+    assert bench_engine.with_overlap(["solo", "batch_mtp"], "both") == [
+        "solo", "solo+overlap", "batch_mtp", "batch_mtp+overlap"]
+    assert bench_engine.with_overlap(["solo"], "on") == ["solo+overlap"]
+    assert bench_engine.with_overlap(["solo"], "off") == ["solo"]
+    assert bench_engine.config_of("batch_mtp_w16+overlap") == {
+        **bench_engine.CONFIGS["batch_mtp_w16"], "overlap": True}
+    assert bench_engine.config_of("solo")["overlap"] is False
+    with pytest.raises(SystemExit, match="unknown configuration 'sol'"):
+        bench_engine.with_overlap(["sol"], "both")

@@ -1,5 +1,7 @@
 """Greedy and sampled output is the same on every kernel backend built here (torch, cpu)."""
 
+import itertools
+
 import pytest
 import torch
 from omegaconf import OmegaConf
@@ -64,8 +66,10 @@ def test_auto_picks_the_built_cpu_kernels():
                     reason="needs a GPU and the cyext GPU extension")
 def test_gpu_backends_and_modes_give_the_same_text(model_dir):
     """On the GPU (float32): the cyext kernels and the torch reference, in every mode, greedy
-    and sampled, with CUDA graphs. Regions run uncompiled here, so the test takes seconds, not
-    minutes of compiling (scripts/bench_engine.py checks greedy identity with them compiled)."""
+    and sampled, with CUDA graphs, serial and overlapped (engine.overlap: positions read on the
+    device, outputs read one window late). Regions run uncompiled here, so the test takes
+    seconds, not minutes of compiling (scripts/bench_engine.py checks greedy identity with them
+    compiled)."""
     from strata.model.loader import load_checkpoint
 
     dev = torch.device("cuda")
@@ -74,24 +78,27 @@ def test_gpu_backends_and_modes_give_the_same_text(model_dir):
         ops.set_backend(backend, "cuda")
         loaded = load_checkpoint(str(model_dir), "float32", dev, log=lambda s: None)
         try:
-            for temperature in (0.0, 0.8):
-                for mode, batch_mtp in (("solo", False), ("batch", False), ("batch", True)):
-                    ecfg = OmegaConf.structured(StrataConfig).engine
-                    ecfg.mode, ecfg.batch_mtp, ecfg.max_context, ecfg.slots = mode, batch_mtp, 256, 4
-                    ecfg.compile = "off"
-                    eng = Engine(loaded, ecfg, dev, log=lambda s: None)
-                    g = torch.Generator().manual_seed(0)
-                    for i in range(4):
-                        ids = torch.randint(1, 500, (6 + 5 * i,), generator=g).tolist()
-                        eng.add_request(Request(f"r{i}", ids, SamplingParams(
-                            max_tokens=10 + 3 * i, temperature=temperature, seed=i, stop_at_eos=False),
-                            arrival_step=2 * i, stream_text=False))
-                    while eng.has_work():
-                        eng.step()
-                    outs[(backend, temperature, mode, batch_mtp)] = {
-                        k: v.emitted for k, v in eng.requests.items()}
-                    eng.close()
+            for temperature, mode, batch_mtp, overlap in itertools.product(
+                    (0.0, 0.8), ("solo", "batch"), (False, True), (False, True)):
+                if mode == "solo" and batch_mtp:
+                    continue
+                ecfg = OmegaConf.structured(StrataConfig).engine
+                ecfg.mode, ecfg.batch_mtp, ecfg.max_context, ecfg.slots = mode, batch_mtp, 256, 4
+                ecfg.compile, ecfg.overlap = "off", overlap
+                eng = Engine(loaded, ecfg, dev, log=lambda s: None)
+                g = torch.Generator().manual_seed(0)
+                for i in range(4):
+                    ids = torch.randint(1, 500, (6 + 5 * i,), generator=g).tolist()
+                    eng.add_request(Request(f"r{i}", ids, SamplingParams(
+                        max_tokens=10 + 3 * i, temperature=temperature, seed=i, stop_at_eos=False),
+                        arrival_step=2 * i, stream_text=False))
+                while eng.has_work():
+                    eng.step()
+                outs[(backend, temperature, mode, batch_mtp, overlap)] = {
+                    k: v.emitted for k, v in eng.requests.items()}
+                eng.close()
         finally:
             ops.set_backend("torch", "cpu")
-    for (backend, temperature, mode, batch_mtp), got in outs.items():
-        assert got == outs[("torch", temperature, "solo", False)], (backend, temperature, mode, batch_mtp)
+    for key, got in outs.items():
+        backend, temperature = key[:2]
+        assert got == outs[("torch", temperature, "solo", False, False)], key

@@ -1,7 +1,7 @@
 """The simulator reproduces real engine traces, event by event.
 
 Runs the engine CLI (`python -m strata`, tiny model, CPU) on N_RUNS small random
-configurations drawn from a seeded generator, plus N_FILE_RUNS whose request files mix
+configurations drawn from a seeded generator (every fourth with engine.overlap), plus N_FILE_RUNS whose request files mix
 requests that filter their sampling (top-k / top-p: windows holding one are keyed `+f`) with
 plain-temperature and greedy ones, then replays each trace with
 `sim.replay.replay_trace` and requires identity on `strata.trace.replay_view`. The runs go two
@@ -35,9 +35,10 @@ RUN_TIMEOUT_S = 180
 
 
 def random_overrides(rng: random.Random, i: int) -> list[str]:
-    # Every fifth run is solo; graph_limit stays small so the LRU evicts often.
+    # Every fifth run is solo; graph_limit stays small so the LRU evicts often. Every fourth
+    # overlaps its windows (engine.overlap; not drawn, so the drawn values stay as they were).
     mode = "solo" if i % 5 == 4 else "batch"
-    return [
+    return [f"engine.overlap={'true' if i % 4 == 1 else 'false'}",
         "workload=synthetic",
         f"workload.requests={rng.randint(1, 9)}",
         f"workload.prompt_tokens={rng.randint(4, 40)}",
@@ -107,7 +108,8 @@ def test_engine_traces_replay_identically(tmp_path):
         procs = list(pool.map(lambda r: run_engine(*r), runs))
 
     failures = []
-    seen = {"evict": 0, "solo": 0, "layout": 0, "finish": 0, "filtered_key": 0, "plain_key": 0}
+    seen = {"evict": 0, "solo": 0, "layout": 0, "finish": 0, "filtered_key": 0, "plain_key": 0,
+            "overlap": 0}
     for (overrides, run_dir), proc in zip(runs, procs):
         cmd = "python -m strata " + " ".join(overrides)
         if proc.returncode != 0:
@@ -124,6 +126,7 @@ def test_engine_traces_replay_identically(tmp_path):
         seen["finish"] += sum(e["ev"] == "finish" for e in events)
         seen["solo"] += "engine.mode=solo" in overrides
         seen["layout"] += "engine.graph_key=layout" in overrides
+        seen["overlap"] += "engine.overlap=true" in overrides
         if "workload=file" in overrides:  # keys with and without the filtered suffix
             keys = [e["key"] for e in events if e["ev"] == "window" and e["key"] != "eager"]
             seen["filtered_key"] += sum(k.endswith("+f") for k in keys)

@@ -252,3 +252,26 @@ def test_a_dependent_column_goes_not_merely_the_last_one():
             samples += [(c, f, 0, p, gap)] * 4
     per_finish = fit_host(samples)[5]
     assert per_finish == pytest.approx(80e-6)
+
+
+@pytest.mark.parametrize("host_s", [100e-6, 30e-3])
+def test_overlap_costs_a_window_max_of_host_plus_sync_and_device(tmp_path, host_s):
+    """engine.overlap: consecutive windows are read max(host + sync, device) apart (the sync
+    is the host's wait: a device-bound loop has launched the next window before it); serially
+    they are host + device apart."""
+    prof = CostProfile.load(NOMINAL_PROFILE)
+    prof.host_overhead_s, prof.host_sync_s = host_s, 10e-6
+    gaps = {}
+    for overlap in (False, True):
+        run = run_predict(cfg_of("workload=cohort", "workload.requests=1", "engine.mode=solo",
+                                 "workload.prompt_tokens=8", "workload.max_tokens=40",
+                                 f"engine.overlap={str(overlap).lower()}"),
+                          tmp_path / str(overlap), profile=prof).run
+        wins = [e for e in run.events if e["ev"] == "window"]
+        assert len(wins) > 6
+        # steady state: the middle windows, each read one window's period after the last
+        gaps[overlap] = [(b["t"] - a["t"], b["dur"]) for a, b in zip(wins[2:-3], wins[3:-2])]
+    for gap, dur in gaps[False]:
+        assert gap == pytest.approx(host_s + dur, abs=2e-6)
+    for gap, dur in gaps[True]:
+        assert gap == pytest.approx(max(host_s + 10e-6, dur), abs=2e-6)

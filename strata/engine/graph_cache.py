@@ -19,6 +19,10 @@ from strata.kinds import GraphAction
 from strata.trace import TraceWriter
 
 
+#: (An enum member read through its class costs a metaclass attribute hook per window.)
+_HIT = GraphAction.HIT
+
+
 class CaptureBackend(Protocol):
     name: str
 
@@ -171,11 +175,7 @@ class GraphCache:
 
     def _choose(self, key: str, fn: Callable[[], Any], warm: Callable[[], None],
                 pinned: Iterable[str]) -> tuple[str, Callable[[], Any], Optional[float], list[str]]:
-        entry = self.entries.get(key)
-        if entry is not None:
-            self.entries.move_to_end(key)
-            self.hits += 1
-            return GraphAction.HIT, lambda: self.backend.replay(entry.handle), None, []
+        """How a window whose key has no entry runs: captured, or eagerly."""
         evicted = self._make_room(key, pinned)
         if self.last_mib > self.budget.graph_budget_mib(self.graphs_mib):
             self._warn_once("memory", f"graph memory exhausted (planned {self.last_mib:.1f} MiB, "
@@ -206,6 +206,15 @@ class GraphCache:
         `pinned` keys are never evicted for this window. A failed replay drops the graph (it
         may have moved part of the state) and raises, so the caller fails the window cleanly.
         """
+        entry = self.entries.get(key)
+        if entry is not None:  # the steady state: no closures, no room to make
+            self.entries.move_to_end(key)
+            self.hits += 1
+            try:
+                return GraphRun(_HIT, self.backend.replay(entry.handle))
+            except Exception:
+                self.drop(key, "error")
+                raise
         action, call, mib, evicted = self._choose(key, fn, warm, pinned)
         try:
             output = call()

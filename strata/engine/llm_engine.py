@@ -21,22 +21,27 @@ from strata.engine.arrivals import Arrivals
 from strata.engine.compiling import compiled_functions
 from strata.engine.device import device_free_used_mib, resolve_device
 from strata.engine.expert_cache import ExpertCache, plan_expert_cache
-from strata.engine.graph_cache import GraphCache
+from strata.engine.graph_cache import GraphCache, GraphRun
 from strata.engine.memory import plan_engine_memory
 from strata.engine.model_runner import ModelRunner
+from strata.engine.overlap import OverlappedWindows
 from strata.engine.postprocess import emit_tokens, output_of
 from strata.engine.request import Request, RequestError, RequestOutput
 from strata.engine.scheduler import Plan, Scheduler
 from strata.engine.slots import RequestState, Slot
 from strata.engine.verifier import SlotBuffers, Verifier
 from strata.engine.warmup import plan_warmup
-from strata.engine.window import window_shape
+from strata.engine.window import WindowShape, window_shape
 from strata.kernels import ops
 from strata.kinds import FinishReason, PlanKind
 from strata.metrics import engine_request_times, request_timings
 from strata.model.loader import LoadedModel, load_model
 from strata.model.state import DecodeState
 from strata.trace import TraceWriter, context_tier
+
+#: Plan kinds the step compares every iteration (read through the enum's class, a member costs
+#: a metaclass attribute hook).
+_PREFILL, _DECODE = PlanKind.PREFILL, PlanKind.DECODE
 
 
 class Engine:
@@ -106,7 +111,8 @@ class Engine:
                                  split_keys=ecfg.invariant_split_keys if ecfg.batch_invariant else 0,
                                  functions=compiled_functions(self.model) if self.compiling else None,
                                  synthetic_acceptance=ecfg.synthetic_acceptance,
-                                 expert_cache=self.expert_cache)
+                                 expert_cache=self.expert_cache,
+                                 device_positions=bool(ecfg.overlap))
         self.stages, self.fault = stages, None  # fault: why the engine stopped (a dead stage)
         if ecfg.stages > 1 and stages is None:
             raise ConfigError(f"engine.stages={ecfg.stages}: build the engine with "
@@ -145,6 +151,8 @@ class Engine:
         self.steps = self.windows = self.prefills = 0
         self.output_tokens = self.drafted = self.accepted = 0
         self._cancels: list[RequestState] = []
+        #: engine.overlap: the decode windows launched ahead of their reads.
+        self.overlap = OverlappedWindows(self) if ecfg.overlap else None
 
     def warmup(self) -> None:
         """Run every shape this engine can plan once on the scratch lane and capture the graphs
@@ -208,7 +216,8 @@ class Engine:
         del self.requests[req_id]
 
     def has_work(self) -> bool:
-        return bool(self.arrivals) or self.scheduler.busy() or bool(self._cancels)
+        return (bool(self.arrivals) or self.scheduler.busy() or bool(self._cancels)
+                or (self.overlap is not None and self.overlap.inflight is not None))
 
     def next_arrival_in(self) -> Optional[float]:
         """Seconds until the next wall-clock arrival, when nothing else is waiting."""
@@ -219,28 +228,39 @@ class Engine:
         self.trace.step = self.steps
         outs: dict[str, RequestOutput] = {}
         plan = self._schedule(outs)
+        if self.overlap is not None:
+            self.overlap.step(plan, outs)
+        else:
+            self._run(plan, outs)
+        if self.cache is not None and self.cfg.vram_every and self.steps % self.cfg.vram_every == 0:
+            self.trace.emit("vram", **self.budget.vram_event(self.cache.graphs_mib))
+        self.steps += 1
+        return list(outs.values())
+
+    def _run(self, plan: Plan, outs: dict) -> None:
+        """Run one planned iteration to the end (the serial step)."""
         try:
-            if plan.kind == PlanKind.PREFILL:
+            if plan.kind == _PREFILL:
                 self._run_prefill(plan, outs)
-            elif plan.kind == PlanKind.DECODE:
+            elif plan.kind == _DECODE:
                 self._run_decode(plan, outs)
             elif wait := self.next_arrival_in():
                 time.sleep(min(wait, 0.05))
         except Exception as e:  # an engine fault fails the requests it touched, never hangs
             touched = [plan.slot] if plan.kind == PlanKind.PREFILL else [s for s, _ in plan.groups]
-            msg = f"engine fault in {plan.kind} iteration {self.steps}: {type(e).__name__}: {e}"
-            self.log(f"ERROR: {msg}")
-            for slot in touched:
-                if slot.req is not None and not slot.req.finished:
-                    slot.req.error = msg
-                    self._finish(slot.req, FinishReason.ERROR, outs)
-            if self.stages is not None and self.stages.failure is not None:
-                from strata.engine.stages import fail_everything
-                fail_everything(self, msg, outs)
-        if self.cache is not None and self.cfg.vram_every and self.steps % self.cfg.vram_every == 0:
-            self.trace.emit("vram", **self.budget.vram_event(self.cache.graphs_mib))
-        self.steps += 1
-        return list(outs.values())
+            self._fault(plan.kind, e, [(s, s.req) for s in touched], outs)
+
+    def _fault(self, kind: str, e: Exception, touched: list, outs: dict) -> None:
+        """Fail the requests of (slot, request) pairs that the faulted work touched."""
+        msg = f"engine fault in {kind} iteration {self.steps}: {type(e).__name__}: {e}"
+        self.log(f"ERROR: {msg}")
+        for slot, rs in touched:
+            if rs is not None and slot.req is rs and not rs.finished:
+                rs.error = msg
+                self._finish(rs, FinishReason.ERROR, outs)
+        if self.stages is not None and self.stages.failure is not None:
+            from strata.engine.stages import fail_everything
+            fail_everything(self, msg, outs)
 
     def _schedule(self, outs: dict) -> Plan:
         """Cancels, then arrivals, then admission (lanes bound), then the iteration's plan."""
@@ -296,6 +316,14 @@ class Engine:
         run = self.runner.decode([(s.id, s.pos, r) for s, r in plan.groups], w.groups, w.rows,
                                  w.tier, w.filtered, w.key)
         dur = time.perf_counter() - t0
+        self._commit_window([(s, r, s.req) for s, r in plan.groups], plan.layout, w, run,
+                            run.output, dur, outs)
+
+    def _commit_window(self, groups: list, layout: tuple, w: WindowShape, run: GraphRun,
+                       rows: list, dur: float, outs: dict) -> None:
+        """The window event, then each group's commit and emission, then the finishes.
+        `groups`: (slot, rows, request) as launched; a group whose request has finished or
+        left its slot since (engine.overlap) is discarded."""
         self.windows += 1
         tracing = self.trace.active  # a server or benchmark builds none of these events
         swap = None
@@ -308,12 +336,14 @@ class Engine:
             # A capture's measured size: replaying a GPU trace needs it to decide what fits.
             if run.mib is not None:
                 extra["mib"] = round(run.mib, 3)
-            self.trace.emit("window", layout=list(plan.layout), key=w.key or "eager",
-                            graph=run.action, rows=len(plan.layout), dur=round(dur, 6), ctx=w.tier,
+            self.trace.emit("window", layout=list(layout), key=w.key or "eager",
+                            graph=run.action, rows=len(layout), dur=round(dur, 6), ctx=w.tier,
                             **extra)
         ended = []
-        for (slot, r), row in zip(plan.groups, run.output):
-            rs, a = slot.req, row[w.rows]
+        for (slot, r, rs), row in zip(groups, rows):
+            if rs.finished or slot.req is not rs:
+                continue
+            a = row[w.rows]
             slot.pos += a + 1
             n = self._emit(rs, slot, row[: a + 1], outs)
             rs.drafted += r - 1
@@ -380,6 +410,9 @@ class Engine:
         }
 
     def close(self) -> None:
+        if self.overlap is not None and self.overlap.inflight is not None:
+            self.overlap.inflight = None  # unread: its graph must not go while it runs
+            self._sync()
         if self.cache is not None:
             self.cache.clear()
         self.runner.release_prefill_graphs()

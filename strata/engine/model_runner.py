@@ -8,6 +8,8 @@ with one row at position 0: they compute but write nowhere that is read.
 
 from __future__ import annotations
 
+import time
+from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
 import numpy as np
@@ -20,6 +22,18 @@ from strata.kinds import GraphAction
 from strata.engine.verifier import Verifier
 from strata.engine.warmup import WarmupDone, WarmupPlan
 from strata.trace import TraceWriter, prefill_bucket, shape_bucket
+
+
+@dataclass
+class PendingWindow:
+    """A window launched and not yet read (engine.overlap)."""
+    #: Its output rows, in host memory once `end` has passed.
+    host: torch.Tensor
+    groups: int
+    start: Optional[Any]
+    end: Optional[Any]
+    #: CPU: the seconds the window took to run (it ran inside the launch).
+    cpu_s: float
 
 
 class ModelRunner:
@@ -36,8 +50,20 @@ class ModelRunner:
         self.log = log
         pin = device.type == "cuda"
         self.inputs = torch.zeros(3, max_groups, dtype=torch.long, device=device)
-        self.host_inputs = torch.zeros(3, max_groups, dtype=torch.long, pin_memory=pin)
-        self.host_np = self.host_inputs.numpy()  # cheap element writes on the hot path
+        # Two host input buffers: an overlapped window (`launch`) fills one while the copy
+        # from the other may still be queued behind the window running on the device.
+        self._host_bufs = [torch.zeros(3, max_groups, dtype=torch.long, pin_memory=pin)
+                           for _ in range(2)]
+        self._host_at = 0
+        self._host_nps = [b.numpy() for b in self._host_bufs]  # cheap element writes
+        self.host_inputs, self.host_np = self._host_bufs[0], self._host_nps[0]
+        # Views of both input buffers by padded group count, made once: a torch slice costs
+        # microseconds of host time, and a window took five of them.
+        self._views: dict[int, tuple[torch.Tensor, ...]] = {}
+        # Overlapped windows' outputs land in pinned host buffers (two per shape, alternating)
+        # while the next window runs; CUDA events time them on the device.
+        self._out_bufs: dict[tuple[int, ...], list[torch.Tensor]] = {}
+        self._out_at = 0
         # Prompt chunks: a static token buffer and (lane, start, length, next token) on the device.
         self.buckets = tuple(prefill_buckets)
         self.p_tokens = torch.zeros(max(self.buckets, default=1), dtype=torch.long, device=device)
@@ -153,6 +179,19 @@ class ModelRunner:
             self.budget.fixed_graphs_mib -= self.p_graphs_mib
         self.p_graphs_mib = 0.0
 
+    def _views_of(self, n: int) -> tuple[torch.Tensor, ...]:
+        """(device inputs, host inputs, groups' lanes, positions, rows) for `n` groups."""
+        v = self._views.get((self._host_at, n))
+        if v is None:
+            dev = self.inputs[:, :n]
+            v = self._views[self._host_at, n] = (dev, self.host_inputs[:, :n], dev[0], dev[1],
+                                                 dev[2])
+        return v
+
+    def _flip_host_inputs(self) -> None:
+        self._host_at ^= 1
+        self.host_inputs, self.host_np = self._host_bufs[self._host_at], self._host_nps[self._host_at]
+
     def _fill(self, groups: list[tuple[int, int, int]], n: int, pad_all: bool = False) -> None:
         h = self.host_np
         h[0, :n] = self.scratch
@@ -161,16 +200,63 @@ class ModelRunner:
         if not pad_all:
             for i, (lane, pos, rows) in enumerate(groups):
                 h[0, i], h[1, i], h[2, i] = lane, pos, rows
-        self.inputs[:, :n].copy_(self.host_inputs[:, :n], non_blocking=True)
+        dev, host = self._views_of(n)[:2]
+        dev.copy_(host, non_blocking=True)
 
     def _fn(self, n: int, g: int, ctx: int, filtered: bool):
-        gs, gp, rows = self.inputs[0, :n], self.inputs[1, :n], self.inputs[2, :n]
+        _, _, gs, gp, rows = self._views_of(n)
         return lambda: self.verifier.window(gs, gp, rows, g, ctx, filtered)
 
     def decode(self, groups: list[tuple[int, int, int]], n_padded: int, g: int, ctx: int,
                filtered: bool, key: Optional[str]) -> GraphRun:
         """Run a window of (lane, pos, rows) groups; its output is the host rows, one per group.
         `filtered` picks the window's sampler, so it must be part of `key`."""
+        run = self._run(groups, n_padded, g, ctx, filtered, key)
+        run.output = run.output.tolist()[: len(groups)]  # (a list slice is cheaper than a tensor's)
+        return run
+
+    def launch(self, groups: list[tuple[int, int, int]], n_padded: int, g: int, ctx: int,
+               filtered: bool, key: Optional[str], timed: bool = True) -> GraphRun:
+        """As `decode`, without waiting for the device (engine.overlap): the output is a
+        PendingWindow for `read`, which the engine calls after launching the next window. The
+        groups' positions are ignored: the verifier reads them on the device. `timed`: time
+        it on the device (two timing events; without, `read` reports 0 seconds)."""
+        self._flip_host_inputs()
+        cuda = self.device.type == "cuda"
+        start = end = None
+        t0 = time.perf_counter()
+        if cuda and timed:
+            start = torch.cuda.Event(enable_timing=True)
+            start.record()
+        run = self._run(groups, n_padded, g, ctx, filtered, key)
+        out = run.output
+        if cuda:
+            bufs = self._out_bufs.get(tuple(out.shape))
+            if bufs is None:
+                bufs = self._out_bufs[tuple(out.shape)] = [
+                    torch.empty(out.shape, dtype=out.dtype, pin_memory=True) for _ in range(2)]
+            self._out_at ^= 1
+            host = bufs[self._out_at]
+            host.copy_(out, non_blocking=True)  # before the next window overwrites a graph's output
+            end = torch.cuda.Event(enable_timing=timed)
+            end.record()
+        else:  # the CPU ran it already, into a tensor of its own (no static graph output)
+            host = out
+        run.output = PendingWindow(host, len(groups), start, end, time.perf_counter() - t0)
+        return run
+
+    @staticmethod
+    def read(pending: "PendingWindow") -> tuple[list[list[int]], float]:
+        """Wait for a launched window; returns its host rows (one per group) and its device
+        seconds (CUDA events; on CPU the time it took to run)."""
+        if pending.end is None:
+            return pending.host.tolist()[: pending.groups], pending.cpu_s
+        pending.end.synchronize()
+        dur = 0.0 if pending.start is None else pending.start.elapsed_time(pending.end) / 1e3
+        return pending.host.tolist()[: pending.groups], dur
+
+    def _run(self, groups: list[tuple[int, int, int]], n_padded: int, g: int, ctx: int,
+             filtered: bool, key: Optional[str]) -> GraphRun:
         if n_padded > self.inputs.shape[1]:
             raise RuntimeError(f"window of {n_padded} groups exceeds the {self.inputs.shape[1]} "
                                f"input rows sized at start")
@@ -188,10 +274,11 @@ class ModelRunner:
                 if self.cache.backend.name != "record":
                     self._fill(groups, n_padded, pad_all=True)
                     fn()
+                    if self.device.type == "cuda":  # the padding's copy must be done before
+                        torch.cuda.synchronize(self.device)  # its host buffer is refilled
                     self._fill(groups, n_padded)
 
             run = self.cache.run(key, fn, warm)
-        run.output = run.output[: len(groups)].tolist()
         return run
 
     # ---- warm-up ------------------------------------------------------------------------------

@@ -5,7 +5,8 @@ window. A window takes slots from the pointer onward, wrapping, until the next g
 fit in W rows or every slot is in; the pointer then moves past the last slot taken. A batch-
 invariant window (`engine.batch_invariant`) runs its groups padded to one row count, a divisor
 of W (strata.trace.invariant_group_rows): a group fits when all the groups taken, padded so,
-still come to at most W rows.
+still come to at most W rows. A slot of 0 rows (engine.overlap: the window in flight may take
+it to the end of its context) is passed over.
 """
 
 from __future__ import annotations
@@ -47,6 +48,8 @@ class RotationRing:
         for step in range(n):
             slot = self.members[(i0 + step) % n]
             r = rows_of(slot)
+            if r == 0:
+                continue
             if batch_invariant:
                 g = invariant_group_rows(max(deepest, r), window_rows)
                 if (len(taken) + 1) * g > window_rows:
@@ -56,8 +59,10 @@ class RotationRing:
                 break
             taken.append(slot)
             used += r
-        if not taken:  # a single group always fits: spec <= W is a config invariant
+        if not taken and rows_of(start) > 0:  # one group always fits: spec <= W is a config invariant
             raise RuntimeError(f"slot {start} needs {rows_of(start)} rows > window_rows={window_rows}")
+        if not taken:
+            return taken
         last = self.members.index(taken[-1])
         self.pointer = self.members[(last + 1) % n]
         return taken

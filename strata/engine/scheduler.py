@@ -15,6 +15,7 @@ from strata.engine.slots import DECODE, FREE, PREFILL, RequestState, Slot
 from strata.kinds import PlanKind
 from strata.trace import TraceWriter
 
+_DECODE_PLAN = PlanKind.DECODE  # (an enum member read through its class costs a hook per window)
 
 @dataclass
 class Plan:
@@ -80,12 +81,18 @@ class Scheduler:
         return bool(self.queue) or any(s.phase != FREE for s in self.slots)
 
     def rows_for(self, slot: Slot, lone: bool) -> int:
+        """Rows of the slot's group in the next window; 0: it cannot run in it. A window in
+        flight (engine.overlap) may still commit `slot.inflight` positions and emit as many
+        tokens: the bounds assume it does, so no row ever writes past the context."""
         spec = self.spec if self.drafting else 1
         if self.mode == "solo" or lone:
             base = spec
         else:
             base = 2 if (self.batch_mtp and self.drafting) else 1
-        return max(1, min(base, slot.req.left, self.max_context - slot.pos))
+        room = self.max_context - slot.pos - slot.inflight
+        if room < 1:
+            return 0  # it may have reached the end of the context: wait for the window's read
+        return max(1, min(base, slot.req.left - slot.inflight, room))
 
     def plan(self) -> Plan:
         prefilling = [s for s in self.slots if s.phase == PREFILL]
@@ -108,4 +115,6 @@ class Scheduler:
         lone = len(decoding) == 1 and not prefilling
         rows = {sid: self.rows_for(self.slots[sid], lone) for sid in decoding}
         taken = self.ring.build(lambda sid: rows[sid], self.window_rows, self.batch_invariant)
-        return Plan(PlanKind.DECODE, groups=[(self.slots[sid], rows[sid]) for sid in taken])
+        if not taken:  # (overlap only) every decoding slot waits for the window in flight
+            return Plan(PlanKind.IDLE)
+        return Plan(_DECODE_PLAN, groups=[(self.slots[sid], rows[sid]) for sid in taken])

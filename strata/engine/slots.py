@@ -61,12 +61,16 @@ class Slot:
     prefilled: int = 0  # prompt tokens already run
     pos: int = 0  # committed positions (the pending token sits at pos)
     admit_seq: int = 0  # admission order, for "prefilling slot admitted earliest"
+    #: engine.overlap: rows of this slot's group in the window launched and not yet read (it
+    #: may commit that many positions and emit that many tokens the host does not know of).
+    inflight: int = 0
 
     def bind(self, rs: RequestState, seq: int) -> None:
         self.phase, self.req, self.prefilled, self.pos, self.admit_seq = PREFILL, rs, 0, 0, seq
+        self.inflight = 0
         rs.slot = self.id
 
     def release(self) -> None:
         if self.req is not None:
             self.req.slot = None
-        self.phase, self.req, self.prefilled, self.pos = FREE, None, 0, 0
+        self.phase, self.req, self.prefilled, self.pos, self.inflight = FREE, None, 0, 0, 0

@@ -66,13 +66,17 @@ PURE_FUNCTIONS = {"sample": sample_lanes, "sample_plain": sample_plain_lanes,
 class Verifier:
     def __init__(self, model: Qwen3Next, state: DecodeState, bufs: SlotBuffers, drafting: bool,
                  split_keys: int = 0, functions: Optional[dict[str, Callable]] = None,
-                 synthetic_acceptance: Optional[float] = None, expert_cache=None):
+                 synthetic_acceptance: Optional[float] = None, expert_cache=None,
+                 device_positions: bool = False):
         """`split_keys`: the verify forward attention's split-K chunk in keys (0: the kernels'
         own plan; engine.batch_invariant fixes it). `functions`: replacements (compiled
         versions) for some of PURE_FUNCTIONS. `synthetic_acceptance` (engine knob): None
         verifies drafts; p in [0, 1] accepts each draft with probability p (benchmarks on
         dummy weights; the text is not the model's). `expert_cache`: the engine's ExpertCache
-        (engine.expert_cache_mib > 0), whose hit/miss counts each window updates on the device."""
+        (engine.expert_cache_mib > 0), whose hit/miss counts each window updates on the device.
+        `device_positions` (engine.overlap): a window reads its groups' positions from
+        `bufs.pos`, where the previous window's commit wrote them, since the host plans it
+        before reading that window's accepted counts."""
         self.model = model
         self.state = state
         self.bufs = bufs
@@ -87,6 +91,7 @@ class Verifier:
                                      else float(synthetic_acceptance))
         #: strata.engine.expert_cache.ExpertCache, or None: a window starts and ends its counts.
         self.expert_cache = expert_cache
+        self.device_positions = device_positions
 
     def _sample(self, logits: torch.Tensor, lanes: torch.Tensor, pos0: torch.Tensor, rows_per: int,
                 offset: int, filtered: bool) -> torch.Tensor:
@@ -103,12 +108,15 @@ class Verifier:
 
     def window(self, gs: torch.Tensor, gp: torch.Tensor, rows: torch.Tensor, g: int, ctx: int,
                filtered: bool) -> torch.Tensor:
-        """Run one window; gs, gp, rows are (NG,) device tensors. Returns (NG, G + 2) int64.
+        """Run one window; gs, gp, rows are (NG,) device tensors (gp is ignored under
+        `device_positions`). Returns (NG, G + 2) int64.
         `filtered`: some request of the window filters (`SamplingParams.filtered`)."""
         model, state, bufs = self.model, self.state, self.bufs
         if self.expert_cache is not None:
             self.expert_cache.begin_window()
         ng = gs.shape[0]
+        if self.device_positions:  # padding groups stay at position 0 of the scratch lane
+            gp = torch.where(gs == state.scratch, 0, bufs.pos[gs])
         cols = [bufs.pending[gs]]
         if g >= 2:
             cols.append(bufs.draft[gs])

@@ -27,7 +27,8 @@ def window_shape(groups: list, layout: tuple, ecfg: EngineConfig, tier: Callable
                  cached: bool) -> WindowShape:
     """`groups`: (slot, rows) pairs; `cached`: windows go through a graph cache."""
     g = max(r for _, r in groups)
-    ctx = tier(max(s.pos + r for s, r in groups))
+    # (engine.overlap: the window in flight may first move a slot `inflight` positions on)
+    ctx = tier(max(s.pos + s.inflight + r for s, r in groups))
     n_padded = len(groups)
     if ecfg.batch_invariant:  # window_rows rows exactly, whatever the layout
         n_padded, g = invariant_window_shape(g, ecfg.window_rows)
