@@ -21,7 +21,7 @@
 # STRATA_COMMIT names the commit in the results (the device's copy of the tree may carry a
 # stale .git). Every step prints one summary line; see docs/GPU_RUNBOOK.md for what each feeds.
 set -u
-part=${1:?usage: gpu_acceptance.sh 1|1k|2|2b|2s|3|4|5|5c|6|7}
+part=${1:?usage: gpu_acceptance.sh 1|1k|2|2b|2s|3|4|5|5c|6|7|7c}
 OUT=${OUT:?set OUT to the results directory}
 export PYTHONUNBUFFERED=1
 # The device tool brings back at most 8 files from $OUT: every log and result goes under $R
@@ -142,6 +142,15 @@ case $part in
       --configs solo,batch_mtp,batch_mtp_w16 --overlap both --repeats 3 --max-tokens 256 \
       --json "$R/engine_overlap.json" --md "$R/engine_overlap.md"
   TAIL=14 step breakdown_overlap 130 python3 scripts/step_breakdown.py --n 1,8 \
+      --configs solo,batch_mtp_w16 --overlap both --json "$R/breakdown_overlap.json"
+  ;;
+7c)  # part 7 in shorter limits (2 repeats), with the expert cache's GPU test first
+  step gpu_identity 60 python3 -m pytest -q -x -m gpu tests/test_engine_backends.py
+  step gpu_expert_cache 110 python3 -m pytest -q -x -m gpu tests/test_expert_cache_gpu.py
+  TAIL=30 step engine_overlap 230 python3 scripts/bench_engine.py --n 1,4,8 \
+      --configs solo,batch_mtp,batch_mtp_w16 --overlap both --repeats 2 --max-tokens 256 \
+      --json "$R/engine_overlap.json" --md "$R/engine_overlap.md"
+  TAIL=14 step breakdown_overlap 100 python3 scripts/step_breakdown.py --n 1,8 \
       --configs solo,batch_mtp_w16 --overlap both --json "$R/breakdown_overlap.json"
   ;;
 esac
