@@ -102,6 +102,13 @@ class ExpertCachePlan:
         return {"expert_slots": self.slots, "experts": self.experts,
                 "expert_bytes": self.expert_bytes, "moe_layers": self.moe_layers}
 
+    def describe(self, profile: Optional[str]) -> str:
+        """The engine's log line for the cache; `profile`: engine.expert_profile."""
+        return (f"expert cache: {self.slots} of {self.experts} routed experts resident in each "
+                f"of {self.moe_layers} MoE layers ({self.resident_mib():.1f} MiB of slots, the "
+                f"rest {self.routed_mib() - self.resident_mib():.1f} MiB in host memory); "
+                f"first fill {'from ' + profile if profile else 'lowest ids'}")
+
 
 def plan_expert_cache(model, cache_mib: float) -> ExpertCachePlan:
     """Slots per MoE layer that engine.expert_cache_mib holds; a budget or a model the cache

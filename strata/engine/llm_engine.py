@@ -1,10 +1,11 @@
 """The engine: requests in, one iteration per `step()`, streaming outputs and a trace out.
 
 Each step schedules (cancels, arrivals, admission, the iteration's plan), runs the plan on the
-device (a prompt chunk or a decode window, through the ModelRunner), and postprocesses what
-came back (tokens emitted, stop conditions, finished requests). Memory planning, warm-up,
-graph caching, text streams and metrics live in their own modules. The engine never imports
-the faces (strata.serve, strata.__main__). Single-threaded: drive it from one thread.
+device (a prompt chunk or a decode window, through the ModelRunner), and commits what came
+back (postprocess.py: tokens emitted, stop conditions, finished requests). Memory planning,
+warm-up, graph caching, text streams, reporting and metrics live in their own modules. The
+engine never imports the faces (strata.serve, strata.__main__). Single-threaded: drive it from
+one thread.
 """
 
 from __future__ import annotations
@@ -15,23 +16,23 @@ from typing import Any, Callable, Optional
 
 import torch
 
-from strata.config import (ConfigError, batch_mtp_from_env, check_known_keys, engine_knobs,
-                           plain_engine_config, validate_engine, validate_model)
+from strata.config import (ConfigError, batch_mtp_from_env, check_known_keys, plain_engine_config,
+                           validate_engine, validate_model)
 from strata.engine.arrivals import Arrivals
 from strata.engine.compiling import compiled_functions
-from strata.engine.device import device_free_used_mib, resolve_device
+from strata.engine.device import resolve_device
 from strata.engine.expert_cache import ExpertCache, plan_expert_cache
-from strata.engine.graph_cache import GraphCache, GraphRun
 from strata.engine.memory import plan_engine_memory
 from strata.engine.model_runner import ModelRunner
 from strata.engine.overlap import OverlappedWindows
-from strata.engine.postprocess import emit_tokens, output_of
+from strata.engine.postprocess import commit_prompt, commit_window, emit_tokens, output_of
+from strata.engine.reporting import config_fields, engine_stats, final_text
 from strata.engine.request import Request, RequestError, RequestOutput
 from strata.engine.scheduler import Plan, Scheduler
 from strata.engine.slots import RequestState, Slot
 from strata.engine.verifier import SlotBuffers, Verifier
 from strata.engine.warmup import plan_warmup
-from strata.engine.window import WindowShape, window_shape
+from strata.engine.window import window_shape
 from strata.kernels import ops
 from strata.kinds import FinishReason, PlanKind
 from strata.metrics import engine_request_times, request_timings
@@ -96,20 +97,17 @@ class Engine:
         if cache_plan is not None:
             self.expert_cache = ExpertCache(self.model, cache_plan, device, ecfg.expert_profile,
                                             ecfg.expert_adapt_every)
-            log(f"INFO expert cache: {cache_plan.slots} of {cache_plan.experts} routed experts "
-                f"resident in each of {cache_plan.moe_layers} MoE layers "
-                f"({cache_plan.resident_mib():.1f} MiB of slots, the rest "
-                f"{cache_plan.routed_mib() - cache_plan.resident_mib():.1f} MiB in host memory); "
-                f"first fill {'from ' + ecfg.expert_profile if ecfg.expert_profile else 'lowest ids'}")
+            log(f"INFO {cache_plan.describe(ecfg.expert_profile)}")
 
         # ---- state, verifier, scheduler, graph cache, runner ------------------------------------
         self.compiling = ecfg.compile == "on" or (ecfg.compile == "auto" and device.type == "cuda")
         self.state = DecodeState(self.args, n_slots, self.max_context, loaded.dtype, device,
                                  self.drafting, spare_rows=ecfg.window_rows + 1)
         self.bufs = SlotBuffers(n_slots, self.args.hidden_size, loaded.dtype, device)
+        split_keys = ecfg.invariant_split_keys if ecfg.batch_invariant else 0
+        functions = compiled_functions(self.model) if self.compiling else None
         self.verifier = Verifier(self.model, self.state, self.bufs, self.drafting,
-                                 split_keys=ecfg.invariant_split_keys if ecfg.batch_invariant else 0,
-                                 functions=compiled_functions(self.model) if self.compiling else None,
+                                 split_keys=split_keys, functions=functions,
                                  synthetic_acceptance=ecfg.synthetic_acceptance,
                                  expert_cache=self.expert_cache,
                                  device_positions=bool(ecfg.overlap))
@@ -128,18 +126,13 @@ class Engine:
         self.runner = ModelRunner.for_engine(self.verifier, ecfg, device, self.budget,
                                              self.trace, log)
         self.cache = self.runner.cache
-        knobs = {**engine_knobs(ecfg), "batch_mtp": self.batch_mtp, "slots": n_slots,
-                 "max_context": self.max_context, "drafting": self.drafting}
-        memory = {**self.budget.as_dict(),
-                  "graph_mib": float(ecfg.cpu_graph_mib) if device.type == "cpu" else None}
-        if cache_plan is not None:
-            memory.update(cache_plan.memory_fields())
-        self.trace.emit("config", engine=knobs, memory=memory)
+        self.trace.emit("config", **config_fields(self, cache_plan))
         if batch_mtp and ecfg.mode == "batch" and mem.off_reason is not None:
             self.warn(f"batch_mtp is off: {mem.off_reason}")
         if ecfg.synthetic_acceptance is not None:
-            self.warn(f"engine.synthetic_acceptance={ecfg.synthetic_acceptance}: drafts are accepted "
-                      f"at random (synthetic acceptance, for benchmarks), so the text is not the model's")
+            self.warn(f"engine.synthetic_acceptance={ecfg.synthetic_acceptance}: drafts are "
+                      f"accepted at random (synthetic acceptance, for benchmarks), so the text "
+                      f"is not the model's")
         if ecfg.warmup == "on" or (ecfg.warmup == "auto" and self.compiling):
             self.warmup()
             self._clock0 = time.perf_counter()  # request times count from here
@@ -170,7 +163,7 @@ class Engine:
         self._sync()
         self.log(f"INFO {done.describe(plan, time.perf_counter() - t0)}")
 
-    # ---- small helpers ----------------------------------------------------------------------------
+    # ---- small helpers ---------------------------------------------------------------------------
     def now(self) -> float:
         return time.perf_counter() - self._clock0
 
@@ -223,7 +216,7 @@ class Engine:
         """Seconds until the next wall-clock arrival, when nothing else is waiting."""
         return self.arrivals.next_wall_clock(self.now(), only_secs=not self.scheduler.busy())
 
-    # ---- one iteration: schedule, run, postprocess ------------------------------------------------
+    # ---- one iteration: schedule, run, postprocess -----------------------------------------------
     def step(self) -> list[RequestOutput]:
         self.trace.step = self.steps
         outs: dict[str, RequestOutput] = {}
@@ -293,22 +286,7 @@ class Engine:
         _, token = self.runner.prefill(slot.id, rs.prompt_tensor, start, n, next_token, self._tier)
         first = int(token[0]) if final else None  # one sync per finished prompt
         self._sync()
-        dur = time.perf_counter() - t0
-        slot.prefilled += n
-        rs.prefill_s += dur
-        self.prefills += 1
-        self.trace.emit("prefill", req=rs.id, slot=slot.id, tokens=n, dur=round(dur, 6),
-                        ctx=start + n)
-        if not final:
-            return
-        slot.pos = rs.prompt_len
-        rs.t_first = self.now()
-        self._emit(rs, slot, [first], outs)
-        if rs.finished:
-            self._finish_event(rs, outs.get(rs.id))
-            self.scheduler.release(slot)
-        else:
-            self.scheduler.start_decoding(slot)
+        commit_prompt(self, slot, n, first, time.perf_counter() - t0, outs)
 
     def _run_decode(self, plan: Plan, outs: dict) -> None:
         w = window_shape(plan.groups, plan.layout, self.cfg, self._tier, self.cache is not None)
@@ -316,52 +294,10 @@ class Engine:
         run = self.runner.decode([(s.id, s.pos, r) for s, r in plan.groups], w.groups, w.rows,
                                  w.tier, w.filtered, w.key)
         dur = time.perf_counter() - t0
-        self._commit_window([(s, r, s.req) for s, r in plan.groups], plan.layout, w, run,
-                            run.output, dur, outs)
+        commit_window(self, [(s, r, s.req) for s, r in plan.groups], plan.layout, w, run,
+                      run.output, dur, outs)
 
-    def _commit_window(self, groups: list, layout: tuple, w: WindowShape, run: GraphRun,
-                       rows: list, dur: float, outs: dict) -> None:
-        """The window event, then each group's commit and emission, then the finishes.
-        `groups`: (slot, rows, request) as launched; a group whose request has finished or
-        left its slot since (engine.overlap) is discarded."""
-        self.windows += 1
-        tracing = self.trace.active  # a server or benchmark builds none of these events
-        swap = None
-        extra = {}
-        if self.expert_cache is not None:
-            hits, misses, swap = self.expert_cache.after_window()
-            extra = {"hits": hits, "misses": misses,
-                     "bus_bytes": misses * self.expert_cache.plan.expert_bytes}
-        if tracing:
-            # A capture's measured size: replaying a GPU trace needs it to decide what fits.
-            if run.mib is not None:
-                extra["mib"] = round(run.mib, 3)
-            self.trace.emit("window", layout=list(layout), key=w.key or "eager",
-                            graph=run.action, rows=len(layout), dur=round(dur, 6), ctx=w.tier,
-                            **extra)
-        ended = []
-        for (slot, r, rs), row in zip(groups, rows):
-            if rs.finished or slot.req is not rs:
-                continue
-            a = row[w.rows]
-            slot.pos += a + 1
-            n = self._emit(rs, slot, row[: a + 1], outs)
-            rs.drafted += r - 1
-            rs.accepted += a
-            self.drafted += r - 1
-            self.accepted += a
-            if tracing:
-                self.trace.emit("commit", req=rs.id, slot=slot.id, drafted=r - 1, accepted=a,
-                                emitted=n)
-            if rs.finished:
-                ended.append(slot)
-        for slot in ended:
-            self._finish_event(slot.req, outs.get(slot.req.id))
-            self.scheduler.release(slot)
-        if swap is not None:
-            self.trace.emit("expert_swap", experts=swap[0], bytes=swap[1])
-
-    # ---- postprocess: emission and finishing ------------------------------------------------------
+    # ---- postprocess: emission and finishing -----------------------------------------------------
     def _emit(self, rs: RequestState, slot: Slot, tokens: list[int], outs: dict) -> int:
         n = emit_tokens(rs, tokens, output_of(rs, outs), eos=self.eos, tokenizer=self.tokenizer,
                         context_full=slot.pos >= self.max_context)
@@ -389,25 +325,12 @@ class Engine:
         elif rs in self.scheduler.queue:
             self.scheduler.queue.remove(rs)
 
-    # ---- reporting ----------------------------------------------------------------------------------
+    # ---- reporting (strata/engine/reporting.py) --------------------------------------------------
     def final_text(self, rs: RequestState) -> str:
-        if rs.reason == "stop" and rs.req.params.stop and rs.text_stream is not None:
-            return rs.text_stream.text
-        return self.tokenizer.decode(rs.emitted) if self.tokenizer is not None else ""
+        return final_text(rs, self.tokenizer)
 
     def stats(self) -> dict:
-        dev_free, dev_used = device_free_used_mib(self.device)
-        return {
-            "output_tokens": self.output_tokens, "drafted": self.drafted, "accepted": self.accepted,
-            "busy_slots": sum(1 for s in self.scheduler.slots if s.phase != "free"),
-            "slots": len(self.scheduler.slots), "windows": self.windows, "prefills": self.prefills,
-            **GraphCache.stats(self.cache),
-            "device_free_mib": dev_free, "device_used_mib": dev_used,
-            "prefill_graphs": len(self.runner.p_graphs), "prefill_graphs_mib": self.runner.p_graphs_mib,
-            "expert_cache": self.expert_cache is not None,
-            "expert_hits": self.expert_cache.hits if self.expert_cache else 0,
-            "expert_misses": self.expert_cache.misses if self.expert_cache else 0,
-        }
+        return engine_stats(self)
 
     def close(self) -> None:
         if self.overlap is not None and self.overlap.inflight is not None:

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Optional
 
 from strata.engine.graph_cache import GraphRun
+from strata.engine.postprocess import commit_window
 from strata.engine.scheduler import Plan
 from strata.engine.slots import RequestState, Slot
 from strata.engine.window import WindowShape, window_shape
@@ -74,7 +75,7 @@ class OverlappedWindows:
         return Launched([(s, r, s.req) for s, r in plan.groups], plan.layout, w, run)
 
     def _land(self, launched: Launched, outs: dict) -> None:
-        """Wait for a launched window, then commit it (the engine's window commit)."""
+        """Wait for a launched window, then commit it (postprocess.commit_window)."""
         eng = self.engine
         for slot, _, rs in launched.groups:
             if slot.req is rs:
@@ -84,5 +85,5 @@ class OverlappedWindows:
         except Exception as e:
             eng._fault(_DECODE, e, [(s, rs) for s, _, rs in launched.groups], outs)
             return
-        eng._commit_window(launched.groups, launched.layout, launched.shape, launched.run, rows,
-                           dur, outs)
+        commit_window(eng, launched.groups, launched.layout, launched.shape, launched.run, rows,
+                      dur, outs)

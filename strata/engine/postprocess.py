@@ -1,13 +1,20 @@
-"""Postprocessing a request's new tokens: emission up to a stop condition, and its output delta."""
+"""Postprocessing what the device returned: a prompt chunk's or a decode window's commit (the
+trace events, positions, counters, finished slots), and a request's emission up to a stop
+condition with its output delta."""
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 from strata.engine.detokenizer import TextStream
+from strata.engine.graph_cache import GraphRun
 from strata.engine.request import RequestOutput
-from strata.engine.slots import RequestState
+from strata.engine.slots import RequestState, Slot
+from strata.engine.window import WindowShape
 from strata.kinds import FinishReason
+
+if TYPE_CHECKING:
+    from strata.engine.llm_engine import Engine
 
 
 def output_of(rs: RequestState, outs: dict[str, RequestOutput]) -> RequestOutput:
@@ -53,3 +60,68 @@ def emit_tokens(rs: RequestState, tokens: list[int], out: RequestOutput, *, eos:
     if rs.finished:
         out.finished, out.finish_reason = True, rs.reason
     return n
+
+
+def commit_prompt(eng: "Engine", slot: Slot, n: int, first: Optional[int], dur: float,
+                  outs: dict) -> None:
+    """A prompt chunk of `n` tokens ran in `dur` s; `first`: the request's first output token
+    when the chunk ended its prompt (else None). A finished prompt emits it and starts decoding."""
+    rs = slot.req
+    slot.prefilled += n
+    rs.prefill_s += dur
+    eng.prefills += 1
+    eng.trace.emit("prefill", req=rs.id, slot=slot.id, tokens=n, dur=round(dur, 6),
+                   ctx=slot.prefilled)
+    if first is None:
+        return
+    slot.pos = rs.prompt_len
+    rs.t_first = eng.now()
+    eng._emit(rs, slot, [first], outs)
+    if rs.finished:
+        eng._finish_event(rs, outs.get(rs.id))
+        eng.scheduler.release(slot)
+    else:
+        eng.scheduler.start_decoding(slot)
+
+
+def commit_window(eng: "Engine", groups: list, layout: tuple, w: WindowShape, run: GraphRun,
+                  rows: list, dur: float, outs: dict) -> None:
+    """The window event, then each group's commit and emission, then the finishes.
+    `groups`: (slot, rows, request) as launched; a group whose request has finished or
+    left its slot since (engine.overlap) is discarded."""
+    eng.windows += 1
+    trace = eng.trace
+    tracing = trace.active  # a server or benchmark builds none of these events
+    expert_cache = eng.expert_cache
+    swap = None
+    extra = {}
+    if expert_cache is not None:
+        hits, misses, swap = expert_cache.after_window()
+        extra = {"hits": hits, "misses": misses,
+                 "bus_bytes": misses * expert_cache.plan.expert_bytes}
+    if tracing:
+        # A capture's measured size: replaying a GPU trace needs it to decide what fits.
+        if run.mib is not None:
+            extra["mib"] = round(run.mib, 3)
+        trace.emit("window", layout=list(layout), key=w.key or "eager", graph=run.action,
+                   rows=len(layout), dur=round(dur, 6), ctx=w.tier, **extra)
+    ended = []
+    for (slot, r, rs), row in zip(groups, rows):
+        if rs.finished or slot.req is not rs:
+            continue
+        a = row[w.rows]
+        slot.pos += a + 1
+        n = eng._emit(rs, slot, row[: a + 1], outs)
+        rs.drafted += r - 1
+        rs.accepted += a
+        eng.drafted += r - 1
+        eng.accepted += a
+        if tracing:
+            trace.emit("commit", req=rs.id, slot=slot.id, drafted=r - 1, accepted=a, emitted=n)
+        if rs.finished:
+            ended.append(slot)
+    for slot in ended:
+        eng._finish_event(slot.req, outs.get(slot.req.id))
+        eng.scheduler.release(slot)
+    if swap is not None:
+        trace.emit("expert_swap", experts=swap[0], bytes=swap[1])
