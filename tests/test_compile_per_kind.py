@@ -11,6 +11,7 @@ tracing and guards are what is checked, not code generation).
 
 from __future__ import annotations
 
+import pytest
 import torch
 import torch._dynamo
 from torch._dynamo.utils import counters
@@ -57,6 +58,7 @@ def compiled_graphs(layers: int) -> dict:
             "recompiles": sum(counters["recompiles"].values())}
 
 
+@pytest.mark.slow
 def test_compiled_graphs_do_not_grow_with_depth():
     four = compiled_graphs(4)
     eight = compiled_graphs(8)

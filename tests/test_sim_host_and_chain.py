@@ -156,6 +156,7 @@ def chain_truth(**chain) -> CostProfile:
     return truth
 
 
+@pytest.mark.slow
 def test_fit_gives_back_the_chain_from_grouped_and_lone_windows(tmp_path):
     truth = chain_truth()
     traces = []

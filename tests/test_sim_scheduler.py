@@ -178,6 +178,7 @@ def test_fixed_rate_mean():
     assert abs(accepted / judged - 0.7) < 0.03
 
 
+@pytest.mark.slow
 def test_markov_fit_recovers_parameters():
     m = MarkovAcceptance(0.9, 0.3, 0.6, RandomStreams(5))
     commits = []

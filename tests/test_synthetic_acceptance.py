@@ -141,6 +141,7 @@ def test_off_by_default(model_dir):
     assert EngineConfig().synthetic_acceptance is None
 
 
+@pytest.mark.slow
 def test_simulator_replays_a_synthetic_trace(tmp_path):
     import os
     import subprocess
