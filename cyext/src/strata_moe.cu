@@ -150,22 +150,6 @@ __device__ __forceinline__ float chunk_dot(uint4 w, const float* xf, float scale
   decode_chunk<W>(w, wf);
   return chunk_fma<W>(wf, xf, scale, acc);
 }
-template <>
-__device__ __forceinline__ float chunk_dot<FP8W>(uint4 w, const float* xf, float scale, float acc) {
-  const uint32_t u[4] = {w.x, w.y, w.z, w.w};
-  float part = 0.f;
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    const float2 a = fp8x2_to_float2(u[i]);
-    const float2 b = fp8x2_to_float2(u[i] >> 16);
-    part = fmaf(a.x, xf[4 * i], part);
-    part = fmaf(a.y, xf[4 * i + 1], part);
-    part = fmaf(b.x, xf[4 * i + 2], part);
-    part = fmaf(b.y, xf[4 * i + 3], part);
-  }
-  return fmaf(scale, part, acc);
-}
-
 // part + the dot of 8 FP8 weights (two words, low byte first) with 8 activations, in order.
 __device__ __forceinline__ float fp8_half_dot(uint32_t w0, uint32_t w1, const float* xf,
                                               float part) {
@@ -180,6 +164,11 @@ __device__ __forceinline__ float fp8_half_dot(uint32_t w0, uint32_t w1, const fl
     part = fmaf(b.y, xf[4 * i + 3], part);
   }
   return part;
+}
+template <>
+__device__ __forceinline__ float chunk_dot<FP8W>(uint4 w, const float* xf, float scale, float acc) {
+  // the same FMAs in the same order as one pass over the four words
+  return fmaf(scale, fp8_half_dot(w.z, w.w, xf + 8, fp8_half_dot(w.x, w.y, xf, 0.f)), acc);
 }
 
 // EPC consecutive activations (run-time dtype) from element `off` (a multiple of 4) as floats.
