@@ -139,7 +139,8 @@ def routing_profile(eng, loaded) -> dict:
             "counts": counts.tolist(), "windows": c.windows, "distinct_per_window": {}}
 
 
-def part_study(a, loaded, device) -> dict:
+def part_study(a, loaded, device, save=lambda rows: None) -> dict:
+    """`save(rows)` after every engine, so that a run cut by its time limit keeps its rows."""
     plan = plan_expert_cache(loaded.model, 1e12)
     ns = [int(n) for n in a.n.split(",")]
     names = a.configs.split(",")
@@ -180,6 +181,7 @@ def part_study(a, loaded, device) -> dict:
             eng.close()
             del eng
             torch.cuda.empty_cache()
+            save(results)
     return {"rows": results, "table": study_table(results, names, ns, budgets)}
 
 
@@ -250,7 +252,11 @@ def main() -> None:
     if a.part in ("bandwidth", "both"):
         out["bandwidth"] = part_bandwidth(a, loaded)
     if a.part in ("study", "both"):
-        out["study"] = part_study(a, loaded, device)
+        def save(rows):
+            if a.json:
+                Path(a.json).write_text(json.dumps({**out, "study": {"rows": rows, "partial": True}},
+                                                   indent=2) + "\n")
+        out["study"] = part_study(a, loaded, device, save)
         print(out["study"]["table"])
     if a.json:
         Path(a.json).write_text(json.dumps(out, indent=2) + "\n")

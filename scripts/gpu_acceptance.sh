@@ -21,7 +21,7 @@
 # STRATA_COMMIT names the commit in the results (the device's copy of the tree may carry a
 # stale .git). Every step prints one summary line; see docs/GPU_RUNBOOK.md for what each feeds.
 set -u
-part=${1:?usage: gpu_acceptance.sh 1|1k|2|2b|2s|3|4|5|5c|6|7|7c}
+part=${1:?usage: gpu_acceptance.sh 1|1k|2|2b|2s|3|4|5|5c|6|7|7c|8|8b}
 OUT=${OUT:?set OUT to the results directory}
 export PYTHONUNBUFFERED=1
 # The device tool brings back at most 8 files from $OUT: every log and result goes under $R
@@ -152,5 +152,22 @@ case $part in
       --json "$R/engine_overlap.json" --md "$R/engine_overlap.md"
   TAIL=14 step breakdown_overlap 100 python3 scripts/step_breakdown.py --n 1,8 \
       --configs solo,batch_mtp_w16 --overlap both --json "$R/breakdown_overlap.json"
+  ;;
+8)  # the expert cache's study (issue 17), 8 layers of the FP8 80B-A3B shapes, SYNTHETIC weights
+    # with routing skew 1.0 and synthetic acceptance 0.8: no cache, then budgets holding 100, 75,
+    # 44 and 25% of the routed experts (the lower ones filled from the 100% run's routing
+    # profile), solo / batch / batch_mtp at N=1,2,4,8. The JSON is rewritten after every engine,
+    # so a cut run keeps its rows; 8b finishes a cut study and runs the GPU test.
+  TAIL=70 step expert_study 500 python3 scripts/bench_expert_cache.py --part study --layers 8 \
+      --skew 1.0 --json "$R/expert_study.json"
+  ;;
+8b)  # the expert cache's GPU test (the miss path in a captured graph; its engine case compiles),
+    # then the study's lower budgets when 8 was cut (STUDY_PROFILE: the profile 8 wrote)
+  step gpu_expert_cache 200 python3 -m pytest -q -x -m gpu tests/test_expert_cache_gpu.py
+  if [ -n "${STUDY_BUDGETS:-}" ]; then
+    TAIL=40 step expert_study_b 300 python3 scripts/bench_expert_cache.py --part study --layers 8 \
+        --skew 1.0 --budgets "$STUDY_BUDGETS" --no-baseline --profile "$STUDY_PROFILE" \
+        --json "$R/expert_study_b.json"
+  fi
   ;;
 esac
