@@ -356,7 +356,7 @@ def test_study_reads_an_engine_study_and_reports_held_out_cells(tmp_path):
     within 10% with the signs right."""
     study = study_module()
     args = type("A", (), dict(prompt_tokens=8, max_tokens=8, acceptance=0.8, seeds=1,
-                              skew=0.9))()
+                              skew=0.9, sign_noise=0.0))()
     cells = []
     for frac in (1.0, 0.5, 0.25):
         for mode in ("solo", "batch"):
@@ -372,7 +372,7 @@ def test_study_reads_an_engine_study_and_reports_held_out_cells(tmp_path):
     args.engine, args.fit_budgets, args.profile = str(path), "1.0,0.25", None
     table = study.engine_check(args)
     assert "held-out 50%: 2/2 cells within 10%" in table
-    assert "sign of batching's gain right in 1/1" in table
+    assert "sign of batching's gain right in 1/1 cells" in table
 
 
 @pytest.mark.parametrize("name", ["cpu_expert_cache_solo_trace.jsonl",
