@@ -5,6 +5,7 @@ strata's WorkloadBaseConfig, declared and validated once."""
 
 from __future__ import annotations
 
+import inspect
 from dataclasses import fields, replace
 from pathlib import Path
 
@@ -94,3 +95,13 @@ def test_engine_and_simulator_accept_the_same_shared_workload_values(knobs):
     sim = verdict(validate_sim_workload, replace(SimWorkloadConfig(kind="cohort"), **knobs))
     assert engine == sim
     assert (engine is None) == (not knobs)
+
+
+@pytest.mark.parametrize("schema, base", [
+    (SimEngineConfig, EngineConfig), (WorkloadConfig, WorkloadBaseConfig),
+    (SimWorkloadConfig, WorkloadBaseConfig),
+])
+def test_an_extending_schema_declares_none_of_its_bases_knobs_again(schema, base):
+    # A knob redeclared in the subclass would be a second declaration (doc, default) to drift.
+    again = set(inspect.get_annotations(schema)) & {f.name for f in fields(base)}
+    assert not again, f"{schema.__name__} declares {sorted(again)} again"
