@@ -25,7 +25,7 @@ def field_comments(schema: type) -> dict[str, str]:
     out = {}
     for cls in reversed(schema.__mro__):
         if is_dataclass(cls):
-            out.update(_own_field_comments(cls))
+            out.update((k, v) for k, v in _own_field_comments(cls).items() if v)
     return out
 
 
