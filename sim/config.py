@@ -8,6 +8,8 @@ override naming an unknown key (or a value of the wrong type) is an error.
 The engine knobs are strata's `engine` schema (DESIGN.md section 8), extended, with strata's
 validator, so a study sweeps the same names, defaults and rules it would pass to `python -m
 strata`; `drafting`, `warmup_graphs` and `graph_policy` are the simulator's own additions.
+Likewise the workload's requests, sizes and arrival knobs are strata's WorkloadBaseConfig, with
+its validator; the arrival processes (poisson, burst, cohort) are the simulator's own.
 Only the schema, its validation, the trace schema and the metric definitions are shared: the
 scheduling rules are implemented again in sim/, which is what a replay checks.
 """
@@ -20,7 +22,8 @@ from typing import Any, Optional
 
 from omegaconf import OmegaConf
 
-from strata.config import ConfigError, EngineConfig, store_schemas
+from strata.config import (ConfigError, EngineConfig, WorkloadBaseConfig, store_schemas,
+                           validate_workload_base)
 from strata.config import validate_engine as validate_strata_engine
 
 #: The simulator's Hydra config tree (its own primary config.yaml and groups).
@@ -81,32 +84,31 @@ class SimMemoryConfig:
 
 
 @dataclass
-class SimWorkloadConfig:
+class SimWorkloadConfig(WorkloadBaseConfig):
+    """strata's shared workload knobs (requests, prompt_tokens, max_tokens, stagger_steps,
+    concurrency: the engine's names, meanings and defaults), plus how a simulation draws
+    arrivals and sizes. conf/sim/workload/*.yaml set the sizes of each kind."""
+
     #: poisson: exponential gaps at `rate_per_s`; burst: waves of `burst_size`..`burst_size_max`
     #: requests every `burst_gap_s`, spread over `burst_spread_s`; cohort: `requests`
     #: concurrent requests at t=0 (the upstream users' paired runs); stagger: request i arrives
     #: at step i * stagger_steps (the engine's synthetic workload).
     kind: str = "poisson"
-    requests: int = 16
-    #: Prompt length; uniform in [prompt_tokens, prompt_tokens_max] when the max is set.
-    prompt_tokens: int = 512
+    #: Prompt lengths are uniform in [prompt_tokens, prompt_tokens_max]; null = all prompt_tokens.
     prompt_tokens_max: Optional[int] = None
-    #: Output budget; uniform in [max_tokens, max_tokens_max] when the max is set.
-    max_tokens: int = 128
+    #: Output budgets are uniform in [max_tokens, max_tokens_max]; null = all max_tokens.
     max_tokens_max: Optional[int] = None
+    #: kind=poisson: mean arrivals per second.
     rate_per_s: float = 1.0
+    #: kind=burst: requests per wave, uniform in [burst_size, burst_size_max] (null = all
+    #: burst_size); waves start every burst_gap_s seconds, each spread over burst_spread_s.
     burst_size: int = 4
     burst_size_max: Optional[int] = None
     burst_gap_s: float = 10.0
     burst_spread_s: float = 0.0
-    stagger_steps: int = 0
     #: Share of requests that sample with top-k / top-p (each drawn independently): windows
     #: holding one use the filtering sampler, a separate graph (key suffix `+f`).
     filtered_share: float = 0.0
-    #: 0: every request arrives as `kind` says. k >= 1: a closed loop of k clients (the
-    #: engine's workload.concurrency): the first k arrive as `kind` says, and each later one in
-    #: the iteration after an earlier request finishes.
-    concurrency: int = 0
 
 
 @dataclass
@@ -277,24 +279,19 @@ def validate_workload(w: Any) -> None:
 
     if w.kind not in WORKLOAD_KINDS:
         bad("kind", f"must be one of {WORKLOAD_KINDS}, got {w.kind!r}")
-    if w.requests < 1:
-        bad("requests", f"must be >= 1, got {w.requests}")
+    validate_workload_base(w, SimConfigError)
+    if w.burst_size < 1:
+        bad("burst_size", f"must be >= 1, got {w.burst_size}")
     for lo, hi in (("prompt_tokens", "prompt_tokens_max"), ("max_tokens", "max_tokens_max"),
                    ("burst_size", "burst_size_max")):
-        if getattr(w, lo) < 1:
-            bad(lo, f"must be >= 1, got {getattr(w, lo)}")
         if getattr(w, hi) is not None and getattr(w, hi) < getattr(w, lo):
             bad(hi, f"{getattr(w, hi)} is below {lo}={getattr(w, lo)}")
     if w.kind == "poisson" and w.rate_per_s <= 0:
         bad("rate_per_s", f"must be > 0, got {w.rate_per_s}")
     if w.burst_gap_s < 0 or w.burst_spread_s < 0:
         bad("burst_gap_s", "burst_gap_s and burst_spread_s must be >= 0")
-    if w.stagger_steps < 0:
-        bad("stagger_steps", f"must be >= 0, got {w.stagger_steps}")
     if not 0.0 <= w.filtered_share <= 1.0:
         bad("filtered_share", f"must be in [0, 1], got {w.filtered_share}")
-    if w.concurrency < 0:
-        bad("concurrency", f"must be >= 0 (0 = no closed loop), got {w.concurrency}")
 
 
 def validate_acceptance(a: Any) -> None:

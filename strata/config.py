@@ -162,31 +162,40 @@ class BackendConfig:
 
 
 @dataclass
-class WorkloadConfig:
+class WorkloadBaseConfig:
+    """The workload knobs the engine's WorkloadConfig and the simulator's SimWorkloadConfig
+    share (how many requests, how long, when they arrive), declared once; each extends it
+    with its own kinds of workload. A conf/ YAML sets what differs from these defaults."""
+
+    #: Number of requests (the engine's kind=file: one per line of the file instead).
+    requests: int = 4
+    #: Prompt length in tokens (the engine's: of kind=synthetic's random-id prompts).
+    prompt_tokens: int = 64
+    #: Tokens to generate per request, unless a request line gives its own.
+    max_tokens: int = 48
+    #: Arrival step of request i is i * stagger_steps.
+    stagger_steps: int = 0
+    #: 0: every request arrives when the workload says (its step or time). k >= 1: a closed
+    #: loop of k clients: the first k requests arrive so, and each one that finishes is
+    #: followed by the next in the following iteration, so at most k are in flight.
+    concurrency: int = 0
+
+
+@dataclass
+class WorkloadConfig(WorkloadBaseConfig):
     #: default (4 code prompts), file (JSON Lines at `path`) or synthetic.
     kind: str = "default"
     #: kind=file: the JSON Lines request file (one request object per line; README).
     path: Optional[str] = None
-    #: Number of requests of kind=default and kind=synthetic.
-    requests: int = 4
-    #: Tokens to generate per request, unless a request line gives its own.
-    max_tokens: int = 48
     #: Sampling temperature (0 = greedy), unless a request line gives its own.
     temperature: float = 0.0
     #: Nucleus sampling mass in (0, 1] (1 = off), unless a request line gives its own.
     top_p: float = 1.0
     #: Keep the k most likely tokens (0 = off), unless a request line gives its own.
     top_k: int = 0
-    #: Sampling seed; request i of kind=default or synthetic uses seed + i.
+    #: Sampling seed (and kind=synthetic's prompt ids); request i of kind=default or synthetic
+    #: uses seed + i.
     seed: int = 0
-    #: Arrival step of request i is i * stagger_steps.
-    stagger_steps: int = 0
-    #: kind=synthetic: prompt length in tokens (random ids from `seed`).
-    prompt_tokens: int = 64
-    #: 0: every request is sent at once (each arrives at its step). k >= 1: a closed loop of k
-    #: clients: the first k requests are sent, and each one that finishes is followed by the
-    #: next in the following iteration, so at most k are in flight.
-    concurrency: int = 0
 
 
 @dataclass
@@ -374,6 +383,20 @@ def validate_engine(e: Any, error: type[ValueError] = ConfigError) -> None:
         if len(counts) != e.stages or min(counts) < 1:
             bad("stage_layers", f"must be auto or {e.stages} positive layer counts separated by "
                                 f"commas (one per stage), got {e.stage_layers!r}")
+
+
+def validate_workload_base(w: Any, error: type[ValueError] = ConfigError, *,
+                           made_up: bool = True) -> None:
+    """Check the workload knobs the engine and the simulator share (WorkloadBaseConfig); raise
+    `error` naming the key. made_up=False: the requests come from a file (the engine's
+    kind=file), whose lines say their own prompts, so `requests` and `prompt_tokens` are unused."""
+    for key in ("requests", "prompt_tokens", "max_tokens") if made_up else ("max_tokens",):
+        if getattr(w, key) < 1:
+            raise error(f"workload.{key}: must be >= 1, got {getattr(w, key)}")
+    if w.stagger_steps < 0:
+        raise error(f"workload.stagger_steps: must be >= 0, got {w.stagger_steps}")
+    if w.concurrency < 0:
+        raise error(f"workload.concurrency: must be >= 0 (0 = no closed loop), got {w.concurrency}")
 
 
 def validate_model(m: Any) -> None:

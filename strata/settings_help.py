@@ -20,7 +20,17 @@ CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
 
 
 def field_comments(schema: type) -> dict[str, str]:
-    """`#:` comment text above each field of a dataclass, joined into one paragraph."""
+    """`#:` comment text above each field of a dataclass and of the dataclasses it extends
+    (a field declared in a base is described there), joined into one paragraph."""
+    out = {}
+    for cls in reversed(schema.__mro__):
+        if is_dataclass(cls):
+            out.update((k, v) for k, v in _own_field_comments(cls).items() if v)
+    return out
+
+
+def _own_field_comments(schema: type) -> dict[str, str]:
+    """`#:` comments of the fields declared in `schema`'s own class body."""
     lines, _ = inspect.getsourcelines(schema)
     src = textwrap.dedent("".join(lines))
     body = ast.parse(src).body[0]

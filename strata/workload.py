@@ -9,6 +9,7 @@ from typing import Any, Optional
 
 import numpy as np
 
+from strata.config import validate_workload_base
 from strata.engine.request import Request, RequestError, SamplingParams
 
 #: Four distinct code prompts: the main job's default workload.
@@ -58,14 +59,7 @@ def check_workload(w: Any) -> None:
     """The workload knobs that need no model: checked before the checkpoint is read."""
     if w.kind not in ("default", "file", "synthetic"):
         raise WorkloadError(f"workload.kind: must be default, file or synthetic, got {w.kind!r}")
-    if w.concurrency < 0:
-        raise WorkloadError(f"workload.concurrency: must be >= 0 (0 = all at once), got {w.concurrency}")
-    if w.stagger_steps < 0:
-        raise WorkloadError(f"workload.stagger_steps: must be >= 0, got {w.stagger_steps}")
-    if w.kind != "file" and w.requests < 1:
-        raise WorkloadError(f"workload.requests: must be >= 1, got {w.requests}")
-    if w.kind == "synthetic" and w.prompt_tokens < 1:
-        raise WorkloadError(f"workload.prompt_tokens: must be >= 1, got {w.prompt_tokens}")
+    validate_workload_base(w, WorkloadError, made_up=w.kind != "file")
     if w.kind == "file":
         request_file(_path(w))
 

@@ -3,9 +3,9 @@
 Each step schedules (cancels, arrivals, admission, the iteration's plan), runs the plan on the
 device (a prompt chunk or a decode window, through the ModelRunner), and commits what came
 back (postprocess.py: tokens emitted, stop conditions, finished requests). Memory planning,
-warm-up, graph caching, text streams, reporting and metrics live in their own modules. The
-engine never imports the faces (strata.serve, strata.__main__). Single-threaded: drive it from
-one thread.
+warm-up, graph caching, text streams, faults, reporting and metrics live in their own
+modules. The engine never imports the faces (strata.serve, strata.__main__).
+Single-threaded: drive it from one thread.
 """
 
 from __future__ import annotations
@@ -25,17 +25,17 @@ from strata.engine.expert_cache import ExpertCache, plan_expert_cache
 from strata.engine.memory import plan_engine_memory
 from strata.engine.model_runner import ModelRunner
 from strata.engine.overlap import OverlappedWindows
-from strata.engine.postprocess import commit_prompt, commit_window, emit_tokens, output_of
+from strata.engine.faults import fail_touched
+from strata.engine.postprocess import commit_prompt, commit_window, output_of, record_finish
 from strata.engine.reporting import config_fields, engine_stats, final_text
 from strata.engine.request import Request, RequestError, RequestOutput
 from strata.engine.scheduler import Plan, Scheduler
-from strata.engine.slots import RequestState, Slot
+from strata.engine.slots import RequestState
 from strata.engine.verifier import SlotBuffers, Verifier
 from strata.engine.warmup import plan_warmup
 from strata.engine.window import window_shape
 from strata.kernels import ops
 from strata.kinds import FinishReason, PlanKind
-from strata.metrics import engine_request_times, request_timings
 from strata.model.loader import LoadedModel, load_model
 from strata.model.state import DecodeState
 from strata.trace import TraceWriter, context_tier
@@ -241,19 +241,7 @@ class Engine:
                 time.sleep(min(wait, 0.05))
         except Exception as e:  # an engine fault fails the requests it touched, never hangs
             touched = [plan.slot] if plan.kind == PlanKind.PREFILL else [s for s, _ in plan.groups]
-            self._fault(plan.kind, e, [(s, s.req) for s in touched], outs)
-
-    def _fault(self, kind: str, e: Exception, touched: list, outs: dict) -> None:
-        """Fail the requests of (slot, request) pairs that the faulted work touched."""
-        msg = f"engine fault in {kind} iteration {self.steps}: {type(e).__name__}: {e}"
-        self.log(f"ERROR: {msg}")
-        for slot, rs in touched:
-            if rs is not None and slot.req is rs and not rs.finished:
-                rs.error = msg
-                self._finish(rs, FinishReason.ERROR, outs)
-        if self.stages is not None and self.stages.failure is not None:
-            from strata.engine.stages import fail_everything
-            fail_everything(self, msg, outs)
+            fail_touched(self, plan.kind, e, [(s, s.req) for s in touched], outs)
 
     def _schedule(self, outs: dict) -> Plan:
         """Cancels, then arrivals, then admission (lanes bound), then the iteration's plan."""
@@ -297,29 +285,14 @@ class Engine:
         commit_window(self, [(s, r, s.req) for s, r in plan.groups], plan.layout, w, run,
                       run.output, dur, outs)
 
-    # ---- postprocess: emission and finishing -----------------------------------------------------
-    def _emit(self, rs: RequestState, slot: Slot, tokens: list[int], outs: dict) -> int:
-        n = emit_tokens(rs, tokens, output_of(rs, outs), eos=self.eos, tokenizer=self.tokenizer,
-                        context_full=slot.pos >= self.max_context)
-        if n:
-            rs.t_last = self.now()
-            self.output_tokens += n
-        return n
-
-    def _finish_event(self, rs: RequestState, out: Optional[RequestOutput] = None) -> None:
-        rs.t_finish = self.now()
-        rs.prompt_tensor = None  # device memory goes back at once
-        self.trace.emit("finish", req=rs.id, reason=rs.reason, tokens=len(rs.emitted))
-        if out is not None:
-            out.timings = request_timings(engine_request_times(rs))
-
+    # ---- ending a request (the commits end theirs: postprocess.py) ----------------------------
     def _finish(self, rs: RequestState, reason: str, outs: dict) -> None:
-        """End a request from outside the decode path (cancel, error)."""
+        """End a request from outside the decode path (cancel, error: faults.py, stages.py)."""
         rs.finished, rs.reason = True, reason
         out = output_of(rs, outs)
         out.finished, out.finish_reason, out.error = True, reason, rs.error
         out.output_tokens = len(rs.emitted)
-        self._finish_event(rs, out)
+        record_finish(self, rs, out)
         if rs.slot is not None:
             self.scheduler.release(self.scheduler.slots[rs.slot])
         elif rs in self.scheduler.queue:

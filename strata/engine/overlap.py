@@ -14,6 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Optional
 
+from strata.engine.faults import fail_touched
 from strata.engine.graph_cache import GraphRun
 from strata.engine.postprocess import commit_window
 from strata.engine.scheduler import Plan
@@ -58,7 +59,7 @@ class OverlappedWindows:
             launched = self._launch(plan)
         except Exception as e:  # the launched window's requests fail; the one in flight lands
             launched = None
-            eng._fault(plan.kind, e, [(s, s.req) for s, _ in plan.groups], outs)
+            fail_touched(eng, plan.kind, e, [(s, s.req) for s, _ in plan.groups], outs)
         if prev is not None:
             self._land(prev, outs)
         if launched is not None:
@@ -83,7 +84,7 @@ class OverlappedWindows:
         try:
             rows, dur = eng.runner.read(launched.run.output)
         except Exception as e:
-            eng._fault(_DECODE, e, [(s, rs) for s, _, rs in launched.groups], outs)
+            fail_touched(eng, _DECODE, e, [(s, rs) for s, _, rs in launched.groups], outs)
             return
         commit_window(eng, launched.groups, launched.layout, launched.shape, launched.run, rows,
                       dur, outs)

@@ -1,6 +1,6 @@
 """Postprocessing what the device returned: a prompt chunk's or a decode window's commit (the
-trace events, positions, counters, finished slots), and a request's emission up to a stop
-condition with its output delta."""
+trace events, positions, counters, finished slots), a request's emission up to a stop
+condition with its output delta, and a finished request's record."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ from strata.engine.request import RequestOutput
 from strata.engine.slots import RequestState, Slot
 from strata.engine.window import WindowShape
 from strata.kinds import FinishReason
+from strata.metrics import engine_request_times, request_timings
 
 if TYPE_CHECKING:
     from strata.engine.llm_engine import Engine
@@ -62,6 +63,25 @@ def emit_tokens(rs: RequestState, tokens: list[int], out: RequestOutput, *, eos:
     return n
 
 
+def emit(eng: "Engine", rs: RequestState, slot: Slot, tokens: list[int], outs: dict) -> int:
+    """emit_tokens for `rs` in `slot`, counted and timed by the engine; returns how many."""
+    n = emit_tokens(rs, tokens, output_of(rs, outs), eos=eng.eos, tokenizer=eng.tokenizer,
+                    context_full=slot.pos >= eng.max_context)
+    if n:
+        rs.t_last = eng.now()
+        eng.output_tokens += n
+    return n
+
+
+def record_finish(eng: "Engine", rs: RequestState, out: Optional[RequestOutput] = None) -> None:
+    """A finished request's time, `finish` trace event and (into `out`) timings."""
+    rs.t_finish = eng.now()
+    rs.prompt_tensor = None  # device memory goes back at once
+    eng.trace.emit("finish", req=rs.id, reason=rs.reason, tokens=len(rs.emitted))
+    if out is not None:
+        out.timings = request_timings(engine_request_times(rs))
+
+
 def commit_prompt(eng: "Engine", slot: Slot, n: int, first: Optional[int], dur: float,
                   outs: dict) -> None:
     """A prompt chunk of `n` tokens ran in `dur` s; `first`: the request's first output token
@@ -76,9 +96,9 @@ def commit_prompt(eng: "Engine", slot: Slot, n: int, first: Optional[int], dur: 
         return
     slot.pos = rs.prompt_len
     rs.t_first = eng.now()
-    eng._emit(rs, slot, [first], outs)
+    emit(eng, rs, slot, [first], outs)
     if rs.finished:
-        eng._finish_event(rs, outs.get(rs.id))
+        record_finish(eng, rs, outs.get(rs.id))
         eng.scheduler.release(slot)
     else:
         eng.scheduler.start_decoding(slot)
@@ -111,7 +131,7 @@ def commit_window(eng: "Engine", groups: list, layout: tuple, w: WindowShape, ru
             continue
         a = row[w.rows]
         slot.pos += a + 1
-        n = eng._emit(rs, slot, row[: a + 1], outs)
+        n = emit(eng, rs, slot, row[: a + 1], outs)
         rs.drafted += r - 1
         rs.accepted += a
         eng.drafted += r - 1
@@ -121,7 +141,7 @@ def commit_window(eng: "Engine", groups: list, layout: tuple, w: WindowShape, ru
         if rs.finished:
             ended.append(slot)
     for slot in ended:
-        eng._finish_event(slot.req, outs.get(slot.req.id))
+        record_finish(eng, slot.req, outs.get(slot.req.id))
         eng.scheduler.release(slot)
     if swap is not None:
         trace.emit("expert_swap", experts=swap[0], bytes=swap[1])
