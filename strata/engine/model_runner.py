@@ -203,8 +203,10 @@ class ModelRunner:
         dev, host = self._views_of(n)[:2]
         dev.copy_(host, non_blocking=True)
 
-    def _fn(self, n: int, g: int, ctx: int, filtered: bool):
+    def _fn(self, n: int, g: int, ctx: int, filtered: bool, staged: bool = False):
         _, _, gs, gp, rows = self._views_of(n)
+        if staged:  # pipelined slot groups: stage 0's part, landed later (land_staged)
+            return lambda: self.verifier.launch(gs, gp, rows, g, ctx, filtered)
         return lambda: self.verifier.window(gs, gp, rows, g, ctx, filtered)
 
     def decode(self, groups: list[tuple[int, int, int]], n_padded: int, g: int, ctx: int,
@@ -245,6 +247,17 @@ class ModelRunner:
         run.output = PendingWindow(host, len(groups), start, end, time.perf_counter() - t0)
         return run
 
+    def launch_staged(self, groups: list[tuple[int, int, int]], n_padded: int, g: int, ctx: int,
+                      filtered: bool, key: Optional[str]) -> GraphRun:
+        """engine.pipeline_groups: as `decode`, but returns once stage 0 has run its layers
+        and handed the window on; the output is the stage verifier's StageWindow, which
+        `land_staged` reads (windows land in launch order)."""
+        return self._run(groups, n_padded, g, ctx, filtered, key, staged=True)
+
+    def land_staged(self, window: Any, groups: int) -> list[list[int]]:
+        """A launched window's host rows, one per real group, once the last stage returns them."""
+        return self.verifier.land(window).tolist()[:groups]
+
     @staticmethod
     def read(pending: "PendingWindow") -> tuple[list[list[int]], float]:
         """Wait for a launched window; returns its host rows (one per group) and its device
@@ -256,7 +269,7 @@ class ModelRunner:
         return pending.host.tolist()[: pending.groups], dur
 
     def _run(self, groups: list[tuple[int, int, int]], n_padded: int, g: int, ctx: int,
-             filtered: bool, key: Optional[str]) -> GraphRun:
+             filtered: bool, key: Optional[str], staged: bool = False) -> GraphRun:
         if n_padded > self.inputs.shape[1]:
             raise RuntimeError(f"window of {n_padded} groups exceeds the {self.inputs.shape[1]} "
                                f"input rows sized at start")
@@ -264,7 +277,7 @@ class ModelRunner:
             raise RuntimeError(f"window of {len(groups)} groups planned into {n_padded} padded "
                                f"groups: a group would be dropped")
         self._fill(groups, n_padded)
-        fn = self._fn(n_padded, g, ctx, filtered)
+        fn = self._fn(n_padded, g, ctx, filtered, staged)
         if self.cache is None or key is None:
             run = GraphRun(GraphAction.EAGER, fn())
         else:
