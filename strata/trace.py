@@ -83,6 +83,9 @@ REPLAY_FIELDS: dict[str, tuple[str, ...]] = {
     "commit": ("step", "req", "slot", "drafted", "accepted", "emitted"),
     "finish": ("step", "req", "reason", "tokens"),
 }
+#: Fields a replay compares when the engine's event has them: a pipelined window's launch step
+#: (engine.pipeline_groups), so that a replay holds the same windows in flight.
+REPLAY_OPTIONAL_FIELDS: dict[str, tuple[str, ...]] = {"window": ("launched",)}
 
 
 def layout_key(layout: Iterable[int], tier: int, filtered: bool = False) -> str:
@@ -272,7 +275,8 @@ def replay_view(events: Iterable[dict[str, Any]]) -> Iterator[tuple]:
     for rec in events:
         ev = rec["ev"]
         if ev in REPLAY_FIELDS:
-            yield (ev,) + tuple(_freeze(rec[f]) for f in REPLAY_FIELDS[ev])
+            extra = tuple((f, rec[f]) for f in REPLAY_OPTIONAL_FIELDS.get(ev, ()) if f in rec)
+            yield (ev,) + tuple(_freeze(rec[f]) for f in REPLAY_FIELDS[ev]) + extra
 
 
 def _freeze(v: Any) -> Any:

@@ -431,6 +431,9 @@ def start(engine_cls: type, cfg: Any, device: torch.device, log: Callable[[str],
     slices = plan_stages(cfg, args, dtype)
     devices = stage_devices(device, len(slices))
     cfg = OmegaConf.create(OmegaConf.to_container(cfg, resolve=True))
+    # The trace's config line records the counts chosen (the simulator splits a window's time
+    # by them), not "auto".
+    cfg.engine.stage_layers = ",".join(str(sl.stop - sl.start) for sl in slices)
     if devices[0].type == "cuda" and (cfg.engine.graphs or cfg.engine.prefill_graphs):
         # A captured window would hold one stage's part of a multi-process exchange.
         log("INFO engine.stages > 1: windows and prompt chunks run without CUDA graphs")
