@@ -8,11 +8,14 @@ Each stage holds its own layers' weights, K/V, DeltaNet state and snapshots; the
 holds the final norm, LM head, MTP layer and the slot buffers (pending token, draft, MTP hidden,
 sampling parameters), so it samples, verifies and drafts with the unchanged Verifier.
 
-One decode window: the last stage makes the window's tokens (pending token, draft, chained
-drafts) and sends them to stage 0; the hidden states go stage to stage once; the last stage
-verifies and broadcasts the window's output ([y..., accepted, next draft] per group); every
-stage commits its own DeltaNet snapshots of the accepted prefix. A prompt chunk: the driver
-broadcasts the chunk, hidden states go stage to stage, the last stage broadcasts the token.
+One decode window: stage 0 takes its tokens from its copy of each slot's pending token and
+draft (every window's output and prompt chunk's reply bring them back), embeds them and runs
+its layers; the hidden states go stage to stage once; the last stage verifies and returns the
+window's output ([y..., accepted, next draft] per group) to every earlier stage, each of which
+commits its own DeltaNet snapshots of the accepted prefix. A prompt chunk: the driver sends the
+chunk, hidden states go stage to stage, the last stage returns the token and draft. Messages
+are point to point (stage_protocol.py), so with engine.pipeline_groups the driver launches
+another group's window before the last stage returns the first one's output (pipeline.py).
 Verification and commit are the one-stage code, so the tokens are the one-stage tokens.
 
 A stage process that dies is a StageFailure: the engine fails every request it holds with an
