@@ -54,13 +54,25 @@ def close_channels() -> None:
     _outbox.clear()
 
 
+#: Sends the outbox holds per rank of the group before it waits for the oldest. A receiver is
+#: at most about `stages` windows (a few messages per stage each) behind its sender, so the
+#: oldest of this many has long arrived and waiting for it returns at once (gloo marks a send
+#: complete only when waited for).
+OUTBOX_PER_RANK = 64
+
+
 def _post(t: torch.Tensor, dst: int, group: Optional[Any]) -> None:
     t = t.contiguous()
     work = dist.isend(t, dst, group=group)
     _outbox.append((work, t))
-    if len(_outbox) > 16:  # forget the completed ones (in order: the oldest finish first)
-        keep = [(w, x) for w, x in _outbox if not w.is_completed()]
-        _outbox[:] = keep
+    limit = OUTBOX_PER_RANK * dist.get_world_size()
+    if len(_outbox) > limit:
+        _outbox[:] = [(w, x) for w, x in _outbox if not w.is_completed()]  # (NCCL knows)
+        old = len(_outbox) - limit // 2
+        if old > 0:
+            for w, _ in _outbox[:old]:
+                w.wait()
+            del _outbox[:old]
 
 
 def flush() -> None:

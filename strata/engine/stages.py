@@ -391,6 +391,20 @@ class FirstStageVerifier:
         states through every stage, output) without its compute: what the split adds to a
         window of this shape. For benchmarks; run it between requests."""
         grp, dev = self.group, self.group.comm_device
+        sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
+        self.exchange(groups, rows)
+        sync()
+        t0 = time.perf_counter()
+        for _ in range(repeats):
+            self.exchange(groups, rows)
+        sync()
+        return (time.perf_counter() - t0) / repeats
+
+    def exchange(self, groups: int, rows: int) -> None:
+        """One window's messages without compute (PING): every pair of every channel. The
+        first one also sets up NCCL's point-to-point communicators, each of which both ranks
+        must join at once (so no later send blocks on a peer that is busy elsewhere)."""
+        grp, dev = self.group, self.group.comm_device
         h = self.model.args.hidden_size
 
         def once() -> None:
@@ -399,14 +413,7 @@ class FirstStageVerifier:
             proto.send(torch.zeros(groups, rows, h, dtype=self.model.dtype, device=dev), 1)
             proto.recv_back(torch.empty(groups, rows + 2, dtype=torch.long, device=dev), grp.last)
 
-        sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
-        grp.call(once)  # first use: NCCL sets up its channels
-        sync()
-        t0 = time.perf_counter()
-        for _ in range(repeats):
-            grp.call(once)
-        sync()
-        return (time.perf_counter() - t0) / repeats
+        grp.call(once)
 
 
 def commit_stage(accept: torch.Tensor, gs: torch.Tensor, gp: torch.Tensor, rec: torch.Tensor,
@@ -469,7 +476,9 @@ def attach(engine: Any, group: StageGroup) -> FirstStageVerifier:
             if group.store.check([f"stage{k}.error"]):
                 raise ConfigError(group.store.get(f"stage{k}.error").decode().partition(":")[2])
         raise ConfigError("engine.stages: a stage could not build its slot state")
-    return FirstStageVerifier(engine, group)
+    verifier = FirstStageVerifier(engine, group)
+    verifier.exchange(1, 1)
+    return verifier
 
 
 def fail_everything(engine: Any, message: str, outs: dict) -> None:
