@@ -279,7 +279,10 @@ class SimEngine:
         if decision.capture_failed:
             self._crash(decision)
             return None
-        yield self.env.timeout(self._host())
+        host = self._host()
+        if self.pipeline:  # the experts' reads are part of every stage's share (stages refuse
+            dur, _ = self._expert_priced(groups, layout, tier, dur, host)  # the expert cache)
+        yield self.env.timeout(host)
         for ev_key, reason in decision.evictions:
             self.stats.graph["evict"] += 1
             self.trace.emit("evict", key=ev_key, reason=reason)
@@ -481,6 +484,20 @@ class SimEngine:
             self._crash(decision)
             return
         host = self._host()
+        dur, expert_fields = self._expert_priced(groups, layout, tier, dur, host)
+        if self.stages is not None:  # an unpipelined split: every stage in turn
+            dur = self.stages.serial_time(dur)
+        yield self.env.timeout(host + dur)
+
+        for ev_key, reason in decision.evictions:
+            self.stats.graph["evict"] += 1
+            self.trace.emit("evict", key=ev_key, reason=reason)
+        yield from self._read_window(layout, key, decision, dur, tier, groups, expert_fields)
+
+    def _expert_priced(self, groups: list[tuple[SlotState, int]], layout: list[int], tier: int,
+                       dur: float, host: float) -> tuple[float, dict[str, int]]:
+        """A window's device seconds with its experts' reads priced, and the expert cache's
+        fields of its event (none when there is no expert model)."""
         expert_fields: dict[str, int] = {}
         if self.experts is not None:  # (engine.overlap refuses the expert cache)
             shape = self._window_shape(groups)
@@ -495,14 +512,7 @@ class SimEngine:
                 hit_s = self.costs.decode_time(rows, tier, "hit", shape)
                 dur = (self.expert_costs.window_s(x, shape[0], shape[1], dur, hit_s)
                        + self.expert_costs.wait_for_copy(host))
-        if self.stages is not None:  # an unpipelined split: every stage in turn
-            dur = self.stages.serial_time(dur)
-        yield self.env.timeout(host + dur)
-
-        for ev_key, reason in decision.evictions:
-            self.stats.graph["evict"] += 1
-            self.trace.emit("evict", key=ev_key, reason=reason)
-        yield from self._read_window(layout, key, decision, dur, tier, groups, expert_fields)
+        return dur, expert_fields
 
     def _read_window(self, layout: list[int], key: str, decision: GraphDecision, dur: float,
                      tier: int, groups: list[tuple[SlotState, int]],
