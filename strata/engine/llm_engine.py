@@ -148,7 +148,6 @@ class Engine:
         self._cancels: list[RequestState] = []
         #: engine.overlap: the decode windows launched ahead of their reads.
         self.overlap = OverlappedWindows(self) if ecfg.overlap else None
-        #: engine.pipeline_groups: up to `stages` windows of different slots in flight.
         self.pipeline = PipelinedWindows(self, ecfg.stages) if ecfg.pipeline_groups else None
 
     def warmup(self) -> None:
@@ -278,7 +277,7 @@ class Engine:
             self.scheduler.enqueue(rs)
         admitted = self.scheduler.admit()
         if admitted:
-            if self.pipeline is not None:  # a lane's window in flight lands before its reset
+            if self.pipeline is not None:
                 self.pipeline.before_bind(admitted, outs)
             now = self.now()
             self.runner.bind_lanes(admitted)
@@ -345,6 +344,8 @@ class Engine:
         if self.overlap is not None and self.overlap.inflight is not None:
             self.overlap.inflight = None  # unread: its graph must not go while it runs
             self._sync()
+        if self.pipeline is not None:
+            self.pipeline.close()
         if self.cache is not None:
             self.cache.clear()
         self.runner.release_prefill_graphs()

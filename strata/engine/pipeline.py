@@ -57,12 +57,20 @@ class PipelinedWindows:
         self.inflight: deque[StagedWindow] = deque()
 
     def before_bind(self, slots: list, outs: dict) -> None:
-        """Land every window up to the last one holding one of `slots` (about to be bound)."""
+        """Land every window up to the last one holding one of `slots` (about to be bound: a
+        request cancelled in flight left its window behind, and the lane's commit must come
+        before its reset)."""
         ids = {s.id for s in slots}
         upto = max((i + 1 for i, w in enumerate(self.inflight)
                     if any(s.id in ids for s, _, _ in w.launched.groups)), default=0)
         for _ in range(upto):
             self._land(self.inflight.popleft(), outs)
+
+    def close(self) -> None:
+        """Land the windows in flight (unless a stage died): the stages' outputs must be read
+        before they stop, or their sends never complete."""
+        if self.engine.stages.failure is None:
+            self.land_all({})
 
     def land_all(self, outs: dict) -> None:
         while self.inflight:

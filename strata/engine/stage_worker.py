@@ -176,7 +176,8 @@ def serve(rank: int, world: int, stage: StageSlice, cfg: Any, loaded: Any, devic
     with torch.inference_mode():
         while True:
             op, a, b, c, d, e = proto.recv_header(device)
-            if op == proto.OP_STOP:
+            if op == proto.OP_STOP:  # take what is still owed to it, so every send completes
+                pending.settle()
                 proto.flush()
                 return
             if op == proto.OP_BIND:
