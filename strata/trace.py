@@ -32,7 +32,10 @@ With the expert cache (engine.expert_cache_mib > 0) a `window` carries `hits`, `
 distinct (layer, routed expert) pair its rows route to, once: a hit when resident at the
 window's start) and `bus_bytes` (misses x bytes of one routed expert), and the `config`
 event's `memory` carries `expert_slots`, `experts`, `expert_bytes` and `moe_layers`.
-Replay compares the sequence of REPLAY_EVENTS on REPLAY_FIELDS; timestamps are never compared.
+With pipelined slot groups (engine.pipeline_groups) a `window` is written when it lands (its
+output read) and carries `launched`, the step that launched it; its `dur` is launch to land.
+Replay compares the sequence of REPLAY_EVENTS on REPLAY_FIELDS (and REPLAY_OPTIONAL_FIELDS
+where the engine's event has them); timestamps are never compared.
 """
 
 from __future__ import annotations

@@ -34,7 +34,7 @@ def _check_pipelined(mode: str, **knobs) -> Engine:
     return eng
 
 
-@pytest.mark.parametrize("mode", ["batch_mtp", "batch"])
+@pytest.mark.parametrize("mode", ["batch_mtp", pytest.param("batch", marks=pytest.mark.slow)])
 def test_pipelined_groups_give_the_one_stage_tokens(mode, single_thread):
     eng = _check_pipelined(mode, slots=4)
     # two groups were in flight at once: a window launched before the one before it landed

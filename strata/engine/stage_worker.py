@@ -141,7 +141,6 @@ def serve(rank: int, world: int, stage: StageSlice, cfg: Any, loaded: Any, devic
           store: Any) -> None:
     from strata.config import plain_engine_config
     from strata.engine.compiling import compiled_functions
-    from strata.engine.stages import commit_stage
     from strata.engine.verifier import SlotBuffers, Verifier
     from strata.model.state import DecodeState
 
@@ -175,7 +174,7 @@ def serve(rank: int, world: int, stage: StageSlice, cfg: Any, loaded: Any, devic
     pending = PendingCommits(state, bufs.pos, last, device)
     with torch.inference_mode():
         while True:
-            op, a, b, c, d, e = proto.recv_header(device)
+            op, a, b, c, d, _ = proto.recv_header(device)
             if op == proto.OP_STOP:  # take what is still owed to it, so every send completes
                 pending.settle()
                 proto.flush()

@@ -390,7 +390,7 @@ class FirstStageVerifier:
         """Mean seconds of one window's exchange between the stages (header, plan, hidden
         states through every stage, output) without its compute: what the split adds to a
         window of this shape. For benchmarks; run it between requests."""
-        grp, dev = self.group, self.group.comm_device
+        dev = self.group.comm_device
         sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
         self.exchange(groups, rows)
         sync()
