@@ -228,13 +228,13 @@ class SimEngine:
 
     def _pipelined(self, kind: str, prefilling: list[SlotState]):
         """engine.pipeline_groups (strata/engine/pipeline.py): a decode window is launched, and
-        with `stages` windows in flight the oldest lands; a window with a group of more than 2
-        rows first lands every window in flight; a prompt chunk lands every window in flight,
+        with `stages` windows in flight the oldest lands; a window of more than 2 rows per
+        group first lands every window in flight; a prompt chunk lands every window in flight,
         then runs; an idle iteration with windows in flight lands the oldest."""
         if kind == "decode":
             groups = self._plan_groups(bool(prefilling))
             if groups:
-                if max(r for _, r in groups) > 2:
+                if self._window_shape(groups)[1] > 2:  # rows per group, padding included
                     yield from self._land_all()
                 launched = yield from self._launch(groups)
                 if launched is not None:

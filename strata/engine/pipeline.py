@@ -9,7 +9,7 @@ after its window t's accepted prefix is known, and the tokens are those of one s
 
 One step (docs/ENGINE.md, "Pipelined slot groups"):
   - a decode plan launches its window; then, with S windows in flight, the oldest lands;
-    a plan with a group of more than 2 rows (a lone slot's chained drafts, which stage 0 must
+    a window of more than 2 rows per group (a lone slot's chained drafts, which stage 0 must
     ask the last stage for) first lands every window in flight;
   - a prompt chunk first lands every window in flight, then runs as in the serial step;
   - an idle plan (every decoding slot in flight) lands the oldest;
@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING
 from strata.engine.overlap import Launched
 from strata.engine.postprocess import commit_window
 from strata.engine.scheduler import Plan
-from strata.engine.window import window_shape
+from strata.engine.window import WindowShape, window_shape
 from strata.kinds import PlanKind
 
 if TYPE_CHECKING:
@@ -79,10 +79,11 @@ class PipelinedWindows:
     def step(self, plan: Plan, outs: dict) -> None:
         eng = self.engine
         if plan.kind == _DECODE:
-            if max(r for _, r in plan.groups) > 2:
+            w = window_shape(plan.groups, plan.layout, eng.cfg, eng._tier, eng.cache is not None)
+            if w.rows > 2:  # its tokens come back behind the outputs in flight
                 self.land_all(outs)
             try:
-                staged = self._launch(plan)
+                staged = self._launch(plan, w)
             except Exception as e:  # its requests fail (a dead stage: every request)
                 staged = None
                 eng._fault(plan.kind, e, [(s, s.req) for s, _ in plan.groups], outs)
@@ -101,9 +102,8 @@ class PipelinedWindows:
         else:  # every decoding slot waits for a window in flight
             self._land(self.inflight.popleft(), outs)
 
-    def _launch(self, plan: Plan) -> StagedWindow:
+    def _launch(self, plan: Plan, w: WindowShape) -> StagedWindow:
         eng = self.engine
-        w = window_shape(plan.groups, plan.layout, eng.cfg, eng._tier, eng.cache is not None)
         t0 = time.perf_counter()
         run = eng.runner.launch_staged([(s.id, s.pos, r) for s, r in plan.groups], w.groups,
                                        w.rows, w.tier, w.filtered, w.key)

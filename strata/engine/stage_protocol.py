@@ -16,7 +16,7 @@ waits for its receiver to get to the message.
   BIND    [n] + (n, 4) int64                lanes, (top_k, seed), (temperature, top_p) as
                                             float32 pairs
   WINDOW  [groups, rows, ctx, filtered]    + (3, groups) lane, position, rows per group; a
-                                            window of more than 2 rows gets its tokens from the
+                                            window of more than 2 rows per group gets its tokens from the
                                             last stage (only it can chain the drafts); output
                                             (groups, rows + 2) from the last stage to every
                                             earlier stage
