@@ -74,6 +74,9 @@ class ModelRunner:
         self.p_graphs: dict[tuple[int, int], Any] = {}  # (bucket, ctx) -> captured handle
         self.p_graphs_mib = 0.0
         self._p_failed = False
+        #: A layer split (the verifier can launch and land apart): whether the window being
+        #: run is launched only (pipelined slot groups); None on one device.
+        self._staged: Optional[bool] = False if hasattr(verifier, "launch") else None
 
     @classmethod
     def for_engine(cls, verifier: Verifier, ecfg: EngineConfig, device: torch.device,
@@ -203,10 +206,12 @@ class ModelRunner:
         dev, host = self._views_of(n)[:2]
         dev.copy_(host, non_blocking=True)
 
-    def _fn(self, n: int, g: int, ctx: int, filtered: bool, staged: bool = False):
+    def _fn(self, n: int, g: int, ctx: int, filtered: bool):
         _, _, gs, gp, rows = self._views_of(n)
-        if staged:  # pipelined slot groups: stage 0's part, landed later (land_staged)
-            return lambda: self.verifier.launch(gs, gp, rows, g, ctx, filtered)
+        if self._staged is not None:  # a layer split: whole windows, or (pipelined) stage 0's
+            # part to land later; chosen per run, since a recorded plan may replay either way
+            return lambda: (self.verifier.launch if self._staged else self.verifier.window)(
+                gs, gp, rows, g, ctx, filtered)
         return lambda: self.verifier.window(gs, gp, rows, g, ctx, filtered)
 
     def decode(self, groups: list[tuple[int, int, int]], n_padded: int, g: int, ctx: int,
@@ -277,7 +282,17 @@ class ModelRunner:
             raise RuntimeError(f"window of {len(groups)} groups planned into {n_padded} padded "
                                f"groups: a group would be dropped")
         self._fill(groups, n_padded)
-        fn = self._fn(n_padded, g, ctx, filtered, staged)
+        if self._staged is not None:
+            self._staged = staged
+        try:
+            return self._run_filled(groups, n_padded, g, ctx, filtered, key)
+        finally:
+            if self._staged is not None:
+                self._staged = False
+
+    def _run_filled(self, groups: list[tuple[int, int, int]], n_padded: int, g: int, ctx: int,
+                    filtered: bool, key: Optional[str]) -> GraphRun:
+        fn = self._fn(n_padded, g, ctx, filtered)
         if self.cache is None or key is None:
             run = GraphRun(GraphAction.EAGER, fn())
         else:
