@@ -12,6 +12,13 @@ Full-depth bf16 Qwen3-Next-80B-A3B on two H200s (dummy weights; about 10 minutes
     python scripts/bench_stages.py --preset qwen3_next_80b_a3b --load-format dummy --stages 2 \
         --configs batch_mtp --n 1,2,4,8 --synthetic-acceptance 0.8 --json stages_bmtp.json
 
+Pipelined slot groups against a single group (engine.pipeline_groups off, then on; issue 19's
+goal: at least 1.6x for batch_mtp at N=8):
+
+    python scripts/bench_stages.py --preset qwen3_next_80b_a3b --load-format dummy --stages 2 \
+        --configs batch_mtp,batch --n 1,2,4,8 --pipeline off,on --synthetic-acceptance 0.8 \
+        --json stages_pipe.json
+
 and the one-GPU FP8 figures beside it:
 
     python scripts/bench_stages.py --preset qwen3_next_80b_a3b_fp8 --load-format dummy --stages 1 \
@@ -41,7 +48,7 @@ from strata.engine.request import Request, SamplingParams  # noqa: E402
 from strata.runner import run_requests  # noqa: E402
 
 
-def build_engine(a, name: str, slots: int) -> Engine:
+def build_engine(a, name: str, slots: int, pipelined: bool = False) -> Engine:
     cfg = OmegaConf.structured(StrataConfig)
     cfg.device = a.device
     cfg.backend.name = a.backend
@@ -49,6 +56,7 @@ def build_engine(a, name: str, slots: int) -> Engine:
     ecfg = engine_cfg(CONFIGS[name], name, slots, a)
     ecfg.stages = a.stages
     ecfg.stage_layers = a.stage_layers
+    ecfg.pipeline_groups = pipelined
     cfg.engine = ecfg
     log = lambda s: s.startswith(("INFO stages", "INFO warm-up", "INFO slots", "WARNING", "ERROR")) \
         and print(s, file=sys.stderr, flush=True)  # noqa: E731
@@ -59,11 +67,12 @@ def build_engine(a, name: str, slots: int) -> Engine:
     return eng
 
 
-def bench_config(a, name: str, ns: list[int]) -> list[dict]:
+def bench_config(a, name: str, ns: list[int], pipelined: bool = False) -> list[dict]:
     slots = max(ns) if CONFIGS[name]["mode"] == "batch" else 1
     t0 = time.perf_counter()
-    eng = build_engine(a, name, slots)
-    print(f"[{name}] engine ready in {time.perf_counter() - t0:.0f} s", file=sys.stderr, flush=True)
+    eng = build_engine(a, name, slots, pipelined)
+    label = f"{name}+pipe" if pipelined else name
+    print(f"[{label}] engine ready in {time.perf_counter() - t0:.0f} s", file=sys.stderr, flush=True)
     device = eng.device
     prompts = token_prompts(eng.args.vocab_size, max(ns), a.prompt_tokens)
     rows = []
@@ -83,12 +92,13 @@ def bench_config(a, name: str, ns: list[int]) -> list[dict]:
                                "mean_ms": mean * 1e3, "handoff_ms": hand * 1e3,
                                "handoff_share": hand / mean if mean else None})
             tps = statistics.median(r["aggregate_tps"] for r in runs)
-            row = {"config": name, "n": n, "stages": a.stages, "aggregate_tps": tps,
+            row = {"config": name, "n": n, "stages": a.stages, "pipelined": pipelined,
+                   "aggregate_tps": tps,
                    "acceptance": runs[0]["acceptance"], "windows": runs[0]["windows"],
                    "shapes": shapes}
             rows.append(row)
             worst = max((s["handoff_share"] or 0.0 for s in shapes), default=0.0)
-            print(f"{name:10s} N={n:<2d} stages={a.stages} {tps:8.1f} tok/s  windows {row['windows']:4d}  "
+            print(f"{label:15s} N={n:<2d} stages={a.stages} {tps:8.1f} tok/s  windows {row['windows']:4d}  "
                   f"hand-off up to {worst * 100:.2f}% of a window", flush=True)
             for s in shapes:
                 print(f"    {s['groups']}x{s['rows']} ctx {s['ctx']}: {s['windows']} windows, "
@@ -120,14 +130,30 @@ def main() -> None:
     ap.add_argument("--synthetic-acceptance", type=float, default=None)
     ap.add_argument("--graphs", type=lambda s: s.lower() in ("1", "true", "yes"), default=True,
                     help="one stage only: a staged engine runs without CUDA graphs")
+    ap.add_argument("--pipeline", default="off",
+                    help="engine.pipeline_groups per run, comma separated: off, on or off,on "
+                         "(both: each configuration with one window in flight, then with one "
+                         "per stage, and the ratio)")
     ap.add_argument("--json")
     a = ap.parse_args()
     ns = [int(x) for x in a.n.split(",")]
+    pipes = [p.strip() for p in a.pipeline.split(",")]
+    if not set(pipes) <= {"off", "on"} or (a.stages < 2 and "on" in pipes):
+        raise SystemExit(f"--pipeline: off, on or off,on (on needs --stages >= 2), got {a.pipeline!r}")
     rows = []
     for name in a.configs.split(","):
         if name not in CONFIGS:
             raise SystemExit(f"--configs: unknown configuration {name!r} (one of {', '.join(CONFIGS)})")
-        rows += bench_config(a, name, ns)
+        for p in pipes:
+            rows += bench_config(a, name, ns, pipelined=p == "on")
+    for r in rows:  # pipelined against a single group, per configuration and N
+        if r["pipelined"]:
+            base = next((b for b in rows if not b["pipelined"] and b["config"] == r["config"]
+                         and b["n"] == r["n"]), None)
+            if base and base["aggregate_tps"]:
+                r["speedup"] = r["aggregate_tps"] / base["aggregate_tps"]
+                print(f"{r['config']:10s} N={r['n']:<2d} pipelined / single group: "
+                      f"{r['speedup']:.2f}x", flush=True)
     if a.json:
         Path(a.json).write_text(json.dumps({"args": vars(a), "rows": rows}, indent=2) + "\n")
 

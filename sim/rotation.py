@@ -51,16 +51,16 @@ class RotationRing:
         return self._members[i % len(self._members)]
 
     def build_window(self, rows_of: Callable[[int], int], window_rows: int,
-                     batch_invariant: bool = False) -> list[int]:
+                     batch_invariant: bool = False, max_groups: Optional[int] = None) -> list[int]:
         """Take slots for one window; returns them in window order and moves the pointer.
 
         `rows_of(slot)` is the slot's group size. A group that does not fit ends the window
         (slots are never skipped), so the first group always fits when rows_of <= window_rows.
         A slot of 0 rows is passed over (engine.overlap: the window in flight may take it to
-        the end of its context); if every slot is, the window is empty and the pointer stays.
+        the end of its context; pipelined slot groups: its window is in flight); if every slot is, the window is empty and the pointer stays.
         Batch-invariant windows pad every group to the row count `invariant_group_rows` gives
         for the deepest one: the groups fit while that count times their number is at most
-        window_rows.
+        window_rows. `max_groups` (pipelined slot groups): at most this many slots are taken.
         """
         if not self._members:
             return []
@@ -71,6 +71,8 @@ class RotationRing:
         rows = 0
         group_rows: list[int] = []
         for j in range(n):
+            if max_groups is not None and len(taken) == max_groups:
+                break
             slot = self._members[(i0 + j) % n]
             r = rows_of(slot)
             if r == 0:

@@ -27,6 +27,7 @@ from .costs import CostProfile
 from .expert_costs import ExpertCosts
 from .experts import ExpertSource, window_fields
 from .graph_cache import GraphCache, GraphDecision, MemoryFacts
+from .pipeline import StagePipeline
 from .rotation import RotationRing
 from .workload import ArrivalSource, ExternalEvents, SimRequest
 
@@ -52,7 +53,8 @@ class SlotState:
     pos: int = 0
     emitted: int = 0
     decoding: bool = False
-    #: engine.overlap: rows of its group in the window launched and not yet read.
+    #: engine.overlap, engine.pipeline_groups: rows of its group in the window launched and
+    #: not yet read.
     inflight: int = 0
 
     @property
@@ -78,7 +80,7 @@ class RequestRecord:
 
 @dataclass
 class InFlight:
-    """engine.overlap: a window launched and not yet read."""
+    """engine.overlap, engine.pipeline_groups: a window launched and not yet read."""
     groups: list[tuple[SlotState, int]]
     layout: list[int]
     key: str
@@ -87,6 +89,8 @@ class InFlight:
     tier: int
     #: Simulated time its device work ends.
     end: float
+    #: Pipelined slot groups: the step that launched it (its window event records it).
+    launched: Optional[int] = None
 
 
 @dataclass
@@ -113,7 +117,7 @@ class SimEngine:
                  acceptance: AcceptanceModel, costs: CostProfile, trace: TraceWriter,
                  measure_capture: Callable[[], float], max_steps: int,
                  requests: list[SimRequest], experts: Optional[ExpertSource] = None,
-                 expert_costs: Optional[ExpertCosts] = None):
+                 expert_costs: Optional[ExpertCosts] = None, stage_handoff_s: float = 0.0):
         self.env = env
         self.knobs = knobs
         self.n_slots = slots
@@ -150,12 +154,20 @@ class SimEngine:
         self.overlap = bool(getattr(knobs, "overlap", False))
         self._inflight: Optional[InFlight] = None
         self._device_free = 0.0
+        #: engine.stages > 1: the stages' time model; engine.pipeline_groups: the depth (the
+        #: stages) and the windows in flight, oldest first.
+        self.stages = StagePipeline.from_knobs(knobs, stage_handoff_s)
+        self.pipeline = (int(knobs.stages) if self.stages is not None
+                         and getattr(knobs, "pipeline_groups", False) else 0)
+        self._pipe: deque[InFlight] = deque()
+        self._just_admitted: list[int] = []
         self.process = env.process(self.run())
 
     # --- the loop --------------------------------------------------------------------------
 
     def _has_work(self) -> bool:
-        return bool(self.slots or self.queue or self.arrivals.pending or self._inflight)
+        return bool(self.slots or self.queue or self.arrivals.pending or self._inflight
+                    or self._pipe)
 
     def run(self):
         while self._has_work() and self.stats.crashed_at_step is None:
@@ -175,10 +187,14 @@ class SimEngine:
             self.trace.emit("arrive", req=req.id, prompt_tokens=req.prompt_tokens,
                             max_tokens=req.max_tokens, filtered=req.filtered)
         self._admitted = self._admit()
+        if self.pipeline:  # a slot's window in flight lands before the slot is bound again
+            yield from self._land_holding(self._just_admitted)
         prefilling = [s for s in self.slots.values() if not s.decoding]
         kind = self._iteration_kind(bool(prefilling), len(self.ring) > 0)
         if self.overlap:
             yield from self._overlapped(kind, prefilling)
+        elif self.pipeline:
+            yield from self._pipelined(kind, prefilling)
         elif kind == "decode":
             yield from self._decode(prefilling_exists=bool(prefilling))
         elif kind == "prefill":
@@ -210,6 +226,48 @@ class SimEngine:
         elif prev is None:
             yield from self._idle()
 
+    def _pipelined(self, kind: str, prefilling: list[SlotState]):
+        """engine.pipeline_groups (strata/engine/pipeline.py): a decode window is launched, and
+        with `stages` windows in flight the oldest lands; a window of more than 2 rows per
+        group first lands every window in flight; a prompt chunk lands every window in flight,
+        then runs; an idle iteration with windows in flight lands the oldest."""
+        if kind == "decode":
+            groups = self._plan_groups(bool(prefilling))
+            if groups:
+                if self._window_shape(groups)[1] > 2:  # rows per group, padding included
+                    yield from self._land_all()
+                launched = yield from self._launch(groups)
+                if launched is not None:
+                    launched.launched = self.step
+                    for st, r in launched.groups:
+                        st.inflight = r
+                    self._pipe.append(launched)
+                if len(self._pipe) >= self.pipeline:
+                    yield from self._land(self._pipe.popleft())
+                return
+            kind = "idle"  # every decoding slot waits for a window in flight
+        if not self._pipe:
+            if kind == "prefill":
+                yield from self._prefill(min(prefilling, key=lambda s: s.admitted_seq))
+            else:
+                yield from self._idle()
+        elif kind == "prefill":
+            yield from self._land_all()
+            yield from self._prefill(min(prefilling, key=lambda s: s.admitted_seq))
+        else:
+            yield from self._land(self._pipe.popleft())
+
+    def _land_all(self):
+        while self._pipe:
+            yield from self._land(self._pipe.popleft())
+
+    def _land_holding(self, slots: list[int]):
+        """Land every window in flight up to the last one holding one of `slots`."""
+        upto = max((i + 1 for i, w in enumerate(self._pipe)
+                    if any(st.slot in slots for st, _ in w.groups)), default=0)
+        for _ in range(upto):
+            yield from self._land(self._pipe.popleft())
+
     def _launch(self, groups: list[tuple[SlotState, int]]):
         """Plan and launch one window: host time, then the device runs it once it is free."""
         if self.external.faulted(self.step):
@@ -221,10 +279,16 @@ class SimEngine:
         if decision.capture_failed:
             self._crash(decision)
             return None
-        yield self.env.timeout(self._host())
+        host = self._host()
+        if self.pipeline:  # the experts' reads are part of every stage's share (stages refuse
+            dur, _ = self._expert_priced(groups, layout, tier, dur, host)  # the expert cache)
+        yield self.env.timeout(host)
         for ev_key, reason in decision.evictions:
             self.stats.graph["evict"] += 1
             self.trace.emit("evict", key=ev_key, reason=reason)
+        if self.pipeline:
+            end = self.stages.launch(self.env.now, dur)
+            return InFlight(groups, layout, key, decision, end - self.env.now, tier, end)
         start = max(self.env.now, self._device_free)
         self._device_free = start + dur
         return InFlight(groups, layout, key, decision, dur, tier, self._device_free)
@@ -238,7 +302,8 @@ class SimEngine:
         if wait > 0:
             yield self.env.timeout(wait)
         groups = [(st, r) for st, r in w.groups if self.slots.get(st.slot) is st]
-        yield from self._read_window(w.layout, w.key, w.decision, w.dur, w.tier, groups)
+        yield from self._read_window(w.layout, w.key, w.decision, w.dur, w.tier, groups,
+                                     launched=w.launched)
 
     def _iteration_kind(self, prefilling: bool, decoding: bool) -> str:
         if prefilling and decoding:
@@ -270,12 +335,14 @@ class SimEngine:
 
     def _admit(self) -> int:
         n = 0
+        self._just_admitted = []
         while self.queue and self.free:
             n += 1
             req = self.queue.popleft()
             slot = min(self.free)
             self.free.remove(slot)
             self.slots[slot] = SlotState(slot, req, admitted_seq=self._admissions)
+            self._just_admitted.append(slot)
             self._admissions += 1
             self.records[req.id].admit_s = self.env.now
             self.trace.emit("admit", req=req.id, slot=slot)
@@ -381,10 +448,14 @@ class SimEngine:
 
         def rows_of(slot: int) -> int:
             st = self.slots[slot]
+            if self.pipeline and st.inflight:
+                return 0  # pipelined: its next window waits for this one's accepted prefix
             room = k.max_context - st.pos - st.inflight
             return 0 if room < 1 else max(1, min(base, st.left - st.inflight, room))
 
-        taken = self.ring.build_window(rows_of, k.window_rows, k.batch_invariant)
+        # Pipelined: at most ceil(D / S) slots, so that S windows of different slots fly.
+        cap = -(-len(self.ring) // self.pipeline) if self.pipeline else None
+        taken = self.ring.build_window(rows_of, k.window_rows, k.batch_invariant, cap)
         return [(self.slots[s], rows_of(s)) for s in taken]
 
     def _window_decision(self, groups: list[tuple[SlotState, int]]):
@@ -413,6 +484,20 @@ class SimEngine:
             self._crash(decision)
             return
         host = self._host()
+        dur, expert_fields = self._expert_priced(groups, layout, tier, dur, host)
+        if self.stages is not None:  # an unpipelined split: every stage in turn
+            dur = self.stages.serial_time(dur)
+        yield self.env.timeout(host + dur)
+
+        for ev_key, reason in decision.evictions:
+            self.stats.graph["evict"] += 1
+            self.trace.emit("evict", key=ev_key, reason=reason)
+        yield from self._read_window(layout, key, decision, dur, tier, groups, expert_fields)
+
+    def _expert_priced(self, groups: list[tuple[SlotState, int]], layout: list[int], tier: int,
+                       dur: float, host: float) -> tuple[float, dict[str, int]]:
+        """A window's device seconds with its experts' reads priced, and the expert cache's
+        fields of its event (none when there is no expert model)."""
         expert_fields: dict[str, int] = {}
         if self.experts is not None:  # (engine.overlap refuses the expert cache)
             shape = self._window_shape(groups)
@@ -427,22 +512,19 @@ class SimEngine:
                 hit_s = self.costs.decode_time(rows, tier, "hit", shape)
                 dur = (self.expert_costs.window_s(x, shape[0], shape[1], dur, hit_s)
                        + self.expert_costs.wait_for_copy(host))
-        yield self.env.timeout(host + dur)
-
-        for ev_key, reason in decision.evictions:
-            self.stats.graph["evict"] += 1
-            self.trace.emit("evict", key=ev_key, reason=reason)
-        yield from self._read_window(layout, key, decision, dur, tier, groups, expert_fields)
+        return dur, expert_fields
 
     def _read_window(self, layout: list[int], key: str, decision: GraphDecision, dur: float,
                      tier: int, groups: list[tuple[SlotState, int]],
-                     expert_fields: Optional[dict[str, int]] = None):
+                     expert_fields: Optional[dict[str, int]] = None,
+                     launched: Optional[int] = None):
         """A window's results: its event, each group's commit, the finishes, the host tail."""
         self.stats.windows += 1
         self.stats.graph[decision.action] += 1
         self.trace.emit("window", layout=layout, key=key, graph=decision.action,
                         rows=len(layout), dur=round(dur, TRACE_DUR_DIGITS), ctx=tier,
-                        **(expert_fields or {}))
+                        **(expert_fields or {}),
+                        **({} if launched is None else {"launched": launched}))
         if decision.action == "capture":
             self._emit_vram()
         if decision.eager_reason and not self._warned_eager:

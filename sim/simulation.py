@@ -39,6 +39,9 @@ class Scenario:
     #: prices its misses (sim/expert_costs.py; None in replay); None = no expert model.
     experts: Any = None
     expert_costs: Any = None
+    #: engine.stages > 1: seconds to hand a window's hidden states from one stage to the next
+    #: (sim/pipeline.py).
+    stage_handoff_s: float = 0.0
 
 
 @dataclass
@@ -62,7 +65,8 @@ def simulate(scenario: Scenario, trace_stream: Optional[TextIO] = None) -> SimRu
     engine = SimEngine(env, scenario.knobs, scenario.memory, scenario.slots, arrivals,
                        scenario.external, scenario.acceptance, scenario.costs, trace,
                        scenario.measure_capture, scenario.max_steps, scenario.requests,
-                       experts=scenario.experts, expert_costs=scenario.expert_costs)
+                       experts=scenario.experts, expert_costs=scenario.expert_costs,
+                       stage_handoff_s=scenario.stage_handoff_s)
     if scenario.warm_keys:
         keys, sizes = engine.cache.prewarm(scenario.warm_keys)
         trace.emit("warmup", keys=keys, mib=sizes)

@@ -137,6 +137,10 @@ class EngineConfig:
     #: stages > 1: auto (balance bytes per stage) or the decoder layers per stage, comma
     #: separated, summing to the model's depth (e.g. "20,28").
     stage_layers: str = "auto"
+    #: stages > 1: split the decoding slots into `stages` groups, round-robin, and keep one
+    #: window per group in flight (stage 1 runs one group's window while the last verifies
+    #: another's; drafts travel with their group).
+    pipeline_groups: bool = False
 
 
 #: Every engine knob, in declaration order: what an engine trace's `config` line records.
@@ -375,6 +379,9 @@ def validate_engine(e: Any, error: type[ValueError] = ConfigError) -> None:
         bad("overlap", "engine.overlap runs on one device without the expert cache (the cache "
                        "reads its counts and swaps experts between windows); set "
                        "engine.stages=1 and engine.expert_cache_mib=0, or engine.overlap=false")
+    if e.pipeline_groups and e.stages < 2:
+        bad("pipeline_groups", f"pipelines slot groups across stages: needs engine.stages >= 2, "
+                               f"got engine.stages={e.stages}")
     if e.stage_layers != "auto":
         try:
             counts = [int(c) for c in str(e.stage_layers).split(",")]

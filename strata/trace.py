@@ -32,7 +32,10 @@ With the expert cache (engine.expert_cache_mib > 0) a `window` carries `hits`, `
 distinct (layer, routed expert) pair its rows route to, once: a hit when resident at the
 window's start) and `bus_bytes` (misses x bytes of one routed expert), and the `config`
 event's `memory` carries `expert_slots`, `experts`, `expert_bytes` and `moe_layers`.
-Replay compares the sequence of REPLAY_EVENTS on REPLAY_FIELDS; timestamps are never compared.
+With pipelined slot groups (engine.pipeline_groups) a `window` is written when it lands (its
+output read) and carries `launched`, the step that launched it; its `dur` is launch to land.
+Replay compares the sequence of REPLAY_EVENTS on REPLAY_FIELDS (and REPLAY_OPTIONAL_FIELDS
+where the engine's event has them); timestamps are never compared.
 """
 
 from __future__ import annotations
@@ -83,6 +86,9 @@ REPLAY_FIELDS: dict[str, tuple[str, ...]] = {
     "commit": ("step", "req", "slot", "drafted", "accepted", "emitted"),
     "finish": ("step", "req", "reason", "tokens"),
 }
+#: Fields a replay compares when the engine's event has them: a pipelined window's launch step
+#: (engine.pipeline_groups), so that a replay holds the same windows in flight.
+REPLAY_OPTIONAL_FIELDS: dict[str, tuple[str, ...]] = {"window": ("launched",)}
 
 
 def layout_key(layout: Iterable[int], tier: int, filtered: bool = False) -> str:
@@ -272,7 +278,8 @@ def replay_view(events: Iterable[dict[str, Any]]) -> Iterator[tuple]:
     for rec in events:
         ev = rec["ev"]
         if ev in REPLAY_FIELDS:
-            yield (ev,) + tuple(_freeze(rec[f]) for f in REPLAY_FIELDS[ev])
+            extra = tuple((f, rec[f]) for f in REPLAY_OPTIONAL_FIELDS.get(ev, ()) if f in rec)
+            yield (ev,) + tuple(_freeze(rec[f]) for f in REPLAY_FIELDS[ev]) + extra
 
 
 def _freeze(v: Any) -> Any:

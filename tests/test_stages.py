@@ -143,9 +143,10 @@ def test_three_stages_give_the_one_stage_tokens(single_thread):
     assert _run(**MODES["solo"], stages=3)[0] == one
 
 
-def test_a_stage_killed_mid_run_fails_every_request_with_an_error(single_thread):
-    eng = Engine.from_config(cpu_engine_config(EMBEDDED_MODEL_DIR, mode="batch", slots=2, stages=2),
-                             log=lambda m: None)
+@pytest.mark.parametrize("pipelined", [False, True])
+def test_a_stage_killed_mid_run_fails_every_request_with_an_error(pipelined, single_thread):
+    eng = Engine.from_config(cpu_engine_config(EMBEDDED_MODEL_DIR, mode="batch", slots=2, stages=2,
+                                               pipeline_groups=pipelined), log=lambda m: None)
     try:
         for r in _requests(max_tokens=40):
             eng.add_request(r)

@@ -1,6 +1,7 @@
 """engine.stages=2 on two CUDA devices (NCCL): the one-stage tokens in every mode, and the
 hand-off measurement runs. The lead runs it on the two-GPU machine:
-`PYTHONPATH=$PWD python3 -m pytest -q tests/test_stages_gpu.py`."""
+`PYTHONPATH=$PWD python3 -m pytest -q tests/test_stages_gpu.py` (with pipelined slot groups:
+`-k pipelined`)."""
 
 from __future__ import annotations
 
@@ -43,3 +44,14 @@ def test_two_gpu_stages_give_the_one_gpu_tokens(mode, compile_):
     two, hand = _run(**knobs, stages=2)
     assert one == two
     assert 0 < hand < 0.05  # one 2x2 window's messages over NCCL: well under 50 ms
+
+
+@pytest.mark.parametrize("mode", list(MODES))
+def test_two_gpu_pipelined_groups_give_the_one_gpu_tokens(mode):
+    """engine.pipeline_groups over NCCL: windows of two slot groups in flight at once, the
+    point-to-point channels in both directions, and still the one-GPU tokens."""
+    knobs = dict(MODES[mode], compile="off", graphs=False)
+    one, _ = _run(**knobs)
+    piped, hand = _run(**knobs, stages=2, pipeline_groups=True)
+    assert one == piped
+    assert 0 < hand < 0.05

@@ -32,8 +32,9 @@ def _stage_pids(engine_pid: int) -> list[int]:
 
 
 @pytest.mark.slow
-def test_a_dead_stage_fails_its_requests_and_restarts_the_engine(tmp_path):
-    s = ServerProc(tmp_path, "engine.stages=2")
+@pytest.mark.parametrize("pipelined", ["false", "true"])
+def test_a_dead_stage_fails_its_requests_and_restarts_the_engine(tmp_path, pipelined):
+    s = ServerProc(tmp_path, "engine.stages=2", f"engine.pipeline_groups={pipelined}")
     try:
         info = s.wait_ready()
         old = info["engine_pid"]

@@ -26,6 +26,7 @@ from strata.engine.memory import plan_engine_memory
 from strata.engine.model_runner import ModelRunner
 from strata.engine.overlap import OverlappedWindows
 from strata.engine.faults import fail_touched
+from strata.engine.pipeline import PipelinedWindows
 from strata.engine.postprocess import commit_prompt, commit_window, output_of, record_finish
 from strata.engine.reporting import config_fields, engine_stats, final_text
 from strata.engine.request import Request, RequestError, RequestOutput
@@ -122,7 +123,8 @@ class Engine:
                                    drafting=self.drafting, spec=ecfg.spec,
                                    window_rows=ecfg.window_rows, decode_share=ecfg.decode_share,
                                    prefill_chunk=ecfg.prefill_chunk, max_context=self.max_context,
-                                   trace=self.trace, batch_invariant=ecfg.batch_invariant)
+                                   trace=self.trace, batch_invariant=ecfg.batch_invariant,
+                                   pipeline=ecfg.stages if ecfg.pipeline_groups else 0)
         self.runner = ModelRunner.for_engine(self.verifier, ecfg, device, self.budget,
                                              self.trace, log)
         self.cache = self.runner.cache
@@ -146,6 +148,7 @@ class Engine:
         self._cancels: list[RequestState] = []
         #: engine.overlap: the decode windows launched ahead of their reads.
         self.overlap = OverlappedWindows(self) if ecfg.overlap else None
+        self.pipeline = PipelinedWindows(self, ecfg.stages) if ecfg.pipeline_groups else None
 
     def warmup(self) -> None:
         """Run every shape this engine can plan once on the scratch lane and capture the graphs
@@ -210,7 +213,8 @@ class Engine:
 
     def has_work(self) -> bool:
         return (bool(self.arrivals) or self.scheduler.busy() or bool(self._cancels)
-                or (self.overlap is not None and self.overlap.inflight is not None))
+                or (self.overlap is not None and self.overlap.inflight is not None)
+                or (self.pipeline is not None and bool(self.pipeline.inflight)))
 
     def next_arrival_in(self) -> Optional[float]:
         """Seconds until the next wall-clock arrival, when nothing else is waiting."""
@@ -223,6 +227,8 @@ class Engine:
         plan = self._schedule(outs)
         if self.overlap is not None:
             self.overlap.step(plan, outs)
+        elif self.pipeline is not None:
+            self.pipeline.step(plan, outs)
         else:
             self._run(plan, outs)
         if self.cache is not None and self.cfg.vram_every and self.steps % self.cfg.vram_every == 0:
@@ -259,6 +265,8 @@ class Engine:
             self.scheduler.enqueue(rs)
         admitted = self.scheduler.admit()
         if admitted:
+            if self.pipeline is not None:
+                self.pipeline.before_bind(admitted, outs)
             now = self.now()
             self.runner.bind_lanes(admitted)
             for s in admitted:
@@ -309,6 +317,8 @@ class Engine:
         if self.overlap is not None and self.overlap.inflight is not None:
             self.overlap.inflight = None  # unread: its graph must not go while it runs
             self._sync()
+        if self.pipeline is not None:
+            self.pipeline.close()
         if self.cache is not None:
             self.cache.clear()
         self.runner.release_prefill_graphs()

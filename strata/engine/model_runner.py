@@ -74,6 +74,9 @@ class ModelRunner:
         self.p_graphs: dict[tuple[int, int], Any] = {}  # (bucket, ctx) -> captured handle
         self.p_graphs_mib = 0.0
         self._p_failed = False
+        #: A layer split (the verifier can launch and land apart): whether the window being
+        #: run is launched only (pipelined slot groups); None on one device.
+        self._staged: Optional[bool] = False if hasattr(verifier, "launch") else None
 
     @classmethod
     def for_engine(cls, verifier: Verifier, ecfg: EngineConfig, device: torch.device,
@@ -205,6 +208,10 @@ class ModelRunner:
 
     def _fn(self, n: int, g: int, ctx: int, filtered: bool):
         _, _, gs, gp, rows = self._views_of(n)
+        if self._staged is not None:  # a layer split: whole windows, or (pipelined) stage 0's
+            # part to land later; chosen per run, since a recorded plan may replay either way
+            return lambda: (self.verifier.launch if self._staged else self.verifier.window)(
+                gs, gp, rows, g, ctx, filtered)
         return lambda: self.verifier.window(gs, gp, rows, g, ctx, filtered)
 
     def decode(self, groups: list[tuple[int, int, int]], n_padded: int, g: int, ctx: int,
@@ -245,6 +252,17 @@ class ModelRunner:
         run.output = PendingWindow(host, len(groups), start, end, time.perf_counter() - t0)
         return run
 
+    def launch_staged(self, groups: list[tuple[int, int, int]], n_padded: int, g: int, ctx: int,
+                      filtered: bool, key: Optional[str]) -> GraphRun:
+        """engine.pipeline_groups: as `decode`, but returns once stage 0 has run its layers
+        and handed the window on; the output is the stage verifier's StageWindow, which
+        `land_staged` reads (windows land in launch order)."""
+        return self._run(groups, n_padded, g, ctx, filtered, key, staged=True)
+
+    def land_staged(self, window: Any, groups: int) -> list[list[int]]:
+        """A launched window's host rows, one per real group, once the last stage returns them."""
+        return self.verifier.land(window).tolist()[:groups]
+
     @staticmethod
     def read(pending: "PendingWindow") -> tuple[list[list[int]], float]:
         """Wait for a launched window; returns its host rows (one per group) and its device
@@ -256,7 +274,7 @@ class ModelRunner:
         return pending.host.tolist()[: pending.groups], dur
 
     def _run(self, groups: list[tuple[int, int, int]], n_padded: int, g: int, ctx: int,
-             filtered: bool, key: Optional[str]) -> GraphRun:
+             filtered: bool, key: Optional[str], staged: bool = False) -> GraphRun:
         if n_padded > self.inputs.shape[1]:
             raise RuntimeError(f"window of {n_padded} groups exceeds the {self.inputs.shape[1]} "
                                f"input rows sized at start")
@@ -264,6 +282,16 @@ class ModelRunner:
             raise RuntimeError(f"window of {len(groups)} groups planned into {n_padded} padded "
                                f"groups: a group would be dropped")
         self._fill(groups, n_padded)
+        if self._staged is not None:
+            self._staged = staged
+        try:
+            return self._run_filled(groups, n_padded, g, ctx, filtered, key)
+        finally:
+            if self._staged is not None:
+                self._staged = False
+
+    def _run_filled(self, groups: list[tuple[int, int, int]], n_padded: int, g: int, ctx: int,
+                    filtered: bool, key: Optional[str]) -> GraphRun:
         fn = self._fn(n_padded, g, ctx, filtered)
         if self.cache is None or key is None:
             run = GraphRun(GraphAction.EAGER, fn())

@@ -105,10 +105,11 @@ def commit_prompt(eng: "Engine", slot: Slot, n: int, first: Optional[int], dur: 
 
 
 def commit_window(eng: "Engine", groups: list, layout: tuple, w: WindowShape, run: GraphRun,
-                  rows: list, dur: float, outs: dict) -> None:
+                  rows: list, dur: float, outs: dict, launched: Optional[int] = None) -> None:
     """The window event, then each group's commit and emission, then the finishes.
     `groups`: (slot, rows, request) as launched; a group whose request has finished or
-    left its slot since (engine.overlap) is discarded."""
+    left its slot since (engine.overlap, pipelined slot groups) is discarded. `launched`
+    (pipelined slot groups): the step that launched the window, which the event records."""
     eng.windows += 1
     trace = eng.trace
     tracing = trace.active  # a server or benchmark builds none of these events
@@ -123,6 +124,8 @@ def commit_window(eng: "Engine", groups: list, layout: tuple, w: WindowShape, ru
         # A capture's measured size: replaying a GPU trace needs it to decide what fits.
         if run.mib is not None:
             extra["mib"] = round(run.mib, 3)
+        if launched is not None:
+            extra["launched"] = launched
         trace.emit("window", layout=list(layout), key=w.key or "eager", graph=run.action,
                    rows=len(layout), dur=round(dur, 6), ctx=w.tier, **extra)
     ended = []

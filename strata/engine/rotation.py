@@ -6,7 +6,10 @@ fit in W rows or every slot is in; the pointer then moves past the last slot tak
 invariant window (`engine.batch_invariant`) runs its groups padded to one row count, a divisor
 of W (strata.trace.invariant_group_rows): a group fits when all the groups taken, padded so,
 still come to at most W rows. A slot of 0 rows (engine.overlap: the window in flight may take
-it to the end of its context) is passed over.
+it to the end of its context; pipelined slot groups: its group's window is in flight) is
+passed over. With pipelined slot groups (engine.pipeline_groups) a window takes at most
+ceil(D / S) slots, D decoding slots over S stages, so that S windows of different slots can be
+in flight at once.
 """
 
 from __future__ import annotations
@@ -36,8 +39,9 @@ class RotationRing:
             self.pointer = later[0] if later else (self.members[0] if self.members else None)
 
     def build(self, rows_of: Callable[[int], int], window_rows: int,
-              batch_invariant: bool = False) -> list[int]:
-        """Slots of the next window, in window order; advances the pointer."""
+              batch_invariant: bool = False, max_groups: Optional[int] = None) -> list[int]:
+        """Slots of the next window, in window order; advances the pointer. `max_groups`
+        (pipelined slot groups): take at most this many slots."""
         if not self.members:
             return []
         start = self.pointer if self.pointer in self.members else self.members[0]
@@ -46,6 +50,8 @@ class RotationRing:
         taken: list[int] = []
         used = deepest = 0
         for step in range(n):
+            if max_groups is not None and len(taken) == max_groups:
+                break
             slot = self.members[(i0 + step) % n]
             r = rows_of(slot)
             if r == 0:

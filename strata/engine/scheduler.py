@@ -32,13 +32,16 @@ class Plan:
 class Scheduler:
     def __init__(self, n_slots: int, *, mode: str, batch_mtp: bool, drafting: bool, spec: int,
                  window_rows: int, decode_share: float, prefill_chunk: int, max_context: int,
-                 trace: TraceWriter, batch_invariant: bool = False):
+                 trace: TraceWriter, batch_invariant: bool = False, pipeline: int = 0):
+        """`pipeline` (engine.pipeline_groups): the stages, whose windows of different slots
+        are in flight at once (0: off)."""
         self.slots = [Slot(i) for i in range(n_slots)]
         self.queue: deque[RequestState] = deque()
         self.ring = RotationRing()
         self.mode, self.batch_mtp, self.drafting = mode, batch_mtp, drafting
         self.spec, self.window_rows = spec, window_rows
         self.batch_invariant = batch_invariant
+        self.pipeline = pipeline
         self.decode_share, self.prefill_chunk = decode_share, prefill_chunk
         self.max_context = max_context
         self.trace = trace
@@ -84,6 +87,8 @@ class Scheduler:
         """Rows of the slot's group in the next window; 0: it cannot run in it. A window in
         flight (engine.overlap) may still commit `slot.inflight` positions and emit as many
         tokens: the bounds assume it does, so no row ever writes past the context."""
+        if self.pipeline and slot.inflight:
+            return 0  # its window t + 1 waits for window t's accepted prefix
         spec = self.spec if self.drafting else 1
         if self.mode == "solo" or lone:
             base = spec
@@ -114,7 +119,8 @@ class Scheduler:
             return Plan(PlanKind.PREFILL, slot=slot, tokens=tokens)
         lone = len(decoding) == 1 and not prefilling
         rows = {sid: self.rows_for(self.slots[sid], lone) for sid in decoding}
-        taken = self.ring.build(lambda sid: rows[sid], self.window_rows, self.batch_invariant)
-        if not taken:  # (overlap only) every decoding slot waits for the window in flight
+        cap = -(-len(decoding) // self.pipeline) if self.pipeline else None
+        taken = self.ring.build(lambda sid: rows[sid], self.window_rows, self.batch_invariant, cap)
+        if not taken:  # (overlap, pipelining) every decoding slot waits for a window in flight
             return Plan(PlanKind.IDLE)
         return Plan(_DECODE_PLAN, groups=[(self.slots[sid], rows[sid]) for sid in taken])

@@ -61,8 +61,9 @@ class Slot:
     prefilled: int = 0  # prompt tokens already run
     pos: int = 0  # committed positions (the pending token sits at pos)
     admit_seq: int = 0  # admission order, for "prefilling slot admitted earliest"
-    #: engine.overlap: rows of this slot's group in the window launched and not yet read (it
-    #: may commit that many positions and emit that many tokens the host does not know of).
+    #: engine.overlap, engine.pipeline_groups: rows of this slot's group in the window launched
+    #: and not yet read (it may commit that many positions and emit that many tokens the host
+    #: does not know of; pipelined, the slot waits for it).
     inflight: int = 0
 
     def bind(self, rs: RequestState, seq: int) -> None:

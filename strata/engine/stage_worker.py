@@ -15,7 +15,7 @@ import threading
 import time
 import traceback
 from datetime import timedelta
-from typing import Any
+from typing import Any, Optional
 
 import torch
 
@@ -53,7 +53,8 @@ class LastStageModel:
         return proto.recv(x, self._rank - 1)
 
     def verify_window(self, tokens, group_slot, group_pos, ctx, state, split_keys=0):
-        proto.send(tokens, 0)
+        if tokens.shape[1] > 2:  # chained drafts: only this stage can make them (see OP_WINDOW)
+            proto.send_back(tokens, 0)
         x = self._hidden(*tokens.shape, like=tokens)
         x, rec, conv = self._model.window_layers(x, group_slot, group_pos, ctx, state, split_keys)
         hidden, logits = self._model.c_head(x)
@@ -62,6 +63,34 @@ class LastStageModel:
     def prefill(self, tokens, lane, start, state, length=None, ctx=None):
         x = self._hidden(1, tokens.shape[0], like=tokens)
         return self._model.p_norm(self._model.prefill_layers(x, lane, start, state, length, ctx))[0]
+
+
+class PendingCommits:
+    """A middle stage's windows whose output (the accepted prefix) the last stage has not yet
+    returned to it: with pipelined slot groups it runs the next group's window meanwhile, and
+    commits a window's DeltaNet snapshots before a later message touches its slots."""
+
+    def __init__(self, state: Any, pos: torch.Tensor, last: int, device: torch.device):
+        self.state, self.pos, self.last, self.device = state, pos, last, device
+        self.scratch = {state.scratch}  # every padded window writes it: no order to keep there
+        #: (lanes as a set, gs, gp, rows per group, rec, conv), oldest first.
+        self.items: list[tuple] = []
+
+    def add(self, gs, gp, g, rec, conv) -> None:
+        self.items.append((set(gs.tolist()) - self.scratch, gs, gp, g, rec, conv))
+
+    def settle(self, lanes: Optional[set] = None) -> None:
+        """Commit the pending windows up to the last one sharing a lane with `lanes` (None:
+        all of them). Outputs arrive oldest first, so the earlier ones are read on the way."""
+        from strata.engine.stages import commit_stage
+
+        upto = len(self.items) if lanes is None else max(
+            (i + 1 for i, it in enumerate(self.items) if it[0] & lanes), default=0)
+        for _, gs, gp, g, rec, conv in self.items[:upto]:
+            out = proto.recv_back(torch.empty(gs.shape[0], g + 2, dtype=torch.long,
+                                              device=self.device), self.last)
+            commit_stage(out[:, g], gs, gp, rec, conv, self.state, self.pos)
+        del self.items[:upto]
 
 
 def stage_main(rank: int, world: int, port: int, cfg_dict: dict, sl: tuple, device_name: str,
@@ -96,6 +125,7 @@ def stage_main(rank: int, world: int, port: int, cfg_dict: dict, sl: tuple, devi
     store.set(f"stage{rank}.ready", "1")
     dist.init_process_group("nccl" if device.type == "cuda" else "gloo", store=store, rank=rank,
                             world_size=world, timeout=timedelta(seconds=JOIN_TIMEOUT_S))
+    proto.open_channels()
     try:
         serve(rank, world, stage, cfg, loaded, device, store)
     except Exception as e:  # the driver went away mid-message, or a real error: say which
@@ -111,7 +141,6 @@ def serve(rank: int, world: int, stage: StageSlice, cfg: Any, loaded: Any, devic
           store: Any) -> None:
     from strata.config import plain_engine_config
     from strata.engine.compiling import compiled_functions
-    from strata.engine.stages import commit_stage
     from strata.engine.verifier import SlotBuffers, Verifier
     from strata.model.state import DecodeState
 
@@ -142,49 +171,53 @@ def serve(rank: int, world: int, stage: StageSlice, cfg: Any, loaded: Any, devic
         verifier = Verifier(LastStageModel(model, rank), state, bufs, drafting, split_keys=split_keys,
                             functions=functions, synthetic_acceptance=ecfg.synthetic_acceptance)
     empty = lambda *shape, dtype=torch.long: torch.empty(*shape, dtype=dtype, device=device)  # noqa: E731
+    pending = PendingCommits(state, bufs.pos, last, device)
     with torch.inference_mode():
         while True:
             op, a, b, c, d, _ = proto.recv_header(device)
-            if op == proto.OP_STOP:
+            if op == proto.OP_STOP:  # take what is still owed to it, so every send completes
+                pending.settle()
+                proto.flush()
                 return
             if op == proto.OP_BIND:
-                payload = proto.broadcast(empty(a, 4), 0)
+                payload = proto.recv(empty(a, 4), 0)
                 lanes = payload[:, 0].contiguous()
+                pending.settle(set(lanes.tolist()))  # a lane's old window commits before its reset
                 state.reset_lanes(lanes)
                 bufs.set_params(lanes, payload[:, 3:4].contiguous().view(torch.float32),
                                 payload[:, 1:3].contiguous())
             elif op == proto.OP_WINDOW:
                 ng, g, ctx, filtered = a, b, c, bool(d)
-                plan = proto.broadcast(empty(3, ng), 0)
+                plan = proto.recv(empty(3, ng), 0)
                 gs, gp, rows = plan[0], plan[1], plan[2]
                 if stage.last:
-                    proto.broadcast(verifier.window(gs, gp, rows, g, ctx, filtered), rank)
+                    proto.back_to_all(verifier.window(gs, gp, rows, g, ctx, filtered))
                     continue
+                pending.settle(set(gs.tolist()))
                 x = proto.recv(empty(ng, g, args.hidden_size, dtype=loaded.dtype), rank - 1)
                 x, rec, conv = model.window_layers(x, gs, gp, ctx, state, split_keys)
                 proto.send(x, rank + 1)
-                out = proto.broadcast(empty(ng, g + 2), last)
-                commit_stage(out[:, g], gs, gp, rec, conv, state, bufs.pos)
+                pending.add(gs, gp, g, rec, conv)
             elif op == proto.OP_PREFILL:
                 n, ctx = a, b
-                buf = proto.broadcast(empty(n + 4), 0)
+                buf = proto.recv(empty(n + 4), 0)
                 tokens, meta = buf[:n], buf[n:]
                 if stage.last:
-                    proto.broadcast(verifier.prefill(tokens, meta, ctx), rank)
+                    token = verifier.prefill(tokens, meta, ctx)
+                    proto.send_back(torch.cat([token, bufs.draft[meta[0:1]]]), 0)
                     continue
+                pending.settle()
                 x = proto.recv(empty(1, n, args.hidden_size, dtype=loaded.dtype), rank - 1)
                 x = model.prefill_layers(x, meta[0:1], meta[1:2], state, length=meta[2:3], ctx=ctx)
                 proto.send(x, rank + 1)
-                proto.broadcast(empty(1), last)
             elif op == proto.OP_PING:
                 ng, g = a, b
-                plan = proto.broadcast(empty(3, ng), 0)
-                hidden = empty(ng, g, args.hidden_size, dtype=loaded.dtype)
+                proto.recv(empty(3, ng), 0)
+                hidden = proto.recv(empty(ng, g, args.hidden_size, dtype=loaded.dtype), rank - 1)
                 if stage.last:
-                    proto.send(empty(ng, g).zero_(), 0)
-                proto.recv(hidden, rank - 1)
-                if not stage.last:
+                    proto.back_to_all(empty(ng, g + 2).zero_())
+                else:
                     proto.send(hidden, rank + 1)
-                proto.broadcast(empty(ng, g + 2), last)
+                    proto.recv_back(empty(ng, g + 2), last)
             else:
                 raise RuntimeError(f"stage {rank}: unknown op {op}")

@@ -8,11 +8,14 @@ Each stage holds its own layers' weights, K/V, DeltaNet state and snapshots; the
 holds the final norm, LM head, MTP layer and the slot buffers (pending token, draft, MTP hidden,
 sampling parameters), so it samples, verifies and drafts with the unchanged Verifier.
 
-One decode window: the last stage makes the window's tokens (pending token, draft, chained
-drafts) and sends them to stage 0; the hidden states go stage to stage once; the last stage
-verifies and broadcasts the window's output ([y..., accepted, next draft] per group); every
-stage commits its own DeltaNet snapshots of the accepted prefix. A prompt chunk: the driver
-broadcasts the chunk, hidden states go stage to stage, the last stage broadcasts the token.
+One decode window: stage 0 takes its tokens from its copy of each slot's pending token and
+draft (every window's output and prompt chunk's reply bring them back), embeds them and runs
+its layers; the hidden states go stage to stage once; the last stage verifies and returns the
+window's output ([y..., accepted, next draft] per group) to every earlier stage, each of which
+commits its own DeltaNet snapshots of the accepted prefix. A prompt chunk: the driver sends the
+chunk, hidden states go stage to stage, the last stage returns the token and draft. Messages
+are point to point (stage_protocol.py), so with engine.pipeline_groups the driver launches
+another group's window before the last stage returns the first one's output (pipeline.py).
 Verification and commit are the one-stage code, so the tokens are the one-stage tokens.
 
 A stage process that dies is a StageFailure: the engine fails every request it holds with an
@@ -27,6 +30,7 @@ import os
 import socket
 import threading
 import time
+from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any, Callable, Optional
 
@@ -208,6 +212,7 @@ class StageGroup:
             torch.cuda.set_device(self.comm_device)
         dist.init_process_group(self.backend, store=self.store, rank=0, world_size=self.world,
                                 timeout=timedelta(seconds=JOIN_TIMEOUT_S))
+        proto.open_channels()
         self._watch.start()
         d = ", ".join(f"{k}: layers {s.start}-{s.stop - 1} on {self.devices[k]}"
                       for k, s in enumerate(self.slices))
@@ -261,8 +266,10 @@ class StageGroup:
             if self.failure is None and self.dead_stage() is None:
                 try:
                     proto.send_header(proto.OP_STOP, device=self.comm_device)
+                    proto.flush()
                 except Exception:
                     pass
+            proto.close_channels()
             try:
                 dist.destroy_process_group()
             except Exception:
@@ -295,10 +302,28 @@ class DriverSlotBuffers(SlotBuffers):
         self.group.call(lambda: proto.send_bind(payload, self.group.comm_device))
 
 
+@dataclass
+class StageWindow:
+    """A window stage 0 has launched (its layers ran, its hidden states went on) and not yet
+    landed (read the last stage's output and committed its own snapshots)."""
+    gs: torch.Tensor
+    gp: torch.Tensor
+    g: int
+    rec: torch.Tensor
+    conv: torch.Tensor
+
+
 class FirstStageVerifier:
     """Stage 0's side of the Verifier's interface (window, prefill): it embeds the tokens, runs
     its layers, hands the hidden states on, and commits its DeltaNet snapshots of the prefix
-    the last stage accepted. The ModelRunner drives it as it drives the Verifier."""
+    the last stage accepted. The ModelRunner drives it as it drives the Verifier; pipelined
+    slot groups (engine.pipeline_groups) call `launch` and `land` apart, with other groups'
+    windows launched in between.
+
+    A window's tokens are each slot's pending token and draft, which stage 0 keeps in its own
+    slot buffers from every window's output and prompt chunk's reply (the drafts travel with
+    their group), so it needs nothing from the last stage to start a window; a window of more
+    than 2 rows (solo: chained drafts, which need the MTP layer) asks the last stage for them."""
 
     def __init__(self, engine: Any, group: StageGroup):
         self.group = group
@@ -310,54 +335,85 @@ class FirstStageVerifier:
 
     def window(self, gs: torch.Tensor, gp: torch.Tensor, rows: torch.Tensor, g: int, ctx: int,
                filtered: bool) -> torch.Tensor:
-        return self.group.call(lambda: self._window(gs, gp, rows, g, ctx, filtered))
+        return self.land(self.launch(gs, gp, rows, g, ctx, filtered))
 
-    def _window(self, gs, gp, rows, g, ctx, filtered) -> torch.Tensor:
-        grp, ng = self.group, gs.shape[0]
+    def launch(self, gs: torch.Tensor, gp: torch.Tensor, rows: torch.Tensor, g: int, ctx: int,
+               filtered: bool) -> StageWindow:
+        return self.group.call(lambda: self._launch(gs, gp, rows, g, ctx, filtered))
+
+    def land(self, w: StageWindow) -> torch.Tensor:
+        """The window's output [y..., accepted, next draft] per group, once the last stage
+        returns it (windows land in launch order); stage 0 commits its share."""
+        return self.group.call(lambda: self._land(w))
+
+    def _launch(self, gs, gp, rows, g, ctx, filtered) -> StageWindow:
+        grp, ng, bufs = self.group, gs.shape[0], self.bufs
+        gs, gp = gs.clone(), gp.clone()  # the runner refills its inputs for the next window
         proto.send_header(proto.OP_WINDOW, ng, g, ctx, int(filtered), device=grp.comm_device)
-        proto.broadcast(torch.stack([gs, gp, rows]), 0)
-        tokens = proto.recv(torch.empty(ng, g, dtype=torch.long, device=gs.device), grp.last)
+        proto.fan_out(torch.stack([gs, gp, rows]))
+        if g > 2:
+            tokens = proto.recv_back(torch.empty(ng, g, dtype=torch.long, device=gs.device), grp.last)
+        else:
+            tokens = torch.stack([bufs.pending[gs], bufs.draft[gs]][:g], 1)
         x, rec, conv = self.model.window_layers(self.model.embed_tokens(tokens), gs, gp, ctx,
                                                 self.state, self.split_keys)
         proto.send(x, 1)
-        out = proto.broadcast(torch.empty(ng, g + 2, dtype=torch.long, device=gs.device), grp.last)
-        commit_stage(out[:, g], gs, gp, rec, conv, self.state, self.bufs.pos)
+        return StageWindow(gs, gp, g, rec, conv)
+
+    def _land(self, w: StageWindow) -> torch.Tensor:
+        ng, g, bufs = w.gs.shape[0], w.g, self.bufs
+        out = proto.recv_back(torch.empty(ng, g + 2, dtype=torch.long, device=w.gs.device),
+                              self.group.last)
+        accept = out[:, g]
+        commit_stage(accept, w.gs, w.gp, w.rec, w.conv, self.state, bufs.pos)
+        bufs.pending[w.gs] = out[torch.arange(ng, device=out.device), accept]
+        bufs.draft[w.gs] = out[:, g + 1]
         return out
 
     def prefill(self, tokens: torch.Tensor, meta: torch.Tensor, ctx: int) -> torch.Tensor:
         return self.group.call(lambda: self._prefill(tokens, meta, ctx))
 
     def _prefill(self, tokens, meta, ctx) -> torch.Tensor:
-        grp = self.group
+        grp, bufs = self.group, self.bufs
         proto.send_header(proto.OP_PREFILL, tokens.shape[0], ctx, device=grp.comm_device)
-        proto.broadcast(torch.cat([tokens, meta]), 0)
+        proto.fan_out(torch.cat([tokens, meta]))
         x = self.model.prefill_layers(self.model.embed_tokens(tokens)[None], meta[0:1], meta[1:2],
                                       self.state, length=meta[2:3], ctx=ctx)
         proto.send(x, 1)
-        return proto.broadcast(torch.empty(1, dtype=torch.long, device=tokens.device), grp.last)
+        reply = proto.recv_back(torch.empty(2, dtype=torch.long, device=tokens.device), grp.last)
+        lane = meta[0:1]
+        bufs.pending.index_copy_(0, lane, reply[0:1])
+        bufs.draft.index_copy_(0, lane, reply[1:2])
+        return reply[0:1]
 
     def handoff_seconds(self, groups: int, rows: int, repeats: int = 50) -> float:
-        """Mean seconds of one window's exchange between the stages (header, plan, tokens,
-        hidden states through every stage, output) without its compute: what the split
-        adds to a window of this shape. For benchmarks; run it between requests."""
+        """Mean seconds of one window's exchange between the stages (header, plan, hidden
+        states through every stage, output) without its compute: what the split adds to a
+        window of this shape. For benchmarks; run it between requests."""
+        dev = self.group.comm_device
+        sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
+        self.exchange(groups, rows)
+        sync()
+        t0 = time.perf_counter()
+        for _ in range(repeats):
+            self.exchange(groups, rows)
+        sync()
+        return (time.perf_counter() - t0) / repeats
+
+    def exchange(self, groups: int, rows: int) -> None:
+        """One window's messages without compute (PING): every pair of every channel. The
+        first one also sets up NCCL's point-to-point communicators, each of which both ranks
+        must join at once (so no later send blocks on a peer that is busy elsewhere)."""
         grp, dev = self.group, self.group.comm_device
         h = self.model.args.hidden_size
 
         def once() -> None:
             proto.send_header(proto.OP_PING, groups, rows, device=dev)
-            proto.broadcast(torch.zeros(3, groups, dtype=torch.long, device=dev), 0)
-            proto.recv(torch.empty(groups, rows, dtype=torch.long, device=dev), grp.last)
+            proto.fan_out(torch.zeros(3, groups, dtype=torch.long, device=dev))
             proto.send(torch.zeros(groups, rows, h, dtype=self.model.dtype, device=dev), 1)
-            proto.broadcast(torch.empty(groups, rows + 2, dtype=torch.long, device=dev), grp.last)
+            proto.recv_back(torch.empty(groups, rows + 2, dtype=torch.long, device=dev), grp.last)
 
-        sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
-        grp.call(once)  # first use: NCCL sets up its channels
-        sync()
-        t0 = time.perf_counter()
-        for _ in range(repeats):
-            grp.call(once)
-        sync()
-        return (time.perf_counter() - t0) / repeats
+        grp.call(once)
 
 
 def commit_stage(accept: torch.Tensor, gs: torch.Tensor, gp: torch.Tensor, rec: torch.Tensor,
@@ -385,6 +441,9 @@ def start(engine_cls: type, cfg: Any, device: torch.device, log: Callable[[str],
     slices = plan_stages(cfg, args, dtype)
     devices = stage_devices(device, len(slices))
     cfg = OmegaConf.create(OmegaConf.to_container(cfg, resolve=True))
+    # The trace's config line records the counts chosen (the simulator splits a window's time
+    # by them), not "auto".
+    cfg.engine.stage_layers = ",".join(str(sl.stop - sl.start) for sl in slices)
     if devices[0].type == "cuda" and (cfg.engine.graphs or cfg.engine.prefill_graphs):
         # A captured window would hold one stage's part of a multi-process exchange.
         log("INFO engine.stages > 1: windows and prompt chunks run without CUDA graphs")
@@ -417,7 +476,9 @@ def attach(engine: Any, group: StageGroup) -> FirstStageVerifier:
             if group.store.check([f"stage{k}.error"]):
                 raise ConfigError(group.store.get(f"stage{k}.error").decode().partition(":")[2])
         raise ConfigError("engine.stages: a stage could not build its slot state")
-    return FirstStageVerifier(engine, group)
+    verifier = FirstStageVerifier(engine, group)
+    verifier.exchange(1, 1)
+    return verifier
 
 
 def fail_everything(engine: Any, message: str, outs: dict) -> None:
