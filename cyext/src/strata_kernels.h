@@ -76,6 +76,7 @@ int strata_gpu_commit(const int64_t* accept, const int64_t* group_slot, const in
 // at most 8 KiB. Two launches, grids fixed by the shapes. cache: NULL, or the expert cache
 // (strata_expert_cache.h): the stacks are its device slots, E ids, misses read from the
 // device-visible host store; the struct is copied at launch (the caller may free it after).
+// With its counting pointers set, the gate/up kernel also counts (strata_expert_cache.h).
 int64_t strata_gpu_moe_workspace(int64_t n, int64_t k, int64_t inter);
 // Launch switches of moe_experts, process-wide (PDL and EARLY on by default, WIDE off):
 // STRATA_MOE_PDL launches the down kernel as a programmatic dependent of the gate/up kernel

@@ -9,8 +9,10 @@
 //       later pair with the same id, in pair order) and computes act[q][i] = silu(gate_e . x_n) *
 //       (up_e . x_n) for its 8 features i and every member q = (n, j). One warp per feature: the
 //       gate and up rows are loaded once into registers (16-byte loads, the whole row in flight)
-//       and then dotted with each member's x row. Tile 0 also records the member list in the
-//       workspace for the second kernel. Each expert's weights are therefore read once.
+//       and then dotted with each member's x row. Each expert's weights are therefore read
+//       once. With the expert cache's counting, the leader's tile 0 also adds the expert's
+//       members to the routing counts and, the first time the window sees it, one hit or miss
+//       (count_expert): no other kernel or op per layer counts.
 //   moe_down_kernel     grid ceil(H/8). Block = 8 output features of every row. Warps take two
 //       features each and one of 4 phases over the leaders (in pair order, U leaders at a
 //       time; the member lists are staged in shared memory first); each down row slice is
@@ -259,6 +261,11 @@ struct MoeParams {
   const void* h_down;
   const float* h_gu_scale;
   const float* h_down_scale;
+  // The cache's counting (strata_expert_cache.h): routed_counts NULL = none.
+  float* routed_counts;
+  int* window_state;
+  const int* count_layer;
+  int n_host, n_layers;
   int n, k, P, E, H, I, bo, bi, x_dtype;
   int nbg;           // ceil(I / bo): scale rows of the gate half (the up half follows)
   int ncb_h, ncb_i;  // scale columns of gate/up (over H) and of down (over I)
@@ -289,6 +296,19 @@ __device__ __forceinline__ const float* expert_down_scale(const MoeParams& p, in
   const int r = expert_row(p, e);
   if (r < 0) return p.h_down_scale + (int64_t)e * p.down_scale_expert;
   return p.down_scale + (int64_t)r * p.down_scale_expert;
+}
+
+// The expert cache's counting, by the leader block (tile 0) of expert e with its `members`
+// pairs: the routing counts, and the window's hit or miss the first time it sees e (the seen
+// flag's exchange makes the several calls of a window, and their blocks, count e once).
+__device__ __forceinline__ void count_expert(const MoeParams& p, int e, int members) {
+  if (e >= p.n_host) return;  // a folded shared expert: always resident, not counted
+  int l = __ldg(p.count_layer);
+  l = l < 0 ? 0 : (l >= p.n_layers ? p.n_layers - 1 : l);  // a kernel cannot raise
+  const int64_t at = (int64_t)l * p.n_host + e;
+  atomicAdd(p.routed_counts + at, (float)members);
+  if (atomicExch(p.window_state + 2 + at, 1) == 0)
+    atomicAdd(p.window_state + (expert_row(p, e) >= 0 ? 0 : 1), 1);
 }
 
 __device__ __forceinline__ int clamp_expert(int64_t e, int E) {
@@ -386,6 +406,7 @@ __global__ void __launch_bounds__(MOE_THREADS, (CPL * F) <= 4 ? 3 : 2)
   const int off = block_exclusive_scan<MOE_THREADS>(f0 + f1, warp_tot, &total);
   if (f0) mem_s[off] = q0;
   if (f1) mem_s[off + f0] = q0 + 1;
+  if (p.routed_counts && blockIdx.x == 0 && tid == 0) count_expert(p, e, total);
   __syncthreads();
 
   if (i0 >= p.I) return;
@@ -800,12 +821,21 @@ int strata_gpu_moe_experts(const void* x, int x_dtype, const void* w_gate_up, co
                 !aligned16(cache->host_gate_up) || !aligned16(cache->host_down) ||
                 (fp8 && (!cache->host_gu_scale || !cache->host_down_scale))))
     return invalid("moe_experts (the expert cache needs slot_of and a 16-byte aligned host store)");
+  if (cache && cache->routed_counts &&
+      (!cache->window_state || !cache->count_layer || cache->n_layers < 1))
+    return invalid("moe_experts (the expert cache's counting needs routed_counts, window_state "
+                   "and count_layer)");
   MoeParams p;
   p.slot_of = cache ? cache->slot_of : nullptr;
   p.h_gu = cache ? cache->host_gate_up : nullptr;
   p.h_down = cache ? cache->host_down : nullptr;
   p.h_gu_scale = cache ? cache->host_gu_scale : nullptr;
   p.h_down_scale = cache ? cache->host_down_scale : nullptr;
+  p.routed_counts = cache ? cache->routed_counts : nullptr;
+  p.window_state = cache ? cache->window_state : nullptr;
+  p.count_layer = cache ? cache->count_layer : nullptr;
+  p.n_host = cache ? (int)cache->n_host : 0;
+  p.n_layers = cache ? (int)cache->n_layers : 0;
   p.x = x;
   p.out = out;
   p.w_gu = w_gate_up;
