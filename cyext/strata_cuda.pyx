@@ -56,6 +56,7 @@ cdef extern from "strata_kernels.h" nogil:
                           int device, uintptr_t stream)
     int64_t strata_gpu_moe_workspace(int64_t n, int64_t k, int64_t inter)
     int strata_gpu_moe_set_options(int flags)
+    int strata_gpu_conv_set_options(int flags)
     int strata_gpu_moe_experts(const void* x, int x_dtype, const void* w_gate_up,
                                const void* w_down, int w_dtype, const float* gu_scale,
                                const float* down_scale, int64_t bo, int64_t bi,
@@ -280,6 +281,13 @@ def commit_accepted(accept, group_slot, group_pos, rec_snaps, conv_snaps, rec_st
 MOE_MAX_ROWS = 32
 MOE_MAX_PAIRS = 512
 MOE_MAX_ROW_BYTES = 8192
+
+
+def conv_set_options(int flags=-1):
+    """causal_conv_window's launch switch (bit 1: the earlier serial kernel, one thread per
+    channel walking the rows; the results are the same bits). flags < 0 only reads. Returns
+    the previous flags."""
+    return strata_gpu_conv_set_options(flags)
 
 
 def moe_set_options(int flags=-1):

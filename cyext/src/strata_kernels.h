@@ -46,6 +46,11 @@ int strata_gpu_attention(const void* q, int q_dtype, const void* k_cache, const 
                          int64_t nsplit, int64_t chunk, int use_mma, int* path_out, int device,
                          uintptr_t stream);
 
+// Launch switch of causal_conv, process-wide: STRATA_CONV_SERIAL runs the earlier kernel (one
+// thread per channel walking the rows) instead of one thread per (channel, row); the same bits
+// either way. flags < 0 only reads. Returns the previous flags.
+#define STRATA_CONV_SERIAL 1
+int strata_gpu_conv_set_options(int flags);
 int strata_gpu_causal_conv(const void* x, int x_dtype, const void* conv_state, int state_dtype,
                            int64_t state_slot_stride, int64_t nslots, const void* weight,
                            int w_dtype, const int64_t* group_slot, int64_t ng, int64_t g,

@@ -471,6 +471,18 @@ def moe_launch_options(pdl=None, early=None, wide=None) -> dict:
     return {"pdl": bool(flags & 1), "early": bool(flags & 2), "wide": bool(flags & 4)}
 
 
+def conv_launch_options(serial=None) -> dict:
+    """Read or set causal_conv_window's launch switch on the GPU extension (process-wide; both
+    settings give the same bits): `serial` (off), the earlier kernel where one thread per channel
+    walks the group's rows, instead of one thread per (channel, row). None leaves it as it is.
+    Returns the switch now in force."""
+    flags = _gpu.conv_set_options(-1)
+    if serial is not None:
+        flags = (flags | 1) if serial else (flags & ~1)
+    _gpu.conv_set_options(flags)
+    return {"serial": bool(flags & 1)}
+
+
 def moe_workspace_numel(rows: int, k: int, inter: int) -> int:
     """float32 scratch elements gpu_moe_experts needs for up to `rows` rows (<= 32 per launch)."""
     return _gpu.moe_workspace_numel(min(int(rows), MOE_MAX_ROWS), int(k), int(inter))
