@@ -379,10 +379,13 @@ def _moe_weights(fp8: bool):
 
 
 #: moe_experts launch switches compared by --moe-variants (cyext_ops.moe_launch_options).
-MOE_VARIANTS = {"plain": dict(pdl=False, early=False, wide=False),
-                "pdl+early": dict(pdl=True, early=True, wide=False),
-                "wide": dict(pdl=False, early=False, wide=True),
-                "all": dict(pdl=True, early=True, wide=True)}
+MOE_VARIANTS = {"plain": dict(pdl=False, early=False, wide=False, db=False, xsmem=False),
+                "pdl+early": dict(pdl=True, early=True, wide=False, db=False, xsmem=False),
+                "+db": dict(pdl=True, early=True, wide=False, db=True, xsmem=False),
+                "+xsmem": dict(pdl=True, early=True, wide=False, db=False, xsmem=True),
+                "+db+xsmem": dict(pdl=True, early=True, wide=False, db=True, xsmem=True),
+                "wide": dict(pdl=False, early=False, wide=True, db=False, xsmem=False),
+                "all": dict(pdl=True, early=True, wide=True, db=True, xsmem=False)}
 
 
 def bench_moe(records, rows_list, ceiling, sets: int = 8, variants=("default",)):
@@ -497,7 +500,8 @@ def main() -> int:
     ap.add_argument("--moe", action="store_true",
                     help="only the routed experts and the FP8 / bf16 skinny linear")
     ap.add_argument("--moe-variants", action="store_true",
-                    help="with --moe: every launch variant of moe_experts (PDL, early loads)")
+                    help="with --moe: every launch variant of moe_experts (PDL, early loads, "
+                         "double-buffered down, x in shared memory)")
     ap.add_argument("--no-linear", action="store_true", help="with --moe: skip the linear layers")
     ap.add_argument("--conv", action="store_true",
                     help="only causal_conv_window: the conv kernel against the earlier serial one")

@@ -76,7 +76,7 @@ for part in ${1//,/ }; do
     tail -n 15 "$OUT/cachetests.log" ;;
   cache100)
     timeout "${CACHE100_S:-300}" python3 scripts/bench_expert_cache.py --part study \
-      --layers "${LAYERS:-8}" --skew 1.0 --budgets 100 --configs solo,batch_mtp --n 1,4 \
+      --layers "${LAYERS:-8}" --skew 1.0 --budgets 100 --configs solo --n 1,4 \
       --json "$OUT/cache100.json" > "$OUT/cache100.log" 2>&1
     rc=$?
     grep -v -i -E "warn|^$" "$OUT/cache100.log" | tail -n 25 ;;
