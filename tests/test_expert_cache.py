@@ -350,3 +350,35 @@ def test_moe_counting_arguments_are_checked():
                                   count_layer=torch.full((1,), 3, dtype=torch.int32))
     with pytest.raises(ValueError, match="need slot_of"):
         cyext_ops.cpu_moe_experts(x, wgu, wd, w, ids, routed_counts=torch.zeros(1, E))
+
+
+@pytest.mark.parametrize("counting", [False, True])
+def test_moe_counting_under_torch_compile(counting):
+    """torch.compile of a region with the cached MoE call: with counting it is the custom op
+    strata::moe_experts_counted, whose counters are updated in place (as in eager); without,
+    strata::moe_experts (a mutable argument left None broke inductor's lowering)."""
+    torch.manual_seed(2)
+    E, H, I, k, L = 10, 16, 16, 3, 2
+    wgu, wd = torch.randn(E + 1, 2 * I, H), torch.randn(E + 1, H, I)
+    slot_of = torch.arange(E + 1, dtype=torch.int32)
+    slot_of[3] = -1
+    host = [wgu[:E].clone(), wd[:E].clone()]
+    routed = torch.zeros(L, E)
+    state = torch.zeros(2 + L * E, dtype=torch.int32)
+    layer = torch.ones(1, dtype=torch.int32)
+    kw = {"routed_counts": routed, "window_state": state, "count_layer": layer} if counting else {}
+
+    def region(x, w, ids):
+        return cyext_ops.cpu_moe_experts(x, wgu, wd, w, ids, None, None, None, slot_of, *host,
+                                         None, None, **kw) * 2
+
+    x, w = torch.randn(4, H), torch.rand(4, k)
+    ids = torch.tensor([[0, 3, 5], [3, 5, 9], [1, 2, 3], [0, 1, 2]])
+    got = torch.compile(region)(x, w, ids)
+    if counting:
+        want_routed, hits, misses = _count_by_sets([(1, ids)], slot_of, L, E)
+        assert state[:2].tolist() == [hits, misses] == [5, 1]
+        assert torch.equal(routed, torch.from_numpy(want_routed).float())
+        state.zero_()
+        routed.zero_()
+    assert torch.allclose(got, region(x, w, ids))
