@@ -9,7 +9,7 @@
 #   bash scripts/device_kernels.sh moev      # moe_experts only, every launch variant
 #   bash scripts/device_kernels.sh conv      # causal_conv_window: conv_kernel vs the serial one
 #   bash scripts/device_kernels.sh tests     # GPU tests of the MoE kernels and the samplers
-#   bash scripts/device_kernels.sh cachetests  # GPU tests: the cache's kernel paths, conv bits
+#   bash scripts/device_kernels.sh cachetests  # GPU tests: cache kernel paths, conv and MoE bits
 #   bash scripts/device_kernels.sh cache100  # engine tok/s: no cache vs a cache holding 100%
 #   bash scripts/device_kernels.sh profile,tests   # several, in order
 #
@@ -71,7 +71,8 @@ for part in ${1//,/ }; do
     tail -n 15 "$OUT/tests.log" ;;
   cachetests)
     timeout "${CACHETESTS_S:-120}" python3 -m pytest -q -x -m gpu tests/test_expert_cache_gpu.py \
-      tests/test_kernels_gpu.py -k "miss_path or counts or conv" > "$OUT/cachetests.log" 2>&1
+      tests/test_kernels_gpu.py tests/test_moe_kernels.py \
+      -k "miss_path or counts or conv or launch_variants" > "$OUT/cachetests.log" 2>&1
     rc=$?
     tail -n 15 "$OUT/cachetests.log" ;;
   cache100)
