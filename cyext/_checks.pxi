@@ -15,6 +15,10 @@ cdef extern from "strata_expert_cache.h" nogil:
         const float* host_gu_scale
         const float* host_down_scale
         int64_t n_host
+        float* routed_counts
+        int* window_state
+        const int* count_layer
+        int64_t n_layers
 
 # run-time element-type codes of strata_common.h
 DTYPE_F32 = 0
@@ -318,7 +322,40 @@ cdef int64_t _args_expert_cache(str op, StrataExpertCache* c, slot_of, host_gate
     c.host_gu_scale = <const float*>_ptr(host_gu_scale) if gu_scale is not None else NULL
     c.host_down_scale = <const float*>_ptr(host_down_scale) if gu_scale is not None else NULL
     c.n_host = n_host
+    c.routed_counts = NULL
+    c.window_state = NULL
+    c.count_layer = NULL
+    c.n_layers = 0
     return slot_of.shape[0]
+
+
+cdef list _args_expert_counting(str op, StrataExpertCache* c, routed_counts, window_state,
+                                count_layer):
+    """Check the expert cache's counting arguments of moe_experts (all three or none;
+    strata_expert_cache.h) and fill `c` (after _args_expert_cache); returns them named, for the
+    device check."""
+    given = [t is not None for t in (routed_counts, window_state, count_layer)]
+    if not any(given):
+        return []
+    if not all(given):
+        raise ValueError(f"{op}: routed_counts, window_state and count_layer go together (the "
+                         f"expert cache's counting), got only some")
+    _check_tensor(op, "routed_counts", routed_counts, 2)
+    n_layers = routed_counts.shape[0]
+    named = [("routed_counts", routed_counts, _torch.float32, (n_layers, c.n_host)),
+             ("window_state", window_state, _torch.int32, (2 + n_layers * c.n_host,)),
+             ("count_layer", count_layer, _torch.int32, (1,))]
+    for name, t, dt, shape in named:
+        _check_tensor(op, name, t, len(shape))
+        if t.dtype != dt:
+            raise TypeError(f"{op}: {name} has dtype {t.dtype}; expected {dt}")
+        _check_shape(op, name, t, shape)
+        _check_contiguous(op, name, t)
+    c.routed_counts = <float*>_ptr(routed_counts)
+    c.window_state = <int*>_ptr(window_state)
+    c.count_layer = <const int*>_ptr(count_layer)
+    c.n_layers = n_layers
+    return [(name, t) for name, t, _, _ in named]
 
 
 cdef tuple _args_linear(str op, x, weight, scale_inv, int64_t bo, int64_t bi, out, tuple wdts):

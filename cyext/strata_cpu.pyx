@@ -205,9 +205,11 @@ def commit_accepted(accept, group_slot, group_pos, rec_snaps, conv_snaps, rec_st
 
 def moe_experts(x, w_gate_up, w_down, topk_weight, topk_ids, gu_scale, down_scale, int64_t bo,
                 int64_t bi, out, slot_of=None, host_gate_up=None, host_down=None,
-                host_gu_scale=None, host_down_scale=None):
+                host_gu_scale=None, host_down_scale=None, routed_counts=None,
+                window_state=None, count_layer=None):
     """Routed experts, grouped by expert (reference.moe_experts); writes out (N, H). With
-    slot_of, the stacks are the expert cache's slots and misses read the host store."""
+    slot_of, the stacks are the expert cache's slots and misses read the host store; with
+    routed_counts, window_state and count_layer the call also counts (strata_expert_cache.h)."""
     op = "moe_experts"
     cdef int xdt, wdt
     cdef int64_t n, k, e, hidden, inter
@@ -230,7 +232,11 @@ def moe_experts(x, w_gate_up, w_down, topk_weight, topk_ids, gu_scale, down_scal
         named += [("slot_of", slot_of), ("host_gate_up", host_gate_up), ("host_down", host_down)]
         if wdt == DTYPE_FP8:
             named += [("host_gu_scale", host_gu_scale), ("host_down_scale", host_down_scale)]
+        named += _args_expert_counting(op, &cache, routed_counts, window_state, count_layer)
         cp = &cache
+    elif routed_counts is not None or window_state is not None or count_layer is not None:
+        raise ValueError(f"{op}: routed_counts, window_state and count_layer count the expert "
+                         f"cache's reads: they need slot_of")
     _all_cpu(op, named)
     cdef void* xp = _ptr(x)
     cdef void* wgu = _ptr(w_gate_up)

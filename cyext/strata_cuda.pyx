@@ -56,6 +56,7 @@ cdef extern from "strata_kernels.h" nogil:
                           int device, uintptr_t stream)
     int64_t strata_gpu_moe_workspace(int64_t n, int64_t k, int64_t inter)
     int strata_gpu_moe_set_options(int flags)
+    int strata_gpu_conv_set_options(int flags)
     int strata_gpu_moe_experts(const void* x, int x_dtype, const void* w_gate_up,
                                const void* w_down, int w_dtype, const float* gu_scale,
                                const float* down_scale, int64_t bo, int64_t bi,
@@ -282,10 +283,18 @@ MOE_MAX_PAIRS = 512
 MOE_MAX_ROW_BYTES = 8192
 
 
+def conv_set_options(int flags=-1):
+    """causal_conv_window's launch switch (bit 1: the earlier serial kernel, one thread per
+    channel walking the rows; the results are the same bits). flags < 0 only reads. Returns
+    the previous flags."""
+    return strata_gpu_conv_set_options(flags)
+
+
 def moe_set_options(int flags=-1):
     """moe_experts' launch switches (bit 1: programmatic dependent launch of the down kernel,
     bit 2: early weight loads at small windows, bit 4: two features per gate/up warp where rows
-    are short; 1 and 2 on by default; the results are the same bits). flags < 0 only reads.
+    are short, bit 8: double-buffered down weight loads, bit 16: x rows in shared memory in
+    gate/up; 1 and 2 on by default; the results are the same bits). flags < 0 only reads.
     Returns the previous flags."""
     return strata_gpu_moe_set_options(flags)
 
@@ -297,12 +306,14 @@ def moe_workspace_numel(int64_t n, int64_t k, int64_t inter):
 
 def moe_experts(x, w_gate_up, w_down, topk_weight, topk_ids, gu_scale, down_scale, int64_t bo,
                 int64_t bi, out, workspace, uintptr_t stream, slot_of=None, host_gate_up=None,
-                host_down=None, host_gu_scale=None, host_down_scale=None):
+                host_down=None, host_gu_scale=None, host_down_scale=None, routed_counts=None,
+                window_state=None, count_layer=None):
     """Routed experts grouped by expert on the device (two launches, no allocation, no sync).
     workspace: float32, at least moe_workspace_numel(N, k, I) elements, 16-byte aligned.
     With slot_of (on the device), the stacks are the expert cache's slots and misses read the
     host store: pinned CPU tensors (read through their device-visible address) or tensors on
-    the same GPU."""
+    the same GPU. With routed_counts, window_state and count_layer (on the device) the gate/up
+    kernel also counts the routing and the window's hits and misses (strata_expert_cache.h)."""
     op = "moe_experts"
     cdef int xdt, wdt
     cdef int64_t n, k, e, hidden, inter
@@ -339,7 +350,11 @@ def moe_experts(x, w_gate_up, w_down, topk_weight, topk_ids, gu_scale, down_scal
                                  f"host store through its device address: pin it (pin_memory())")
             if t.device.type != "cpu":
                 named.append((name, t))
+        named += _args_expert_counting(op, &cache, routed_counts, window_state, count_layer)
         cp = &cache
+    elif routed_counts is not None or window_state is not None or count_layer is not None:
+        raise ValueError(f"{op}: routed_counts, window_state and count_layer count the expert "
+                         f"cache's reads: they need slot_of")
     cdef int dev = _device_of(op, named)
     cdef void* xp = _ptr(x)
     cdef void* wgu = _ptr(w_gate_up)

@@ -26,6 +26,11 @@ I=512), bf16 and FP8 (128x128 blocks), 1 to 32 rows with uniform random routing,
 per call over graph replays (routings / weight copies rotate so reads come from HBM), the
 distinct experts, the bytes that must be read (distinct experts' weights + scales, or the weight
 + scales), achieved GB/s, % of the copy ceiling and the byte-floor time (bytes / ceiling).
+
+--conv: instead, causal_conv_window at C=8192, K=4 (bf16 x and state) and 1-16 window rows,
+the per-(channel, row) conv_kernel against the earlier serial kernel (STRATA_CONV_SERIAL):
+median time per call over graph replays (state slots rotate so they come from HBM) and whether
+both give the same bits.
 """
 
 from __future__ import annotations
@@ -291,6 +296,37 @@ def bench_small_ops(records, gs_rows, ngs, ceiling):
             torch.cuda.empty_cache()
 
 
+#: (groups, rows per group) of the conv comparison: 1 to 16 window rows.
+CONV_SHAPES = ((1, 1), (1, 2), (1, 4), (2, 2), (4, 2), (2, 4), (8, 2), (4, 4), (16, 1))
+
+
+def bench_conv(records) -> bool:
+    """conv_kernel vs conv_serial_kernel (same bits?); returns whether every shape matched."""
+    c, kw, sets = 8192, 4, 8
+    all_same = True
+    for ng, g in CONV_SHAPES:
+        xs = [torch.randn(ng, g, c, device=DEV, dtype=torch.bfloat16) for _ in range(sets)]
+        cst = torch.randn(sets * ng + 1, c, kw - 1, device=DEV, dtype=torch.bfloat16)
+        w = torch.randn(c, kw, device=DEV, dtype=torch.bfloat16)
+        gss = [torch.arange(i * ng, (i + 1) * ng, device=DEV) for i in range(sets)]
+        res = {}
+        for serial in (True, False):
+            C.conv_launch_options(serial=serial)
+            out = C.gpu_causal_conv_window(xs[0], cst, w, gss[0])
+            t, mode = time_calls([lambda i=i: C.gpu_causal_conv_window(xs[i], cst, w, gss[i])
+                                  for i in range(sets)])
+            res[serial] = (t, mode, out)
+        C.conv_launch_options(serial=False)
+        same = all(torch.equal(a, b) for a, b in zip(res[True][2], res[False][2]))
+        all_same &= same
+        rec = dict(op="causal_conv_window", ng=ng, g=g, c=c, kw=kw, t_us=res[False][0] * 1e6,
+                   t_serial_us=res[True][0] * 1e6, mode=res[False][1], same_bits=same)
+        records.append(rec)
+        print(f"conv ng={ng:2d} g={g}: {rec['t_us']:6.2f} us  serial {rec['t_serial_us']:6.2f} us"
+              f"  ({rec['t_serial_us'] / rec['t_us']:.1f}x)  same bits: {same}", flush=True)
+    return all_same
+
+
 def markdown(meta, parity_res, records) -> str:
     lines = [f"# cyext kernel benchmark ({meta['device']})", "",
              f"copy ceiling (4 GiB D2D, read+write): **{meta['copy_gbps']:.0f} GB/s**; "
@@ -343,10 +379,13 @@ def _moe_weights(fp8: bool):
 
 
 #: moe_experts launch switches compared by --moe-variants (cyext_ops.moe_launch_options).
-MOE_VARIANTS = {"plain": dict(pdl=False, early=False, wide=False),
-                "pdl+early": dict(pdl=True, early=True, wide=False),
-                "wide": dict(pdl=False, early=False, wide=True),
-                "all": dict(pdl=True, early=True, wide=True)}
+MOE_VARIANTS = {"plain": dict(pdl=False, early=False, wide=False, db=False, xsmem=False),
+                "pdl+early": dict(pdl=True, early=True, wide=False, db=False, xsmem=False),
+                "+db": dict(pdl=True, early=True, wide=False, db=True, xsmem=False),
+                "+xsmem": dict(pdl=True, early=True, wide=False, db=False, xsmem=True),
+                "+db+xsmem": dict(pdl=True, early=True, wide=False, db=True, xsmem=True),
+                "wide": dict(pdl=False, early=False, wide=True, db=False, xsmem=False),
+                "all": dict(pdl=True, early=True, wide=True, db=True, xsmem=False)}
 
 
 def bench_moe(records, rows_list, ceiling, sets: int = 8, variants=("default",)):
@@ -461,8 +500,11 @@ def main() -> int:
     ap.add_argument("--moe", action="store_true",
                     help="only the routed experts and the FP8 / bf16 skinny linear")
     ap.add_argument("--moe-variants", action="store_true",
-                    help="with --moe: every launch variant of moe_experts (PDL, early loads)")
+                    help="with --moe: every launch variant of moe_experts (PDL, early loads, "
+                         "double-buffered down, x in shared memory)")
     ap.add_argument("--no-linear", action="store_true", help="with --moe: skip the linear layers")
+    ap.add_argument("--conv", action="store_true",
+                    help="only causal_conv_window: the conv kernel against the earlier serial one")
     args = ap.parse_args()
     if not torch.cuda.is_available() or C.gpu_platform() is None:
         print("bench_kernels: needs a GPU and the built strata_cuda extension", file=sys.stderr)
@@ -476,6 +518,14 @@ def main() -> int:
     print(f"device {meta['device']}: copy ceiling {meta['copy_gbps']:.0f} GB/s", flush=True)
     if args.moe:
         return main_moe(args, meta, t_start)
+    if args.conv:
+        records: list[dict] = []
+        same = bench_conv(records)
+        os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+        with open(args.out, "w") as f:
+            json.dump(dict(meta=meta, records=records), f, indent=1)
+        print(f"wrote {args.out}", flush=True)
+        return 0 if same else 1
     parity_res = {} if args.skip_parity else parity()
     bad = {k: v for k, v in parity_res.items() if not v <= 2e-2}
     for k, v in parity_res.items():

@@ -7,10 +7,14 @@
 #   bash scripts/device_kernels.sh profile_full   # the same at full depth (48 layers)
 #   bash scripts/device_kernels.sh moe       # the MoE / linear micro-benchmark
 #   bash scripts/device_kernels.sh moev      # moe_experts only, every launch variant
+#   bash scripts/device_kernels.sh conv      # causal_conv_window: conv_kernel vs the serial one
 #   bash scripts/device_kernels.sh tests     # GPU tests of the MoE kernels and the samplers
+#   bash scripts/device_kernels.sh cachetests  # GPU tests: cache kernel paths, conv and MoE bits
+#   bash scripts/device_kernels.sh cache100  # engine tok/s: no cache vs a cache holding 100%
 #   bash scripts/device_kernels.sh profile,tests   # several, in order
 #
-# Env: LAYERS (8), SHAPES (1x2,4x2), PROFILE_S (240), FULL_S (150), MOE_S (120), TESTS_S (100).
+# Env: LAYERS (8), SHAPES (1x2,4x2), PROFILE_S (240), FULL_S (150), MOE_S (120), CONV_S (60),
+# TESTS_S (100), CACHETESTS_S (120), CACHE100_S (300).
 set -u
 OUT=${OUT:?set OUT to the results directory}
 export PYTHONUNBUFFERED=1 TORCHINDUCTOR_CACHE_DIR=/tmp/strata_inductor
@@ -55,11 +59,28 @@ for part in ${1//,/ }; do
       --out "$OUT/bench_moe_variants.json" > "$OUT/moev.log" 2>&1
     rc=$?
     grep -E "moe_experts|ceiling|wrote" "$OUT/moev.log" ;;
+  conv)
+    timeout "${CONV_S:-60}" python3 scripts/bench_kernels.py --conv \
+      --out "$OUT/bench_conv.json" > "$OUT/conv.log" 2>&1
+    rc=$?
+    grep -E "^conv|wrote|Error" "$OUT/conv.log" ;;
   tests)
     timeout "${TESTS_S:-100}" python3 -m pytest -q -x -m gpu tests/test_sampler_compile.py \
       tests/test_moe_kernels.py tests/test_engine_backends.py > "$OUT/tests.log" 2>&1
     rc=$?
     tail -n 15 "$OUT/tests.log" ;;
+  cachetests)
+    timeout "${CACHETESTS_S:-120}" python3 -m pytest -q -x -m gpu tests/test_expert_cache_gpu.py \
+      tests/test_kernels_gpu.py tests/test_moe_kernels.py \
+      -k "miss_path or counts or conv or launch_variants" > "$OUT/cachetests.log" 2>&1
+    rc=$?
+    tail -n 15 "$OUT/cachetests.log" ;;
+  cache100)
+    timeout "${CACHE100_S:-300}" python3 scripts/bench_expert_cache.py --part study \
+      --layers "${LAYERS:-8}" --skew 1.0 --budgets 100 --configs solo --n 1,4 \
+      --json "$OUT/cache100.json" > "$OUT/cache100.log" 2>&1
+    rc=$?
+    grep -v -i -E "warn|^$" "$OUT/cache100.log" | tail -n 25 ;;
   *) echo "unknown part $part"; rc=2 ;;
   esac
   echo "== $part: rc=$rc ($((SECONDS - t0)) s)"

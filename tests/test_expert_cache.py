@@ -45,20 +45,20 @@ def cohort() -> list[Request]:
 
 class Audit:
     """Independent host-side count of each window's distinct (layer, expert) pairs, from the
-    routing every cached layer records, against the resident set at the window's start."""
+    routing every cached layer runs, against the resident set at the window's start."""
 
     def __init__(self, monkeypatch):
-        from strata.engine import expert_cache as ec
+        from strata.model.qwen3_next import Experts
 
         self.windows: list[tuple[int, int]] = []
         self.seen: dict[int, set] = {}
         audit = self
-        orig_record, orig_begin, orig_end = (ec.LayerCache.record, ExpertCache.begin_window,
-                                             ExpertCache.end_window)
+        orig_forward, orig_begin, orig_end = (Experts._forward_cached, ExpertCache.begin_window,
+                                              ExpertCache.end_window)
 
-        def record(lc, index):
-            audit.seen.setdefault(id(lc), set()).update(index.reshape(-1).tolist())
-            orig_record(lc, index)
+        def forward_cached(experts, x, weights, index, shared_weight):
+            audit.seen.setdefault(id(experts.cache), set()).update(index.reshape(-1).tolist())
+            return orig_forward(experts, x, weights, index, shared_weight)
 
         def begin_window(cache):
             audit.seen = {}
@@ -72,7 +72,7 @@ class Audit:
             audit.windows.append((hits, len(pairs) - hits))
             orig_end(cache)
 
-        monkeypatch.setattr(ec.LayerCache, "record", record)
+        monkeypatch.setattr(Experts, "_forward_cached", forward_cached)
         monkeypatch.setattr(ExpertCache, "begin_window", begin_window)
         monkeypatch.setattr(ExpertCache, "end_window", end_window)
 
@@ -269,3 +269,116 @@ def test_fp8_experts_identical_tokens_with_scales_on_the_device(cached_model, tm
     assert c.plan.resident_mib() <= 1
     assert all(lc.host_gu_scale.shape[0] == 64 for lc in c.layers)
     assert out == ref
+
+
+def _count_by_sets(calls, slot_of, n_layers, E):
+    """(routed (L, E), hits, misses) of a window of moe_experts calls [(layer, ids)], counted
+    independently on the host: each distinct (layer, expert < E) once."""
+    routed = np.zeros((n_layers, E))
+    seen: set = set()
+    for li, ids in calls:
+        for e in ids.reshape(-1).tolist():
+            if e < E:
+                routed[li, e] += 1
+                seen.add((li, e))
+    hits = sum(int(slot_of[e]) >= 0 for _, e in seen)
+    return routed, hits, len(seen) - hits
+
+
+@pytest.mark.parametrize("impl", ["cpu", "reference"])
+def test_moe_kernel_counts_each_distinct_expert_once(impl):
+    """The counting inside moe_experts: each layer's routed pairs add to its routing counts,
+    and a window's distinct (layer, expert) pairs count once as hits or misses, also when a
+    layer's rows come in several calls (as rows beyond 32 do); the shared expert is not
+    counted; the output does not change."""
+    torch.manual_seed(1)
+    E, H, I, k, L = 10, 16, 16, 3, 2
+    wgu, wd = torch.randn(E + 1, 2 * I, H), torch.randn(E + 1, H, I)
+    resident = [0, 3, 4, 9]
+    slot_of = torch.full((E + 1,), -1, dtype=torch.int32)
+    slot_of[resident + [E]] = torch.arange(5, dtype=torch.int32)
+    slots = [t[resident + [E]].clone() for t in (wgu, wd)]
+    host = [t[:E].clone() for t in (wgu, wd)]
+    routed = torch.zeros(L, E)
+    state = torch.zeros(2 + L * E, dtype=torch.int32)
+    fn = cyext_ops.cpu_moe_experts if impl == "cpu" else reference.moe_experts
+    for window in range(2):
+        state.zero_()
+        calls = []
+        for li, n in ((0, 4), (1, 3), (0, 5)):  # layer 0 twice: one window, split rows
+            ids = torch.cat([torch.randint(0, E, (n, k)), torch.full((n, 1), E)], 1)
+            if window == 1:
+                ids[:, 0] = 2  # many rows on one expert
+            x, w = torch.randn(n, H), torch.rand(n, k + 1)
+            layer = torch.tensor([li], dtype=torch.int32)
+            got = fn(x, slots[0], slots[1], w, ids, None, None, None, slot_of, *host, None, None,
+                     routed_counts=routed, window_state=state, count_layer=layer)
+            plain = cyext_ops.cpu_moe_experts(x, slots[0], slots[1], w, ids, None, None, None,
+                                              slot_of, *host, None, None)
+            if impl == "cpu":
+                assert torch.equal(got, plain)
+            else:
+                assert torch.allclose(got, plain, atol=1e-3, rtol=1e-4)
+            calls.append((li, ids))
+        want_routed, hits, misses = _count_by_sets(calls, slot_of, L, E)
+        assert state[:2].tolist() == [hits, misses]
+        assert hits > 0 and misses > 0
+        seen = state[2:].view(L, E)
+        assert torch.equal(seen > 0, torch.from_numpy(want_routed > 0))
+        if window == 0:
+            first = want_routed
+            assert torch.equal(routed, torch.from_numpy(want_routed).float())
+        else:  # cumulative over windows
+            assert torch.equal(routed, torch.from_numpy(first + want_routed).float())
+
+
+def test_moe_counting_arguments_are_checked():
+    E, H, I = 4, 16, 16
+    wgu, wd = torch.randn(E, 2 * I, H), torch.randn(E, H, I)
+    slot_of = torch.arange(E, dtype=torch.int32)
+    x, w, ids = torch.randn(1, H), torch.rand(1, 2), torch.tensor([[0, 1]])
+    args = (x, wgu, wd, w, ids, None, None, None, slot_of, wgu.clone(), wd.clone(), None, None)
+    with pytest.raises(ValueError, match="routed_counts, window_state and count_layer go together"):
+        cyext_ops.cpu_moe_experts(*args, routed_counts=torch.zeros(1, E))
+    with pytest.raises(ValueError, match="window_state"):
+        cyext_ops.cpu_moe_experts(*args, routed_counts=torch.zeros(1, E),
+                                  window_state=torch.zeros(5, dtype=torch.int32),
+                                  count_layer=torch.zeros(1, dtype=torch.int32))
+    with pytest.raises(ValueError, match="count_layer = 3 is out of range"):
+        cyext_ops.cpu_moe_experts(*args, routed_counts=torch.zeros(1, E),
+                                  window_state=torch.zeros(2 + E, dtype=torch.int32),
+                                  count_layer=torch.full((1,), 3, dtype=torch.int32))
+    with pytest.raises(ValueError, match="need slot_of"):
+        cyext_ops.cpu_moe_experts(x, wgu, wd, w, ids, routed_counts=torch.zeros(1, E))
+
+
+@pytest.mark.parametrize("counting", [False, True])
+def test_moe_counting_under_torch_compile(counting):
+    """torch.compile of a region with the cached MoE call: with counting it is the custom op
+    strata::moe_experts_counted, whose counters are updated in place (as in eager); without,
+    strata::moe_experts (a mutable argument left None broke inductor's lowering)."""
+    torch.manual_seed(2)
+    E, H, I, k, L = 10, 16, 16, 3, 2
+    wgu, wd = torch.randn(E + 1, 2 * I, H), torch.randn(E + 1, H, I)
+    slot_of = torch.arange(E + 1, dtype=torch.int32)
+    slot_of[3] = -1
+    host = [wgu[:E].clone(), wd[:E].clone()]
+    routed = torch.zeros(L, E)
+    state = torch.zeros(2 + L * E, dtype=torch.int32)
+    layer = torch.ones(1, dtype=torch.int32)
+    kw = {"routed_counts": routed, "window_state": state, "count_layer": layer} if counting else {}
+
+    def region(x, w, ids):
+        return cyext_ops.cpu_moe_experts(x, wgu, wd, w, ids, None, None, None, slot_of, *host,
+                                         None, None, **kw) * 2
+
+    x, w = torch.randn(4, H), torch.rand(4, k)
+    ids = torch.tensor([[0, 3, 5], [3, 5, 9], [1, 2, 3], [0, 1, 2]])
+    got = torch.compile(region)(x, w, ids)
+    if counting:
+        want_routed, hits, misses = _count_by_sets([(1, ids)], slot_of, L, E)
+        assert state[:2].tolist() == [hits, misses] == [5, 1]
+        assert torch.equal(routed, torch.from_numpy(want_routed).float())
+        state.zero_()
+        routed.zero_()
+    assert torch.allclose(got, region(x, w, ids))

@@ -88,6 +88,64 @@ def test_miss_path_in_a_graph_matches_all_resident(fp8):
         assert torch.equal(out, full), resident
 
 
+@pytest.mark.parametrize("fp8", [False, True])
+def test_kernel_counts_in_a_graph(fp8):
+    """The counting inside the gate/up kernel, captured: a window of two layers, one of them in
+    two calls (as a window over 32 rows runs), zeroed once; routing counts, hits and misses
+    match the torch reference's count, replay after replay; the output does not change."""
+    if fp8 and torch.cuda.get_device_capability() < (8, 9):
+        pytest.skip("FP8 experts need sm_89+")
+    from strata.kernels import reference as R
+
+    stacks, block, x, ids, w = _case(fp8, N=12, k=6, seed=1)
+    E = stacks[0].shape[0] - 1
+    S, L = 16, 2
+    host = [t[:E].contiguous().pin_memory() for t in stacks]
+    resident = list(range(0, 2 * S, 2))
+    rows = torch.tensor(resident + [E])
+    slots = [(t.view(torch.uint8)[rows].view(t.dtype) if t.element_size() == 1 else t[rows])
+             .to(DEV) for t in stacks]  # FP8 rows picked as bytes
+    slot_of = torch.full((E + 1,), -1, dtype=torch.int32)
+    slot_of[resident + [E]] = torch.arange(S + 1, dtype=torch.int32)
+    slot_of = slot_of.to(DEV)
+    routed = torch.zeros(L, E, device=DEV)
+    state = torch.zeros(2 + L * E, dtype=torch.int32, device=DEV)
+    layers = [torch.full((1,), li, dtype=torch.int32, device=DEV) for li in range(L)]
+    parts = [(0, slice(0, 5)), (1, slice(0, 12)), (0, slice(5, 12))]
+    outs = [torch.empty_like(x[p]) for _, p in parts]
+    args = (slots[0], slots[1])
+    scales = slots[2:] or [None, None]
+    hs = (host[0], host[1], *(host[2:] or [None, None]))
+
+    def window():
+        state.zero_()
+        for (li, p), o in zip(parts, outs):
+            C.gpu_moe_experts(x[p], *args, w[p], ids[p], *scales, block, slot_of, *hs,
+                              routed_counts=routed, window_state=state, count_layer=layers[li],
+                              out=o)
+
+    window()  # warm: lazy initialisation outside the capture
+    torch.cuda.synchronize()
+    routed.zero_()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        window()
+    want_routed = torch.zeros(L, E, device=DEV)
+    want_state = torch.zeros_like(state)
+    for li, p in parts:
+        R.count_expert_reads(ids[p], slot_of, want_routed, want_state, layers[li])
+    for rep in range(1, 3):
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(state, want_state)
+        assert torch.equal(routed, want_routed * rep)  # cumulative over windows
+    hits, misses = state[:2].tolist()
+    assert hits > 0 and misses > 0
+    for (li, p), o in zip(parts, outs):
+        plain = C.gpu_moe_experts(x[p], *args, w[p], ids[p], *scales, block, slot_of, *hs)
+        assert torch.equal(o, plain)
+
+
 def test_engine_tokens_identical_with_a_tiny_cache(tmp_path):
     from omegaconf import OmegaConf
 

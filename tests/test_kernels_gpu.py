@@ -350,3 +350,28 @@ def test_fixed_splits_make_a_row_independent_of_its_window(use_mma, hq, hkv, d, 
     want = row_out(*shapes[0])
     for ng, g, ctx in shapes[1:]:
         assert torch.equal(row_out(ng, g, ctx), want), (ng, g, ctx)
+
+
+@pytest.mark.parametrize("dtype,state_dtype", [(torch.bfloat16, torch.float32),
+                                               (torch.bfloat16, torch.bfloat16),
+                                               (torch.float32, torch.float32)])
+def test_causal_conv_rows_kernel_matches_the_serial_one_bit_for_bit(dtype, state_dtype):
+    """conv_kernel (one thread per (channel, row)) sums each output in the order of the earlier
+    serial kernel (STRATA_CONV_SERIAL): the same bits at 1-16 rows and several widths."""
+    torch.manual_seed(0)
+    S = 5
+    try:
+        for ng, g, c, kw in ((1, 1, 8192, 4), (1, 2, 8192, 4), (2, 4, 1000, 4), (4, 4, 8192, 4),
+                             (8, 2, 300, 4), (16, 1, 8192, 4), (3, 5, 300, 2), (2, 6, 200, 7)):
+            x = torch.randn(ng, g, c, device=DEV, dtype=dtype)
+            cs = torch.randn(S + 1, c, kw - 1, device=DEV, dtype=state_dtype)
+            w = torch.randn(c, kw, device=DEV, dtype=dtype)
+            gs = torch.randint(0, S + 1, (ng,), device=DEV)
+            C.conv_launch_options(serial=True)
+            so, ssn = C.gpu_causal_conv_window(x, cs, w, gs)
+            C.conv_launch_options(serial=False)
+            ro, rsn = C.gpu_causal_conv_window(x, cs, w, gs)
+            torch.cuda.synchronize()
+            assert torch.equal(ro, so) and torch.equal(rsn, ssn), (ng, g, c, kw)
+    finally:
+        C.conv_launch_options(serial=False)

@@ -16,7 +16,8 @@
 //   attn_combine_kernel      merges the nsplit partial (max, sum, O) of each row (second pass).
 //   gdn_kernel               gated delta rule over a group's rows; block = (Dv tile of 32, head,
 //                            group); the state slice lives in registers; one snapshot per row.
-//   conv_kernel              depthwise causal conv + SiLU over a group's rows, with snapshots.
+//   conv_kernel              depthwise causal conv + SiLU, one thread per (channel, row), with
+//                            snapshots (conv_serial_kernel: the earlier walk over the rows).
 //   commit_kernel            copies each group's accepted snapshot into its slot, advances pos.
 //   moe_* / linear_skinny_*  routed experts and the skinny FP8/bf16 linear: strata_moe.cu.
 
@@ -849,6 +850,7 @@ __global__ void __launch_bounds__(256) gdn_kernel(GdnParams p) {
 // causal depthwise conv + SiLU over a group's rows
 
 constexpr int CONV_MAX_K = 16;
+int g_conv_options = 0;  // STRATA_CONV_* (strata_kernels.h)
 
 struct ConvParams {
   const void* x;
@@ -861,7 +863,51 @@ struct ConvParams {
   int g, c, kw, x_dtype, s_dtype, w_dtype;
 };
 
-__global__ void conv_kernel(ConvParams p) {
+// One thread per (channel, window row): nothing is serial across rows. Row j of group n reads
+// its window ext[j .. j+kw-1] of ext = [the slot's state (km1 values, rounded through x's dtype),
+// x rows 0 .. g-1 of the group] and sums w[i] * ext[j+i] in i order, term for term the sum of
+// conv_serial_kernel (bit-identical results); snaps[n, j, ch, i] = ext[j+1+i]. Only the first
+// km1 rows read the state, whose slot is the one dependent load. KW: the kernel width when it is
+// known at compile time (4, Qwen3-Next's), else 0 (read from p.kw).
+constexpr int CONV_THREADS = 128;
+
+template <int KW>
+__global__ void __launch_bounds__(CONV_THREADS) conv_kernel(ConvParams p) {
+  const int ch = blockIdx.x * CONV_THREADS + threadIdx.x;
+  const int n = blockIdx.y / p.g, j = blockIdx.y % p.g;
+  if (ch >= p.c) return;
+  const int kw = KW ? KW : p.kw, km1 = kw - 1;
+  const int64_t x0 = (int64_t)n * p.g * p.c + ch;  // x[n, 0, ch]
+  int64_t sbase = 0;
+  if (j < km1)
+    sbase = clamp_slot(p.group_slot[n], p.nslots) * p.state_slot_stride + (int64_t)ch * km1;
+  float win[CONV_MAX_K];
+  float w[CONV_MAX_K];
+#pragma unroll
+  for (int i = 0; i < CONV_MAX_K; ++i) {
+    w[i] = 0.f;
+    win[i] = 0.f;
+    if (i < kw) {
+      w[i] = load_as_float(p.weight, p.w_dtype, (int64_t)ch * kw + i);
+      const int t = j + i;  // position in ext
+      win[i] = t < km1 ? round_through(load_as_float(p.state, p.s_dtype, sbase + t), p.x_dtype)
+                       : load_as_float(p.x, p.x_dtype, x0 + (int64_t)(t - km1) * p.c);
+    }
+  }
+  float acc = 0.f;
+#pragma unroll
+  for (int i = 0; i < CONV_MAX_K; ++i)
+    if (i < kw) acc += win[i] * w[i];
+  const int64_t xi = x0 + (int64_t)j * p.c;
+  store_from_float(p.out, p.x_dtype, xi, acc / (1.f + expf(-acc)));
+#pragma unroll
+  for (int i = 0; i < CONV_MAX_K - 1; ++i)
+    if (i < km1) store_from_float(p.snaps, p.x_dtype, xi * km1 + i, win[i + 1]);
+}
+
+// The earlier kernel, kept behind STRATA_CONV_SERIAL to measure against: one thread per channel
+// walks the group's rows in order, shifting its window.
+__global__ void conv_serial_kernel(ConvParams p) {
   const int ch = blockIdx.x * blockDim.x + threadIdx.x;
   const int n = blockIdx.y;
   if (ch >= p.c) return;
@@ -1156,6 +1202,12 @@ int strata_gpu_attention(const void* q, int q_dtype, const void* k_cache, const 
   return rc;
 }
 
+int strata_gpu_conv_set_options(int flags) {
+  const int old = g_conv_options;
+  if (flags >= 0) g_conv_options = flags;
+  return old;
+}
+
 int strata_gpu_causal_conv(const void* x, int x_dtype, const void* conv_state, int state_dtype,
                            int64_t sss, int64_t nslots, const void* weight, int w_dtype,
                            const int64_t* group_slot, int64_t ng, int64_t g, int64_t c,
@@ -1182,7 +1234,14 @@ int strata_gpu_causal_conv(const void* x, int x_dtype, const void* conv_state, i
   p.x_dtype = x_dtype;
   p.s_dtype = state_dtype;
   p.w_dtype = w_dtype;
-  conv_kernel<<<dim3(ceil_div_u(c, 128), (unsigned)ng), 128, 0, (cudaStream_t)stream>>>(p);
+  cudaStream_t st = (cudaStream_t)stream;
+  if (g_conv_options & STRATA_CONV_SERIAL) {
+    conv_serial_kernel<<<dim3(ceil_div_u(c, 128), (unsigned)ng), 128, 0, st>>>(p);
+    return take_launch_error("causal_conv_window: conv_serial_kernel");
+  }
+  const dim3 grid(ceil_div_u(c, CONV_THREADS), (unsigned)(ng * g));
+  if (kw == 4) conv_kernel<4><<<grid, CONV_THREADS, 0, st>>>(p);
+  else conv_kernel<0><<<grid, CONV_THREADS, 0, st>>>(p);
   return take_launch_error("causal_conv_window: conv_kernel");
 }
 

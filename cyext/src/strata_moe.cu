@@ -9,13 +9,17 @@
 //       later pair with the same id, in pair order) and computes act[q][i] = silu(gate_e . x_n) *
 //       (up_e . x_n) for its 8 features i and every member q = (n, j). One warp per feature: the
 //       gate and up rows are loaded once into registers (16-byte loads, the whole row in flight)
-//       and then dotted with each member's x row. Tile 0 also records the member list in the
-//       workspace for the second kernel. Each expert's weights are therefore read once.
+//       and then dotted with each member's x row. Each expert's weights are therefore read
+//       once. With the expert cache's counting, the leader's tile 0 also adds the expert's
+//       members to the routing counts and, the first time the window sees it, one hit or miss
+//       (count_expert): no other kernel or op per layer counts.
 //   moe_down_kernel     grid ceil(H/8). Block = 8 output features of every row. Warps take two
 //       features each and one of 4 phases over the leaders (in pair order, U leaders at a
 //       time; the member lists are staged in shared memory first); each down row slice is
 //       loaded once and dotted with the members' act rows; y[q][h] stays in shared memory and
 //       the block ends with out[n][h] = sum_j w[n,j] * y[(n,j)][h] in j order: no atomics.
+//       STRATA_MOE_DB: two half-size batches per warp, each refilled while the other computes.
+//   STRATA_MOE_XSMEM: gate/up leader blocks stage the window's x rows in shared memory first.
 // Determinism: every dot product sums in an order fixed by the dims alone (lane l takes the
 // 16-byte chunks l, l+32, ...; the elements of a chunk in order; then a fixed butterfly over the
 // 32 lanes), so a row's result is bit-identical whatever other rows share the call or an expert.
@@ -172,13 +176,15 @@ __device__ __forceinline__ float chunk_dot<FP8W>(uint4 w, const float* xf, float
 }
 
 // EPC consecutive activations (run-time dtype) from element `off` (a multiple of 4) as floats.
-template <int EPC>
+// SHARED: x is in shared memory (plain loads), else global memory read through the
+// read-only path.
+template <int EPC, bool SHARED = false>
 __device__ __forceinline__ void load_act(const void* x, int dtype, int64_t off, float* f) {
   if (dtype == STRATA_DTYPE_F32) {
     const float4* p = (const float4*)((const float*)x + off);
 #pragma unroll
     for (int i = 0; i < EPC / 4; ++i) {
-      const float4 v = __ldg(p + i);
+      const float4 v = SHARED ? p[i] : __ldg(p + i);
       f[4 * i] = v.x; f[4 * i + 1] = v.y; f[4 * i + 2] = v.z; f[4 * i + 3] = v.w;
     }
     return;
@@ -188,11 +194,11 @@ __device__ __forceinline__ void load_act(const void* x, int dtype, int64_t off, 
   if (EPC >= 8) {
 #pragma unroll
     for (int i = 0; i < EPC / 8; ++i) {
-      const uint4 v = ldg16(base + 8 * i);
+      const uint4 v = SHARED ? *(const uint4*)(base + 8 * i) : ldg16(base + 8 * i);
       u[4 * i] = v.x; u[4 * i + 1] = v.y; u[4 * i + 2] = v.z; u[4 * i + 3] = v.w;
     }
   } else {
-    const uint2 v = __ldg((const uint2*)base);
+    const uint2 v = SHARED ? *(const uint2*)base : __ldg((const uint2*)base);
     u[0] = v.x; u[1] = v.y;
   }
 #pragma unroll
@@ -259,6 +265,11 @@ struct MoeParams {
   const void* h_down;
   const float* h_gu_scale;
   const float* h_down_scale;
+  // The cache's counting (strata_expert_cache.h): routed_counts NULL = none.
+  float* routed_counts;
+  int* window_state;
+  const int* count_layer;
+  int n_host, n_layers;
   int n, k, P, E, H, I, bo, bi, x_dtype;
   int nbg;           // ceil(I / bo): scale rows of the gate half (the up half follows)
   int ncb_h, ncb_i;  // scale columns of gate/up (over H) and of down (over I)
@@ -289,6 +300,19 @@ __device__ __forceinline__ const float* expert_down_scale(const MoeParams& p, in
   const int r = expert_row(p, e);
   if (r < 0) return p.h_down_scale + (int64_t)e * p.down_scale_expert;
   return p.down_scale + (int64_t)r * p.down_scale_expert;
+}
+
+// The expert cache's counting, by the leader block (tile 0) of expert e with its `members`
+// pairs: the routing counts, and the window's hit or miss the first time it sees e (the seen
+// flag's exchange makes the several calls of a window, and their blocks, count e once).
+__device__ __forceinline__ void count_expert(const MoeParams& p, int e, int members) {
+  if (e >= p.n_host) return;  // a folded shared expert: always resident, not counted
+  int l = __ldg(p.count_layer);
+  l = l < 0 ? 0 : (l >= p.n_layers ? p.n_layers - 1 : l);  // a kernel cannot raise
+  const int64_t at = (int64_t)l * p.n_host + e;
+  atomicAdd(p.routed_counts + at, (float)members);
+  if (atomicExch(p.window_state + 2 + at, 1) == 0)
+    atomicAdd(p.window_state + (expert_row(p, e) >= 0 ? 0 : 1), 1);
 }
 
 __device__ __forceinline__ int clamp_expert(int64_t e, int E) {
@@ -350,15 +374,36 @@ __device__ __forceinline__ void load_gate_up_rows(const MoeParams& p, int e, int
   }
 }
 
+// XS (STRATA_MOE_XSMEM): the gate/up block stages the window's x rows (all n, dynamic shared
+// memory of n * H * x's element size, at most MOE_XS_MAX_BYTES) with asynchronous copies issued
+// right after its duplicate check, so they land while the members are gathered and every
+// member's dot products read x from shared memory instead of L2. Same values, same sums.
+constexpr int MOE_XS_MAX_BYTES = 40 * 1024;  // + the static arrays: under the 48 KiB default
+
+__device__ __forceinline__ void stage16(void* dst_shared, const void* src) {
+#if !STRATA_PLATFORM_HIP && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  const uint32_t d = (uint32_t)__cvta_generic_to_shared(dst_shared);
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(d), "l"(src));
+#else
+  *(uint4*)dst_shared = ldg16(src);
+#endif
+}
+__device__ __forceinline__ void stage_wait_all() {
+#if !STRATA_PLATFORM_HIP && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.wait_all;\n" ::: "memory");
+#endif
+}
+
 // F features per warp: F = 2 doubles the bytes each warp has in flight (FP8 rows are short)
 // and halves the blocks, each of which pays the ids / duplicate-check prologue.
-template <typename W, int CPL, int F, bool EARLY>
+template <typename W, int CPL, int F, bool EARLY, bool XS>
 __global__ void __launch_bounds__(MOE_THREADS, (CPL * F) <= 4 ? 3 : 2)
     moe_gate_up_kernel(MoeParams p) {
   typedef WChunk<W> C;
   __shared__ int ids_s[MOE_MAX_PAIRS];
   __shared__ int mem_s[MOE_MAX_PAIRS];
   __shared__ int warp_tot[MOE_THREADS / 32];
+  extern __shared__ uint4 xs_dyn[];  // XS: the window's x rows
   pdl_launch_dependents();
   const int s = blockIdx.y, tid = threadIdx.x;
   // EARLY: this pair's expert straight from global memory, so the weight loads below are in
@@ -377,6 +422,10 @@ __global__ void __launch_bounds__(MOE_THREADS, (CPL * F) <= 4 ? 3 : 2)
   int dup = 0;
   for (int q = tid; q < s; q += MOE_THREADS) dup |= (ids_s[q] == e);
   if (__syncthreads_or(dup)) return;  // not the leader of its expert
+  if (XS) {  // the x rows, in flight while the members are gathered
+    const int x16 = p.n * p.H * (p.x_dtype == STRATA_DTYPE_F32 ? 4 : 2) / 16;
+    for (int t = tid; t < x16; t += MOE_THREADS) stage16(xs_dyn + t, (const uint4*)p.x + t);
+  }
   // this warp's gate and up rows: the loads are in flight while the members are gathered
   if (!EARLY) load_gate_up_rows<W, CPL, F>(p, e, i0, nch, row_bytes, lane, wg, wu, sg, su);
   const int q0 = 2 * tid;
@@ -386,7 +435,10 @@ __global__ void __launch_bounds__(MOE_THREADS, (CPL * F) <= 4 ? 3 : 2)
   const int off = block_exclusive_scan<MOE_THREADS>(f0 + f1, warp_tot, &total);
   if (f0) mem_s[off] = q0;
   if (f1) mem_s[off + f0] = q0 + 1;
+  if (p.routed_counts && blockIdx.x == 0 && tid == 0) count_expert(p, e, total);
+  if (XS) stage_wait_all();
   __syncthreads();
+  const void* xsrc = XS ? (const void*)xs_dyn : p.x;
 
   if (i0 >= p.I) return;
   for (int m = 0; m < total; ++m) {
@@ -408,7 +460,7 @@ __global__ void __launch_bounds__(MOE_THREADS, (CPL * F) <= 4 ? 3 : 2)
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
           float xf[8];
-          load_act<8>(p.x, p.x_dtype, xrow + (int64_t)c * 16 + 8 * h, xf);
+          load_act<8, XS>(xsrc, p.x_dtype, xrow + (int64_t)c * 16 + 8 * h, xf);
 #pragma unroll
           for (int f = 0; f < F; ++f) {
             pg[f] = fp8_half_dot(h ? wg[f][j].z : wg[f][j].x, h ? wg[f][j].w : wg[f][j].y, xf, pg[f]);
@@ -422,7 +474,7 @@ __global__ void __launch_bounds__(MOE_THREADS, (CPL * F) <= 4 ? 3 : 2)
         }
       } else {
         float xf[C::EPC];
-        load_act<C::EPC>(p.x, p.x_dtype, xrow + (int64_t)c * C::EPC, xf);
+        load_act<C::EPC, XS>(xsrc, p.x_dtype, xrow + (int64_t)c * C::EPC, xf);
 #pragma unroll
         for (int f = 0; f < F; ++f) {
           ag[f] = chunk_dot<W>(wg[f][j], xf, sg[f][j], ag[f]);
@@ -468,7 +520,44 @@ __device__ __forceinline__ void load_down_batch(const MoeParams& p, const int* l
   }
 }
 
+// The down dot products of one batch (leaders a0 .. a0+U-1 below nlead, this warp's two
+// features h0, h0+1): y[q][h] for every member q, into shared memory.
 template <typename W, int CPL, int U>
+__device__ __forceinline__ void down_batch_dots(const MoeParams& p, const uint4 (&w)[U][2][CPL],
+                                                const float (&sc)[U][2][CPL], int a0, int nlead,
+                                                const int* lcnt_s, const int* lst_s,
+                                                const int* mem_s, float* y_s, int hl, int lane,
+                                                int nch) {
+  typedef WChunk<W> C;
+#pragma unroll
+  for (int u = 0; u < U; ++u) {
+    const int nm = a0 + u < nlead ? lcnt_s[a0 + u] : 0;
+    const int m0 = a0 + u < nlead ? lst_s[a0 + u] : 0;
+    for (int m = 0; m < nm; ++m) {
+      const int q = mem_s[m0 + m];
+      const float* arow = p.act + (int64_t)q * p.I;
+      float acc0 = 0.f, acc1 = 0.f;
+#pragma unroll
+      for (int j = 0; j < CPL; ++j) {
+        const int c = lane + 32 * j;
+        if (c < nch) {
+          float xf[C::EPC];
+          load_act<C::EPC>(arow, STRATA_DTYPE_F32, (int64_t)c * C::EPC, xf);
+          acc0 = chunk_dot<W>(w[u][0][j], xf, sc[u][0][j], acc0);
+          acc1 = chunk_dot<W>(w[u][1][j], xf, sc[u][1][j], acc1);
+        }
+      }
+      acc0 = warp_sum(acc0);
+      acc1 = warp_sum(acc1);
+      if (lane == 0) {
+        y_s[q * MOE_TILE + hl] = acc0;
+        y_s[q * MOE_TILE + hl + 1] = acc1;
+      }
+    }
+  }
+}
+
+template <typename W, int CPL, int U, bool DB>
 __global__ void __launch_bounds__(MOE_DOWN_THREADS, 2) moe_down_kernel(MoeParams p) {
   typedef WChunk<W> C;
   __shared__ int ids_s[MOE_MAX_PAIRS];    // every pair's expert
@@ -512,39 +601,38 @@ __global__ void __launch_bounds__(MOE_DOWN_THREADS, 2) moe_down_kernel(MoeParams
   const int h0 = blockIdx.x * MOE_TILE + hl;
   const int nch = p.I / C::EPC;
   const int64_t row_bytes = (int64_t)p.I * sizeof(typename W::storage);
-  uint4 w[U][2][CPL];
-  float sc[U][2][CPL];
-  // the first batch of down rows is in flight before the wait for the gate/up grid
-  load_down_batch<W, CPL, U>(p, lexp_s, phase * U, nlead, h0, nch, row_bytes, lane, w, sc);
-  pdl_wait_primary();
-  for (int a0 = phase * U; a0 < nlead; a0 += nphase * U) {
-    if (a0 != phase * U)
-      load_down_batch<W, CPL, U>(p, lexp_s, a0, nlead, h0, nch, row_bytes, lane, w, sc);
-#pragma unroll
-    for (int u = 0; u < U; ++u) {
-      const int nm = a0 + u < nlead ? lcnt_s[a0 + u] : 0;
-      const int m0 = a0 + u < nlead ? lst_s[a0 + u] : 0;
-      for (int m = 0; m < nm; ++m) {
-        const int q = mem_s[m0 + m];
-        const float* arow = p.act + (int64_t)q * p.I;
-        float acc0 = 0.f, acc1 = 0.f;
-#pragma unroll
-        for (int j = 0; j < CPL; ++j) {
-          const int c = lane + 32 * j;
-          if (c < nch) {
-            float xf[C::EPC];
-            load_act<C::EPC>(arow, STRATA_DTYPE_F32, (int64_t)c * C::EPC, xf);
-            acc0 = chunk_dot<W>(w[u][0][j], xf, sc[u][0][j], acc0);
-            acc1 = chunk_dot<W>(w[u][1][j], xf, sc[u][1][j], acc1);
-          }
-        }
-        acc0 = warp_sum(acc0);
-        acc1 = warp_sum(acc1);
-        if (lane == 0) {
-          y_s[q * MOE_TILE + hl] = acc0;
-          y_s[q * MOE_TILE + hl + 1] = acc1;
-        }
-      }
+  if constexpr (!DB) {
+    uint4 w[U][2][CPL];
+    float sc[U][2][CPL];
+    // the first batch of down rows is in flight before the wait for the gate/up grid
+    load_down_batch<W, CPL, U>(p, lexp_s, phase * U, nlead, h0, nch, row_bytes, lane, w, sc);
+    pdl_wait_primary();
+    for (int a0 = phase * U; a0 < nlead; a0 += nphase * U) {
+      if (a0 != phase * U)
+        load_down_batch<W, CPL, U>(p, lexp_s, a0, nlead, h0, nch, row_bytes, lane, w, sc);
+      down_batch_dots<W, CPL, U>(p, w, sc, a0, nlead, lcnt_s, lst_s, mem_s, y_s, hl, lane, nch);
+    }
+  } else {
+    // Double-buffered (STRATA_MOE_DB): two batches of U leaders in flight before the wait; each
+    // batch's buffer is refilled with the batch after next as soon as its dots are done, so the
+    // loads run under the other batch's compute. Leaders are dealt in batches of U (half the
+    // single-buffer batch: the same registers); each y value is the same dot product.
+    const int step = nphase * U, first = phase * U;
+    uint4 wa[U][2][CPL], wb[U][2][CPL];
+    float sa[U][2][CPL], sb[U][2][CPL];
+    load_down_batch<W, CPL, U>(p, lexp_s, first, nlead, h0, nch, row_bytes, lane, wa, sa);
+    load_down_batch<W, CPL, U>(p, lexp_s, first + step, nlead, h0, nch, row_bytes, lane, wb, sb);
+    pdl_wait_primary();
+    for (int a0 = first; a0 < nlead; a0 += 2 * step) {
+      down_batch_dots<W, CPL, U>(p, wa, sa, a0, nlead, lcnt_s, lst_s, mem_s, y_s, hl, lane, nch);
+      if (a0 + 2 * step < nlead)
+        load_down_batch<W, CPL, U>(p, lexp_s, a0 + 2 * step, nlead, h0, nch, row_bytes, lane, wa,
+                                   sa);
+      down_batch_dots<W, CPL, U>(p, wb, sb, a0 + step, nlead, lcnt_s, lst_s, mem_s, y_s, hl, lane,
+                                 nch);
+      if (a0 + 3 * step < nlead)
+        load_down_batch<W, CPL, U>(p, lexp_s, a0 + 3 * step, nlead, h0, nch, row_bytes, lane, wb,
+                                   sb);
     }
   }
   __syncthreads();
@@ -592,9 +680,8 @@ bool device_has_pdl(int device) {
 #endif
 }
 
-template <typename W, int CPL>
-int launch_moe_down(const MoeParams& p, cudaStream_t st, bool pdl) {
-  const int U = CPL >= 4 ? 1 : 4 / CPL;
+template <typename W, int CPL, int U, bool DB>
+int launch_moe_down_kernel(const MoeParams& p, cudaStream_t st, bool pdl) {
   const dim3 grid(ceil_div_u(p.H, MOE_TILE));
 #if !STRATA_PLATFORM_HIP
   if (pdl) {
@@ -608,27 +695,38 @@ int launch_moe_down(const MoeParams& p, cudaStream_t st, bool pdl) {
     attr[0].val.programmaticStreamSerializationAllowed = 1;
     cfg.attrs = attr;
     cfg.numAttrs = 1;
-    cudaLaunchKernelEx(&cfg, moe_down_kernel<W, CPL, U>, p);
+    cudaLaunchKernelEx(&cfg, moe_down_kernel<W, CPL, U, DB>, p);
     return take_launch_error("moe_experts: moe_down_kernel");
   }
 #else
   (void)pdl;
 #endif
-  moe_down_kernel<W, CPL, U><<<grid, MOE_DOWN_THREADS, 0, st>>>(p);
+  moe_down_kernel<W, CPL, U, DB><<<grid, MOE_DOWN_THREADS, 0, st>>>(p);
   return take_launch_error("moe_experts: moe_down_kernel");
 }
 
-template <typename W, int F, bool EARLY>
-void launch_moe_gate_up(const MoeParams& p, int ch, cudaStream_t st) {
+// Single buffer: batches of U leaders, as many as 4 chunks per lane allow. Double buffer
+// (STRATA_MOE_DB, where U >= 2): two batches of U / 2, the same registers.
+template <typename W, int CPL>
+int launch_moe_down(const MoeParams& p, cudaStream_t st, bool pdl, bool db) {
+  constexpr int U = CPL >= 4 ? 1 : 4 / CPL;
+  if constexpr (U >= 2) {
+    if (db) return launch_moe_down_kernel<W, CPL, U / 2, true>(p, st, pdl);
+  }
+  return launch_moe_down_kernel<W, CPL, U, false>(p, st, pdl);
+}
+
+template <typename W, int F, bool EARLY, bool XS>
+void launch_moe_gate_up(const MoeParams& p, int ch, size_t xs_bytes, cudaStream_t st) {
   const dim3 grid(ceil_div_u(p.I, (MOE_THREADS / 32) * F), (unsigned)p.P);
+  const dim3 grid1(ceil_div_u(p.I, MOE_THREADS / 32), (unsigned)p.P);
   switch (ch) {
-    case 1: moe_gate_up_kernel<W, 1, F, EARLY><<<grid, MOE_THREADS, 0, st>>>(p); break;
-    case 2: moe_gate_up_kernel<W, 2, F, EARLY><<<grid, MOE_THREADS, 0, st>>>(p); break;
-    case 4: moe_gate_up_kernel<W, 4, F, EARLY><<<grid, MOE_THREADS, 0, st>>>(p); break;
-    case 8: moe_gate_up_kernel<W, 8, 1, EARLY><<<dim3(ceil_div_u(p.I, MOE_THREADS / 32), p.P),
-                                                MOE_THREADS, 0, st>>>(p); break;
-    default: moe_gate_up_kernel<W, 16, 1, EARLY><<<dim3(ceil_div_u(p.I, MOE_THREADS / 32), p.P),
-                                                   MOE_THREADS, 0, st>>>(p); break;
+    case 1: moe_gate_up_kernel<W, 1, F, EARLY, XS><<<grid, MOE_THREADS, xs_bytes, st>>>(p); break;
+    case 2: moe_gate_up_kernel<W, 2, F, EARLY, XS><<<grid, MOE_THREADS, xs_bytes, st>>>(p); break;
+    case 4: moe_gate_up_kernel<W, 4, F, EARLY, XS><<<grid, MOE_THREADS, xs_bytes, st>>>(p); break;
+    case 8: moe_gate_up_kernel<W, 8, 1, EARLY, XS><<<grid1, MOE_THREADS, xs_bytes, st>>>(p); break;
+    default:
+      moe_gate_up_kernel<W, 16, 1, EARLY, XS><<<grid1, MOE_THREADS, xs_bytes, st>>>(p); break;
   }
 }
 
@@ -639,22 +737,29 @@ int launch_moe(const MoeParams& p, int device, cudaStream_t st) {
   // two features per warp where a warp's rows are short (at most 4 chunks per lane)
   const bool early = (g_moe_options & STRATA_MOE_EARLY) && p.P <= MOE_EARLY_MAX_PAIRS;
   const bool wide = (g_moe_options & STRATA_MOE_WIDE) && ch <= 4;
+  const size_t xs_bytes = (size_t)p.n * p.H * (p.x_dtype == STRATA_DTYPE_F32 ? 4 : 2);
+  // x in shared memory (one feature per warp only: WIDE is register-bound already)
+  const bool xs = (g_moe_options & STRATA_MOE_XSMEM) && !wide && xs_bytes <= MOE_XS_MAX_BYTES;
   if (wide) {
-    if (early) launch_moe_gate_up<W, 2, true>(p, ch, st);
-    else launch_moe_gate_up<W, 2, false>(p, ch, st);
+    if (early) launch_moe_gate_up<W, 2, true, false>(p, ch, 0, st);
+    else launch_moe_gate_up<W, 2, false, false>(p, ch, 0, st);
+  } else if (xs) {
+    if (early) launch_moe_gate_up<W, 1, true, true>(p, ch, xs_bytes, st);
+    else launch_moe_gate_up<W, 1, false, true>(p, ch, xs_bytes, st);
   } else {
-    if (early) launch_moe_gate_up<W, 1, true>(p, ch, st);
-    else launch_moe_gate_up<W, 1, false>(p, ch, st);
+    if (early) launch_moe_gate_up<W, 1, true, false>(p, ch, 0, st);
+    else launch_moe_gate_up<W, 1, false, false>(p, ch, 0, st);
   }
   int rc = take_launch_error("moe_experts: moe_gate_up_kernel");
   if (rc) return rc;
   const bool pdl = (g_moe_options & STRATA_MOE_PDL) && device_has_pdl(device);
+  const bool db = (g_moe_options & STRATA_MOE_DB) != 0;
   switch (ci) {
-    case 1: return launch_moe_down<W, 1>(p, st, pdl);
-    case 2: return launch_moe_down<W, 2>(p, st, pdl);
-    case 4: return launch_moe_down<W, 4>(p, st, pdl);
-    case 8: return launch_moe_down<W, 8>(p, st, pdl);
-    default: return launch_moe_down<W, 16>(p, st, pdl);
+    case 1: return launch_moe_down<W, 1>(p, st, pdl, db);
+    case 2: return launch_moe_down<W, 2>(p, st, pdl, db);
+    case 4: return launch_moe_down<W, 4>(p, st, pdl, db);
+    case 8: return launch_moe_down<W, 8>(p, st, pdl, db);
+    default: return launch_moe_down<W, 16>(p, st, pdl, db);
   }
 }
 
@@ -800,12 +905,21 @@ int strata_gpu_moe_experts(const void* x, int x_dtype, const void* w_gate_up, co
                 !aligned16(cache->host_gate_up) || !aligned16(cache->host_down) ||
                 (fp8 && (!cache->host_gu_scale || !cache->host_down_scale))))
     return invalid("moe_experts (the expert cache needs slot_of and a 16-byte aligned host store)");
+  if (cache && cache->routed_counts &&
+      (!cache->window_state || !cache->count_layer || cache->n_layers < 1))
+    return invalid("moe_experts (the expert cache's counting needs routed_counts, window_state "
+                   "and count_layer)");
   MoeParams p;
   p.slot_of = cache ? cache->slot_of : nullptr;
   p.h_gu = cache ? cache->host_gate_up : nullptr;
   p.h_down = cache ? cache->host_down : nullptr;
   p.h_gu_scale = cache ? cache->host_gu_scale : nullptr;
   p.h_down_scale = cache ? cache->host_down_scale : nullptr;
+  p.routed_counts = cache ? cache->routed_counts : nullptr;
+  p.window_state = cache ? cache->window_state : nullptr;
+  p.count_layer = cache ? cache->count_layer : nullptr;
+  p.n_host = cache ? (int)cache->n_host : 0;
+  p.n_layers = cache ? (int)cache->n_layers : 0;
   p.x = x;
   p.out = out;
   p.w_gu = w_gate_up;

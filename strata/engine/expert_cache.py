@@ -14,11 +14,15 @@ store (on a GPU through its device-visible address, over the bus, inside the ker
 captured window graphs stay valid whichever experts miss and the tokens are those of an engine
 with every expert resident.
 
-Counting (capturable). Each MoE layer adds its rows' routed selections to a device histogram
-`window_counts` (layers, E); a window starts by zeroing it and ends by turning it into the
-window's hits and misses (each distinct (layer, expert) pair once: a hit when the expert was
-resident at the window's start) and adding it to `routed`, all on the device; the two numbers
-are copied into pinned host memory inside the window and read after the window's own sync.
+Counting (capturable, inside the MoE kernel). Inside a decode window each cached layer hands
+ops.moe_experts the cache's `routed` (layers, E) (cumulative routed selections), its
+`window_state` (the window's hits and misses, then a seen flag per (layer, expert)) and its own
+layer index (a device tensor, so one compiled region serves every layer of a kind); the gate/up
+kernel adds each distinct expert's rows to `routed` and counts it once per window (each distinct
+(layer, expert) pair: a hit when the expert was resident at the window's start). A window so
+adds one zeroing op (window_state) and one copy of (hits, misses) into pinned host memory, read
+after the window's own sync: nothing per layer beyond the MoE kernels. Prompt chunks are not
+counted (they run outside begin_window / end_window).
 
 Fill and adapt. The first fill is each layer's most-routed experts of a routing profile
 (engine.expert_profile, scripts/profile_routing.py's JSON), or the lowest expert ids. Every
@@ -170,20 +174,26 @@ def top_experts(counts: np.ndarray, slots: int) -> np.ndarray:
 class LayerCache:
     """One MoE layer's view of the cache: what its Experts module hands ops.moe_experts."""
 
-    def __init__(self, slot_of: torch.Tensor, counts: torch.Tensor, gate_up: torch.Tensor,
-                 down: torch.Tensor, gu_scale: Optional[torch.Tensor],
-                 down_scale: Optional[torch.Tensor], host: tuple):
+    def __init__(self, slot_of: torch.Tensor, routed: torch.Tensor, window_state: torch.Tensor,
+                 layer: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor,
+                 gu_scale: Optional[torch.Tensor], down_scale: Optional[torch.Tensor],
+                 host: tuple):
         self.slot_of = slot_of          # (E [+1 shared],) int32, device
-        self.counts = counts            # (E,) float32, device: this window's routed selections
+        self.routed = routed            # (layers, E) float32, device: the cache's, every layer
+        self.window_state = window_state  # (2 + layers * E,) int32, device: the cache's
+        self.layer = layer              # (1,) int32, device: this layer's row in both
         self.gate_up, self.down = gate_up, down          # device slots (S [+1], ...)
         self.gu_scale, self.down_scale = gu_scale, down_scale
         self.host_gate_up, self.host_down, self.host_gu_scale, self.host_down_scale = host
+        #: True inside a decode window (ExpertCache.begin_window .. end_window): the kernel counts.
+        self.counting = False
 
-    def record(self, index: torch.Tensor) -> None:
-        """Add the rows' routed experts (N, k) to this window's histogram (device, capturable)."""
-        flat = index.reshape(-1)
-        self.counts.scatter_add_(0, flat, torch.ones(flat.shape, dtype=self.counts.dtype,
-                                                     device=flat.device))
+    def counting_args(self) -> dict:
+        """ops.moe_experts' counting arguments inside a decode window, else none."""
+        if not self.counting:
+            return {}
+        return {"routed_counts": self.routed, "window_state": self.window_state,
+                "count_layer": self.layer}
 
 
 class ExpertCache:
@@ -213,10 +223,11 @@ class ExpertCache:
         self.slot_of = torch.from_numpy(self.host_slot_of.copy()).to(device)
         self._slot_of_staging = torch.empty(self.host_slot_of.shape, dtype=torch.int32,
                                             pin_memory=pin)
-        self.window_counts = torch.zeros(L, E, dtype=torch.float32, device=device)
         self.routed = torch.zeros(L, E, dtype=torch.float32, device=device)
-        self.stats = torch.zeros(2, dtype=torch.long, device=device)
-        self.host_stats = torch.zeros(2, dtype=torch.long, pin_memory=pin)
+        # One buffer, zeroed once per window: the window's (hits, misses), then the seen flags
+        # of every (layer, expert).
+        self.window_state = torch.zeros(2 + L * E, dtype=torch.int32, device=device)
+        self.host_stats = torch.zeros(2, dtype=torch.int32, pin_memory=pin)
         self.decayed = np.zeros((L, E), dtype=np.float64)
         self.layers: list[LayerCache] = []
         self.host: list[tuple] = []
@@ -275,8 +286,9 @@ class ExpertCache:
             self.host_slot_of[li, E] = S
             self.slot_of[li, E] = S
         self.host.append(tuple(host))
-        cache = LayerCache(self.slot_of[li], self.window_counts[li], slots[0], slots[1], slots[2],
-                           slots[3], tuple(host))
+        layer = torch.full((1,), li, dtype=torch.int32, device=self.device)
+        cache = LayerCache(self.slot_of[li], self.routed, self.window_state, layer, slots[0],
+                           slots[1], slots[2], slots[3], tuple(host))
         experts.cache = cache
         return cache
 
@@ -286,17 +298,17 @@ class ExpertCache:
 
     # ---- inside a window (device, capturable) ---------------------------------------------------
     def begin_window(self) -> None:
-        self.window_counts.zero_()
+        """Zero the window's seen flags and (hits, misses); the MoE kernels count from here."""
+        self.window_state.zero_()
+        for lc in self.layers:
+            lc.counting = True
 
     def end_window(self) -> None:
-        """The window's hits and misses (distinct (layer, expert) pairs), and its routing added
-        to `routed`; the two numbers land in pinned host memory by the window's sync."""
-        seen = self.window_counts > 0
-        res = self.slot_of[:, :self.plan.experts] >= 0
-        self.stats[0] = (seen & res).sum()
-        self.stats[1] = (seen & ~res).sum()
-        self.routed += self.window_counts
-        self.host_stats.copy_(self.stats, non_blocking=True)
+        """The window's hits and misses (distinct (layer, expert) pairs, counted by the MoE
+        kernels) land in pinned host memory by the window's sync."""
+        for lc in self.layers:
+            lc.counting = False
+        self.host_stats.copy_(self.window_state[:2], non_blocking=True)
 
     # ---- between windows (host) ---------------------------------------------------------------
     def after_window(self) -> tuple[int, int, Optional[tuple[int, int]]]:

@@ -164,30 +164,57 @@ def _index2d(t: torch.Tensor) -> torch.Tensor:
     return t if t.is_contiguous() else t.contiguous()
 
 
-#: The expert cache's optional arguments of moe_experts (reference.moe_experts), in order.
-CACHE_ARGS = ("slot_of", "host_gate_up", "host_down", "host_gu_scale", "host_down_scale")
+#: The expert cache's optional arguments of moe_experts (reference.moe_experts), in order:
+#: its slot table and host store, then its counting.
+CACHE_ARGS = ("slot_of", "host_gate_up", "host_down", "host_gu_scale", "host_down_scale",
+              "routed_counts", "window_state", "count_layer")
 
 
-def _cache_kwargs(slot_of, host_gate_up, host_down, host_gu_scale, host_down_scale) -> dict:
+def _cache_kwargs(slot_of, host_gate_up, host_down, host_gu_scale, host_down_scale,
+                  routed_counts=None, window_state=None, count_layer=None) -> dict:
+    counting = (routed_counts, window_state, count_layer)
     if slot_of is None:
+        if any(t is not None for t in counting):
+            raise ValueError("moe_experts: routed_counts, window_state and count_layer count the "
+                             "expert cache's reads: they need slot_of")
         return {}
-    return {"slot_of": slot_of, "host_gate_up": host_gate_up, "host_down": host_down,
-            "host_gu_scale": host_gu_scale, "host_down_scale": host_down_scale}
+    out = {"slot_of": slot_of, "host_gate_up": host_gate_up, "host_down": host_down,
+           "host_gu_scale": host_gu_scale, "host_down_scale": host_down_scale}
+    if any(t is not None for t in counting):
+        out.update(routed_counts=routed_counts, window_state=window_state, count_layer=count_layer)
+    return out
+
+
+def _moe_op(x, w_gate_up, w_down, topk_weight, topk_ids, gu_scale, down_scale, block, slot_of,
+            host_gate_up, host_down, host_gu_scale, host_down_scale, routed_counts,
+            window_state, count_layer):
+    """moe_experts as the custom op torch.compile sees: `strata::moe_experts_counted` (its
+    counting tensors mutated) with the cache's counting, else `strata::moe_experts` (a mutable
+    argument that is None breaks inductor's lowering)."""
+    blk = None if block is None else [int(b) for b in block]
+    if routed_counts is not None:
+        return torch.ops.strata.moe_experts_counted(
+            x, w_gate_up, w_down, topk_weight, topk_ids, gu_scale, down_scale, blk, slot_of,
+            host_gate_up, host_down, host_gu_scale, host_down_scale, routed_counts,
+            window_state, count_layer)
+    return torch.ops.strata.moe_experts(x, w_gate_up, w_down, topk_weight, topk_ids, gu_scale,
+                                        down_scale, blk, slot_of, host_gate_up, host_down,
+                                        host_gu_scale, host_down_scale)
 
 
 def cpu_moe_experts(x, w_gate_up, w_down, topk_weight, topk_ids, gu_scale=None, down_scale=None,
                     block=None, slot_of=None, host_gate_up=None, host_down=None,
-                    host_gu_scale=None, host_down_scale=None, *, out=None):
+                    host_gu_scale=None, host_down_scale=None, routed_counts=None,
+                    window_state=None, count_layer=None, *, out=None):
     """Routed experts on the CPU, grouped by expert: each distinct expert's rows are decoded
     once for all the rows routed to it (reference.moe_experts semantics, the expert cache's
-    slots and host store included)."""
-    cache = _cache_kwargs(slot_of, host_gate_up, host_down, host_gu_scale, host_down_scale)
+    slots, host store and counting included)."""
+    cache = _cache_kwargs(slot_of, host_gate_up, host_down, host_gu_scale, host_down_scale,
+                          routed_counts, window_state, count_layer)
     if _compiling() and out is None:
-        return torch.ops.strata.moe_experts(x, w_gate_up, w_down, topk_weight, topk_ids,
-                                            gu_scale, down_scale,
-                                            None if block is None else [int(b) for b in block],
-                                            slot_of, host_gate_up, host_down, host_gu_scale,
-                                            host_down_scale)
+        return _moe_op(x, w_gate_up, w_down, topk_weight, topk_ids, gu_scale, down_scale, block,
+                       slot_of, host_gate_up, host_down, host_gu_scale, host_down_scale,
+                       routed_counts, window_state, count_layer)
     bo, bi = _block_args("moe_experts", w_gate_up, gu_scale, block)
     x, topk_weight, topk_ids = _moe_inputs(x, topk_weight, topk_ids)
     if out is None:
@@ -430,18 +457,33 @@ def moe_kernel_supported(x, w_gate_up, k: int, block=None) -> bool:
     return True
 
 
-def moe_launch_options(pdl=None, early=None, wide=None) -> dict:
+def moe_launch_options(pdl=None, early=None, wide=None, db=None, xsmem=None) -> dict:
     """Read or set moe_experts' launch switches on the GPU extension (process-wide; every
     setting gives the same bits): `pdl` (on by default), the down kernel as a programmatic
     dependent launch (sm_90+); `early` (on), weight loads before the duplicate check at small
     windows; `wide` (off: measured slower), two features per gate/up warp where weight rows
-    are short (FP8). None leaves a switch as it is. Returns the switches now in force."""
+    are short (FP8); `db` (off until measured), double-buffered weight loads in the down kernel;
+    `xsmem` (off until measured), the window's x rows staged in shared memory by each gate/up
+    block. None leaves a switch as it is. Returns the switches now in force."""
     flags = _gpu.moe_set_options(-1)
-    for bit, on in ((1, pdl), (2, early), (4, wide)):
+    for bit, on in ((1, pdl), (2, early), (4, wide), (8, db), (16, xsmem)):
         if on is not None:
             flags = (flags | bit) if on else (flags & ~bit)
     _gpu.moe_set_options(flags)
-    return {"pdl": bool(flags & 1), "early": bool(flags & 2), "wide": bool(flags & 4)}
+    return {"pdl": bool(flags & 1), "early": bool(flags & 2), "wide": bool(flags & 4),
+            "db": bool(flags & 8), "xsmem": bool(flags & 16)}
+
+
+def conv_launch_options(serial=None) -> dict:
+    """Read or set causal_conv_window's launch switch on the GPU extension (process-wide; both
+    settings give the same bits): `serial` (off), the earlier kernel where one thread per channel
+    walks the group's rows, instead of one thread per (channel, row). None leaves it as it is.
+    Returns the switch now in force."""
+    flags = _gpu.conv_set_options(-1)
+    if serial is not None:
+        flags = (flags | 1) if serial else (flags & ~1)
+    _gpu.conv_set_options(flags)
+    return {"serial": bool(flags & 1)}
 
 
 def moe_workspace_numel(rows: int, k: int, inter: int) -> int:
@@ -459,21 +501,22 @@ def _validate_ids(op: str, ids: torch.Tensor, num_experts: int) -> None:
 
 def gpu_moe_experts(x, w_gate_up, w_down, topk_weight, topk_ids, gu_scale=None,
                     down_scale=None, block=None, slot_of=None, host_gate_up=None, host_down=None,
-                    host_gu_scale=None, host_down_scale=None, *, out=None, workspace=None):
+                    host_gu_scale=None, host_down_scale=None, routed_counts=None,
+                    window_state=None, count_layer=None, *, out=None, workspace=None):
     """Routed experts on the GPU, grouped by expert on the device: each distinct expert's
     gate/up and down weights are read once for all of its rows (two launches per 32 rows, fixed
     grids, no host sync: capturable). Rows are independent: a row's result is bit-identical
     whatever rows share the call. Shapes the kernel does not take (moe_kernel_supported) run
     the reference. workspace: optional float32 scratch of moe_workspace_numel(N, k, I).
     With the expert cache (slot_of and the host store, reference.moe_experts), missing
-    experts are read from pinned host memory inside the kernel: still capturable."""
-    cache = _cache_kwargs(slot_of, host_gate_up, host_down, host_gu_scale, host_down_scale)
+    experts are read from pinned host memory inside the kernel: still capturable; with its
+    counting tensors (routed_counts, window_state, count_layer) the gate/up kernel also counts."""
+    cache = _cache_kwargs(slot_of, host_gate_up, host_down, host_gu_scale, host_down_scale,
+                          routed_counts, window_state, count_layer)
     if _compiling() and out is None and workspace is None:
-        return torch.ops.strata.moe_experts(x, w_gate_up, w_down, topk_weight, topk_ids,
-                                            gu_scale, down_scale,
-                                            None if block is None else [int(b) for b in block],
-                                            slot_of, host_gate_up, host_down, host_gu_scale,
-                                            host_down_scale)
+        return _moe_op(x, w_gate_up, w_down, topk_weight, topk_ids, gu_scale, down_scale, block,
+                       slot_of, host_gate_up, host_down, host_gu_scale, host_down_scale,
+                       routed_counts, window_state, count_layer)
     k = topk_ids.shape[-1]
     if not moe_kernel_supported(x, w_gate_up, k, block):
         res = reference.moe_experts(x, w_gate_up, w_down, topk_weight, topk_ids, gu_scale,
@@ -645,6 +688,27 @@ def _register_custom_ops() -> None:
     def _(x, w_gate_up, w_down, topk_weight, topk_ids, gu_scale, down_scale, block,
           slot_of=None, host_gate_up=None, host_down=None, host_gu_scale=None,
           host_down_scale=None):
+        return torch.empty_like(x, memory_format=torch.contiguous_format)
+
+    # The expert cache's counting: its tensors are mutated (required, not optional, arguments).
+    @torch.library.custom_op("strata::moe_experts_counted",
+                             mutates_args=("routed_counts", "window_state"))
+    def _moe_counted(x: Tensor, w_gate_up: Tensor, w_down: Tensor, topk_weight: Tensor,
+                     topk_ids: Tensor, gu_scale: Tensor | None, down_scale: Tensor | None,
+                     block: list[int] | None, slot_of: Tensor, host_gate_up: Tensor,
+                     host_down: Tensor, host_gu_scale: Tensor | None,
+                     host_down_scale: Tensor | None, routed_counts: Tensor,
+                     window_state: Tensor, count_layer: Tensor) -> Tensor:
+        return _eager("moe_experts", x.device)(x, w_gate_up, w_down, topk_weight, topk_ids,
+                                                gu_scale, down_scale, block, slot_of,
+                                                host_gate_up, host_down, host_gu_scale,
+                                                host_down_scale, routed_counts, window_state,
+                                                count_layer)
+
+    @_moe_counted.register_fake
+    def _(x, w_gate_up, w_down, topk_weight, topk_ids, gu_scale, down_scale, block, slot_of,
+          host_gate_up, host_down, host_gu_scale, host_down_scale, routed_counts, window_state,
+          count_layer):
         return torch.empty_like(x, memory_format=torch.contiguous_format)
 
     @torch.library.custom_op("strata::linear_fp8", mutates_args=())

@@ -204,7 +204,10 @@ def moe_experts(x: torch.Tensor, w_gate_up: torch.Tensor, w_down: torch.Tensor,
                 block: tuple[int, int] | None = None, slot_of: torch.Tensor | None = None,
                 host_gate_up: torch.Tensor | None = None, host_down: torch.Tensor | None = None,
                 host_gu_scale: torch.Tensor | None = None,
-                host_down_scale: torch.Tensor | None = None) -> torch.Tensor:
+                host_down_scale: torch.Tensor | None = None,
+                routed_counts: torch.Tensor | None = None,
+                window_state: torch.Tensor | None = None,
+                count_layer: torch.Tensor | None = None) -> torch.Tensor:
     """Routed experts: out[n] = sum_j topk_weight[n, j] * E_e(x[n]) with e = topk_ids[n, j] and
     E_e(x) = W_down[e] @ (silu(W_gate[e] @ x) * (W_up[e] @ x)).
 
@@ -219,10 +222,19 @@ def moe_experts(x: torch.Tensor, w_gate_up: torch.Tensor, w_down: torch.Tensor,
     host_gu_scale / host_down_scale (E_h <= E, ...) at row e: pinned host memory that the GPU
     kernels read through its device-visible address, so a captured graph stays valid whichever
     experts miss. Where an expert is read from never changes the result. Here (the reference)
-    a host store on another device than the ids is gathered on the host: eager only."""
+    a host store on another device than the ids is gathered on the host: eager only.
+
+    Counting (with the cache; cyext/src/strata_expert_cache.h): with `routed_counts`
+    (L, E_h) float32, `window_state` (2 + L * E_h,) int32 (hits, misses, then the seen flags of
+    every (layer, expert)) and `count_layer` (1,) int32 holding this call's layer l, the call
+    adds each routed expert e < E_h's (row, expert) pairs to routed_counts[l, e] and, for each
+    distinct e whose seen flag was 0, sets it and adds 1 to window_state[0] (slot_of[e] >= 0, a
+    hit) or window_state[1] (a miss). The kernels do it inside the gate/up kernel."""
     if slot_of is not None:
         if host_gate_up is None or host_down is None:
             raise ValueError("moe_experts: slot_of needs the host store (host_gate_up, host_down)")
+        if routed_counts is not None:
+            count_expert_reads(topk_ids, slot_of, routed_counts, window_state, count_layer)
         slot = slot_of.to(topk_ids.device)[topk_ids].long()  # (N, k); -1 = read from the host
         wgu = _cached_rows(w_gate_up, host_gate_up, slot, topk_ids)
         wd = _cached_rows(w_down, host_down, slot, topk_ids)
@@ -239,6 +251,31 @@ def moe_experts(x: torch.Tensor, w_gate_up: torch.Tensor, w_down: torch.Tensor,
     gate, up = gu.split(wgu.shape[-2] // 2, dim=-1)
     out = torch.einsum("nki,nkhi->nkh", F.silu(gate) * up, wd.float())
     return torch.einsum("nkh,nk->nh", out, topk_weight.float()).to(x.dtype)
+
+
+def count_expert_reads(topk_ids: torch.Tensor, slot_of: torch.Tensor,
+                       routed_counts: torch.Tensor, window_state: torch.Tensor,
+                       count_layer: torch.Tensor) -> None:
+    """moe_experts' counting (see there), in place, with static shapes (capturable): ids past
+    the counted experts (a folded shared expert) add nothing."""
+    if window_state is None or count_layer is None:
+        raise ValueError("moe_experts: routed_counts, window_state and count_layer go together")
+    n_layers, n = routed_counts.shape
+    dev = routed_counts.device
+    layer = count_layer.to(dev).long().clamp(0, n_layers - 1)
+    flat = topk_ids.reshape(-1).to(dev)
+    valid = (flat < n).to(torch.int32)
+    routed = torch.zeros(n, dtype=torch.int32, device=dev).scatter_add_(0, flat.clamp(max=n - 1),
+                                                                        valid)
+    routed_counts.index_add_(0, layer, routed.to(routed_counts.dtype)[None])
+    seen = window_state[2:].view(n_layers, n)
+    was = seen.index_select(0, layer)[0]
+    now = routed > 0
+    new = now & (was == 0)
+    res = slot_of[:n].to(dev) >= 0
+    window_state[0] += (new & res).sum().to(window_state.dtype)
+    window_state[1] += (new & ~res).sum().to(window_state.dtype)
+    seen.index_copy_(0, layer, torch.where(now, torch.ones_like(was), was)[None])
 
 
 def _cached_rows(slots: torch.Tensor, host: torch.Tensor, slot: torch.Tensor,

@@ -183,16 +183,18 @@ class Experts(nn.Module):
 
     def _forward_cached(self, x, weights, index, shared_weight):
         """Through the expert cache: residents from their device slots, misses from the host
-        store (the kernel reads them where they are); the rows' routing is counted."""
+        store (the kernel reads them where they are); inside a decode window the kernel also
+        counts the rows' routing and the window's hits and misses (ExpertCache)."""
         c = self.cache
-        c.record(index)
+        counting = c.counting_args()
         if shared_weight is not None:  # the folded shared expert: id E, always in a slot
             index = torch.cat([index, torch.full_like(index[:, :1], self.shared_id)], dim=1)
             weights = torch.cat([weights, shared_weight.float()], dim=1)
         outs = [ops.moe_experts(x[s:s + self.MAX_ROWS], c.gate_up, c.down,
                                 weights[s:s + self.MAX_ROWS], index[s:s + self.MAX_ROWS],
                                 c.gu_scale, c.down_scale, self.block, c.slot_of,
-                                c.host_gate_up, c.host_down, c.host_gu_scale, c.host_down_scale)
+                                c.host_gate_up, c.host_down, c.host_gu_scale, c.host_down_scale,
+                                **counting)
                 for s in range(0, x.shape[0], self.MAX_ROWS)]
         return outs[0] if len(outs) == 1 else torch.cat(outs)
 
