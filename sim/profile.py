@@ -29,8 +29,11 @@ the simulator check). A cell measured by one slow run would price every predicti
 that speed. So before the cells are taken, each trace's samples are divided by the trace's
 speed factor (`_trace_speeds`: a median polish of log seconds into cell and trace effects,
 separately for windows, prompt chunks and host gaps, over the cells two or more traces share),
-and the factors of traces linked through shared cells are centred on their mean, so every cell
-is priced at the profile runs' average speed. A trace with fewer than SPEED_MIN_SAMPLES
+and the factors of traces linked through shared cells are centred on their median, so every cell
+is priced at the profile runs' typical speed (a mean let one slow run of eleven price every
+linked cell 2-4% dearer: the issue-21 calibration). Windows right after a prompt chunk (5-15%
+slower than the same shape otherwise) are left out of the judging, and out of any cell that
+has MEDIAN_MIN_SAMPLES other samples. A trace with fewer than SPEED_MIN_SAMPLES
 samples in shared cells keeps factor 1.
 The profile's `source` records the samples behind every cell (`counts`, `shape_counts`,
 `prefill_counts`, `prefill_table_counts`), so filled cells can be told apart.
@@ -82,7 +85,7 @@ def _trace_speeds(samples: dict[int, list[tuple[Any, float]]]) -> dict[int, floa
     (a cell one trace alone measured would take on that trace's speed as its own), so a trace
     is judged on its samples in shared cells, and needs SPEED_MIN_SAMPLES of them; the others
     keep factor 1. Traces linked through shared cells form a group whose effects are centred
-    on their mean."""
+    on their median (robust to one slow run)."""
     logs = {n: [(k, math.log(max(v, 1e-9))) for k, v in xs] for n, xs in samples.items()}
     judged = set(logs)
     while True:  # drop traces with too few shared samples until the shared cells settle
@@ -123,7 +126,7 @@ def _trace_speeds(samples: dict[int, list[tuple[Any, float]]]) -> dict[int, floa
         cell = {k: _median(v) for k, v in by_cell.items()}
         new = {n: _median([lv - cell[k] for k, lv in use[n]]) for n in judged}
         for members in groups.values():
-            centre = sum(new[n] for n in members) / len(members)
+            centre = _median([new[n] for n in members])
             for n in members:
                 new[n] -= centre
         moved = max(abs(new[n] - eff[n]) for n in judged)
@@ -407,10 +410,11 @@ def fit_profile(traces: Iterable[list[dict[str, Any]]],
     host: list[HostSample] = []
     commits: list[dict[str, Any]] = []
     n_traces = 0
-    # Per trace: window samples (action, tier, rows, shape, seconds), prompt chunks
+    # Per trace: window samples (action, tier, rows, shape, seconds, right after a prompt
+    # chunk), prompt chunks
     # (graph chunks, tokens, tier, seconds) and host gaps, kept apart until each trace's
     # speed is known.
-    win_by: dict[int, list[tuple[str, float, float, str, float]]] = {}
+    win_by: dict[int, list[tuple[str, float, float, str, float, bool]]] = {}
     pre_by: dict[int, list[tuple[bool, float, Optional[float], float]]] = {}
     host_by: dict[int, list[HostSample]] = {}
     for n, events in enumerate(traces):
@@ -419,11 +423,12 @@ def fit_profile(traces: Iterable[list[dict[str, Any]]],
         knobs = cfg.get("engine") or {}
         graph_chunks = _graph_prefills(cfg)
         win_by[n], pre_by[n] = [], []
+        chunk_steps = {e["step"] for e in events if e["ev"] == "prefill" and "dur" in e}
         for e in events:
             if e["ev"] == "window" and "dur" in e and "ctx" in e:
                 g, r = window_shape(e)
                 win_by[n].append((e["graph"], float(e["ctx"]), float(e["rows"]), f"{g}x{r}",
-                                  float(e["dur"])))
+                                  float(e["dur"]), e["step"] - 1 in chunk_steps))
             elif e["ev"] == "prefill" and "dur" in e:
                 tokens, tier = _prefill_key(e, knobs)
                 pre_by[n].append((graph_chunks, tokens, tier, float(e["dur"])))
@@ -431,16 +436,23 @@ def fit_profile(traces: Iterable[list[dict[str, Any]]],
                 # The Markov chain is per request: keep requests of different traces apart.
                 commits.append({**e, "req": (n, e["req"])})
         host_by[n] = _host_samples(events)
-    win_speed = _trace_speeds({n: [((a, t, sh), d) for a, t, _, sh, d in xs]
+    # A window right after a prompt chunk runs 5-15% slower than the same shape otherwise
+    # (H200, every shape): those are kept out of the speed judging, where a run whose shared
+    # cells are mostly its ramp-up windows would look slow throughout.
+    win_speed = _trace_speeds({n: [((a, t, sh), d) for a, t, _, sh, d, after in xs if not after]
                                for n, xs in win_by.items()})
     pre_speed = _trace_speeds({n: [((gc, tok, t), d) for gc, tok, t, d in xs]
                                for n, xs in pre_by.items()})
     host_speed = _trace_speeds({n: [((c, f, a, p), g) for c, f, a, p, g in xs]
                                 for n, xs in host_by.items()})
+    after_chunk: dict[str, dict[tuple[float, Any], list[float]]] = {
+        a: defaultdict(list) for a in GRAPH_ACTIONS}  # ... and out of a cell with enough others
+    after_rows: dict[str, dict[tuple[float, float], list[float]]] = {
+        a: defaultdict(list) for a in GRAPH_ACTIONS}
     for n in win_by:
-        for a, tier, r, sh, dur in win_by[n]:
-            decode[a][(tier, r)].append(dur / win_speed[n])
-            shaped[a][(tier, sh)].append(dur / win_speed[n])
+        for a, tier, r, sh, dur, after in win_by[n]:
+            (after_rows if after else decode)[a][(tier, r)].append(dur / win_speed[n])
+            (after_chunk if after else shaped)[a][(tier, sh)].append(dur / win_speed[n])
         for gc, tokens, tier, dur in pre_by[n]:
             prefill_by[gc][tokens].append(dur / pre_speed[n])
             if tier is None:
@@ -448,6 +460,11 @@ def fit_profile(traces: Iterable[list[dict[str, Any]]],
             else:
                 tiered_by[gc][(tier, tokens)].append(dur / pre_speed[n])
         host.extend((c, f, a, p, g / host_speed[n]) for c, f, a, p, g in host_by[n])
+    for plain, extra in ((decode, after_rows), (shaped, after_chunk)):
+        for a in GRAPH_ACTIONS:
+            for k, v in extra[a].items():
+                if len(plain[a].get(k, ())) < MEDIAN_MIN_SAMPLES:
+                    plain[a][k].extend(v)
     if not any(decode.values()):
         raise FitError("no window event with `dur` and `ctx` in the traces: nothing to fit")
     kind = bool(prefill_by[True])  # graph chunks if any trace ran them
