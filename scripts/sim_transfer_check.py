@@ -228,7 +228,7 @@ def main() -> int:
     ap.add_argument("--out", default="sim_transfer")
     ap.add_argument("--prompt-tokens", type=int, default=64)
     ap.add_argument("--max-tokens", type=int, default=256)
-    ap.add_argument("--repeats", type=int, default=2)
+    ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--max-context", type=int, default=0,
                     help="engine.max_context of every run (0: the engine's default, as served)")
     ap.add_argument("--shipped", default="h200_tiny_bf16", help="the shipped hardware preset")

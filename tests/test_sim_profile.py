@@ -259,3 +259,46 @@ def test_trace_speeds_come_from_shared_cells_only():
     lone = [("only_c", 0.05)] * 50  # shares no cell with anyone: nothing to compare it with
     f = _trace_speeds({0: a, 1: b, 2: lone})
     assert f[0] == pytest.approx(1 / 1.2) and f[1] == pytest.approx(1.2) and f[2] == 1.0
+
+
+def test_speed_factors_are_centred_on_the_median_run():
+    # Three runs share a cell; one ran 1.5x slower. Centred on the median, the two typical
+    # runs keep factor 1 and their cells their own price (a mean would price them ~14% dearer).
+    from sim.profile import _trace_speeds
+
+    a = [("shared", 0.010)] * 30
+    b = [("shared", 0.010)] * 30
+    slow = [("shared", 0.015)] * 30
+    f = _trace_speeds({0: a, 1: b, 2: slow})
+    assert f[0] == pytest.approx(1.0) and f[1] == pytest.approx(1.0)
+    assert f[2] == pytest.approx(1.5)
+
+
+def _after_chunks(windows_before, after):
+    """A trace of `windows_before`, then pairs of (prompt chunk, window right after it)."""
+    evs = _trace(windows=windows_before)
+    step = len(windows_before)
+    for key, layout, tier, graph, dur in after:
+        evs.append({"ev": "prefill", "step": step, "t": step * 1.0, "req": "a", "slot": 0,
+                    "tokens": 64, "dur": 0.01, "ctx": 64})
+        evs.append({"ev": "window", "step": step + 1, "t": step + 1.0, "layout": list(layout),
+                    "key": key, "graph": graph, "rows": len(layout), "dur": dur, "ctx": tier})
+        step += 2
+    return evs
+
+
+def test_windows_right_after_a_prompt_chunk_neither_judge_speed_nor_price_a_measured_cell():
+    # Run b's 1x2 windows after prompt chunks are 1.4x dearer; its other windows go at a's
+    # speed. They must not make b look slow (its 2x2 cell would be priced cheap), nor move
+    # the 1x2 cell, which has plain samples enough.
+    w12 = ("shape:1x2@256", [0, 0], 256, "hit")
+    w22 = ("shape:2x2@256", [0, 0, 1, 1], 256, "hit")
+    a = _trace(windows=[(*w12, 0.010)] * 30, prefills=[(64, 64, 0.01)])
+    b = _after_chunks([(*w12, 0.010)] * 5 + [(*w22, 0.012)] * 30, [(*w12, 0.014)] * 30)
+    prof = fit_profile([a, b])
+    assert prof.source["trace_speeds"]["window"] == pytest.approx([1.0, 1.0])
+    assert prof.decode_time(2, 256, "hit", (1, 2)) == pytest.approx(0.010)
+    assert prof.decode_time(4, 256, "hit", (2, 2)) == pytest.approx(0.012)
+    # A cell measured only right after chunks still gets a price: those samples.
+    c = _after_chunks([], [(*w22, 0.02)] * 4)
+    assert fit_profile([c]).decode_time(4, 256, "hit", (2, 2)) == pytest.approx(0.02)
