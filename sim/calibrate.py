@@ -32,7 +32,7 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 from .config import SIM_CONF_DIR, SimConfigError
 
@@ -188,10 +188,14 @@ def write_preset(conf: Path, name: str, profile_path: Path, memory: dict[str, fl
     return path
 
 
-def calibrate(opts: dict[str, Any], log=print, runner: Any = None) -> dict[str, Path]:
+def calibrate(opts: dict[str, Any], log=print, runner: Any = None,
+              between_passes: Optional[Callable[[int], None]] = None) -> dict[str, Path]:
     """Run the grid, fit, write the files; returns their paths (profile, memory, preset).
     `runner`: an EngineRunner already holding the model (a check that ran the engine before
-    calibrating keeps its compiled model; opts' device, dtype and model are then unused)."""
+    calibrating keeps its compiled model; opts' device, dtype and model are then unused).
+    `between_passes(p)`: called after pass p of a grid of several passes (not after the
+    last): a check runs its own engine repeats there, so any drift of the machine's speed
+    over the call falls on the calibration and on what it predicts alike."""
     from .engine_runs import EngineRunner
     from .profile import fit_profile_files
     from .replay import load_trace
@@ -209,7 +213,10 @@ def calibrate(opts: dict[str, Any], log=print, runner: Any = None) -> dict[str, 
             s.engine["max_context"] = int(opts["max_context"])
     work = Path(opts["work_dir"] or tempfile.mkdtemp(prefix="strata-calibrate-"))
     traces, timings = [], []
+    per_pass = len(specs) // GRIDS[opts["grid"]].passes
     for i, spec in enumerate(specs, 1):
+        if between_passes is not None and i > 1 and (i - 1) % per_pass == 0:
+            between_passes((i - 1) // per_pass - 1)
         m = runner.run(spec, work / spec.name)
         traces.append(work / spec.name / "trace.jsonl")
         timings.append({"run": spec.name, "start_s": round(m["start_s"], 3),

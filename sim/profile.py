@@ -72,6 +72,11 @@ MEDIAN_MIN_SAMPLES = 3
 
 #: A trace needs this many samples of a kind before its speed factor for that kind is judged.
 SPEED_MIN_SAMPLES = 20
+#: ... and a cell tells a trace's speed only where that trace has this many samples of it: a
+#: run's few transitional windows of a shape (ramp-up, drain) are not its steady speed (the
+#: issue-21 calibration's W16 run: its 11 2x2 windows 16% slower than another run's, its 8x2
+#: windows, the run's own shape, at the cohorts' speed).
+SPEED_CELL_MIN_SAMPLES = 10
 #: The median polish stops when no trace effect moves more than this (log units), or after
 #: SPEED_POLISH_ROUNDS rounds.
 SPEED_POLISH_TOL = 1e-6
@@ -87,6 +92,11 @@ def _trace_speeds(samples: dict[int, list[tuple[Any, float]]]) -> dict[int, floa
     keep factor 1. Traces linked through shared cells form a group whose effects are centred
     on their median (robust to one slow run)."""
     logs = {n: [(k, math.log(max(v, 1e-9))) for k, v in xs] for n, xs in samples.items()}
+    for n, xs in logs.items():  # only the cells each trace measured steadily
+        per_cell: dict[Any, int] = defaultdict(int)
+        for k, _ in xs:
+            per_cell[k] += 1
+        logs[n] = [(k, lv) for k, lv in xs if per_cell[k] >= SPEED_CELL_MIN_SAMPLES]
     judged = set(logs)
     while True:  # drop traces with too few shared samples until the shared cells settle
         owners: dict[Any, set[int]] = defaultdict(set)

@@ -61,6 +61,20 @@ def test_grid_covers_every_mode_shape_and_bucket(grid):
     assert {s.concurrency for s in specs if s.engine.get("batch_mtp")} >= set(size.ns)
     assert {s.prompt for s in specs} == set(size.short_prompts) | {size.long_prompt}
     assert len({s.seed for s in specs}) == len(specs)  # each run its own prompts
+    assert len({s.name for s in specs}) == len(specs)  # each run its own trace directory
+    # A second pass measures every cell again, in reverse order (its twin, at another time).
+    one = len(specs) // size.passes
+    for p in range(1, size.passes):
+        again = specs[p * one:(p + 1) * one]
+        first = specs[:one] if p % 2 == 0 else specs[:one][::-1]
+        assert [(s.engine, s.concurrency, s.prompt, s.out) for s in again] == \
+            [(s.engine, s.concurrency, s.prompt, s.out) for s in first]
+
+
+def test_quick_grid_measures_every_cell_twice_and_reaches_the_512_tier():
+    size = GRIDS["quick"]
+    assert size.passes == 2
+    assert max(size.short_prompts) + size.out > 256 + 64  # a quarter of a run past 256 at least
 
 
 def test_written_preset_composes(tmp_path):
