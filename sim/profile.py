@@ -83,7 +83,8 @@ SPEED_POLISH_TOL = 1e-6
 SPEED_POLISH_ROUNDS = 100
 
 
-def _trace_speeds(samples: dict[int, list[tuple[Any, float]]]) -> dict[int, float]:
+def _trace_speeds(samples: dict[int, list[tuple[Any, float]]],
+                  judged_out: Optional[set[int]] = None) -> dict[int, float]:
     """Per trace, the factor its samples ran at against the others': `samples` maps a trace to
     its (cell, seconds) pairs; log seconds are split by median polish into a cell effect and a
     trace effect. Only cells that two or more judged traces measured say anything about speed
@@ -111,6 +112,8 @@ def _trace_speeds(samples: dict[int, list[tuple[Any, float]]]) -> dict[int, floa
     eff = {n: 0.0 for n in logs}
     if len(judged) < 2:
         return {n: 1.0 for n in logs}
+    if judged_out is not None:  # (the traces whose factor says something: the range's spread)
+        judged_out.update(judged)
     use = {n: [(k, lv) for k, lv in logs[n] if k in shared] for n in judged}
     # Groups of traces linked by shared cells (union-find over the cells' owners).
     parent = {n: n for n in judged}
@@ -449,12 +452,13 @@ def fit_profile(traces: Iterable[list[dict[str, Any]]],
     # A window right after a prompt chunk runs 5-15% slower than the same shape otherwise
     # (H200, every shape): those are kept out of the speed judging, where a run whose shared
     # cells are mostly its ramp-up windows would look slow throughout.
+    judged: dict[str, set[int]] = {"window": set(), "prefill": set(), "host": set()}
     win_speed = _trace_speeds({n: [((a, t, sh), d) for a, t, _, sh, d, after in xs if not after]
-                               for n, xs in win_by.items()})
+                               for n, xs in win_by.items()}, judged["window"])
     pre_speed = _trace_speeds({n: [((gc, tok, t), d) for gc, tok, t, d in xs]
-                               for n, xs in pre_by.items()})
+                               for n, xs in pre_by.items()}, judged["prefill"])
     host_speed = _trace_speeds({n: [((c, f, a, p), g) for c, f, a, p, g in xs]
-                                for n, xs in host_by.items()})
+                                for n, xs in host_by.items()}, judged["host"])
     after_chunk: dict[str, dict[tuple[float, Any], list[float]]] = {
         a: defaultdict(list) for a in GRAPH_ACTIONS}  # ... and out of a cell with enough others
     after_rows: dict[str, dict[tuple[float, float], list[float]]] = {
@@ -522,7 +526,10 @@ def fit_profile(traces: Iterable[list[dict[str, Any]]],
            "host_overhead_samples": len(host), "actions_copied": filled_from,
            "trace_speeds": {"window": [round(win_speed[n], 4) for n in sorted(win_speed)],
                             "prefill": [round(pre_speed[n], 4) for n in sorted(pre_speed)],
-                            "host": [round(host_speed[n], 4) for n in sorted(host_speed)]}}
+                            "host": [round(host_speed[n], 4) for n in sorted(host_speed)]},
+           # which of those factors were judged (the others are 1 for want of shared cells)
+           "trace_speeds_judged": {k: [n in judged[k] for n in sorted(win_speed)]
+                                   for k in judged}}
     if pre_table is not None:
         src["prefill_table_counts"] = [[len(prefill_tiered.get((t, b), ())) for b in tokens]
                                        for t in pre_tiers]
