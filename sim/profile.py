@@ -19,6 +19,9 @@ mean). Gaps are filled so every query has an answer:
 - shape and prefill tables (`_fill_grid`): a cell between two measured tiers interpolates in
   log2(tier); one outside the measured tiers takes the nearest measured tier scaled by the
   median ratio between the two tiers over the columns measured at both;
+- a (tier, shape) cell of fewer than SPARSE_CELL_SAMPLES samples whose shape has that many
+  at another tier is filled as if unmeasured (a run's few transitional windows are not
+  the shape's steady cost);
 - a shape never measured for an action takes another action's value scaled by the median
   ratio of the two actions over shapes measured for both;
 - an action with no sample at all copies another action's tables (FALLBACK_ACTIONS).
@@ -69,6 +72,10 @@ class FitError(ValueError):
 #: Cells with fewer samples than this take their minimum rather than their median.
 MEDIAN_MIN_SAMPLES = 3
 
+
+#: A (tier, shape) cell with fewer samples than this is filled from the shape's other tiers
+#: when one of them has this many.
+SPARSE_CELL_SAMPLES = 10
 
 #: A trace needs this many samples of a kind before its speed factor for that kind is judged.
 SPEED_MIN_SAMPLES = 20
@@ -506,6 +513,15 @@ def fit_profile(traces: Iterable[list[dict[str, Any]]],
 
     shapes = sorted({sh for cells in shaped.values() for _, sh in cells}, key=shape_order)
     shape_cells = {a: {k: _cell(v) for k, v in shaped[a].items()} for a in GRAPH_ACTIONS}
+    for a in GRAPH_ACTIONS:
+        # A shape measured steadily at some tier: its cells of a few samples at other tiers
+        # (a run's transitional windows: ramp-up, drain) are filled from the steady tier by
+        # the tiers' ratio instead (the issue-21 calibration's 1x4@512, 6 samples from three
+        # runs' tails: 584 us, where steady runs measured 502-510).
+        steady = {sh for (_, sh), v in shaped[a].items() if len(v) >= SPARSE_CELL_SAMPLES}
+        for (t, sh), v in shaped[a].items():
+            if len(v) < SPARSE_CELL_SAMPLES and sh in steady:
+                del shape_cells[a][(t, sh)]
     shape_s, _ = _fill_shapes(shape_cells, tiers, shapes)
     shape_counts = {a: [[len(shaped[a].get((t, sh), ())) for sh in shapes] for t in tiers]
                     for a in GRAPH_ACTIONS}

@@ -302,3 +302,17 @@ def test_windows_right_after_a_prompt_chunk_neither_judge_speed_nor_price_a_meas
     # A cell measured only right after chunks still gets a price: those samples.
     c = _after_chunks([], [(*w22, 0.02)] * 4)
     assert fit_profile([c]).decode_time(4, 256, "hit", (2, 2)) == pytest.approx(0.02)
+
+
+def test_a_few_samples_at_one_tier_give_way_to_the_steady_tier_and_the_tiers_ratio():
+    # 1x4 measured steadily at 256 and by 4 dear transitional windows at 512; 4x2 steadily at
+    # both (512 costs 1.02x). The 1x4@512 cell is the steady 256 one times that ratio.
+    w14 = ("shape:1x4@256", [0, 0, 0, 0], 256, "hit")
+    w42 = ("shape:4x2@256", [0, 0, 1, 1, 2, 2, 3, 3], 256, "hit")
+    w = ([(*w14, 0.010)] * 30 + [("shape:1x4@512", [0, 0, 0, 0], 512, "hit", 0.013)] * 4
+         + [(*w42, 0.020)] * 30 + [("shape:4x2@512", [0, 0, 1, 1, 2, 2, 3, 3], 512, "hit",
+                                    0.0204)] * 30)
+    prof = fit_profile([_trace(windows=w, prefills=[(64, 64, 0.01)])])
+    assert prof.decode_time(4, 512, "hit", (1, 4)) == pytest.approx(0.0102)
+    assert prof.decode_time(8, 512, "hit", (4, 2)) == pytest.approx(0.0204)
+    assert prof.source["shape_counts"]["hit"][1][prof.decode_shapes.index("1x4")] == 4
