@@ -319,9 +319,9 @@ def main() -> int:
             done.append(done[-1] + 1)
             cohort_repeat(done[-1])
 
-    t_cal = time.perf_counter()
     files = calibrate(opts, log=log, runner=runner, between_passes=between)
-    cal_s = time.perf_counter() - t_cal  # (with the cohort repeats run between its passes)
+    # (its own time, without the cohort repeats run between its passes)
+    cal_s = json.loads(files["profile"].read_text())["source"]["calibration"]["seconds"]
     log(f"calibration took {cal_s:.0f} s: {files['preset']}")
     for rep in range(done[-1] + 1, args.repeats + 1):  # the last one writes its trace
         cohort_repeat(rep)
