@@ -32,11 +32,13 @@ the simulator check). A cell measured by one slow run would price every predicti
 that speed. So before the cells are taken, each trace's samples are divided by the trace's
 speed factor (`_trace_speeds`: a median polish of log seconds into cell and trace effects,
 separately for windows, prompt chunks and host gaps, over the cells two or more traces share),
-and the factors of traces linked through shared cells are centred on their median, so every cell
-is priced at the profile runs' typical speed (a mean let one slow run of eleven price every
-linked cell 2-4% dearer: the issue-21 calibration). Windows right after a prompt chunk (5-15%
-slower than the same shape otherwise) are left out of the judging, and out of any cell that
-has MEDIAN_MIN_SAMPLES other samples. A trace with fewer than SPEED_MIN_SAMPLES
+and the factors of traces linked through shared cells are centred on their mean, so every cell
+is priced at the profile runs' average speed: what a prediction of a mean over runs needs
+(the H200 profile's runs fell into a fast and a slow cluster, 12 and 9; centred on the median,
+its held-out grid came out 3-8% fast). A run is judged only on cells it measured
+SPEED_CELL_MIN_SAMPLES times, and windows right after a prompt chunk (5-15% slower than the
+same shape otherwise) are left out of the judging, and out of any cell that has
+MEDIAN_MIN_SAMPLES other samples. A trace with fewer than SPEED_MIN_SAMPLES
 samples in shared cells keeps factor 1.
 The profile's `source` records the samples behind every cell (`counts`, `shape_counts`,
 `prefill_counts`, `prefill_table_counts`), so filled cells can be told apart.
@@ -98,7 +100,7 @@ def _trace_speeds(samples: dict[int, list[tuple[Any, float]]],
     (a cell one trace alone measured would take on that trace's speed as its own), so a trace
     is judged on its samples in shared cells, and needs SPEED_MIN_SAMPLES of them; the others
     keep factor 1. Traces linked through shared cells form a group whose effects are centred
-    on their median (robust to one slow run)."""
+    on their mean."""
     logs = {n: [(k, math.log(max(v, 1e-9))) for k, v in xs] for n, xs in samples.items()}
     for n, xs in logs.items():  # only the cells each trace measured steadily
         per_cell: dict[Any, int] = defaultdict(int)
@@ -146,7 +148,7 @@ def _trace_speeds(samples: dict[int, list[tuple[Any, float]]],
         cell = {k: _median(v) for k, v in by_cell.items()}
         new = {n: _median([lv - cell[k] for k, lv in use[n]]) for n in judged}
         for members in groups.values():
-            centre = _median([new[n] for n in members])
+            centre = sum(new[n] for n in members) / len(members)
             for n in members:
                 new[n] -= centre
         moved = max(abs(new[n] - eff[n]) for n in judged)

@@ -1,6 +1,6 @@
 """Error bars of a prediction: the workload simulated again at the profile's fast and slow speeds.
 
-A profile prices every cell at its runs' typical (median) speed (sim/profile.py divides each trace's
+A profile prices every cell at its runs' average speed (sim/profile.py divides each trace's
 samples by the trace's speed factor and records the factors in `source.trace_speeds`: one per
 trace for windows, prompt chunks and host gaps). Runs of one engine on one machine went at
 speeds up to 30% apart in windows and 2x in host time, and another machine of the same kind

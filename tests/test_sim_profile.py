@@ -261,19 +261,6 @@ def test_trace_speeds_come_from_shared_cells_only():
     assert f[0] == pytest.approx(1 / 1.2) and f[1] == pytest.approx(1.2) and f[2] == 1.0
 
 
-def test_speed_factors_are_centred_on_the_median_run():
-    # Three runs share a cell; one ran 1.5x slower. Centred on the median, the two typical
-    # runs keep factor 1 and their cells their own price (a mean would price them ~14% dearer).
-    from sim.profile import _trace_speeds
-
-    a = [("shared", 0.010)] * 30
-    b = [("shared", 0.010)] * 30
-    slow = [("shared", 0.015)] * 30
-    f = _trace_speeds({0: a, 1: b, 2: slow})
-    assert f[0] == pytest.approx(1.0) and f[1] == pytest.approx(1.0)
-    assert f[2] == pytest.approx(1.5)
-
-
 def _after_chunks(windows_before, after):
     """A trace of `windows_before`, then pairs of (prompt chunk, window right after it)."""
     evs = _trace(windows=windows_before)
