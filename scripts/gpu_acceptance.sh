@@ -104,9 +104,11 @@ case $part in
   ;;
 5)  # the simulator on a workload its profile never saw (issue 21): code-prompt cohorts (64-token
     # prompts, 256 output tokens) at the engine's served defaults, acceptance learned from 8
-    # other prompts, a quick calibration on the compiled model, then predictions from the shipped
-    # preset and the calibrated one with their ranges. Most of a bare machine's time is the
-    # first compile; the table is written as soon as the shipped predictions are in.
+    # other prompts, a quick calibration on the compiled model (its two passes between the
+    # cohort repeats), then predictions from the shipped preset and the calibrated one with
+    # their ranges. Most of a bare machine's time is the first compile (281 s in all at
+    # 4f4e7c5 with a one-pass calibration; ~330 s now); the table is written as soon as the
+    # shipped predictions are in.
   TAIL=32 step sim_transfer 480 python3 scripts/sim_transfer_check.py --device cuda --out "$R/transfer"
   ;;
 5c)  # part 5 in a shorter limit, then the expert cache's GPU checks (issue 17): the miss path in

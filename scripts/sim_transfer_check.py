@@ -11,7 +11,9 @@
    acceptance model is fitted from its trace (acceptance.from_trace), as a user would from a
    few of their own requests; then the rest of the workload, 40 more prompts, in closed loops
    (batch_mtp at 4 in flight, and solo), whose acceptance the model predicts.
-3. A quick calibration (sim/calibrate.py) on the model already loaded and compiled.
+3. A quick calibration (sim/calibrate.py) on the model already loaded and compiled, its
+   passes interleaved with the cohort repeats of step 1 (repeat 0, pass 1, repeat 1, pass 2,
+   the rest), so the machine's drift over the call falls on both alike.
 4. Predictions of every cell from the shipped preset (`--shipped`, no calibration) and from
    the calibrated one, each with its range, and the table: engine vs each, errors, whether
    the range holds, the ratios batch_mtp/batch (N=4) and batch_mtp/solo, and acceptance.
@@ -228,7 +230,7 @@ def main() -> int:
     ap.add_argument("--out", default="sim_transfer")
     ap.add_argument("--prompt-tokens", type=int, default=64)
     ap.add_argument("--max-tokens", type=int, default=256)
-    ap.add_argument("--repeats", type=int, default=2)
+    ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--max-context", type=int, default=0,
                     help="engine.max_context of every run (0: the engine's default, as served)")
     ap.add_argument("--shipped", default="h200_tiny_bf16", help="the shipped hardware preset")
@@ -283,7 +285,9 @@ def main() -> int:
     log("compiled every cell")
     engine: dict[str, list[dict]] = {name: [] for name, _, _ in CELLS}
     traced: dict[str, dict] = {}
-    for rep in range(args.repeats + 1):  # the last repeat writes its trace
+
+    def cohort_repeat(rep: int) -> None:
+        """Every cell once, as served (rep < repeats) or with its trace written (the last)."""
         served = rep < args.repeats
         for name, _, n in CELLS:
             where = out / "engine" / name.replace(" ", "_") / (f"rep{rep}" if served else "traced")
@@ -295,6 +299,32 @@ def main() -> int:
             log(f"engine {name} {'rep ' + str(rep) if served else 'traced'}: "
                 f"{m['aggregate_tps']:.0f} tok/s, acceptance "
                 f"{m['acceptance'] if m['acceptance'] is not None else float('nan'):.3f}")
+
+    # The quick calibration on the loaded model, its passes interleaved with the cohort
+    # repeats (repeat 0, pass 1, repeat 1, pass 2, the other repeats): on the H200 (4f4e7c5) a
+    # calibration run after every cohort measured the same window shapes 3-8% slower than the
+    # cohorts had run, and priced every cell at that later speed. The calibrated preset goes
+    # to OUT/conf (the predictions find it through hydra.searchpath; the repository's
+    # conf/sim stays as it is).
+    args.conf = out / "conf"
+    opts = calibrate_args([f"device={args.device}", f"name={args.name}", f"conf={args.conf}",
+                           f"work_dir={out / 'calibration'}"]
+                          + ([f"grid={args.grid}"] if args.grid else [])
+                          + ([f"max_context={args.max_context}"] if args.max_context else []))
+    cohort_repeat(0)
+    done = [0]
+
+    def between(p: int) -> None:
+        if done[-1] < args.repeats:
+            done.append(done[-1] + 1)
+            cohort_repeat(done[-1])
+
+    files = calibrate(opts, log=log, runner=runner, between_passes=between)
+    # (its own time, without the cohort repeats run between its passes)
+    cal_s = json.loads(files["profile"].read_text())["source"]["calibration"]["seconds"]
+    log(f"calibration took {cal_s:.0f} s: {files['preset']}")
+    for rep in range(done[-1] + 1, args.repeats + 1):  # the last one writes its trace
+        cohort_repeat(rep)
 
     # 2. Acceptance from a short run of other prompts of the workload.
     acc_dir = out / "acceptance_run"
@@ -316,9 +346,8 @@ def main() -> int:
         log(f"the rest, {loop}: acceptance {rest_runs[loop][2]['acceptance']:.3f}")
 
     # 3. Predictions from the shipped preset, written at once (a call cut short in the
-    # calibration still brings them back); 4. the quick calibration on the loaded model;
-    # 5. predictions from the calibrated preset and the full table.
-    args.conf = out / "conf"
+    # calibrated predictions still brings them back); 4. predictions from the calibrated
+    # preset and the full table.
     rows = []
     for name, config, n in CELLS:
         accs = [m["acceptance"] for m in engine[name] if m["acceptance"] is not None]
@@ -331,16 +360,6 @@ def main() -> int:
     add_predictions(rows, specs, "shipped", args.shipped, args, log)
     rest = rest_predictions(rest_runs, args.shipped, args)
     write_table(out, rows, presets, args, None, runner.source(), rest)
-    # The calibrated preset goes to OUT/conf (the predictions find it through hydra.searchpath;
-    # the repository's conf/sim stays as it is).
-    opts = calibrate_args([f"device={args.device}", f"name={args.name}", f"conf={args.conf}",
-                           f"work_dir={out / 'calibration'}"]
-                          + ([f"grid={args.grid}"] if args.grid else [])
-                          + ([f"max_context={args.max_context}"] if args.max_context else []))
-    t_cal = time.perf_counter()
-    files = calibrate(opts, log=log, runner=runner)
-    cal_s = time.perf_counter() - t_cal
-    log(f"calibration took {cal_s:.0f} s: {files['preset']}")
     presets.append(("calibrated", args.name))
     add_predictions(rows, specs, "calibrated", args.name, args, log)
     # the calibrated profile's depth factors are this machine's: the rest predicted again

@@ -8,6 +8,7 @@ This is the one sim/ module that imports strata's engine: the simulator itself n
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import subprocess
@@ -127,6 +128,9 @@ class EngineRunner:
         start_s = time.perf_counter() - t0
         try:
             reqs = requests if requests is not None else self.requests(spec)
+            # The previous runs' engines (graphs, reference cycles) are collected now, not by
+            # a collection that would land inside this timed run.
+            gc.collect()
             if self.device.type == "cuda":
                 torch.cuda.synchronize()
             t0 = time.perf_counter()

@@ -15,7 +15,8 @@ can run at yet another speed. So a prediction also reports a range:
 Each end is one more simulation of the same workload, with the same seed (same acceptance
 draws), so a figure's range is where it lands when the machine runs that much faster or slower
 throughout. A profile without `trace_speeds` (one run, or hand-written) has factor 1 at both
-quantiles: its range is spread.machine alone.
+quantiles: its range is spread.machine alone. Where the profile says which runs the fit could
+judge (`trace_speeds_judged`), only theirs count.
 """
 
 from __future__ import annotations
@@ -39,9 +40,16 @@ def speed_quantiles(profile: CostProfile, quantiles: list[float]) -> dict[str, t
     """Per kind, the (low, high) quantiles of the profile's per-run speed factors (1, 1 when
     the profile records none)."""
     speeds = (profile.source or {}).get("trace_speeds") or {}
+    judged = (profile.source or {}).get("trace_speeds_judged") or {}
     out = {}
     for kind in KINDS:
         xs = [float(x) for x in speeds.get(kind) or [] if float(x) > 0]
+        flags = judged.get(kind)
+        if flags is not None and len(flags) == len(xs):
+            # Only judged runs say how fast a run may go: an unjudged one's factor is 1 for
+            # want of shared cells, and a profile of mostly unjudged runs would report a
+            # range as narrow as its few judged ones make it.
+            xs = [x for x, j in zip(xs, flags) if j]
         if len(xs) < 2:
             out[kind] = (1.0, 1.0)
         else:

@@ -95,6 +95,10 @@ def test_end_factors_come_from_trace_speeds_and_the_machine_term():
     f = end_factors(p, [0.1, 0.9], 0.2)
     assert f["fast"]["host"] == pytest.approx(q["host"][0] / 1.2)
     assert f["slow"]["window"] == pytest.approx(q["window"][1] * 1.2)
+    # Runs the fit could not judge (factor 1 for want of shared cells) do not narrow it.
+    p.source = {**p.source, "trace_speeds": {"window": [1.0, 1.0, 1.0, 0.8, 1.25]},
+                "trace_speeds_judged": {"window": [False, False, False, True, True]}}
+    assert speed_quantiles(p, [0.0, 1.0])["window"] == pytest.approx((0.8, 1.25))
     bare = CostProfile.load(Path(SIM_CONF_DIR) / "profiles" / "nominal.json")  # no speeds
     assert end_factors(bare, [0.1, 0.9], 0.0) == {"fast": {k: 1.0 for k in ("window", "prefill", "host")},
                                                  "slow": {k: 1.0 for k in ("window", "prefill", "host")}}

@@ -259,3 +259,47 @@ def test_trace_speeds_come_from_shared_cells_only():
     lone = [("only_c", 0.05)] * 50  # shares no cell with anyone: nothing to compare it with
     f = _trace_speeds({0: a, 1: b, 2: lone})
     assert f[0] == pytest.approx(1 / 1.2) and f[1] == pytest.approx(1.2) and f[2] == 1.0
+
+
+def _after_chunks(windows_before, after):
+    """A trace of `windows_before`, then pairs of (prompt chunk, window right after it)."""
+    evs = _trace(windows=windows_before)
+    step = len(windows_before)
+    for key, layout, tier, graph, dur in after:
+        evs.append({"ev": "prefill", "step": step, "t": step * 1.0, "req": "a", "slot": 0,
+                    "tokens": 64, "dur": 0.01, "ctx": 64})
+        evs.append({"ev": "window", "step": step + 1, "t": step + 1.0, "layout": list(layout),
+                    "key": key, "graph": graph, "rows": len(layout), "dur": dur, "ctx": tier})
+        step += 2
+    return evs
+
+
+def test_windows_right_after_a_prompt_chunk_neither_judge_speed_nor_price_a_measured_cell():
+    # Run b's 1x2 windows after prompt chunks are 1.4x dearer; its other windows go at a's
+    # speed. They must not make b look slow (its 2x2 cell would be priced cheap), nor move
+    # the 1x2 cell, which has plain samples enough.
+    w12 = ("shape:1x2@256", [0, 0], 256, "hit")
+    w22 = ("shape:2x2@256", [0, 0, 1, 1], 256, "hit")
+    a = _trace(windows=[(*w12, 0.010)] * 30, prefills=[(64, 64, 0.01)])
+    b = _after_chunks([(*w12, 0.010)] * 5 + [(*w22, 0.012)] * 30, [(*w12, 0.014)] * 30)
+    prof = fit_profile([a, b])
+    assert prof.source["trace_speeds"]["window"] == pytest.approx([1.0, 1.0])
+    assert prof.decode_time(2, 256, "hit", (1, 2)) == pytest.approx(0.010)
+    assert prof.decode_time(4, 256, "hit", (2, 2)) == pytest.approx(0.012)
+    # A cell measured only right after chunks still gets a price: those samples.
+    c = _after_chunks([], [(*w22, 0.02)] * 4)
+    assert fit_profile([c]).decode_time(4, 256, "hit", (2, 2)) == pytest.approx(0.02)
+
+
+def test_a_few_samples_at_one_tier_give_way_to_the_steady_tier_and_the_tiers_ratio():
+    # 1x4 measured steadily at 256 and by 4 dear transitional windows at 512; 4x2 steadily at
+    # both (512 costs 1.02x). The 1x4@512 cell is the steady 256 one times that ratio.
+    w14 = ("shape:1x4@256", [0, 0, 0, 0], 256, "hit")
+    w42 = ("shape:4x2@256", [0, 0, 1, 1, 2, 2, 3, 3], 256, "hit")
+    w = ([(*w14, 0.010)] * 30 + [("shape:1x4@512", [0, 0, 0, 0], 512, "hit", 0.013)] * 4
+         + [(*w42, 0.020)] * 30 + [("shape:4x2@512", [0, 0, 1, 1, 2, 2, 3, 3], 512, "hit",
+                                    0.0204)] * 30)
+    prof = fit_profile([_trace(windows=w, prefills=[(64, 64, 0.01)])])
+    assert prof.decode_time(4, 512, "hit", (1, 4)) == pytest.approx(0.0102)
+    assert prof.decode_time(8, 512, "hit", (4, 2)) == pytest.approx(0.0204)
+    assert prof.source["shape_counts"]["hit"][1][prof.decode_shapes.index("1x4")] == 4

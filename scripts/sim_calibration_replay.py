@@ -1,0 +1,219 @@
+#!/usr/bin/env python3
+"""Refit a transfer check's recorded calibration with this tree's fit, and predict its cells.
+
+No device: the input is the output directory of `scripts/sim_transfer_check.py` (or a .tar.gz
+of one, e.g. docs/bench/s8/transfer_raw.tar.gz, the H200 run of `4f4e7c5`). It
+
+1. fits a cost profile from the calibration's traces only (DIR/calibration/*/trace.jsonl,
+   with sim.profile.fit_profile, as `python -m sim calibrate` does) and writes it as a
+   hardware preset under OUT/conf;
+2. predicts every engine cohort cell of the check from that preset, with the acceptance the
+   check learned from its 8-request run (DIR/acceptance_run/trace.jsonl), and once more with
+   the acceptance of the cell's own prompts (its traced run's commits): the second isolates
+   the cost model from the acceptance draw of a 1-8-request cohort;
+3. compares each with the engine's untraced runs (DIR/engine/CELL/rep*/metrics.json, their
+   mean; held out: no timing of a cohort run enters the fit), and checks the trace's own
+   cost: each traced cohort run (the check's compile pass and traced pass) less the `trace_s`
+   its trace recorded, against the untraced runs.
+
+    python scripts/sim_calibration_replay.py docs/bench/s8/transfer_raw.tar.gz --out /tmp/replay
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import tarfile
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "scripts"))
+
+#: The five cohort cells of the transfer check: (cell, directory name).
+CELLS = ("solo N=1", "batch N=4", "batch N=8", "batch_mtp N=4", "batch_mtp W16 N=8")
+
+
+def cell_dir(cell: str) -> str:
+    return cell.replace(" ", "_")
+
+
+def open_input(path: Path) -> Path:
+    """The transfer directory: `path` itself, or the one directory a .tar.gz unpacks to."""
+    if path.is_dir():
+        return path
+    if not path.is_file():
+        raise SystemExit(f"error: {path}: no such directory or archive")
+    where = Path(tempfile.mkdtemp(prefix="strata-replay-"))
+    with tarfile.open(path) as tar:
+        tar.extractall(where, filter="data")
+    found = [p.parent for p in where.rglob("calibration") if p.is_dir()]
+    if len(found) != 1:
+        raise SystemExit(f"error: {path}: expected one transfer directory with calibration/ inside")
+    return found[0]
+
+
+def calibration_traces(src: Path) -> list[Path]:
+    """The calibration's traces in the order it ran them (its profile's `source.calibration
+    .runs` when recorded, else by name)."""
+    runs = sorted(p.parent.name for p in (src / "calibration").glob("*/trace.jsonl"))
+    recorded = sorted((src / "conf" / "profiles").glob("*.json"))
+    if recorded:
+        order = [r["run"] for r in json.loads(recorded[0].read_text())["source"]
+                 .get("calibration", {}).get("runs", [])]
+        if sorted(order) == runs:
+            runs = order
+    if not runs:
+        raise SystemExit(f"error: {src}/calibration: no trace.jsonl")
+    return [src / "calibration" / r / "trace.jsonl" for r in runs]
+
+
+def refit(src: Path, conf: Path, name: str) -> Path:
+    """Fit the calibration traces with this tree's sim.profile; write the preset NAME under
+    CONF (profile, memory facts, hardware) as sim.calibrate does; returns the profile path."""
+    from sim.calibrate import memory_facts, write_preset
+    from sim.profile import fit_profile_files
+    from sim.replay import load_trace
+
+    traces = calibration_traces(src)
+    recorded = sorted((src / "conf" / "profiles").glob("*.json"))
+    old = json.loads(recorded[0].read_text())["source"] if recorded else {}
+    source = {k: old[k] for k in ("device", "torch", "dtype", "backend", "commit", "date",
+                                  "calibration") if k in old}
+    source.setdefault("calibration", {"grid": "recorded"})
+    source.setdefault("date", "recorded")
+    for k in ("device", "dtype", "backend", "commit"):
+        source.setdefault(k, "unknown")
+    prof = fit_profile_files(traces, {**source, "refit_of": str(src)})
+    (conf / "profiles").mkdir(parents=True, exist_ok=True)
+    path = conf / "profiles" / f"{name}.json"
+    prof.save(path)
+    events, _ = load_trace(traces[-1])
+    warm = any(e["ev"] == "warmup" and e.get("keys") for e in events)
+    write_preset(conf, name, path, memory_facts(events), warm, None, source)
+    return path
+
+
+def engine_cells(src: Path) -> dict[str, dict]:
+    """Per cell: the untraced runs' tok/s (held out), their acceptance, the run's requests."""
+    out = {}
+    for cell in CELLS:
+        reps = sorted((src / "engine" / cell_dir(cell)).glob("rep*/metrics.json"))
+        if not reps:
+            raise SystemExit(f"error: {src}/engine/{cell_dir(cell)}: no rep*/metrics.json")
+        ms = [json.loads(p.read_text()) for p in reps]
+        out[cell] = {"runs": [m["aggregate_tps"] for m in ms],
+                     "tps": statistics.mean(m["aggregate_tps"] for m in ms),
+                     "wall_s": [m["wall_s"] for m in ms], "acceptance": ms[0]["acceptance"],
+                     "requests": len(ms[0]["requests"]),
+                     "prompt": ms[0]["requests"][0]["prompt_tokens"],
+                     "out": ms[0]["requests"][0]["output_tokens"]}
+    return out
+
+
+def trace_cost_check(src: Path, engine: dict[str, dict]) -> list[dict]:
+    """Each traced cohort run's wall less its trace's own time, against the untraced runs."""
+    rows = []
+    for cell in CELLS:
+        for label, d in (("compile pass", src / "compile" / cell_dir(cell)),
+                         ("traced pass", src / "engine" / cell_dir(cell) / "traced")):
+            if not (d / "trace.jsonl").is_file():
+                continue
+            m = json.loads((d / "metrics.json").read_text())
+            spent = max((json.loads(line).get("trace_s", 0.0)
+                         for line in open(d / "trace.jsonl", encoding="utf-8")), default=0.0)
+            untraced = statistics.mean(engine[cell]["wall_s"])
+            rows.append({"cell": cell, "run": label, "wall_s": m["wall_s"], "trace_s": spent,
+                         "untraced_wall_s": untraced,
+                         "error": (m["wall_s"] - spent) / untraced - 1})
+    return rows
+
+
+def predict_cells(src: Path, conf: Path, name: str, engine: dict[str, dict],
+                  own_acceptance: bool) -> list[dict]:
+    """Each cell predicted from preset NAME; acceptance from the check's 8-request run, or
+    (own_acceptance) from the cell's traced run."""
+    from types import SimpleNamespace
+
+    import sim_transfer_check as stc
+    from sim.config import SimConfigError
+
+    rows = []
+    for cell, config, n in stc.CELLS:
+        e = engine[cell]
+        own = own_acceptance and e["acceptance"] is not None  # (plain batch drafts nothing)
+        acc_trace = (src / "engine" / cell_dir(cell) / "traced" / "trace.jsonl" if own
+                     else src / "acceptance_run" / "trace.jsonl")
+        args = SimpleNamespace(prompt_tokens=e["prompt"], max_tokens=e["out"], acceptance="chain",
+                               acc_trace=f"'{acc_trace.resolve()}'", conf=conf, max_context=0)
+        # (quoted: the cells' directories have '=' in their names)
+        knobs = stc.engine_knobs(config, n, args)
+        over = stc.sim_overrides(knobs, n, args)
+        try:
+            m = stc.predict(name, over)
+        except SimConfigError:  # a solo trace judges no grouped drafts: no chain fit
+            m = stc.predict(name, [o.replace("acceptance=chain", "acceptance=position")
+                                   for o in over])
+        lo, hi = m["range"]["aggregate_tps"]
+        rows.append({"cell": cell, "engine_tps": e["tps"], "engine_runs": e["runs"],
+                     "engine_acceptance": e["acceptance"], "sim_tps": m["aggregate_tps"],
+                     "range": [lo, hi], "holds": lo <= e["tps"] <= hi,
+                     "error": m["aggregate_tps"] / e["tps"] - 1,
+                     "sim_acceptance": m["acceptance"]})
+    return rows
+
+
+def table(rows: list[dict], title: str) -> list[str]:
+    out = [title, "", "| cell | engine tok/s (runs) | sim tok/s (range) | error | in range | "
+                      "engine acc | sim acc |", "|---|---|---|---|---|---|---|"]
+    for r in rows:
+        acc = lambda x: "-" if x is None else f"{x:.3f}"  # noqa: E731
+        out.append(f"| {r['cell']} | {r['engine_tps']:.0f} ("
+                   + ", ".join(f"{x:.0f}" for x in r["engine_runs"]) + ") | "
+                   f"{r['sim_tps']:.0f} ({r['range'][0]:.0f}-{r['range'][1]:.0f}) | "
+                   f"{r['error']:+.1%} | {'yes' if r['holds'] else 'NO'} | "
+                   f"{acc(r['engine_acceptance'])} | {acc(r['sim_acceptance'])} |")
+    return out + [""]
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("transfer", help="a sim_transfer_check output directory or a .tar.gz of one")
+    ap.add_argument("--out", default="sim_calibration_replay")
+    ap.add_argument("--name", default="replayed_calibration", help="the refitted preset's name")
+    ap.add_argument("--own-acceptance", action=argparse.BooleanOptionalAction, default=True,
+                    help="also predict with each cell's own acceptance (the cost model alone)")
+    args = ap.parse_args()
+    src = open_input(Path(args.transfer))
+    out = Path(args.out)
+    conf = out / "conf"
+    profile = refit(src, conf, args.name)
+    engine = engine_cells(src)
+    learned = predict_cells(src, conf, args.name, engine, own_acceptance=False)
+    own = predict_cells(src, conf, args.name, engine, True) if args.own_acceptance else []
+    costs = trace_cost_check(src, engine)
+    lines = table(learned, "Calibrated preset refitted by this tree; acceptance learned from the "
+                           "check's 8-request run (as the check predicts):")
+    if own:
+        lines += table(own, "The same preset, each cell at its own prompts' acceptance (the cost "
+                            "model alone):")
+    lines += ["The trace's own cost: traced cohort runs less their `trace_s`, against the "
+              "untraced runs' mean wall:", "", "| cell | run | wall ms | trace ms | "
+              "wall - trace vs untraced |", "|---|---|---|---|---|"]
+    lines += [f"| {r['cell']} | {r['run']} | {r['wall_s'] * 1e3:.1f} | {r['trace_s'] * 1e3:.1f} "
+              f"| {r['error']:+.1%} |" for r in costs]
+    text = "\n".join(lines)
+    print(text)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "replay.md").write_text(text + "\n", encoding="utf-8")
+    (out / "replay.json").write_text(json.dumps(
+        {"input": str(args.transfer), "profile": str(profile), "learned_acceptance": learned,
+         "own_acceptance": own, "trace_cost": costs}, indent=1) + "\n", encoding="utf-8")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,38 @@
+"""scripts/sim_calibration_replay.py on the H200 transfer check's recorded data (issue 21): the
+calibration's traces alone are refitted, every cohort cell is predicted, and the trace's own
+cost is checked against the untraced runs."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+RAW = REPO / "docs" / "bench" / "s8" / "transfer_raw.tar.gz"
+
+
+@pytest.mark.slow
+def test_replay_refits_the_calibration_and_predicts_every_cell(tmp_path):
+    res = subprocess.run([sys.executable, "scripts/sim_calibration_replay.py", str(RAW),
+                          "--out", str(tmp_path), "--no-own-acceptance"], cwd=REPO,
+                         capture_output=True, text=True, env={"PYTHONPATH": str(REPO),
+                                                              "PATH": "/usr/bin:/bin"})
+    assert res.returncode == 0, res.stderr[-2000:]
+    out = json.loads((tmp_path / "replay.json").read_text())
+    cells = {r["cell"]: r for r in out["learned_acceptance"]}
+    assert set(cells) == {"solo N=1", "batch N=4", "batch N=8", "batch_mtp N=4",
+                          "batch_mtp W16 N=8"}
+    # The fit saw the 11 calibration traces only (no cohort run of the check).
+    prof = json.loads(Path(out["profile"]).read_text())
+    files = prof["source"]["files"]
+    assert len(files) == 11 and all("/calibration/" in f for f in files)
+    for r in cells.values():
+        assert r["sim_tps"] > 0 and r["range"][0] <= r["sim_tps"] <= r["range"][1]
+    # A traced run less its trace's own time lands within the untraced runs' spread (the
+    # engine's run-to-run spread here: up to 25% between two runs of one cell).
+    compile_pass = [r for r in out["trace_cost"] if r["run"] == "compile pass"]
+    assert len(compile_pass) == 5 and all(abs(r["error"]) < 0.1 for r in compile_pass)
