@@ -109,7 +109,8 @@ case $part in
     # their ranges. Most of a bare machine's time is the first compile (281 s in all at
     # 4f4e7c5 with a one-pass calibration; ~330 s now); the table is written as soon as the
     # shipped predictions are in.
-  TAIL=32 step sim_transfer 480 python3 scripts/sim_transfer_check.py --device cuda --out "$R/transfer"
+  TAIL=32 step sim_transfer "${SIM_TRANSFER_S:-480}" python3 scripts/sim_transfer_check.py \
+      --device cuda --out "$R/transfer"
   ;;
 5c)  # part 5 in a shorter limit, then the expert cache's GPU checks (issue 17): the miss path in
     # a captured graph against all-resident, and the miss path's bandwidth against pinned copies
