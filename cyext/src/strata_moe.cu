@@ -657,11 +657,12 @@ inline int chunks_per_lane(int64_t chunks) {
   return 0;
 }
 
-// Process-wide switches of the routed-expert launches (STRATA_MOE_* in strata_kernels.h). PDL and
-// EARLY are on (each measured faster on an H200); WIDE is off: two features per warp measured
-// 3-12% slower for FP8 (twice the registers, two blocks per SM instead of three), kept to
-// measure again after register-lean changes.
-int g_moe_options = STRATA_MOE_PDL | STRATA_MOE_EARLY;
+// Process-wide switches of the routed-expert launches (STRATA_MOE_* in strata_kernels.h). PDL,
+// EARLY, DB and XSMEM are on (each measured faster on an H200, DB + XSMEM at every row count
+// within noise: docs/KERNELS.md); WIDE is off: two features per warp measured 3-12% slower for
+// FP8 (twice the registers, two blocks per SM instead of three), kept to measure again after
+// register-lean changes.
+int g_moe_options = STRATA_MOE_PDL | STRATA_MOE_EARLY | STRATA_MOE_DB | STRATA_MOE_XSMEM;
 
 // Whether the device runs programmatic dependent launches (sm_90+), cached per device.
 bool device_has_pdl(int device) {
