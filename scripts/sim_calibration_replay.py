@@ -14,7 +14,11 @@ of one, e.g. docs/bench/s8/transfer_raw.tar.gz, the H200 run of `4f4e7c5`). It
 3. compares each with the engine's untraced runs (DIR/engine/CELL/rep*/metrics.json, their
    mean; held out: no timing of a cohort run enters the fit), and checks the trace's own
    cost: each traced cohort run (the check's compile pass and traced pass) less the `trace_s`
-   its trace recorded, against the untraced runs.
+   its trace recorded, against the untraced runs;
+4. checks the untraced-twin host factor (sim.profile.untraced_host_factor) held out: each
+   cell's traced run stands in for a calibration run with an untraced twin, the factor
+   pooled from the other cells predicts its untraced wall, and scales the refitted profile's
+   host parts for a prediction of the cell (`--no-twins` skips it).
 
     python scripts/sim_calibration_replay.py docs/bench/s8/transfer_raw.tar.gz --out /tmp/replay
 """

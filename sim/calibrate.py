@@ -25,7 +25,7 @@ default), seed (0), twins (1 on CUDA: each run's engine runs its prompts once mo
 graphs warm, and the fit scales the host costs to those walls, sim.profile
 .untraced_host_factor: an engine as served writes no trace, and a traced H200 run was 4-12%
 slower; 0 elsewhere: on a CPU the device work is the host's too, and an engine's second run
-was 20% faster in its windows as well, which a host factor cannot tell apart).
+took 20% less than the first's device time alone, which a host factor cannot tell apart).
 """
 
 from __future__ import annotations

@@ -124,7 +124,12 @@ def test_cpu_calibration_predicts_another_workload_within_its_range(tiny_ckpt, t
     assert {"1x4", "4x2", "4x1", "2x2"} <= set(prof["decode"]["shapes"])
     other = RunSpec("other", requests=6, prompt=30, out=20, concurrency=3, seed=77,
                     engine={"mode": "batch", "batch_mtp": True, "slots": 3, "max_context": 256})
-    engine = runner.run(other, tmp_path / "other")
+    # (with an untraced twin: the same engine reruns the prompts, its trace stopped)
+    engine = runner.run(other, tmp_path / "other", twin=True)
+    assert engine["untraced_wall_s"] > 0
+    finishes = [e for e in json.loads(f"[{','.join(open(tmp_path / 'other' / 'trace.jsonl'))}]")
+                if e["ev"] == "finish"]
+    assert len(finishes) == 6  # the twin wrote nothing
     cfg = cfg_with_conf(conf, "hardware=cal_test", "workload=stagger", "workload.requests=6",
                         "workload.concurrency=3", "workload.prompt_tokens=30",
                         "workload.max_tokens=20", "engine.slots=3", "acceptance=fixed",
