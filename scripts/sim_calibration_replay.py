@@ -164,7 +164,7 @@ def twin_check(src: Path, conf: Path, name: str, profile: Path,
     calibration profile's host parts to predict the cell with the simulator (at its own
     acceptance: the cost model alone). Returns (wall rows, simulator rows)."""
     from sim.calibrate import memory_facts, write_preset
-    from sim.profile import untraced_host_factor
+    from sim.profile import FitError, untraced_host_factor
     from sim.replay import load_trace
 
     runs = twin_runs(src, engine)
@@ -175,13 +175,18 @@ def twin_check(src: Path, conf: Path, name: str, profile: Path,
         others = [r for c, r in runs.items() if c != cell]
         if not others:
             continue
-        f = untraced_host_factor(others)["factor"]
-        own = untraced_host_factor([runs[cell]])["per_run"][0]
+        try:
+            f = untraced_host_factor(others)["factor"]
+        except FitError:
+            continue  # (no other cell's walls tell its host time)
         ev, traced, untraced = runs[cell]
         device = sum(float(e["dur"]) for e in ev
                      if e.get("ev") in ("window", "prefill") and "dur" in e)
         spent = max((float(e.get("trace_s") or 0.0) for e in ev), default=0.0)
-        pred = device + f * (traced - device - spent)
+        host, served = traced - device - spent, untraced - device
+        # (its own factor; None where its untraced wall is under its traced device time)
+        own = served / host if host > 0 and served > 0 else None
+        pred = device + f * host
         walls.append({"cell": cell, "factor_others": f, "factor_own": own,
                       "traced_wall_s": traced, "untraced_wall_s": untraced,
                       "predicted_wall_s": pred, "error": pred / untraced - 1,
@@ -283,7 +288,8 @@ def main() -> int:
                   "untraced wall (device + factor x host):", "",
                   "| cell | factor (others) | factor (own) | untraced wall ms | traced - trace "
                   "vs untraced | predicted vs untraced |", "|---|---|---|---|---|---|"]
-        lines += [f"| {r['cell']} | {r['factor_others']:.3f} | {r['factor_own']:.3f} | "
+        lines += [f"| {r['cell']} | {r['factor_others']:.3f} | "
+                  + ("-" if r["factor_own"] is None else f"{r['factor_own']:.3f}") + " | "
                   f"{r['untraced_wall_s'] * 1e3:.1f} | {r['traced_error']:+.1%} | "
                   f"{r['error']:+.1%} |" for r in twin_walls]
         lines += [""] + table(twin_sims, "The refitted calibration with its host parts scaled by "

@@ -40,6 +40,8 @@ SPEED_CELL_MIN_SAMPLES times, and windows right after a prompt chunk (5-15% slow
 same shape otherwise) are left out of the judging, and out of any cell that has
 MEDIAN_MIN_SAMPLES other samples. A trace with fewer than SPEED_MIN_SAMPLES
 samples in shared cells keeps factor 1.
+Runs timed again untraced on the same engine (`walls`, sim.calibrate's twins) scale the
+host parts by one pooled factor (untraced_host_factor): an engine as served writes no trace.
 The profile's `source` records the samples behind every cell (`counts`, `shape_counts`,
 `prefill_counts`, `prefill_table_counts`), so filled cells can be told apart.
 
