@@ -14,7 +14,11 @@ of one, e.g. docs/bench/s8/transfer_raw.tar.gz, the H200 run of `4f4e7c5`). It
 3. compares each with the engine's untraced runs (DIR/engine/CELL/rep*/metrics.json, their
    mean; held out: no timing of a cohort run enters the fit), and checks the trace's own
    cost: each traced cohort run (the check's compile pass and traced pass) less the `trace_s`
-   its trace recorded, against the untraced runs.
+   its trace recorded, against the untraced runs;
+4. checks the untraced-twin host factor (sim.profile.untraced_host_factor) held out: each
+   cell's traced run stands in for a calibration run with an untraced twin, the factor
+   pooled from the other cells predicts its untraced wall, and scales the refitted profile's
+   host parts for a prediction of the cell (`--no-twins` skips it).
 
     python scripts/sim_calibration_replay.py docs/bench/s8/transfer_raw.tar.gz --out /tmp/replay
 """
@@ -132,10 +136,77 @@ def trace_cost_check(src: Path, engine: dict[str, dict]) -> list[dict]:
     return rows
 
 
+#: The host parts of a cost profile (seconds), which an untraced twin's factor scales.
+HOST_FIELDS = ("host_overhead_s", "host_per_commit_s", "host_per_admit_s",
+               "host_per_admit_burst_s", "host_after_prefill_s", "host_per_finish_s")
+
+
+def twin_runs(src: Path, engine: dict[str, dict]) -> dict[str, tuple[list, float, float]]:
+    """Per cell: its traced cohort run as a stand-in for a calibration run with an untraced
+    twin: (trace events, traced wall, the untraced runs' mean wall)."""
+    from sim.replay import load_trace
+
+    out = {}
+    for cell in CELLS:
+        d = src / "engine" / cell_dir(cell) / "traced"
+        if (d / "trace.jsonl").is_file():
+            m = json.loads((d / "metrics.json").read_text())
+            out[cell] = (load_trace(d / "trace.jsonl")[0], m["wall_s"],
+                         statistics.mean(engine[cell]["wall_s"]))
+    return out
+
+
+def twin_check(src: Path, conf: Path, name: str, profile: Path,
+               engine: dict[str, dict]) -> tuple[list[dict], list[dict]]:
+    """The untraced-twin host factor, held out: for each cell, the factor pooled from the
+    OTHER cells' traced and untraced walls (sim.profile.untraced_host_factor) predicts this
+    cell's untraced wall from its traced run (device + factor x host), and scales the refitted
+    calibration profile's host parts to predict the cell with the simulator (at its own
+    acceptance: the cost model alone). Returns (wall rows, simulator rows)."""
+    from sim.calibrate import memory_facts, write_preset
+    from sim.profile import FitError, untraced_host_factor
+    from sim.replay import load_trace
+
+    runs = twin_runs(src, engine)
+    walls, sims = [], []
+    base = json.loads(profile.read_text())
+    mem = memory_facts(load_trace(calibration_traces(src)[-1])[0])
+    for i, cell in enumerate(runs):
+        others = [r for c, r in runs.items() if c != cell]
+        if not others:
+            continue
+        try:
+            f = untraced_host_factor(others)["factor"]
+        except FitError:
+            continue  # (no other cell's walls tell its host time)
+        ev, traced, untraced = runs[cell]
+        device = sum(float(e["dur"]) for e in ev
+                     if e.get("ev") in ("window", "prefill") and "dur" in e)
+        spent = max((float(e.get("trace_s") or 0.0) for e in ev), default=0.0)
+        host, served = traced - device - spent, untraced - device
+        # (its own factor; None where its untraced wall is under its traced device time)
+        own = served / host if host > 0 and served > 0 else None
+        pred = device + f * host
+        walls.append({"cell": cell, "factor_others": f, "factor_own": own,
+                      "traced_wall_s": traced, "untraced_wall_s": untraced,
+                      "predicted_wall_s": pred, "error": pred / untraced - 1,
+                      "traced_error": (traced - spent) / untraced - 1})
+        scaled = {**base, **{k: base[k] * f for k in HOST_FIELDS if k in base},
+                  "source": {**base["source"], "untraced_host": {"factor": round(f, 4),
+                                                                 "from": "held-out cells"}}}
+        twin_name = f"{name}_twin{i}"
+        path = conf / "profiles" / f"{twin_name}.json"
+        path.write_text(json.dumps(scaled, indent=1) + "\n", encoding="utf-8")
+        write_preset(conf, twin_name, path, mem, True, None,
+                     {**base["source"], "date": base["source"].get("date", "recorded")})
+        sims.extend(predict_cells(src, conf, twin_name, engine, True, only=cell))
+    return walls, sims
+
+
 def predict_cells(src: Path, conf: Path, name: str, engine: dict[str, dict],
-                  own_acceptance: bool) -> list[dict]:
-    """Each cell predicted from preset NAME; acceptance from the check's 8-request run, or
-    (own_acceptance) from the cell's traced run."""
+                  own_acceptance: bool, only: str | None = None) -> list[dict]:
+    """Each cell (or the cell `only`) predicted from preset NAME; acceptance from the check's
+    8-request run, or (own_acceptance) from the cell's traced run."""
     from types import SimpleNamespace
 
     import sim_transfer_check as stc
@@ -143,6 +214,8 @@ def predict_cells(src: Path, conf: Path, name: str, engine: dict[str, dict],
 
     rows = []
     for cell, config, n in stc.CELLS:
+        if only is not None and cell != only:
+            continue
         e = engine[cell]
         own = own_acceptance and e["acceptance"] is not None  # (plain batch drafts nothing)
         acc_trace = (src / "engine" / cell_dir(cell) / "traced" / "trace.jsonl" if own
@@ -186,6 +259,8 @@ def main() -> int:
     ap.add_argument("--name", default="replayed_calibration", help="the refitted preset's name")
     ap.add_argument("--own-acceptance", action=argparse.BooleanOptionalAction, default=True,
                     help="also predict with each cell's own acceptance (the cost model alone)")
+    ap.add_argument("--twins", action=argparse.BooleanOptionalAction, default=True,
+                    help="the untraced-twin host factor's held-out check on the cohort cells")
     args = ap.parse_args()
     src = open_input(Path(args.transfer))
     out = Path(args.out)
@@ -195,6 +270,8 @@ def main() -> int:
     learned = predict_cells(src, conf, args.name, engine, own_acceptance=False)
     own = predict_cells(src, conf, args.name, engine, True) if args.own_acceptance else []
     costs = trace_cost_check(src, engine)
+    twin_walls, twin_sims = twin_check(src, conf, args.name, profile, engine) if args.twins \
+        else ([], [])
     lines = table(learned, "Calibrated preset refitted by this tree; acceptance learned from the "
                            "check's 8-request run (as the check predicts):")
     if own:
@@ -205,13 +282,26 @@ def main() -> int:
               "wall - trace vs untraced |", "|---|---|---|---|---|"]
     lines += [f"| {r['cell']} | {r['run']} | {r['wall_s'] * 1e3:.1f} | {r['trace_s'] * 1e3:.1f} "
               f"| {r['error']:+.1%} |" for r in costs]
+    if twin_walls:
+        lines += ["", "Untraced twins, held out: each cell's traced run as a calibration run with "
+                  "an untraced twin; the host factor pooled from the OTHER cells predicts its "
+                  "untraced wall (device + factor x host):", "",
+                  "| cell | factor (others) | factor (own) | untraced wall ms | traced - trace "
+                  "vs untraced | predicted vs untraced |", "|---|---|---|---|---|---|"]
+        lines += [f"| {r['cell']} | {r['factor_others']:.3f} | "
+                  + ("-" if r["factor_own"] is None else f"{r['factor_own']:.3f}") + " | "
+                  f"{r['untraced_wall_s'] * 1e3:.1f} | {r['traced_error']:+.1%} | "
+                  f"{r['error']:+.1%} |" for r in twin_walls]
+        lines += [""] + table(twin_sims, "The refitted calibration with its host parts scaled by "
+                              "the held-out factor, each cell at its own acceptance:")
     text = "\n".join(lines)
     print(text)
     out.mkdir(parents=True, exist_ok=True)
     (out / "replay.md").write_text(text + "\n", encoding="utf-8")
     (out / "replay.json").write_text(json.dumps(
         {"input": str(args.transfer), "profile": str(profile), "learned_acceptance": learned,
-         "own_acceptance": own, "trace_cost": costs}, indent=1) + "\n", encoding="utf-8")
+         "own_acceptance": own, "trace_cost": costs, "twin_walls": twin_walls,
+         "twin_sims": twin_sims}, indent=1) + "\n", encoding="utf-8")
     return 0
 
 

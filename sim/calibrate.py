@@ -21,7 +21,11 @@ device changes: whether the warm-up captured window graphs.
 Keys (key=value): device (cuda), dtype (auto), model (the embedded model), name
 (calibrated_<device>), conf (conf/sim), work_dir (a temporary dir: the runs' traces),
 grid (quick on CUDA, tiny elsewhere), max_context (the engine's default), threads (0 = torch's
-default), seed (0).
+default), seed (0), twins (1 on CUDA: each run's engine runs its prompts once more untraced,
+graphs warm, and the fit scales the host costs to those walls, sim.profile
+.untraced_host_factor: an engine as served writes no trace, and a traced H200 run was 4-12%
+slower; 0 elsewhere: on a CPU the device work is the host's too, and an engine's second run
+took 20% less than the first's device time alone, which a host factor cannot tell apart).
 """
 
 from __future__ import annotations
@@ -39,7 +43,7 @@ from .config import SIM_CONF_DIR, SimConfigError
 #: Keys `python -m sim calibrate` takes, with their defaults (None: chosen by device).
 KEYS: dict[str, Any] = {"device": "cuda", "dtype": "auto", "model": None, "name": None,
                         "conf": SIM_CONF_DIR, "work_dir": None, "grid": None,
-                        "max_context": None, "threads": 0, "seed": 0}
+                        "max_context": None, "threads": 0, "seed": 0, "twins": None}
 
 
 @dataclass(frozen=True)
@@ -116,7 +120,7 @@ def parse_args(argv: list[str]) -> dict[str, Any]:
         if not eq or key not in KEYS:
             raise SimConfigError(f"calibrate: expected key=value with key one of "
                                  f"{sorted(KEYS)}, got {arg!r}")
-        if key in ("max_context", "threads", "seed"):
+        if key in ("max_context", "threads", "seed", "twins"):
             try:
                 out[key] = int(value)
             except ValueError:
@@ -125,6 +129,10 @@ def parse_args(argv: list[str]) -> dict[str, Any]:
             out[key] = value
     dev = str(out["device"]).split(":")[0]
     out["grid"] = out["grid"] or ("quick" if dev == "cuda" else "tiny")
+    if out["twins"] is None:
+        out["twins"] = 1 if dev == "cuda" else 0
+    if out["twins"] not in (0, 1):
+        raise SimConfigError(f"calibrate: twins must be 0 or 1, got {out['twins']!r}")
     if out["grid"] not in GRIDS:
         raise SimConfigError(f"calibrate: grid must be one of {sorted(GRIDS)}, got {out['grid']!r}")
     out["name"] = out["name"] or f"calibrated_{dev}"
@@ -219,20 +227,26 @@ def calibrate(opts: dict[str, Any], log=print, runner: Any = None,
             t_between = time.perf_counter()
             between_passes((i - 1) // per_pass - 1)
             t_start += time.perf_counter() - t_between  # (the caller's time is not ours)
-        m = runner.run(spec, work / spec.name)
+        m = runner.run(spec, work / spec.name, twin=bool(opts["twins"]))
         traces.append(work / spec.name / "trace.jsonl")
         timings.append({"run": spec.name, "start_s": round(m["start_s"], 3),
-                        "wall_s": round(m["wall_s"], 3)})
+                        "wall_s": round(m["wall_s"], 6)})
+        if opts["twins"]:
+            timings[-1]["untraced_wall_s"] = round(m["untraced_wall_s"], 6)
         log(f"[{i}/{len(specs)}] {spec.name}: N={spec.concurrency} {spec.requests} x "
             f"{spec.prompt}+{spec.out} tokens, {m['output_tokens'] / m['wall_s']:.0f} tok/s "
-            f"({m['wall_s']:.2f} s, engine start {m['start_s']:.1f} s; "
+            + (f"(untraced {m['output_tokens'] / m['untraced_wall_s']:.0f}) "
+               if opts["twins"] else "")
+            + f"({m['wall_s']:.2f} s, engine start {m['start_s']:.1f} s; "
             f"{time.perf_counter() - t_start:.0f} s so far)")
     source = {**runner.source(),
               "calibration": {"grid": opts["grid"], "size": GRIDS[opts["grid"]].__dict__,
                               "max_context": opts["max_context"], "runs": timings,
                               "load_s": round(t_load, 2),
                               "seconds": round(time.perf_counter() - t_start, 1)}}
-    prof = fit_profile_files(traces, source)
+    walls = ([(t["wall_s"], t["untraced_wall_s"]) for t in timings] if opts["twins"]
+             else None)
+    prof = fit_profile_files(traces, source, walls)
     conf = Path(opts["conf"])
     name = opts["name"]
     (conf / "profiles").mkdir(parents=True, exist_ok=True)

@@ -104,11 +104,13 @@ class EngineRunner:
         return reqs
 
     def run(self, spec: RunSpec, where: Path, requests: Optional[list] = None,
-            trace: bool = True) -> dict[str, Any]:
+            trace: bool = True, twin: bool = False) -> dict[str, Any]:
         """Run `spec` (or the given Request objects with its engine and concurrency) on a
         fresh Engine; writes where/trace.jsonl (unless `trace` is false: an engine as served,
         which builds no events) and where/metrics.json; returns the metrics plus `wall_s`
-        (the run, without the engine's start) and `start_s`."""
+        (the run, without the engine's start) and `start_s`. `twin` (a traced run): the same
+        engine then runs the same prompts again with its trace stopped, graphs warm, and
+        `untraced_wall_s` is that run's wall (what the traced run would take as served)."""
         import torch
 
         from strata.engine.llm_engine import Engine
@@ -138,6 +140,8 @@ class EngineRunner:
             if self.device.type == "cuda":
                 torch.cuda.synchronize()
             wall = time.perf_counter() - t0
+            if twin and trace:
+                m["untraced_wall_s"] = self._untraced_twin(eng, spec, requests)
         finally:
             eng.close()
         m["device"] = str(self.device)
@@ -145,3 +149,26 @@ class EngineRunner:
                      "batch_mtp" if eng.batch_mtp else "batch")
         (where / "metrics.json").write_text(json.dumps(m, indent=2) + "\n", encoding="utf-8")
         return {**m, "wall_s": wall, "start_s": start_s}
+
+    def _untraced_twin(self, eng: Any, spec: RunSpec, requests: Optional[list]) -> float:
+        """The wall of `spec`'s prompts run again on `eng` with its trace stopped."""
+        import copy
+
+        import torch
+
+        from strata.runner import run_requests
+
+        eng.trace.flush()
+        eng.trace.stop()
+        for rid in list(eng.requests):
+            eng.release(rid)  # (the traced run's finished requests: their ids come again)
+        reqs = ([copy.deepcopy(r) for r in requests] if requests is not None
+                else self.requests(spec))
+        gc.collect()
+        if self.device.type == "cuda":
+            torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        run_requests(eng, reqs, concurrency=spec.concurrency)
+        if self.device.type == "cuda":
+            torch.cuda.synchronize()
+        return time.perf_counter() - t0

@@ -40,6 +40,8 @@ SPEED_CELL_MIN_SAMPLES times, and windows right after a prompt chunk (5-15% slow
 same shape otherwise) are left out of the judging, and out of any cell that has
 MEDIAN_MIN_SAMPLES other samples. A trace with fewer than SPEED_MIN_SAMPLES
 samples in shared cells keeps factor 1.
+Runs timed again untraced on the same engine (`walls`, sim.calibrate's twins) scale the
+host parts by one pooled factor (untraced_host_factor): an engine as served writes no trace.
 The profile's `source` records the samples behind every cell (`counts`, `shape_counts`,
 `prefill_counts`, `prefill_table_counts`), so filled cells can be told apart.
 
@@ -262,6 +264,38 @@ def _host_samples(events: list[dict[str, Any]]) -> list[HostSample]:
     return out
 
 
+def untraced_host_factor(runs: list[tuple[list[dict[str, Any]], float, float]]
+                         ) -> dict[str, Any]:
+    """How much of a traced run's host time an engine as served spends, from runs timed
+    both ways: each (trace events, traced wall s, untraced wall s) on one engine and prompts.
+    A traced run's wall is its device time D (the `dur` of its windows and prompt chunks),
+    the trace's own recorded time T (its last `trace_s`) and the host gaps the fit prices,
+    wall - D - T; as served, the same host work takes untraced wall - D. The factor is the
+    pooled ratio sum(untraced - D) / sum(traced - D - T) (each run weighted by its host
+    time): one factor for all, because the fit's speed polish centres per-run host speeds
+    on their mean anyway, and on the H200 one pooled factor predicted held-out cells' walls
+    within ~1% (docs/SIMULATOR.md). A run whose untraced wall is not above its device time
+    (or whose traced wall is not above device and trace time) tells nothing about its host:
+    it is left out (None in per_run). Returns {"factor", "runs", "per_run"}."""
+    per_run: list[Optional[float]] = []
+    num = den = 0.0
+    for events, traced, untraced in runs:
+        device = sum(float(e["dur"]) for e in events
+                     if e.get("ev") in ("window", "prefill") and "dur" in e)
+        spent = max((float(e.get("trace_s") or 0.0) for e in events), default=0.0)
+        host, served = traced - device - spent, untraced - device
+        if host <= 0 or served <= 0:
+            per_run.append(None)
+            continue
+        per_run.append(round(served / host, 4))
+        num, den = num + served, den + host
+    if den <= 0:
+        raise FitError(f"untraced twin: no run of {len(per_run)} has an untraced wall above its "
+                       "device time and a traced wall above device and trace time")
+    return {"factor": num / den, "runs": sum(f is not None for f in per_run),
+            "per_run": per_run}
+
+
 #: The parts fit_host returns, in order.
 HOST_PARTS = ("fixed", "per_commit", "per_admit", "per_admit_burst", "after_prefill",
               "per_finish")
@@ -417,7 +451,14 @@ def _fill_shapes(cells: dict[str, dict[tuple[float, str], float]], tiers: list[f
 
 
 def fit_profile(traces: Iterable[list[dict[str, Any]]],
-                source: Optional[dict[str, Any]] = None) -> CostProfile:
+                source: Optional[dict[str, Any]] = None,
+                walls: Optional[list[Optional[tuple[float, float]]]] = None) -> CostProfile:
+    """`walls`: per trace, (traced wall s, untraced wall s) of runs that had an untraced twin
+    (None for one that had not); the host parts are then scaled by untraced_host_factor, so
+    the profile prices an engine as served."""
+    traces = list(traces)
+    if walls is not None and len(walls) != len(traces):
+        raise FitError(f"walls: {len(walls)} entries for {len(traces)} traces")
     decode: dict[str, dict[tuple[float, float], list[float]]] = {a: defaultdict(list)
                                                                  for a in GRAPH_ACTIONS}
     shaped: dict[str, dict[tuple[float, str], list[float]]] = {a: defaultdict(list)
@@ -536,6 +577,13 @@ def fit_profile(traces: Iterable[list[dict[str, Any]]],
         pre_table = _fill_grid(pre_cells, pre_tiers, tokens)
     acc = fit_acceptance(commits)
     h_fixed, h_commit, h_admit, h_burst, h_prefill, h_finish = fit_host(host)
+    twin = None
+    if walls is not None and any(w is not None for w in walls):
+        twin = untraced_host_factor([(ev, float(w[0]), float(w[1]))
+                                     for ev, w in zip(traces, walls) if w is not None])
+        h_fixed, h_commit, h_admit, h_burst, h_prefill, h_finish = (
+            h * twin["factor"] for h in (h_fixed, h_commit, h_admit, h_burst, h_prefill,
+                                         h_finish))
     src = {**(source or {}), "kind": "fitted", "traces": n_traces,
            "counts": counts, "shape_counts": shape_counts,
            "prefill_counts": [len(prefill[t]) for t in tokens],
@@ -548,6 +596,8 @@ def fit_profile(traces: Iterable[list[dict[str, Any]]],
            # which of those factors were judged (the others are 1 for want of shared cells)
            "trace_speeds_judged": {k: [n in judged[k] for n in sorted(win_speed)]
                                    for k in judged}}
+    if twin is not None:
+        src["untraced_host"] = {**twin, "factor": round(twin["factor"], 4)}
     if pre_table is not None:
         src["prefill_table_counts"] = [[len(prefill_tiered.get((t, b), ())) for b in tokens]
                                        for t in pre_tiers]
@@ -563,10 +613,12 @@ def fit_profile(traces: Iterable[list[dict[str, Any]]],
 
 
 def fit_profile_files(paths: Iterable[str | Path],
-                      source: Optional[dict[str, Any]] = None) -> CostProfile:
+                      source: Optional[dict[str, Any]] = None,
+                      walls: Optional[list[Optional[tuple[float, float]]]] = None
+                      ) -> CostProfile:
     paths = [Path(p) for p in paths]
     traces = [load_trace(p)[0] for p in paths]
-    return fit_profile(traces, {**(source or {}), "files": [str(p) for p in paths]})
+    return fit_profile(traces, {**(source or {}), "files": [str(p) for p in paths]}, walls)
 
 
 def main(argv: Optional[list[str]] = None) -> int:

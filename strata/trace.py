@@ -249,6 +249,13 @@ class TraceWriter:
         if self._out is not None:
             self._out.flush()
 
+    def stop(self) -> None:
+        """Write nothing more: the engine then runs as served (sim.engine_runs times an
+        untraced twin of a traced run on the same engine)."""
+        self.close()
+        self._out = None
+        self.keep = False
+
     def close(self) -> None:
         if self._own is not None:
             self._own.close()

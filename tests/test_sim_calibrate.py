@@ -31,6 +31,11 @@ def test_arguments_and_their_errors():
     assert o["grid"] == "tiny" and o["name"] == "calibrated_cpu" and o["max_context"] == 256
     assert parse_args(["device=cuda:0"])["grid"] == "quick"
     assert parse_args([])["name"] == "calibrated_cuda"
+    # untraced twins on CUDA only (a CPU's windows are host work too)
+    assert parse_args([])["twins"] == 1 and o["twins"] == 0
+    assert parse_args(["device=cpu", "twins=1"])["twins"] == 1
+    with pytest.raises(SimConfigError, match="twins must be 0 or 1"):
+        parse_args(["twins=2"])
     with pytest.raises(SimConfigError, match="key=value with key one of"):
         parse_args(["devcie=cpu"])
     with pytest.raises(SimConfigError, match="key=value"):
@@ -119,7 +124,12 @@ def test_cpu_calibration_predicts_another_workload_within_its_range(tiny_ckpt, t
     assert {"1x4", "4x2", "4x1", "2x2"} <= set(prof["decode"]["shapes"])
     other = RunSpec("other", requests=6, prompt=30, out=20, concurrency=3, seed=77,
                     engine={"mode": "batch", "batch_mtp": True, "slots": 3, "max_context": 256})
-    engine = runner.run(other, tmp_path / "other")
+    # (with an untraced twin: the same engine reruns the prompts, its trace stopped)
+    engine = runner.run(other, tmp_path / "other", twin=True)
+    assert engine["untraced_wall_s"] > 0
+    finishes = [e for e in json.loads(f"[{','.join(open(tmp_path / 'other' / 'trace.jsonl'))}]")
+                if e["ev"] == "finish"]
+    assert len(finishes) == 6  # the twin wrote nothing
     cfg = cfg_with_conf(conf, "hardware=cal_test", "workload=stagger", "workload.requests=6",
                         "workload.concurrency=3", "workload.prompt_tokens=30",
                         "workload.max_tokens=20", "engine.slots=3", "acceptance=fixed",
@@ -139,14 +149,19 @@ class _RecordedRunner:
     def __init__(self, root: Path, calls: list):
         self.root, self.calls = root, calls
 
-    def run(self, spec, where):
+    def run(self, spec, where, twin=False):
         import shutil
 
         base = spec.name.split("_p")[0]
         where.mkdir(parents=True, exist_ok=True)
         shutil.copy(self.root / "calibration" / base / "trace.jsonl", where / "trace.jsonl")
         self.calls.append(spec.name)
-        return {"output_tokens": spec.requests * spec.out, "wall_s": 0.1, "start_s": 1.0}
+        from sim.replay import load_trace
+
+        wall = max(float(e["t"]) for e in load_trace(where / "trace.jsonl")[0])
+        # (an untraced twin 3% faster: a fifth to a third of the traced runs' host time)
+        return {"output_tokens": spec.requests * spec.out, "wall_s": wall, "start_s": 1.0,
+                **({"untraced_wall_s": 0.97 * wall} if twin else {})}
 
     def source(self):
         return {"device": "NVIDIA H200", "torch": "x", "dtype": "torch.bfloat16",
@@ -170,6 +185,10 @@ def test_quick_grid_two_passes_call_between_once_and_fit_every_run(tmp_path):
     assert calls[one // 2 + 1] == "long_n8_p2"  # the second pass runs the grid backwards
     prof = json.loads(files["profile"].read_text())
     assert prof["source"]["traces"] == one
+    # every run had its untraced twin, and the host parts are priced as served (cheaper)
+    twin = prof["source"]["untraced_host"]
+    assert twin["runs"] == one and 0 < twin["factor"] < 1
+    assert all("untraced_wall_s" in r for r in prof["source"]["calibration"]["runs"])
     # Every run has a twin now: the speed polish judges the windows of every run but the
     # 1-request long-prompt one (19 windows, under SPEED_MIN_SAMPLES).
     names = [s.name for s in calibration_grid(GRIDS["quick"])]

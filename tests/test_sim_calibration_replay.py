@@ -36,3 +36,10 @@ def test_replay_refits_the_calibration_and_predicts_every_cell(tmp_path):
     # engine's run-to-run spread here: up to 25% between two runs of one cell).
     compile_pass = [r for r in out["trace_cost"] if r["run"] == "compile pass"]
     assert len(compile_pass) == 5 and all(abs(r["error"]) < 0.1 for r in compile_pass)
+    # The untraced-twin check: each cell's factor from the other four, one prediction each
+    # (on this noisy call some cells' untraced walls are under their traced device time: such
+    # a cell's own factor is None, and the others' factor still predicts it).
+    assert [r["cell"] for r in out["twin_walls"]] == [r["cell"] for r in out["twin_sims"]]
+    assert len(out["twin_walls"]) == 5
+    assert all(0 < r["factor_others"] < 2 and r["predicted_wall_s"] > 0
+               for r in out["twin_walls"])

@@ -8,7 +8,7 @@ import io
 
 import pytest
 
-from sim.profile import _host_samples, fit_host
+from sim.profile import FitError, _host_samples, fit_host
 from strata.trace import TraceWriter
 
 
@@ -57,3 +57,41 @@ def test_host_gaps_leave_out_the_traces_own_time():
     # a trace written before the stamps keeps its gaps as measured
     old = [{k: v for k, v in e.items() if k != "trace_s"} for e in windows([40.0] * 5, [15.0] * 5)]
     assert [g for *_, g in _host_samples(old)[1:]] == pytest.approx([40e-6] * 5)
+
+
+def test_untraced_twin_walls_scale_the_host_time():
+    from sim.profile import untraced_host_factor
+
+    # 21 windows of 100 us, 20 gaps of 40 us of which the writer spent 15: traced wall 2.9 ms,
+    # the fit's host time 0.5 ms; untraced twins of 2.5 ms and 2.35 ms spend 0.4 and 0.25 ms
+    ev = windows([40.0] * 20, [15.0] * 20)
+    one = untraced_host_factor([(ev, 2.9e-3, 2.5e-3)])
+    assert one["factor"] == pytest.approx(0.8) and one["per_run"] == [0.8]
+    both = untraced_host_factor([(ev, 2.9e-3, 2.5e-3), (ev, 2.9e-3, 2.35e-3)])
+    assert both["factor"] == pytest.approx(0.65) and both["runs"] == 2  # pooled: 0.65 / 1.0
+    # a twin faster than its device time alone says nothing about the host: left out
+    odd = untraced_host_factor([(ev, 2.9e-3, 2.5e-3), (ev, 2.9e-3, 2.0e-3)])
+    assert odd["factor"] == pytest.approx(0.8) and odd["per_run"] == [0.8, None]
+    with pytest.raises(FitError, match="untraced twin: no run of 1"):
+        untraced_host_factor([(ev, 2.9e-3, 2.0e-3)])
+    with pytest.raises(FitError, match="no run"):
+        untraced_host_factor([])
+
+
+def test_fit_scales_every_host_part_by_the_twins_factor():
+    from sim.profile import fit_profile
+
+    ev = windows([40.0] * 20, [15.0] * 20)
+    last = ev[-1]
+    ev.append({"ev": "prefill", "step": last["step"] + 5, "t": last["t"] + 1e-3, "req": "b",
+               "slot": 0, "tokens": 16, "dur": 100e-6, "ctx": 16, "trace_s": 300e-6})
+    # device 2.2 ms, trace 0.3 ms: traced wall 3.0 ms has 0.5 ms of host, served 0.4
+    plain = fit_profile([ev])
+    twinned = fit_profile([ev], walls=[(3.0e-3, 2.6e-3)])
+    assert twinned.source["untraced_host"]["factor"] == pytest.approx(0.8)
+    assert twinned.host_overhead_s == pytest.approx(0.8 * plain.host_overhead_s)
+    assert twinned.host_per_commit_s == pytest.approx(0.8 * plain.host_per_commit_s)
+    assert twinned.decode_s == plain.decode_s  # device times as measured
+    assert "untraced_host" not in fit_profile([ev], walls=[None]).source
+    with pytest.raises(FitError, match="walls: 2 entries for 1 traces"):
+        fit_profile([ev], walls=[None, None])
