@@ -64,6 +64,20 @@ def token_prompts(vocab: int, n: int, prompt_tokens: int, seed: int = 0) -> list
     return torch.randint(1, vocab, (n, prompt_tokens), generator=g).tolist()
 
 
+def add_model_args(ap, preset=None, load_format=None, layers=None) -> None:
+    """The arguments model_config reads (--preset, --model, --dtype, --load-format, --layers),
+    with a script's own defaults."""
+    ap.add_argument("--preset", default=preset,
+                    help=f"a model preset, conf/model/NAME.yaml (default: {preset or 'the tiny model'})")
+    ap.add_argument("--model", help="a checkpoint directory (model.path; overrides the preset's)")
+    ap.add_argument("--dtype", help="model.dtype (default: the preset's; auto without a preset)")
+    ap.add_argument("--load-format", default=load_format,
+                    help="model.load_format: auto, safetensors or dummy")
+    ap.add_argument("--layers", type=int, default=layers,
+                    help="model.num_layers: the first N decoder layers"
+                         + (f" (default: {layers})" if layers else ""))
+
+
 def model_config(a):
     """The `model` group as `python -m strata` would compose it: the preset (conf/model/NAME.yaml),
     then --model, --dtype, --load-format and --layers as overrides (an unknown knob is Hydra's
@@ -309,12 +323,8 @@ def write_results(a, ns, names, results, loaded, device, backend) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--preset", help="a model preset, conf/model/NAME.yaml (default: the tiny model)")
-    ap.add_argument("--model", help="a checkpoint directory (model.path; overrides the preset's)")
+    add_model_args(ap)
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    ap.add_argument("--dtype", help="model.dtype (default: the preset's; auto without a preset)")
-    ap.add_argument("--load-format", help="model.load_format: auto, safetensors or dummy")
-    ap.add_argument("--layers", type=int, help="model.num_layers: the first N decoder layers")
     ap.add_argument("--backend", default="auto")
     ap.add_argument("--n", default="1,2,4,8")
     ap.add_argument("--configs", default="solo,batch,batch_mtp",

@@ -38,7 +38,7 @@ sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
 
-from bench_engine import (CONFIGS, engine_cfg, make_engine, model_config, run_cohort,  # noqa: E402
+from bench_engine import (CONFIGS, add_model_args, engine_cfg, make_engine, model_config, run_cohort,  # noqa: E402
                           token_prompts)
 from provenance import commit_id  # noqa: E402
 from strata.engine.expert_cache import (expert_bytes, moe_layers, plan_expert_cache,  # noqa: E402
@@ -211,11 +211,7 @@ def study_table(rows: list[dict], names: list[str], ns: list[int], budgets) -> s
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--part", default="both", choices=("bandwidth", "study", "both"))
-    ap.add_argument("--preset", default="qwen3_next_80b_a3b_fp8")
-    ap.add_argument("--model", help="a checkpoint directory (model.path; overrides the preset's)")
-    ap.add_argument("--dtype")
-    ap.add_argument("--load-format", default="dummy")
-    ap.add_argument("--layers", type=int, default=8, help="model.num_layers (study and bandwidth)")
+    add_model_args(ap, preset="qwen3_next_80b_a3b_fp8", load_format="dummy", layers=8)
     ap.add_argument("--skew", type=float, default=1.0, help="model.dummy_routing_skew (SYNTHETIC)")
     ap.add_argument("--backend", default="auto")
     ap.add_argument("--copy-mib", type=int, default=1024)

@@ -41,7 +41,7 @@ sys.path.insert(0, str(ROOT / "scripts"))
 import torch  # noqa: E402
 from omegaconf import OmegaConf  # noqa: E402
 
-from bench_engine import CONFIGS, WindowTimes, engine_cfg, model_config, run_cohort, token_prompts  # noqa: E402
+from bench_engine import CONFIGS, WindowTimes, add_model_args, engine_cfg, model_config, run_cohort, token_prompts  # noqa: E402
 from strata.config import StrataConfig  # noqa: E402
 from strata.engine.llm_engine import Engine  # noqa: E402
 from strata.engine.request import Request, SamplingParams  # noqa: E402
@@ -110,11 +110,7 @@ def bench_config(a, name: str, ns: list[int], pipelined: bool = False) -> list[d
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--preset", help="a model preset, conf/model/NAME.yaml (default: the tiny model)")
-    ap.add_argument("--model", help="a checkpoint directory (model.path)")
-    ap.add_argument("--dtype")
-    ap.add_argument("--load-format")
-    ap.add_argument("--layers", type=int, help="model.num_layers: the first N decoder layers")
+    add_model_args(ap)
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--backend", default="auto")
     ap.add_argument("--stages", type=int, default=2)

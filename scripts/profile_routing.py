@@ -29,7 +29,7 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 from omegaconf import OmegaConf  # noqa: E402
 
-from bench_engine import code_prompts, model_config, token_prompts, window_grid  # noqa: E402
+from bench_engine import add_model_args, code_prompts, model_config, token_prompts, window_grid  # noqa: E402
 from strata.config import StrataConfig  # noqa: E402
 from strata.engine.expert_cache import plan_expert_cache  # noqa: E402
 from strata.engine.llm_engine import Engine  # noqa: E402
@@ -96,12 +96,8 @@ def summary(prof: dict) -> str:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--preset", help="a model preset, conf/model/NAME.yaml (default: the tiny model)")
-    ap.add_argument("--model", help="a checkpoint directory (model.path; overrides the preset's)")
+    add_model_args(ap)
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    ap.add_argument("--dtype", help="model.dtype")
-    ap.add_argument("--load-format", help="model.load_format: auto, safetensors or dummy")
-    ap.add_argument("--layers", type=int, help="model.num_layers: the first N decoder layers")
     ap.add_argument("--skew", type=float, default=0.0,
                     help="model.dummy_routing_skew (dummy weights only; SYNTHETIC popularity)")
     ap.add_argument("--backend", default="auto")
