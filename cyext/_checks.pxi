@@ -329,6 +329,15 @@ cdef int64_t _args_expert_cache(str op, StrataExpertCache* c, slot_of, host_gate
     return slot_of.shape[0]
 
 
+cdef int _refuse_counting_without_cache(str op, routed_counts, window_state,
+                                        count_layer) except -1:
+    """moe_experts without slot_of: the counting arguments count the expert cache's reads."""
+    if routed_counts is not None or window_state is not None or count_layer is not None:
+        raise ValueError(f"{op}: routed_counts, window_state and count_layer count the expert "
+                         f"cache's reads: they need slot_of")
+    return 0
+
+
 cdef list _args_expert_counting(str op, StrataExpertCache* c, routed_counts, window_state,
                                 count_layer):
     """Check the expert cache's counting arguments of moe_experts (all three or none;

@@ -234,9 +234,8 @@ def moe_experts(x, w_gate_up, w_down, topk_weight, topk_ids, gu_scale, down_scal
             named += [("host_gu_scale", host_gu_scale), ("host_down_scale", host_down_scale)]
         named += _args_expert_counting(op, &cache, routed_counts, window_state, count_layer)
         cp = &cache
-    elif routed_counts is not None or window_state is not None or count_layer is not None:
-        raise ValueError(f"{op}: routed_counts, window_state and count_layer count the expert "
-                         f"cache's reads: they need slot_of")
+    else:
+        _refuse_counting_without_cache(op, routed_counts, window_state, count_layer)
     _all_cpu(op, named)
     cdef void* xp = _ptr(x)
     cdef void* wgu = _ptr(w_gate_up)
