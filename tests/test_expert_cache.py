@@ -53,11 +53,12 @@ class Audit:
         self.windows: list[tuple[int, int]] = []
         self.seen: dict[int, set] = {}
         audit = self
-        orig_forward, orig_begin, orig_end = (Experts._forward_cached, ExpertCache.begin_window,
+        orig_forward, orig_begin, orig_end = (Experts.forward, ExpertCache.begin_window,
                                               ExpertCache.end_window)
 
-        def forward_cached(experts, x, weights, index, shared_weight):
-            audit.seen.setdefault(id(experts.cache), set()).update(index.reshape(-1).tolist())
+        def forward(experts, x, weights, index, shared_weight=None):
+            if experts.cache is not None:
+                audit.seen.setdefault(id(experts.cache), set()).update(index.reshape(-1).tolist())
             return orig_forward(experts, x, weights, index, shared_weight)
 
         def begin_window(cache):
@@ -72,7 +73,7 @@ class Audit:
             audit.windows.append((hits, len(pairs) - hits))
             orig_end(cache)
 
-        monkeypatch.setattr(Experts, "_forward_cached", forward_cached)
+        monkeypatch.setattr(Experts, "forward", forward)
         monkeypatch.setattr(ExpertCache, "begin_window", begin_window)
         monkeypatch.setattr(ExpertCache, "end_window", end_window)
 

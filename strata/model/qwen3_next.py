@@ -157,11 +157,10 @@ class Experts(nn.Module):
         """x (N, H); weights (N, k) float32, index (N, k); shared_weight (N, 1): the folded
         shared expert's gate (only after fold_shared). Static shapes: no data-dependent
         control flow."""
-        if self.cache is not None:
-            return self._forward_cached(x, weights, index, shared_weight)
-        n_exp = self.w_gate_up.shape[0]
-        if self.gu_scale is None and index.shape[0] * index.shape[1] >= n_exp:
+        if (self.cache is None and self.gu_scale is None
+                and index.shape[0] * index.shape[1] >= self.w_gate_up.shape[0]):
             assert shared_weight is None, "the dense path runs the shared expert apart"
+            n_exp = self.w_gate_up.shape[0]
             # Dense over every expert with a routing matrix that is zero off the top-k: reads
             # each expert once and runs as plain matmuls, cheaper than grouping at this many rows.
             route = torch.zeros(x.shape[0], n_exp, dtype=weights.dtype, device=x.device)
@@ -170,30 +169,26 @@ class Experts(nn.Module):
             gate, up = gu.split(self.inter, dim=-1)
             out = torch.einsum("eni,ehi->enh", F.silu(gate) * up, self.w_down)
             return torch.einsum("enh,ne->nh", out, route.to(out.dtype))
-        wgu, wd, gus, ds = self.w_gate_up, self.w_down, self.gu_scale, self.down_scale
-        if shared_weight is not None:
+        cache_args, counting = (), {}
+        if self.cache is not None:
+            # Through the expert cache: residents from their device slots, misses from the host
+            # store (the kernel reads them where they are); inside a decode window the kernel
+            # also counts the rows' routing and the window's hits and misses (ExpertCache).
+            c = self.cache
+            wgu, wd, gus, ds = c.gate_up, c.down, c.gu_scale, c.down_scale
+            cache_args = (c.slot_of, c.host_gate_up, c.host_down, c.host_gu_scale,
+                          c.host_down_scale)
+            counting = c.counting_args()
+        elif shared_weight is not None:
             wgu, wd, gus, ds = self.stacks
+        else:
+            wgu, wd, gus, ds = self.w_gate_up, self.w_down, self.gu_scale, self.down_scale
+        if shared_weight is not None:  # the folded shared expert: id E, always in a slot
             index = torch.cat([index, torch.full_like(index[:, :1], self.shared_id)], dim=1)
             weights = torch.cat([weights, shared_weight.float()], dim=1)
         # Grouped by expert: each distinct expert's weights are read once for all its rows.
         outs = [ops.moe_experts(x[s:s + self.MAX_ROWS], wgu, wd, weights[s:s + self.MAX_ROWS],
-                                index[s:s + self.MAX_ROWS], gus, ds, self.block)
-                for s in range(0, x.shape[0], self.MAX_ROWS)]
-        return outs[0] if len(outs) == 1 else torch.cat(outs)
-
-    def _forward_cached(self, x, weights, index, shared_weight):
-        """Through the expert cache: residents from their device slots, misses from the host
-        store (the kernel reads them where they are); inside a decode window the kernel also
-        counts the rows' routing and the window's hits and misses (ExpertCache)."""
-        c = self.cache
-        counting = c.counting_args()
-        if shared_weight is not None:  # the folded shared expert: id E, always in a slot
-            index = torch.cat([index, torch.full_like(index[:, :1], self.shared_id)], dim=1)
-            weights = torch.cat([weights, shared_weight.float()], dim=1)
-        outs = [ops.moe_experts(x[s:s + self.MAX_ROWS], c.gate_up, c.down,
-                                weights[s:s + self.MAX_ROWS], index[s:s + self.MAX_ROWS],
-                                c.gu_scale, c.down_scale, self.block, c.slot_of,
-                                c.host_gate_up, c.host_down, c.host_gu_scale, c.host_down_scale,
+                                index[s:s + self.MAX_ROWS], gus, ds, self.block, *cache_args,
                                 **counting)
                 for s in range(0, x.shape[0], self.MAX_ROWS)]
         return outs[0] if len(outs) == 1 else torch.cat(outs)
