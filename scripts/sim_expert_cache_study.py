@@ -24,6 +24,7 @@ by default), synthetic acceptance 0.8 per judged draft, averaged over --seeds ro
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import statistics
 import sys
@@ -385,6 +386,7 @@ def engine_check(args) -> str:
                 out[(f, n, mode)] = {"tps": r["tps"] * scale[(n, mode)], "hit_rate": r["hit_rate"]}
         return out
 
+    @functools.cache  # the miss-cost grid starts at the bus grid's best point: priced once
     def loss(miss_s: float, bus: float) -> float:
         sims = sim_cells(low, miss_s, bus)
         return sum((s["tps"] / eng[k]["tps"] - 1) ** 2 for k, s in sims.items())
