@@ -381,15 +381,13 @@ def _moe_weights(fp8: bool):
 #: moe_experts launch switches compared by --moe-variants (cyext_ops.moe_launch_options).
 MOE_VARIANTS = {"plain": dict(pdl=False, early=False, wide=False, db=False, xsmem=False),
                 "pdl+early": dict(pdl=True, early=True, wide=False, db=False, xsmem=False),
-                "+db": dict(pdl=True, early=True, wide=False, db=True, xsmem=False),
-                "+xsmem": dict(pdl=True, early=True, wide=False, db=False, xsmem=True),
                 "+db+xsmem": dict(pdl=True, early=True, wide=False, db=True, xsmem=True),
-                "wide": dict(pdl=False, early=False, wide=True, db=False, xsmem=False),
-                "all": dict(pdl=True, early=True, wide=True, db=True, xsmem=False)}
+                "wide": dict(pdl=True, early=True, wide=True, db=True, xsmem=False)}
 
 
 def bench_moe(records, rows_list, ceiling, sets: int = 8, variants=("default",)):
     E, k, H, I = (MOE_SHAPE[n] for n in ("E", "k", "H", "I"))
+    defaults = C.moe_launch_options()
     for fp8, variant in ((f, v) for f in (True, False) for v in variants):
         if variant != "default":
             C.moe_launch_options(**MOE_VARIANTS[variant])
@@ -435,8 +433,7 @@ def bench_moe(records, rows_list, ceiling, sets: int = 8, variants=("default",))
                   f"err {err:.1e}", flush=True)
         del wgu, wd, gs, ds
         torch.cuda.empty_cache()
-    if variants != ("default",):
-        C.moe_launch_options(**MOE_VARIANTS["pdl+early"])  # the defaults
+    C.moe_launch_options(**defaults)
 
 
 def bench_linear(records, rows_list, ceiling):

@@ -7,6 +7,7 @@
 #   bash scripts/device_kernels.sh profile_full   # the same at full depth (48 layers)
 #   bash scripts/device_kernels.sh moe       # the MoE / linear micro-benchmark
 #   bash scripts/device_kernels.sh moev      # moe_experts only, every launch variant
+#   bash scripts/device_kernels.sh moevl     # every moe_experts variant, then the linears
 #   bash scripts/device_kernels.sh conv      # causal_conv_window: conv_kernel vs the serial one
 #   bash scripts/device_kernels.sh tests     # GPU tests of the MoE kernels and the samplers
 #   bash scripts/device_kernels.sh cachetests  # GPU tests: cache kernel paths, conv and MoE bits
@@ -59,6 +60,11 @@ for part in ${1//,/ }; do
       --out "$OUT/bench_moe_variants.json" > "$OUT/moev.log" 2>&1
     rc=$?
     grep -E "moe_experts|ceiling|wrote" "$OUT/moev.log" ;;
+  moevl)
+    timeout "${MOE_S:-120}" python3 scripts/bench_kernels.py --moe --moe-variants \
+      --out "$OUT/bench_moe_variants.json" > "$OUT/moevl.log" 2>&1
+    rc=$?
+    grep -E "moe_experts|linear|ceiling|wrote" "$OUT/moevl.log" ;;
   conv)
     timeout "${CONV_S:-60}" python3 scripts/bench_kernels.py --conv \
       --out "$OUT/bench_conv.json" > "$OUT/conv.log" 2>&1

@@ -72,6 +72,13 @@ template <> struct WChunk<FP8W> { static const int EPC = 16; static const bool s
 
 __device__ __forceinline__ uint4 ldg16(const void* p) { return __ldg((const uint4*)p); }
 
+// Makes w's value opaque to the optimiser (no instruction): loops that decode the same weight
+// registers once per member row would otherwise have the decode hoisted out (loop-invariant),
+// with all the decoded floats live at once, and spill.
+__device__ __forceinline__ void opaque(uint4& w) {
+  asm volatile("" : "+r"(w.x), "+r"(w.y), "+r"(w.z), "+r"(w.w));
+}
+
 __device__ __forceinline__ float half_bits_to_float(uint16_t h) {
 #if !STRATA_PLATFORM_HIP
   float f;
@@ -444,6 +451,14 @@ __global__ void __launch_bounds__(MOE_THREADS, (CPL * F) <= 4 ? 3 : 2)
   for (int m = 0; m < total; ++m) {
     const int q = mem_s[m];
     const int64_t xrow = (int64_t)(q / p.k) * p.H;
+#pragma unroll
+    for (int f = 0; f < F; ++f) {
+#pragma unroll
+      for (int j = 0; j < CPL; ++j) {
+        opaque(wg[f][j]);
+        opaque(wu[f][j]);
+      }
+    }
     float ag[F], au[F];
 #pragma unroll
     for (int f = 0; f < F; ++f) ag[f] = au[f] = 0.f;
@@ -659,9 +674,8 @@ inline int chunks_per_lane(int64_t chunks) {
 
 // Process-wide switches of the routed-expert launches (STRATA_MOE_* in strata_kernels.h). PDL,
 // EARLY, DB and XSMEM are on (each measured faster on an H200, DB + XSMEM at every row count
-// within noise: docs/KERNELS.md); WIDE is off: two features per warp measured 3-12% slower for
-// FP8 (twice the registers, two blocks per SM instead of three), kept to measure again after
-// register-lean changes.
+// within noise: docs/KERNELS.md); WIDE is off: two features per warp measured 3-17% slower for
+// FP8 (twice the registers, two blocks per SM instead of three), kept to measure again.
 int g_moe_options = STRATA_MOE_PDL | STRATA_MOE_EARLY | STRATA_MOE_DB | STRATA_MOE_XSMEM;
 
 // Whether the device runs programmatic dependent launches (sm_90+), cached per device.

@@ -462,16 +462,16 @@ def moe_launch_options(pdl=None, early=None, wide=None, db=None, xsmem=None) -> 
     setting gives the same bits): `pdl` (on by default), the down kernel as a programmatic
     dependent launch (sm_90+); `early` (on), weight loads before the duplicate check at small
     windows; `wide` (off: measured slower), two features per gate/up warp where weight rows
-    are short (FP8); `db` (off until measured), double-buffered weight loads in the down kernel;
-    `xsmem` (off until measured), the window's x rows staged in shared memory by each gate/up
-    block. None leaves a switch as it is. Returns the switches now in force."""
+    are short (FP8); `db` (on), double-buffered weight loads in the down kernel; `xsmem` (on),
+    the window's x rows staged in shared memory by each gate/up block. None leaves a switch as
+    it is. Returns the switches now in force."""
     flags = _gpu.moe_set_options(-1)
-    for bit, on in ((1, pdl), (2, early), (4, wide), (8, db), (16, xsmem)):
+    names = ("pdl", "early", "wide", "db", "xsmem")
+    for bit, on in zip((1, 2, 4, 8, 16), (pdl, early, wide, db, xsmem)):
         if on is not None:
             flags = (flags | bit) if on else (flags & ~bit)
     _gpu.moe_set_options(flags)
-    return {"pdl": bool(flags & 1), "early": bool(flags & 2), "wide": bool(flags & 4),
-            "db": bool(flags & 8), "xsmem": bool(flags & 16)}
+    return {name: bool(flags & (1 << i)) for i, name in enumerate(names)}
 
 
 def conv_launch_options(serial=None) -> dict:
