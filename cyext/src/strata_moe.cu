@@ -76,7 +76,11 @@ __device__ __forceinline__ uint4 ldg16(const void* p) { return __ldg((const uint
 // registers once per member row would otherwise have the decode hoisted out (loop-invariant),
 // with all the decoded floats live at once, and spill.
 __device__ __forceinline__ void opaque(uint4& w) {
+#if STRATA_PLATFORM_HIP
+  asm volatile("" : "+v"(w.x), "+v"(w.y), "+v"(w.z), "+v"(w.w));  // vector registers on AMD
+#else
   asm volatile("" : "+r"(w.x), "+r"(w.y), "+r"(w.z), "+r"(w.w));
+#endif
 }
 
 __device__ __forceinline__ float half_bits_to_float(uint16_t h) {
@@ -401,53 +405,17 @@ __device__ __forceinline__ void stage_wait_all() {
 #endif
 }
 
-// F features per warp: F = 2 doubles the bytes each warp has in flight (FP8 rows are short)
-// and halves the blocks, each of which pays the ids / duplicate-check prologue.
-template <typename W, int CPL, int F, bool EARLY, bool XS>
-__global__ void __launch_bounds__(MOE_THREADS, (CPL * F) <= 4 ? 3 : 2)
-    moe_gate_up_kernel(MoeParams p) {
+// act[q][i0 + f] = silu(gate . x) * (up . x) for the F features from i0 and every member q of one
+// expert (mem[0 .. total)), from this warp's gate and up rows in registers (one warp's share of
+// a gate/up tile; both gate/up kernels).
+template <typename W, int CPL, int F, bool XS>
+__device__ __forceinline__ void gate_up_member_dots(const MoeParams& p, uint4 (&wg)[F][CPL],
+                                                    uint4 (&wu)[F][CPL],
+                                                    const float (&sg)[F][CPL],
+                                                    const float (&su)[F][CPL], const int* mem_s,
+                                                    int total, int i0, const void* xsrc,
+                                                    int lane, int nch) {
   typedef WChunk<W> C;
-  __shared__ int ids_s[MOE_MAX_PAIRS];
-  __shared__ int mem_s[MOE_MAX_PAIRS];
-  __shared__ int warp_tot[MOE_THREADS / 32];
-  extern __shared__ uint4 xs_dyn[];  // XS: the window's x rows
-  pdl_launch_dependents();
-  const int s = blockIdx.y, tid = threadIdx.x;
-  // EARLY: this pair's expert straight from global memory, so the weight loads below are in
-  // flight while the ids are staged and the duplicate check runs.
-  const int e_early = EARLY ? clamp_expert(__ldg(p.topk_ids + s), p.E) : 0;
-  const int lane = tid & 31, warp = tid >> 5;
-  const int i0 = (blockIdx.x * (MOE_THREADS / 32) + warp) * F;
-  const int nch = p.H / C::EPC;
-  const int64_t row_bytes = (int64_t)p.H * sizeof(typename W::storage);
-  uint4 wg[F][CPL], wu[F][CPL];
-  float sg[F][CPL], su[F][CPL];
-  if (EARLY) load_gate_up_rows<W, CPL, F>(p, e_early, i0, nch, row_bytes, lane, wg, wu, sg, su);
-  for (int q = tid; q < p.P; q += MOE_THREADS) ids_s[q] = clamp_expert(p.topk_ids[q], p.E);
-  __syncthreads();
-  const int e = ids_s[s];
-  int dup = 0;
-  for (int q = tid; q < s; q += MOE_THREADS) dup |= (ids_s[q] == e);
-  if (__syncthreads_or(dup)) return;  // not the leader of its expert
-  if (XS) {  // the x rows, in flight while the members are gathered
-    const int x16 = p.n * p.H * (p.x_dtype == STRATA_DTYPE_F32 ? 4 : 2) / 16;
-    for (int t = tid; t < x16; t += MOE_THREADS) stage16(xs_dyn + t, (const uint4*)p.x + t);
-  }
-  // this warp's gate and up rows: the loads are in flight while the members are gathered
-  if (!EARLY) load_gate_up_rows<W, CPL, F>(p, e, i0, nch, row_bytes, lane, wg, wu, sg, su);
-  const int q0 = 2 * tid;
-  const int f0 = (q0 >= s && q0 < p.P && ids_s[q0] == e) ? 1 : 0;
-  const int f1 = (q0 + 1 >= s && q0 + 1 < p.P && ids_s[q0 + 1] == e) ? 1 : 0;
-  int total;
-  const int off = block_exclusive_scan<MOE_THREADS>(f0 + f1, warp_tot, &total);
-  if (f0) mem_s[off] = q0;
-  if (f1) mem_s[off + f0] = q0 + 1;
-  if (p.routed_counts && blockIdx.x == 0 && tid == 0) count_expert(p, e, total);
-  if (XS) stage_wait_all();
-  __syncthreads();
-  const void* xsrc = XS ? (const void*)xs_dyn : p.x;
-
-  if (i0 >= p.I) return;
   for (int m = 0; m < total; ++m) {
     const int q = mem_s[m];
     const int64_t xrow = (int64_t)(q / p.k) * p.H;
@@ -502,6 +470,169 @@ __global__ void __launch_bounds__(MOE_THREADS, (CPL * F) <= 4 ? 3 : 2)
       const float g = warp_sum(ag[f]), u = warp_sum(au[f]);
       if (lane == 0 && i0 + f < p.I) p.act[(int64_t)q * p.I + i0 + f] = g / (1.f + expf(-g)) * u;
     }
+  }
+}
+
+// F features per warp: F = 2 doubles the bytes each warp has in flight (FP8 rows are short)
+// and halves the blocks, each of which pays the ids / duplicate-check prologue.
+template <typename W, int CPL, int F, bool EARLY, bool XS>
+__global__ void __launch_bounds__(MOE_THREADS, (CPL * F) <= 4 ? 3 : 2)
+    moe_gate_up_kernel(MoeParams p) {
+  typedef WChunk<W> C;
+  __shared__ int ids_s[MOE_MAX_PAIRS];
+  __shared__ int mem_s[MOE_MAX_PAIRS];
+  __shared__ int warp_tot[MOE_THREADS / 32];
+  extern __shared__ uint4 xs_dyn[];  // XS: the window's x rows
+  pdl_launch_dependents();
+  const int s = blockIdx.y, tid = threadIdx.x;
+  // EARLY: this pair's expert straight from global memory, so the weight loads below are in
+  // flight while the ids are staged and the duplicate check runs.
+  const int e_early = EARLY ? clamp_expert(__ldg(p.topk_ids + s), p.E) : 0;
+  const int lane = tid & 31, warp = tid >> 5;
+  const int i0 = (blockIdx.x * (MOE_THREADS / 32) + warp) * F;
+  const int nch = p.H / C::EPC;
+  const int64_t row_bytes = (int64_t)p.H * sizeof(typename W::storage);
+  uint4 wg[F][CPL], wu[F][CPL];
+  float sg[F][CPL], su[F][CPL];
+  if (EARLY) load_gate_up_rows<W, CPL, F>(p, e_early, i0, nch, row_bytes, lane, wg, wu, sg, su);
+  for (int q = tid; q < p.P; q += MOE_THREADS) ids_s[q] = clamp_expert(p.topk_ids[q], p.E);
+  __syncthreads();
+  const int e = ids_s[s];
+  int dup = 0;
+  for (int q = tid; q < s; q += MOE_THREADS) dup |= (ids_s[q] == e);
+  if (__syncthreads_or(dup)) return;  // not the leader of its expert
+  if (XS) {  // the x rows, in flight while the members are gathered
+    const int x16 = p.n * p.H * (p.x_dtype == STRATA_DTYPE_F32 ? 4 : 2) / 16;
+    for (int t = tid; t < x16; t += MOE_THREADS) stage16(xs_dyn + t, (const uint4*)p.x + t);
+  }
+  // this warp's gate and up rows: the loads are in flight while the members are gathered
+  if (!EARLY) load_gate_up_rows<W, CPL, F>(p, e, i0, nch, row_bytes, lane, wg, wu, sg, su);
+  const int q0 = 2 * tid;
+  const int f0 = (q0 >= s && q0 < p.P && ids_s[q0] == e) ? 1 : 0;
+  const int f1 = (q0 + 1 >= s && q0 + 1 < p.P && ids_s[q0 + 1] == e) ? 1 : 0;
+  int total;
+  const int off = block_exclusive_scan<MOE_THREADS>(f0 + f1, warp_tot, &total);
+  if (f0) mem_s[off] = q0;
+  if (f1) mem_s[off + f0] = q0 + 1;
+  if (p.routed_counts && blockIdx.x == 0 && tid == 0) count_expert(p, e, total);
+  if (XS) stage_wait_all();
+  __syncthreads();
+  const void* xsrc = XS ? (const void*)xs_dyn : p.x;
+
+  if (i0 >= p.I) return;
+  gate_up_member_dots<W, CPL, F, XS>(p, wg, wu, sg, su, mem_s, total, i0, xsrc, lane, nch);
+}
+
+// The window's pairs grouped by expert, from the ids alone, into shared memory: pair t leads
+// when no earlier pair has its expert; its members are the pairs from t on with that expert, in
+// pair order. Leaders in pair order: lexp_s (their experts), lcnt_s (member counts), lst_s
+// (where their members start in mem_s). Returns the number of leaders (has barriers).
+template <int THREADS>
+__device__ int group_pairs(const MoeParams& p, int* ids_s, int* lexp_s, int* lcnt_s, int* lst_s,
+                           int* mem_s, int (&warp_tot)[2][THREADS / 32]) {
+  constexpr int PPT = MOE_MAX_PAIRS / THREADS;  // consecutive pairs per thread
+  const int tid = threadIdx.x;
+  for (int q = tid; q < p.P; q += THREADS) ids_s[q] = clamp_expert(p.topk_ids[q], p.E);
+  __syncthreads();
+  int cnt[PPT], nl = 0, nm = 0;
+#pragma unroll
+  for (int r = 0; r < PPT; ++r) {
+    const int t = tid * PPT + r;
+    cnt[r] = 0;
+    if (t < p.P) {
+      const int e = ids_s[t];
+      bool lead = true;
+      for (int q = 0; q < t && lead; ++q) lead = ids_s[q] != e;
+      if (lead)
+        for (int q = t; q < p.P; ++q) cnt[r] += ids_s[q] == e;
+    }
+    nl += cnt[r] > 0 ? 1 : 0;
+    nm += cnt[r];
+  }
+  int nlead, nmem;
+  int a = block_exclusive_scan<THREADS>(nl, warp_tot[0], &nlead);
+  int mst = block_exclusive_scan<THREADS>(nm, warp_tot[1], &nmem);
+#pragma unroll
+  for (int r = 0; r < PPT; ++r) {
+    if (cnt[r] > 0) {
+      const int t = tid * PPT + r, e = ids_s[t];
+      lexp_s[a] = e;
+      lcnt_s[a] = cnt[r];
+      lst_s[a] = mst;
+      int m = 0;
+      for (int q = t; q < p.P && m < cnt[r]; ++q)
+        if (ids_s[q] == e) mem_s[mst + m++] = q;
+      ++a;
+      mst += cnt[r];
+    }
+  }
+  __syncthreads();
+  return nlead;
+}
+
+// STRATA_MOE_PERSIST: the gate/up work of a window as a fixed grid of blocks, a few per SM, each
+// walking the work items (leader a, tile t) a = 0 .. nlead-1 in steps of the grid and loading
+// its next item's gate and up rows while the current one computes (two register buffers). Why:
+// the one-block-per-(tile, pair) kernel ends and starts a block for every 16 KB (FP8) of
+// weights, each with its prologue and its loads' latency, and leaves the tail of the last wave;
+// here every SM keeps loads in flight from start to end. The same dot products as
+// moe_gate_up_kernel (gate_up_member_dots), so the same bits. Grid: SMs x 2 blocks.
+constexpr int MOE_PERSIST_BLOCKS_PER_SM = 2;
+constexpr int MOE_XS_PERSIST_MAX_BYTES = 32 * 1024;  // + the grouping's static arrays: < 48 KiB
+
+template <typename W, int CPL, bool XS>
+__global__ void __launch_bounds__(MOE_THREADS, MOE_PERSIST_BLOCKS_PER_SM)
+    moe_gate_up_persist_kernel(MoeParams p) {
+  __shared__ int ids_s[MOE_MAX_PAIRS];
+  __shared__ int lexp_s[MOE_MAX_PAIRS];
+  __shared__ int lcnt_s[MOE_MAX_PAIRS];
+  __shared__ int lst_s[MOE_MAX_PAIRS];
+  __shared__ int mem_s[MOE_MAX_PAIRS];
+  __shared__ int warp_tot[2][MOE_THREADS / 32];
+  extern __shared__ uint4 xs_dyn[];  // XS: the window's x rows
+  pdl_launch_dependents();
+  typedef WChunk<W> C;
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  if (XS) {  // the x rows, in flight while the pairs are grouped
+    const int x16 = p.n * p.H * (p.x_dtype == STRATA_DTYPE_F32 ? 4 : 2) / 16;
+    for (int t = tid; t < x16; t += MOE_THREADS) stage16(xs_dyn + t, (const uint4*)p.x + t);
+  }
+  const int nlead = group_pairs<MOE_THREADS>(p, ids_s, lexp_s, lcnt_s, lst_s, mem_s, warp_tot);
+  if (XS) {
+    stage_wait_all();
+    __syncthreads();
+  }
+  const void* xsrc = XS ? (const void*)xs_dyn : p.x;
+  const int ntile = (p.I + MOE_TILE - 1) / MOE_TILE;
+  const int nitem = nlead * ntile;
+  const int nch = p.H / C::EPC;
+  const int64_t row_bytes = (int64_t)p.H * sizeof(typename W::storage);
+  const int G = gridDim.x;
+  uint4 ag[1][CPL], au[1][CPL], bg[1][CPL], bu[1][CPL];
+  float asg[1][CPL], asu[1][CPL], bsg[1][CPL], bsu[1][CPL];
+  // item -> its expert and this warp's feature
+  auto feature = [&](int it) { return (it % ntile) * MOE_TILE + warp; };
+  auto expert = [&](int it) { return lexp_s[it / ntile]; };
+  auto compute = [&](int it, uint4 (&wg)[1][CPL], uint4 (&wu)[1][CPL], const float (&sg)[1][CPL],
+                     const float (&su)[1][CPL]) {
+    const int a = it / ntile, i0 = feature(it);
+    if (p.routed_counts && it % ntile == 0 && tid == 0) count_expert(p, lexp_s[a], lcnt_s[a]);
+    if (i0 < p.I)
+      gate_up_member_dots<W, CPL, 1, XS>(p, wg, wu, sg, su, mem_s + lst_s[a], lcnt_s[a], i0,
+                                          xsrc, lane, nch);
+  };
+  int it = blockIdx.x;
+  if (it < nitem)
+    load_gate_up_rows<W, CPL, 1>(p, expert(it), feature(it), nch, row_bytes, lane, ag, au, asg, asu);
+  for (; it < nitem; it += 2 * G) {
+    if (it + G < nitem)
+      load_gate_up_rows<W, CPL, 1>(p, expert(it + G), feature(it + G), nch, row_bytes, lane, bg,
+                                   bu, bsg, bsu);
+    compute(it, ag, au, asg, asu);
+    if (it + 2 * G < nitem)
+      load_gate_up_rows<W, CPL, 1>(p, expert(it + 2 * G), feature(it + 2 * G), nch, row_bytes,
+                                   lane, ag, au, asg, asu);
+    if (it + G < nitem) compute(it + G, bg, bu, bsg, bsu);
   }
 }
 
@@ -584,31 +715,8 @@ __global__ void __launch_bounds__(MOE_DOWN_THREADS, 2) moe_down_kernel(MoeParams
   __shared__ int warp_tot[2][MOE_DOWN_THREADS / 32];
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   // The grouping again, from the ids alone (no output of the gate/up kernel is needed before
-  // the activations): pair t leads when no earlier pair has its expert; its members are the
-  // pairs from t on with that expert, in pair order. One pair per thread (P <= 512).
-  for (int q = tid; q < p.P; q += MOE_DOWN_THREADS) ids_s[q] = clamp_expert(p.topk_ids[q], p.E);
-  __syncthreads();
-  int cnt = 0;
-  if (tid < p.P) {
-    const int e = ids_s[tid];
-    bool lead = true;
-    for (int q = 0; q < tid && lead; ++q) lead = ids_s[q] != e;
-    if (lead)
-      for (int q = tid; q < p.P; ++q) cnt += ids_s[q] == e;
-  }
-  int nlead, nmem;
-  const int a = block_exclusive_scan<MOE_DOWN_THREADS>(cnt > 0 ? 1 : 0, warp_tot[0], &nlead);
-  const int mst = block_exclusive_scan<MOE_DOWN_THREADS>(cnt, warp_tot[1], &nmem);
-  if (cnt > 0) {
-    const int e = ids_s[tid];
-    lexp_s[a] = e;
-    lcnt_s[a] = cnt;
-    lst_s[a] = mst;
-    int m = 0;
-    for (int q = tid; q < p.P && m < cnt; ++q)
-      if (ids_s[q] == e) mem_s[mst + m++] = q;
-  }
-  __syncthreads();
+  // the activations).
+  const int nlead = group_pairs<MOE_DOWN_THREADS>(p, ids_s, lexp_s, lcnt_s, lst_s, mem_s, warp_tot);
 
   const int hl = (warp & 3) * 2;  // this warp's two features within the tile
   const int phase = warp >> 2;    // leaders are dealt to the 4 warp phases U at a time
@@ -731,6 +839,36 @@ int launch_moe_down(const MoeParams& p, cudaStream_t st, bool pdl, bool db) {
   return launch_moe_down_kernel<W, CPL, U, false>(p, st, pdl);
 }
 
+// Streaming multiprocessors of a device, cached per device.
+int device_sms(int device) {
+  static int cached[64];  // 0 unknown; benign race (same value written)
+  if (device < 0 || device >= 64) return 132;
+  if (!cached[device]) {
+    int sms = 0;
+#if STRATA_PLATFORM_HIP
+    hipDeviceGetAttribute(&sms, hipDeviceAttributeMultiprocessorCount, device);
+#else
+    cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
+#endif
+    cached[device] = sms > 0 ? sms : 132;
+  }
+  return cached[device];
+}
+
+// The persistent gate/up kernel (STRATA_MOE_PERSIST) for FP8 rows of at most 4 chunks per lane
+// (H <= 2048), where the per-block kernel is furthest from the copy bandwidth.
+template <typename W, bool XS>
+void launch_moe_gate_up_persist(const MoeParams& p, int ch, size_t xs_bytes, int device,
+                                cudaStream_t st) {
+  const dim3 grid(device_sms(device) * MOE_PERSIST_BLOCKS_PER_SM);
+  const size_t smem = XS ? xs_bytes : 0;
+  switch (ch) {
+    case 1: moe_gate_up_persist_kernel<W, 1, XS><<<grid, MOE_THREADS, smem, st>>>(p); break;
+    case 2: moe_gate_up_persist_kernel<W, 2, XS><<<grid, MOE_THREADS, smem, st>>>(p); break;
+    default: moe_gate_up_persist_kernel<W, 4, XS><<<grid, MOE_THREADS, smem, st>>>(p); break;
+  }
+}
+
 template <typename W, int F, bool EARLY, bool XS>
 void launch_moe_gate_up(const MoeParams& p, int ch, size_t xs_bytes, cudaStream_t st) {
   const dim3 grid(ceil_div_u(p.I, (MOE_THREADS / 32) * F), (unsigned)p.P);
@@ -755,7 +893,16 @@ int launch_moe(const MoeParams& p, int device, cudaStream_t st) {
   const size_t xs_bytes = (size_t)p.n * p.H * (p.x_dtype == STRATA_DTYPE_F32 ? 4 : 2);
   // x in shared memory (one feature per warp only: WIDE is register-bound already)
   const bool xs = (g_moe_options & STRATA_MOE_XSMEM) && !wide && xs_bytes <= MOE_XS_MAX_BYTES;
-  if (wide) {
+  bool persist = false;
+  if constexpr (WChunk<W>::scaled) persist = (g_moe_options & STRATA_MOE_PERSIST) && ch <= 4;
+  if (persist) {
+    if constexpr (WChunk<W>::scaled) {
+      if ((g_moe_options & STRATA_MOE_XSMEM) && xs_bytes <= MOE_XS_PERSIST_MAX_BYTES)
+        launch_moe_gate_up_persist<W, true>(p, ch, xs_bytes, device, st);
+      else
+        launch_moe_gate_up_persist<W, false>(p, ch, xs_bytes, device, st);
+    }
+  } else if (wide) {
     if (early) launch_moe_gate_up<W, 2, true, false>(p, ch, 0, st);
     else launch_moe_gate_up<W, 2, false, false>(p, ch, 0, st);
   } else if (xs) {
@@ -985,15 +1132,7 @@ int strata_gpu_linear_skinny(const void* x, int x_dtype, int64_t m, int64_t in, 
   const bool fp8 = w_dtype == STRATA_DTYPE_FP8;
   if (fp8 && (!scale || bo < 1 || bi < 16 || bi % 16))
     return invalid("linear (FP8 weights need scales and a block (bo, bi) with bi % 16 == 0)");
-  int sms = 132;
-  int dev = 0;
-  if (cudaGetDevice(&dev) == cudaSuccess) {
-#if STRATA_PLATFORM_HIP
-    (void)hipDeviceGetAttribute(&sms, hipDeviceAttributeMultiprocessorCount, dev);
-#else
-    (void)cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
-#endif
-  }
+  const int sms = device_sms(device);
   LinParams p;
   p.x = x;
   p.w = w;
