@@ -21,6 +21,13 @@ of one, e.g. docs/bench/s8/transfer_raw.tar.gz, the H200 run of `4f4e7c5`). It
    host parts for a prediction of the cell (`--no-twins` skips it).
 
     python scripts/sim_calibration_replay.py docs/bench/s8/transfer_raw.tar.gz --out /tmp/replay
+    python scripts/sim_calibration_replay.py docs/bench/s9/transfer_raw.tar.gz \
+        --stand-in acceptance_run --out /tmp/replay9
+
+`--stand-in RUN` fits a non-cohort run of the check with the calibration: the recorded
+calibrations ran every batch cell in an 8-slot engine, and the grid now runs N in N slots (a
+window's time depends on the slot count, sim.slot_speeds); the check's acceptance run
+(batch_mtp N=4 in a 4-slot engine, 8 other prompts) is what the grid's N=4 cell measures.
 """
 
 from __future__ import annotations
@@ -75,14 +82,29 @@ def calibration_traces(src: Path) -> list[Path]:
     return [src / "calibration" / r / "trace.jsonl" for r in runs]
 
 
-def refit(src: Path, conf: Path, name: str) -> Path:
-    """Fit the calibration traces with this tree's sim.profile; write the preset NAME under
-    CONF (profile, memory facts, hardware) as sim.calibrate does; returns the profile path."""
+def stand_in_traces(src: Path, names: list[str]) -> list[Path]:
+    """The traces of runs named (directories under the transfer directory) that stand in for
+    grid cells the recorded calibration lacks; none is a cohort (those are held out)."""
+    out = []
+    for name in names:
+        if name.split("/")[0] in ("engine", "compile"):
+            raise SystemExit(f"error: --stand-in {name}: a cohort run is held out, not fitted")
+        path = src / name / "trace.jsonl"
+        if not path.is_file():
+            raise SystemExit(f"error: --stand-in {name}: {path} not found")
+        out.append(path)
+    return out
+
+
+def refit(src: Path, conf: Path, name: str, stand_ins: tuple[Path, ...] = ()) -> Path:
+    """Fit the calibration traces (and `stand_ins`) with this tree's sim.profile; write the
+    preset NAME under CONF (profile, memory facts, hardware) as sim.calibrate does; returns
+    the profile path."""
     from sim.calibrate import memory_facts, write_preset
     from sim.profile import fit_profile_files
     from sim.replay import load_trace
 
-    traces = calibration_traces(src)
+    traces = calibration_traces(src) + list(stand_ins)
     recorded = sorted((src / "conf" / "profiles").glob("*.json"))
     old = json.loads(recorded[0].read_text())["source"] if recorded else {}
     source = {k: old[k] for k in ("device", "torch", "dtype", "backend", "commit", "date",
@@ -95,7 +117,7 @@ def refit(src: Path, conf: Path, name: str) -> Path:
     (conf / "profiles").mkdir(parents=True, exist_ok=True)
     path = conf / "profiles" / f"{name}.json"
     prof.save(path)
-    events, _ = load_trace(traces[-1])
+    events, _ = load_trace(calibration_traces(src)[-1])
     warm = any(e["ev"] == "warmup" and e.get("keys") for e in events)
     write_preset(conf, name, path, memory_facts(events), warm, None, source)
     return path
@@ -164,7 +186,7 @@ def twin_check(src: Path, conf: Path, name: str, profile: Path,
     calibration profile's host parts to predict the cell with the simulator (at its own
     acceptance: the cost model alone). Returns (wall rows, simulator rows)."""
     from sim.calibrate import memory_facts, write_preset
-    from sim.profile import FitError, untraced_host_factor
+    from sim.profile import untraced_host_factor
     from sim.replay import load_trace
 
     runs = twin_runs(src, engine)
@@ -175,9 +197,8 @@ def twin_check(src: Path, conf: Path, name: str, profile: Path,
         others = [r for c, r in runs.items() if c != cell]
         if not others:
             continue
-        try:
-            f = untraced_host_factor(others)["factor"]
-        except FitError:
+        f = untraced_host_factor(others)["factor"]
+        if f is None:
             continue  # (no other cell's walls tell its host time)
         ev, traced, untraced = runs[cell]
         device = sum(float(e["dur"]) for e in ev
@@ -259,21 +280,31 @@ def main() -> int:
     ap.add_argument("--name", default="replayed_calibration", help="the refitted preset's name")
     ap.add_argument("--own-acceptance", action=argparse.BooleanOptionalAction, default=True,
                     help="also predict with each cell's own acceptance (the cost model alone)")
+    ap.add_argument("--stand-in", action="append", default=[], metavar="RUN",
+                    help="a run of the transfer directory fitted with the calibration, standing "
+                         "in for a grid cell the recorded calibration lacks (e.g. acceptance_run: "
+                         "batch_mtp N=4 in a 4-slot engine, which the grid now runs); repeatable")
     ap.add_argument("--twins", action=argparse.BooleanOptionalAction, default=True,
                     help="the untraced-twin host factor's held-out check on the cohort cells")
     args = ap.parse_args()
     src = open_input(Path(args.transfer))
     out = Path(args.out)
     conf = out / "conf"
-    profile = refit(src, conf, args.name)
+    profile = refit(src, conf, args.name, tuple(stand_in_traces(src, args.stand_in)))
+    scale = json.loads(profile.read_text())["decode"].get("slot_scale")
     engine = engine_cells(src)
     learned = predict_cells(src, conf, args.name, engine, own_acceptance=False)
     own = predict_cells(src, conf, args.name, engine, True) if args.own_acceptance else []
     costs = trace_cost_check(src, engine)
     twin_walls, twin_sims = twin_check(src, conf, args.name, profile, engine) if args.twins \
         else ([], [])
-    lines = table(learned, "Calibrated preset refitted by this tree; acceptance learned from the "
-                           "check's 8-request run (as the check predicts):")
+    lines = [f"Refitted from {len(calibration_traces(src))} calibration traces"
+             + (f" and the stand-in runs {', '.join(args.stand_in)}" if args.stand_in else "")
+             + "; window-time scale by slot count: "
+             + (", ".join(f"{n} slots x{f:.3f}" for n, f in zip(scale["slots"], scale["scale"]))
+                if scale else "none (one slot count)") + ".", ""]
+    lines += table(learned, "Calibrated preset refitted by this tree; acceptance learned from the "
+                            "check's 8-request run (as the check predicts):")
     if own:
         lines += table(own, "The same preset, each cell at its own prompts' acceptance (the cost "
                             "model alone):")
@@ -299,7 +330,8 @@ def main() -> int:
     out.mkdir(parents=True, exist_ok=True)
     (out / "replay.md").write_text(text + "\n", encoding="utf-8")
     (out / "replay.json").write_text(json.dumps(
-        {"input": str(args.transfer), "profile": str(profile), "learned_acceptance": learned,
+        {"input": str(args.transfer), "profile": str(profile), "stand_ins": args.stand_in,
+         "slot_scale": scale, "learned_acceptance": learned,
          "own_acceptance": own, "trace_cost": costs, "twin_walls": twin_walls,
          "twin_sims": twin_sims}, indent=1) + "\n", encoding="utf-8")
     return 0
