@@ -43,3 +43,34 @@ def test_replay_refits_the_calibration_and_predicts_every_cell(tmp_path):
     assert len(out["twin_walls"]) == 5
     assert all(0 < r["factor_others"] < 2 and r["predicted_wall_s"] > 0
                for r in out["twin_walls"])
+
+
+RAW9 = REPO / "docs" / "bench" / "s9" / "transfer_raw.tar.gz"
+
+
+def _replay(tmp_path, raw, *args):
+    return subprocess.run([sys.executable, "scripts/sim_calibration_replay.py", str(raw),
+                           "--out", str(tmp_path), *args], cwd=REPO, capture_output=True,
+                          text=True, env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"})
+
+
+def test_a_cohort_run_cannot_stand_in_for_a_calibration_cell(tmp_path):
+    res = _replay(tmp_path, RAW9, "--stand-in", "engine/batch_N=4/traced")
+    assert res.returncode != 0 and "a cohort run is held out" in res.stderr
+    res = _replay(tmp_path, RAW9, "--stand-in", "no_such_run")
+    assert res.returncode != 0 and "no_such_run" in res.stderr
+
+
+@pytest.mark.slow
+def test_s9_refit_with_a_4_slot_stand_in_prices_every_cell_within_5_percent(tmp_path):
+    # The H200 call of d0b2b29: its calibration (8-slot batch cells) plus its acceptance run
+    # (batch_mtp N=4 in a 4-slot engine, no cohort's prompts), each cell at its own acceptance
+    # with the host factor held out from the other cells (docs/SIMULATOR.md, "The slot count").
+    res = _replay(tmp_path, RAW9, "--stand-in", "acceptance_run", "--no-own-acceptance")
+    assert res.returncode == 0, res.stderr[-2000:]
+    out = json.loads((tmp_path / "replay.json").read_text())
+    assert out["slot_scale"]["slots"] == [1, 4, 8]
+    scale = dict(zip(out["slot_scale"]["slots"], out["slot_scale"]["scale"]))
+    assert 0.94 < scale[4] / scale[8] < 0.99  # 4 slots' windows cheaper
+    errors = {r["cell"]: r["error"] for r in out["twin_sims"]}
+    assert len(errors) == 5 and all(abs(e) < 0.05 for e in errors.values()), errors

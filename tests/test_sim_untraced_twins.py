@@ -57,7 +57,8 @@ def test_no_usable_twin_leaves_the_host_as_traced_and_a_pool_above_one_is_capped
     ev = _events(0.080, 0.005)
     none = untraced_host_factor([(ev, 0.1, None), (ev, 0.1, 0.2)], ["x", "y"])
     assert none["factor"] is None and none["runs"] == 0
-    assert summary(none).startswith("no usable untraced twin in 2 runs: host parts priced as traced")
+    assert summary(none).startswith(
+        "no usable untraced twin in 2 runs: host parts priced as traced")
     # traced: 0.015 s of host once the writer's 0.005 is out; the twin leaves 0.019: 1.27
     capped = untraced_host_factor([(ev, 0.1, 0.099)])
     assert capped["factor"] == 1.0 and "capped at 1" in capped["note"]
