@@ -15,17 +15,18 @@ CONF is conf/sim by default (the preset works at once); another directory is use
 own knobs (and `max_context=` when given), so the preset's engine section holds only what the
 device changes: whether the warm-up captured window graphs.
 
-    python -m sim calibrate device=cuda                     # ~50 s after the model compiled
+    python -m sim calibrate device=cuda                     # ~60 s after the model compiled
     python -m sim calibrate device=cpu model=DIR max_context=256 grid=tiny threads=1
 
 Keys (key=value): device (cuda), dtype (auto), model (the embedded model), name
 (calibrated_<device>), conf (conf/sim), work_dir (a temporary dir: the runs' traces),
 grid (quick on CUDA, tiny elsewhere), max_context (the engine's default), threads (0 = torch's
 default), seed (0), twins (1 on CUDA: each run's engine runs its prompts once more untraced,
-graphs warm, and the fit scales the host costs to those walls, sim.profile
-.untraced_host_factor: an engine as served writes no trace, and a traced H200 run was 4-12%
-slower; 0 elsewhere: on a CPU the device work is the host's too, and an engine's second run
-took 20% less than the first's device time alone, which a host factor cannot tell apart).
+graphs warm, and the fit scales the host costs to those walls, sim.untraced_twins: an
+engine as served writes no trace, and a traced H200 run was 4-12% slower; a run without a
+usable twin is left out of the factor and named in the log; 0 elsewhere: on a CPU the device
+work is the host's too, and an engine's second run took 20% less than the first's device
+time alone, which a host factor cannot tell apart).
 """
 
 from __future__ import annotations
