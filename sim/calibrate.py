@@ -65,8 +65,8 @@ class GridSize:
 
 
 GRIDS = {
-    # One H200: 2 x 11 runs of a few hundred ms each plus an engine start of 1-2 s each
-    # (~50 s). On the H200 one engine ran a whole run 5-8% faster or slower than another
+    # One H200: 2 x 11 runs of a few hundred ms each (3.5 s in all, as much again for the
+    # untraced twins) plus an engine start of 1-2 s each (58 s without twins at d0b2b29). On the H200 one engine ran a whole run 5-8% faster or slower than another
     # (window medians of one shape 361-427 us, each run steady within +-3%): one run per cell
     # priced it at that run's speed. 224 output tokens take the short prompts' windows past
     # position 256, so the 512 tier is measured and not extrapolated.
