@@ -113,7 +113,15 @@ def refit(src: Path, conf: Path, name: str, stand_ins: tuple[Path, ...] = ()) ->
     source.setdefault("date", "recorded")
     for k in ("device", "dtype", "backend", "commit"):
         source.setdefault(k, "unknown")
-    prof = fit_profile_files(traces, {**source, "refit_of": str(src)})
+    # The calibration's own untraced twins, when it ran them (stand-ins have none).
+    runs = {r["run"]: r for r in source.get("calibration", {}).get("runs", [])
+            if isinstance(r, dict)}
+    walls = [(runs[p.parent.name]["wall_s"], runs[p.parent.name].get("untraced_wall_s"))
+             if p.parent.name in runs and p.parent.parent.name == "calibration" else None
+             for p in traces]
+    if not any(w is not None and w[1] is not None for w in walls):
+        walls = None
+    prof = fit_profile_files(traces, {**source, "refit_of": str(src)}, walls)
     (conf / "profiles").mkdir(parents=True, exist_ok=True)
     path = conf / "profiles" / f"{name}.json"
     prof.save(path)
@@ -186,6 +194,7 @@ def twin_check(src: Path, conf: Path, name: str, profile: Path,
     calibration profile's host parts to predict the cell with the simulator (at its own
     acceptance: the cost model alone). Returns (wall rows, simulator rows)."""
     from sim.calibrate import memory_facts, write_preset
+    from sim.costs import CostProfile
     from sim.profile import untraced_host_factor
     from sim.replay import load_trace
 
@@ -212,12 +221,16 @@ def twin_check(src: Path, conf: Path, name: str, profile: Path,
                       "traced_wall_s": traced, "untraced_wall_s": untraced,
                       "predicted_wall_s": pred, "error": pred / untraced - 1,
                       "traced_error": (traced - spent) / untraced - 1})
-        scaled = {**base, **{k: base[k] * f for k in HOST_FIELDS if k in base},
-                  "source": {**base["source"], "untraced_host": {"factor": round(f, 4),
-                                                                 "from": "held-out cells"}}}
+        # Every host part times f, over the calibration's own twins' factor if it had one.
+        prof = CostProfile.from_dict(base)
+        own_f = (base["source"].get("untraced_host") or {}).get("factor") or 1.0
+        for k in HOST_FIELDS:
+            setattr(prof, k, getattr(prof, k) * f / own_f)
+        prof.source = {**prof.source, "untraced_host": {"factor": round(f, 4),
+                                                        "from": "held-out cells"}}
         twin_name = f"{name}_twin{i}"
         path = conf / "profiles" / f"{twin_name}.json"
-        path.write_text(json.dumps(scaled, indent=1) + "\n", encoding="utf-8")
+        prof.save(path)
         write_preset(conf, twin_name, path, mem, True, None,
                      {**base["source"], "date": base["source"].get("date", "recorded")})
         sims.extend(predict_cells(src, conf, twin_name, engine, True, only=cell))
@@ -287,11 +300,14 @@ def main() -> int:
     ap.add_argument("--twins", action=argparse.BooleanOptionalAction, default=True,
                     help="the untraced-twin host factor's held-out check on the cohort cells")
     args = ap.parse_args()
+    from sim.untraced_twins import summary as twin_summary
+
     src = open_input(Path(args.transfer))
     out = Path(args.out)
     conf = out / "conf"
     profile = refit(src, conf, args.name, tuple(stand_in_traces(src, args.stand_in)))
-    scale = json.loads(profile.read_text())["decode"].get("slot_scale")
+    fitted = json.loads(profile.read_text())
+    scale, twins = fitted["decode"].get("slot_scale"), fitted["source"].get("untraced_host")
     engine = engine_cells(src)
     learned = predict_cells(src, conf, args.name, engine, own_acceptance=False)
     own = predict_cells(src, conf, args.name, engine, True) if args.own_acceptance else []
@@ -302,7 +318,9 @@ def main() -> int:
              + (f" and the stand-in runs {', '.join(args.stand_in)}" if args.stand_in else "")
              + "; window-time scale by slot count: "
              + (", ".join(f"{n} slots x{f:.3f}" for n, f in zip(scale["slots"], scale["scale"]))
-                if scale else "none (one slot count)") + ".", ""]
+                if scale else "none (one slot count)") + "; untraced twins: "
+             + (twin_summary(twins) if twins else "none recorded (host parts as traced)")
+             + ".", ""]
     lines += table(learned, "Calibrated preset refitted by this tree; acceptance learned from the "
                             "check's 8-request run (as the check predicts):")
     if own:
