@@ -5,8 +5,9 @@ No device: the input is the output directory of `scripts/sim_transfer_check.py` 
 of one, e.g. docs/bench/s8/transfer_raw.tar.gz, the H200 run of `4f4e7c5`). It
 
 1. fits a cost profile from the calibration's traces only (DIR/calibration/*/trace.jsonl,
-   with sim.profile.fit_profile, as `python -m sim calibrate` does) and writes it as a
-   hardware preset under OUT/conf;
+   with sim.profile.fit_profile, as `python -m sim calibrate` does, its host parts scaled by
+   the calibration's own untraced twins when it recorded them) and writes it as a hardware
+   preset under OUT/conf;
 2. predicts every engine cohort cell of the check from that preset, with the acceptance the
    check learned from its 8-request run (DIR/acceptance_run/trace.jsonl), and once more with
    the acceptance of the cell's own prompts (its traced run's commits): the second isolates
@@ -18,7 +19,8 @@ of one, e.g. docs/bench/s8/transfer_raw.tar.gz, the H200 run of `4f4e7c5`). It
 4. checks the untraced-twin host factor (sim.profile.untraced_host_factor) held out: each
    cell's traced run stands in for a calibration run with an untraced twin, the factor
    pooled from the other cells predicts its untraced wall, and scales the refitted profile's
-   host parts for a prediction of the cell (`--no-twins` skips it).
+   host parts (all six, in place of the calibration's own factor) for a prediction of the
+   cell (`--no-twins` skips it).
 
     python scripts/sim_calibration_replay.py docs/bench/s8/transfer_raw.tar.gz --out /tmp/replay
     python scripts/sim_calibration_replay.py docs/bench/s9/transfer_raw.tar.gz \

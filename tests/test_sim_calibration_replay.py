@@ -74,3 +74,26 @@ def test_s9_refit_with_a_4_slot_stand_in_prices_every_cell_within_5_percent(tmp_
     assert 0.94 < scale[4] / scale[8] < 0.99  # 4 slots' windows cheaper
     errors = {r["cell"]: r["error"] for r in out["twin_sims"]}
     assert len(errors) == 5 and all(abs(e) < 0.05 for e in errors.values()), errors
+
+
+def test_the_refit_uses_the_calibrations_own_untraced_twins(tmp_path):
+    # A transfer directory whose calibration recorded an untraced twin for one run of two:
+    # the refit scales its host parts by that run's factor and names the other.
+    sys.path.insert(0, str(REPO / "scripts"))
+    import sim_calibration_replay as replay
+    from test_sim_untraced_twins import _events
+
+    from sim.untraced_twins import NO_TWIN
+
+    src = tmp_path / "transfer"
+    for run in ("a", "b"):
+        (src / "calibration" / run).mkdir(parents=True)
+        (src / "calibration" / run / "trace.jsonl").write_text(
+            "".join(json.dumps(e) + "\n" for e in _events(0.080, 0.005)))
+    (src / "conf" / "profiles").mkdir(parents=True)
+    (src / "conf" / "profiles" / "cal.json").write_text(json.dumps({"source": {
+        "date": "2026-12-01", "calibration": {"grid": "quick", "runs": [
+            {"run": "a", "wall_s": 0.1, "untraced_wall_s": 0.09}, {"run": "b", "wall_s": 0.1}]}}}))
+    prof = json.loads(replay.refit(src, tmp_path / "conf", "r").read_text())
+    twin = prof["source"]["untraced_host"]
+    assert twin["factor"] == pytest.approx(0.6667, abs=1e-3) and twin["left_out"] == {"b": NO_TWIN}
