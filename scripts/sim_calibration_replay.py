@@ -5,8 +5,9 @@ No device: the input is the output directory of `scripts/sim_transfer_check.py` 
 of one, e.g. docs/bench/s8/transfer_raw.tar.gz, the H200 run of `4f4e7c5`). It
 
 1. fits a cost profile from the calibration's traces only (DIR/calibration/*/trace.jsonl,
-   with sim.profile.fit_profile, as `python -m sim calibrate` does) and writes it as a
-   hardware preset under OUT/conf;
+   with sim.profile.fit_profile, as `python -m sim calibrate` does, its host parts scaled by
+   the calibration's own untraced twins when it recorded them) and writes it as a hardware
+   preset under OUT/conf;
 2. predicts every engine cohort cell of the check from that preset, with the acceptance the
    check learned from its 8-request run (DIR/acceptance_run/trace.jsonl), and once more with
    the acceptance of the cell's own prompts (its traced run's commits): the second isolates
@@ -18,9 +19,17 @@ of one, e.g. docs/bench/s8/transfer_raw.tar.gz, the H200 run of `4f4e7c5`). It
 4. checks the untraced-twin host factor (sim.profile.untraced_host_factor) held out: each
    cell's traced run stands in for a calibration run with an untraced twin, the factor
    pooled from the other cells predicts its untraced wall, and scales the refitted profile's
-   host parts for a prediction of the cell (`--no-twins` skips it).
+   host parts (all six, in place of the calibration's own factor) for a prediction of the
+   cell (`--no-twins` skips it).
 
     python scripts/sim_calibration_replay.py docs/bench/s8/transfer_raw.tar.gz --out /tmp/replay
+    python scripts/sim_calibration_replay.py docs/bench/s9/transfer_raw.tar.gz \
+        --stand-in acceptance_run --out /tmp/replay9
+
+`--stand-in RUN` fits a non-cohort run of the check with the calibration: the recorded
+calibrations ran every batch cell in an 8-slot engine, and the grid now runs N in N slots (a
+window's time depends on the slot count, sim.slot_speeds); the check's acceptance run
+(batch_mtp N=4 in a 4-slot engine, 8 other prompts) is what the grid's N=4 cell measures.
 """
 
 from __future__ import annotations
@@ -75,14 +84,29 @@ def calibration_traces(src: Path) -> list[Path]:
     return [src / "calibration" / r / "trace.jsonl" for r in runs]
 
 
-def refit(src: Path, conf: Path, name: str) -> Path:
-    """Fit the calibration traces with this tree's sim.profile; write the preset NAME under
-    CONF (profile, memory facts, hardware) as sim.calibrate does; returns the profile path."""
+def stand_in_traces(src: Path, names: list[str]) -> list[Path]:
+    """The traces of runs named (directories under the transfer directory) that stand in for
+    grid cells the recorded calibration lacks; none is a cohort (those are held out)."""
+    out = []
+    for name in names:
+        if name.split("/")[0] in ("engine", "compile"):
+            raise SystemExit(f"error: --stand-in {name}: a cohort run is held out, not fitted")
+        path = src / name / "trace.jsonl"
+        if not path.is_file():
+            raise SystemExit(f"error: --stand-in {name}: {path} not found")
+        out.append(path)
+    return out
+
+
+def refit(src: Path, conf: Path, name: str, stand_ins: tuple[Path, ...] = ()) -> Path:
+    """Fit the calibration traces (and `stand_ins`) with this tree's sim.profile; write the
+    preset NAME under CONF (profile, memory facts, hardware) as sim.calibrate does; returns
+    the profile path."""
     from sim.calibrate import memory_facts, write_preset
     from sim.profile import fit_profile_files
     from sim.replay import load_trace
 
-    traces = calibration_traces(src)
+    traces = calibration_traces(src) + list(stand_ins)
     recorded = sorted((src / "conf" / "profiles").glob("*.json"))
     old = json.loads(recorded[0].read_text())["source"] if recorded else {}
     source = {k: old[k] for k in ("device", "torch", "dtype", "backend", "commit", "date",
@@ -91,11 +115,19 @@ def refit(src: Path, conf: Path, name: str) -> Path:
     source.setdefault("date", "recorded")
     for k in ("device", "dtype", "backend", "commit"):
         source.setdefault(k, "unknown")
-    prof = fit_profile_files(traces, {**source, "refit_of": str(src)})
+    # The calibration's own untraced twins, when it ran them (stand-ins have none).
+    runs = {r["run"]: r for r in source.get("calibration", {}).get("runs", [])
+            if isinstance(r, dict)}
+    walls = [(runs[p.parent.name]["wall_s"], runs[p.parent.name].get("untraced_wall_s"))
+             if p.parent.name in runs and p.parent.parent.name == "calibration" else None
+             for p in traces]
+    if not any(w is not None and w[1] is not None for w in walls):
+        walls = None
+    prof = fit_profile_files(traces, {**source, "refit_of": str(src)}, walls)
     (conf / "profiles").mkdir(parents=True, exist_ok=True)
     path = conf / "profiles" / f"{name}.json"
     prof.save(path)
-    events, _ = load_trace(traces[-1])
+    events, _ = load_trace(calibration_traces(src)[-1])
     warm = any(e["ev"] == "warmup" and e.get("keys") for e in events)
     write_preset(conf, name, path, memory_facts(events), warm, None, source)
     return path
@@ -164,7 +196,8 @@ def twin_check(src: Path, conf: Path, name: str, profile: Path,
     calibration profile's host parts to predict the cell with the simulator (at its own
     acceptance: the cost model alone). Returns (wall rows, simulator rows)."""
     from sim.calibrate import memory_facts, write_preset
-    from sim.profile import FitError, untraced_host_factor
+    from sim.costs import CostProfile
+    from sim.profile import untraced_host_factor
     from sim.replay import load_trace
 
     runs = twin_runs(src, engine)
@@ -175,9 +208,8 @@ def twin_check(src: Path, conf: Path, name: str, profile: Path,
         others = [r for c, r in runs.items() if c != cell]
         if not others:
             continue
-        try:
-            f = untraced_host_factor(others)["factor"]
-        except FitError:
+        f = untraced_host_factor(others)["factor"]
+        if f is None:
             continue  # (no other cell's walls tell its host time)
         ev, traced, untraced = runs[cell]
         device = sum(float(e["dur"]) for e in ev
@@ -191,12 +223,16 @@ def twin_check(src: Path, conf: Path, name: str, profile: Path,
                       "traced_wall_s": traced, "untraced_wall_s": untraced,
                       "predicted_wall_s": pred, "error": pred / untraced - 1,
                       "traced_error": (traced - spent) / untraced - 1})
-        scaled = {**base, **{k: base[k] * f for k in HOST_FIELDS if k in base},
-                  "source": {**base["source"], "untraced_host": {"factor": round(f, 4),
-                                                                 "from": "held-out cells"}}}
+        # Every host part times f, over the calibration's own twins' factor if it had one.
+        prof = CostProfile.from_dict(base)
+        own_f = (base["source"].get("untraced_host") or {}).get("factor") or 1.0
+        for k in HOST_FIELDS:
+            setattr(prof, k, getattr(prof, k) * f / own_f)
+        prof.source = {**prof.source, "untraced_host": {"factor": round(f, 4),
+                                                        "from": "held-out cells"}}
         twin_name = f"{name}_twin{i}"
         path = conf / "profiles" / f"{twin_name}.json"
-        path.write_text(json.dumps(scaled, indent=1) + "\n", encoding="utf-8")
+        prof.save(path)
         write_preset(conf, twin_name, path, mem, True, None,
                      {**base["source"], "date": base["source"].get("date", "recorded")})
         sims.extend(predict_cells(src, conf, twin_name, engine, True, only=cell))
@@ -259,21 +295,36 @@ def main() -> int:
     ap.add_argument("--name", default="replayed_calibration", help="the refitted preset's name")
     ap.add_argument("--own-acceptance", action=argparse.BooleanOptionalAction, default=True,
                     help="also predict with each cell's own acceptance (the cost model alone)")
+    ap.add_argument("--stand-in", action="append", default=[], metavar="RUN",
+                    help="a run of the transfer directory fitted with the calibration, standing "
+                         "in for a grid cell the recorded calibration lacks (e.g. acceptance_run: "
+                         "batch_mtp N=4 in a 4-slot engine, which the grid now runs); repeatable")
     ap.add_argument("--twins", action=argparse.BooleanOptionalAction, default=True,
                     help="the untraced-twin host factor's held-out check on the cohort cells")
     args = ap.parse_args()
+    from sim.untraced_twins import summary as twin_summary
+
     src = open_input(Path(args.transfer))
     out = Path(args.out)
     conf = out / "conf"
-    profile = refit(src, conf, args.name)
+    profile = refit(src, conf, args.name, tuple(stand_in_traces(src, args.stand_in)))
+    fitted = json.loads(profile.read_text())
+    scale, twins = fitted["decode"].get("slot_scale"), fitted["source"].get("untraced_host")
     engine = engine_cells(src)
     learned = predict_cells(src, conf, args.name, engine, own_acceptance=False)
     own = predict_cells(src, conf, args.name, engine, True) if args.own_acceptance else []
     costs = trace_cost_check(src, engine)
     twin_walls, twin_sims = twin_check(src, conf, args.name, profile, engine) if args.twins \
         else ([], [])
-    lines = table(learned, "Calibrated preset refitted by this tree; acceptance learned from the "
-                           "check's 8-request run (as the check predicts):")
+    lines = [f"Refitted from {len(calibration_traces(src))} calibration traces"
+             + (f" and the stand-in runs {', '.join(args.stand_in)}" if args.stand_in else "")
+             + "; window-time scale by slot count: "
+             + (", ".join(f"{n} slots x{f:.3f}" for n, f in zip(scale["slots"], scale["scale"]))
+                if scale else "none (one slot count)") + "; untraced twins: "
+             + (twin_summary(twins) if twins else "none recorded (host parts as traced)")
+             + ".", ""]
+    lines += table(learned, "Calibrated preset refitted by this tree; acceptance learned from the "
+                            "check's 8-request run (as the check predicts):")
     if own:
         lines += table(own, "The same preset, each cell at its own prompts' acceptance (the cost "
                             "model alone):")
@@ -299,7 +350,8 @@ def main() -> int:
     out.mkdir(parents=True, exist_ok=True)
     (out / "replay.md").write_text(text + "\n", encoding="utf-8")
     (out / "replay.json").write_text(json.dumps(
-        {"input": str(args.transfer), "profile": str(profile), "learned_acceptance": learned,
+        {"input": str(args.transfer), "profile": str(profile), "stand_ins": args.stand_in,
+         "slot_scale": scale, "learned_acceptance": learned,
          "own_acceptance": own, "trace_cost": costs, "twin_walls": twin_walls,
          "twin_sims": twin_sims}, indent=1) + "\n", encoding="utf-8")
     return 0

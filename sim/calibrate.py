@@ -15,17 +15,18 @@ CONF is conf/sim by default (the preset works at once); another directory is use
 own knobs (and `max_context=` when given), so the preset's engine section holds only what the
 device changes: whether the warm-up captured window graphs.
 
-    python -m sim calibrate device=cuda                     # ~50 s after the model compiled
+    python -m sim calibrate device=cuda                     # ~60 s after the model compiled
     python -m sim calibrate device=cpu model=DIR max_context=256 grid=tiny threads=1
 
 Keys (key=value): device (cuda), dtype (auto), model (the embedded model), name
 (calibrated_<device>), conf (conf/sim), work_dir (a temporary dir: the runs' traces),
 grid (quick on CUDA, tiny elsewhere), max_context (the engine's default), threads (0 = torch's
 default), seed (0), twins (1 on CUDA: each run's engine runs its prompts once more untraced,
-graphs warm, and the fit scales the host costs to those walls, sim.profile
-.untraced_host_factor: an engine as served writes no trace, and a traced H200 run was 4-12%
-slower; 0 elsewhere: on a CPU the device work is the host's too, and an engine's second run
-took 20% less than the first's device time alone, which a host factor cannot tell apart).
+graphs warm, and the fit scales the host costs to those walls, sim.untraced_twins: an
+engine as served writes no trace, and a traced H200 run was 4-12% slower; a run without a
+usable twin is left out of the factor and named in the log; 0 elsewhere: on a CPU the device
+work is the host's too, and an engine's second run took 20% less than the first's device
+time alone, which a host factor cannot tell apart).
 """
 
 from __future__ import annotations
@@ -64,8 +65,8 @@ class GridSize:
 
 
 GRIDS = {
-    # One H200: 2 x 11 runs of a few hundred ms each plus an engine start of 1-2 s each
-    # (~50 s). On the H200 one engine ran a whole run 5-8% faster or slower than another
+    # One H200: 2 x 11 runs of a few hundred ms each (3.5 s in all, as much again for the
+    # untraced twins) plus an engine start of 1-2 s each (58 s without twins at d0b2b29). On the H200 one engine ran a whole run 5-8% faster or slower than another
     # (window medians of one shape 361-427 us, each run steady within +-3%): one run per cell
     # priced it at that run's speed. 224 output tokens take the short prompts' windows past
     # position 256, so the 512 tier is measured and not extrapolated.
@@ -91,11 +92,17 @@ def calibration_grid(size: GridSize, seed: int = 0) -> list:
     cells: list[tuple[str, dict[str, Any], int, int, int, int]] = []
     # solo (one 1x4 window per step)
     cells.append(("solo", dict(mode="solo", batch_mtp=False), 1, 2, short(), size.out))
+    # An engine of N slots for N in flight, as served (bench_engine.py, a server sized to its
+    # load): a window's time depends on the engine's slot count, not only on its shape (H200:
+    # 4x1 and 4x2 windows 5-6% dearer in an 8-slot engine; sim.slot_speeds). N=1 runs in the
+    # top slot count: its 1x4 windows, which solo measures with one slot, tie the slot counts
+    # together, as 4x2 at N=4 (4 slots) and at the top N (W8 runs 4x2 groups) does.
     for n in size.ns:  # batch_mtp at W8: Nx2 groups (and the lone 1x4 while one is active)
-        cells.append((f"mtp_n{n}", dict(mode="batch", batch_mtp=True, slots=top), n,
+        cells.append((f"mtp_n{n}", dict(mode="batch", batch_mtp=True,
+                                        slots=top if n == 1 else n), n,
                       n * size.requests_per_n, short(), size.out))
     for n in size.ns[1:]:  # plain batch: Nx1 windows
-        cells.append((f"batch_n{n}", dict(mode="batch", batch_mtp=False, slots=top), n,
+        cells.append((f"batch_n{n}", dict(mode="batch", batch_mtp=False, slots=n), n,
                       n * size.requests_per_n, short(), size.out))
     # batch_mtp at W16 (8x2 windows when 8 are active)
     cells.append((f"mtp_w16_n{top}", dict(mode="batch", batch_mtp=True, slots=top,
@@ -207,6 +214,7 @@ def calibrate(opts: dict[str, Any], log=print, runner: Any = None,
     from .engine_runs import EngineRunner
     from .profile import fit_profile_files
     from .replay import load_trace
+    from .untraced_twins import summary as twin_summary
 
     t_start = time.perf_counter()
     if opts["threads"]:
@@ -215,6 +223,10 @@ def calibrate(opts: dict[str, Any], log=print, runner: Any = None,
     runner = runner or EngineRunner(opts["device"], opts["dtype"], opts["model"])
     t_load = time.perf_counter() - t_start
     log(f"calibrate: model loaded on {opts['device']} in {t_load:.1f} s; grid {opts['grid']}")
+    if opts["twins"] and not str(opts["device"]).startswith("cuda"):
+        log(f"calibrate: warning: twins=1 on {opts['device']}: there the device work is the "
+            "host's too, and a second run's speed-up of its windows (20% on a 2-core CPU) "
+            "would be taken for host time the trace cost; twins=0 is the default off CUDA")
     specs = calibration_grid(GRIDS[opts["grid"]], int(opts["seed"]))
     if opts["max_context"] is not None:
         for s in specs:
@@ -231,12 +243,13 @@ def calibrate(opts: dict[str, Any], log=print, runner: Any = None,
         traces.append(work / spec.name / "trace.jsonl")
         timings.append({"run": spec.name, "start_s": round(m["start_s"], 3),
                         "wall_s": round(m["wall_s"], 6)})
-        if opts["twins"]:
-            timings[-1]["untraced_wall_s"] = round(m["untraced_wall_s"], 6)
+        twin = m.get("untraced_wall_s") if opts["twins"] else None
+        if twin is not None:
+            timings[-1]["untraced_wall_s"] = round(twin, 6)
         log(f"[{i}/{len(specs)}] {spec.name}: N={spec.concurrency} {spec.requests} x "
             f"{spec.prompt}+{spec.out} tokens, {m['output_tokens'] / m['wall_s']:.0f} tok/s "
-            + (f"(untraced {m['output_tokens'] / m['untraced_wall_s']:.0f}) "
-               if opts["twins"] else "")
+            + ("" if not opts["twins"] else "(no untraced twin) " if twin is None
+               else f"(untraced {m['output_tokens'] / twin:.0f}) ")
             + f"({m['wall_s']:.2f} s, engine start {m['start_s']:.1f} s; "
             f"{time.perf_counter() - t_start:.0f} s so far)")
     source = {**runner.source(),
@@ -244,9 +257,14 @@ def calibrate(opts: dict[str, Any], log=print, runner: Any = None,
                               "max_context": opts["max_context"], "runs": timings,
                               "load_s": round(t_load, 2),
                               "seconds": round(time.perf_counter() - t_start, 1)}}
-    walls = ([(t["wall_s"], t["untraced_wall_s"]) for t in timings] if opts["twins"]
+    walls = ([(t["wall_s"], t.get("untraced_wall_s")) for t in timings] if opts["twins"]
              else None)
     prof = fit_profile_files(traces, source, walls)
+    if opts["twins"]:
+        log(f"calibrate: untraced twins: {twin_summary(prof.source['untraced_host'])}")
+    else:
+        log("calibrate: twins=0: no untraced twins, host parts priced as traced (the trace's "
+            "recorded own time taken out)")
     conf = Path(opts["conf"])
     name = opts["name"]
     (conf / "profiles").mkdir(parents=True, exist_ok=True)

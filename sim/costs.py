@@ -30,7 +30,9 @@ Schema (JSON; docs/SIMULATOR.md has the full description):
                  "eager":   [[...]],                        running without a graph
                  "shapes":  ["NxG", ...],       optional: window shapes (padded groups x rows
                                                 per group), each measured in some trace
-                 "shape_s": {"hit": [[s per shape] per tier], "capture": ..., "eager": ...}},
+                 "shape_s": {"hit": [[s per shape] per tier], "capture": ..., "eager": ...},
+                 "slot_scale": {"slots": [n0, ...],   optional: window time x scale by the
+                                "scale": [f0, ...]}},  engine's slot count (log2 interpolation)
       "acceptance": {...}                      optional: AcceptanceFit.as_dict()
     }
 
@@ -46,10 +48,17 @@ H200, windows of one group depth cost nearly the same at any group count (2-row 
 444-471 us from 1x2 to 8x2), while the rows table mixes depths (its 4-row cell is mostly 1x4
 windows, 25% dearer than 2x2; plain batch's 4x1 windows, never profiled, were priced there).
 With no measured shape of that depth it falls back to the rows table. With `prefill.table`, prefill time is also linear in log2(tier).
+A window's device time also depends on the engine's slot count, not only on the rows it runs:
+on the H200 the tiny model's 4x1 and 4x2 windows took 5-6% longer in an 8-slot engine than in
+a 4-slot one, 1x4 windows 4% longer than with one slot (docs/SIMULATOR.md). `decode.slot_scale`
+multiplies every window's time by the scale of the engine's slot count (linear in log2(slots)
+between the measured ones, clamped outside); `for_slots(n)` gives the profile a prediction
+with n slots uses.
 """
 
 from __future__ import annotations
 
+import copy
 import json
 import math
 from dataclasses import dataclass, field
@@ -108,6 +117,9 @@ class CostProfile:
     #: Optional decode by window shape "NxG": action -> [tier index][shape index] seconds.
     decode_shapes: Optional[list[str]] = None
     decode_shape_s: Optional[dict[str, list[list[float]]]] = None
+    #: Optional window-time scale by the engine's slot count: {"slots": [...], "scale": [...]}
+    #: (ascending slot counts; 1 where the fitted runs' average speed was).
+    decode_slot_scale: Optional[dict[str, list[float]]] = None
     #: Optional host time that grows with the work (seconds): per commit of the previous
     #: iteration, per request admitted in this one, once per iteration that admits any (the
     #: engine binds a burst of admissions in one batched step, whose cost is mostly fixed),
@@ -188,6 +200,30 @@ class CostProfile:
             return None
         return min(same, key=lambda c: (abs(math.log2(c[0]) - math.log2(groups)), -c[0]))[1]
 
+    def slot_factor(self, slots: int) -> float:
+        """The window-time scale of an engine of `slots` slots (1 without a slot scale)."""
+        if not self.decode_slot_scale:
+            return 1.0
+        xs = [math.log2(n) for n in self.decode_slot_scale["slots"]]
+        ys = self.decode_slot_scale["scale"]
+        i, j, w = _bracket(math.log2(max(1, slots)), xs)
+        return ys[i] + w * (ys[j] - ys[i])
+
+    def for_slots(self, slots: int) -> "CostProfile":
+        """This profile as an engine of `slots` slots runs it: its window tables times
+        slot_factor(slots), and no slot scale left (itself when it has none)."""
+        if not self.decode_slot_scale:
+            return self
+        f = self.slot_factor(slots)
+        p = copy.deepcopy(self)
+        p.decode_s = {a: [[x * f for x in row] for row in t] for a, t in p.decode_s.items()}
+        if p.decode_shape_s is not None:
+            p.decode_shape_s = {a: [[x * f for x in row] for row in t]
+                                for a, t in p.decode_shape_s.items()}
+        p.decode_slot_scale = None
+        p.source = {**p.source, "for_slots": {"slots": slots, "scale": f}}
+        return p
+
     # --- construction --------------------------------------------------------------------
 
     @classmethod
@@ -211,6 +247,8 @@ class CostProfile:
             d["prefill"].update(tiers=self.prefill_tiers, table=self.prefill_table)
         if self.decode_shapes is not None:
             d["decode"].update(shapes=self.decode_shapes, shape_s=self.decode_shape_s)
+        if self.decode_slot_scale:
+            d["decode"]["slot_scale"] = self.decode_slot_scale
         if (self.host_per_commit_s or self.host_per_admit_s or self.host_per_admit_burst_s
                 or self.host_after_prefill_s or self.host_per_finish_s or self.host_sync_s):
             d["host"] = {"per_commit_s": self.host_per_commit_s,
@@ -259,6 +297,10 @@ class CostProfile:
                 prof.decode_shapes = [str(x) for x in dec["shapes"]]
                 prof.decode_shape_s = {a: [[float(x) for x in row] for row in dec["shape_s"][a]]
                                        for a in GRAPH_ACTIONS}
+            if dec.get("slot_scale") is not None:
+                sc = dec["slot_scale"]
+                prof.decode_slot_scale = {"slots": [int(x) for x in sc["slots"]],
+                                          "scale": [float(x) for x in sc["scale"]]}
         except KeyError as e:
             raise bad(f"missing field {e.args[0]!r}") from None
         except (TypeError, ValueError) as e:
@@ -312,6 +354,12 @@ class CostProfile:
                               f"{len(self.decode_tiers)} x {len(self.decode_shapes)}")
                 if any(x < 0 for r in t for x in r):
                     raise bad(f"decode.shape_s.{a} has a negative time")
+        if self.decode_slot_scale is not None:
+            sc = self.decode_slot_scale
+            ascending_positive("decode.slot_scale.slots", sc["slots"])
+            if len(sc["scale"]) != len(sc["slots"]) or any(x <= 0 for x in sc["scale"]):
+                raise bad("decode.slot_scale.scale must be one positive number per "
+                          f"decode.slot_scale.slots entry, got {sc['scale']}")
         for name, xs in [("prefill.s", self.prefill_s)] + [
                 (f"decode.{a}", [x for r in self.decode_s[a] for x in r]) for a in GRAPH_ACTIONS]:
             if any(x < 0 for x in xs):

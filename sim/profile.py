@@ -41,7 +41,9 @@ same shape otherwise) are left out of the judging, and out of any cell that has
 MEDIAN_MIN_SAMPLES other samples. A trace with fewer than SPEED_MIN_SAMPLES
 samples in shared cells keeps factor 1.
 Runs timed again untraced on the same engine (`walls`, sim.calibrate's twins) scale the
-host parts by one pooled factor (untraced_host_factor): an engine as served writes no trace.
+host parts by one pooled factor (sim.untraced_twins): an engine as served writes no trace.
+A window's time also depends on the engine's slot count: the window speeds' slot share is
+kept apart as `decode.slot_scale` (sim.slot_speeds).
 The profile's `source` records the samples behind every cell (`counts`, `shape_counts`,
 `prefill_counts`, `prefill_table_counts`), so filled cells can be told apart.
 
@@ -63,6 +65,8 @@ from strata.trace import context_tier, prefill_bucket
 from .acceptance import fit_acceptance
 from .costs import GRAPH_ACTIONS, CostProfile
 from .replay import TraceError, load_trace
+from .slot_speeds import fit_slot_scale, trace_slots
+from .untraced_twins import untraced_host_factor  # noqa: F401 (sim.profile's API)
 
 #: Where an action with no samples takes its table from, in order of preference.
 FALLBACK_ACTIONS = {"hit": ("eager", "capture"), "eager": ("hit", "capture"),
@@ -95,14 +99,15 @@ SPEED_POLISH_ROUNDS = 100
 
 
 def _trace_speeds(samples: dict[int, list[tuple[Any, float]]],
-                  judged_out: Optional[set[int]] = None) -> dict[int, float]:
+                  judged_out: Optional[set[int]] = None,
+                  groups_out: Optional[dict[int, int]] = None) -> dict[int, float]:
     """Per trace, the factor its samples ran at against the others': `samples` maps a trace to
     its (cell, seconds) pairs; log seconds are split by median polish into a cell effect and a
     trace effect. Only cells that two or more judged traces measured say anything about speed
     (a cell one trace alone measured would take on that trace's speed as its own), so a trace
     is judged on its samples in shared cells, and needs SPEED_MIN_SAMPLES of them; the others
     keep factor 1. Traces linked through shared cells form a group whose effects are centred
-    on their mean."""
+    on their mean (`groups_out`: each judged trace's group, named by one of its traces)."""
     logs = {n: [(k, math.log(max(v, 1e-9))) for k, v in xs] for n, xs in samples.items()}
     for n, xs in logs.items():  # only the cells each trace measured steadily
         per_cell: dict[Any, int] = defaultdict(int)
@@ -142,6 +147,8 @@ def _trace_speeds(samples: dict[int, list[tuple[Any, float]]],
     groups: dict[int, list[int]] = defaultdict(list)
     for n in judged:
         groups[root(n)].append(n)
+    if groups_out is not None:
+        groups_out.update({n: root(n) for n in judged})
     for _ in range(SPEED_POLISH_ROUNDS):
         by_cell: dict[Any, list[float]] = defaultdict(list)
         for n, xs in use.items():
@@ -262,38 +269,6 @@ def _host_samples(events: list[dict[str, Any]]) -> list[HostSample]:
                         p_st["kind"] == "prefill", max(0.0, start - p_st["dev"][0] - tracing)))
         last = step
     return out
-
-
-def untraced_host_factor(runs: list[tuple[list[dict[str, Any]], float, float]]
-                         ) -> dict[str, Any]:
-    """How much of a traced run's host time an engine as served spends, from runs timed
-    both ways: each (trace events, traced wall s, untraced wall s) on one engine and prompts.
-    A traced run's wall is its device time D (the `dur` of its windows and prompt chunks),
-    the trace's own recorded time T (its last `trace_s`) and the host gaps the fit prices,
-    wall - D - T; as served, the same host work takes untraced wall - D. The factor is the
-    pooled ratio sum(untraced - D) / sum(traced - D - T) (each run weighted by its host
-    time): one factor for all, because the fit's speed polish centres per-run host speeds
-    on their mean anyway, and on the H200 one pooled factor predicted held-out cells' walls
-    within ~1% (docs/SIMULATOR.md). A run whose untraced wall is not above its device time
-    (or whose traced wall is not above device and trace time) tells nothing about its host:
-    it is left out (None in per_run). Returns {"factor", "runs", "per_run"}."""
-    per_run: list[Optional[float]] = []
-    num = den = 0.0
-    for events, traced, untraced in runs:
-        device = sum(float(e["dur"]) for e in events
-                     if e.get("ev") in ("window", "prefill") and "dur" in e)
-        spent = max((float(e.get("trace_s") or 0.0) for e in events), default=0.0)
-        host, served = traced - device - spent, untraced - device
-        if host <= 0 or served <= 0:
-            per_run.append(None)
-            continue
-        per_run.append(round(served / host, 4))
-        num, den = num + served, den + host
-    if den <= 0:
-        raise FitError(f"untraced twin: no run of {len(per_run)} has an untraced wall above its "
-                       "device time and a traced wall above device and trace time")
-    return {"factor": num / den, "runs": sum(f is not None for f in per_run),
-            "per_run": per_run}
 
 
 #: The parts fit_host returns, in order.
@@ -452,13 +427,17 @@ def _fill_shapes(cells: dict[str, dict[tuple[float, str], float]], tiers: list[f
 
 def fit_profile(traces: Iterable[list[dict[str, Any]]],
                 source: Optional[dict[str, Any]] = None,
-                walls: Optional[list[Optional[tuple[float, float]]]] = None) -> CostProfile:
-    """`walls`: per trace, (traced wall s, untraced wall s) of runs that had an untraced twin
-    (None for one that had not); the host parts are then scaled by untraced_host_factor, so
-    the profile prices an engine as served."""
+                walls: Optional[list[Optional[tuple[float, Optional[float]]]]] = None,
+                names: Optional[list[str]] = None) -> CostProfile:
+    """`walls`: per trace, (traced wall s, untraced wall s or None) of runs timed with an
+    untraced twin (None, or an untraced None, for one without); the host parts are then
+    scaled by the pooled factor (sim.untraced_twins), so the profile prices an engine as
+    served, and `source.untraced_host` says from which runs (`names`: the traces' names)."""
     traces = list(traces)
     if walls is not None and len(walls) != len(traces):
         raise FitError(f"walls: {len(walls)} entries for {len(traces)} traces")
+    if names is not None and len(names) != len(traces):
+        raise FitError(f"names: {len(names)} entries for {len(traces)} traces")
     decode: dict[str, dict[tuple[float, float], list[float]]] = {a: defaultdict(list)
                                                                  for a in GRAPH_ACTIONS}
     shaped: dict[str, dict[tuple[float, str], list[float]]] = {a: defaultdict(list)
@@ -480,9 +459,11 @@ def fit_profile(traces: Iterable[list[dict[str, Any]]],
     win_by: dict[int, list[tuple[str, float, float, str, float, bool]]] = {}
     pre_by: dict[int, list[tuple[bool, float, Optional[float], float]]] = {}
     host_by: dict[int, list[HostSample]] = {}
+    slots_by: dict[int, Optional[int]] = {}
     for n, events in enumerate(traces):
         n_traces += 1
         cfg = _config_event(events)
+        slots_by[n] = trace_slots(cfg)
         knobs = cfg.get("engine") or {}
         graph_chunks = _graph_prefills(cfg)
         win_by[n], pre_by[n] = [], []
@@ -503,8 +484,12 @@ def fit_profile(traces: Iterable[list[dict[str, Any]]],
     # (H200, every shape): those are kept out of the speed judging, where a run whose shared
     # cells are mostly its ramp-up windows would look slow throughout.
     judged: dict[str, set[int]] = {"window": set(), "prefill": set(), "host": set()}
+    win_groups: dict[int, int] = {}
     win_speed = _trace_speeds({n: [((a, t, sh), d) for a, t, _, sh, d, after in xs if not after]
-                               for n, xs in win_by.items()}, judged["window"])
+                               for n, xs in win_by.items()}, judged["window"], win_groups)
+    # A run's window speed includes its engine's slot count's (sim.slot_speeds): each
+    # sample is brought to the runs' average speed, the slot count's share kept apart.
+    slot_fit = fit_slot_scale(win_speed, win_groups, slots_by)
     pre_speed = _trace_speeds({n: [((gc, tok, t), d) for gc, tok, t, d in xs]
                                for n, xs in pre_by.items()}, judged["prefill"])
     host_speed = _trace_speeds({n: [((c, f, a, p), g) for c, f, a, p, g in xs]
@@ -515,8 +500,8 @@ def fit_profile(traces: Iterable[list[dict[str, Any]]],
         a: defaultdict(list) for a in GRAPH_ACTIONS}
     for n in win_by:
         for a, tier, r, sh, dur, after in win_by[n]:
-            (after_rows if after else decode)[a][(tier, r)].append(dur / win_speed[n])
-            (after_chunk if after else shaped)[a][(tier, sh)].append(dur / win_speed[n])
+            (after_rows if after else decode)[a][(tier, r)].append(dur / slot_fit.divisor[n])
+            (after_chunk if after else shaped)[a][(tier, sh)].append(dur / slot_fit.divisor[n])
         for gc, tokens, tier, dur in pre_by[n]:
             prefill_by[gc][tokens].append(dur / pre_speed[n])
             if tier is None:
@@ -578,26 +563,35 @@ def fit_profile(traces: Iterable[list[dict[str, Any]]],
     acc = fit_acceptance(commits)
     h_fixed, h_commit, h_admit, h_burst, h_prefill, h_finish = fit_host(host)
     twin = None
-    if walls is not None and any(w is not None for w in walls):
-        twin = untraced_host_factor([(ev, float(w[0]), float(w[1]))
-                                     for ev, w in zip(traces, walls) if w is not None])
-        h_fixed, h_commit, h_admit, h_burst, h_prefill, h_finish = (
-            h * twin["factor"] for h in (h_fixed, h_commit, h_admit, h_burst, h_prefill,
-                                         h_finish))
+    if walls is not None:
+        twin = untraced_host_factor(
+            [(ev, float(w[0]), None if w[1] is None else float(w[1])) if w is not None
+             else (ev, 0.0, None) for ev, w in zip(traces, walls)],
+            names if names is not None else [str(i) for i in range(len(traces))])
+        if twin["factor"] is not None:
+            h_fixed, h_commit, h_admit, h_burst, h_prefill, h_finish = (
+                h * twin["factor"] for h in (h_fixed, h_commit, h_admit, h_burst, h_prefill,
+                                             h_finish))
     src = {**(source or {}), "kind": "fitted", "traces": n_traces,
            "counts": counts, "shape_counts": shape_counts,
            "prefill_counts": [len(prefill[t]) for t in tokens],
            "prefill_from": "graphs" if kind else "eager",
            "prefill_eager_left_out": sum(len(v) for v in prefill_by[False].values()) if kind else 0,
            "host_overhead_samples": len(host), "actions_copied": filled_from,
-           "trace_speeds": {"window": [round(win_speed[n], 4) for n in sorted(win_speed)],
+           # (window speeds with the slot count's share out: sim.slot_speeds)
+           "trace_speeds": {"window": [round(slot_fit.residual[n], 4)
+                                       for n in sorted(win_speed)],
                             "prefill": [round(pre_speed[n], 4) for n in sorted(pre_speed)],
                             "host": [round(host_speed[n], 4) for n in sorted(host_speed)]},
            # which of those factors were judged (the others are 1 for want of shared cells)
            "trace_speeds_judged": {k: [n in judged[k] for n in sorted(win_speed)]
                                    for k in judged}}
+    if slot_fit.scale:
+        src["slot_scale"] = {**slot_fit.as_profile_field(),
+                             "trace_slots": [slots_by[n] for n in sorted(slots_by)]}
     if twin is not None:
-        src["untraced_host"] = {**twin, "factor": round(twin["factor"], 4)}
+        src["untraced_host"] = {**twin, "factor": None if twin["factor"] is None
+                                else round(twin["factor"], 4)}
     if pre_table is not None:
         src["prefill_table_counts"] = [[len(prefill_tiered.get((t, b), ())) for b in tokens]
                                        for t in pre_tiers]
@@ -609,16 +603,19 @@ def fit_profile(traces: Iterable[list[dict[str, Any]]],
         decode_rows=rows, decode_tiers=tiers, decode_s=tables,
         acceptance=acc.as_dict() if acc.judged else None, source=src,
         prefill_tiers=pre_tiers, prefill_table=pre_table,
-        decode_shapes=shapes, decode_shape_s=shape_s)
+        decode_shapes=shapes, decode_shape_s=shape_s,
+        decode_slot_scale=slot_fit.as_profile_field())
 
 
 def fit_profile_files(paths: Iterable[str | Path],
                       source: Optional[dict[str, Any]] = None,
-                      walls: Optional[list[Optional[tuple[float, float]]]] = None
+                      walls: Optional[list[Optional[tuple[float, Optional[float]]]]] = None
                       ) -> CostProfile:
+    """fit_profile of trace files (each named by its directory in the twins' record)."""
     paths = [Path(p) for p in paths]
     traces = [load_trace(p)[0] for p in paths]
-    return fit_profile(traces, {**(source or {}), "files": [str(p) for p in paths]}, walls)
+    return fit_profile(traces, {**(source or {}), "files": [str(p) for p in paths]}, walls,
+                       [p.parent.name for p in paths])
 
 
 def main(argv: Optional[list[str]] = None) -> int:

@@ -76,6 +76,20 @@ def test_grid_covers_every_mode_shape_and_bucket(grid):
             [(s.engine, s.concurrency, s.prompt, s.out) for s in first]
 
 
+@pytest.mark.parametrize("grid", sorted(GRIDS))
+def test_grid_runs_n_in_flight_in_n_slots_and_links_the_slot_counts(grid):
+    # A window's time depends on the engine's slot count (sim/slot_speeds.py): each cell
+    # runs in the slots a server of its load has; batch_mtp at N=1 in the top count shares
+    # solo's 1x4 windows, and batch_mtp at every N above 1 runs 4x2 or Nx2 groups.
+    size = GRIDS[grid]
+    top = max(size.ns)
+    slots = {s.name: s.engine.get("slots", 1) for s in calibration_grid(size)}
+    assert slots["solo"] == 1 and slots["mtp_n1"] == top
+    for n in size.ns[1:]:
+        assert slots[f"mtp_n{n}"] == n and slots[f"batch_n{n}"] == n
+    assert {slots[f"mtp_w16_n{top}"], slots[f"long_n{top}"], slots["long_n1"]} == {top}
+
+
 def test_quick_grid_measures_every_cell_twice_and_reaches_the_512_tier():
     size = GRIDS["quick"]
     assert size.passes == 2
