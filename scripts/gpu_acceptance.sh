@@ -44,7 +44,7 @@ step() {  # step NAME SECONDS CMD...: run with a limit, log to $R/NAME.log, say 
   grep -v -i -E "warn|Loading weights|^\[transformers\]|softmax|^$" "$R/$name.log" | tail -n "${TAIL:-6}"
   pack
 }
-step build 90 python3 setup.py build_ext --inplace -q
+step build 150 python3 setup.py build_ext --inplace -q
 case $part in
 1)  # the simulator's held-out check (issue 7)
   # The warm-up engines compile every window shape (about 2-3 min on a bare machine), then
