@@ -2,7 +2,8 @@
 memory through its device address) inside a captured CUDA graph gives the same output as every
 expert resident, whichever experts miss, including after the slot table changes between
 replays; and an engine on the GPU emits the same tokens with a tiny cache as without one,
-serial and with engine.overlap (swaps then queue behind the window in flight).
+serial and with engine.overlap (swaps then queue behind the window in flight), greedy and
+seeded sampling.
 
 Skipped without a GPU or without the built extension (strata.kernels.strata_cuda).
 """
@@ -147,9 +148,8 @@ def test_kernel_counts_in_a_graph(fp8):
         assert torch.equal(o, plain)
 
 
-@pytest.mark.parametrize("sampled", [False, True], ids=["greedy", "sampled"])
 @pytest.mark.parametrize("overlap", [False, True], ids=["serial", "overlap"])
-def test_engine_tokens_identical_with_a_tiny_cache(tmp_path, overlap, sampled):
+def test_engine_tokens_identical_with_a_tiny_cache(tmp_path, overlap):
     from omegaconf import OmegaConf
 
     from strata.config import StrataConfig
@@ -175,13 +175,16 @@ def test_engine_tokens_identical_with_a_tiny_cache(tmp_path, overlap, sampled):
         eng = Engine.from_config(cfg, log=lambda s: None)
         for i in range(3):
             eng.add_request(Request(f"r{i}", [5 + i, 9, 11 + i, 3], SamplingParams(
-                max_tokens=24, stop_at_eos=False, seed=i, temperature=0.8 if sampled else 0.0),
+                max_tokens=24, stop_at_eos=False, seed=i, temperature=0.8 if i else 0.0),
                 arrival_step=i))
         while eng.has_work():
             eng.step()
         return {r: list(s.emitted) for r, s in eng.requests.items()}, eng
 
-    ref, _ = run(0, False)
+    # The same loop without the cache: in bf16 a window's shape can decide a near-tie, and the
+    # overlapped loop's windows may hold a finished request's group (test_engine_backends
+    # compares the loops); the cache must not change a bit of either.
+    ref, _ = run(0, overlap)
     out, eng = run(1, overlap)
     c = eng.expert_cache
     assert c.plan.slots < 64 and c.misses > 0 and c.swaps > 0
