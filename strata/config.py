@@ -130,7 +130,7 @@ class EngineConfig:
     expert_profile: Optional[str] = None
     #: Plan and launch window t+1 while the device runs window t (the host hidden behind the
     #: device; acceptance-dependent inputs are written on the device by the commit): null
-    #: (auto) = on with engine.stages=1, off with a layer split; true; false.
+    #: (auto) = on with engine.stages=1 and no expert cache, else off; true; false.
     overlap: Optional[bool] = None
     #: Pipeline stages: consecutive layer ranges on this many devices, one process each
     #: (torch.distributed: NCCL on CUDA, gloo on CPU); the last holds the head and MTP layer.
@@ -395,8 +395,12 @@ def validate_engine(e: Any, error: type[ValueError] = ConfigError) -> None:
 
 def overlap_on(e: Any) -> bool:
     """Whether engine.overlap runs: as set, or when null (auto) on exactly when the engine runs
-    on one device (engine.stages=1)."""
-    return bool(e.overlap) if e.overlap is not None else int(e.stages) == 1
+    on one device (engine.stages=1) without the expert cache. The engine runs the cache
+    overlapped (engine.overlap=true), but the simulator does not model that yet, so its traces
+    would not replay: auto leaves it serial until it does."""
+    if e.overlap is not None:
+        return bool(e.overlap)
+    return int(e.stages) == 1 and not e.expert_cache_mib
 
 
 def validate_workload_base(w: Any, error: type[ValueError] = ConfigError, *,

@@ -417,3 +417,15 @@ def test_moe_counting_under_torch_compile(counting):
         state.zero_()
         routed.zero_()
     assert torch.allclose(got, region(x, w, ids))
+
+
+def test_auto_overlap_leaves_the_cache_serial_so_its_trace_replays(cached_model):
+    """engine.overlap=null (auto) runs the cache serially: the simulator does not model the
+    cache under overlap yet, and a trace of the default settings must replay exactly."""
+    from sim.replay import replay_trace
+
+    _, eng = run(cached_model, "batch_mtp", expert_cache_mib=1, expert_adapt_every=2)
+    assert eng.overlap is None and eng.trace.events[0]["engine"]["overlap"] is False
+    assert any(ev["ev"] == "expert_swap" for ev in eng.trace.events)
+    result = replay_trace(list(eng.trace.events), name="cache, overlap auto")
+    assert result.ok, str(result.first_divergence)
