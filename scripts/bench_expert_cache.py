@@ -16,6 +16,9 @@ experts (docs/EXPERT_CACHE.md).
     python scripts/bench_expert_cache.py --part bandwidth
     python scripts/bench_expert_cache.py --part study --layers 8 --skew 1.0 --json study.json
 
+The study runs the serial engine (engine.overlap=false, as its simulator check models);
+`--overlap both` adds each configuration's overlapped twin (NAME+overlap) beside it.
+
 A study split over two GPU calls: `--budgets 100,75 --json a.json`, then `--budgets 44,25
 --no-baseline --profile a.profile.json --json b.json`.
 
@@ -38,8 +41,8 @@ sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
 
-from bench_engine import (CONFIGS, add_model_args, engine_cfg, make_engine, model_config, run_cohort,  # noqa: E402
-                          token_prompts)
+from bench_engine import (OVERLAP_CHOICES, add_model_args, config_of, engine_cfg,  # noqa: E402
+                          make_engine, model_config, run_cohort, token_prompts, with_overlap)
 from provenance import commit_id  # noqa: E402
 from strata.engine.expert_cache import (expert_bytes, moe_layers, plan_expert_cache,  # noqa: E402
                                         scale_bytes)
@@ -143,7 +146,7 @@ def part_study(a, loaded, device, save=lambda rows: None) -> dict:
     """`save(rows)` after every engine, so that a run cut by its time limit keeps its rows."""
     plan = plan_expert_cache(loaded.model, 1e12)
     ns = [int(n) for n in a.n.split(",")]
-    names = a.configs.split(",")
+    names = with_overlap(a.configs.split(","), a.overlap)
     prompts = token_prompts(loaded.args.vocab_size, max(ns), a.prompt_tokens)
     budgets = ([] if a.no_baseline else [None]) + [int(b) for b in a.budgets.split(",")]
     profile_path = Path(a.profile or Path(a.json or "expert_cache_study.json").with_suffix(".profile.json"))
@@ -154,7 +157,7 @@ def part_study(a, loaded, device, save=lambda rows: None) -> dict:
         if pct is not None:
             mib = int(math.ceil(plan.routed_mib() * pct / 100)) + (1 if pct == 100 else 0)
         for name in names:
-            ecfg = engine_cfg(CONFIGS[name], name, max(ns), a)
+            ecfg = engine_cfg(config_of(name), name, max(ns), a)
             ecfg.expert_cache_mib = mib
             ecfg.expert_adapt_every = 0 if pct == 100 else a.adapt_every
             ecfg.expert_profile = str(profile_path) if have_profile and pct != 100 else None
@@ -220,6 +223,9 @@ def main() -> None:
     ap.add_argument("--budgets", default=",".join(map(str, BUDGETS)),
                     help="percent of the routed experts each cache holds")
     ap.add_argument("--configs", default="solo,batch,batch_mtp")
+    ap.add_argument("--overlap", choices=OVERLAP_CHOICES, default="off",
+                    help="engine.overlap for every configuration; both: each configuration "
+                         "twice, the overlapped one named NAME+overlap, side by side")
     ap.add_argument("--n", default="1,2,4,8")
     ap.add_argument("--repeats", type=int, default=1,
                     help="study: cohorts per cell, the median reported (hits and misses over all)")

@@ -129,8 +129,9 @@ class EngineConfig:
     #: counts) that chooses the first resident set; null = the lowest expert ids first.
     expert_profile: Optional[str] = None
     #: Plan and launch window t+1 while the device runs window t (the host hidden behind the
-    #: device); acceptance-dependent inputs are written on the device by the commit.
-    overlap: bool = False
+    #: device; acceptance-dependent inputs are written on the device by the commit): null
+    #: (auto) = on with engine.stages=1 and no expert cache, else off; true; false.
+    overlap: Optional[bool] = None
     #: Pipeline stages: consecutive layer ranges on this many devices, one process each
     #: (torch.distributed: NCCL on CUDA, gloo on CPU); the last holds the head and MTP layer.
     stages: int = 1
@@ -375,10 +376,10 @@ def validate_engine(e: Any, error: type[ValueError] = ConfigError) -> None:
     if e.stages > 1 and e.expert_cache_mib:
         bad("expert_cache_mib", f"the expert cache runs on one device; engine.stages={e.stages} "
                                 f"needs engine.expert_cache_mib=0")
-    if e.overlap and (e.stages > 1 or e.expert_cache_mib):
-        bad("overlap", "engine.overlap runs on one device without the expert cache (the cache "
-                       "reads its counts and swaps experts between windows); set "
-                       "engine.stages=1 and engine.expert_cache_mib=0, or engine.overlap=false")
+    if e.overlap and e.stages > 1:
+        bad("overlap", f"engine.overlap=true runs on one device; with engine.stages={e.stages} "
+                       f"engine.pipeline_groups keeps windows in flight instead: set "
+                       f"engine.overlap=null (auto: off with stages) or false, or engine.stages=1")
     if e.pipeline_groups and e.stages < 2:
         bad("pipeline_groups", f"pipelines slot groups across stages: needs engine.stages >= 2, "
                                f"got engine.stages={e.stages}")
@@ -390,6 +391,16 @@ def validate_engine(e: Any, error: type[ValueError] = ConfigError) -> None:
         if len(counts) != e.stages or min(counts) < 1:
             bad("stage_layers", f"must be auto or {e.stages} positive layer counts separated by "
                                 f"commas (one per stage), got {e.stage_layers!r}")
+
+
+def overlap_on(e: Any) -> bool:
+    """Whether engine.overlap runs: as set, or when null (auto) on exactly when the engine runs
+    on one device (engine.stages=1) without the expert cache. The engine runs the cache
+    overlapped (engine.overlap=true), but the simulator does not model that yet, so its traces
+    would not replay: auto leaves it serial until it does."""
+    if e.overlap is not None:
+        return bool(e.overlap)
+    return int(e.stages) == 1 and not e.expert_cache_mib
 
 
 def validate_workload_base(w: Any, error: type[ValueError] = ConfigError, *,

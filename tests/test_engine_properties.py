@@ -175,6 +175,10 @@ def echo_dir(tmp_path_factory):
 
 
 def build_engine(model_dir, **knobs) -> Engine:
+    """An engine on the serial step (engine.overlap=false unless asked): the trace model and the
+    per-step host/device checks below are the serial loop's (tests/test_overlap.py covers the
+    overlapped one)."""
+    knobs.setdefault("overlap", False)
     return Engine.from_config(cpu_engine_config(model_dir, **knobs), log=lambda s: None)
 
 

@@ -1,5 +1,7 @@
 """The expert cache on the CPU (engine.expert_cache_mib): the same resident set, host store,
-slot table and adaptive swaps as on a GPU.
+slot table and adaptive swaps as on a GPU, with engine.overlap on and off (window t+1 launched
+before window t is read: each window's counts stay its own, and an adaptation's counts are
+those of the windows launched up to the one ending its period).
 
 A 64-expert top-4 model whose shared expert has the routed experts' shape (so it is folded
 into the slots): one expert of each of its 4 MoE layers is 36 KiB, so 1 MiB holds 7 of 64
@@ -36,55 +38,74 @@ def cached_model(tmp_path_factory):
                             shared_expert_intermediate_size=48)
 
 
-def cohort() -> list[Request]:
+def cohort(sampled: bool = False) -> list[Request]:
+    """Three staggered requests; `sampled`: seeded sampling (one of them filtering), else greedy."""
     rng = random.Random(3)
     return [Request(f"r{i}", [rng.randrange(1, 512) for _ in range(3 + 4 * i)],
-                    SamplingParams(max_tokens=6 + 2 * i, stop_at_eos=False), arrival_step=i)
+                    SamplingParams(max_tokens=6 + 2 * i, stop_at_eos=False, seed=11 + i,
+                                   temperature=0.9 if sampled else 0.0,
+                                   top_k=8 if sampled and i == 1 else 0), arrival_step=i)
             for i in range(3)]
 
 
 class Audit:
     """Independent host-side count of each window's distinct (layer, expert) pairs, from the
-    routing every cached layer runs, against the resident set at the window's start."""
+    routing every cached layer runs, against the resident set at the window's start (in launch
+    order); each window's routed rows per (layer, expert); and the counts each adaptation
+    decided from."""
 
     def __init__(self, monkeypatch):
         from strata.model.qwen3_next import Experts
 
         self.windows: list[tuple[int, int]] = []
+        self.routed: list[np.ndarray] = []
+        self.decided: list[np.ndarray] = []
         self.seen: dict[int, set] = {}
+        self.in_window = False
         audit = self
-        orig_forward, orig_begin, orig_end = (Experts.forward, ExpertCache.begin_window,
-                                              ExpertCache.end_window)
+        orig_forward, orig_begin, orig_end, orig_plan = (
+            Experts.forward, ExpertCache.begin_window, ExpertCache.end_window,
+            ExpertCache.plan_swaps)
 
         def forward(experts, x, weights, index, shared_weight=None):
-            if experts.cache is not None:
-                audit.seen.setdefault(id(experts.cache), set()).update(index.reshape(-1).tolist())
+            if experts.cache is not None and audit.in_window:
+                ids = index.reshape(-1).tolist()
+                audit.seen.setdefault(id(experts.cache), set()).update(ids)
+                np.add.at(audit.window_routed[audit.layer_of[id(experts.cache)]], ids, 1)
             return orig_forward(experts, x, weights, index, shared_weight)
 
         def begin_window(cache):
-            audit.seen = {}
+            audit.seen, audit.in_window = {}, True
             audit.resident = cache.resident().copy()
             audit.layer_of = {id(lc): li for li, lc in enumerate(cache.layers)}
+            audit.window_routed = np.zeros((cache.plan.moe_layers, cache.plan.experts))
             orig_begin(cache)
 
         def end_window(cache):
             pairs = [(audit.layer_of[key], e) for key, es in audit.seen.items() for e in es]
             hits = sum(bool(audit.resident[li, e]) for li, e in pairs)
             audit.windows.append((hits, len(pairs) - hits))
+            audit.routed.append(audit.window_routed)
+            audit.in_window = False
             orig_end(cache)
+
+        def plan_swaps(cache, counts):
+            audit.decided.append(counts.copy())
+            return orig_plan(cache, counts)
 
         monkeypatch.setattr(Experts, "forward", forward)
         monkeypatch.setattr(ExpertCache, "begin_window", begin_window)
         monkeypatch.setattr(ExpertCache, "end_window", end_window)
+        monkeypatch.setattr(ExpertCache, "plan_swaps", plan_swaps)
 
 
-def run(path, mode: str, audit=None, **knobs):
+def run(path, mode: str, audit=None, sampled: bool = False, **knobs):
     cfg = cpu_engine_config(path, 128, mode="solo" if mode == "solo" else "batch",
                             batch_mtp=mode == "batch_mtp", slots=3, window_rows=6, spec=3,
                             prefill_chunk=4, **knobs)
     cfg.model.moe_dense_experts = 0
     eng = Engine.from_config(cfg, log=lambda s: None)
-    for r in cohort():
+    for r in cohort(sampled):
         eng.add_request(r)
     for _ in range(500):
         if not eng.has_work():
@@ -95,15 +116,28 @@ def run(path, mode: str, audit=None, **knobs):
     return {rid: list(rs.emitted) for rid, rs in eng.requests.items()}, eng
 
 
+@pytest.mark.parametrize("sampled", [False, True], ids=["greedy", "sampled"])
+@pytest.mark.parametrize("overlap", [False, True], ids=["serial", "overlap"])
 @pytest.mark.parametrize("mode", ["solo", "batch", "batch_mtp"])
-def test_tokens_identical_at_every_budget(cached_model, mode, monkeypatch):
-    ref, _ = run(cached_model, mode)
+def test_tokens_identical_at_every_budget(cached_model, mode, overlap, sampled, monkeypatch):
+    """The tokens of every expert resident on the serial engine, at every budget, with
+    engine.overlap on and off; the counts of each window and of each adaptation are its own."""
+    ref, _ = run(cached_model, mode, sampled=sampled, overlap=False)
     budgets = ((1, 7), (3, 21), (9, 64)) if mode == "batch_mtp" else ((1, 7), (9, 64))
+    if sampled:
+        budgets = budgets[:1]
     for mib, slots in budgets:
         audit = Audit(monkeypatch)
-        out, eng = run(cached_model, mode, expert_cache_mib=mib, expert_adapt_every=2)
+        out, eng = run(cached_model, mode, sampled=sampled, overlap=overlap,
+                       expert_cache_mib=mib, expert_adapt_every=2)
         c = eng.expert_cache
         assert out == ref, (mode, mib)
+        assert (eng.overlap is not None) == overlap
+        # an adaptation decides from the windows launched in its period (2), not the one
+        # launched meanwhile (engine.overlap)
+        assert len(audit.decided) == len(audit.windows) // 2
+        for k, counts in enumerate(audit.decided):
+            assert np.array_equal(counts, audit.routed[2 * k] + audit.routed[2 * k + 1]), k
         assert c.plan.slots == slots
         # the budget is never exceeded: slots per layer stay fixed, and fit expert_cache_mib
         assert c.plan.resident_mib() <= mib
@@ -383,3 +417,15 @@ def test_moe_counting_under_torch_compile(counting):
         state.zero_()
         routed.zero_()
     assert torch.allclose(got, region(x, w, ids))
+
+
+def test_auto_overlap_leaves_the_cache_serial_so_its_trace_replays(cached_model):
+    """engine.overlap=null (auto) runs the cache serially: the simulator does not model the
+    cache under overlap yet, and a trace of the default settings must replay exactly."""
+    from sim.replay import replay_trace
+
+    _, eng = run(cached_model, "batch_mtp", expert_cache_mib=1, expert_adapt_every=2)
+    assert eng.overlap is None and eng.trace.events[0]["engine"]["overlap"] is False
+    assert any(ev["ev"] == "expert_swap" for ev in eng.trace.events)
+    result = replay_trace(list(eng.trace.events), name="cache, overlap auto")
+    assert result.ok, str(result.first_divergence)

@@ -1,7 +1,9 @@
 """GPU: the expert cache's miss path (ops.moe_experts reading missing experts from pinned host
 memory through its device address) inside a captured CUDA graph gives the same output as every
 expert resident, whichever experts miss, including after the slot table changes between
-replays; and an engine on the GPU emits the same tokens with a tiny cache as without one.
+replays; and an engine on the GPU emits the same tokens with a tiny cache as without one,
+serial and with engine.overlap (swaps then queue behind the window in flight), greedy and
+seeded sampling.
 
 Skipped without a GPU or without the built extension (strata.kernels.strata_cuda).
 """
@@ -155,7 +157,8 @@ def test_kernel_counts_in_a_graph(fp8, gate_up_grid):
         assert torch.equal(o, plain)
 
 
-def test_engine_tokens_identical_with_a_tiny_cache(tmp_path):
+@pytest.mark.parametrize("overlap", [False, True], ids=["serial", "overlap"])
+def test_engine_tokens_identical_with_a_tiny_cache(tmp_path, overlap):
     from omegaconf import OmegaConf
 
     from strata.config import StrataConfig
@@ -168,7 +171,7 @@ def test_engine_tokens_identical_with_a_tiny_cache(tmp_path):
                             shared_expert_intermediate_size=64, hidden_size=128,
                             dtype=torch.bfloat16)
 
-    def run(mib: int):
+    def run(mib: int, overlap: bool):
         cfg = OmegaConf.structured(StrataConfig)
         cfg.device = "cuda"
         cfg.model.path = str(path)
@@ -177,15 +180,25 @@ def test_engine_tokens_identical_with_a_tiny_cache(tmp_path):
         cfg.engine.slots = 3
         cfg.engine.expert_cache_mib = mib
         cfg.engine.expert_adapt_every = 2
+        cfg.engine.overlap = overlap
         eng = Engine.from_config(cfg, log=lambda s: None)
         for i in range(3):
             eng.add_request(Request(f"r{i}", [5 + i, 9, 11 + i, 3], SamplingParams(
-                max_tokens=24, stop_at_eos=False), arrival_step=i))
+                max_tokens=24, stop_at_eos=False, seed=i, temperature=0.8 if i else 0.0),
+                arrival_step=i))
         while eng.has_work():
             eng.step()
         return {r: list(s.emitted) for r, s in eng.requests.items()}, eng
 
-    ref, _ = run(0)
-    out, eng = run(1)
-    assert eng.expert_cache.plan.slots < 64 and eng.expert_cache.misses > 0
+    # The same loop without the cache: in bf16 a window's shape can decide a near-tie, and the
+    # overlapped loop's windows may hold a finished request's group (test_engine_backends
+    # compares the loops); the cache must not change a bit of either.
+    ref, _ = run(0, overlap)
+    out, eng = run(1, overlap)
+    c = eng.expert_cache
+    assert c.plan.slots < 64 and c.misses > 0 and c.swaps > 0
+    assert (eng.overlap is not None) == overlap
     assert out == ref
+    windows = [ev for ev in eng.trace.events if ev["ev"] == "window"]
+    assert sum(ev["hits"] for ev in windows) == c.hits
+    assert sum(ev["misses"] for ev in windows) == c.misses

@@ -252,3 +252,30 @@ def test_overlapped_traces_replay_exactly(echo_tok, mode, graphs, slots, cancels
     result = replay_trace(list(eng.trace.events), name="overlap")
     assert result.ok, str(result.first_divergence)
     assert discarded_groups(eng) > 0
+
+
+# ---- the default: null (auto) is on with one stage and no expert cache ---------------------
+def test_overlap_auto_is_on_with_one_stage_and_recorded_resolved(echo_tok):
+    from strata.config import EngineConfig, overlap_on
+
+    assert EngineConfig().overlap is None
+    assert overlap_on(EngineConfig()) and not overlap_on(EngineConfig(stages=2))
+    assert not overlap_on(EngineConfig(expert_cache_mib=64))  # until the simulator models it
+    assert overlap_on(EngineConfig(expert_cache_mib=64, overlap=True))
+    assert not overlap_on(EngineConfig(overlap=False)) and overlap_on(EngineConfig(overlap=True))
+    cfg = cpu_engine_config(echo_tok, slots=2)
+    eng = Engine.from_config(cfg, log=lambda s: None)
+    assert eng.overlap is not None and eng.verifier.device_positions
+    assert eng.trace.events[0]["engine"]["overlap"] is True  # what ran, for a replay
+    cfg.engine.overlap = False
+    eng = Engine.from_config(cfg, log=lambda s: None)
+    assert eng.overlap is None and eng.trace.events[0]["engine"]["overlap"] is False
+
+
+def test_overlap_true_with_stages_is_a_clear_error(echo_tok):
+    from strata.config import ConfigError, EngineConfig, validate_engine
+
+    with pytest.raises(ConfigError, match=r"engine.overlap=true .*engine.stages=2.*overlap=null"):
+        validate_engine(EngineConfig(overlap=True, stages=2))
+    validate_engine(EngineConfig(stages=2))  # auto: off with a split, no error
+    validate_engine(EngineConfig(overlap=True, expert_cache_mib=64))  # the cache runs overlapped

@@ -20,9 +20,10 @@ ops.moe_experts the cache's `routed` (layers, E) (cumulative routed selections),
 layer index (a device tensor, so one compiled region serves every layer of a kind); the gate/up
 kernel adds each distinct expert's rows to `routed` and counts it once per window (each distinct
 (layer, expert) pair: a hit when the expert was resident at the window's start). A window so
-adds one zeroing op (window_state) and one copy of (hits, misses) into pinned host memory, read
-after the window's own sync: nothing per layer beyond the MoE kernels. Prompt chunks are not
-counted (they run outside begin_window / end_window).
+adds one zeroing op (window_state), and after it (outside any graph: ExpertCache.after_launch)
+one copy of (hits, misses) into pinned host memory, read after the window's own sync: nothing
+per layer beyond the MoE kernels. Prompt chunks are not counted (they run outside begin_window /
+end_window).
 
 Fill and adapt. The first fill is each layer's most-routed experts of a routing profile
 (engine.expert_profile, scripts/profile_routing.py's JSON), or the lowest expert ids. Every
@@ -30,6 +31,15 @@ engine.expert_adapt_every windows, per layer, the most-routed missing expert rep
 least-routed resident one when its decayed count is higher (counts decay by DECAY per
 adaptation). The copy runs on a side stream and the next window waits on its event, so no
 window ever reads a torn expert.
+
+engine.overlap. Window t+1 is launched before window t is read, so each launched window's
+counts go to a pinned buffer of its own (two, alternating: at most one window is in flight
+while another is read), copied in stream order right after it; the routed counts of an
+adaptation are those of the windows launched up to the one that ends its period (copied out and
+zeroed after it, in stream order), so overlap on or off the same windows decide a swap. The
+swap decided when window t is read is ordered on the streams after every window launched so
+far: window t+1, in flight, reads the slots as they were (and counts its hits against them), and
+window t+2 onwards reads the new ones. On the CPU window t+1 has already run by then.
 """
 
 from __future__ import annotations
@@ -171,6 +181,17 @@ def top_experts(counts: np.ndarray, slots: int) -> np.ndarray:
     return np.stack([np.sort(np.argsort(-row, kind="stable")[:slots]) for row in counts])
 
 
+@dataclass
+class WindowCounts:
+    """One launched window's counts on their way to host memory (ExpertCache.after_launch),
+    readable once the window has synced."""
+    #: (2,) int32, pinned on CUDA: the window's hits and misses.
+    stats: torch.Tensor
+    #: (layers, E) float32, pinned on CUDA: the routed counts of the adapt period this window
+    #: ends (an adaptation is due when it is read), else None.
+    routed: Optional[torch.Tensor] = None
+
+
 class LayerCache:
     """One MoE layer's view of the cache: what its Experts module hands ops.moe_experts."""
 
@@ -227,7 +248,17 @@ class ExpertCache:
         # One buffer, zeroed once per window: the window's (hits, misses), then the seen flags
         # of every (layer, expert).
         self.window_state = torch.zeros(2 + L * E, dtype=torch.int32, device=device)
-        self.host_stats = torch.zeros(2, dtype=torch.int32, pin_memory=pin)
+        # Host copies of a launched window's counts, two of each, alternating (after_launch):
+        # under engine.overlap the next window's copy is queued before this one is read.
+        self._stats_host = [torch.zeros(2, dtype=torch.int32, pin_memory=pin) for _ in range(2)]
+        self._routed_host = [torch.zeros(L, E, dtype=torch.float32, pin_memory=pin)
+                             for _ in range(2)]
+        self._host_at = 0
+        #: Windows launched since the start (or the warm-up): what decides an adaptation is due.
+        self.launched = 0
+        #: The last swap's slot-table copy (CUDA), which must finish before its pinned staging
+        #: buffer is written again.
+        self._table_copied: Optional[torch.cuda.Event] = None
         self.decayed = np.zeros((L, E), dtype=np.float64)
         self.layers: list[LayerCache] = []
         self.host: list[tuple] = []
@@ -304,23 +335,37 @@ class ExpertCache:
             lc.counting = True
 
     def end_window(self) -> None:
-        """The window's hits and misses (distinct (layer, expert) pairs, counted by the MoE
-        kernels) land in pinned host memory by the window's sync."""
+        """The MoE kernels stop counting (the window's counts go to the host in after_launch)."""
         for lc in self.layers:
             lc.counting = False
-        self.host_stats.copy_(self.window_state[:2], non_blocking=True)
 
     # ---- between windows (host) ---------------------------------------------------------------
-    def after_window(self) -> tuple[int, int, Optional[tuple[int, int]]]:
-        """Read the finished window's (hits, misses) (it has synced) and adapt when due; returns
-        hits, misses and (experts, bytes) of a swap or None."""
-        hits, misses = (int(v) for v in self.host_stats.tolist())
+    def after_launch(self) -> WindowCounts:
+        """Right after a decode window is queued (outside its graph, before anything that marks
+        its end): copy its hits and misses to a host buffer of its own and, when it ends an
+        adapt period, the period's routed counts too (then zero them), all in stream order, so
+        that a window launched before this one is read counts apart."""
+        self.launched += 1
+        self._host_at ^= 1
+        stats = self._stats_host[self._host_at]
+        stats.copy_(self.window_state[:2], non_blocking=True)
+        routed = None
+        if self.adapt_every and self.launched % self.adapt_every == 0:
+            routed = self._routed_host[self._host_at]
+            routed.copy_(self.routed, non_blocking=True)
+            self.routed.zero_()
+        return WindowCounts(stats, routed)
+
+    def after_window(self, counts: WindowCounts) -> tuple[int, int, Optional[tuple[int, int]]]:
+        """Read a window's counts (after_launch's; the window has synced) and adapt when it
+        ended an adapt period; returns hits, misses and (experts, bytes) of a swap or None."""
+        hits, misses = (int(v) for v in counts.stats.tolist())
         self.hits += hits
         self.misses += misses
         self.windows += 1
         swap = None
-        if self.adapt_every and self.windows % self.adapt_every == 0:
-            swap = self.adapt()
+        if counts.routed is not None:
+            swap = self.adapt(counts.routed.numpy().astype(np.float64))
         return hits, misses, swap
 
     def plan_swaps(self, counts: np.ndarray) -> list[tuple[int, int, int]]:
@@ -341,11 +386,14 @@ class ExpertCache:
                 out.append((li, v, m))
         return out
 
-    def adapt(self) -> Optional[tuple[int, int]]:
-        """One adaptation: swap per plan_swaps, copying on a side stream that the next window
-        waits on. Returns (experts copied, bytes) or None when nothing moved."""
-        counts = self.routed.cpu().numpy().astype(np.float64)  # the window synced: no stall
-        self.routed.zero_()
+    def adapt(self, counts: Optional[np.ndarray] = None) -> Optional[tuple[int, int]]:
+        """One adaptation from `counts` (layers, E), the period's routed counts (None: read and
+        zero the device's now, which waits for every window launched): swap per plan_swaps,
+        copying on a side stream that the next window launched waits on. Returns (experts
+        copied, bytes) or None when nothing moved."""
+        if counts is None:
+            counts = self.routed.cpu().numpy().astype(np.float64)
+            self.routed.zero_()
         swaps = self.plan_swaps(counts)
         if not swaps:
             return None
@@ -368,6 +416,8 @@ class ExpertCache:
                 for dev, host in zip((c.gate_up, c.down, c.gu_scale, c.down_scale), self.host[li]):
                     if dev is not None:
                         dev[slot].copy_(host[m], non_blocking=True)
+            if self._table_copied is not None:  # the last swap's copy still reads the staging
+                self._table_copied.synchronize()
             self._slot_of_staging.copy_(torch.from_numpy(self.host_slot_of))
             self.slot_of.copy_(self._slot_of_staging, non_blocking=True)
 
@@ -375,16 +425,21 @@ class ExpertCache:
             run()
             return
         main = torch.cuda.current_stream(self.device)
-        self.side.wait_stream(main)  # nothing still reads the evicted slots (the window synced)
+        # After every window queued so far: under engine.overlap one is still in flight, and
+        # it reads the evicted slots and the old slot table.
+        self.side.wait_stream(main)
         with torch.cuda.stream(self.side):
             run()
             done = torch.cuda.Event()
             done.record(self.side)
-        main.wait_event(done)  # the next window reads whole experts only
+        self._table_copied = done
+        main.wait_event(done)  # the next window launched reads whole experts only
 
     def reset_counts(self) -> None:
-        """Forget routing seen so far (the warm-up's scratch-lane windows)."""
+        """Forget routing seen so far (the warm-up's scratch-lane windows): adapt periods count
+        windows from here."""
         self.routed.zero_()
+        self.launched = 0
 
     # ---- reporting ----------------------------------------------------------------------------
     def hit_rate(self) -> Optional[float]:

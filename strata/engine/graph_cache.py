@@ -112,6 +112,9 @@ class GraphRun:
     mib: Optional[float] = None
     #: Keys evicted to make room, in order.
     evicted: list[str] = field(default_factory=list)
+    #: A decode window's expert-cache counts on their way to the host
+    #: (expert_cache.WindowCounts; None without the cache).
+    expert_counts: Any = None
 
 
 class GraphCache:

@@ -16,8 +16,8 @@ from typing import Any, Callable, Optional
 
 import torch
 
-from strata.config import (ConfigError, batch_mtp_from_env, check_known_keys, plain_engine_config,
-                           validate_engine, validate_model)
+from strata.config import (ConfigError, batch_mtp_from_env, check_known_keys, overlap_on,
+                           plain_engine_config, validate_engine, validate_model)
 from strata.engine.arrivals import Arrivals
 from strata.engine.compiling import compiled_functions
 from strata.engine.device import resolve_device
@@ -111,7 +111,7 @@ class Engine:
                                  split_keys=split_keys, functions=functions,
                                  synthetic_acceptance=ecfg.synthetic_acceptance,
                                  expert_cache=self.expert_cache,
-                                 device_positions=bool(ecfg.overlap))
+                                 device_positions=overlap_on(ecfg))
         self.stages, self.fault = stages, None  # fault: why the engine stopped (a dead stage)
         if ecfg.stages > 1 and stages is None:
             raise ConfigError(f"engine.stages={ecfg.stages}: build the engine with "
@@ -147,7 +147,7 @@ class Engine:
         self.output_tokens = self.drafted = self.accepted = 0
         self._cancels: list[RequestState] = []
         #: engine.overlap: the decode windows launched ahead of their reads.
-        self.overlap = OverlappedWindows(self) if ecfg.overlap else None
+        self.overlap = OverlappedWindows(self) if overlap_on(ecfg) else None
         self.pipeline = PipelinedWindows(self, ecfg.stages) if ecfg.pipeline_groups else None
 
     def warmup(self) -> None:

@@ -77,6 +77,8 @@ class ModelRunner:
         #: A layer split (the verifier can launch and land apart): whether the window being
         #: run is launched only (pipelined slot groups); None on one device.
         self._staged: Optional[bool] = False if hasattr(verifier, "launch") else None
+        #: engine.expert_cache_mib > 0: the ExpertCache whose counts each window copies out.
+        self.expert_cache = getattr(verifier, "expert_cache", None)
 
     @classmethod
     def for_engine(cls, verifier: Verifier, ecfg: EngineConfig, device: torch.device,
@@ -219,6 +221,8 @@ class ModelRunner:
         """Run a window of (lane, pos, rows) groups; its output is the host rows, one per group.
         `filtered` picks the window's sampler, so it must be part of `key`."""
         run = self._run(groups, n_padded, g, ctx, filtered, key)
+        if self.expert_cache is not None:
+            run.expert_counts = self.expert_cache.after_launch()
         run.output = run.output.tolist()[: len(groups)]  # (a list slice is cheaper than a tensor's)
         return run
 
@@ -236,6 +240,8 @@ class ModelRunner:
             start = torch.cuda.Event(enable_timing=True)
             start.record()
         run = self._run(groups, n_padded, g, ctx, filtered, key)
+        if self.expert_cache is not None:  # before the end event: `read` waits for the counts
+            run.expert_counts = self.expert_cache.after_launch()
         out = run.output
         if cuda:
             bufs = self._out_bufs.get(tuple(out.shape))

@@ -117,7 +117,7 @@ def commit_window(eng: "Engine", groups: list, layout: tuple, w: WindowShape, ru
     swap = None
     extra = {}
     if expert_cache is not None:
-        hits, misses, swap = expert_cache.after_window()
+        hits, misses, swap = expert_cache.after_window(run.expert_counts)
         extra = {"hits": hits, "misses": misses,
                  "bus_bytes": misses * expert_cache.plan.expert_bytes}
     if tracing:
