@@ -239,6 +239,15 @@ def twin_check(src: Path, conf: Path, name: str, profile: Path,
     return walls, sims
 
 
+def recorded_overlap(src: Path, cell: str) -> bool:
+    """Whether the cell's engine ran overlapped: its traced run's `config` event (a trace from
+    before engine.overlap ran serially), so the prediction models the loop that was measured."""
+    path = src / "engine" / cell_dir(cell) / "traced" / "trace.jsonl"
+    with open(path, encoding="utf-8") as f:
+        first = json.loads(f.readline())
+    return bool((first.get("engine") or {}).get("overlap"))
+
+
 def predict_cells(src: Path, conf: Path, name: str, engine: dict[str, dict],
                   own_acceptance: bool, only: str | None = None) -> list[dict]:
     """Each cell (or the cell `only`) predicted from preset NAME; acceptance from the check's
@@ -259,7 +268,7 @@ def predict_cells(src: Path, conf: Path, name: str, engine: dict[str, dict],
         args = SimpleNamespace(prompt_tokens=e["prompt"], max_tokens=e["out"], acceptance="chain",
                                acc_trace=f"'{acc_trace.resolve()}'", conf=conf, max_context=0)
         # (quoted: the cells' directories have '=' in their names)
-        knobs = stc.engine_knobs(config, n, args)
+        knobs = {**stc.engine_knobs(config, n, args), "overlap": recorded_overlap(src, cell)}
         over = stc.sim_overrides(knobs, n, args)
         try:
             m = stc.predict(name, over)

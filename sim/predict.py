@@ -15,6 +15,7 @@ from typing import Any, Optional
 
 from omegaconf import DictConfig, OmegaConf
 
+from strata.config import overlap_on
 from strata.trace import shape_key, warm_window_keys
 
 from .acceptance import build_acceptance
@@ -107,7 +108,7 @@ def build_scenario(cfg: Any, profile: Optional[CostProfile] = None,
         acceptance=build_acceptance(acc_cfg, streams, acc_fit),
         costs=profile.for_slots(slots),  # (window times depend on the slot count: sim/costs.py)
         measure_capture=measure_capture,
-        config_engine=asdict(e),
+        config_engine={**asdict(e), "overlap": overlap_on(e)},  # resolved, as the engine's
         config_memory={"total_mib": m.total_mib, "weights_mib": m.weights_mib + e.expert_cache_mib,
                        "slot_mib": m.slot_mib, "slots": slots, "graph_mib": m.graph_mib,
                        **(experts.memory_fields if experts else {})},

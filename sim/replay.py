@@ -170,6 +170,8 @@ def _knobs(engine: dict[str, Any], where: str) -> SimEngineConfig:
     names = {f.name for f in fields(SimEngineConfig)}
     knobs = SimEngineConfig(**{k: v for k, v in engine.items() if k in names})
     knobs.graph_policy = "counted"  # engine traces come from strata's own policy
+    if engine.get("overlap") is None:
+        knobs.overlap = False  # a trace from before engine.overlap (or its auto) ran serially
     try:
         validate_engine(knobs)
     except ValueError as e:

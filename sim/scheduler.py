@@ -19,6 +19,7 @@ from typing import Any, Callable, Optional
 
 import simpy
 
+from strata.config import overlap_on
 from strata.trace import (TraceWriter, context_tier, invariant_window_shape, layout_key,
                           prefill_bucket, shape_bucket, shape_key)
 
@@ -151,7 +152,7 @@ class SimEngine:
         self.experts = experts
         self.expert_costs = expert_costs
         #: engine.overlap: the window in flight, and when the device is free of it.
-        self.overlap = bool(getattr(knobs, "overlap", False))
+        self.overlap = overlap_on(knobs)  # as the engine resolves it (null: auto)
         self._inflight: Optional[InFlight] = None
         self._device_free = 0.0
         #: engine.stages > 1: the stages' time model; engine.pipeline_groups: the depth (the

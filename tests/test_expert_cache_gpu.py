@@ -24,15 +24,6 @@ pytestmark = [
 DEV = "cuda"
 
 
-@pytest.fixture(params=[False, True], ids=["blocks", "persist"])
-def gate_up_grid(request):
-    """moe_experts' gate/up as one block per (tile, pair), or as the persistent FP8 grid."""
-    saved = C.moe_launch_options()
-    C.moe_launch_options(persist=request.param)
-    yield request.param
-    C.moe_launch_options(**saved)
-
-
 def _case(fp8: bool, E=64, H=256, I=128, N=8, k=4, seed=0):
     g = torch.Generator(device="cpu").manual_seed(seed)
     wgu = torch.randn(E + 1, 2 * I, H, generator=g) * 0.05  # + a folded shared expert (id E)
@@ -53,7 +44,7 @@ def _case(fp8: bool, E=64, H=256, I=128, N=8, k=4, seed=0):
 
 
 @pytest.mark.parametrize("fp8", [False, True])
-def test_miss_path_in_a_graph_matches_all_resident(fp8, gate_up_grid):
+def test_miss_path_in_a_graph_matches_all_resident(fp8):
     if fp8 and torch.cuda.get_device_capability() < (8, 9):
         pytest.skip("FP8 experts need sm_89+")
     stacks, block, x, ids, w = _case(fp8)
@@ -100,7 +91,7 @@ def test_miss_path_in_a_graph_matches_all_resident(fp8, gate_up_grid):
 
 
 @pytest.mark.parametrize("fp8", [False, True])
-def test_kernel_counts_in_a_graph(fp8, gate_up_grid):
+def test_kernel_counts_in_a_graph(fp8):
     """The counting inside the gate/up kernel, captured: a window of two layers, one of them in
     two calls (as a window over 32 rows runs), zeroed once; routing counts, hits and misses
     match the torch reference's count, replay after replay; the output does not change."""

@@ -287,9 +287,9 @@ def test_gpu_moe_graph_replay_new_ids(wdtype, block):
 @pytest.mark.parametrize("N", [1, 3, 8, 32])
 def test_gpu_moe_launch_variants_same_bits(wdtype, block, N):
     """The launch switches (programmatic dependent launch of the down kernel, early weight
-    loads, two features per gate/up warp, double-buffered down loads, x in shared memory, the
-    persistent FP8 gate/up grid) change when and where loads are issued, never what is summed:
-    the same bits, captured too."""
+    loads, two features per gate/up warp, double-buffered down loads, x in shared memory)
+    change when and where loads are issued, never what is summed: the same bits, captured
+    too."""
     E, H, I, k = 512, 2048, 512, 11
     weights = experts(E, H, I, wdtype, block or (32, 32), device="cuda")
     w, ids = routing(N, k, E, hot=[3, 4] if N > 1 else None, device="cuda")
@@ -297,15 +297,13 @@ def test_gpu_moe_launch_variants_same_bits(wdtype, block, N):
     saved = C.moe_launch_options()
     try:
         outs = []
-        for pdl, early, wide, db, xsmem, persist in (
-                (False, False, False, False, False, False), (True, False, False, False, False, False),
-                (False, True, False, False, False, False), (False, False, True, False, False, False),
-                (True, True, True, False, False, False), (False, False, False, True, False, False),
-                (False, False, False, False, True, False), (True, True, False, True, True, False),
-                (True, True, True, True, True, False), (False, False, False, False, False, True),
-                (True, True, False, True, True, True), (True, True, True, True, False, True)):
-            C.moe_launch_options(pdl=pdl, early=early, wide=wide, db=db, xsmem=xsmem,
-                                 persist=persist)
+        for pdl, early, wide, db, xsmem in (
+                (False, False, False, False, False), (True, False, False, False, False),
+                (False, True, False, False, False), (False, False, True, False, False),
+                (True, True, True, False, False), (False, False, False, True, False),
+                (False, False, False, False, True), (True, True, False, True, True),
+                (True, True, True, True, True)):
+            C.moe_launch_options(pdl=pdl, early=early, wide=wide, db=db, xsmem=xsmem)
             outs.append(C.gpu_moe_experts(x, *weights[:2], w, ids, *weights[2:], block))
             out = torch.empty_like(x)
             ws = torch.empty(C.moe_workspace_numel(N, k, I), device="cuda")

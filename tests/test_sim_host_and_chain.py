@@ -70,7 +70,8 @@ def test_fit_gives_back_the_host_parts(tmp_path):
     for i, slots in enumerate((1, 4, 8)):
         run = run_predict(cfg_of("workload=cohort", "workload.requests=12",
                                  "workload.prompt_tokens=300", "workload.max_tokens=30",
-                                 f"engine.slots={slots}", "acceptance=markov", f"seed={i}"),
+                                 f"engine.slots={slots}", "acceptance=markov", f"seed={i}",
+                                 "engine.overlap=false"),  # the fit reads serial loops
                           tmp_path / str(i), profile=prof).run
         traces.append(run.events)
     # The first iteration's host time runs from the arrivals: it binds the admitted slots.
@@ -113,7 +114,7 @@ def test_finishes_that_always_come_with_admissions_are_charged_to_them():
 
 def test_a_profile_without_host_parts_charges_a_fixed_host_time(tmp_path):
     run = run_predict(cfg_of("workload=cohort", "workload.requests=4", "workload.max_tokens=20",
-                             "engine.slots=4"), tmp_path).run
+                             "engine.slots=4", "engine.overlap=false"), tmp_path).run
     prof = CostProfile.load(NOMINAL_PROFILE)
     gaps = [gap for *_, gap in _host_samples(run.events)]
     assert gaps and all(g == pytest.approx(prof.host_overhead_s, abs=2e-6) for g in gaps)

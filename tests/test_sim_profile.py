@@ -20,7 +20,8 @@ def traces(tmp_path):
         with initialize_config_dir(config_dir=SIM_CONF_DIR, version_base="1.3"):
             cfg = compose(config_name="config", overrides=[
                 "workload=cohort", "workload.requests=4", "workload.prompt_tokens=600",
-                "workload.max_tokens=40", "acceptance=markov", f"seed={i}", *extra])
+                "workload.max_tokens=40", "acceptance=markov", f"seed={i}",
+                "engine.overlap=false", *extra])  # a profile is fitted from serial loops
         run_predict(cfg, tmp_path / str(i))
         paths.append(tmp_path / str(i) / "trace.jsonl")
     return paths

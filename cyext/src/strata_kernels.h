@@ -90,16 +90,13 @@ int64_t strata_gpu_moe_workspace(int64_t n, int64_t k, int64_t inter);
 // gate/up warp two features where rows are short (FP8; measured slower), STRATA_MOE_DB
 // double-buffers the down kernel's weight loads (where a lane holds at most 2 chunks of a down
 // row), STRATA_MOE_XSMEM has each gate/up block stage the window's x rows in shared memory
-// (windows of at most 40 KiB of x; not with WIDE), STRATA_MOE_PERSIST runs FP8 gate/up as a
-// fixed grid of blocks (SMs x 2) that walk the window's (expert, tile) items with the next
-// item's loads in flight (H <= 2048; takes precedence over EARLY and WIDE). Results are the same
-// bits either way. flags < 0 only reads. Returns the previous flags.
+// (windows of at most 40 KiB of x; not with WIDE). Results are the same bits either way.
+// flags < 0 only reads. Returns the previous flags.
 #define STRATA_MOE_PDL 1
 #define STRATA_MOE_EARLY 2
 #define STRATA_MOE_WIDE 4
 #define STRATA_MOE_DB 8
 #define STRATA_MOE_XSMEM 16
-#define STRATA_MOE_PERSIST 32
 int strata_gpu_moe_set_options(int flags);
 int strata_gpu_moe_experts(const void* x, int x_dtype, const void* w_gate_up, const void* w_down,
                            int w_dtype, const float* gu_scale, const float* down_scale,

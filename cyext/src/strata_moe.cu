@@ -570,72 +570,6 @@ __device__ int group_pairs(const MoeParams& p, int* ids_s, int* lexp_s, int* lcn
   return nlead;
 }
 
-// STRATA_MOE_PERSIST: the gate/up work of a window as a fixed grid of blocks, a few per SM, each
-// walking the work items (leader a, tile t) a = 0 .. nlead-1 in steps of the grid and loading
-// its next item's gate and up rows while the current one computes (two register buffers). Why:
-// the one-block-per-(tile, pair) kernel ends and starts a block for every 16 KB (FP8) of
-// weights, each with its prologue and its loads' latency, and leaves the tail of the last wave;
-// here every SM keeps loads in flight from start to end. The same dot products as
-// moe_gate_up_kernel (gate_up_member_dots), so the same bits. Grid: SMs x 2 blocks.
-constexpr int MOE_PERSIST_BLOCKS_PER_SM = 2;
-constexpr int MOE_XS_PERSIST_MAX_BYTES = 32 * 1024;  // + the grouping's static arrays: < 48 KiB
-
-template <typename W, int CPL, bool XS>
-__global__ void __launch_bounds__(MOE_THREADS, MOE_PERSIST_BLOCKS_PER_SM)
-    moe_gate_up_persist_kernel(MoeParams p) {
-  __shared__ int ids_s[MOE_MAX_PAIRS];
-  __shared__ int lexp_s[MOE_MAX_PAIRS];
-  __shared__ int lcnt_s[MOE_MAX_PAIRS];
-  __shared__ int lst_s[MOE_MAX_PAIRS];
-  __shared__ int mem_s[MOE_MAX_PAIRS];
-  __shared__ int warp_tot[2][MOE_THREADS / 32];
-  extern __shared__ uint4 xs_dyn[];  // XS: the window's x rows
-  pdl_launch_dependents();
-  typedef WChunk<W> C;
-  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-  if (XS) {  // the x rows, in flight while the pairs are grouped
-    const int x16 = p.n * p.H * (p.x_dtype == STRATA_DTYPE_F32 ? 4 : 2) / 16;
-    for (int t = tid; t < x16; t += MOE_THREADS) stage16(xs_dyn + t, (const uint4*)p.x + t);
-  }
-  const int nlead = group_pairs<MOE_THREADS>(p, ids_s, lexp_s, lcnt_s, lst_s, mem_s, warp_tot);
-  if (XS) {
-    stage_wait_all();
-    __syncthreads();
-  }
-  const void* xsrc = XS ? (const void*)xs_dyn : p.x;
-  const int ntile = (p.I + MOE_TILE - 1) / MOE_TILE;
-  const int nitem = nlead * ntile;
-  const int nch = p.H / C::EPC;
-  const int64_t row_bytes = (int64_t)p.H * sizeof(typename W::storage);
-  const int G = gridDim.x;
-  uint4 ag[1][CPL], au[1][CPL], bg[1][CPL], bu[1][CPL];
-  float asg[1][CPL], asu[1][CPL], bsg[1][CPL], bsu[1][CPL];
-  // item -> its expert and this warp's feature
-  auto feature = [&](int it) { return (it % ntile) * MOE_TILE + warp; };
-  auto expert = [&](int it) { return lexp_s[it / ntile]; };
-  auto compute = [&](int it, uint4 (&wg)[1][CPL], uint4 (&wu)[1][CPL], const float (&sg)[1][CPL],
-                     const float (&su)[1][CPL]) {
-    const int a = it / ntile, i0 = feature(it);
-    if (p.routed_counts && it % ntile == 0 && tid == 0) count_expert(p, lexp_s[a], lcnt_s[a]);
-    if (i0 < p.I)
-      gate_up_member_dots<W, CPL, 1, XS>(p, wg, wu, sg, su, mem_s + lst_s[a], lcnt_s[a], i0,
-                                          xsrc, lane, nch);
-  };
-  int it = blockIdx.x;
-  if (it < nitem)
-    load_gate_up_rows<W, CPL, 1>(p, expert(it), feature(it), nch, row_bytes, lane, ag, au, asg, asu);
-  for (; it < nitem; it += 2 * G) {
-    if (it + G < nitem)
-      load_gate_up_rows<W, CPL, 1>(p, expert(it + G), feature(it + G), nch, row_bytes, lane, bg,
-                                   bu, bsg, bsu);
-    compute(it, ag, au, asg, asu);
-    if (it + 2 * G < nitem)
-      load_gate_up_rows<W, CPL, 1>(p, expert(it + 2 * G), feature(it + 2 * G), nch, row_bytes,
-                                   lane, ag, au, asg, asu);
-    if (it + G < nitem) compute(it + G, bg, bu, bsg, bsu);
-  }
-}
-
 // One batch of down-row slices: for the U leaders a0 .. a0+U-1 (those < nlead), rows h0 and
 // h0+1, this lane's CPL chunks, with their block scales (FP8).
 template <typename W, int CPL, int U>
@@ -855,20 +789,6 @@ int device_sms(int device) {
   return cached[device];
 }
 
-// The persistent gate/up kernel (STRATA_MOE_PERSIST) for FP8 rows of at most 4 chunks per lane
-// (H <= 2048), where the per-block kernel is furthest from the copy bandwidth.
-template <typename W, bool XS>
-void launch_moe_gate_up_persist(const MoeParams& p, int ch, size_t xs_bytes, int device,
-                                cudaStream_t st) {
-  const dim3 grid(device_sms(device) * MOE_PERSIST_BLOCKS_PER_SM);
-  const size_t smem = XS ? xs_bytes : 0;
-  switch (ch) {
-    case 1: moe_gate_up_persist_kernel<W, 1, XS><<<grid, MOE_THREADS, smem, st>>>(p); break;
-    case 2: moe_gate_up_persist_kernel<W, 2, XS><<<grid, MOE_THREADS, smem, st>>>(p); break;
-    default: moe_gate_up_persist_kernel<W, 4, XS><<<grid, MOE_THREADS, smem, st>>>(p); break;
-  }
-}
-
 template <typename W, int F, bool EARLY, bool XS>
 void launch_moe_gate_up(const MoeParams& p, int ch, size_t xs_bytes, cudaStream_t st) {
   const dim3 grid(ceil_div_u(p.I, (MOE_THREADS / 32) * F), (unsigned)p.P);
@@ -893,16 +813,7 @@ int launch_moe(const MoeParams& p, int device, cudaStream_t st) {
   const size_t xs_bytes = (size_t)p.n * p.H * (p.x_dtype == STRATA_DTYPE_F32 ? 4 : 2);
   // x in shared memory (one feature per warp only: WIDE is register-bound already)
   const bool xs = (g_moe_options & STRATA_MOE_XSMEM) && !wide && xs_bytes <= MOE_XS_MAX_BYTES;
-  bool persist = false;
-  if constexpr (WChunk<W>::scaled) persist = (g_moe_options & STRATA_MOE_PERSIST) && ch <= 4;
-  if (persist) {
-    if constexpr (WChunk<W>::scaled) {
-      if ((g_moe_options & STRATA_MOE_XSMEM) && xs_bytes <= MOE_XS_PERSIST_MAX_BYTES)
-        launch_moe_gate_up_persist<W, true>(p, ch, xs_bytes, device, st);
-      else
-        launch_moe_gate_up_persist<W, false>(p, ch, xs_bytes, device, st);
-    }
-  } else if (wide) {
+  if (wide) {
     if (early) launch_moe_gate_up<W, 2, true, false>(p, ch, 0, st);
     else launch_moe_gate_up<W, 2, false, false>(p, ch, 0, st);
   } else if (xs) {

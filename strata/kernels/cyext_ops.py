@@ -457,20 +457,17 @@ def moe_kernel_supported(x, w_gate_up, k: int, block=None) -> bool:
     return True
 
 
-def moe_launch_options(pdl=None, early=None, wide=None, db=None, xsmem=None,
-                       persist=None) -> dict:
+def moe_launch_options(pdl=None, early=None, wide=None, db=None, xsmem=None) -> dict:
     """Read or set moe_experts' launch switches on the GPU extension (process-wide; every
     setting gives the same bits): `pdl` (on by default), the down kernel as a programmatic
     dependent launch (sm_90+); `early` (on), weight loads before the duplicate check at small
     windows; `wide` (off: measured slower), two features per gate/up warp where weight rows
     are short (FP8); `db` (on), double-buffered weight loads in the down kernel; `xsmem` (on),
-    the window's x rows staged in shared memory by each gate/up block; `persist` (off until
-    measured), FP8 gate/up as a fixed grid of blocks that walk the window's (expert, tile)
-    items with the next item's loads in flight. None leaves a switch as it is. Returns the
-    switches now in force."""
+    the window's x rows staged in shared memory by each gate/up block. None leaves a switch as
+    it is. Returns the switches now in force."""
     flags = _gpu.moe_set_options(-1)
-    names = ("pdl", "early", "wide", "db", "xsmem", "persist")
-    for bit, on in zip((1, 2, 4, 8, 16, 32), (pdl, early, wide, db, xsmem, persist)):
+    names = ("pdl", "early", "wide", "db", "xsmem")
+    for bit, on in zip((1, 2, 4, 8, 16), (pdl, early, wide, db, xsmem)):
         if on is not None:
             flags = (flags | bit) if on else (flags & ~bit)
     _gpu.moe_set_options(flags)

@@ -56,6 +56,7 @@ def grid(args) -> list[tuple[str, list[str]]]:
                         f"workload.max_tokens={args.max_tokens}",
                         f"engine.slots={slots}", f"engine.batch_mtp={batch_mtp}",
                         "engine.mode=batch", f"engine.graphs={graphs}",
+                        "engine.overlap=false",  # a profile prices serial windows' parts
                         f"device={args.device}", "print_outputs=false", "progress=false",
                         *args.extra]))
     return runs
