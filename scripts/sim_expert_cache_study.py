@@ -559,8 +559,9 @@ time (spec 4), batch and batch_mtp on N slots.
 
 Window cost: the bytes model fitted to the engine's full-depth FP8 windows on the H200
 (docs/bench/s7/fp8_full.json, fp8_n8.json: 4.21 ms fixed + bytes / 1.75 TB/s, each shape within
-3%, 1x1 within 7.5%); a miss adds its bytes over the bus (50 GB/s on the H200) plus
-{compose_cfg([f"hardware={H200}"]).experts.miss_s * 1e6:g} us. Routing: Zipf popularity of exponent
+3%, 1x1 within 7.5%); a missed expert adds, per read (one per 32-row MoE kernel call), its bytes
+over the bus ({compose_cfg([f"hardware={H200}"]).memory.bus_gb_s:g} GB/s on the H200) plus
+{compose_cfg([f"hardware={H200}"]).experts.miss_s * 1e6:g} us, both fitted on the engine study's 25% budget. Routing: Zipf popularity of exponent
 {H200_SKEW} (trained routers' skew, see conf/sim/experts/qwen3_next_80b_a3b_iq3_s.yaml), rows of one
 request routed independently on the H200 (random dummy routers); the cards' presets assume trained
 routers repeat half of a token's experts on the next token (`experts.row_overlap=0.5`).
