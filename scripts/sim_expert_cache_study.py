@@ -404,7 +404,7 @@ def engine_overrides(meta: dict, args) -> list[str]:
 
 def engine_check(args) -> str:
     eng, meta = engine_cells(args.engine)
-    extra = engine_overrides(meta, args)
+    extra = engine_overrides(meta, args) + list(args.set or [])
     x = compose_cfg([f"hardware={H200}", *extra]).experts
     fit_in = [float(b) for b in args.fit_budgets.split(",")]
     full, low = max(fit_in), min(fit_in)
@@ -439,7 +439,7 @@ def engine_check(args) -> str:
     # The miss cost from the lowest held-in budget: first the bus bandwidth a miss is read at
     # inside the window (the measured copy bandwidth is its bound), then a fixed cost per
     # miss on top.
-    bus0 = float(compose_cfg([f"hardware={H200}"]).memory.bus_gb_s)
+    bus0 = float(compose_cfg([f"hardware={H200}", *extra]).memory.bus_gb_s)
     bus, miss_s = bus0, float(x.miss_s)
     if low != full:
         bus = min((bus0 * f for f in (0.8, 0.9, 1.0, 1.1, 1.2, 1.3, 1.4)),
@@ -478,10 +478,12 @@ def engine_check(args) -> str:
             rows.append(f"| {label} | {n} | {mode} | {e['tps']:.1f} | {s['tps']:.1f} | {err:+.1%} | "
                         f"{fmt(e['hit_rate'])} | {fmt(s['hit_rate'])} | {gain} | {sign} |")
     noise = same_work_spread(eng)
+    fitted = (f"{low:.0%} (the bus bandwidth a miss is read at, {bus:g} GB/s, and the fixed "
+              f"cost per miss, {miss_s * 1e6:g} us: {max(fit_errors, default=0):.1%} max error "
+              f"there)" if low != full else
+              f"nothing else (misses at {bus:g} GB/s and {miss_s * 1e6:g} us, as set)")
     summary = (f"Held in: {full:.0%} (each mode and N's all-resident time, pooled with the "
-               f"no-cache cell and, at N=1, across modes) and {low:.0%} (the bus bandwidth a miss "
-               f"is read at, {bus:g} GB/s, and the fixed cost per miss, {miss_s * 1e6:g} us: "
-               f"{max(fit_errors, default=0):.1%} max error there); "
+               f"no-cache cell and, at N=1, across modes) and {fitted}; "
                f"held out {', '.join(f'{b:.0%}' for b in held_out)}: "
                f"{sum(e <= 0.10 for e in errors)}/{len(errors)} cells within 10% "
                f"(max {max(errors, default=0):.1%}); sign of batching's gain (N > 1) right in "
@@ -616,6 +618,10 @@ def main(argv: Optional[list[str]] = None) -> int:
                          "measurable sign (one cohort per cell: N=1 runs the same work in every "
                          "mode, and its cells differed by up to 5%%)")
     ap.add_argument("--md-out", help="with --engine: write the comparison table here")
+    ap.add_argument("--set", action="append", metavar="KEY=VALUE",
+                    help="with --engine: a simulator override for every cell (repeatable), e.g. "
+                         "--fit-budgets 1.0 --set memory.bus_gb_s=55.4 --set experts.miss_s=0 "
+                         "prices misses at the measured copy bandwidth with nothing fitted")
     ap.add_argument("--profile", help="with --engine: the routing profile of the engine's first "
                     "fill (default: <engine json>.profile.json when it exists)")
     ap.add_argument("--fit", action="store_true", help="print the bytes model's fit and exit")
