@@ -404,7 +404,7 @@ def engine_overrides(meta: dict, args) -> list[str]:
 
 def engine_check(args) -> str:
     eng, meta = engine_cells(args.engine)
-    extra = engine_overrides(meta, args) + list(args.set or [])
+    extra = engine_overrides(meta, args) + list(getattr(args, "set", None) or [])
     x = compose_cfg([f"hardware={H200}", *extra]).experts
     fit_in = [float(b) for b in args.fit_budgets.split(",")]
     full, low = max(fit_in), min(fit_in)
