@@ -569,7 +569,9 @@ request routed independently on the H200 (random dummy routers); the cards' pres
 routers repeat half of a token's experts on the next token (`experts.row_overlap=0.5`).
 With every expert resident the preset runs 5-11% above the engine's measured full-depth cohorts
 (`--bench-check`, docs/SIMULATOR.md): read the absolute figures as high by about that much; the
-ratios and signs are what this study is for.
+ratios and signs are what this study is for. How far the expert model itself holds:
+`python scripts/sim_expert_cache_study.py --engine docs/bench/s9/expert_study.json` checks it
+against the engine's measured budget study on the H200 (BENCHMARKS.md, "Expert cache study").
 
 ### H200, Qwen3-Next-80B-A3B FP8 shapes (`hardware=h200_80b_a3b_fp8 experts.skew={H200_SKEW}`)
 
