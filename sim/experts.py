@@ -21,7 +21,9 @@ window's start (a hit) or not (a miss).
   counts become counts x decay + the picks since the last adaptation, and each layer swaps its
   least-counted resident for its most-counted missing expert while the missing one counts more
   (at most `swap_limit` per layer, the engine's 1; 0 = no limit). Prompt chunks pay their
-  misses but, as in the engine, do not count.
+  misses but, as in the engine, do not count. A forward of more rows than `call_rows` (strata's
+  MoE kernel takes 32 a call) reads a missed expert over the bus once per call that routes to
+  it: `reads`, what sim/expert_costs.py prices (a miss is still counted once).
 - `RecordedExperts`: replay. Hits, misses and bus bytes come from the trace's window events,
   in order, the way replay takes acceptance from commits; a swap is replayed at the step the
   trace has it, and the simulator emits it only after a window that ends an adapt period, so a
