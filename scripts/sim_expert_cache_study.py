@@ -95,8 +95,9 @@ def mode_overrides(mode: str, n: int) -> list[str]:
 
 def predict(preset: str, mode: str, n: int, extra: list[str], seeds: int,
             args) -> dict[str, Any]:
-    """Mean aggregate tok/s and expert hit rate of one cell over `seeds` routing seeds."""
-    tps, hits = [], []
+    """Mean aggregate tok/s, expert hit rate and decode-window misses of one cell over `seeds`
+    routing seeds."""
+    tps, hits, misses = [], [], []
     for seed in range(seeds):
         cfg = compose_cfg([f"hardware={preset}", "workload=cohort", f"workload.requests={n}",
                            f"workload.prompt_tokens={args.prompt_tokens}",
@@ -107,7 +108,9 @@ def predict(preset: str, mode: str, n: int, extra: list[str], seeds: int,
         tps.append(m["aggregate_tps"])
         if m["expert_hit_rate"] is not None:
             hits.append(m["expert_hit_rate"])
-    return {"tps": statistics.mean(tps), "hit_rate": statistics.mean(hits) if hits else None}
+            misses.append(m["sim"]["expert_misses"])
+    return {"tps": statistics.mean(tps), "hit_rate": statistics.mean(hits) if hits else None,
+            "misses": statistics.mean(misses) if misses else None}
 
 
 def budget_overrides(fraction: float, x) -> list[str]:
@@ -311,7 +314,8 @@ def engine_cells(path: str) -> tuple[dict, dict]:
             frac = float(first(c, ("budget_fraction", "budget", "fraction"), i))
         out[(round(frac, 4), int(first(c, ("n", "N"), i)), mode)] = {
             "tps": float(first(c, ("tok_s", "tps", "aggregate_tps", "median_tps"), i)),
-            "hit_rate": c.get("hit_rate", c.get("expert_hit_rate"))}
+            "hit_rate": c.get("hit_rate", c.get("expert_hit_rate")),
+            "bus_bytes": c.get("bus_bytes")}
     if not out:
         raise SystemExit(f"error: {p}: no cell of a mode in {MODES} with a cache budget")
     return out, meta
@@ -428,7 +432,7 @@ def engine_check(args) -> str:
                             args.seeds, args)
                 eng_s, sim_s = base[(n, mode)]
                 out[(f, n, mode)] = {"tps": 1.0 / (eng_s + 1.0 / r["tps"] - sim_s),
-                                     "hit_rate": r["hit_rate"]}
+                                     "hit_rate": r["hit_rate"], "misses": r["misses"]}
         return out
 
     @functools.cache  # the miss-cost grid starts at the bus grid's best point: priced once
@@ -446,8 +450,9 @@ def engine_check(args) -> str:
                   key=lambda b: loss(0.0, b))
         miss_s = min((0.0, 1e-6, 2e-6, 5e-6, 1e-5, 2e-5), key=lambda m: loss(m, bus))
     held_out = sorted({f for f, _, _ in eng if f not in fit_in}, reverse=True)
-    rows = ["| budget | N | mode | engine tok/s | simulated tok/s | error | engine hit rate | "
-            "simulated hit rate | gain vs solo: engine / simulated | sign |",
+    rows = ["| budget | N | mode | engine tok/s | simulated tok/s | error | hit rate: engine / "
+            "simulated | decode misses: engine / simulated | gain vs solo: engine / simulated "
+            "| sign |",
             "|---|---|---|---|---|---|---|---|---|---|"]
     errors, signs, quiet, fit_errors = [], [], [], []
     for frac in ([low] if low != full else []) + held_out:
@@ -475,8 +480,14 @@ def engine_check(args) -> str:
                     sign = "right" if ok else "WRONG"
             fmt = lambda v: "-" if v is None else format(v, ".2f")  # noqa: E731
             label = f"{f:.0%} (held in)" if held_in else f"{f:.0%}"
+            misses = "-"
+            if e.get("bus_bytes") is not None and s.get("misses") is not None:
+                m_eng = e["bus_bytes"] / x.expert_bytes
+                misses = f"{m_eng:.0f} / {s['misses']:.0f}" + (
+                    f" ({s['misses'] / m_eng - 1:+.0%})" if m_eng else "")
             rows.append(f"| {label} | {n} | {mode} | {e['tps']:.1f} | {s['tps']:.1f} | {err:+.1%} | "
-                        f"{fmt(e['hit_rate'])} | {fmt(s['hit_rate'])} | {gain} | {sign} |")
+                        f"{fmt(e['hit_rate'])} / {fmt(s['hit_rate'])} | {misses} | {gain} | "
+                        f"{sign} |")
     noise = same_work_spread(eng)
     fitted = (f"{low:.0%} (the bus bandwidth a miss is read at, {bus:g} GB/s, and the fixed "
               f"cost per miss, {miss_s * 1e6:g} us: {max(fit_errors, default=0):.1%} max error "
