@@ -315,7 +315,7 @@ def engine_cells(path: str) -> tuple[dict, dict]:
         out[(round(frac, 4), int(first(c, ("n", "N"), i)), mode)] = {
             "tps": float(first(c, ("tok_s", "tps", "aggregate_tps", "median_tps"), i)),
             "hit_rate": c.get("hit_rate", c.get("expert_hit_rate")),
-            "bus_bytes": c.get("bus_bytes")}
+            "bus_bytes": c.get("bus_bytes"), "acceptance": c.get("acceptance")}
     if not out:
         raise SystemExit(f"error: {p}: no cell of a mode in {MODES} with a cache budget")
     return out, meta
@@ -406,12 +406,38 @@ def engine_overrides(meta: dict, args) -> list[str]:
     return extra
 
 
+def realized_acceptance(measured: float, drafts: int) -> float:
+    """The per-draft rate p whose solo windows (`drafts` drafts, each accepted with p when the
+    ones before it were) accept `measured` of their drafts: (p + p^2 + .. + p^drafts) / drafts
+    = measured, by bisection."""
+    lo, hi = 0.0, 1.0
+    for _ in range(60):
+        mid = (lo + hi) / 2
+        if sum(mid ** j for j in range(1, drafts + 1)) / drafts < measured:
+            lo = mid
+        else:
+            hi = mid
+    return (lo + hi) / 2
+
+
 def engine_check(args) -> str:
     eng, meta = engine_cells(args.engine)
     extra = engine_overrides(meta, args) + list(getattr(args, "set", None) or [])
     x = compose_cfg([f"hardware={H200}", *extra]).experts
     fit_in = [float(b) for b in args.fit_budgets.split(",")]
     full, low = max(fit_in), min(fit_in)
+    # The engine's synthetic acceptance is a hash of (seed, position): every request and
+    # budget accepts at the same positions, so its realized rate, not the set one, decides how
+    # many windows (and misses) a request takes. The all-resident solo cells measure it.
+    spec = int((meta.get("args") or meta).get("spec") or 0)
+    solo = [c["acceptance"] for (f, _, mode), c in eng.items()
+            if f == full and mode == "solo" and c.get("acceptance")]
+    acceptance_note = f"the set synthetic acceptance, {args.acceptance:g}"
+    if solo and spec > 1:
+        measured = statistics.mean(solo)
+        args.acceptance = round(realized_acceptance(measured, spec - 1), 4)
+        acceptance_note = (f"the synthetic acceptance as realized, {args.acceptance:g} per draft "
+                           f"(the solo cells' measured {measured:.3f} of drafts)")
     # The engine's all-resident time per token of each (mode, N), and the simulator's: a
     # prediction is the engine's all-resident time plus the time the simulator adds at the
     # budget (its misses over the bus, the swaps' copies), paired by seed. The miss time is
@@ -494,7 +520,7 @@ def engine_check(args) -> str:
               f"there)" if low != full else
               f"nothing else (misses at {bus:g} GB/s and {miss_s * 1e6:g} us, as set)")
     summary = (f"Held in: {full:.0%} (each mode and N's all-resident time, pooled with the "
-               f"no-cache cell and, at N=1, across modes) and {fitted}; "
+               f"no-cache cell and, at N=1, across modes; {acceptance_note}) and {fitted}; "
                f"held out {', '.join(f'{b:.0%}' for b in held_out)}: "
                f"{sum(e <= 0.10 for e in errors)}/{len(errors)} cells within 10% "
                f"(max {max(errors, default=0):.1%}); sign of batching's gain (N > 1) right in "
