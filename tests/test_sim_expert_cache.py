@@ -360,7 +360,8 @@ def test_study_reads_engine_cells_in_either_form(tmp_path):
     path.write_text('{"meta": {"layers": 8}, "cells": [{"config": "batch_mtp@4", "n": 4, '
                     '"budget": 0.44, "median_tps": 100.0, "expert_hit_rate": 0.7}]}')
     cells, meta = study.engine_cells(str(path))
-    assert cells == {(0.44, 4, "batch_mtp"): {"tps": 100.0, "hit_rate": 0.7, "bus_bytes": None}}
+    assert cells == {(0.44, 4, "batch_mtp"): {"tps": 100.0, "hit_rate": 0.7, "bus_bytes": None,
+                                                "acceptance": None}}
     assert meta == {"layers": 8}
     # scripts/bench_expert_cache.py's form: the no-cache rows are left out
     path.write_text('{"meta": {"args": {"layers": 8, "skew": 1.0}}, "study": {"rows": ['
@@ -368,7 +369,8 @@ def test_study_reads_engine_cells_in_either_form(tmp_path):
                     '{"budget_pct": 25, "config": "solo", "n": 1, "aggregate_tps": 20.0, '
                     '"hit_rate": 0.5, "bus_bytes": 6000}]}}')
     cells, meta = study.engine_cells(str(path))
-    assert cells == {(0.25, 1, "solo"): {"tps": 20.0, "hit_rate": 0.5, "bus_bytes": 6000}}
+    assert cells == {(0.25, 1, "solo"): {"tps": 20.0, "hit_rate": 0.5, "bus_bytes": 6000,
+                                         "acceptance": None}}
     assert study.engine_no_cache(str(path)) == {(1, "solo"): 50.0}
     args = type("A", (), dict(skew=0.0, engine=str(path), profile=None))()
     extra = study.engine_overrides(meta, args)
