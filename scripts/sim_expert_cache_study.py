@@ -8,9 +8,11 @@ docs/SIM_STUDIES.md, and the check of the simulator against the engine's study.
 2. The seed's cards (rtx4090, r9700, p40, rtx5070 presets) at their real budgets, beside the
    numbers their users reported (upstream engine).
 3. With --engine FILE (scripts/bench_expert_cache.py's JSON): calibrate on the held-in budgets
-   (a scale per mode and N from the all-resident cells, the fixed cost per miss from the
-   smallest budget), predict the held-out budgets, and report the error per cell and whether
-   the sign of batching's gain matches (goal: within 10%, sign right in every cell).
+   (each mode and N's measured all-resident time and the realized synthetic acceptance from
+   the full budget; the bus bandwidth and fixed cost per miss from the smallest), predict the
+   held-out budgets as the all-resident time plus the simulated misses' time, and report the
+   error per cell, the decode misses and whether the sign of batching's gain matches (goal:
+   within 10%, sign right in every cell).
 
 Every cell is a cohort of N requests (prompt and output tokens as the engine study's: 64 and 64
 by default), synthetic acceptance 0.8 per judged draft, averaged over --seeds routing seeds.
