@@ -184,6 +184,9 @@ class SimExpertsConfig:
     #: engine moves one).
     decay: float = 0.75
     swap_limit: int = 1
+    #: Rows of one MoE kernel call (strata's MOE_MAX_ROWS): a forward of more rows runs
+    #: several calls, and each reads a missed expert it routes to over the bus (0 = one call).
+    call_rows: int = 32
     #: profile: the cost profile's window plus each miss's bus time less its HBM time;
     #: bytes: the real-scale bytes model below (sim/expert_costs.py).
     cost: str = "profile"

@@ -2,14 +2,14 @@
 
 Two ways to price a window, `experts.cost` choosing:
 
-- `profile`: the cost profile's window (measured with every expert resident) plus, per miss,
-  the expert's bytes over the bus plus `miss_s`, less the same bytes over effective HBM
-  bandwidth (a miss is read from host memory instead of the device).
+- `profile`: the cost profile's window (measured with every expert resident) plus, per read
+  of a missed expert, its bytes over the bus plus `miss_s`, less the missed experts' bytes
+  over effective HBM bandwidth (a miss is read from host memory instead of the device).
 - `bytes` (real scale, and cards with no profile): a window of `groups` groups of `depth`
   rows at full depth costs
       layers x per_layer_s
       + (other bytes + hits x expert_bytes) / (hbm_gb_s x hbm_efficiency)
-      + misses x (expert_bytes / bus + miss_s)
+      + reads x (expert_bytes / bus + miss_s)
   where other bytes = the dense weights, head, MTP, KV and state the window reads:
   base + per_group x groups + per_draft x max(0, depth - 2) (a lone slot's deeper window runs
   more MTP draft steps). per_layer_s, hbm_efficiency and the byte terms are fitted
@@ -18,6 +18,10 @@ Two ways to price a window, `experts.cost` choosing:
   efficiency and brings its own bandwidths. A capture or an eager window adds the profile's
   excess over a graph hit. A prompt chunk of T tokens costs what a 1-group window of T rows
   costs (a memory-bound estimate: fair for the short chunks of the studies, low for long ones).
+
+A missed expert is read over the bus once per MoE kernel call that routes to it (`reads`: the
+kernel takes at most `experts.call_rows` rows a call, strata's 32, so a 64-token prompt chunk
+can read a missed expert twice; a decode window of up to 32 rows reads it once).
 
 A swap's copy runs on a side stream after the window it follows; the next forward waits for
 it, so what the host time before that forward does not hide is added to it.
@@ -98,14 +102,14 @@ class ExpertCosts:
                     + max(0.0, profile_s - profile_hit_s))
         else:
             base = profile_s - x.misses * self.miss.expert_bytes / self.hbm_bytes_per_s
-        return max(0.0, base) + self.miss.seconds(x.misses)
+        return max(0.0, base) + self.miss.seconds(x.reads)
 
     def prefill_s(self, x: WindowExperts, tokens: int, profile_s: float) -> float:
         if self.mode == "bytes":
             return (self.bytes_model.resident_s(1, 1, x.hits) * self.prefill_scale
-                    + self.miss.seconds(x.misses))
+                    + self.miss.seconds(x.reads))
         return max(0.0, profile_s - x.misses * self.miss.expert_bytes / self.hbm_bytes_per_s) \
-            + self.miss.seconds(x.misses)
+            + self.miss.seconds(x.reads)
 
     def swap_started(self, swap_bytes: int) -> None:
         self.pending_copy_s += swap_bytes / self.miss.bus_bytes_per_s

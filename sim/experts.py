@@ -21,7 +21,9 @@ window's start (a hit) or not (a miss).
   counts become counts x decay + the picks since the last adaptation, and each layer swaps its
   least-counted resident for its most-counted missing expert while the missing one counts more
   (at most `swap_limit` per layer, the engine's 1; 0 = no limit). Prompt chunks pay their
-  misses but, as in the engine, do not count.
+  misses but, as in the engine, do not count. A forward of more rows than `call_rows` (strata's
+  MoE kernel takes 32 a call) reads a missed expert over the bus once per call that routes to
+  it: `reads`, what sim/expert_costs.py prices (a miss is still counted once).
 - `RecordedExperts`: replay. Hits, misses and bus bytes come from the trace's window events,
   in order, the way replay takes acceptance from commits; a swap is replayed at the step the
   trace has it, and the simulator emits it only after a window that ends an adapt period, so a
@@ -49,9 +51,17 @@ class ExpertModelError(ValueError):
 @dataclass
 class WindowExperts:
     """One forward's experts: distinct (layer, expert) pairs resident at its start (hits)
-    and not (misses), summed over the MoE layers."""
+    and not (misses), summed over the MoE layers; `reads`: the missed experts' reads over
+    the bus, one per MoE kernel call that routes to them (the kernel takes at most
+    `call_rows` rows a call, so a longer forward can read a missed expert more than once;
+    None = misses)."""
     hits: int
     misses: int
+    reads: Optional[int] = None
+
+    def __post_init__(self) -> None:
+        if self.reads is None:
+            self.reads = self.misses
 
     @property
     def distinct(self) -> int:
@@ -138,10 +148,17 @@ class RoutingModel:
         """Selections of a forward whose groups have these row counts, per layer: an int
         array [layers][experts] counting the row picks of each expert (a row picks top_k
         experts, distinct unless row_overlap repeats a pick)."""
+        return self.draw_calls(groups, rng, 0).sum(axis=0)
+
+    def draw_calls(self, groups: list[int], rng: np.random.Generator,
+                   call_rows: int) -> np.ndarray:
+        """`draw`, split by MoE kernel call: [calls][layers][experts] picks, the forward's
+        rows in order, `call_rows` rows a call (0 = one call). The draw itself does not
+        depend on the split."""
         L, E, k = self.layers, self.experts, self.top_k
         rows = int(sum(groups))
         if rows <= 0:
-            return np.zeros((L, E), dtype=np.int64)
+            return np.zeros((1, L, E), dtype=np.int64)
         # Gumbel top-k: the k largest log p + Gumbel noise are a draw of k distinct experts
         # without replacement, with probability proportional to p.
         keys = self._log_p[:, None, :] + rng.gumbel(size=(L, rows, E))
@@ -154,8 +171,12 @@ class RoutingModel:
                     keep = rng.random((L, k)) < self.row_overlap
                     chosen[:, r, :] = np.where(keep, chosen[:, r - 1, :], chosen[:, r, :])
                 start += g
-        flat = (np.arange(L)[:, None, None] * E + chosen).ravel()
-        return np.bincount(flat, minlength=L * E).reshape(L, E)
+        step = call_rows if 0 < call_rows < rows else rows
+        calls = []
+        for r0 in range(0, rows, step):
+            flat = (np.arange(L)[:, None, None] * E + chosen[:, r0:r0 + step, :]).ravel()
+            calls.append(np.bincount(flat, minlength=L * E).reshape(L, E))
+        return np.stack(calls)
 
 
 def expected_distinct_uniform(experts: int, top_k: int, rows: int) -> float:
@@ -203,9 +224,13 @@ class ExpertCacheModel:
 
     def __init__(self, routing: RoutingModel, slots: int, adapt_every: int, decay: float,
                  swap_limit: int, expert_bytes: int, rng: np.random.Generator,
-                 cache_on: bool = True):
+                 cache_on: bool = True, call_rows: int = 0):
         if slots < 0:
             raise ExpertModelError(f"expert slots must be >= 0, got {slots}")
+        if call_rows < 0:
+            raise ExpertModelError(f"experts.call_rows: must be >= 0, got {call_rows}")
+        #: Rows of one MoE kernel call (strata's MOE_MAX_ROWS; 0 = a forward is one call).
+        self.call_rows = int(call_rows)
         if not 0.0 < decay <= 1.0:
             raise ExpertModelError(f"experts.decay: must be in (0, 1], got {decay}")
         self.routing = routing
@@ -228,13 +253,16 @@ class ExpertCacheModel:
         self.swapped = 0
 
     def _forward(self, groups: list[int]) -> tuple[WindowExperts, np.ndarray]:
-        sel = self.routing.draw(groups, self.rng)
+        calls = self.routing.draw_calls(groups, self.rng, self.call_rows)
+        sel = calls.sum(axis=0)
         #: The last forward's selections [layer][expert] (for checks and tests).
         self.last_selection = sel
         touched = sel > 0
         hits = int(np.count_nonzero(touched & self.resident))
         misses = int(np.count_nonzero(touched)) - hits
-        return WindowExperts(hits, misses), sel
+        reads = int(np.count_nonzero((calls > 0) & ~self.resident[None])) \
+            if len(calls) > 1 else misses
+        return WindowExperts(hits, misses, reads), sel
 
     def window(self, step: int, groups: list[int]) -> WindowExperts:
         self.windows += 1
