@@ -122,3 +122,40 @@ def edit_tensors(path: Path, fn) -> None:
     sd = load_file(str(f))
     fn(sd)
     save_file(sd, str(f), metadata={"format": "pt"})
+
+
+#: The fast subset (`pytest -m "not slow"`, under 3 minutes on 2 cores) runs the first few
+#: variants of these parametrized tests; the others are marked slow and run in the full suite
+#: (CI). Each entry: the test's node id without its parameters -> the variants kept, in
+#: collection order. Chosen by `pytest -m "not slow" --durations=0`: the heaviest parametrized
+#: tests, each keeping the variants that cover its distinct paths.
+FAST_VARIANTS: dict[str, int] = {
+    "tests/test_expert_cache.py::test_tokens_identical_at_every_budget": 3,
+    "tests/test_expert_cache.py::test_moe_counting_under_torch_compile": 1,
+    "tests/test_sim_acceptance_transfer.py::test_acceptance_from_8_requests_holds_on_the_rest": 1,
+    "tests/test_sim_hardware.py::test_every_shipped_preset_composes_and_predicts": 2,
+    "tests/test_stages.py::test_two_stages_give_the_one_stage_tokens": 1,
+    "tests/test_overlap.py::test_overlap_keeps_the_text_in_every_mode": 3,
+    "tests/test_overlap.py::test_overlapped_traces_replay_exactly": 2,
+    "tests/test_synthetic_acceptance.py::test_decisions_are_keyed_by_seed_and_position": 2,
+    "tests/test_engine_warnings.py::test_stop_inside_an_accepted_group": 2,
+    "tests/test_engine_warnings.py::test_eos_cuts_output": 1,
+    "tests/test_engine_warnings.py::test_multi_token_stop_string_never_streams_its_text": 1,
+    "tests/test_engine_warnings.py::test_single_token_stop_string_cuts_output": 1,
+    "tests/test_engine_identity.py::test_solo_identity_with_graphs": 1,
+    "tests/test_warmup_graphs.py::test_warmup_captures_then_requests_hit_and_the_sim_replays_it": 1,
+    "tests/test_many_experts_identity.py::test_greedy_tokens_identical_in_every_mode": 1,
+    "tests/test_engine_properties.py::test_committed_state_matches_recompute": 2,
+}
+
+
+def pytest_collection_modifyitems(config, items):
+    seen: dict[str, int] = {}
+    for item in items:
+        base = item.nodeid.split("[", 1)[0]
+        keep = FAST_VARIANTS.get(base)
+        if keep is None or "[" not in item.nodeid or item.get_closest_marker("slow"):
+            continue
+        seen[base] = seen.get(base, 0) + 1
+        if seen[base] > keep:
+            item.add_marker(pytest.mark.slow)
