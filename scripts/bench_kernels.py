@@ -381,8 +381,11 @@ def _moe_weights(fp8: bool):
 #: moe_experts launch switches compared by --moe-variants (cyext_ops.moe_launch_options).
 MOE_VARIANTS = {"plain": dict(pdl=False, early=False, wide=False, db=False, xsmem=False),
                 "pdl+early": dict(pdl=True, early=True, wide=False, db=False, xsmem=False),
+                "+db": dict(pdl=True, early=True, wide=False, db=True, xsmem=False),
+                "+xsmem": dict(pdl=True, early=True, wide=False, db=False, xsmem=True),
                 "+db+xsmem": dict(pdl=True, early=True, wide=False, db=True, xsmem=True),
-                "wide": dict(pdl=True, early=True, wide=True, db=True, xsmem=False)}
+                "wide": dict(pdl=False, early=False, wide=True, db=False, xsmem=False),
+                "all": dict(pdl=True, early=True, wide=True, db=True, xsmem=False)}
 
 
 def bench_moe(records, rows_list, ceiling, sets: int = 8, variants=("default",)):

@@ -405,17 +405,53 @@ __device__ __forceinline__ void stage_wait_all() {
 #endif
 }
 
-// act[q][i0 + f] = silu(gate . x) * (up . x) for the F features from i0 and every member q of one
-// expert (mem[0 .. total)), from this warp's gate and up rows in registers (one warp's share of
-// a gate/up tile; both gate/up kernels).
-template <typename W, int CPL, int F, bool XS>
-__device__ __forceinline__ void gate_up_member_dots(const MoeParams& p, uint4 (&wg)[F][CPL],
-                                                    uint4 (&wu)[F][CPL],
-                                                    const float (&sg)[F][CPL],
-                                                    const float (&su)[F][CPL], const int* mem_s,
-                                                    int total, int i0, const void* xsrc,
-                                                    int lane, int nch) {
+// F features per warp: F = 2 doubles the bytes each warp has in flight (FP8 rows are short)
+// and halves the blocks, each of which pays the ids / duplicate-check prologue.
+template <typename W, int CPL, int F, bool EARLY, bool XS>
+__global__ void __launch_bounds__(MOE_THREADS, (CPL * F) <= 4 ? 3 : 2)
+    moe_gate_up_kernel(MoeParams p) {
   typedef WChunk<W> C;
+  __shared__ int ids_s[MOE_MAX_PAIRS];
+  __shared__ int mem_s[MOE_MAX_PAIRS];
+  __shared__ int warp_tot[MOE_THREADS / 32];
+  extern __shared__ uint4 xs_dyn[];  // XS: the window's x rows
+  pdl_launch_dependents();
+  const int s = blockIdx.y, tid = threadIdx.x;
+  // EARLY: this pair's expert straight from global memory, so the weight loads below are in
+  // flight while the ids are staged and the duplicate check runs.
+  const int e_early = EARLY ? clamp_expert(__ldg(p.topk_ids + s), p.E) : 0;
+  const int lane = tid & 31, warp = tid >> 5;
+  const int i0 = (blockIdx.x * (MOE_THREADS / 32) + warp) * F;
+  const int nch = p.H / C::EPC;
+  const int64_t row_bytes = (int64_t)p.H * sizeof(typename W::storage);
+  uint4 wg[F][CPL], wu[F][CPL];
+  float sg[F][CPL], su[F][CPL];
+  if (EARLY) load_gate_up_rows<W, CPL, F>(p, e_early, i0, nch, row_bytes, lane, wg, wu, sg, su);
+  for (int q = tid; q < p.P; q += MOE_THREADS) ids_s[q] = clamp_expert(p.topk_ids[q], p.E);
+  __syncthreads();
+  const int e = ids_s[s];
+  int dup = 0;
+  for (int q = tid; q < s; q += MOE_THREADS) dup |= (ids_s[q] == e);
+  if (__syncthreads_or(dup)) return;  // not the leader of its expert
+  if (XS) {  // the x rows, in flight while the members are gathered
+    const int x16 = p.n * p.H * (p.x_dtype == STRATA_DTYPE_F32 ? 4 : 2) / 16;
+    for (int t = tid; t < x16; t += MOE_THREADS) stage16(xs_dyn + t, (const uint4*)p.x + t);
+  }
+  // this warp's gate and up rows: the loads are in flight while the members are gathered
+  if (!EARLY) load_gate_up_rows<W, CPL, F>(p, e, i0, nch, row_bytes, lane, wg, wu, sg, su);
+  const int q0 = 2 * tid;
+  const int f0 = (q0 >= s && q0 < p.P && ids_s[q0] == e) ? 1 : 0;
+  const int f1 = (q0 + 1 >= s && q0 + 1 < p.P && ids_s[q0 + 1] == e) ? 1 : 0;
+  int total;
+  const int off = block_exclusive_scan<MOE_THREADS>(f0 + f1, warp_tot, &total);
+  if (f0) mem_s[off] = q0;
+  if (f1) mem_s[off + f0] = q0 + 1;
+  if (p.routed_counts && blockIdx.x == 0 && tid == 0) count_expert(p, e, total);
+  if (XS) stage_wait_all();
+  __syncthreads();
+  const void* xsrc = XS ? (const void*)xs_dyn : p.x;
+
+  if (i0 >= p.I) return;
   for (int m = 0; m < total; ++m) {
     const int q = mem_s[m];
     const int64_t xrow = (int64_t)(q / p.k) * p.H;
@@ -471,103 +507,6 @@ __device__ __forceinline__ void gate_up_member_dots(const MoeParams& p, uint4 (&
       if (lane == 0 && i0 + f < p.I) p.act[(int64_t)q * p.I + i0 + f] = g / (1.f + expf(-g)) * u;
     }
   }
-}
-
-// F features per warp: F = 2 doubles the bytes each warp has in flight (FP8 rows are short)
-// and halves the blocks, each of which pays the ids / duplicate-check prologue.
-template <typename W, int CPL, int F, bool EARLY, bool XS>
-__global__ void __launch_bounds__(MOE_THREADS, (CPL * F) <= 4 ? 3 : 2)
-    moe_gate_up_kernel(MoeParams p) {
-  typedef WChunk<W> C;
-  __shared__ int ids_s[MOE_MAX_PAIRS];
-  __shared__ int mem_s[MOE_MAX_PAIRS];
-  __shared__ int warp_tot[MOE_THREADS / 32];
-  extern __shared__ uint4 xs_dyn[];  // XS: the window's x rows
-  pdl_launch_dependents();
-  const int s = blockIdx.y, tid = threadIdx.x;
-  // EARLY: this pair's expert straight from global memory, so the weight loads below are in
-  // flight while the ids are staged and the duplicate check runs.
-  const int e_early = EARLY ? clamp_expert(__ldg(p.topk_ids + s), p.E) : 0;
-  const int lane = tid & 31, warp = tid >> 5;
-  const int i0 = (blockIdx.x * (MOE_THREADS / 32) + warp) * F;
-  const int nch = p.H / C::EPC;
-  const int64_t row_bytes = (int64_t)p.H * sizeof(typename W::storage);
-  uint4 wg[F][CPL], wu[F][CPL];
-  float sg[F][CPL], su[F][CPL];
-  if (EARLY) load_gate_up_rows<W, CPL, F>(p, e_early, i0, nch, row_bytes, lane, wg, wu, sg, su);
-  for (int q = tid; q < p.P; q += MOE_THREADS) ids_s[q] = clamp_expert(p.topk_ids[q], p.E);
-  __syncthreads();
-  const int e = ids_s[s];
-  int dup = 0;
-  for (int q = tid; q < s; q += MOE_THREADS) dup |= (ids_s[q] == e);
-  if (__syncthreads_or(dup)) return;  // not the leader of its expert
-  if (XS) {  // the x rows, in flight while the members are gathered
-    const int x16 = p.n * p.H * (p.x_dtype == STRATA_DTYPE_F32 ? 4 : 2) / 16;
-    for (int t = tid; t < x16; t += MOE_THREADS) stage16(xs_dyn + t, (const uint4*)p.x + t);
-  }
-  // this warp's gate and up rows: the loads are in flight while the members are gathered
-  if (!EARLY) load_gate_up_rows<W, CPL, F>(p, e, i0, nch, row_bytes, lane, wg, wu, sg, su);
-  const int q0 = 2 * tid;
-  const int f0 = (q0 >= s && q0 < p.P && ids_s[q0] == e) ? 1 : 0;
-  const int f1 = (q0 + 1 >= s && q0 + 1 < p.P && ids_s[q0 + 1] == e) ? 1 : 0;
-  int total;
-  const int off = block_exclusive_scan<MOE_THREADS>(f0 + f1, warp_tot, &total);
-  if (f0) mem_s[off] = q0;
-  if (f1) mem_s[off + f0] = q0 + 1;
-  if (p.routed_counts && blockIdx.x == 0 && tid == 0) count_expert(p, e, total);
-  if (XS) stage_wait_all();
-  __syncthreads();
-  const void* xsrc = XS ? (const void*)xs_dyn : p.x;
-
-  if (i0 >= p.I) return;
-  gate_up_member_dots<W, CPL, F, XS>(p, wg, wu, sg, su, mem_s, total, i0, xsrc, lane, nch);
-}
-
-// The window's pairs grouped by expert, from the ids alone, into shared memory: pair t leads
-// when no earlier pair has its expert; its members are the pairs from t on with that expert, in
-// pair order. Leaders in pair order: lexp_s (their experts), lcnt_s (member counts), lst_s
-// (where their members start in mem_s). Returns the number of leaders (has barriers).
-template <int THREADS>
-__device__ int group_pairs(const MoeParams& p, int* ids_s, int* lexp_s, int* lcnt_s, int* lst_s,
-                           int* mem_s, int (&warp_tot)[2][THREADS / 32]) {
-  constexpr int PPT = MOE_MAX_PAIRS / THREADS;  // consecutive pairs per thread
-  const int tid = threadIdx.x;
-  for (int q = tid; q < p.P; q += THREADS) ids_s[q] = clamp_expert(p.topk_ids[q], p.E);
-  __syncthreads();
-  int cnt[PPT], nl = 0, nm = 0;
-#pragma unroll
-  for (int r = 0; r < PPT; ++r) {
-    const int t = tid * PPT + r;
-    cnt[r] = 0;
-    if (t < p.P) {
-      const int e = ids_s[t];
-      bool lead = true;
-      for (int q = 0; q < t && lead; ++q) lead = ids_s[q] != e;
-      if (lead)
-        for (int q = t; q < p.P; ++q) cnt[r] += ids_s[q] == e;
-    }
-    nl += cnt[r] > 0 ? 1 : 0;
-    nm += cnt[r];
-  }
-  int nlead, nmem;
-  int a = block_exclusive_scan<THREADS>(nl, warp_tot[0], &nlead);
-  int mst = block_exclusive_scan<THREADS>(nm, warp_tot[1], &nmem);
-#pragma unroll
-  for (int r = 0; r < PPT; ++r) {
-    if (cnt[r] > 0) {
-      const int t = tid * PPT + r, e = ids_s[t];
-      lexp_s[a] = e;
-      lcnt_s[a] = cnt[r];
-      lst_s[a] = mst;
-      int m = 0;
-      for (int q = t; q < p.P && m < cnt[r]; ++q)
-        if (ids_s[q] == e) mem_s[mst + m++] = q;
-      ++a;
-      mst += cnt[r];
-    }
-  }
-  __syncthreads();
-  return nlead;
 }
 
 // One batch of down-row slices: for the U leaders a0 .. a0+U-1 (those < nlead), rows h0 and
@@ -649,8 +588,31 @@ __global__ void __launch_bounds__(MOE_DOWN_THREADS, 2) moe_down_kernel(MoeParams
   __shared__ int warp_tot[2][MOE_DOWN_THREADS / 32];
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   // The grouping again, from the ids alone (no output of the gate/up kernel is needed before
-  // the activations).
-  const int nlead = group_pairs<MOE_DOWN_THREADS>(p, ids_s, lexp_s, lcnt_s, lst_s, mem_s, warp_tot);
+  // the activations): pair t leads when no earlier pair has its expert; its members are the
+  // pairs from t on with that expert, in pair order. One pair per thread (P <= 512).
+  for (int q = tid; q < p.P; q += MOE_DOWN_THREADS) ids_s[q] = clamp_expert(p.topk_ids[q], p.E);
+  __syncthreads();
+  int cnt = 0;
+  if (tid < p.P) {
+    const int e = ids_s[tid];
+    bool lead = true;
+    for (int q = 0; q < tid && lead; ++q) lead = ids_s[q] != e;
+    if (lead)
+      for (int q = tid; q < p.P; ++q) cnt += ids_s[q] == e;
+  }
+  int nlead, nmem;
+  const int a = block_exclusive_scan<MOE_DOWN_THREADS>(cnt > 0 ? 1 : 0, warp_tot[0], &nlead);
+  const int mst = block_exclusive_scan<MOE_DOWN_THREADS>(cnt, warp_tot[1], &nmem);
+  if (cnt > 0) {
+    const int e = ids_s[tid];
+    lexp_s[a] = e;
+    lcnt_s[a] = cnt;
+    lst_s[a] = mst;
+    int m = 0;
+    for (int q = tid; q < p.P && m < cnt; ++q)
+      if (ids_s[q] == e) mem_s[mst + m++] = q;
+  }
+  __syncthreads();
 
   const int hl = (warp & 3) * 2;  // this warp's two features within the tile
   const int phase = warp >> 2;    // leaders are dealt to the 4 warp phases U at a time
@@ -716,8 +678,9 @@ inline int chunks_per_lane(int64_t chunks) {
 
 // Process-wide switches of the routed-expert launches (STRATA_MOE_* in strata_kernels.h). PDL,
 // EARLY, DB and XSMEM are on (each measured faster on an H200, DB + XSMEM at every row count
-// within noise: docs/KERNELS.md); WIDE is off: two features per warp measured 3-17% slower for
-// FP8 (twice the registers, two blocks per SM instead of three), kept to measure again.
+// within noise: docs/KERNELS.md); WIDE is off: two features per warp measured 3-12% slower for
+// FP8 (twice the registers, two blocks per SM instead of three), kept to measure again after
+// register-lean changes.
 int g_moe_options = STRATA_MOE_PDL | STRATA_MOE_EARLY | STRATA_MOE_DB | STRATA_MOE_XSMEM;
 
 // Whether the device runs programmatic dependent launches (sm_90+), cached per device.
@@ -771,22 +734,6 @@ int launch_moe_down(const MoeParams& p, cudaStream_t st, bool pdl, bool db) {
     if (db) return launch_moe_down_kernel<W, CPL, U / 2, true>(p, st, pdl);
   }
   return launch_moe_down_kernel<W, CPL, U, false>(p, st, pdl);
-}
-
-// Streaming multiprocessors of a device, cached per device.
-int device_sms(int device) {
-  static int cached[64];  // 0 unknown; benign race (same value written)
-  if (device < 0 || device >= 64) return 132;
-  if (!cached[device]) {
-    int sms = 0;
-#if STRATA_PLATFORM_HIP
-    hipDeviceGetAttribute(&sms, hipDeviceAttributeMultiprocessorCount, device);
-#else
-    cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
-#endif
-    cached[device] = sms > 0 ? sms : 132;
-  }
-  return cached[device];
 }
 
 template <typename W, int F, bool EARLY, bool XS>
@@ -1043,7 +990,15 @@ int strata_gpu_linear_skinny(const void* x, int x_dtype, int64_t m, int64_t in, 
   const bool fp8 = w_dtype == STRATA_DTYPE_FP8;
   if (fp8 && (!scale || bo < 1 || bi < 16 || bi % 16))
     return invalid("linear (FP8 weights need scales and a block (bo, bi) with bi % 16 == 0)");
-  const int sms = device_sms(device);
+  int sms = 132;
+  int dev = 0;
+  if (cudaGetDevice(&dev) == cudaSuccess) {
+#if STRATA_PLATFORM_HIP
+    (void)hipDeviceGetAttribute(&sms, hipDeviceAttributeMultiprocessorCount, dev);
+#else
+    (void)cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
+#endif
+  }
   LinParams p;
   p.x = x;
   p.w = w;

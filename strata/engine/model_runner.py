@@ -221,8 +221,6 @@ class ModelRunner:
         """Run a window of (lane, pos, rows) groups; its output is the host rows, one per group.
         `filtered` picks the window's sampler, so it must be part of `key`."""
         run = self._run(groups, n_padded, g, ctx, filtered, key)
-        if self.expert_cache is not None:
-            run.expert_counts = self.expert_cache.after_launch()
         run.output = run.output.tolist()[: len(groups)]  # (a list slice is cheaper than a tensor's)
         return run
 
@@ -240,8 +238,6 @@ class ModelRunner:
             start = torch.cuda.Event(enable_timing=True)
             start.record()
         run = self._run(groups, n_padded, g, ctx, filtered, key)
-        if self.expert_cache is not None:  # before the end event: `read` waits for the counts
-            run.expert_counts = self.expert_cache.after_launch()
         out = run.output
         if cuda:
             bufs = self._out_bufs.get(tuple(out.shape))
@@ -291,10 +287,13 @@ class ModelRunner:
         if self._staged is not None:
             self._staged = staged
         try:
-            return self._run_filled(groups, n_padded, g, ctx, filtered, key)
+            run = self._run_filled(groups, n_padded, g, ctx, filtered, key)
         finally:
             if self._staged is not None:
                 self._staged = False
+        if self.expert_cache is not None:  # in stream order right after the window, before
+            run.expert_counts = self.expert_cache.after_launch()  # `launch` records its end
+        return run
 
     def _run_filled(self, groups: list[tuple[int, int, int]], n_padded: int, g: int, ctx: int,
                     filtered: bool, key: Optional[str]) -> GraphRun:

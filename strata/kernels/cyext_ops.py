@@ -466,12 +466,12 @@ def moe_launch_options(pdl=None, early=None, wide=None, db=None, xsmem=None) -> 
     the window's x rows staged in shared memory by each gate/up block. None leaves a switch as
     it is. Returns the switches now in force."""
     flags = _gpu.moe_set_options(-1)
-    names = ("pdl", "early", "wide", "db", "xsmem")
-    for bit, on in zip((1, 2, 4, 8, 16), (pdl, early, wide, db, xsmem)):
+    for bit, on in ((1, pdl), (2, early), (4, wide), (8, db), (16, xsmem)):
         if on is not None:
             flags = (flags | bit) if on else (flags & ~bit)
     _gpu.moe_set_options(flags)
-    return {name: bool(flags & (1 << i)) for i, name in enumerate(names)}
+    return {"pdl": bool(flags & 1), "early": bool(flags & 2), "wide": bool(flags & 4),
+            "db": bool(flags & 8), "xsmem": bool(flags & 16)}
 
 
 def conv_launch_options(serial=None) -> dict:
