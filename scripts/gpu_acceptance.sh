@@ -17,11 +17,14 @@
 #                                                            #   quick calibration, both presets)
 #   STRATA_COMMIT=<hash> bash scripts/gpu_acceptance.sh 7    # ~9 min: engine.overlap: identity, the tiny
 #                                                            #   grid and window breakdown off and on
+#   STRATA_COMMIT=<hash> bash scripts/gpu_acceptance.sh 9    # ~10 min, two GPUs: engine.stages=2, the
+#                                                            #   identity tests, then full-depth bf16
+#                                                            #   batch_mtp with one group (PIPE=off)
 #
 # STRATA_COMMIT names the commit in the results (the device's copy of the tree may carry a
 # stale .git). Every step prints one summary line; see docs/GPU_RUNBOOK.md for what each feeds.
 set -u
-part=${1:?usage: gpu_acceptance.sh 1|1k|2|2b|2s|3|4|5|5c|6|7|7c|8|8b}
+part=${1:?usage: gpu_acceptance.sh 1|1k|2|2b|2s|3|4|5|5c|6|7|7c|8|8b|9}
 OUT=${OUT:?set OUT to the results directory}
 export PYTHONUNBUFFERED=1
 # The device tool brings back at most 8 files from $OUT: every log and result goes under $R
@@ -172,5 +175,17 @@ case $part in
         --skew 1.0 --budgets "$STUDY_BUDGETS" --no-baseline --profile "$STUDY_PROFILE" \
         --json "$R/expert_study_b.json"
   fi
+  ;;
+9)  # the layer split (issue 19) on the two-GPU machine: the tokens of one GPU with stages=2
+    # (compile off and pipelined groups; the compiled cases take minutes), then full-depth bf16
+    # Qwen3-Next-80B-A3B shapes (SYNTHETIC dummy weights, acceptance 0.8) on two stages,
+    # batch_mtp at N=1,2,4,8 with PIPE (off, on or off,on) and the hand-off per window shape.
+  if [ -z "${SKIP_STAGE_TESTS:-}" ]; then
+    step gpu_stages 150 python3 -m pytest -q -x tests/test_stages_gpu.py -k "off or pipelined"
+  fi
+  TAIL=40 step stages_bench "${STAGES_S:-330}" python3 scripts/bench_stages.py \
+      --preset qwen3_next_80b_a3b --load-format dummy --stages 2 --configs "${STAGE_CONFIGS:-batch_mtp}" \
+      --n "${STAGE_N:-1,2,4,8}" --pipeline "${PIPE:-off}" --synthetic-acceptance 0.8 --repeats 1 \
+      --max-tokens 64 --json "$R/stages_${PIPE:-off}.json"
   ;;
 esac
