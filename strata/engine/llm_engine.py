@@ -158,7 +158,7 @@ class Engine:
         most_rows = max(self.cfg.spec if self.drafting else 1, 2 if self.batch_mtp else 1)
         plan = plan_warmup(self.cfg, len(self.scheduler.slots), most_rows, self.max_context,
                            self.cache is not None)
-        done = self.runner.warmup(plan, self._tier)
+        done = self.runner.warmup(plan, self._tier, self.log)
         if self.expert_cache is not None:  # scratch-lane routing is not the workload's
             self.expert_cache.reset_counts()
         if plan.window_keys is not None:  # a replay starts from these graphs

@@ -23,6 +23,9 @@ from strata.engine.verifier import Verifier
 from strata.engine.warmup import WarmupDone, WarmupPlan
 from strata.trace import TraceWriter, prefill_bucket, shape_bucket
 
+#: Seconds between the warm-up's progress lines.
+PROGRESS_S = 15.0
+
 
 @dataclass
 class PendingWindow:
@@ -315,24 +318,37 @@ class ModelRunner:
         return run
 
     # ---- warm-up ------------------------------------------------------------------------------
-    def warmup(self, plan: WarmupPlan, tier: Callable[[int], int]) -> WarmupDone:
+    def warmup(self, plan: WarmupPlan, tier: Callable[[int], int],
+               progress: Callable[[str], None] = lambda s: None) -> WarmupDone:
         """Run every window shape and prompt-chunk bucket of `plan` once on the scratch lane
         (eagerly, no graphs), so that torch.compile's work happens now rather than inside the
         first requests; then capture the prompt-chunk graphs and the shape-keyed window graphs
-        requests will use. Real lanes are not touched."""
+        requests will use. Real lanes are not touched. `progress` hears how far it got, at
+        most every PROGRESS_S seconds (a full-depth model compiles for minutes)."""
         done = WarmupDone()
-        for ng, g in plan.window_shapes:
-            if ng > self.inputs.shape[1]:
-                continue
+        shapes = [(ng, g) for ng, g in plan.window_shapes if ng <= self.inputs.shape[1]]
+        total = len(shapes) * len(plan.window_tiers) * 2
+        t0 = last = time.perf_counter()
+
+        def tick(what: str) -> None:
+            nonlocal last
+            now = time.perf_counter()
+            if now - last >= PROGRESS_S:
+                last = now
+                progress(f"INFO warm-up: {what} ({now - t0:.0f} s)")
+
+        for ng, g in shapes:
             self._fill([], ng, pad_all=True)
             for ctx in plan.window_tiers:
                 for filtered in (False, True):
                     self._fn(ng, g, ctx, filtered)()
                     done.windows += 1
-        for b in plan.prefill_buckets:
+                    tick(f"{done.windows} of {total} window shapes run")
+        for i, b in enumerate(plan.prefill_buckets):
             self.p_tokens[:b].zero_()
             self._set_meta(self.scratch, 0, 1, None)
             self.verifier.prefill(self.p_tokens[:b], self.p_meta, tier(b))
+            tick(f"{i + 1} of {len(plan.prefill_buckets)} prompt buckets run")
         # Prompt-chunk graphs, one per (bucket, tier) a chunk can read: a capture inside a
         # request would add tens of ms to its time to first token.
         if self.p_backend is not None:
@@ -342,6 +358,7 @@ class ModelRunner:
                     if ctx >= tier(b):  # a chunk at start ctx - b reads exactly `ctx`
                         action, _ = self.prefill(self.scratch, zeros, ctx - b, b, None, tier)
                         done.prefill_graphs += action == GraphAction.CAPTURE
+                        tick(f"{done.prefill_graphs} prompt-chunk graphs captured")
         # Window graphs (tiers ascending, deepest windows first) up to the graph limit: a
         # capture inside a request costs it 15-35 ms on the H200. Layout keys are too many to
         # enumerate: they are captured on first use.
@@ -353,4 +370,5 @@ class ModelRunner:
                 break
             done.window_keys.append(key)
             done.window_mib.append(round(run.mib, 3))
+            tick(f"{len(done.window_keys)} window graphs captured")
         return done
