@@ -57,6 +57,8 @@ def build_engine(a, name: str, slots: int, pipelined: bool = False) -> Engine:
     ecfg.stages = a.stages
     ecfg.stage_layers = a.stage_layers
     ecfg.pipeline_groups = pipelined
+    if a.prefill_buckets:  # each bucket compiles for tens of seconds at full depth
+        ecfg.prefill_buckets = [int(b) for b in a.prefill_buckets.split(",")]
     cfg.engine = ecfg
     log = lambda s: s.startswith(("INFO stages", "INFO warm-up", "INFO slots", "WARNING", "ERROR")) \
         and print(s, file=sys.stderr, flush=True)  # noqa: E731
@@ -105,7 +107,20 @@ def bench_config(a, name: str, ns: list[int], pipelined: bool = False) -> list[d
                       f"{s['mean_ms']:.2f} ms, hand-off {s['handoff_ms']:.3f} ms", flush=True)
     finally:
         eng.close()
+        release(eng)
     return rows
+
+
+def release(eng: Engine) -> None:
+    """Free stage 0's weights before the next configuration loads its own: torch.compile's
+    caches hold the model's modules, and two full-depth stage-0 halves do not fit one H200."""
+    import gc
+
+    eng.__dict__.clear()
+    torch._dynamo.reset()
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
 
 
 def main() -> None:
@@ -124,6 +139,9 @@ def main() -> None:
     ap.add_argument("--spec", type=int, default=4)
     ap.add_argument("--window-rows", type=int, default=8)
     ap.add_argument("--synthetic-acceptance", type=float, default=None)
+    ap.add_argument("--prefill-buckets", default=None,
+                    help="engine.prefill_buckets, comma separated (default: the engine's; the "
+                         "benchmark's prompts need only the one holding --prompt-tokens)")
     ap.add_argument("--graphs", type=lambda s: s.lower() in ("1", "true", "yes"), default=True,
                     help="one stage only: a staged engine runs without CUDA graphs")
     ap.add_argument("--pipeline", default="off",

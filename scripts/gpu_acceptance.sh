@@ -186,6 +186,6 @@ case $part in
   TAIL=40 step stages_bench "${STAGES_S:-330}" python3 scripts/bench_stages.py \
       --preset qwen3_next_80b_a3b --load-format dummy --stages 2 --configs "${STAGE_CONFIGS:-batch_mtp}" \
       --n "${STAGE_N:-1,2,4,8}" --pipeline "${PIPE:-off}" --synthetic-acceptance 0.8 --repeats 1 \
-      --max-tokens 64 --json "$R/stages_${PIPE:-off}.json"
+      --max-tokens 64 --prefill-buckets 64 --json "$R/stages_${PIPE:-off}.json"
   ;;
 esac
