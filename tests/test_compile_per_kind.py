@@ -64,3 +64,27 @@ def test_compiled_graphs_do_not_grow_with_depth():
     eight = compiled_graphs(8)
     assert four["graphs"] > 0
     assert eight == four, f"8 layers compiled {eight}, 4 layers {four}"
+
+
+@torch._dynamo.config.patch(suppress_errors=False)
+def test_prompt_chunks_of_any_length_compile_once():
+    """The prompt-chunk regions compile with symbolic lengths: a chunk of another bucket (other
+    chunk counts and padding in the chunked delta rule, which runs outside the compiled
+    region) traces no new graph and recompiles nothing. When the rule's chunk loop was traced,
+    every bucket recompiled the linear-attention region, MoE included (tens of seconds each at
+    full depth)."""
+    ops.set_backend("auto", "cpu")
+    args = tiny_args(num_hidden_layers=2, eos_token_id=[0])
+    model = init_random(Qwen3Next(args, with_mtp=False), seed=0).eval()
+    state = DecodeState(args, 2, 512, torch.float32, torch.device("cpu"), False)
+    torch._dynamo.reset()
+    counters.clear()
+    model.compile_regions(None, lambda f: torch.compile(f, backend="eager", dynamic=True))
+    seen = []
+    with torch.no_grad():
+        for n in (16, 32, 64, 128, 256, 200):
+            model.prefill(torch.arange(n) + 1, 0, 0, state, length=torch.tensor([n - 3]), ctx=n)
+            seen.append((counters["stats"]["unique_graphs"], sum(counters["recompiles"].values())))
+    model.compile_regions(None, None)
+    assert seen[0][0] > 0
+    assert seen[-1] == seen[1], f"graphs and recompiles after each length: {seen}"

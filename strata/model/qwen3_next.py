@@ -376,6 +376,17 @@ class Attention(nn.Module):
         return self.o_proj(o * torch.sigmoid(gate))
 
 
+@torch.compiler.disable
+def chunk_rule(q, k, v, g, beta, initial_state):
+    """The chunked gated delta rule of a prompt chunk, kept out of torch.compile: its chunk loop
+    unrolls by the prompt's length (and pads by length % 64), so a traced region recompiled,
+    MoE and all, for every prompt bucket. Around it the compiled regions take any length. The
+    output is returned as a fresh tensor: a view of the padded chunk grid would make the region
+    after it guard on the chunk count again."""
+    core, state = ops.chunk_gated_delta(q, k, v, g, beta, initial_state)
+    return core.clone(memory_format=torch.contiguous_format), state
+
+
 def l2norm(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
     return x * torch.rsqrt((x * x).sum(-1, keepdim=True) + eps)
 
@@ -461,7 +472,7 @@ class GatedDeltaNet(nn.Module):
             conv_final = ext.gather(-1, cols[:, None, :].expand(-1, ext.shape[1], -1))
             g = g * valid[..., None]
             beta = beta * valid[..., None]
-        core, rec_final = ops.chunk_gated_delta(q, k, v, g, beta, rec_init)
+        core, rec_final = chunk_rule(q, k, v, g, beta, rec_init)
         return self._out(core, z, x.dtype), conv_final, rec_final
 
     def forward_window(self, x, conv_state, rec_state, group_slot, rec_out=None):
