@@ -102,13 +102,13 @@ class StageGraphs:
         commits lazily, so its windows in flight are not bounded by `depth`); without it, a
         copy still held is a bug."""
         turn = self._turns.get(shape, 0)
-        self._turns[shape] = (turn + 1) % self.depth
         key = "x".join(str(v) for v in shape) + f"#{turn}"
         if key in self.held:
             if land is None:
                 raise RuntimeError(f"stage graph {key}: replayed while the window that last "
                                    f"replayed it is in flight (its outputs not yet read)")
             land(key)
+        self._turns[shape] = (turn + 1) % self.depth
         if self.cache.backend.name == "record":  # nothing lazy to initialise outside a recording
             warm = _nothing
         out = self.cache.run(key, fn, warm, pinned=self.held).output

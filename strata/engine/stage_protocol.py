@@ -125,6 +125,7 @@ def recv_header(device: torch.device) -> list[int]:
 
 def fan_out(t: torch.Tensor) -> torch.Tensor:
     """Stage 0: `t` to every other stage."""
+    _allowed()
     for k in range(1, dist.get_world_size()):
         _post(t, k, None)
     return t
@@ -147,6 +148,7 @@ def send_back(t: torch.Tensor, dst: int) -> None:
 
 def back_to_all(t: torch.Tensor) -> None:
     """The last stage: `t` to every earlier stage."""
+    _allowed()
     for k in range(dist.get_world_size() - 1):
         _post(t, k, _back)
 

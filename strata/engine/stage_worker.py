@@ -128,13 +128,13 @@ class StageWindows:
     before, then its compute, replayed from a graph when windows are captured (the messages
     stay outside it: stage_graphs.py) or eager."""
 
-    def __init__(self, model: Any, state: Any, graphs: StageGraphs, split_keys: int, rank: int,
-                 device: torch.device, dtype: torch.dtype):
-        self.model, self.state, self.graphs = model, state, graphs
+    def __init__(self, model: Any, verifier: Any, state: Any, graphs: StageGraphs,
+                 split_keys: int, rank: int, device: torch.device, dtype: torch.dtype):
+        """`model`: the stage's model (the last stage's LastStageModel); `verifier`: the last
+        stage's Verifier over it, else None."""
+        self.model, self.verifier, self.state, self.graphs = model, verifier, state, graphs
         self.split_keys, self.rank, self.dtype = split_keys, rank, dtype
         self.inputs = StaticInputs(device)
-        #: The last stage's Verifier (over LastStageModel), else None.
-        self.verifier: Any = None
 
     def _receive(self, ng: int, g: int) -> torch.Tensor:
         """The hidden states from the stage before: into the graph's static buffer."""
@@ -281,13 +281,13 @@ def serve(rank: int, world: int, stage: StageSlice, cfg: Any, loaded: Any, devic
     graphs = StageGraphs.for_stage(ecfg, device, _stage_budget(loaded, ecfg, device, n_slots,
                                                                max_context, drafting and stage.last),
                                    lambda m: _log(rank, m))
-    windows = StageWindows(model, state, graphs, split_keys, rank, device, loaded.dtype)
+    stage_model = LastStageModel(model, rank) if stage.last else model
     verifier = None
     if stage.last:
-        windows.model = LastStageModel(model, rank)
-        verifier = windows.verifier = Verifier(
-            windows.model, state, bufs, drafting, split_keys=split_keys, functions=functions,
-            synthetic_acceptance=ecfg.synthetic_acceptance)
+        verifier = Verifier(stage_model, state, bufs, drafting, split_keys=split_keys,
+                            functions=functions, synthetic_acceptance=ecfg.synthetic_acceptance)
+    windows = StageWindows(stage_model, verifier, state, graphs, split_keys, rank, device,
+                           loaded.dtype)
     empty = lambda *shape, dtype=torch.long: torch.empty(*shape, dtype=dtype, device=device)  # noqa: E731
     pending = PendingCommits(state, bufs.pos, last, device, graphs)
     with torch.inference_mode():
