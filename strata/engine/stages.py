@@ -17,6 +17,9 @@ chunk, hidden states go stage to stage, the last stage returns the token and dra
 are point to point (stage_protocol.py), so with engine.pipeline_groups the driver launches
 another group's window before the last stage returns the first one's output (pipeline.py).
 Verification and commit are the one-stage code, so the tokens are the one-stage tokens.
+With engine.graphs each stage replays its own part of a window as a graph of its compute, the
+messages outside it (strata/engine/stage_graphs.py); the driver's graph cache records the
+window plans.
 
 A stage process that dies is a StageFailure: the engine fails every request it holds with an
 error and stops (Engine.fault); the server's engine process then exits, which is its restart
@@ -349,7 +352,8 @@ class FirstStageVerifier:
     its layers, hands the hidden states on, and commits its DeltaNet snapshots of the prefix
     the last stage accepted. The ModelRunner drives it as it drives the Verifier; pipelined
     slot groups (engine.pipeline_groups) call `launch` and `land` apart, with other groups'
-    windows launched in between.
+    windows launched in between. Its compute (embedding and layers) replays a graph per window
+    shape (`graphs`, stage_graphs.py) between the messages.
 
     A window's tokens are each slot's pending token and draft, which stage 0 keeps in its own
     slot buffers from every window's output and prompt chunk's reply (the drafts travel with
