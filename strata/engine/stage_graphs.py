@@ -14,8 +14,12 @@ CI as on CUDA.
 Output buffers. A graph writes the same output buffers on every replay. Stage 0 and the middle
 stages read a window's DeltaNet snapshots (rec, conv) when the window lands, and with pipelined
 slot groups up to `depth` = engine.stages windows are in flight, of which several may have the
-same shape. So each shape has `depth` graphs, used in turn: a copy's previous window is `depth`
-windows of that shape back, and since at most `depth` windows are in flight it has landed.
+same shape. So each shape has `depth` graphs there (one on the last stage, which reads its
+output right after the replay), used in turn: a copy's previous window is `depth` windows of
+that shape back, and since stage 0 has at most `depth` windows in flight it has landed. A
+middle stage commits a window only when a later message touches its slots (PendingCommits), so
+it may hold more: before it replays a copy still held, it lands the window holding it (the last
+stage sent that output long ago).
 (Copying the snapshots out of one graph per shape instead would copy every DeltaNet layer's
 per-row state for every window; extra graphs cost memory once, and only when pipelining.) The
 graphs of windows in flight are pinned: never evicted before they land. The hidden states and
@@ -55,7 +59,7 @@ class MessageFreeBackend:
 
 
 def pipeline_depth(ecfg: Any) -> int:
-    """Windows a stage may have in flight: engine.stages with pipelined slot groups, else 1."""
+    """Windows stage 0 may have in flight: engine.stages with pipelined slot groups, else 1."""
     return int(ecfg.stages) if ecfg.pipeline_groups else 1
 
 
@@ -74,8 +78,11 @@ class StageGraphs:
 
     @classmethod
     def for_stage(cls, ecfg: Any, device: torch.device, budget: MemoryBudget,
-                  log: Callable[[str], None]) -> "StageGraphs":
-        depth = pipeline_depth(ecfg)
+                  log: Callable[[str], None], holds_outputs: bool = True) -> "StageGraphs":
+        """`holds_outputs`: windows' outputs are read when they land (stage 0, a middle
+        stage), so each shape has a graph per window in flight; the last stage reads its
+        output right after the replay, so one per shape."""
+        depth = pipeline_depth(ecfg) if holds_outputs else 1
         if not ecfg.graphs:
             return cls(None, depth)
         inner = (CudaGraphBackend(device, capture_error_mode="thread_local") if device.type == "cuda"

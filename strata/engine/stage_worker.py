@@ -282,7 +282,7 @@ def serve(rank: int, world: int, stage: StageSlice, cfg: Any, loaded: Any, devic
     split_keys = ecfg.invariant_split_keys if ecfg.batch_invariant else 0
     graphs = StageGraphs.for_stage(ecfg, device, _stage_budget(loaded, ecfg, device, n_slots,
                                                                max_context, drafting and stage.last),
-                                   lambda m: _log(rank, m))
+                                   lambda m: _log(rank, m), holds_outputs=not stage.last)
     stage_model = LastStageModel(model, rank) if stage.last else model
     verifier = None
     if stage.last:
