@@ -19,6 +19,9 @@ goal: at least 1.6x for batch_mtp at N=8):
         --configs batch_mtp,batch --n 1,2,4,8 --pipeline off,on --synthetic-acceptance 0.8 \
         --json stages_pipe.json
 
+Both run with CUDA graphs on every stage (the default); `--graphs false` runs every window
+eagerly, as the split did before stage graphs, for the comparison.
+
 and the one-GPU FP8 figures beside it:
 
     python scripts/bench_stages.py --preset qwen3_next_80b_a3b_fp8 --load-format dummy --stages 1 \
@@ -60,7 +63,8 @@ def build_engine(a, name: str, slots: int, pipelined: bool = False) -> Engine:
     if a.prefill_buckets:  # each bucket compiles for tens of seconds at full depth
         ecfg.prefill_buckets = [int(b) for b in a.prefill_buckets.split(",")]
     cfg.engine = ecfg
-    log = lambda s: s.startswith(("INFO stages", "INFO warm-up", "INFO slots", "WARNING", "ERROR")) \
+    log = lambda s: s.startswith(("INFO stages", "INFO stage graphs", "INFO engine.stages",  # noqa: E731
+                                  "INFO warm-up", "INFO slots", "WARNING", "ERROR")) \
         and print(s, file=sys.stderr, flush=True)  # noqa: E731
     eng = Engine.from_config(cfg, log=log)
     eng.trace.keep = False
@@ -143,7 +147,10 @@ def main() -> None:
                     help="engine.prefill_buckets, comma separated (default: the engine's; the "
                          "benchmark's prompts need only the one holding --prompt-tokens)")
     ap.add_argument("--graphs", type=lambda s: s.lower() in ("1", "true", "yes"), default=True,
-                    help="one stage only: a staged engine runs without CUDA graphs")
+                    help="engine.graphs: windows replay CUDA graphs (on a split each stage "
+                         "captures its own compute, messages outside: strata/engine/"
+                         "stage_graphs.py; windows of more than 2 rows per group run the last "
+                         "stage eagerly, prompt chunks run eagerly); false: every window eager")
     ap.add_argument("--pipeline", default="off",
                     help="engine.pipeline_groups per run, comma separated: off, on or off,on "
                          "(both: each configuration with one window in flight, then with one "

@@ -177,11 +177,12 @@ case $part in
   fi
   ;;
 9)  # the layer split (issue 19) on the two-GPU machine: the tokens of one GPU with stages=2
-    # (compile off and pipelined groups; the compiled cases take minutes), then full-depth bf16
+    # (compile off, pipelined groups and each stage's CUDA graphs; the compiled cases take
+    # minutes), then full-depth bf16
     # Qwen3-Next-80B-A3B shapes (SYNTHETIC dummy weights, acceptance 0.8) on two stages,
     # batch_mtp at N=1,2,4,8 with PIPE (off, on or off,on) and the hand-off per window shape.
   if [ -z "${SKIP_STAGE_TESTS:-}" ]; then
-    step gpu_stages 150 python3 -m pytest -q -x tests/test_stages_gpu.py -k "off or pipelined"
+    step gpu_stages 240 python3 -m pytest -q -x tests/test_stages_gpu.py -k "off or pipelined or graphs"
   fi
   TAIL=40 step stages_bench "${STAGES_S:-330}" python3 scripts/bench_stages.py \
       --preset qwen3_next_80b_a3b --load-format dummy --stages 2 --configs "${STAGE_CONFIGS:-batch_mtp}" \

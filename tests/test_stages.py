@@ -122,8 +122,9 @@ def full_types() -> list[str]:
 ])
 def test_two_stages_give_the_one_stage_tokens(mode, single_thread):
     one, ev1, _ = _run(**MODES[mode], overlap=False)  # a split runs serially (overlap auto)
-    two, ev2, eng = _run(**MODES[mode], stages=2)
+    two, ev2, eng = _run(**MODES[mode], stages=2, graphs=True)
     assert one == two
+    assert eng.stages.graph_stats[0]["graph_hits"] > 0  # stage 0 replayed its window graphs
     assert ev1 == ev2  # the same scheduling decisions, event for event
     assert eng.trace.events[0]["engine"]["stages"] == 2
     result = replay_trace(eng.trace.events, name=f"stages=2 {mode}")  # the simulator agrees

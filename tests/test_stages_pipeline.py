@@ -27,6 +27,9 @@ def _check_pipelined(mode: str, **knobs) -> Engine:
     one, _, _ = _run(**MODES[mode])
     piped, _, eng = _run(**{**MODES[mode], "stages": 2, "pipeline_groups": True, **knobs})
     assert piped == one
+    # stage 0 replayed its window graphs (engine.graphs is on; the last stage's windows of
+    # more than 2 rows run eagerly: tests/test_stages_graphs.py)
+    assert eng.stages.graph_stats[0]["graph_hits"] > 0
     windows = [e for e in eng.trace.events if e["ev"] == "window"]
     assert windows and all("launched" in e and e["launched"] < e["step"] for e in windows)
     result = replay_trace(eng.trace.events, name=f"pipelined {mode}")

@@ -55,6 +55,32 @@ class RecordingBackend:
         pass
 
 
+class StaticRecordingBackend(RecordingBackend):
+    """RecordingBackend whose replays return the same output tensors every time, as a CUDA
+    graph's replays do (each replay's results are copied into the first one's), so that code
+    reading a graph's output after a later replay of it fails on the CPU too."""
+
+    def capture(self, fn):
+        return [fn, None], self.graph_mib
+
+    def replay(self, handle):
+        out = handle[0]()
+        if handle[1] is None:
+            handle[1] = out
+            return out
+        return _copy_into(handle[1], out)
+
+
+def _copy_into(dst: Any, src: Any) -> Any:
+    """`src`'s tensors copied into `dst`'s (the same nesting of tuples and lists); returns dst."""
+    if isinstance(dst, (tuple, list)):
+        for d, s in zip(dst, src):
+            _copy_into(d, s)
+    else:
+        dst.copy_(src)
+    return dst
+
+
 class CudaGraphBackend:
     """Real CUDA graphs, each with a private memory pool so that evicting one frees its memory.
 
@@ -66,12 +92,15 @@ class CudaGraphBackend:
 
     name = "cuda"
 
-    def __init__(self, device):
+    def __init__(self, device, capture_error_mode: str = "global"):
+        """`capture_error_mode` (torch.cuda.graph's): "thread_local" where other threads of
+        the process use CUDA during a capture (a stage's NCCL watchdog queries its events)."""
         import torch
 
         self.torch = torch
         self.device = device
         self.stream = torch.cuda.Stream(device=device)
+        self.capture_error_mode = capture_error_mode
 
     def capture(self, fn):
         torch = self.torch
@@ -79,7 +108,7 @@ class CudaGraphBackend:
         free0, _ = torch.cuda.mem_get_info(self.device)
         reserved0 = torch.cuda.memory_reserved(self.device)
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, stream=self.stream):
+        with torch.cuda.graph(graph, stream=self.stream, capture_error_mode=self.capture_error_mode):
             out = fn()
         torch.cuda.synchronize(self.device)
         free1, _ = torch.cuda.mem_get_info(self.device)

@@ -24,11 +24,16 @@ waits for its receiver to get to the message.
                                             length, next; reply (2,) token and draft to stage 0
   PING    [groups, rows]                    a window's messages without its compute
   STOP    []
+
+No message may be part of a captured graph (another process's half of the exchange cannot be
+in it): while a stage captures or replays one (`no_messages`, set by stage_graphs.py), every
+send and receive here raises MessageInGraph.
 """
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from contextlib import contextmanager
+from typing import Any, Iterator, Optional
 
 import torch
 import torch.distributed as dist
@@ -40,6 +45,29 @@ HEADER = 6
 _back: Optional[Any] = None
 #: Sends not yet known to be complete, with the tensors they read.
 _outbox: list[tuple[Any, torch.Tensor]] = []
+#: What this stage is doing that no message may be part of (a graph capture or replay), or None.
+_refusing: Optional[str] = None
+
+
+class MessageInGraph(RuntimeError):
+    """A send or receive while the stage captures or replays a graph: a bug in the caller."""
+
+
+@contextmanager
+def no_messages(what: str) -> Iterator[None]:
+    """Every message inside raises MessageInGraph naming `what` (a graph capture or replay)."""
+    global _refusing
+    outer, _refusing = _refusing, what
+    try:
+        yield
+    finally:
+        _refusing = outer
+
+
+def _allowed() -> None:
+    if _refusing is not None:
+        raise MessageInGraph(f"stage_protocol: a message inside {_refusing}; a captured graph "
+                             f"must hold only this stage's compute, with its messages outside")
 
 
 def open_channels() -> None:
@@ -62,6 +90,7 @@ OUTBOX_PER_RANK = 64
 
 
 def _post(t: torch.Tensor, dst: int, group: Optional[Any]) -> None:
+    _allowed()
     t = t.contiguous()
     work = dist.isend(t, dst, group=group)
     _outbox.append((work, t))
@@ -77,6 +106,7 @@ def _post(t: torch.Tensor, dst: int, group: Optional[Any]) -> None:
 
 def flush() -> None:
     """Wait until every send of this rank is complete."""
+    _allowed()
     for work, _ in _outbox:
         work.wait()
     _outbox.clear()
@@ -95,6 +125,7 @@ def recv_header(device: torch.device) -> list[int]:
 
 def fan_out(t: torch.Tensor) -> torch.Tensor:
     """Stage 0: `t` to every other stage."""
+    _allowed()
     for k in range(1, dist.get_world_size()):
         _post(t, k, None)
     return t
@@ -105,6 +136,7 @@ def send(t: torch.Tensor, dst: int) -> None:
 
 
 def recv(t: torch.Tensor, src: int) -> torch.Tensor:
+    _allowed()
     dist.recv(t, src)
     return t
 
@@ -116,11 +148,13 @@ def send_back(t: torch.Tensor, dst: int) -> None:
 
 def back_to_all(t: torch.Tensor) -> None:
     """The last stage: `t` to every earlier stage."""
+    _allowed()
     for k in range(dist.get_world_size() - 1):
         _post(t, k, _back)
 
 
 def recv_back(t: torch.Tensor, src: int) -> torch.Tensor:
+    _allowed()
     dist.recv(t, src, group=_back)
     return t
 
@@ -132,6 +166,7 @@ def send_bind(payload: torch.Tensor, device: torch.device) -> None:
 
 def gather_status(status: int, device: torch.device) -> int:
     """The largest status over all ranks (each rank passes its own)."""
+    _allowed()
     t = torch.tensor([status], dtype=torch.long, device=device)
     dist.all_reduce(t, op=dist.ReduceOp.MAX)
     return int(t.item())

@@ -4,22 +4,28 @@ It loads only its layer range, joins the group, then serves the driver's message
 (strata/engine/stage_protocol.py) until STOP or until the driver goes away: its own K/V,
 DeltaNet state and snapshots for its layers; on the last stage also the slot buffers and the
 unchanged Verifier, whose model is `LastStageModel` (its verify forward and prompt chunk start
-from the hidden states handed over by the stage before).
+from the hidden states handed over by the stage before). With engine.graphs a window's compute
+replays a graph of this stage's own (`StageWindows`, strata/engine/stage_graphs.py), the
+messages outside it.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 import threading
 import time
 import traceback
+from contextlib import contextmanager
 from datetime import timedelta
-from typing import Any, Optional
+from typing import Any, Callable, Iterator, Optional
 
 import torch
 
 from strata.engine import stage_protocol as proto
+from strata.engine.memory import MIB, MemoryBudget
+from strata.engine.stage_graphs import StageGraphs, StaticInputs, scratch_plan
 from strata.model.stage_slice import StageSlice
 
 
@@ -43,11 +49,25 @@ class LastStageModel:
     def __init__(self, model: Any, rank: int):
         self._model = model
         self._rank = rank
+        #: A window's hidden states already received (into a graph's static buffer), or None:
+        #: the verify forward receives them itself.
+        self._handed: Optional[torch.Tensor] = None
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._model, name)
 
+    @contextmanager
+    def handed_over(self, x: torch.Tensor) -> Iterator[None]:
+        """Verify windows inside start from `x` (received before: a graph holds no message)."""
+        self._handed = x
+        try:
+            yield
+        finally:
+            self._handed = None
+
     def _hidden(self, *lead: int, like: torch.Tensor) -> torch.Tensor:
+        if self._handed is not None:
+            return self._handed
         m = self._model
         x = torch.empty(*lead, m.args.hidden_size, dtype=m.dtype, device=like.device)
         return proto.recv(x, self._rank - 1)
@@ -70,27 +90,121 @@ class PendingCommits:
     returned to it: with pipelined slot groups it runs the next group's window meanwhile, and
     commits a window's DeltaNet snapshots before a later message touches its slots."""
 
-    def __init__(self, state: Any, pos: torch.Tensor, last: int, device: torch.device):
+    def __init__(self, state: Any, pos: torch.Tensor, last: int, device: torch.device,
+                 graphs: StageGraphs):
         self.state, self.pos, self.last, self.device = state, pos, last, device
+        self.graphs = graphs
         self.scratch = {state.scratch}  # every padded window writes it: no order to keep there
-        #: (lanes as a set, gs, gp, rows per group, rec, conv), oldest first.
+        #: (lanes as a set, gs, gp, rows per group, rec, conv, the graph that wrote rec and
+        #: conv or None), oldest first.
         self.items: list[tuple] = []
 
-    def add(self, gs, gp, g, rec, conv) -> None:
-        self.items.append((set(gs.tolist()) - self.scratch, gs, gp, g, rec, conv))
+    def add(self, gs, gp, g, rec, conv, graph: Optional[str]) -> None:
+        self.items.append((set(gs.tolist()) - self.scratch, gs, gp, g, rec, conv, graph))
 
     def settle(self, lanes: Optional[set] = None) -> None:
         """Commit the pending windows up to the last one sharing a lane with `lanes` (None:
         all of them). Outputs arrive oldest first, so the earlier ones are read on the way."""
-        from strata.engine.stages import commit_stage
-
         upto = len(self.items) if lanes is None else max(
             (i + 1 for i, it in enumerate(self.items) if it[0] & lanes), default=0)
-        for _, gs, gp, g, rec, conv in self.items[:upto]:
+        self._settle(upto)
+
+    def settle_graph(self, graph: str) -> None:
+        """Commit the pending windows up to the one whose snapshots `graph` wrote: its next
+        replay will overwrite them."""
+        self._settle(next(i + 1 for i, it in enumerate(self.items) if it[6] == graph))
+
+    def _settle(self, upto: int) -> None:
+        from strata.engine.stages import commit_stage
+
+        for _, gs, gp, g, rec, conv, graph in self.items[:upto]:
             out = proto.recv_back(torch.empty(gs.shape[0], g + 2, dtype=torch.long,
                                               device=self.device), self.last)
             commit_stage(out[:, g], gs, gp, rec, conv, self.state, self.pos)
+            self.graphs.release(graph)
         del self.items[:upto]
+
+
+class StageWindows:
+    """A stage's side of a window (not stage 0's): the hidden states received from the stage
+    before, then its compute, replayed from a graph when windows are captured (the messages
+    stay outside it: stage_graphs.py) or eager."""
+
+    def __init__(self, model: Any, verifier: Any, state: Any, graphs: StageGraphs,
+                 split_keys: int, rank: int, device: torch.device, dtype: torch.dtype):
+        """`model`: the stage's model (the last stage's LastStageModel); `verifier`: the last
+        stage's Verifier over it, else None."""
+        self.model, self.verifier, self.state, self.graphs = model, verifier, state, graphs
+        self.split_keys, self.rank, self.dtype = split_keys, rank, dtype
+        self.inputs = StaticInputs(device)
+
+    def _receive(self, ng: int, g: int) -> torch.Tensor:
+        """The hidden states from the stage before: into the graph's static buffer."""
+        h = self.model.args.hidden_size
+        buf = (self.inputs.get("x", ng, g, h, dtype=self.dtype) if self.graphs.captured
+               else torch.empty(ng, g, h, dtype=self.dtype, device=self.inputs.device))
+        return proto.recv(buf, self.rank - 1)
+
+    def _static_plan(self, plan: torch.Tensor, rows: int) -> tuple[torch.Tensor, Callable]:
+        """The first `rows` rows of the plan in a static buffer, and a function that runs a
+        callable on the scratch lane's plan there, then restores it (a capture's warm-up)."""
+        static = self.inputs.get("plan", rows, plan.shape[1])
+        static.copy_(plan[:rows])
+
+        def on_scratch(fn: Callable[[], Any]) -> None:
+            static.copy_(scratch_plan(static, self.state.scratch))
+            fn()
+            static.copy_(plan[:rows])
+
+        return static, on_scratch
+
+    def layers(self, plan: torch.Tensor, g: int, ctx: int, pending: PendingCommits) -> tuple[Any, ...]:
+        """A middle stage: (hidden states to send on, DeltaNet snapshots, graph key or None).
+        The snapshots are read when the window lands (`pending`): its graph is held until then."""
+        x_in = self._receive(plan.shape[1], g)
+        if not self.graphs.captured:
+            return (*self.model.window_layers(x_in, plan[0], plan[1], ctx, self.state,
+                                              self.split_keys), None)
+        static, on_scratch = self._static_plan(plan, 2)
+        run = lambda: self.model.window_layers(x_in, static[0], static[1], ctx, self.state,  # noqa: E731
+                                               self.split_keys)
+        (x, rec, conv), graph = self.graphs.run((plan.shape[1], g, ctx), run,
+                                                lambda: on_scratch(run), hold=True,
+                                                land=pending.settle_graph)
+        return x.clone(), rec, conv, graph  # (sent asynchronously: the next replay rewrites x)
+
+    def verify(self, plan: torch.Tensor, g: int, ctx: int, filtered: bool) -> torch.Tensor:
+        """The last stage: the window's output (verify, accept, commit, draft). A window of
+        more than 2 rows per group runs eagerly: its verify forward sends the chained drafts
+        to stage 0 before it can receive the hidden states."""
+        if g > 2 or not self.graphs.captured:
+            return self.verifier.window(plan[0], plan[1], plan[2], g, ctx, filtered)
+        x = self._receive(plan.shape[1], g)
+        static, on_scratch = self._static_plan(plan, 3)
+
+        def run() -> torch.Tensor:
+            with self.model.handed_over(x):
+                return self.verifier.window(static[0], static[1], static[2], g, ctx, filtered)
+
+        out, _ = self.graphs.run((plan.shape[1], g, ctx, int(filtered)), run,
+                                 lambda: on_scratch(run))
+        return out.clone()  # (sent asynchronously: the next replay rewrites it)
+
+
+def _stage_budget(loaded: Any, ecfg: Any, device: torch.device, n_slots: int, max_context: int,
+                  drafting: bool) -> MemoryBudget:
+    """This stage's device budget for its graphs: its weights and slot state above the reserve
+    (and, on CUDA, what the device reports free)."""
+    from strata.engine.device import device_memory
+    from strata.model.state import DecodeState
+
+    total_mib, free_fn = device_memory(device, ecfg.cpu_device_mib)
+    weights_mib = sum(p.numel() * p.element_size() for p in loaded.model.parameters()
+                      if not p.is_meta) / MIB
+    per = DecodeState.bytes_per_lane(loaded.args, max_context + ecfg.window_rows + 1, loaded.dtype,
+                                     drafting)
+    return MemoryBudget(total_mib, float(ecfg.vram_reserve_mib), weights_mib,
+                        (per["main"] + per["draft"]) / MIB, n_slots, free_fn)
 
 
 def stage_main(rank: int, world: int, port: int, cfg_dict: dict, sl: tuple, device_name: str,
@@ -166,18 +280,26 @@ def serve(rank: int, world: int, stage: StageSlice, cfg: Any, loaded: Any, devic
     compiling = ecfg.compile == "on" or (ecfg.compile == "auto" and device.type == "cuda")
     functions = compiled_functions(model) if compiling else None
     split_keys = ecfg.invariant_split_keys if ecfg.batch_invariant else 0
+    graphs = StageGraphs.for_stage(ecfg, device, _stage_budget(loaded, ecfg, device, n_slots,
+                                                               max_context, drafting and stage.last),
+                                   lambda m: _log(rank, m), holds_outputs=not stage.last)
+    stage_model = LastStageModel(model, rank) if stage.last else model
     verifier = None
     if stage.last:
-        verifier = Verifier(LastStageModel(model, rank), state, bufs, drafting, split_keys=split_keys,
+        verifier = Verifier(stage_model, state, bufs, drafting, split_keys=split_keys,
                             functions=functions, synthetic_acceptance=ecfg.synthetic_acceptance)
+    windows = StageWindows(stage_model, verifier, state, graphs, split_keys, rank, device,
+                           loaded.dtype)
     empty = lambda *shape, dtype=torch.long: torch.empty(*shape, dtype=dtype, device=device)  # noqa: E731
-    pending = PendingCommits(state, bufs.pos, last, device)
+    pending = PendingCommits(state, bufs.pos, last, device, graphs)
     with torch.inference_mode():
         while True:
             op, a, b, c, d, _ = proto.recv_header(device)
             if op == proto.OP_STOP:  # take what is still owed to it, so every send completes
                 pending.settle()
                 proto.flush()
+                if graphs.captured:  # for the driver's report (StageGroup.close)
+                    store.set(f"stage{rank}.graphs", json.dumps(graphs.stats()))
                 return
             if op == proto.OP_BIND:
                 payload = proto.recv(empty(a, 4), 0)
@@ -189,15 +311,13 @@ def serve(rank: int, world: int, stage: StageSlice, cfg: Any, loaded: Any, devic
             elif op == proto.OP_WINDOW:
                 ng, g, ctx, filtered = a, b, c, bool(d)
                 plan = proto.recv(empty(3, ng), 0)
-                gs, gp, rows = plan[0], plan[1], plan[2]
                 if stage.last:
-                    proto.back_to_all(verifier.window(gs, gp, rows, g, ctx, filtered))
+                    proto.back_to_all(windows.verify(plan, g, ctx, filtered))
                     continue
-                pending.settle(set(gs.tolist()))
-                x = proto.recv(empty(ng, g, args.hidden_size, dtype=loaded.dtype), rank - 1)
-                x, rec, conv = model.window_layers(x, gs, gp, ctx, state, split_keys)
+                pending.settle(set(plan[0].tolist()))
+                x, rec, conv, graph = windows.layers(plan, g, ctx, pending)
                 proto.send(x, rank + 1)
-                pending.add(gs, gp, g, rec, conv)
+                pending.add(plan[0], plan[1], g, rec, conv, graph)
             elif op == proto.OP_PREFILL:
                 n, ctx = a, b
                 buf = proto.recv(empty(n + 4), 0)

@@ -17,6 +17,9 @@ chunk, hidden states go stage to stage, the last stage returns the token and dra
 are point to point (stage_protocol.py), so with engine.pipeline_groups the driver launches
 another group's window before the last stage returns the first one's output (pipeline.py).
 Verification and commit are the one-stage code, so the tokens are the one-stage tokens.
+With engine.graphs each stage replays its own part of a window as a graph of its compute, the
+messages outside it (strata/engine/stage_graphs.py); the driver's graph cache records the
+window plans.
 
 A stage process that dies is a StageFailure: the engine fails every request it holds with an
 error and stops (Engine.fault); the server's engine process then exits, which is its restart
@@ -26,6 +29,7 @@ path (503 + Retry-After while it restarts).
 from __future__ import annotations
 
 import gc
+import json
 import os
 import socket
 import threading
@@ -38,6 +42,7 @@ import torch
 
 from strata.config import ConfigError
 from strata.engine import stage_protocol as proto
+from strata.engine.stage_graphs import StageGraphs, StaticInputs, scratch_plan
 from strata.engine.verifier import SlotBuffers
 from strata.kernels import ops
 from strata.kinds import FinishReason
@@ -181,6 +186,12 @@ class StageGroup:
                                    timeout=timedelta(seconds=JOIN_TIMEOUT_S), wait_for_workers=False)
         self.closed = False
         self.failure: Optional[str] = None
+        #: Stage 0's window graphs (FirstStageVerifier sets it); with `graph_stats`, what
+        #: `close` reports.
+        self.stage0_graphs: Any = None
+        #: Each stage's graph-cache counters (GraphCache.stats) by stage, filled by `close`
+        #: (a stage process reports its own when it stops).
+        self.graph_stats: dict[int, dict] = {}
         self._in_call_since: Optional[float] = None
         self._watch = threading.Thread(target=self._watchdog, name="strata-stage-watch", daemon=True)
 
@@ -279,6 +290,27 @@ class StageGroup:
             if p.is_alive():
                 p.kill()
                 p.join(5.0)
+        if joined:
+            self._collect_graph_stats()
+        if self.stage0_graphs is not None and self.stage0_graphs.captured:
+            self.stage0_graphs.cache.clear()  # (its device memory, before another engine loads)
+
+    def _collect_graph_stats(self) -> None:
+        """Each stage's graph counters (a stage reports its own when it stops), logged in one
+        line: that the stages replayed their graphs, and how much memory they held."""
+        if self.stage0_graphs is None or not self.stage0_graphs.captured:
+            return
+        self.graph_stats[0] = self.stage0_graphs.stats()
+        for k in range(1, self.world):
+            try:
+                if self.store.check([f"stage{k}.graphs"]):
+                    self.graph_stats[k] = json.loads(self.store.get(f"stage{k}.graphs").decode())
+            except Exception:  # (a dead stage reported nothing)
+                pass
+        self.log("INFO stage graphs: " + "; ".join(
+            f"stage {k}: {st['graph_captures']} captured, {st['graph_hits']} replayed, "
+            f"{st['graph_eager']} eager, {st['graphs_mib']:.1f} MiB held"
+            for k, st in sorted(self.graph_stats.items())))
 
 
 # ---- stage 0 ------------------------------------------------------------------------------------
@@ -311,6 +343,8 @@ class StageWindow:
     g: int
     rec: torch.Tensor
     conv: torch.Tensor
+    #: The graph whose outputs rec and conv are (held until the window lands), or None.
+    graph: Optional[str] = None
 
 
 class FirstStageVerifier:
@@ -318,7 +352,8 @@ class FirstStageVerifier:
     its layers, hands the hidden states on, and commits its DeltaNet snapshots of the prefix
     the last stage accepted. The ModelRunner drives it as it drives the Verifier; pipelined
     slot groups (engine.pipeline_groups) call `launch` and `land` apart, with other groups'
-    windows launched in between.
+    windows launched in between. Its compute (embedding and layers) replays a graph per window
+    shape (`graphs`, stage_graphs.py) between the messages.
 
     A window's tokens are each slot's pending token and draft, which stage 0 keeps in its own
     slot buffers from every window's output and prompt chunk's reply (the drafts travel with
@@ -332,6 +367,11 @@ class FirstStageVerifier:
         self.split_keys = engine.verifier.split_keys
         self.drafting = engine.drafting
         self.bufs = DriverSlotBuffers.wrapping(engine.bufs, group)
+        # Stage 0's window compute (embedding and its layers) as graphs of its own
+        # (strata/engine/stage_graphs.py); the driver's graph cache records window plans.
+        self.graphs = StageGraphs.for_stage(engine.cfg, engine.device, engine.budget, engine.log)
+        self.inputs = StaticInputs(engine.device)
+        group.stage0_graphs = self.graphs
 
     def window(self, gs: torch.Tensor, gp: torch.Tensor, rows: torch.Tensor, g: int, ctx: int,
                filtered: bool) -> torch.Tensor:
@@ -347,18 +387,46 @@ class FirstStageVerifier:
         return self.group.call(lambda: self._land(w))
 
     def _launch(self, gs, gp, rows, g, ctx, filtered) -> StageWindow:
-        grp, ng, bufs = self.group, gs.shape[0], self.bufs
-        gs, gp = gs.clone(), gp.clone()  # the runner refills its inputs for the next window
+        grp, ng = self.group, gs.shape[0]
+        plan = torch.stack([gs, gp, rows])  # a copy: the runner refills its inputs for the next window
         proto.send_header(proto.OP_WINDOW, ng, g, ctx, int(filtered), device=grp.comm_device)
-        proto.fan_out(torch.stack([gs, gp, rows]))
-        if g > 2:
-            tokens = proto.recv_back(torch.empty(ng, g, dtype=torch.long, device=gs.device), grp.last)
+        proto.fan_out(plan)
+        tokens = None
+        if g > 2:  # chained drafts: only the last stage can make them
+            tokens = proto.recv_back(self.inputs.get("tokens", ng, g), grp.last)
+        if self.graphs.captured:
+            x, rec, conv, graph = self._replay_layers(plan, g, ctx, tokens)
+            x = x.clone()  # (sent asynchronously; the next replay rewrites the graph's output)
         else:
-            tokens = torch.stack([bufs.pending[gs], bufs.draft[gs]][:g], 1)
-        x, rec, conv = self.model.window_layers(self.model.embed_tokens(tokens), gs, gp, ctx,
-                                                self.state, self.split_keys)
+            x, rec, conv = self._layers(plan[0], plan[1], g, ctx, tokens)
+            graph = None
         proto.send(x, 1)
-        return StageWindow(gs, gp, g, rec, conv)
+        return StageWindow(plan[0], plan[1], g, rec, conv, graph)
+
+    def _layers(self, gs, gp, g, ctx, tokens) -> tuple[torch.Tensor, ...]:
+        """Stage 0's compute of a window: (hidden states, DeltaNet snapshots). `tokens`: the
+        window's tokens, or None for each slot's pending token and draft."""
+        if tokens is None:
+            tokens = torch.stack([self.bufs.pending[gs], self.bufs.draft[gs]][:g], 1)
+        return self.model.window_layers(self.model.embed_tokens(tokens), gs, gp, ctx, self.state,
+                                        self.split_keys)
+
+    def _replay_layers(self, plan, g, ctx, tokens) -> tuple[Any, ...]:
+        """`_layers` from the graph of the window's shape: the plan is copied into a static
+        buffer (`tokens`, when given, already is one); the outputs are the graph's own."""
+        ng = plan.shape[1]
+        static = self.inputs.get("plan", 2, ng)
+        static.copy_(plan[:2])
+
+        def warm() -> None:  # on the scratch lane: the real state must not move twice
+            static.copy_(scratch_plan(static, self.state.scratch))
+            self._layers(static[0], static[1], g, ctx, tokens)
+            static.copy_(plan[:2])
+
+        out, graph = self.graphs.run((ng, g, ctx), lambda: self._layers(static[0], static[1], g,
+                                                                        ctx, tokens),
+                                     warm, hold=True)
+        return (*out, graph)
 
     def _land(self, w: StageWindow) -> torch.Tensor:
         ng, g, bufs = w.gs.shape[0], w.g, self.bufs
@@ -366,6 +434,7 @@ class FirstStageVerifier:
                               self.group.last)
         accept = out[:, g]
         commit_stage(accept, w.gs, w.gp, w.rec, w.conv, self.state, bufs.pos)
+        self.graphs.release(w.graph)
         bufs.pending[w.gs] = out[torch.arange(ng, device=out.device), accept]
         bufs.draft[w.gs] = out[:, g + 1]
         return out
@@ -444,11 +513,16 @@ def start(engine_cls: type, cfg: Any, device: torch.device, log: Callable[[str],
     # The trace's config line records the counts chosen (the simulator splits a window's time
     # by them), not "auto".
     cfg.engine.stage_layers = ",".join(str(sl.stop - sl.start) for sl in slices)
-    if devices[0].type == "cuda" and (cfg.engine.graphs or cfg.engine.prefill_graphs):
-        # A captured window would hold one stage's part of a multi-process exchange.
-        log("INFO engine.stages > 1: windows and prompt chunks run without CUDA graphs")
-        cfg.engine.graphs = False
-        cfg.engine.prefill_graphs = False
+    # A prompt chunk's graph would hold a stage's messages (each stage's part of it could be
+    # captured as a window's is; not done yet): prompt chunks run eagerly.
+    cfg.engine.prefill_graphs = False
+    if cfg.engine.graphs:
+        log(f"INFO engine.stages > 1: each stage replays its own window compute as "
+            f"{'CUDA graphs' if devices[0].type == 'cuda' else 'recorded plans'} (stage 0: "
+            f"embedding and its layers; middle stages: their layers; the last: its layers, head, "
+            f"sampling, acceptance, commit and MTP draft), with every message outside them; "
+            f"windows of more than 2 rows per group run the last stage eagerly, and prompt "
+            f"chunks run eagerly")
     group = StageGroup(OmegaConf.to_container(cfg), slices, devices, log)
     try:
         loaded = load_model(cfg.model, devices[0], log, stage=slices[0])
