@@ -19,8 +19,9 @@ goal: at least 1.6x for batch_mtp at N=8):
         --configs batch_mtp,batch --n 1,2,4,8 --pipeline off,on --synthetic-acceptance 0.8 \
         --json stages_pipe.json
 
-Both run with CUDA graphs on every stage (the default); `--graphs false` runs every window
-eagerly, as the split did before stage graphs, for the comparison.
+Both run with CUDA graphs on every stage (`--graphs true`: engine.stage_graphs=true, which
+CUDA splits do not use by default yet); `--graphs false` runs every window eagerly, the
+default split's way, for the comparison.
 
 and the one-GPU FP8 figures beside it:
 
@@ -60,6 +61,8 @@ def build_engine(a, name: str, slots: int, pipelined: bool = False) -> Engine:
     ecfg.stages = a.stages
     ecfg.stage_layers = a.stage_layers
     ecfg.pipeline_groups = pipelined
+    if a.stages > 1 and a.graphs:
+        ecfg.stage_graphs = True
     if a.prefill_buckets:  # each bucket compiles for tens of seconds at full depth
         ecfg.prefill_buckets = [int(b) for b in a.prefill_buckets.split(",")]
     cfg.engine = ecfg

@@ -142,6 +142,10 @@ class EngineConfig:
     #: window per group in flight (stage 1 runs one group's window while the last verifies
     #: another's; drafts travel with their group).
     pipeline_groups: bool = False
+    #: stages > 1: each stage replays graphs of its own window compute, the messages between
+    #: stages outside them: null (auto) = on for CPU stages (recorded plans), off on CUDA until
+    #: the two-GPU tests have run them (tests/test_stages_gpu.py -k graphs); true; false.
+    stage_graphs: Optional[bool] = None
 
 
 #: Every engine knob, in declaration order: what an engine trace's `config` line records.
@@ -380,6 +384,10 @@ def validate_engine(e: Any, error: type[ValueError] = ConfigError) -> None:
         bad("overlap", f"engine.overlap=true runs on one device; with engine.stages={e.stages} "
                        f"engine.pipeline_groups keeps windows in flight instead: set "
                        f"engine.overlap=null (auto: off with stages) or false, or engine.stages=1")
+    if e.stage_graphs and (e.stages < 2 or not e.graphs):
+        bad("stage_graphs", f"captures each stage's window compute: needs engine.stages >= 2 and "
+                            f"engine.graphs=true, got engine.stages={e.stages}, "
+                            f"engine.graphs={str(e.graphs).lower()}")
     if e.pipeline_groups and e.stages < 2:
         bad("pipeline_groups", f"pipelines slot groups across stages: needs engine.stages >= 2, "
                                f"got engine.stages={e.stages}")
@@ -391,6 +399,16 @@ def validate_engine(e: Any, error: type[ValueError] = ConfigError) -> None:
         if len(counts) != e.stages or min(counts) < 1:
             bad("stage_layers", f"must be auto or {e.stages} positive layer counts separated by "
                                 f"commas (one per stage), got {e.stage_layers!r}")
+
+
+def stage_graphs_on(e: Any, device_type: str) -> bool:
+    """Whether a split's stages replay graphs of their window compute: as set, or when null
+    (auto) on CPU stages only (CUDA captures next to NCCL have not run on two GPUs yet)."""
+    if not e.graphs:
+        return False
+    if e.stage_graphs is not None:
+        return bool(e.stage_graphs)
+    return device_type != "cuda"
 
 
 def overlap_on(e: Any) -> bool:

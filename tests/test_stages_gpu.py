@@ -72,7 +72,7 @@ def test_two_gpu_stage_graphs_give_the_one_gpu_tokens(mode, pipelined):
     too); pipelined, two graphs per shape keep the windows in flight apart."""
     knobs = dict(MODES[mode], compile="off", graphs=True)
     one, _ = _run(**knobs)
-    two, hand = _run(**knobs, stages=2, pipeline_groups=pipelined)
+    two, hand = _run(**knobs, stages=2, pipeline_groups=pipelined, stage_graphs=True)
     stats = dict(graph_stats)
     assert one == two
     assert 0 < hand < 0.05

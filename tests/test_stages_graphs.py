@@ -2,7 +2,8 @@
 own window compute from recorded plans whose outputs are static (StaticRecordingBackend, as a
 CUDA graph's are), with every message outside; no message may happen inside a capture or replay.
 The end-to-end token checks with graphs on are tests/test_stages.py's and
-tests/test_stages_pipeline.py's (engine.graphs defaults to on); these check the parts.
+tests/test_stages_pipeline.py's (engine.stage_graphs, auto, is on for CPU stages); these check
+the parts.
 """
 
 from __future__ import annotations
@@ -165,3 +166,26 @@ def test_graphs_off_keep_the_eager_split(single_thread):
     two, _, eng = _run(**MODES["batch"], stages=2, graphs=False)
     assert two == one
     assert eng.stages.graph_stats == {} and eng.cache is None
+
+
+def test_stage_graphs_auto_is_on_for_cpu_stages_only():
+    """engine.stage_graphs null: CPU stages replay recorded plans, CUDA stages run eagerly until
+    the two-GPU tests have run the captures; true and false force it; graphs=false wins."""
+    from strata.config import stage_graphs_on
+
+    auto = SimpleNamespace(graphs=True, stage_graphs=None)
+    assert stage_graphs_on(auto, "cpu") and not stage_graphs_on(auto, "cuda")
+    assert stage_graphs_on(SimpleNamespace(graphs=True, stage_graphs=True), "cuda")
+    assert not stage_graphs_on(SimpleNamespace(graphs=True, stage_graphs=False), "cpu")
+    assert not stage_graphs_on(SimpleNamespace(graphs=False, stage_graphs=None), "cpu")
+
+
+@pytest.mark.parametrize("knobs, named", [(dict(stages=1, stage_graphs=True), "engine.stage_graphs"),
+                                          (dict(stages=2, graphs=False, stage_graphs=True),
+                                           "engine.graphs=false")])
+def test_stage_graphs_without_a_split_or_graphs_is_a_config_error(knobs, named):
+    from strata.config import ConfigError
+
+    cfg = cpu_engine_config(EMBEDDED_MODEL_DIR, **knobs)
+    with pytest.raises(ConfigError, match=named):
+        Engine.from_config(cfg, log=lambda m: None)

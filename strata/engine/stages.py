@@ -40,7 +40,7 @@ from typing import Any, Callable, Optional
 
 import torch
 
-from strata.config import ConfigError
+from strata.config import ConfigError, stage_graphs_on
 from strata.engine import stage_protocol as proto
 from strata.engine.stage_graphs import StageGraphs, StaticInputs, scratch_plan
 from strata.engine.verifier import SlotBuffers
@@ -516,13 +516,18 @@ def start(engine_cls: type, cfg: Any, device: torch.device, log: Callable[[str],
     # A prompt chunk's graph would hold a stage's messages (each stage's part of it could be
     # captured as a window's is; not done yet): prompt chunks run eagerly.
     cfg.engine.prefill_graphs = False
-    if cfg.engine.graphs:
+    if not stage_graphs_on(cfg.engine, devices[0].type):
+        if cfg.engine.graphs:
+            log("INFO engine.stages > 1: windows run without graphs (engine.stage_graphs=true "
+                "captures each stage's compute; on CUDA not yet the default)")
+        cfg.engine.graphs = False  # every stage and the driver's plan cache
+    else:
         log(f"INFO engine.stages > 1: each stage replays its own window compute as "
             f"{'CUDA graphs' if devices[0].type == 'cuda' else 'recorded plans'} (stage 0: "
-            f"embedding and its layers; middle stages: their layers; the last: its layers, head, "
-            f"sampling, acceptance, commit and MTP draft), with every message outside them; "
-            f"windows of more than 2 rows per group run the last stage eagerly, and prompt "
-            f"chunks run eagerly")
+            f"embedding and its layers; middle stages: their layers; the last: its layers, "
+            f"head, sampling, acceptance, commit and MTP draft), with every message outside "
+            f"them; windows of more than 2 rows per group run the last stage eagerly, and "
+            f"prompt chunks run eagerly")
     group = StageGroup(OmegaConf.to_container(cfg), slices, devices, log)
     try:
         loaded = load_model(cfg.model, devices[0], log, stage=slices[0])
