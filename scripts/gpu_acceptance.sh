@@ -180,13 +180,15 @@ case $part in
     # (compile off, pipelined groups and each stage's CUDA graphs; the compiled cases take
     # minutes), then full-depth bf16
     # Qwen3-Next-80B-A3B shapes (SYNTHETIC dummy weights, acceptance 0.8) on two stages,
-    # batch_mtp at N=1,2,4,8 with PIPE (off, on or off,on) and the hand-off per window shape.
+    # batch_mtp at N=1,2,4,8 with PIPE (off, on or off,on) and the hand-off per window shape;
+    # STAGE_GRAPHS=false runs the split eagerly (engine.stage_graphs off, CUDA's default today).
   if [ -z "${SKIP_STAGE_TESTS:-}" ]; then
     step gpu_stages 240 python3 -m pytest -q -x tests/test_stages_gpu.py -k "off or pipelined or graphs"
   fi
   TAIL=40 step stages_bench "${STAGES_S:-330}" python3 scripts/bench_stages.py \
       --preset qwen3_next_80b_a3b --load-format dummy --stages 2 --configs "${STAGE_CONFIGS:-batch_mtp}" \
       --n "${STAGE_N:-1,2,4,8}" --pipeline "${PIPE:-off}" --synthetic-acceptance 0.8 --repeats 1 \
-      --max-tokens 64 --prefill-buckets 64 --json "$R/stages_${PIPE:-off}.json"
+      --max-tokens 64 --prefill-buckets 64 --graphs "${STAGE_GRAPHS:-true}" \
+      --json "$R/stages_${PIPE:-off}.json"
   ;;
 esac
