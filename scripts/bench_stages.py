@@ -114,16 +114,15 @@ def bench_config(a, name: str, ns: list[int], pipelined: bool = False) -> list[d
                       f"{s['mean_ms']:.2f} ms, hand-off {s['handoff_ms']:.3f} ms", flush=True)
     finally:
         eng.close()
-        release(eng)
     return rows
 
 
-def release(eng: Engine) -> None:
-    """Free stage 0's weights before the next configuration loads its own: torch.compile's
-    caches hold the model's modules, and two full-depth stage-0 halves do not fit one H200."""
+def release_compiled() -> None:
+    """Free the last configuration's stage-0 weights before the next one loads its own:
+    torch.compile's caches hold the model's modules, and two full-depth stage-0 halves do not
+    fit one H200."""
     import gc
 
-    eng.__dict__.clear()
     torch._dynamo.reset()
     gc.collect()
     if torch.cuda.is_available():
@@ -170,6 +169,7 @@ def main() -> None:
             raise SystemExit(f"--configs: unknown configuration {name!r} (one of {', '.join(CONFIGS)})")
         for p in pipes:
             rows += bench_config(a, name, ns, pipelined=p == "on")
+            release_compiled()
     for r in rows:  # pipelined against a single group, per configuration and N
         if r["pipelined"]:
             base = next((b for b in rows if not b["pipelined"] and b["config"] == r["config"]

@@ -90,21 +90,18 @@ class ModelRunner:
         n_slots = budget.slots
         cache = None
         if ecfg.graphs:
-            if ecfg.stages > 1:
-                # A layer split: a window holds messages between the stages, so this cache
-                # records window plans (for the trace and the LRU) and each stage captures its
-                # own compute (stage_graphs.py), charged there: on CUDA the plans hold no memory.
-                backend = RecordingBackend(ecfg.cpu_graph_mib if device.type == "cpu" else 0.0)
-            else:
-                backend = (CudaGraphBackend(device) if device.type == "cuda"
-                           else RecordingBackend(ecfg.cpu_graph_mib))
+            # On a layer split a window holds messages between the stages, so this cache records
+            # window plans (for the trace and the LRU) and each stage captures its own compute
+            # (stage_graphs.py), charged there: on CUDA the plans hold no memory.
+            backend = (CudaGraphBackend(device) if device.type == "cuda" and ecfg.stages == 1
+                       else RecordingBackend(ecfg.cpu_graph_mib if device.type == "cpu" else 0.0))
             cache = GraphCache(ecfg.graph_limit, backend, budget, trace, ecfg.graph_mib_estimate,
                                log=log)
         max_groups = shape_bucket(n_slots, list(ecfg.shape_buckets))
         if ecfg.batch_invariant:  # a window of 1-row groups runs window_rows of them
             max_groups = max(max_groups, ecfg.window_rows)
         p_backend = (CudaGraphBackend(device) if device.type == "cuda" and ecfg.graphs
-                     and ecfg.prefill_graphs and ecfg.stages == 1 else None)
+                     and ecfg.prefill_graphs else None)
         return cls(verifier, cache, device, max(max_groups, n_slots), verifier.state.scratch,
                    log=log, prefill_buckets=tuple(ecfg.prefill_buckets), prefill_graphs=p_backend,
                    budget=budget)
