@@ -16,7 +16,7 @@ scheduling rules are implemented again in sim/, which is what a replay checks.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Optional
 
@@ -59,6 +59,9 @@ class SimEngineConfig(EngineConfig):
 
 @dataclass
 class SimMemoryConfig:
+    """The card's and the host link's facts (conf/sim/memory/*.yaml, chosen alone or by a
+    hardware preset; `python -m sim calibrate` measures the device, weights, slot and graph
+    sizes). Sizes, bandwidths and link counts: none may be negative."""
     #: Device memory (MiB).
     total_mib: float = 24564.0
     #: Model weights and anything else resident before slots are sized (MiB).
@@ -81,6 +84,10 @@ class SimMemoryConfig:
     pcie_gen: int = 0
     pcie_lanes: int = 16
     bus_gb_s: float = 0.0
+
+
+#: Every memory fact, from the schema (so a new one is checked too): none may be negative.
+MEMORY_FACTS = tuple(f.name for f in fields(SimMemoryConfig))
 
 
 @dataclass
@@ -113,6 +120,8 @@ class SimWorkloadConfig(WorkloadBaseConfig):
 
 @dataclass
 class SimAcceptanceConfig:
+    """How many of a group's drafts the verifier accepts: one of sim/acceptance.py's models
+    (conf/sim/acceptance/*.yaml pick one), its parameters stated or fitted (profile, trace)."""
     #: fixed: every draft is accepted with probability `rate`, independently; markov: the
     #: outcome of a draft depends on the outcome of the request's previous draft.
     model: str = "fixed"
@@ -190,8 +199,6 @@ class SimExpertsConfig:
     #: profile: the cost profile's window plus each miss's bus time less its HBM time;
     #: bytes: the real-scale bytes model below (sim/expert_costs.py).
     cost: str = "profile"
-    #: Fixed seconds per missed expert on top of its bytes over memory.bus_gb_s.
-    miss_s: float = 2e-6
     #: bytes model: all layers and their fixed cost each; the share of memory.hbm_gb_s a
     #: window reads at; the non-expert bytes a window reads (base + per group + per MTP draft
     #: step past the second row of a group).
@@ -201,6 +208,9 @@ class SimExpertsConfig:
     other_base_bytes: float = 0.0
     other_per_group_bytes: float = 0.0
     other_per_draft_bytes: float = 0.0
+    #: Either cost model: fixed seconds per read of a missed expert on top of its bytes over
+    #: memory.bus_gb_s.
+    miss_s: float = 2e-6
 
 
 @dataclass
@@ -240,16 +250,16 @@ class SimConfig:
     hardware: SimHardwareConfig = field(default_factory=SimHardwareConfig)
 
 
-class SimConfigError(ConfigError):
-    """A simulator configuration value that cannot run (names the key and the problem)."""
-
-
 def register_configs() -> None:
     store_schemas(SimConfig, "sim_schema", group_prefix="sim_")
     if not OmegaConf.has_resolver("sim_conf"):
         # `${sim_conf:profiles/X.json}`: a path under conf/sim/, as hardware presets name
         # their profile wherever the simulator runs from.
         OmegaConf.register_new_resolver("sim_conf", lambda rel: str(Path(SIM_CONF_DIR) / rel))
+
+
+class SimConfigError(ConfigError):
+    """A simulator configuration value that cannot run (names the key and the problem)."""
 
 
 def validate_engine(e: Any) -> None:
@@ -266,8 +276,7 @@ def validate_memory(m: Any) -> None:
     def bad(key: str, msg: str) -> None:
         raise SimConfigError(f"memory.{key}: {msg}")
 
-    for key in ("total_mib", "weights_mib", "slot_mib", "graph_mib", "graph_mib_jitter",
-                "runtime_overhead_mib", "hbm_gb_s", "pcie_gen", "pcie_lanes", "bus_gb_s"):
+    for key in MEMORY_FACTS:
         if getattr(m, key) < 0:
             bad(key, f"must be >= 0, got {getattr(m, key)}")
     if m.slot_mib == 0:
