@@ -76,13 +76,18 @@ class SimMemoryConfig:
     #: upstream policy only: device memory taken after start-up by allocations other than
     #: graphs (workspaces, allocator slack) out of the reserve (MiB).
     runtime_overhead_mib: float = 0.0
-    #: Device memory bandwidth, the card's specification (GB/s); the expert cache's bytes
-    #: model reads it at experts.hbm_efficiency of it. 0 = unknown.
+    #: Device memory bandwidth, the card's specification (GB/s); the expert model prices
+    #: device-resident bytes at experts.hbm_efficiency of it (needed when experts.experts > 0).
+    #: 0 = unknown.
     hbm_gb_s: float = 0.0
-    #: Host -> device link: PCIe generation and lanes (documentation of where bus_gb_s comes
-    #: from), and the pinned host -> device bandwidth a missed expert is read at (GB/s).
+    #: Host -> device link's PCIe generation (0 = unknown), documenting where bus_gb_s comes
+    #: from (the simulation does not use it).
     pcie_gen: int = 0
+    #: Host -> device link's PCIe lane count, documenting where bus_gb_s comes from (the
+    #: simulation does not use it).
     pcie_lanes: int = 16
+    #: Pinned host -> device bandwidth (GB/s) a missed expert is read at and an expert swap
+    #: copies at; 0 = unknown (not allowed with engine.expert_cache_mib > 0).
     bus_gb_s: float = 0.0
 
 
@@ -107,11 +112,16 @@ class SimWorkloadConfig(WorkloadBaseConfig):
     max_tokens_max: Optional[int] = None
     #: kind=poisson: mean arrivals per second.
     rate_per_s: float = 1.0
-    #: kind=burst: requests per wave, uniform in [burst_size, burst_size_max] (null = all
-    #: burst_size); waves start every burst_gap_s seconds, each spread over burst_spread_s.
+    #: kind=burst: requests per wave; with burst_size_max, each wave's size is drawn
+    #: uniformly from [burst_size, burst_size_max].
     burst_size: int = 4
+    #: kind=burst: the largest wave (inclusive); null = every wave has burst_size requests.
     burst_size_max: Optional[int] = None
+    #: kind=burst: seconds between the starts of consecutive waves (wave i starts at
+    #: i * burst_gap_s).
     burst_gap_s: float = 10.0
+    #: kind=burst: each request of a wave arrives uniformly within this many seconds after the
+    #: wave's start; 0 = the whole wave at once.
     burst_spread_s: float = 0.0
     #: Share of requests that sample with top-k / top-p (each drawn independently): windows
     #: holding one use the filtering sampler, a separate graph (key suffix `+f`).
@@ -123,17 +133,24 @@ class SimAcceptanceConfig:
     """How many of a group's drafts the verifier accepts: one of sim/acceptance.py's models
     (conf/sim/acceptance/*.yaml pick one), its parameters stated or fitted (profile, trace)."""
     #: fixed: every draft is accepted with probability `rate`, independently; markov: the
-    #: outcome of a draft depends on the outcome of the request's previous draft.
+    #: outcome of a draft depends on the outcome of the request's previous draft; position:
+    #: the rate depends on the draft's output position and depth; chain: a fitted chain over
+    #: output positions (needs from_profile).
     model: str = "fixed"
+    #: fixed: the probability each judged draft is accepted; position: the rate everywhere
+    #: when position_rates is empty (from_profile: the profile's fitted rate instead).
     rate: float = 0.7
-    #: markov: P(accept | the request's previous draft was accepted / was rejected / is its
-    #: first draft).
+    #: markov: P(accept) of a draft when the request's previous judged draft was accepted.
     p_accept_after_accept: float = 0.8
+    #: markov: P(accept) of a draft when the request's previous judged draft was rejected.
     p_accept_after_reject: float = 0.5
+    #: markov: P(accept) of a request's first judged draft.
     p_accept_first: float = 0.7
     #: position: the rate of each bucket of `position_tokens` output positions (the last one
     #: holds past the end); empty = `rate` everywhere.
     position_rates: list[float] = field(default_factory=list)
+    #: position: the width of each position_rates bucket, in output tokens (from_profile: the
+    #: profile's bucket width instead).
     position_tokens: int = 16
     #: position: factor on the rate of a group's 1st, 2nd, ... draft (the last one holds
     #: deeper); empty = 1 at every depth.
@@ -174,11 +191,14 @@ class SimExpertsConfig:
     sim/expert_costs.py). `experts` = 0: no expert model (every window costs what the
     profile says). The cache's size and adapt period are strata's engine.expert_cache_mib,
     engine.expert_adapt_every and engine.expert_profile."""
-    #: Routed experts per MoE layer (0 = no expert model), experts each row routes to, MoE
-    #: layers, and bytes of one routed expert's weights and scales.
+    #: Routed experts per MoE layer (0 = no expert model).
     experts: int = 0
+    #: Experts each row (token) routes to in each MoE layer, in [1, experts].
     top_k: int = 1
+    #: MoE layers of the model (each holds its own expert cache slots).
     moe_layers: int = 1
+    #: Bytes of one routed expert's weights and scales (what a miss reads over the bus, a
+    #: swap copies and a cache slot holds).
     expert_bytes: int = 0
     #: Routing without engine.expert_profile: expert e's popularity ~ (e+1)^-skew (the
     #: engine's model.dummy_routing_skew; 0 = uniform).
@@ -187,11 +207,11 @@ class SimExpertsConfig:
     #: top_k picks repeats the previous row's (trained routers route neighbouring tokens
     #: alike; the engine's random dummy routers do not: 0).
     row_overlap: float = 0.0
-    #: The adaptive swap as the engine runs it (strata/engine/expert_cache.py): each
-    #: adaptation multiplies the decayed counts by this before adding the picks since the last
-    #: one (its DECAY), and moves at most this many experts per layer (0 = no limit; the
-    #: engine moves one).
+    #: Adaptive swap, as strata/engine/expert_cache.py runs it: each adaptation multiplies the
+    #: decayed counts by this before adding the picks since the last one (the engine's DECAY).
     decay: float = 0.75
+    #: Adaptive swap: the most experts moved per layer at each adaptation (0 = no limit; the
+    #: engine moves one).
     swap_limit: int = 1
     #: Rows of one MoE kernel call (strata's MOE_MAX_ROWS): a forward of more rows runs
     #: several calls, and each reads a missed expert it routes to over the bus (0 = one call).
@@ -199,14 +219,19 @@ class SimExpertsConfig:
     #: profile: the cost profile's window plus each miss's bus time less its HBM time;
     #: bytes: the real-scale bytes model below (sim/expert_costs.py).
     cost: str = "profile"
-    #: bytes model: all layers and their fixed cost each; the share of memory.hbm_gb_s a
-    #: window reads at; the non-expert bytes a window reads (base + per group + per MTP draft
-    #: step past the second row of a group).
+    #: bytes model: the model's decoder layers, all of them (each costs per_layer_s).
     layers: int = 1
+    #: bytes model: fixed device seconds of each layer in a forward, besides its bytes.
     per_layer_s: float = 0.0
+    #: The share of memory.hbm_gb_s device-resident bytes are read at (both cost models: the
+    #: bytes model's window and profile's HBM time of a missed expert), in (0, 1].
     hbm_efficiency: float = 1.0
+    #: bytes model: non-expert bytes every window reads (dense weights, head, MTP, KV, state).
     other_base_bytes: float = 0.0
+    #: bytes model: non-expert bytes a window reads per group, on top of other_base_bytes.
     other_per_group_bytes: float = 0.0
+    #: bytes model: non-expert bytes per MTP draft step past the second row of a group (times
+    #: max(0, the group's rows - 2)).
     other_per_draft_bytes: float = 0.0
     #: Either cost model: fixed seconds per read of a missed expert on top of its bytes over
     #: memory.bus_gb_s.

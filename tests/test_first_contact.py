@@ -131,6 +131,18 @@ def test_help_descriptions_are_first_sentences():
     assert "engine.window_rows=8" in text and "Rows of one verifier forward (W)." in text
 
 
+@pytest.mark.parametrize("schema", ["strata.config:StrataConfig", "sim.config:SimConfig"])
+def test_every_setting_of_both_schemas_has_its_own_description(schema):
+    """A `#:` block shared by several fields describes only the first: each needs its own."""
+    import importlib
+
+    module, name = schema.split(":")
+    rows = list(settings(getattr(importlib.import_module(module), name)))
+    assert rows
+    missing = [key for key, _default, desc in rows if not desc.strip()]
+    assert not missing, f"{schema}: settings without a description: {missing}"
+
+
 # ------------------------------------------------------------------ workload files
 def wcfg(**kw):
     from strata.config import WorkloadConfig
