@@ -2,8 +2,9 @@
 
 Extensions (importable as strata.kernels.<name>):
   strata_cpu    C++ CPU kernels (cyext/src/strata_cpu.cpp) behind cyext/strata_cpu.pyx. Always.
-  strata_cuda   CUDA kernels (cyext/src/strata_kernels.cu and strata_moe.cu, compiled by nvcc into
-                objects in parallel and linked with -lcudart_static, so importing it needs no libcudart) behind
+  strata_cuda   CUDA kernels (cyext/src/strata_kernels.cu, strata_moe.cu, strata_moe_stream.cu,
+                compiled by nvcc into objects in parallel and linked with -lcudart_static, so
+                importing it needs no libcudart) behind
                 cyext/strata_cuda.pyx. Built when nvcc is found; a failed CUDA compile only warns
                 and the CPU build goes on. With STRATA_BACKEND=hip the same .cu and .pyx are
                 compiled with hipcc for AMD (--offload-arch, default gfx90a) instead.
@@ -32,7 +33,7 @@ from setuptools.command.build_ext import build_ext
 HERE = os.path.dirname(os.path.abspath(__file__))
 SRC = "cyext/src"
 #: GPU translation units, compiled separately (in parallel) and linked into strata_cuda.
-GPU_SOURCES = ("strata_kernels.cu", "strata_moe.cu")
+GPU_SOURCES = ("strata_kernels.cu", "strata_moe.cu", "strata_moe_stream.cu")
 DEFAULT_GENCODE = ("-gencode=arch=compute_90,code=sm_90 "
                    "-gencode=arch=compute_80,code=compute_80")
 
@@ -145,9 +146,8 @@ class BuildExt(build_ext):
         kind = ext.strata_gpu
         objdir = os.path.join(self.build_temp, "strata_gpu_" + kind)
         os.makedirs(objdir, exist_ok=True)
-        headers = [os.path.join(SRC, f) for f in
-                   ("strata_common.h", "strata_kernels.h", "hip_compat.h",
-                    "strata_gpu_internal.h")]
+        headers = sorted(os.path.join(SRC, f) for f in os.listdir(SRC)
+                         if f.endswith((".h", ".cuh")))
         if kind == "cuda":
             nvcc = _find_nvcc()
             if nvcc is None:

@@ -294,8 +294,9 @@ def moe_set_options(int flags=-1):
     """moe_experts' launch switches (bit 1: programmatic dependent launch of the down kernel,
     bit 2: early weight loads at small windows, bit 4: two features per gate/up warp where rows
     are short, bit 8: double-buffered down weight loads, bit 16: x rows in shared memory in
-    gate/up; 1, 2, 8 and 16 on by default; the results are the same bits). flags < 0 only
-    reads. Returns the previous flags."""
+    gate/up, bit 32: the streamed kernels on sm_90+ without the expert cache where they are
+    faster, bit 64: at every size they take; 1, 2, 8, 16 and 32 on by default; the results are
+    the same bits). flags < 0 only reads. Returns the previous flags."""
     return strata_gpu_moe_set_options(flags)
 
 

@@ -26,6 +26,9 @@ I=512), bf16 and FP8 (128x128 blocks), 1 to 32 rows with uniform random routing,
 per call over graph replays (routings / weight copies rotate so reads come from HBM), the
 distinct experts, the bytes that must be read (distinct experts' weights + scales, or the weight
 + scales), achieved GB/s, % of the copy ceiling and the byte-floor time (bytes / ceiling).
+--moe-variants compares launch variants (the streamed kernels against the per-block ones: the
+same bits, checked); --moe-shared adds the expert every row routes to, as the engine folds the
+shared expert into the call (E=513, top-11).
 
 --conv: instead, causal_conv_window at C=8192, K=4 (bf16 x and state) and 1-16 window rows,
 the per-(channel, row) conv_kernel against the earlier serial kernel (STRATA_CONV_SERIAL):
@@ -366,8 +369,8 @@ def _fp8_weight(shape, block, gen_seed=0):
     return w, s
 
 
-def _moe_weights(fp8: bool):
-    E, H, I = MOE_SHAPE["E"], MOE_SHAPE["H"], MOE_SHAPE["I"]
+def _moe_weights(fp8: bool, E: int = MOE_SHAPE["E"]):
+    H, I = MOE_SHAPE["H"], MOE_SHAPE["I"]
     if fp8:
         wgu, gs = _fp8_weight((E, 2 * I, H), FP8_BLOCK, 1)
         wd, ds = _fp8_weight((E, H, I), FP8_BLOCK, 2)
@@ -378,30 +381,41 @@ def _moe_weights(fp8: bool):
     return wgu, wd, None, None, None
 
 
-#: moe_experts launch switches compared by --moe-variants (cyext_ops.moe_launch_options).
-MOE_VARIANTS = {"plain": dict(pdl=False, early=False, wide=False, db=False, xsmem=False),
-                "pdl+early": dict(pdl=True, early=True, wide=False, db=False, xsmem=False),
-                "+db": dict(pdl=True, early=True, wide=False, db=True, xsmem=False),
-                "+xsmem": dict(pdl=True, early=True, wide=False, db=False, xsmem=True),
-                "+db+xsmem": dict(pdl=True, early=True, wide=False, db=True, xsmem=True),
-                "wide": dict(pdl=False, early=False, wide=True, db=False, xsmem=False),
-                "all": dict(pdl=True, early=True, wide=True, db=True, xsmem=False)}
+#: moe_experts launch switches compared by --moe-variants (cyext_ops.moe_launch_options):
+#: the streamed kernels (the default on sm_90+), then the per-block kernels' switches.
+MOE_VARIANTS = {"stream": dict(pdl=True, stream=True, stream_all=True),
+                "stream-nopdl": dict(pdl=False, stream=True, stream_all=True),
+                "plain": dict(pdl=False, early=False, wide=False, db=False, xsmem=False, stream=False),
+                "pdl+early": dict(pdl=True, early=True, wide=False, db=False, xsmem=False, stream=False),
+                "+db": dict(pdl=True, early=True, wide=False, db=True, xsmem=False, stream=False),
+                "+xsmem": dict(pdl=True, early=True, wide=False, db=False, xsmem=True, stream=False),
+                "+db+xsmem": dict(pdl=True, early=True, wide=False, db=True, xsmem=True, stream=False),
+                "wide": dict(pdl=False, early=False, wide=True, db=False, xsmem=False, stream=False),
+                "all": dict(pdl=True, early=True, wide=True, db=True, xsmem=False, stream=False)}
 
 
-def bench_moe(records, rows_list, ceiling, sets: int = 8, variants=("default",)):
+def bench_moe(records, rows_list, ceiling, sets: int = 8, variants=("default",), shared=False):
+    """shared: E + 1 experts and top-(k + 1) with the last id every row's (the engine's folded
+    shared expert), else uniform top-k of E."""
     E, k, H, I = (MOE_SHAPE[n] for n in ("E", "k", "H", "I"))
+    if shared:
+        E, k = E + 1, k + 1
     defaults = C.moe_launch_options()
     for fp8, variant in ((f, v) for f in (True, False) for v in variants):
         if variant != "default":
             C.moe_launch_options(**MOE_VARIANTS[variant])
-        wgu, wd, gs, ds, block = _moe_weights(fp8)
+        wgu, wd, gs, ds, block = _moe_weights(fp8, E)
         per_expert = wgu[0].numel() * wgu.element_size() + wd[0].numel() * wd.element_size()
         if fp8:
             per_expert += (gs[0].numel() + ds[0].numel()) * 4
         for n in rows_list:
             xs, ws, ids, outs, distinct = [], [], [], [], []
             for _ in range(sets):
-                idx = torch.stack([torch.randperm(E, device=DEV)[:k] for _ in range(n)])
+                routed = E - 1 if shared else E
+                idx = torch.stack([torch.randperm(routed, device=DEV)[:k - (E - routed)]
+                                   for _ in range(n)])
+                if shared:  # the engine folds the shared expert in as one more id every row has
+                    idx = torch.cat([idx, torch.full_like(idx[:, :1], E - 1)], 1)
                 w = torch.rand(n, k, device=DEV)
                 ids.append(idx)
                 ws.append(w / w.sum(-1, keepdim=True))
@@ -426,6 +440,7 @@ def bench_moe(records, rows_list, ceiling, sets: int = 8, variants=("default",))
             d = statistics.mean(distinct)
             nbytes = d * per_expert
             rec = dict(op="moe_experts", weights="fp8" if fp8 else "bf16", variant=variant, rows=n, k=k,
+                       shared=shared,
                        distinct=d, bytes=nbytes, t_us=t * 1e6, gbps=nbytes / t / 1e9,
                        frac=nbytes / t / ceiling, floor_us=nbytes / ceiling * 1e6, mode=mode,
                        rel_err=err)
@@ -499,10 +514,15 @@ def main() -> int:
     ap.add_argument("--skip-parity", action="store_true")
     ap.add_argument("--moe", action="store_true",
                     help="only the routed experts and the FP8 / bf16 skinny linear")
-    ap.add_argument("--moe-variants", action="store_true",
-                    help="with --moe: every launch variant of moe_experts (PDL, early loads, "
-                         "double-buffered down, x in shared memory)")
+    ap.add_argument("--moe-variants", nargs="?", const="all", default=None,
+                    help="with --moe: launch variants of moe_experts: 'all' (the default when "
+                         "given alone: the streamed kernels, PDL, early loads, double-buffered "
+                         "down, x in shared memory) or a comma list of "
+                         + ", ".join(MOE_VARIANTS))
     ap.add_argument("--no-linear", action="store_true", help="with --moe: skip the linear layers")
+    ap.add_argument("--moe-shared", action="store_true",
+                    help="with --moe: one more expert that every row routes to, as the engine "
+                         "folds the shared expert in (E=513, top-11)")
     ap.add_argument("--conv", action="store_true",
                     help="only causal_conv_window: the conv kernel against the earlier serial one")
     args = ap.parse_args()
@@ -555,8 +575,18 @@ def main_moe(args, meta, t_start) -> int:
     ceiling = meta["copy_gbps"] * 1e9
     rows = (1, 8, 32) if args.quick else MOE_ROWS
     records: list[dict] = []
-    bench_moe(records, rows, ceiling,
-              variants=tuple(MOE_VARIANTS) if args.moe_variants else ("default",))
+    if args.moe_variants is None:
+        variants = ("default",)
+    elif args.moe_variants == "all":
+        variants = tuple(MOE_VARIANTS)
+    else:
+        variants = tuple(v.strip() for v in args.moe_variants.split(","))
+        unknown = [v for v in variants if v not in MOE_VARIANTS]
+        if unknown:
+            print(f"bench_kernels: unknown --moe-variants {unknown}; known: "
+                  f"{', '.join(MOE_VARIANTS)}", file=sys.stderr)
+            return 2
+    bench_moe(records, rows, ceiling, variants=variants, shared=args.moe_shared)
     if not args.no_linear:
         bench_linear(records, rows, ceiling)
     meta["seconds"] = time.perf_counter() - t_start

@@ -8,6 +8,8 @@
 #   bash scripts/device_kernels.sh moe       # the MoE / linear micro-benchmark
 #   bash scripts/device_kernels.sh moev      # moe_experts only, every launch variant
 #   bash scripts/device_kernels.sh moevl     # every moe_experts variant, then the linears
+#   bash scripts/device_kernels.sh moes      # GPU tests of the MoE kernels, then the streamed
+#                                            # kernels against the per-block ones (MOE_VARIANTS)
 #   bash scripts/device_kernels.sh conv      # causal_conv_window: conv_kernel vs the serial one
 #   bash scripts/device_kernels.sh tests     # GPU tests of the MoE kernels and the samplers
 #   bash scripts/device_kernels.sh cachetests  # GPU tests: cache kernel paths, conv and MoE bits
@@ -65,6 +67,16 @@ for part in ${1//,/ }; do
       --out "$OUT/bench_moe_variants.json" > "$OUT/moevl.log" 2>&1
     rc=$?
     grep -E "moe_experts|linear|ceiling|wrote" "$OUT/moevl.log" ;;
+  moes)
+    timeout "${TESTS_S:-150}" python3 -m pytest -q -x -m gpu tests/test_moe_kernels.py \
+      > "$OUT/moes_tests.log" 2>&1
+    rc=$?
+    tail -n 12 "$OUT/moes_tests.log"
+    timeout "${MOE_S:-150}" python3 scripts/bench_kernels.py --moe --no-linear \
+      --moe-variants "${MOE_VARIANTS:-stream,stream-nopdl,+db+xsmem}" \
+      --out "$OUT/bench_moe_stream.json" > "$OUT/moes.log" 2>&1
+    rc=$((rc | $?))
+    grep -E "moe_experts|ceiling|wrote|Error|error" "$OUT/moes.log" ;;
   conv)
     timeout "${CONV_S:-60}" python3 scripts/bench_kernels.py --conv \
       --out "$OUT/bench_conv.json" > "$OUT/conv.log" 2>&1

@@ -286,10 +286,10 @@ def test_gpu_moe_graph_replay_new_ids(wdtype, block):
 @pytest.mark.parametrize("wdtype,block", [(torch.bfloat16, None), (FP8, (128, 128))])
 @pytest.mark.parametrize("N", [1, 3, 8, 32])
 def test_gpu_moe_launch_variants_same_bits(wdtype, block, N):
-    """The launch switches (programmatic dependent launch of the down kernel, early weight
-    loads, two features per gate/up warp, double-buffered down loads, x in shared memory)
-    change when and where loads are issued, never what is summed: the same bits, captured
-    too."""
+    """The launch switches (the streamed kernels, programmatic dependent launch of the down
+    kernel, early weight loads, two features per gate/up warp, double-buffered down loads, x in
+    shared memory) change when and where loads are issued, never what is summed: the same
+    bits, captured too."""
     E, H, I, k = 512, 2048, 512, 11
     weights = experts(E, H, I, wdtype, block or (32, 32), device="cuda")
     w, ids = routing(N, k, E, hot=[3, 4] if N > 1 else None, device="cuda")
@@ -297,13 +297,15 @@ def test_gpu_moe_launch_variants_same_bits(wdtype, block, N):
     saved = C.moe_launch_options()
     try:
         outs = []
-        for pdl, early, wide, db, xsmem in (
-                (False, False, False, False, False), (True, False, False, False, False),
-                (False, True, False, False, False), (False, False, True, False, False),
-                (True, True, True, False, False), (False, False, False, True, False),
-                (False, False, False, False, True), (True, True, False, True, True),
-                (True, True, True, True, True)):
-            C.moe_launch_options(pdl=pdl, early=early, wide=wide, db=db, xsmem=xsmem)
+        for pdl, early, wide, db, xsmem, stream in (
+                (False, False, False, False, False, False), (True, False, False, False, False, False),
+                (False, True, False, False, False, False), (False, False, True, False, False, False),
+                (True, True, True, False, False, False), (False, False, False, True, False, False),
+                (False, False, False, False, True, False), (True, True, False, True, True, False),
+                (True, True, True, True, True, False), (False, False, False, False, False, True),
+                (True, True, False, True, True, True)):
+            C.moe_launch_options(pdl=pdl, early=early, wide=wide, db=db, xsmem=xsmem,
+                                 stream=stream, stream_all=stream)
             outs.append(C.gpu_moe_experts(x, *weights[:2], w, ids, *weights[2:], block))
             out = torch.empty_like(x)
             ws = torch.empty(C.moe_workspace_numel(N, k, I), device="cuda")
@@ -318,6 +320,45 @@ def test_gpu_moe_launch_variants_same_bits(wdtype, block, N):
         C.moe_launch_options(**saved)
     assert all(torch.equal(o, outs[0]) for o in outs[1:])
     assert rel_err(outs[0], call_reference(x, weights, w, ids, block)) < 1e-2
+
+
+@_gpu
+@pytest.mark.parametrize("E,H,I,N,k,wdtype,xdtype,block",
+                         [c for c in GPU_CASES if c[5] in (torch.bfloat16, FP8)]
+                         + [(513, 2048, 512, 16, 11, FP8, torch.bfloat16, (128, 128)),
+                            (256, 1024, 768, 5, 8, torch.bfloat16, torch.bfloat16, None),
+                            (64, 4096, 256, 4, 6, FP8, torch.bfloat16, (128, 128))])
+def test_gpu_moe_stream_same_bits_as_per_block(E, H, I, N, k, wdtype, xdtype, block):
+    """The streamed kernels (sm_90+) compute the per-block kernels' dot products in their
+    order: the same bits at every shape they take, hot experts (many members) and experts of
+    one member alike, and inside a captured graph with new ids."""
+    weights = experts(E, H, I, wdtype, block or (32, 32), device="cuda")
+    w, ids = routing(N, k, E, hot=[1, 2] if N > 1 else None, device="cuda")
+    x = torch.randn(N, H, generator=torch.Generator().manual_seed(5)).to("cuda", xdtype)
+    saved = C.moe_launch_options()
+    try:
+        C.moe_launch_options(stream=False)
+        per_block = C.gpu_moe_experts(x, *weights[:2], w, ids, *weights[2:], block)
+        C.moe_launch_options(stream=True, stream_all=True)
+        streamed = C.gpu_moe_experts(x, *weights[:2], w, ids, *weights[2:], block)
+        out = torch.full_like(x, float("nan"))
+        ws = torch.empty(C.moe_workspace_numel(N, k, I), device="cuda")
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            C.gpu_moe_experts(x, *weights[:2], w, ids, *weights[2:], block, out=out, workspace=ws)
+        w2, ids2 = routing(N, k, E, seed=7, device="cuda")
+        w.copy_(w2)
+        ids.copy_(ids2)
+        graph.replay()
+        torch.cuda.synchronize()
+        C.moe_launch_options(stream=False)
+        per_block2 = C.gpu_moe_experts(x, *weights[:2], w, ids, *weights[2:], block)
+    finally:
+        C.moe_launch_options(**saved)
+    assert torch.equal(streamed, per_block)
+    assert torch.equal(out, per_block2)
+    tol = 1e-5 if xdtype == torch.float32 else 1e-2
+    assert rel_err(out, call_reference(x, weights, w, ids, block)) < tol
 
 
 LINEAR_CASES = [

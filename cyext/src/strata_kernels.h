@@ -83,20 +83,25 @@ int strata_gpu_commit(const int64_t* accept, const int64_t* group_slot, const in
 // device-visible host store; the struct is copied at launch (the caller may free it after).
 // With its counting pointers set, the gate/up kernel also counts (strata_expert_cache.h).
 int64_t strata_gpu_moe_workspace(int64_t n, int64_t k, int64_t inter);
-// Launch switches of moe_experts, process-wide (PDL, EARLY, DB and XSMEM on by default):
+// Launch switches of moe_experts, process-wide (PDL, EARLY, DB, XSMEM and STREAM on by default):
 // STRATA_MOE_PDL launches the down kernel as a programmatic dependent of the gate/up kernel
 // (sm_90+; its first down rows load while gate/up finishes), STRATA_MOE_EARLY has gate/up blocks
 // of small windows load their weights before the duplicate check, STRATA_MOE_WIDE gives each
 // gate/up warp two features where rows are short (FP8; measured slower), STRATA_MOE_DB
 // double-buffers the down kernel's weight loads (where a lane holds at most 2 chunks of a down
 // row), STRATA_MOE_XSMEM has each gate/up block stage the window's x rows in shared memory
-// (windows of at most 40 KiB of x; not with WIDE). Results are the same bits either way.
+// (windows of at most 40 KiB of x; not with WIDE), STRATA_MOE_STREAM runs the streamed kernels
+// instead where they are faster (strata_moe_stream.cu: sm_90+, no expert cache, FP8 or bf16
+// weights; weights through shared memory by the bulk copy engine), STRATA_MOE_STREAM_ALL at
+// every size they take (tests, benchmarks). Results are the same bits either way.
 // flags < 0 only reads. Returns the previous flags.
 #define STRATA_MOE_PDL 1
 #define STRATA_MOE_EARLY 2
 #define STRATA_MOE_WIDE 4
 #define STRATA_MOE_DB 8
 #define STRATA_MOE_XSMEM 16
+#define STRATA_MOE_STREAM 32
+#define STRATA_MOE_STREAM_ALL 64
 int strata_gpu_moe_set_options(int flags);
 int strata_gpu_moe_experts(const void* x, int x_dtype, const void* w_gate_up, const void* w_down,
                            int w_dtype, const float* gu_scale, const float* down_scale,

@@ -457,21 +457,27 @@ def moe_kernel_supported(x, w_gate_up, k: int, block=None) -> bool:
     return True
 
 
-def moe_launch_options(pdl=None, early=None, wide=None, db=None, xsmem=None) -> dict:
+def moe_launch_options(pdl=None, early=None, wide=None, db=None, xsmem=None, stream=None,
+                       stream_all=None) -> dict:
     """Read or set moe_experts' launch switches on the GPU extension (process-wide; every
-    setting gives the same bits): `pdl` (on by default), the down kernel as a programmatic
-    dependent launch (sm_90+); `early` (on), weight loads before the duplicate check at small
-    windows; `wide` (off: measured slower), two features per gate/up warp where weight rows
-    are short (FP8); `db` (on), double-buffered weight loads in the down kernel; `xsmem` (on),
-    the window's x rows staged in shared memory by each gate/up block. None leaves a switch as
-    it is. Returns the switches now in force."""
+    setting gives the same bits): `stream` (on by default), the streamed kernels on sm_90+
+    without the expert cache where they measured faster (weights through shared memory by the
+    bulk copy engine, cyext/src/strata_moe_stream.cu); `stream_all` (off), the streamed kernels
+    at every size they take (tests, benchmarks); `pdl` (on), the down kernel as a programmatic
+    dependent launch (sm_90+); and for the per-block kernels: `early` (on), weight loads before
+    the duplicate check at small windows; `wide` (off: measured slower), two features per
+    gate/up warp where weight rows are short (FP8); `db` (on), double-buffered weight loads in
+    the down kernel; `xsmem` (on), the window's x rows staged in shared memory by each gate/up
+    block. None leaves a switch as it is. Returns the switches now in force."""
     flags = _gpu.moe_set_options(-1)
-    for bit, on in ((1, pdl), (2, early), (4, wide), (8, db), (16, xsmem)):
+    for bit, on in ((1, pdl), (2, early), (4, wide), (8, db), (16, xsmem), (32, stream),
+                    (64, stream_all)):
         if on is not None:
             flags = (flags | bit) if on else (flags & ~bit)
     _gpu.moe_set_options(flags)
     return {"pdl": bool(flags & 1), "early": bool(flags & 2), "wide": bool(flags & 4),
-            "db": bool(flags & 8), "xsmem": bool(flags & 16)}
+            "db": bool(flags & 8), "xsmem": bool(flags & 16), "stream": bool(flags & 32),
+            "stream_all": bool(flags & 64)}
 
 
 def conv_launch_options(serial=None) -> dict:

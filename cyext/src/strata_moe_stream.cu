@@ -1,0 +1,539 @@
+// strata cyext: routed experts (moe_experts) with weights streamed through shared memory by the
+// bulk copy engine (sm_90+). Same contract and the same bits as strata_moe.cu's per-block
+// kernels (the same dot products in the same order); only how the weight bytes reach the SMs
+// differs, so strata_moe.cu may pick either per call.
+//
+// Why: the per-block kernels hold each weight row in registers, so the bytes an SM has in flight
+// are bounded by its registers and occupancy, and every short-lived block pays the ids /
+// duplicate-check prologue; FP8 (half the bytes per block) reached only 29-40% of the copy
+// ceiling that way. Here one CTA per SM keeps a ring of shared-memory stages filled by
+// `cp.async.bulk` (one producer thread; completion on an mbarrier per stage), so an SM has
+// ~150 KiB of weights in flight with no registers held, and the prologue is paid once per SM.
+// Every copy is 8 KiB: a bulk copy costs mostly per copy (scripts/probe_bulk.cu on an H200:
+// 4 KiB copies streamed 2.1 TB/s, 8 KiB 4.1 TB/s). Each consumer warp owns one or two stages
+// and the items that land in them, so every stage is drained in order by one warp (mbarrier
+// phases are told apart by parity only).
+//
+//   moe_gate_up_stream  grid = the SMs. Every CTA groups the window's pairs by expert in shared
+//       memory (an expert's leader is its first pair; experts in leader order) and stages x
+//       (float32 up to 32 KiB, else bfloat16; laid out so a warp's 16-byte reads hit distinct
+//       banks). Items are (distinct expert, tile of F features): the F gate rows and the F up
+//       rows, two 8 KiB copies into one stage, dealt to the CTAs round-robin. The warp that owns
+//       an item loads its block scales while the stage lands, then computes act[q][i] =
+//       silu(gate_i . x_n) * (up_i . x_n) for its F features and every member q = (n, j).
+//   moe_down_stream     grid = H / T. CTA = T output features of every row. It streams the T
+//       down rows of each distinct expert (one 8 KiB copy each, issued before it waits for the
+//       gate/up grid: a programmatic dependent launch), computes y[q][h] for the members into
+//       shared memory and ends with out[n][h] = sum_j w[n,j] * y[(n,j)][h] in j order.
+// The weight copies carry an L2 evict-first hint: each weight is read once per call, and the
+// activations written by gate/up and read by down should stay in L2.
+// Not used with the expert cache (its misses are read over the bus through mapped host memory,
+// which the per-block kernels do), on HIP, or before sm_90: strata_moe.cu keeps those paths.
+
+#include "strata_bulk.cuh"
+#include "strata_moe_common.cuh"
+
+namespace strata {
+namespace moe {
+
+#if !STRATA_PLATFORM_HIP
+
+namespace {
+
+constexpr int ST_MAX_WARPS = 16;                     // consumer warps at most
+constexpr int ST_THREADS = 32 * (ST_MAX_WARPS + 1);  // + the producer warp
+constexpr int ST_MAX_STAGES = 2 * ST_MAX_WARPS;
+// A bulk copy's cost is mostly per copy: measured on an H200 (scripts/probe_bulk.cu), rings of
+// 4 KiB copies streamed 2.1 TB/s, 8 KiB copies 4.1 TB/s, 16 KiB 4.45 TB/s. So every copy here
+// is 8 KiB: a gate/up stage is F gate rows + F up rows (two copies), a down stage T rows.
+constexpr int ST_COPY_BYTES = 8192;
+constexpr int ST_GU_STAGE = 2 * ST_COPY_BYTES;
+constexpr int ST_DOWN_STAGE = ST_COPY_BYTES;
+constexpr int ST_MAX_EXPERTS = 4096;                 // the first-pair table in shared memory
+constexpr int ST_X_F32_MAX_BYTES = 32768;            // x staged as float32 up to this size
+constexpr int ST_X_MAX_BYTES = 131072;               // else as bfloat16 words up to this
+
+// Shared memory: barriers, ids, leaders, scan scratch, first-pair table, then x (gate/up) or
+// y (down), then the stages.
+constexpr int ST_OFF_IDS = 2 * ST_MAX_STAGES * 8;
+constexpr int ST_OFF_LEAD = ST_OFF_IDS + MOE_MAX_PAIRS * 4;
+constexpr int ST_OFF_WTOT = ST_OFF_LEAD + MOE_MAX_PAIRS * 4;
+constexpr int ST_OFF_FIRST = ST_OFF_WTOT + 128;
+
+inline int align128(int v) { return (v + 127) & ~127; }
+
+struct StreamPlan {
+  int warps;           // consumer warps; warp w owns stages w, w + warps, ... (in order)
+  int stages;          // warps * stages per warp
+  int tiles;           // gate/up: I / F
+  int data_off;        // x (gate/up) or y (down) in shared memory
+  int ring_off;        // the stages
+};
+
+// Features per gate/up item: F rows of CPL chunks per lane fill one 8 KiB copy.
+template <int CPL> struct GateUpTile { static const int F = 16 / CPL > 8 ? 8 : 16 / CPL; };
+
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+using namespace strata::bulk;
+
+// The window's pairs grouped by expert, in shared memory: ids_s[q] (clamped), lead_s[d] = the
+// first pair of the d-th distinct expert (leaders in pair order). Returns the distinct count.
+__device__ __forceinline__ int group_pairs(const MoeParams& p, int* ids_s, int* first_s,
+                                           int* lead_s, int* warp_tot) {
+  const int tid = threadIdx.x;
+  if (tid < p.P) ids_s[tid] = clamp_expert(p.topk_ids[tid], p.E);
+  for (int e = tid; e < p.E; e += ST_THREADS) first_s[e] = 0x7fffffff;
+  __syncthreads();
+  if (tid < p.P) atomicMin(first_s + ids_s[tid], tid);
+  __syncthreads();
+  const int lead = (tid < p.P && first_s[ids_s[tid]] == tid) ? 1 : 0;
+  int distinct;
+  const int pos = block_exclusive_scan<ST_THREADS>(lead, warp_tot, &distinct);
+  if (lead) lead_s[pos] = tid;
+  __syncthreads();
+  return distinct;
+}
+
+// The members of the expert led by pair s0 (pairs q >= s0 with its id, in pair order), a warp
+// at a time: fn(q) for each, the same q on every lane.
+template <typename Fn>
+__device__ __forceinline__ void for_members(const int* ids_s, int P, int s0, int lane, Fn fn) {
+  const int e = ids_s[s0];
+  for (int base = s0 & ~31; base < P; base += 32) {
+    const int q = base + lane;
+    unsigned m = __ballot_sync(0xffffffffu, q >= s0 && q < P && ids_s[q] == e);
+    while (m) {
+      fn(base + __ffs(m) - 1);
+      m &= m - 1;
+    }
+  }
+}
+
+// x in shared memory, by 16-byte pieces: piece pc of weight chunk c of row n sits at piece
+// index n * pieces_per_row + pc * nch + c, so one piece index of consecutive chunks (what a
+// warp reads at once, lane l taking chunk l + 32 j) is contiguous: no bank conflicts.
+__device__ __forceinline__ int x_piece(int n, int c, int pc, int pieces_per_row, int nch) {
+  return n * pieces_per_row + pc * nch + c;
+}
+#endif  // __CUDA_ARCH__ >= 900
+
+// CPL: 16-byte chunks per lane of a weight row (unrolled); XF32: x staged as float32, else as
+// bfloat16 words.
+template <typename W, int CPL, bool XF32>
+__global__ void __launch_bounds__(ST_THREADS, 1)
+    moe_gate_up_stream(MoeParams p, StreamPlan sp) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  typedef WChunk<W> C;
+  constexpr int F = GateUpTile<CPL>::F;
+  constexpr int EPC = C::EPC;
+  extern __shared__ __align__(128) uint8_t smem[];
+  pdl_launch_dependents();
+  uint64_t* full = (uint64_t*)smem;
+  uint64_t* empty = full + ST_MAX_STAGES;
+  int* ids_s = (int*)(smem + ST_OFF_IDS);
+  int* lead_s = (int*)(smem + ST_OFF_LEAD);
+  int* warp_tot = (int*)(smem + ST_OFF_WTOT);
+  int* first_s = (int*)(smem + ST_OFF_FIRST);
+  uint4* x_s = (uint4*)(smem + sp.data_off);
+  uint8_t* ring = smem + sp.ring_off;
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+  if (tid == 0) {
+    for (int s = 0; s < sp.stages; ++s) {
+      mbar_init(full + s, 1);
+      mbar_init(empty + s, 1);
+    }
+    mbar_init_fence();
+  }
+  const int distinct = group_pairs(p, ids_s, first_s, lead_s, warp_tot);
+  // Items are dealt round-robin (CTA b: items b, b + grid, ...): an expert with many members
+  // (the folded shared expert has every row) costs more per item, and dealing its tiles to
+  // consecutive CTAs would leave a few CTAs with all of it.
+  const int total = distinct * sp.tiles;
+  const int n_local = total > (int)blockIdx.x ? (total - 1 - (int)blockIdx.x) / (int)gridDim.x + 1 : 0;
+  const int row_bytes = p.H * (int)sizeof(typename W::storage);
+  const int S = sp.stages;
+
+  if (warp == ST_MAX_WARPS) {  // the producer: one thread issues every copy
+    if (lane == 0) {
+      const uint64_t pol = l2_evict_first();
+      const uint32_t half = (uint32_t)(F * row_bytes);
+      for (int li = 0; li < n_local; ++li) {
+        const int stage = li % S, round = li / S;
+        if (round) mbar_wait(empty + stage, (round - 1) & 1);
+        const int item = blockIdx.x + li * gridDim.x, d = item / sp.tiles, i0 = (item % sp.tiles) * F;
+        const uint8_t* base = expert_gate_up(p, ids_s[lead_s[d]]);
+        uint8_t* dst = ring + stage * ST_GU_STAGE;
+        mbar_expect_tx(full + stage, 2 * half);
+        bulk::load(dst, base + (int64_t)i0 * row_bytes, half, full + stage, pol);
+        bulk::load(dst + half, base + (int64_t)(p.I + i0) * row_bytes, half, full + stage, pol);
+      }
+    }
+    return;
+  }
+  if (warp >= sp.warps) return;
+
+  const int nch = p.H / EPC;
+  // x rows, once per CTA, while the first stages land (16-byte pieces; float32: each 16-bit
+  // piece becomes two float pieces)
+  {
+    const int pieces = p.n * p.H / 8;
+    const int ppr16 = p.H / 8;
+    for (int t = tid; t < pieces; t += sp.warps * 32) {
+      const int n = t / ppr16, e = (t % ppr16) * 8;
+      const uint4 v = ldg16((const uint16_t*)p.x + 8 * t);
+      const int c = e / EPC, k8 = (e % EPC) / 8;  // 8-element piece k8 of chunk c
+      if (XF32) {
+        float f[8];
+        const uint32_t u[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          f[2 * i] = __uint_as_float(u[i] << 16);
+          f[2 * i + 1] = __uint_as_float(u[i] & 0xffff0000u);
+        }
+        const int ppr = p.H / 4;
+        x_s[x_piece(n, c, 2 * k8, ppr, nch)] = make_uint4(
+            __float_as_uint(f[0]), __float_as_uint(f[1]), __float_as_uint(f[2]), __float_as_uint(f[3]));
+        x_s[x_piece(n, c, 2 * k8 + 1, ppr, nch)] = make_uint4(
+            __float_as_uint(f[4]), __float_as_uint(f[5]), __float_as_uint(f[6]), __float_as_uint(f[7]));
+      } else {
+        x_s[x_piece(n, c, k8, ppr16, nch)] = v;
+      }
+    }
+    sync_threads(sp.warps * 32);
+  }
+  const int ppr = XF32 ? p.H / 4 : p.H / 8;  // x pieces per row
+  int col[CPL];
+#pragma unroll
+  for (int j = 0; j < CPL; ++j) col[j] = ((lane + 32 * j) * EPC) / p.bi;
+  for (int li = warp; li < n_local; li += sp.warps) {
+    const int stage = li % S;
+    const int item = blockIdx.x + li * gridDim.x, d = item / sp.tiles, i0 = (item % sp.tiles) * F;
+    const int s0 = lead_s[d], e = ids_s[s0];
+    const uint8_t* rows = ring + stage * ST_GU_STAGE;
+    // the block scales of this lane's chunks (one gate and one up block row for the F
+    // features), loaded while the stage lands
+    float sg[CPL], su[CPL];
+#pragma unroll
+    for (int j = 0; j < CPL; ++j) {
+      sg[j] = su[j] = 1.f;
+      if (C::scaled && lane + 32 * j < nch) {
+        const float* sc = expert_gate_up_scale(p, e);
+        sg[j] = __ldg(sc + (i0 / p.bo) * p.ncb_h + col[j]);
+        su[j] = __ldg(sc + (p.nbg + i0 / p.bo) * p.ncb_h + col[j]);
+      }
+    }
+    mbar_wait(full + stage, (li / S) & 1);
+    for_members(ids_s, p.P, s0, lane, [&](int q) {
+      const int n = q / p.k;
+      float acc[2 * F];
+#pragma unroll
+      for (int r = 0; r < 2 * F; ++r) acc[r] = 0.f;
+#pragma unroll
+      for (int j = 0; j < CPL; ++j) {
+        const int c = lane + 32 * j;
+        if (c < nch) {
+          float xf[EPC];
+#pragma unroll
+          for (int pc = 0; pc < (XF32 ? EPC / 4 : EPC / 8); ++pc) {
+            const uint4 v = x_s[x_piece(n, c, pc, ppr, nch)];
+            if (XF32) {
+              xf[4 * pc] = __uint_as_float(v.x); xf[4 * pc + 1] = __uint_as_float(v.y);
+              xf[4 * pc + 2] = __uint_as_float(v.z); xf[4 * pc + 3] = __uint_as_float(v.w);
+            } else {
+              const uint32_t u[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+              for (int i = 0; i < 4; ++i) {
+                xf[8 * pc + 2 * i] = __uint_as_float(u[i] << 16);
+                xf[8 * pc + 2 * i + 1] = __uint_as_float(u[i] & 0xffff0000u);
+              }
+            }
+          }
+#pragma unroll
+          for (int r = 0; r < 2 * F; ++r)
+            acc[r] = chunk_dot<W>(*(const uint4*)(rows + r * row_bytes + 16 * c), xf,
+                                  r < F ? sg[j] : su[j], acc[r]);
+        }
+      }
+#pragma unroll
+      for (int f = 0; f < F; ++f) {
+        const float g = warp_sum(acc[f]), u = warp_sum(acc[F + f]);
+        if (lane == 0) p.act[(int64_t)q * p.I + i0 + f] = g / (1.f + expf(-g)) * u;
+      }
+    });
+    __syncwarp();
+    if (lane == 0) mbar_arrive(empty + stage);
+  }
+#endif
+}
+
+// T output features per CTA, CPL 16-byte chunks per lane of a down row (both unrolled).
+template <typename W, int T, int CPL>
+__global__ void __launch_bounds__(ST_THREADS, 1) moe_down_stream(MoeParams p, StreamPlan sp) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  typedef WChunk<W> C;
+  constexpr int EPC = C::EPC;
+  extern __shared__ __align__(128) uint8_t smem[];
+  uint64_t* full = (uint64_t*)smem;
+  uint64_t* empty = full + ST_MAX_STAGES;
+  int* ids_s = (int*)(smem + ST_OFF_IDS);
+  int* lead_s = (int*)(smem + ST_OFF_LEAD);
+  int* warp_tot = (int*)(smem + ST_OFF_WTOT);
+  int* first_s = (int*)(smem + ST_OFF_FIRST);
+  float* y_s = (float*)(smem + sp.data_off);
+  uint8_t* ring = smem + sp.ring_off;
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+  if (tid == 0) {
+    for (int s = 0; s < sp.stages; ++s) {
+      mbar_init(full + s, 1);
+      mbar_init(empty + s, 1);
+    }
+    mbar_init_fence();
+  }
+  // The ids come from the router, before the gate/up launch: visible without waiting for it.
+  const int distinct = group_pairs(p, ids_s, first_s, lead_s, warp_tot);
+  const int h0 = blockIdx.x * T;
+  const int row_bytes = p.I * (int)sizeof(typename W::storage);
+  const int S = sp.stages;
+
+  if (warp == ST_MAX_WARPS) {  // the producer: weights need nothing from gate/up
+    if (lane == 0) {
+      const uint64_t pol = l2_evict_first();
+      const uint32_t piece = (uint32_t)(T * row_bytes);
+      for (int li = 0; li < distinct; ++li) {
+        const int stage = li % S, round = li / S;
+        if (round) mbar_wait(empty + stage, (round - 1) & 1);
+        mbar_expect_tx(full + stage, piece);
+        bulk::load(ring + stage * ST_DOWN_STAGE,
+                   expert_down(p, ids_s[lead_s[li]]) + (int64_t)h0 * row_bytes, piece,
+                   full + stage, pol);
+      }
+    }
+    return;
+  }
+  if (warp < sp.warps) {  // (idle warps go straight to the combine's barrier)
+    pdl_wait_primary();  // the gate/up grid has finished and its act writes are visible
+    const int nch = p.I / EPC;
+    int col[CPL];
+#pragma unroll
+    for (int j = 0; j < CPL; ++j) col[j] = ((lane + 32 * j) * EPC) / p.bi;
+    for (int li = warp; li < distinct; li += sp.warps) {
+      const int stage = li % S;
+      const int s0 = lead_s[li], e = ids_s[s0];
+      const uint8_t* rows = ring + stage * ST_DOWN_STAGE;
+      // the T rows share one block row of scales (bo % T == 0), loaded while the stage lands
+      float sc[CPL];
+#pragma unroll
+      for (int j = 0; j < CPL; ++j) {
+        sc[j] = 1.f;
+        if (C::scaled && lane + 32 * j < nch)
+          sc[j] = __ldg(expert_down_scale(p, e) + (h0 / p.bo) * p.ncb_i + col[j]);
+      }
+      mbar_wait(full + stage, (li / S) & 1);
+      for_members(ids_s, p.P, s0, lane, [&](int q) {
+        const float* arow = p.act + (int64_t)q * p.I;
+        float xf[CPL][EPC];
+#pragma unroll
+        for (int j = 0; j < CPL; ++j)
+          if (lane + 32 * j < nch)
+            load_act<EPC>(arow, STRATA_DTYPE_F32, (int64_t)(lane + 32 * j) * EPC, xf[j]);
+#pragma unroll
+        for (int r = 0; r < T; ++r) {
+          float acc = 0.f;
+#pragma unroll
+          for (int j = 0; j < CPL; ++j) {
+            const int c = lane + 32 * j;
+            if (c < nch) acc = chunk_dot<W>(*(const uint4*)(rows + r * row_bytes + 16 * c), xf[j], sc[j], acc);
+          }
+          acc = warp_sum(acc);
+          if (lane == 0) y_s[q * T + r] = acc;
+        }
+      });
+      __syncwarp();
+      if (lane == 0) mbar_arrive(empty + stage);
+    }
+  }
+  sync_threads(ST_MAX_WARPS * 32);
+  for (int t = tid; t < p.n * T; t += ST_MAX_WARPS * 32) {
+    const int n = t / T, hh = t % T;
+    float acc = 0.f;
+    for (int j = 0; j < p.k; ++j) {
+      const int q = n * p.k + j;
+      acc = fmaf(p.topk_w[q], y_s[q * T + hh], acc);
+    }
+    store_from_float(p.out, p.x_dtype, (int64_t)n * p.H + h0 + hh, acc);
+  }
+#endif
+}
+
+// Per-device facts, read once (benign races: the same value is written).
+struct DeviceFacts {
+  int sms = 0, smem_optin = 0;
+};
+DeviceFacts device_facts(int device) {
+  static DeviceFacts cached[64];
+  if (device < 0 || device >= 64) return DeviceFacts();
+  if (!cached[device].sms) {
+    int sms = 0, smem = 0;
+    cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
+    cudaDeviceGetAttribute(&smem, cudaDevAttrMaxSharedMemoryPerBlockOptin, device);
+    cached[device].smem_optin = smem;
+    cached[device].sms = sms;
+  }
+  return cached[device];
+}
+
+// Raises a kernel's dynamic shared-memory limit (not a stream operation, so it is allowed while
+// a graph is captured); `done` remembers the largest limit already set.
+template <typename K>
+int allow_smem(K kernel, int bytes, int& done, const char* name) {
+  if (done >= bytes) return 0;
+  const cudaError_t e =
+      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
+  if (e != cudaSuccess) {
+    gpu_set_last_kernel(name);
+    return (int)e;
+  }
+  done = bytes;
+  return 0;
+}
+
+template <typename W, int CPL, bool XF32>
+int launch_gate_up(const MoeParams& p, const StreamPlan& sp, int grid, int smem,
+                   cudaStream_t st) {
+  static int allowed = 0;
+  const char* name = "moe_experts: moe_gate_up_stream";
+  if (int rc = allow_smem(moe_gate_up_stream<W, CPL, XF32>, smem, allowed, name)) return rc;
+  moe_gate_up_stream<W, CPL, XF32><<<grid, ST_THREADS, smem, st>>>(p, sp);
+  return take_launch_error(name);
+}
+
+template <typename W, int T, int CPL>
+int launch_down(const MoeParams& p, const StreamPlan& sp, int smem, bool pdl, cudaStream_t st) {
+  static int allowed = 0;
+  const char* name = "moe_experts: moe_down_stream";
+  if (int rc = allow_smem(moe_down_stream<W, T, CPL>, smem, allowed, name)) return rc;
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = dim3((unsigned)(p.H / T));
+  cfg.blockDim = dim3(ST_THREADS);
+  cfg.dynamicSmemBytes = (size_t)smem;
+  cfg.stream = st;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = pdl ? 1 : 0;
+  cfg.attrs = attr;
+  cfg.numAttrs = 1;
+  cudaLaunchKernelEx(&cfg, moe_down_stream<W, T, CPL>, p, sp);
+  return take_launch_error(name);
+}
+
+template <typename W, bool XF32>
+int dispatch_gate_up(const MoeParams& p, const StreamPlan& sp, int cpl, int grid, int smem,
+                     cudaStream_t st) {
+  switch (cpl) {
+    case 1: return launch_gate_up<W, 1, XF32>(p, sp, grid, smem, st);
+    case 2: return launch_gate_up<W, 2, XF32>(p, sp, grid, smem, st);
+    case 4: return launch_gate_up<W, 4, XF32>(p, sp, grid, smem, st);
+    default: return launch_gate_up<W, 8, XF32>(p, sp, grid, smem, st);
+  }
+}
+
+template <typename W>
+int dispatch_down(const MoeParams& p, const StreamPlan& sp, int T, int cpl, int smem, bool pdl,
+                  cudaStream_t st) {
+  if (cpl == 1) {
+    if (T == 16) return launch_down<W, 16, 1>(p, sp, smem, pdl, st);
+    if (T == 8) return launch_down<W, 8, 1>(p, sp, smem, pdl, st);
+    return launch_down<W, 4, 1>(p, sp, smem, pdl, st);
+  }
+  if (T == 16) return launch_down<W, 16, 2>(p, sp, smem, pdl, st);
+  if (T == 8) return launch_down<W, 8, 2>(p, sp, smem, pdl, st);
+  return launch_down<W, 4, 2>(p, sp, smem, pdl, st);
+}
+
+inline int pow2_at_least(int64_t v, int cap) {
+  for (int c = 1; c <= cap; c <<= 1)
+    if (v <= c) return c;
+  return 0;
+}
+
+// Consumer warps and stages for a ring of `stage`-byte stages in `bytes` of shared memory:
+// two stages per warp where that still gives 8 warps, else one (each stage has one consumer
+// warp, so it is filled and drained in order).
+inline void size_ring(StreamPlan& sp, int bytes, int stage) {
+  int stages = bytes / stage;
+  stages = stages > ST_MAX_STAGES ? ST_MAX_STAGES : stages;
+  const int per_warp = stages >= 2 * 8 ? 2 : 1;
+  sp.warps = stages / per_warp > ST_MAX_WARPS ? ST_MAX_WARPS : stages / per_warp;
+  sp.stages = sp.warps * per_warp;
+}
+
+template <typename W>
+int launch_stream(const MoeParams& p, const DeviceFacts& dev, bool pdl, bool every_size,
+                  cudaStream_t st, bool* launched) {
+  typedef WChunk<W> C;
+  const int esz = (int)sizeof(typename W::storage);
+  const int64_t gu_row = (int64_t)p.H * esz, down_row = (int64_t)p.I * esz;
+  const int cpl = pow2_at_least((p.H / C::EPC + 31) / 32, 8);  // chunks per lane, gate/up row
+  const int cpl_dn = pow2_at_least((p.I / C::EPC + 31) / 32, 2);
+  const int F = cpl ? (16 / cpl > 8 ? 8 : 16 / cpl) : 0;  // GateUpTile<cpl>::F
+  int T = 16;  // down: output features per CTA, dividing H, one block row of scales
+  while (T > 4 && (T * down_row > ST_COPY_BYTES || p.H % T || (C::scaled && p.bo % T))) T >>= 1;
+  const bool fp8 = C::scaled;
+  // Where the per-block kernels are as fast (same bits either way). Measured on an H200 with the
+  // engine's folded shared expert (scripts/bench_kernels.py --moe --moe-shared --moe-variants
+  // stream,+db+xsmem): FP8 18-34% faster at 1-16 rows, even at 32 (x in shared memory then
+  // leaves too few stages); bf16 within 6% either way, ahead at 2-8 rows.
+  if (!every_size && (fp8 ? p.n > 16 : (p.n < 2 || p.n > 8))) return 0;
+  if (!cpl || !cpl_dn || F * gu_row > ST_COPY_BYTES || p.I % F || (fp8 && p.bo % F) ||
+      T * down_row > ST_COPY_BYTES || p.H % T || (fp8 && p.bo % T) || p.E > ST_MAX_EXPERTS ||
+      p.P > ST_THREADS || p.x_dtype != STRATA_DTYPE_BF16)
+    return 0;
+  const bool x_f32 = p.n * p.H * 4 <= ST_X_F32_MAX_BYTES;
+  const int x_bytes = p.n * p.H * (x_f32 ? 4 : 2);
+  if (x_bytes > ST_X_MAX_BYTES) return 0;
+  const int meta = align128(ST_OFF_FIRST + 4 * p.E);
+  StreamPlan gu = {};
+  gu.tiles = p.I / F;
+  gu.data_off = meta;
+  gu.ring_off = align128(meta + x_bytes);
+  size_ring(gu, dev.smem_optin - gu.ring_off, ST_GU_STAGE);
+  StreamPlan dn = {};
+  dn.data_off = meta;
+  dn.ring_off = align128(meta + p.P * T * 4);
+  size_ring(dn, dev.smem_optin - dn.ring_off, ST_DOWN_STAGE);
+  if (gu.warps < 4 || dn.warps < 4) return 0;
+  *launched = true;
+  const int gu_smem = gu.ring_off + gu.stages * ST_GU_STAGE;
+  const int dn_smem = dn.ring_off + dn.stages * ST_DOWN_STAGE;
+  int rc = x_f32 ? dispatch_gate_up<W, true>(p, gu, cpl, dev.sms, gu_smem, st)
+                 : dispatch_gate_up<W, false>(p, gu, cpl, dev.sms, gu_smem, st);
+  if (rc) return rc;
+  return dispatch_down<W>(p, dn, T, cpl_dn, dn_smem, pdl, st);
+}
+
+}  // namespace
+
+int launch_moe_stream(const MoeParams& p, int w_dtype, int device, bool pdl, bool every_size,
+                      cudaStream_t st, bool* launched) {
+  *launched = false;
+  if (p.slot_of || p.n < 1) return 0;
+  const DeviceFacts dev = device_facts(device);
+  if (dev.sms < 1) return 0;
+  if (w_dtype == STRATA_DTYPE_FP8)
+    return launch_stream<FP8W>(p, dev, pdl, every_size, st, launched);
+  if (w_dtype == STRATA_DTYPE_BF16)
+    return launch_stream<BF16>(p, dev, pdl, every_size, st, launched);
+  return 0;
+}
+
+#else  // HIP: no bulk copy engine; strata_moe.cu's per-block kernels run instead.
+
+int launch_moe_stream(const MoeParams&, int, int, bool, bool, cudaStream_t, bool* launched) {
+  *launched = false;
+  return 0;
+}
+
+#endif
+
+}  // namespace moe
+}  // namespace strata

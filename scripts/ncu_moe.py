@@ -1,0 +1,60 @@
+#!/usr/bin/env python3
+"""One moe_experts call per (weights, variant, rows) after a warm-up, for Nsight Compute:
+
+    ncu --clock-control none --kernel-name regex:moe_ --launch-skip-before-match 0 \\
+        --section SpeedOfLight --section WarpStateStats python3 scripts/ncu_moe.py \\
+        --rows 2,32 --variants stream,+db+xsmem --weights fp8
+
+Each case runs twice (the first call loads the module and raises the shared-memory limits);
+profile the second one (every kernel of a case is named in the NVTX-free order printed here).
+E=512, top-10, H=2048, I=512, uniform routing, as scripts/bench_kernels.py --moe.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+import torch
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+
+from strata.kernels import cyext_ops as C  # noqa: E402
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from bench_kernels import MOE_SHAPE, MOE_VARIANTS, _moe_weights  # noqa: E402
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--rows", default="2,32")
+    ap.add_argument("--variants", default="stream,+db+xsmem")
+    ap.add_argument("--weights", default="fp8", help="fp8, bf16 or fp8,bf16")
+    args = ap.parse_args()
+    E, k, H, I = (MOE_SHAPE[n] for n in ("E", "k", "H", "I"))
+    saved = C.moe_launch_options()
+    for wname in args.weights.split(","):
+        wgu, wd, gs, ds, block = _moe_weights(wname == "fp8")
+        for variant in args.variants.split(","):
+            C.moe_launch_options(**MOE_VARIANTS[variant])
+            for n in (int(r) for r in args.rows.split(",")):
+                g = torch.Generator(device="cuda").manual_seed(n)
+                ids = torch.stack([torch.randperm(E, device="cuda", generator=g)[:k]
+                                   for _ in range(n)])
+                w = torch.rand(n, k, device="cuda", generator=g)
+                w = w / w.sum(-1, keepdim=True)
+                x = torch.randn(n, H, device="cuda", dtype=torch.bfloat16, generator=g)
+                for _ in range(2):
+                    C.gpu_moe_experts(x, wgu, wd, w, ids, gs, ds, block)
+                torch.cuda.synchronize()
+                print(f"case {wname} {variant} rows {n}: distinct {ids.unique().numel()}",
+                      flush=True)
+        del wgu, wd, gs, ds
+        torch.cuda.empty_cache()
+    C.moe_launch_options(**saved)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
