@@ -94,6 +94,16 @@ __device__ __forceinline__ int group_pairs(const MoeParams& p, int* ids_s, int* 
   return distinct;
 }
 
+// Each stage's barriers take one arrival per phase: the producer's (with the bytes it expects)
+// on "full", the owning warp's release on "empty".
+__device__ __forceinline__ void init_stages(uint64_t* full, uint64_t* empty, int stages) {
+  for (int s = 0; s < stages; ++s) {
+    mbar_init(full + s, 1);
+    mbar_init(empty + s, 1);
+  }
+  mbar_init_fence();
+}
+
 // The members of the expert led by pair s0 (pairs q >= s0 with its id, in pair order), a warp
 // at a time: fn(q) for each, the same q on every lane.
 template <typename Fn>
@@ -137,13 +147,7 @@ __global__ void __launch_bounds__(ST_THREADS, 1)
   uint4* x_s = (uint4*)(smem + sp.data_off);
   uint8_t* ring = smem + sp.ring_off;
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
-  if (tid == 0) {
-    for (int s = 0; s < sp.stages; ++s) {
-      mbar_init(full + s, 1);
-      mbar_init(empty + s, 1);
-    }
-    mbar_init_fence();
-  }
+  if (tid == 0) init_stages(full, empty, sp.stages);
   const int distinct = group_pairs(p, ids_s, first_s, lead_s, warp_tot);
   // Items are dealt round-robin (CTA b: items b, b + grid, ...): an expert with many members
   // (the folded shared expert has every row) costs more per item, and dealing its tiles to
@@ -282,13 +286,7 @@ __global__ void __launch_bounds__(ST_THREADS, 1) moe_down_stream(MoeParams p, St
   float* y_s = (float*)(smem + sp.data_off);
   uint8_t* ring = smem + sp.ring_off;
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
-  if (tid == 0) {
-    for (int s = 0; s < sp.stages; ++s) {
-      mbar_init(full + s, 1);
-      mbar_init(empty + s, 1);
-    }
-    mbar_init_fence();
-  }
+  if (tid == 0) init_stages(full, empty, sp.stages);
   // The ids come from the router, before the gate/up launch: visible without waiting for it.
   const int distinct = group_pairs(p, ids_s, first_s, lead_s, warp_tot);
   const int h0 = blockIdx.x * T;
