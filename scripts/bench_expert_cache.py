@@ -8,10 +8,19 @@ experts (docs/EXPERT_CACHE.md).
     bytes = distinct experts x weight bytes of one expert. Also
     the same call with every expert resident (HBM). Prints miss-path / copy (goal >= 0.8).
 (b) study: for each budget (and first the no-cache engine), for each configuration, one engine
-    with --max-n slots (warmed on one cohort: compiles, captures and the cache's adaptation
-    are not what is timed), then cohorts of N distinct prompts at each N; aggregate tok/s and
-    the hit rate of the timed windows. The 100% budget runs with adaptation off and its routed
-    counts become the routing profile of the lower budgets' first fill (engine.expert_profile).
+    with --max-n slots (warmed on one cohort: compiles and captures are not what is timed),
+    then cohorts of N distinct prompts at each N, --repeats times; aggregate tok/s and the hit
+    rate of the timed windows. The 100% budget runs with adaptation off, and its first
+    configuration's engine writes the routing profile of the lower budgets' first fill
+    (engine.expert_profile). The protocol (recorded in the JSON's meta.protocol):
+    - --fresh-cache-per-cell (default): before every timed cohort (each configuration, N and
+      repeat) the cache returns to its first fill with its adaptation state cleared
+      (ExpertCache.reset), so no cell inherits the warm-up's or an earlier cell's swaps;
+      --no-fresh-cache-per-cell carries the cache through them (the protocol before).
+    - --profile-prompts disjoint (default): the profile routes --profile-requests prompts drawn
+      as the cohorts' are (token_prompts, seed PROFILE_SEED instead of 0), none of them a timed
+      one, run untimed after the warm-up on a reset cache; `timed`: the 100% engine's own routed
+      counts over its warm-up cohort and timed cells (the protocol before).
 
     python scripts/bench_expert_cache.py --part bandwidth
     python scripts/bench_expert_cache.py --part study --layers 8 --skew 1.0 --json study.json
@@ -51,6 +60,10 @@ from strata.kernels import ops  # noqa: E402
 from strata.model.loader import load_model  # noqa: E402
 
 BUDGETS = (100, 75, 44, 25)
+#: --profile-prompts disjoint: the routing profile's prompts are token_prompts with this seed
+#: (the timed cohorts' are seed 0's).
+PROFILE_SEED = 1
+PROFILE_CHOICES = ("disjoint", "timed")
 
 
 # ---- (a) bandwidth ---------------------------------------------------------------------------
@@ -131,15 +144,63 @@ def part_bandwidth(a, loaded) -> dict:
 
 
 # ---- (b) study -------------------------------------------------------------------------------
-def routing_profile(eng, loaded) -> dict:
-    """A routing profile (docs/EXPERT_CACHE.md) from an engine whose cache holds every expert
-    and never adapts: its `routed` counts are everything its windows routed."""
-    c = eng.expert_cache
-    counts = c.routed.cpu().round().long()
+def routing_profile(c, loaded, counts: torch.Tensor, windows: int, protocol: dict) -> dict:
+    """A routing profile (docs/EXPERT_CACHE.md) from a cache that holds every expert and never
+    adapts: `counts` (layers, E), what its `windows` routed; `protocol`: which prompts they
+    were (meta.protocol's "profile")."""
+    counts = counts.cpu().round().long()
     return {"model": loaded.path.name, "layers": c.plan.layers, "experts": c.plan.experts,
             "top_k": loaded.args.num_experts_per_tok,
             "tokens": int(counts[0].sum()) // loaded.args.num_experts_per_tok,
-            "counts": counts.tolist(), "windows": c.windows, "distinct_per_window": {}}
+            "counts": counts.tolist(), "windows": windows, "distinct_per_window": {},
+            "protocol": protocol}
+
+
+def study_budgets(a) -> list:
+    """The study's budgets in run order: the no-cache engine (None) first, then --budgets."""
+    return ([] if a.no_baseline else [None]) + [int(b) for b in a.budgets.split(",")]
+
+
+def profile_path_of(a) -> Path:
+    """The routing profile the lower budgets start from: --profile, else written beside --json."""
+    return Path(a.profile or Path(a.json or "expert_cache_study.json").with_suffix(".profile.json"))
+
+
+def profile_requests(a, ns: list[int]) -> int:
+    """--profile-requests, or (0) as many requests as the 100% engine routed under the timed
+    protocol: its warm-up cohort and every timed cohort."""
+    return a.profile_requests or max(ns) + sum(ns) * a.repeats
+
+
+def study_protocol(a) -> dict:
+    """meta.protocol: whether each timed cohort starts from a fresh cache, and where the lower
+    budgets' first fill comes from: "prompts" disjoint or timed (--profile-prompts), the
+    profile's own record when --profile names one ("unrecorded" in a profile from before), None
+    when there is none and no 100% budget writes one (the lowest ids)."""
+    ns = [int(n) for n in a.n.split(",")]
+    path = profile_path_of(a)
+    profile = None
+    if a.profile is not None:
+        try:
+            profile = json.loads(path.read_text()).get("protocol") or {"prompts": "unrecorded"}
+        except (OSError, ValueError) as e:
+            raise SystemExit(f"error: --profile {path}: {e}") from None
+    elif 100 in study_budgets(a):
+        config = with_overlap(a.configs.split(","), a.overlap)[0]
+        profile = {"prompts": a.profile_prompts, "config": config}
+        if a.profile_prompts == "disjoint":
+            profile.update(seed=PROFILE_SEED, requests=profile_requests(a, ns))
+    return {"fresh_cache_per_cell": a.fresh_cache_per_cell, "repeats": a.repeats,
+            "profile": None if profile is None else {**profile, "path": str(path)}}
+
+
+def disjoint_prompts(vocab: int, n: int, prompt_tokens: int, timed: list[list[int]]) -> list[list[int]]:
+    """n prompts drawn as the timed cohorts' are (token_prompts), from seed PROFILE_SEED; an
+    error if one of them is a timed prompt."""
+    out = token_prompts(vocab, n, prompt_tokens, seed=PROFILE_SEED)
+    if any(p in timed for p in out):
+        raise SystemExit("error: a routing-profile prompt is one of the timed prompts")
+    return out
 
 
 def part_study(a, loaded, device, save=lambda rows: None) -> dict:
@@ -148,8 +209,9 @@ def part_study(a, loaded, device, save=lambda rows: None) -> dict:
     ns = [int(n) for n in a.n.split(",")]
     names = with_overlap(a.configs.split(","), a.overlap)
     prompts = token_prompts(loaded.args.vocab_size, max(ns), a.prompt_tokens)
-    budgets = ([] if a.no_baseline else [None]) + [int(b) for b in a.budgets.split(",")]
-    profile_path = Path(a.profile or Path(a.json or "expert_cache_study.json").with_suffix(".profile.json"))
+    budgets = study_budgets(a)
+    profile_path = profile_path_of(a)
+    protocol = study_protocol(a)
     have_profile = a.profile is not None
     results = []
     for pct in budgets:  # no cache first: every cache after it re-plans from the host store
@@ -164,32 +226,55 @@ def part_study(a, loaded, device, save=lambda rows: None) -> dict:
             t0 = time.perf_counter()
             eng = make_engine(loaded, device, ecfg, prompts[:max(ns)], a.max_tokens)
             warm_s = time.perf_counter() - t0
+            c = eng.expert_cache
+            profiling = pct == 100 and not have_profile
+            if profiling and a.profile_prompts == "disjoint":
+                c.reset()  # the warm-up cohort's routing is the timed prompts'
+                w0 = c.windows
+                extra = disjoint_prompts(loaded.args.vocab_size, profile_requests(a, ns),
+                                         a.prompt_tokens, prompts)
+                for k in range(0, len(extra), max(ns)):
+                    run_cohort(eng, device, extra[k:k + max(ns)], a.max_tokens)
+                profile_path.write_text(json.dumps(routing_profile(
+                    c, loaded, c.routed, c.windows - w0, protocol["profile"])) + "\n")
+                have_profile = profiling = False
+            # --profile-prompts timed: the profile is every window's routing, resets or not
+            carried = torch.zeros_like(c.routed) if profiling else None
             for n in ns:
-                c = eng.expert_cache
-                h0, m0 = (c.hits, c.misses) if c else (0, 0)
-                runs = [run_cohort(eng, device, prompts[:n], a.max_tokens)
-                        for _ in range(a.repeats)]
+                runs = []
+                for _ in range(a.repeats):
+                    if c is not None and a.fresh_cache_per_cell:
+                        if profiling:
+                            carried += c.routed
+                        c.reset()
+                    h0, m0 = (c.hits, c.misses) if c else (0, 0)
+                    runs.append(run_cohort(eng, device, prompts[:n], a.max_tokens))
+                    runs[-1].update(hits=c.hits - h0 if c else 0, misses=c.misses - m0 if c else 0)
                 # the median run by tok/s: one cohort of N x 96 tokens is noisy (+-5%)
                 r = sorted(runs, key=lambda x: x["aggregate_tps"])[len(runs) // 2]
-                h, m = ((c.hits - h0, c.misses - m0) if c else (0, 0))
+                h, m = sum(x["hits"] for x in runs), sum(x["misses"] for x in runs)
                 row = {"budget_pct": pct, "expert_cache_mib": mib, "repeats": a.repeats,
                        "runs_tps": [x["aggregate_tps"] for x in runs],
+                       "runs_misses": [x["misses"] for x in runs],
                        "slots": c.plan.slots if c else None, "config": name, "n": n,
                        "aggregate_tps": r["aggregate_tps"], "acceptance": r["acceptance"],
                        "windows": sum(x["windows"] for x in runs), "hit_rate": h / (h + m) if h + m else None,
-                       "bus_bytes": m * plan.expert_bytes, "warm_s": warm_s}
+                       # the median run's, as its tok/s: one cohort's bytes, whatever --repeats
+                       "bus_bytes": r["misses"] * plan.expert_bytes, "warm_s": warm_s}
                 results.append(row)
                 hr = "-" if row["hit_rate"] is None else f"{row['hit_rate']:.3f}"
                 print(f"budget {'none' if pct is None else f'{pct}%':>4} {name:<10} N={n}: "
                       f"{r['aggregate_tps']:8.1f} tok/s, hit rate {hr}", flush=True)
-            if pct == 100 and not have_profile:
-                profile_path.write_text(json.dumps(routing_profile(eng, loaded)) + "\n")
+            if profiling:  # --profile-prompts timed
+                profile_path.write_text(json.dumps(routing_profile(
+                    c, loaded, carried + c.routed, c.windows, protocol["profile"])) + "\n")
                 have_profile = True
             eng.close()
             del eng
             torch.cuda.empty_cache()
             save(results)
-    return {"rows": results, "table": study_table(results, names, ns, budgets)}
+    return {"rows": results, "table": study_table(results, names, ns, budgets),
+            "protocol": protocol}
 
 
 def study_table(rows: list[dict], names: list[str], ns: list[int], budgets) -> str:
@@ -211,7 +296,7 @@ def study_table(rows: list[dict], names: list[str], ns: list[int], budgets) -> s
     return "\n".join(lines)
 
 
-def main() -> None:
+def parse_args(argv=None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--part", default="both", choices=("bandwidth", "study", "both"))
     add_model_args(ap, preset="qwen3_next_80b_a3b_fp8", load_format="dummy", layers=8)
@@ -228,7 +313,9 @@ def main() -> None:
                          "twice, the overlapped one named NAME+overlap, side by side")
     ap.add_argument("--n", default="1,2,4,8")
     ap.add_argument("--repeats", type=int, default=1,
-                    help="study: cohorts per cell, the median reported (hits and misses over all)")
+                    help="study: cohorts per cell, each from a fresh cache (--fresh-cache-"
+                         "per-cell); the median's tok/s and bus bytes reported, the hit rate "
+                         "over all")
     ap.add_argument("--prompt-tokens", type=int, default=64)
     ap.add_argument("--max-tokens", type=int, default=96)
     ap.add_argument("--max-context", type=int, default=512)
@@ -240,9 +327,28 @@ def main() -> None:
                     help="skip the no-cache engine (a study split over several GPU calls)")
     ap.add_argument("--profile", help="the lower budgets' first fill (default: the routing "
                                       "profile of this run's 100%% budget, written beside --json)")
+    ap.add_argument("--fresh-cache-per-cell", action=argparse.BooleanOptionalAction, default=True,
+                    help="study: reset the expert cache to its first fill before every timed "
+                         "cohort (each configuration, N and repeat); --no-fresh-cache-per-cell "
+                         "carries it through the warm-up and the earlier cells")
+    ap.add_argument("--profile-prompts", choices=PROFILE_CHOICES, default="disjoint",
+                    help="study: what the 100%% budget's routing profile routes: prompts "
+                         "disjoint from the timed ones, drawn the same way (seed "
+                         f"{PROFILE_SEED}), or the timed cells themselves (the protocol before)")
+    ap.add_argument("--profile-requests", type=int, default=0,
+                    help="study, --profile-prompts disjoint: requests the profile routes, in "
+                         "cohorts of max N (0: max N + sum of N x --repeats, the 100%% engine's "
+                         "warm-up and timed requests)")
     ap.add_argument("--graphs", type=lambda s: s.lower() in ("1", "true", "yes"), default=True)
     ap.add_argument("--json")
-    a = ap.parse_args()
+    a = ap.parse_args(argv)
+    if a.repeats < 1 or a.profile_requests < 0:
+        ap.error("--repeats must be at least 1 and --profile-requests at least 0")
+    return a
+
+
+def main() -> None:
+    a = parse_args()
     if not torch.cuda.is_available():
         raise SystemExit("bench_expert_cache.py measures a GPU: no CUDA device here")
     device = torch.device("cuda")
@@ -260,6 +366,8 @@ def main() -> None:
     if a.part in ("bandwidth", "both"):
         out["bandwidth"] = part_bandwidth(a, loaded)
     if a.part in ("study", "both"):
+        out["meta"]["protocol"] = study_protocol(a)
+
         def save(rows):
             if a.json:
                 Path(a.json).write_text(json.dumps({**out, "study": {"rows": rows, "partial": True}},

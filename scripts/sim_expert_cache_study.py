@@ -408,6 +408,24 @@ def engine_overrides(meta: dict, args) -> list[str]:
     return extra
 
 
+def protocol_note(meta: dict) -> str:
+    """The engine study's protocol as its meta.protocol records it (bench_expert_cache.py):
+    the simulator starts every cell from the profile's fill, as a fresh cache per cell does."""
+    p = meta.get("protocol")
+    if not p:
+        return ("Engine protocol: not recorded (a study from before meta.protocol: each "
+                "engine's cache carried its state through the warm-up and the earlier cells, "
+                "and the profile routed the timed prompts).")
+    prof = p.get("profile") or {}
+    source = {"disjoint": f"{prof.get('requests', '?')} prompts disjoint from the timed ones",
+              "timed": "the timed prompts themselves (in-sample)"}.get(
+        prof.get("prompts"), f"prompts {prof.get('prompts')}")
+    cache = ("a fresh cache per cell" if p.get("fresh_cache_per_cell")
+             else "the cache carried across cells")
+    fill = f"the routing profile from {source}" if prof else "no routing profile (the lowest ids)"
+    return f"Engine protocol: {cache}, {p.get('repeats', 1)} cohort(s) per cell; {fill}."
+
+
 def realized_acceptance(measured: float, drafts: int) -> float:
     """The per-draft rate p whose solo windows (`drafts` drafts, each accepted with p when the
     ones before it were) accept `measured` of their drafts: (p + p^2 + .. + p^drafts) / drafts
@@ -529,7 +547,7 @@ def engine_check(args) -> str:
                f"{sum(signs)}/{len(signs)} cells where the engine's gain is at least "
                f"{args.sign_noise:.0%}, and in {sum(quiet)}/{len(quiet)} cells within it. "
                f"Run-to-run noise: the N=1 cells (the same windows in every mode) differ by up "
-               f"to {noise:.1%} at one budget.")
+               f"to {noise:.1%} at one budget. {protocol_note(meta)}")
     return summary + "\n\n" + "\n".join(rows)
 
 

@@ -429,3 +429,111 @@ def test_auto_overlap_leaves_the_cache_serial_so_its_trace_replays(cached_model)
     assert any(ev["ev"] == "expert_swap" for ev in eng.trace.events)
     result = replay_trace(list(eng.trace.events), name="cache, overlap auto")
     assert result.ok, str(result.first_divergence)
+
+
+def _state(cache: ExpertCache) -> dict:
+    """Everything a cache's next window and adaptation depend on, as numpy arrays."""
+    out = {"slot_expert": cache.slot_expert.copy(), "host_slot_of": cache.host_slot_of.copy(),
+           "slot_of": cache.slot_of.numpy().copy(), "routed": cache.routed.numpy().copy(),
+           "window_state": cache.window_state.numpy().copy(), "decayed": cache.decayed.copy(),
+           "counters": np.array([cache.launched, cache.unread, cache._host_at])}
+    for li, lc in enumerate(cache.layers):
+        out[f"gate_up{li}"], out[f"down{li}"] = lc.gate_up.numpy().copy(), lc.down.numpy().copy()
+    return out
+
+
+def _assert_same_state(a: dict, b: dict) -> None:
+    assert a.keys() == b.keys()
+    for k in a:
+        assert np.array_equal(a[k], b[k]), k
+
+
+def _profile(tmp_path, plan) -> str:
+    """A routing profile whose first fill is neither the lowest ids nor sorted by id alone."""
+    counts = [[(e * 13 + 5 * li) % 64 for e in range(64)] for li in range(plan.moe_layers)]
+    prof = tmp_path / "profile.json"
+    prof.write_text(json.dumps({"model": "t", "layers": plan.layers, "experts": 64, "top_k": 4,
+                                "tokens": 10, "counts": counts, "windows": 1,
+                                "distinct_per_window": {}}))
+    return str(prof)
+
+
+def test_reset_returns_the_cache_to_its_first_fill(cached_model, tmp_path):
+    """ExpertCache.reset after swaps and counted windows: the slots, the slot table, their
+    contents and every counter an adaptation reads are those of a freshly built cache with the
+    same fill; the run's totals keep counting; it refuses mid-window and with a window unread."""
+    loaded = _loaded(cached_model)
+    plan = plan_expert_cache(loaded.model, 1)
+    prof = _profile(tmp_path, plan)
+    cache = ExpertCache(loaded.model, plan, torch.device("cpu"), profile=prof, adapt_every=2)
+    fresh = _state(cache)
+    assert not np.array_equal(cache.first_fill, np.arange(plan.slots)[None].repeat(plan.moe_layers, 0))
+    rng = np.random.default_rng(1)
+    for _ in range(6):  # swaps, and the counters of launched and read windows
+        cache.routed.copy_(torch.from_numpy(rng.uniform(0, 50, (plan.moe_layers, 64))).float())
+        cache.window_state[:2] = torch.tensor([3, 4], dtype=torch.int32)
+        cache.after_window(cache.after_launch())
+    assert cache.swaps > 0 and cache.decayed.any()
+    assert not np.array_equal(cache.slot_expert, cache.first_fill)
+    cache.begin_window()
+    with pytest.raises(RuntimeError, match="inside a decode window"):
+        cache.reset()
+    cache.end_window()
+    counts = cache.after_launch()
+    with pytest.raises(RuntimeError, match="1 launched window"):
+        cache.reset()
+    cache.after_window(counts)
+    cache.routed.fill_(1.0)
+    totals = cache.stats_fields()
+    moved = cache.reset()
+    assert moved > 0
+    _assert_same_state(_state(cache), fresh)
+    assert cache.stats_fields() == totals  # the engine's reports are not rewound
+    # the same as a cache built now on another copy of the model, with the same profile
+    other = ExpertCache(_loaded(cached_model).model, plan, torch.device("cpu"), profile=prof,
+                        adapt_every=2)
+    _assert_same_state(_state(cache), _state(other))
+    for li, lc in enumerate(cache.layers):  # each slot holds its expert's bytes (host store)
+        for s, e in enumerate(cache.slot_expert[li]):
+            assert torch.equal(lc.gate_up[s], lc.host_gate_up[e])
+    assert cache.reset() == 0  # nothing moved since
+
+
+def _cohort_again(eng):
+    """cohort() once more on a used engine: ids of their own, arrivals shifted to now."""
+    for r in cohort():
+        r.id = f"again-{r.id}"
+        r.arrival_step += eng.steps
+        eng.add_request(r)
+    while eng.has_work():
+        eng.step()
+    return {rid.removeprefix("again-"): list(rs.emitted) for rid, rs in eng.requests.items()
+            if rid.startswith("again-")}
+
+
+def _window_counts(eng, since: int = 0) -> list:
+    """(hits, misses) of each window since event `since`; none of them padded: a padding group
+    routes the scratch lane's rows, whose state the cache does not own (a reset keeps it)."""
+    windows = [ev for ev in eng.trace.events[since:] if ev["ev"] == "window"]
+    for ev in windows:
+        bucket = int(ev["key"][6:].split("x")[0]) if ev["key"].startswith("shape:") else 0
+        assert bucket <= len(set(ev["layout"])), ev
+    return [(ev["hits"], ev["misses"]) for ev in windows]
+
+
+@pytest.mark.parametrize("overlap", [False, True], ids=["serial", "overlap"])
+def test_after_reset_a_decode_is_a_fresh_engines(cached_model, tmp_path, overlap):
+    """An engine whose cache adapted through a cohort and was reset decodes the next cohort as
+    a freshly built engine with the same first fill: the same tokens, the same hits and misses
+    in every window, the same swaps."""
+    prof = _profile(tmp_path, plan_expert_cache(_loaded(cached_model).model, 1))
+    knobs = dict(overlap=overlap, expert_cache_mib=1, expert_adapt_every=2, expert_profile=prof)
+    want, fresh = run(cached_model, "batch_mtp", **knobs)
+    _, eng = run(cached_model, "batch_mtp", **knobs)
+    c = eng.expert_cache
+    assert c.swaps > 0 and not np.array_equal(c.slot_expert, c.first_fill)
+    c.reset()
+    since, totals = len(eng.trace.events), c.stats_fields()
+    assert _cohort_again(eng) == want
+    assert _window_counts(eng, since) == _window_counts(fresh)
+    assert {k: v - totals[k] for k, v in c.stats_fields().items()} == fresh.expert_cache.stats_fields()

@@ -1,9 +1,9 @@
 """GPU: the expert cache's miss path (ops.moe_experts reading missing experts from pinned host
 memory through its device address) inside a captured CUDA graph gives the same output as every
 expert resident, whichever experts miss, including after the slot table changes between
-replays; and an engine on the GPU emits the same tokens with a tiny cache as without one,
+replays; an engine on the GPU emits the same tokens with a tiny cache as without one,
 serial and with engine.overlap (swaps then queue behind the window in flight), greedy and
-seeded sampling.
+seeded sampling; and after ExpertCache.reset an engine decodes as a freshly built one.
 
 Skipped without a GPU or without the built extension (strata.kernels.strata_cuda).
 """
@@ -148,38 +148,58 @@ def test_kernel_counts_in_a_graph(fp8):
         assert torch.equal(o, plain)
 
 
-@pytest.mark.parametrize("overlap", [False, True], ids=["serial", "overlap"])
-def test_engine_tokens_identical_with_a_tiny_cache(tmp_path, overlap):
-    from omegaconf import OmegaConf
-
-    from strata.config import StrataConfig
-    from strata.engine.llm_engine import Engine
-    from strata.engine.request import Request, SamplingParams
+def _tiny_model(tmp_path):
     from strata.model.tiny import make_tiny_random
 
-    path = make_tiny_random(tmp_path / "m", seed=3, tokenizer=False, num_experts=64,
+    return make_tiny_random(tmp_path / "m", seed=3, tokenizer=False, num_experts=64,
                             num_experts_per_tok=4, moe_intermediate_size=64,
                             shared_expert_intermediate_size=64, hidden_size=128,
                             dtype=torch.bfloat16)
 
+
+def _engine(path, mib: int, overlap: bool, **engine):
+    """A CUDA engine over the tiny model: 3 slots, engine.expert_cache_mib=mib adapting every
+    2 windows, and `engine` knobs."""
+    from omegaconf import OmegaConf
+
+    from strata.config import StrataConfig
+    from strata.engine.llm_engine import Engine
+
+    cfg = OmegaConf.structured(StrataConfig)
+    cfg.device = "cuda"
+    cfg.model.path = str(path)
+    cfg.model.moe_dense_experts = 0
+    cfg.engine.max_context = 256
+    cfg.engine.slots = 3
+    cfg.engine.expert_cache_mib = mib
+    cfg.engine.expert_adapt_every = 2
+    cfg.engine.overlap = overlap
+    for k, v in engine.items():
+        setattr(cfg.engine, k, v)
+    return Engine.from_config(cfg, log=lambda s: None)
+
+
+def _cohort(eng, tag: str = "r") -> dict:
+    """Three staggered requests from now (one greedy, two seeded samples) run to the end;
+    their tokens by index."""
+    from strata.engine.request import Request, SamplingParams
+
+    for i in range(3):
+        eng.add_request(Request(f"{tag}{i}", [5 + i, 9, 11 + i, 3], SamplingParams(
+            max_tokens=24, stop_at_eos=False, seed=i, temperature=0.8 if i else 0.0),
+            arrival_step=eng.steps + i))
+    while eng.has_work():
+        eng.step()
+    return {r[len(tag):]: list(s.emitted) for r, s in eng.requests.items() if r.startswith(tag)}
+
+
+@pytest.mark.parametrize("overlap", [False, True], ids=["serial", "overlap"])
+def test_engine_tokens_identical_with_a_tiny_cache(tmp_path, overlap):
+    path = _tiny_model(tmp_path)
+
     def run(mib: int, overlap: bool):
-        cfg = OmegaConf.structured(StrataConfig)
-        cfg.device = "cuda"
-        cfg.model.path = str(path)
-        cfg.model.moe_dense_experts = 0
-        cfg.engine.max_context = 256
-        cfg.engine.slots = 3
-        cfg.engine.expert_cache_mib = mib
-        cfg.engine.expert_adapt_every = 2
-        cfg.engine.overlap = overlap
-        eng = Engine.from_config(cfg, log=lambda s: None)
-        for i in range(3):
-            eng.add_request(Request(f"r{i}", [5 + i, 9, 11 + i, 3], SamplingParams(
-                max_tokens=24, stop_at_eos=False, seed=i, temperature=0.8 if i else 0.0),
-                arrival_step=i))
-        while eng.has_work():
-            eng.step()
-        return {r: list(s.emitted) for r, s in eng.requests.items()}, eng
+        eng = _engine(path, mib, overlap)
+        return _cohort(eng), eng
 
     # The same loop without the cache: in bf16 a window's shape can decide a near-tie, and the
     # overlapped loop's windows may hold a finished request's group (test_engine_backends
@@ -193,3 +213,40 @@ def test_engine_tokens_identical_with_a_tiny_cache(tmp_path, overlap):
     windows = [ev for ev in eng.trace.events if ev["ev"] == "window"]
     assert sum(ev["hits"] for ev in windows) == c.hits
     assert sum(ev["misses"] for ev in windows) == c.misses
+
+
+@pytest.mark.parametrize("overlap", [False, True], ids=["serial", "overlap"])
+def test_reset_then_decode_as_a_fresh_engine_with_graphs(tmp_path, overlap):
+    """ExpertCache.reset on the GPU, window graphs captured (the slots and slot table change in
+    place behind them; the copies run on the side stream): after a cohort whose swaps moved the
+    slots, a reset engine decodes the next cohort as a freshly built one: the same tokens and
+    the same hits and misses in every window. The warm-up captures every window graph first
+    (as the study's engines do), so every window of both replays one (a capture's eager warm
+    run on the scratch lane would add its routing to the adapt period's counts), and a bucket
+    per group count leaves no padding group (whose scratch-lane rows route from a state the
+    cache does not own)."""
+    path = _tiny_model(tmp_path)
+
+    def cohort(eng, tag: str):
+        since = len(eng.trace.events)
+        tokens = _cohort(eng, tag)
+        windows = [ev for ev in eng.trace.events[since:] if ev["ev"] == "window"]
+        assert windows and all(ev["graph"] == "hit" for ev in windows), tag
+        return tokens, [(ev["hits"], ev["misses"]) for ev in windows]
+
+    # graphs on (the constraint under test); compiling is not
+    knobs = dict(compile="off", warmup="on", shape_buckets=[1, 2, 3])
+    fresh = _engine(path, 1, overlap, **knobs)
+    want = cohort(fresh, "a")
+    fresh.close()
+    eng = _engine(path, 1, overlap, **knobs)
+    cohort(eng, "a")
+    c = eng.expert_cache
+    assert c.swaps > 0 and (c.slot_expert != c.first_fill).any()
+    assert c.reset() > 0
+    torch.cuda.synchronize()
+    assert torch.equal(c.slot_of.cpu(), torch.from_numpy(c.host_slot_of))
+    for li, lc in enumerate(c.layers):
+        for s, e in enumerate(c.slot_expert[li]):
+            assert torch.equal(lc.gate_up[s].cpu(), lc.host_gate_up[e])
+    assert cohort(eng, "b") == want

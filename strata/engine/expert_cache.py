@@ -40,6 +40,11 @@ zeroed after it, in stream order), so overlap on or off the same windows decide 
 swap decided when window t is read is ordered on the streams after every window launched so
 far: window t+1, in flight, reads the slots as they were (and counts its hits against them), and
 window t+2 onwards reads the new ones. On the CPU window t+1 has already run by then.
+
+Reset. ExpertCache.reset() returns a cache to its first fill with its adaptation state
+cleared, between windows (it refuses inside one, or while a launched window is unread), so a
+benchmark can time every cell from the same state (scripts/bench_expert_cache.py); the moved
+slots are copied back like a swap's, in place.
 """
 
 from __future__ import annotations
@@ -236,11 +241,12 @@ class ExpertCache:
             first = top_experts(read_profile(profile, plan), S)
         else:
             first = np.arange(S)[None].repeat(L, 0)
+        #: (L, S) the expert each slot held at the start: what reset() returns to.
+        self.first_fill = first.astype(np.int64)
         # Host-side truth: which expert each slot holds, and the slot of each expert.
-        self.slot_expert = first.astype(np.int64)                      # (L, S)
+        self.slot_expert = self.first_fill.copy()                      # (L, S)
         self.host_slot_of = np.full((L, E + 1), -1, dtype=np.int32)    # column E: a folded shared
-        for li in range(L):
-            self.host_slot_of[li, first[li]] = np.arange(S, dtype=np.int32)
+        self._table_from_slots()
         self.slot_of = torch.from_numpy(self.host_slot_of.copy()).to(device)
         self._slot_of_staging = torch.empty(self.host_slot_of.shape, dtype=torch.int32,
                                             pin_memory=pin)
@@ -256,6 +262,9 @@ class ExpertCache:
         self._host_at = 0
         #: Windows launched since the start (or the warm-up): what decides an adaptation is due.
         self.launched = 0
+        #: Windows launched (after_launch) and not yet read (after_window): under
+        #: engine.overlap one may be in flight, and reset() must wait for it.
+        self.unread = 0
         #: The last swap's slot-table copy (CUDA), which must finish before its pinned staging
         #: buffer is written again.
         self._table_copied: Optional[torch.cuda.Event] = None
@@ -323,6 +332,14 @@ class ExpertCache:
         experts.cache = cache
         return cache
 
+    def _table_from_slots(self) -> None:
+        """host_slot_of's routed columns from slot_expert (a folded shared expert's column
+        E stays)."""
+        E, S = self.plan.experts, self.plan.slots
+        self.host_slot_of[:, :E] = -1
+        for li, experts in enumerate(self.slot_expert):
+            self.host_slot_of[li, experts] = np.arange(S, dtype=np.int32)
+
     def resident(self) -> np.ndarray:
         """(layers, E) bool: the resident set now."""
         return self.host_slot_of[:, :self.plan.experts] >= 0
@@ -346,6 +363,7 @@ class ExpertCache:
         adapt period, the period's routed counts too (then zero them), all in stream order, so
         that a window launched before this one is read counts apart."""
         self.launched += 1
+        self.unread += 1
         self._host_at ^= 1
         stats = self._stats_host[self._host_at]
         stats.copy_(self.window_state[:2], non_blocking=True)
@@ -360,6 +378,7 @@ class ExpertCache:
         """Read a window's counts (after_launch's; the window has synced) and adapt when it
         ended an adapt period; returns hits, misses and (experts, bytes) of a swap or None."""
         hits, misses = (int(v) for v in counts.stats.tolist())
+        self.unread -= 1
         self.hits += hits
         self.misses += misses
         self.windows += 1
@@ -397,21 +416,25 @@ class ExpertCache:
         swaps = self.plan_swaps(counts)
         if not swaps:
             return None
+        moves = []
         for li, v, m in swaps:
             slot = int(self.host_slot_of[li, v])
             self.host_slot_of[li, v] = -1
             self.host_slot_of[li, m] = slot
             self.slot_expert[li, slot] = m
-        self._copy(swaps)
+            moves.append((li, slot, m))
+        self._copy(moves)
         n, b = len(swaps), len(swaps) * self.plan.expert_bytes
         self.swaps += n
         self.swap_bytes += b
         return n, b
 
-    def _copy(self, swaps: list[tuple[int, int, int]]) -> None:
+    def _copy(self, moves: list[tuple[int, int, int]]) -> None:
+        """Copy each (layer, slot, expert) of `moves` from the host store into its slot, then
+        host_slot_of into the device slot table, in place (captured graphs keep their
+        addresses)."""
         def run() -> None:
-            for li, _, m in swaps:
-                slot = int(self.host_slot_of[li, m])
+            for li, slot, m in moves:
                 c = self.layers[li]
                 for dev, host in zip((c.gate_up, c.down, c.gu_scale, c.down_scale), self.host[li]):
                     if dev is not None:
@@ -436,10 +459,38 @@ class ExpertCache:
         main.wait_event(done)  # the next window launched reads whole experts only
 
     def reset_counts(self) -> None:
-        """Forget routing seen so far (the warm-up's scratch-lane windows): adapt periods count
-        windows from here."""
+        """Forget routing seen so far (the warm-up's scratch-lane windows, launched and never
+        read): adapt periods count windows from here."""
         self.routed.zero_()
-        self.launched = 0
+        self.launched = self.unread = 0
+
+    def reset(self) -> int:
+        """Back to the first fill, as a freshly built cache: each slot holds the expert it
+        held at the start (the routing profile's or the lowest ids; the slots that moved are
+        copied back from the host store as a swap's are, on the side stream, in place, so
+        captured window graphs stay valid) and the adaptation state starts over (routed and
+        decayed counts, the window state, the adapt period's window count). The run's totals
+        (hits, misses, swaps, windows) keep counting: they are the engine's reports. Between
+        windows only: inside a decode window, or with a launched window not yet read
+        (engine.overlap), it raises RuntimeError, since that window's counts and the swap they
+        decide belong to the state being dropped. Returns the experts copied back."""
+        if any(lc.counting for lc in self.layers):
+            raise RuntimeError("ExpertCache.reset inside a decode window (begin_window .. "
+                               "end_window)")
+        if self.unread:
+            raise RuntimeError(f"ExpertCache.reset with {self.unread} launched window(s) not "
+                               f"read yet (after_window): finish the engine's work first")
+        moves = [(int(li), int(slot), int(self.first_fill[li, slot]))
+                 for li, slot in np.argwhere(self.slot_expert != self.first_fill)]
+        self.slot_expert[:] = self.first_fill
+        self._table_from_slots()
+        if moves:
+            self._copy(moves)
+        self.reset_counts()
+        self.window_state.zero_()
+        self.decayed[:] = 0.0
+        self._host_at = 0
+        return len(moves)
 
     # ---- reporting ----------------------------------------------------------------------------
     def hit_rate(self) -> Optional[float]:
