@@ -367,14 +367,6 @@ __global__ void __launch_bounds__(MOE_DOWN_THREADS, 2) moe_down_kernel(MoeParams
   }
 }
 
-// Smallest power of two >= ceil(chunks / 32), or 0 when the row is longer than 16 per lane.
-inline int chunks_per_lane(int64_t chunks) {
-  const int64_t need = (chunks + 31) / 32;
-  for (int c = 1; c <= 16; c <<= 1)
-    if (need <= c) return c;
-  return 0;
-}
-
 // Process-wide switches of the routed-expert launches (STRATA_MOE_* in strata_kernels.h). PDL,
 // EARLY, DB and XSMEM are on (each measured faster on an H200, DB + XSMEM at every row count
 // within noise: docs/KERNELS.md); WIDE is off: two features per warp measured 3-12% slower for

@@ -25,6 +25,14 @@ inline int take_launch_error(const char* name) {
 }
 
 inline unsigned ceil_div_u(int64_t a, int64_t b) { return (unsigned)((a + b - 1) / b); }
+// Smallest power of two >= ceil(chunks / 32): the 16-byte chunks a lane holds of a row, lane l
+// taking chunks l, l + 32, ...; 0 when the row is longer than 16 per lane.
+inline int chunks_per_lane(int64_t chunks) {
+  const int64_t need = (chunks + 31) / 32;
+  for (int c = 1; c <= 16; c <<= 1)
+    if (need <= c) return c;
+  return 0;
+}
 inline bool aligned16(const void* p) { return ((uintptr_t)p & 15u) == 0; }
 
 constexpr int MOE_MAX_PAIRS = 512;  // N * k; two pairs per thread in the block scans

@@ -71,7 +71,7 @@ struct StreamPlan {
 };
 
 // Features per gate/up item: F rows of CPL chunks per lane fill one 8 KiB copy.
-template <int CPL> struct GateUpTile { static const int F = 16 / CPL > 8 ? 8 : 16 / CPL; };
+__host__ __device__ constexpr int gate_up_features(int cpl) { return 16 / cpl > 8 ? 8 : 16 / cpl; }
 
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
 using namespace strata::bulk;
@@ -94,14 +94,21 @@ __device__ __forceinline__ int group_pairs(const MoeParams& p, int* ids_s, int* 
   return distinct;
 }
 
-// Each stage's barriers take one arrival per phase: the producer's (with the bytes it expects)
-// on "full", the owning warp's release on "empty".
-__device__ __forceinline__ void init_stages(uint64_t* full, uint64_t* empty, int stages) {
-  for (int s = 0; s < stages; ++s) {
-    mbar_init(full + s, 1);
-    mbar_init(empty + s, 1);
+// How every CTA of both kernels starts: its stages' barriers initialised (one arrival per
+// phase: the producer's, with the bytes it expects, on "full"; the owning warp's release on
+// "empty") and the window's pairs grouped (group_pairs). Returns the distinct experts.
+__device__ __forceinline__ int stream_start(uint8_t* smem, const MoeParams& p,
+                                            const StreamPlan& sp) {
+  uint64_t* full = (uint64_t*)smem;
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < sp.stages; ++s) {
+      mbar_init(full + s, 1);
+      mbar_init(full + ST_MAX_STAGES + s, 1);
+    }
+    mbar_init_fence();
   }
-  mbar_init_fence();
+  return group_pairs(p, (int*)(smem + ST_OFF_IDS), (int*)(smem + ST_OFF_FIRST),
+                     (int*)(smem + ST_OFF_LEAD), (int*)(smem + ST_OFF_WTOT));
 }
 
 // The members of the expert led by pair s0 (pairs q >= s0 with its id, in pair order), a warp
@@ -134,21 +141,18 @@ __global__ void __launch_bounds__(ST_THREADS, 1)
     moe_gate_up_stream(MoeParams p, StreamPlan sp) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   typedef WChunk<W> C;
-  constexpr int F = GateUpTile<CPL>::F;
+  constexpr int F = gate_up_features(CPL);
   constexpr int EPC = C::EPC;
   extern __shared__ __align__(128) uint8_t smem[];
   pdl_launch_dependents();
+  const int distinct = stream_start(smem, p, sp);
   uint64_t* full = (uint64_t*)smem;
   uint64_t* empty = full + ST_MAX_STAGES;
-  int* ids_s = (int*)(smem + ST_OFF_IDS);
-  int* lead_s = (int*)(smem + ST_OFF_LEAD);
-  int* warp_tot = (int*)(smem + ST_OFF_WTOT);
-  int* first_s = (int*)(smem + ST_OFF_FIRST);
+  const int* ids_s = (const int*)(smem + ST_OFF_IDS);
+  const int* lead_s = (const int*)(smem + ST_OFF_LEAD);
   uint4* x_s = (uint4*)(smem + sp.data_off);
   uint8_t* ring = smem + sp.ring_off;
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
-  if (tid == 0) init_stages(full, empty, sp.stages);
-  const int distinct = group_pairs(p, ids_s, first_s, lead_s, warp_tot);
   // Items are dealt round-robin (CTA b: items b, b + grid, ...): an expert with many members
   // (the folded shared expert has every row) costs more per item, and dealing its tiles to
   // consecutive CTAs would leave a few CTAs with all of it.
@@ -188,12 +192,7 @@ __global__ void __launch_bounds__(ST_THREADS, 1)
       const int c = e / EPC, k8 = (e % EPC) / 8;  // 8-element piece k8 of chunk c
       if (XF32) {
         float f[8];
-        const uint32_t u[4] = {v.x, v.y, v.z, v.w};
-#pragma unroll
-        for (int i = 0; i < 4; ++i) {
-          f[2 * i] = __uint_as_float(u[i] << 16);
-          f[2 * i + 1] = __uint_as_float(u[i] & 0xffff0000u);
-        }
+        decode_chunk<BF16>(v, f);  // exact
         const int ppr = p.H / 4;
         x_s[x_piece(n, c, 2 * k8, ppr, nch)] = make_uint4(
             __float_as_uint(f[0]), __float_as_uint(f[1]), __float_as_uint(f[2]), __float_as_uint(f[3]));
@@ -244,12 +243,7 @@ __global__ void __launch_bounds__(ST_THREADS, 1)
               xf[4 * pc] = __uint_as_float(v.x); xf[4 * pc + 1] = __uint_as_float(v.y);
               xf[4 * pc + 2] = __uint_as_float(v.z); xf[4 * pc + 3] = __uint_as_float(v.w);
             } else {
-              const uint32_t u[4] = {v.x, v.y, v.z, v.w};
-#pragma unroll
-              for (int i = 0; i < 4; ++i) {
-                xf[8 * pc + 2 * i] = __uint_as_float(u[i] << 16);
-                xf[8 * pc + 2 * i + 1] = __uint_as_float(u[i] & 0xffff0000u);
-              }
+              decode_chunk<BF16>(v, xf + 8 * pc);
             }
           }
 #pragma unroll
@@ -277,18 +271,15 @@ __global__ void __launch_bounds__(ST_THREADS, 1) moe_down_stream(MoeParams p, St
   typedef WChunk<W> C;
   constexpr int EPC = C::EPC;
   extern __shared__ __align__(128) uint8_t smem[];
+  // The ids come from the router, before the gate/up launch: visible without waiting for it.
+  const int distinct = stream_start(smem, p, sp);
   uint64_t* full = (uint64_t*)smem;
   uint64_t* empty = full + ST_MAX_STAGES;
-  int* ids_s = (int*)(smem + ST_OFF_IDS);
-  int* lead_s = (int*)(smem + ST_OFF_LEAD);
-  int* warp_tot = (int*)(smem + ST_OFF_WTOT);
-  int* first_s = (int*)(smem + ST_OFF_FIRST);
+  const int* ids_s = (const int*)(smem + ST_OFF_IDS);
+  const int* lead_s = (const int*)(smem + ST_OFF_LEAD);
   float* y_s = (float*)(smem + sp.data_off);
   uint8_t* ring = smem + sp.ring_off;
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
-  if (tid == 0) init_stages(full, empty, sp.stages);
-  // The ids come from the router, before the gate/up launch: visible without waiting for it.
-  const int distinct = group_pairs(p, ids_s, first_s, lead_s, warp_tot);
   const int h0 = blockIdx.x * T;
   const int row_bytes = p.I * (int)sizeof(typename W::storage);
   const int S = sp.stages;
@@ -448,12 +439,6 @@ int dispatch_down(const MoeParams& p, const StreamPlan& sp, int T, int cpl, int 
   return launch_down<W, 4, 2>(p, sp, smem, pdl, st);
 }
 
-inline int pow2_at_least(int64_t v, int cap) {
-  for (int c = 1; c <= cap; c <<= 1)
-    if (v <= c) return c;
-  return 0;
-}
-
 // Consumer warps and stages for a ring of `stage`-byte stages in `bytes` of shared memory:
 // two stages per warp where that still gives 8 warps, else one (each stage has one consumer
 // warp, so it is filled and drained in order).
@@ -471,15 +456,18 @@ int launch_stream(const MoeParams& p, const DeviceFacts& dev, bool pdl, bool eve
   typedef WChunk<W> C;
   const int esz = (int)sizeof(typename W::storage);
   const int64_t gu_row = (int64_t)p.H * esz, down_row = (int64_t)p.I * esz;
-  const int cpl = pow2_at_least((p.H / C::EPC + 31) / 32, 8);  // chunks per lane, gate/up row
-  const int cpl_dn = pow2_at_least((p.I / C::EPC + 31) / 32, 2);
-  const int F = cpl ? (16 / cpl > 8 ? 8 : 16 / cpl) : 0;  // GateUpTile<cpl>::F
+  // chunks per lane of a gate/up row (at most 8) and of a down row (at most 2: a lane holds
+  // its chunks of an act row as floats)
+  int cpl = chunks_per_lane(p.H / C::EPC), cpl_dn = chunks_per_lane(p.I / C::EPC);
+  cpl = cpl > 8 ? 0 : cpl;
+  cpl_dn = cpl_dn > 2 ? 0 : cpl_dn;
+  const int F = cpl ? gate_up_features(cpl) : 0;
   int T = 16;  // down: output features per CTA, dividing H, one block row of scales
   while (T > 4 && (T * down_row > ST_COPY_BYTES || p.H % T || (C::scaled && p.bo % T))) T >>= 1;
   const bool fp8 = C::scaled;
   // Where the per-block kernels are as fast (same bits either way). Measured on an H200 with the
   // engine's folded shared expert (scripts/bench_kernels.py --moe --moe-shared --moe-variants
-  // stream,+db+xsmem): FP8 18-34% faster at 1-16 rows, even at 32 (x in shared memory then
+  // stream,+db+xsmem): FP8 18-34% faster at 1-16 rows and level at 32 (x in shared memory then
   // leaves too few stages); bf16 within 6% either way, ahead at 2-8 rows.
   if (!every_size && (fp8 ? p.n > 16 : (p.n < 2 || p.n > 8))) return 0;
   if (!cpl || !cpl_dn || F * gu_row > ST_COPY_BYTES || p.I % F || (fp8 && p.bo % F) ||
