@@ -64,6 +64,8 @@ cdef extern from "strata_kernels.h" nogil:
                                int64_t k, int64_t E, int64_t H, int64_t I,
                                const StrataExpertCache* cache, void* out,
                                float* workspace, int device, uintptr_t stream)
+    int strata_gpu_linear_stream_takes(int64_t m, int64_t fin, int64_t o, int64_t bo,
+                                       int64_t bi, int w_dtype, int x_dtype, int device)
     int strata_gpu_linear_skinny(const void* x, int x_dtype, int64_t m, int64_t fin,
                                  const void* w, int w_dtype, const float* scale, int64_t bo,
                                  int64_t bi, int64_t o, void* out, int device, uintptr_t stream)
@@ -296,7 +298,9 @@ def moe_set_options(int flags=-1):
     are short, bit 8: double-buffered down weight loads, bit 16: x rows in shared memory in
     gate/up, bit 32: the streamed kernels on sm_90+ without the expert cache where they are
     faster, bit 64: at every size they take; 1, 2, 8, 16 and 32 on by default; the results are
-    the same bits). flags < 0 only reads. Returns the previous flags."""
+    the same bits) and of linear_skinny (bit 128, on: FP8 weights on the streamed tensor-core
+    kernel where it takes them; other bits than the skinny kernel's). flags < 0 only reads.
+    Returns the previous flags."""
     return strata_gpu_moe_set_options(flags)
 
 
@@ -370,9 +374,21 @@ def moe_experts(x, w_gate_up, w_down, topk_weight, topk_ids, gu_scale, down_scal
     _raise(op, rc)
 
 
+def linear_stream_takes(x, weight, int64_t bo, int64_t bi):
+    """Whether linear_skinny runs x (M, I) . weight^T on the streamed FP8 tensor-core kernel
+    (sm_90+, bf16 x; it takes any M), on x's device."""
+    if not (x.is_cuda and x.dim() == 2 and weight.dim() == 2):
+        return False
+    xdt = DTYPE_BF16 if x.dtype == _torch.bfloat16 else -1
+    wdt = DTYPE_FP8 if weight.dtype == getattr(_torch, "float8_e4m3fn", None) else -1
+    return strata_gpu_linear_stream_takes(x.shape[0], x.shape[1], weight.shape[0], bo, bi, wdt,
+                                          xdt, x.device.index or 0) == 1
+
+
 def linear_skinny(x, weight, scale_inv, int64_t bo, int64_t bi, out, uintptr_t stream):
-    """out (M, O) = x (M, I) . W^T for M <= 32: W float8_e4m3fn with block scales (scale_inv,
-    block (bo, bi)) or bfloat16 (scale_inv None). One launch, fp32 accumulation."""
+    """out (M, O) = x (M, I) . W^T for M <= 32 (any M on the streamed FP8 kernel, see
+    linear_stream_takes): W float8_e4m3fn with block scales (scale_inv, block (bo, bi)) or
+    bfloat16 (scale_inv None). fp32 accumulation."""
     op = "linear_skinny"
     cdef int xdt, wdt
     cdef int64_t m, fin, o

@@ -65,8 +65,8 @@ def token_prompts(vocab: int, n: int, prompt_tokens: int, seed: int = 0) -> list
 
 
 def add_model_args(ap, preset=None, load_format=None, layers=None) -> None:
-    """The arguments model_config reads (--preset, --model, --dtype, --load-format, --layers),
-    with a script's own defaults."""
+    """The arguments model_config reads (--preset, --model, --dtype, --load-format, --layers,
+    --fp8-dense), with a script's own defaults."""
     ap.add_argument("--preset", default=preset,
                     help=f"a model preset, conf/model/NAME.yaml (default: {preset or 'the tiny model'})")
     ap.add_argument("--model", help="a checkpoint directory (model.path; overrides the preset's)")
@@ -76,11 +76,13 @@ def add_model_args(ap, preset=None, load_format=None, layers=None) -> None:
     ap.add_argument("--layers", type=int, default=layers,
                     help="model.num_layers: the first N decoder layers"
                          + (f" (default: {layers})" if layers else ""))
+    ap.add_argument("--fp8-dense", choices=("auto", "dequant", "fp8"),
+                    help="model.fp8_dense: FP8 checkpoints' dense layers (default: the config's)")
 
 
 def model_config(a):
     """The `model` group as `python -m strata` would compose it: the preset (conf/model/NAME.yaml),
-    then --model, --dtype, --load-format and --layers as overrides (an unknown knob is Hydra's
+    then --model, --dtype, --load-format, --layers and --fp8-dense as overrides (an unknown knob is Hydra's
     error naming it)."""
     from hydra import compose, initialize_config_dir
 
@@ -94,6 +96,8 @@ def model_config(a):
         overrides.append(f"model.load_format={a.load_format}")
     if a.layers:
         overrides.append(f"model.num_layers={a.layers}")
+    if getattr(a, "fp8_dense", None):
+        overrides.append(f"model.fp8_dense={a.fp8_dense}")
     with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base=None):
         cfg = compose(config_name="config", overrides=overrides)
     check_known_keys(cfg)

@@ -468,9 +468,18 @@ def bench_linear(records, rows_list, ceiling):
             y = torch.empty(n, o, device=DEV, dtype=torch.bfloat16)
             err = rel_err(C.gpu_linear_fp8(x, w8, s8, FP8_BLOCK),
                           R.linear_fp8(x, w8, s8, FP8_BLOCK))
+            def skinny(w):  # linear_fp8 with the streamed kernel switched off
+                prev = C.moe_launch_options()["linear_stream"]
+                C.moe_launch_options(linear_stream=False)
+                try:
+                    C.gpu_linear_fp8(x, w, s8, FP8_BLOCK, out=y)
+                finally:
+                    C.moe_launch_options(linear_stream=prev)
+
             cases = [
                 ("linear_fp8", b8, [(lambda w=w: C.gpu_linear_fp8(x, w, s8, FP8_BLOCK, out=y))
                                     for w in w8s]),
+                ("linear_fp8_skinny", b8, [(lambda w=w: skinny(w)) for w in w8s]),
                 ("linear_bf16_skinny", wb.numel() * 2,
                  [(lambda w=w: C.gpu_linear_bf16_skinny(x, w, out=y)) for w in wbs]),
                 ("F.linear_bf16", wb.numel() * 2,
@@ -520,6 +529,9 @@ def main() -> int:
                          "down, x in shared memory) or a comma list of "
                          + ", ".join(MOE_VARIANTS))
     ap.add_argument("--no-linear", action="store_true", help="with --moe: skip the linear layers")
+    ap.add_argument("--no-moe", action="store_true",
+                    help="with --moe: only the linear layers (linear_fp8 streamed and skinny, "
+                         "the bf16 skinny kernel, F.linear)")
     ap.add_argument("--moe-shared", action="store_true",
                     help="with --moe: one more expert that every row routes to, as the engine "
                          "folds the shared expert in (E=513, top-11)")
@@ -586,7 +598,8 @@ def main_moe(args, meta, t_start) -> int:
             print(f"bench_kernels: unknown --moe-variants {unknown}; known: "
                   f"{', '.join(MOE_VARIANTS)}", file=sys.stderr)
             return 2
-    bench_moe(records, rows, ceiling, variants=variants, shared=args.moe_shared)
+    if not args.no_moe:
+        bench_moe(records, rows, ceiling, variants=variants, shared=args.moe_shared)
     if not args.no_linear:
         bench_linear(records, rows, ceiling)
     meta["seconds"] = time.perf_counter() - t_start

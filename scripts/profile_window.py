@@ -133,6 +133,8 @@ def main() -> None:
     ap.add_argument("--dtype", default="auto")
     ap.add_argument("--load-format", default="auto", help="model.load_format: auto, safetensors or dummy")
     ap.add_argument("--layers", type=int, default=None, help="model.num_layers (dummy weights only)")
+    ap.add_argument("--fp8-dense", default="auto", choices=("auto", "dequant", "fp8"),
+                    help="model.fp8_dense: FP8 checkpoints' dense layers")
     ap.add_argument("--json", default=None, help="write every kernel's count and time here")
     ap.add_argument("--filtered", action="store_true",
                     help="use the top-k/top-p (sorting) sampler instead of the sort-free one")
@@ -142,7 +144,7 @@ def main() -> None:
     ops.set_backend(a.backend, dev.type)
     t0 = time.perf_counter()
     lm = load_checkpoint(a.model, a.dtype, dev, log=lambda s: None, load_format=a.load_format,
-                         num_layers=a.layers)
+                         num_layers=a.layers, fp8_dense=a.fp8_dense)
     print(f"loaded in {time.perf_counter() - t0:.1f} s; backend: {ops.implementations()}")
     shapes = parse_shapes(a)
     lanes = max(g for g, _ in shapes)

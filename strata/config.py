@@ -38,10 +38,12 @@ class ModelConfig:
     #: load_format=dummy: run only the first N decoder layers (null = the config's
     #: num_hidden_layers), e.g. a bfloat16 80B model at the depth that fits.
     num_layers: Optional[int] = None
-    #: FP8 checkpoints on a GPU: dequant (the dense, non-expert linear layers get a bf16 copy at
-    #: load and run on cuBLAS, faster than the FP8 skinny kernel above one row) or fp8 (they stay
-    #: FP8, ops.linear_fp8). Routed and shared experts stay FP8 either way.
-    fp8_dense: str = "dequant"
+    #: FP8 checkpoints on a GPU: fp8 (the dense, non-expert linear layers stay FP8 and run on
+    #: ops.linear_fp8), dequant (they get a bf16 copy at load and run on cuBLAS) or auto (where
+    #: the streamed FP8 tensor-core kernel runs, CUDA sm_90+, the contracting projections such
+    #: as o_proj and out_proj stay FP8, which measured faster there, and the wide input
+    #: projections are dequantised; elsewhere dequant). Routed and shared experts stay FP8.
+    fp8_dense: str = "auto"
     #: load_format=dummy: skew of the dummy routers' expert popularity (SYNTHETIC, for expert
     #: cache studies). 0 = the uniform popularity of random routers; s > 0 biases expert e's
     #: router logit so its popularity falls off like a Zipf law of exponent s (trained routers

@@ -130,7 +130,8 @@ def test_fp8_checkpoint_matches_transformers_on_the_dequantised_copy(name, fp8_c
     assert experts.w_gate_up.dtype == FP8_DTYPE and experts.gu_scale is not None
     assert isinstance(kept.model.layers[0].mlp.shared_expert.up_proj, Fp8Linear)
     assert rel_err(kept.model.logits(kept.model.forward_train(toks)), want) <= 1e-4
-    # model.fp8_dense=dequant (the default): dense layers get the exact float copy, experts FP8
+    # model.fp8_dense=auto (the default) is dequant on CPU: dense layers get the exact float
+    # copy, experts FP8
     mixed = load_checkpoint(fp8_ckpts[name], dtype="float32", fp8="keep", **QUIET)
     assert not any(isinstance(m, Fp8Linear) for m in mixed.model.layers[0].linear_attn.modules())
     assert mixed.model.layers[0].mlp.experts.w_gate_up.dtype == FP8_DTYPE
@@ -141,6 +142,25 @@ def test_fp8_checkpoint_matches_transformers_on_the_dequantised_copy(name, fp8_c
 def test_fp8_dense_must_be_known(fp8_ckpts):
     with pytest.raises(CheckpointError, match="model.fp8_dense"):
         load_checkpoint(fp8_ckpts["base"], fp8="keep", fp8_dense="int4", **QUIET)
+
+
+def test_fp8_dense_auto_keeps_the_contracting_projections(fp8_ckpts, monkeypatch):
+    """model.fp8_dense=auto where the streamed FP8 kernel runs: the contracting projections
+    (o_proj, out_proj) stay FP8, the wide input projections get their float copy (and fuse as
+    float), and the logits are the dequantised model's."""
+    import strata.kernels.cyext_ops as cyext_ops
+    monkeypatch.setattr(cyext_ops, "linear_fp8_streams", lambda device: True)
+    lm = load_checkpoint(fp8_ckpts["base"], dtype="float32", fp8="keep", fp8_dense="auto", **QUIET)
+    attn, lin = lm.model.layers[3].self_attn, lm.model.layers[0].linear_attn
+    assert isinstance(attn.o_proj, Fp8Linear) and isinstance(lin.out_proj, Fp8Linear)
+    assert not isinstance(attn.q_proj, Fp8Linear) and not isinstance(lin.in_proj_qkvz, Fp8Linear)
+    assert attn.w_qkv is not None and attn.w_qkv.dtype == torch.float32 and attn.s_qkv is None
+    plain = load_checkpoint(fp8_ckpts["base"], dtype="float32", **QUIET)
+    toks = _tokens(lm.args.vocab_size, (2, 9), seed=4)
+    with torch.no_grad():
+        got = lm.model.logits(lm.model.forward_train(toks))
+        want = plain.model.logits(plain.model.forward_train(toks))
+    assert rel_err(got, want) <= 1e-4
 
 
 def test_fp8_fusion_only_where_rows_are_block_multiples(fp8_ckpts):

@@ -387,6 +387,91 @@ def test_gpu_linear_fp8(rows, O, I, block):
         assert torch.equal(one[0], got[-1])
 
 
+def _stream_capable():
+    return torch.cuda.is_available() and torch.cuda.get_device_capability() >= (9, 0) \
+        and torch.version.hip is None
+
+
+STREAM_CASES = [
+    # rows, O, I: a decode row, DeltaNet's in_proj_ba, out_proj at 16 and 17 rows (two
+    # launches), a prompt chunk
+    (1, 12288, 2048), (2, 64, 2048), (16, 2048, 4096), (17, 2048, 4096), (100, 1024, 2048),
+]
+
+
+@_gpu
+@pytest.mark.parametrize("rows,O,I", STREAM_CASES)
+def test_gpu_linear_fp8_streamed(rows, O, I):
+    """The streamed tensor-core kernel: close to the reference, and each row the same bits
+    alone as in the batch (any row count, chunks of 16 included)."""
+    if not _stream_capable():
+        pytest.skip("the streamed FP8 linear needs sm_90+ (CUDA)")
+    block = (128, 128)
+    gen = torch.Generator().manual_seed(7)
+    weight = (torch.randn(O, I, generator=gen) * 30).to(FP8).cuda()
+    scale = (torch.rand(-(-O // 128), I // 128, generator=gen) * 0.01).cuda()
+    x = torch.randn(rows, I, generator=gen).to("cuda", torch.bfloat16)
+    assert C._gpu.linear_stream_takes(x, weight, *block)
+    got = C.gpu_linear_fp8(x, weight, scale, block)
+    assert got.shape == (rows, O)
+    assert rel_err(got, R.linear_fp8(x, weight, scale, block)) < 1e-2
+    for r in sorted({0, rows // 2, rows - 1}):
+        assert torch.equal(C.gpu_linear_fp8(x[r:r + 1], weight, scale, block)[0], got[r])
+    saved = C.moe_launch_options()
+    try:
+        C.moe_launch_options(linear_stream=False)
+        assert not C._gpu.linear_stream_takes(x, weight, *block)
+        if rows <= 32:  # the skinny kernel: the same products, summed in another order
+            assert rel_err(C.gpu_linear_fp8(x, weight, scale, block), got) < 1e-2
+    finally:
+        C.moe_launch_options(**saved)
+
+
+@_gpu
+def test_gpu_linear_fp8_streamed_decodes_every_byte_exactly():
+    """Every finite e4m3 value (subnormals, zeros, both signs) through the kernel's byte
+    shuffle into bf16: one-hot rows of x pick single weights, so y is w * scale exactly."""
+    if not _stream_capable():
+        pytest.skip("the streamed FP8 linear needs sm_90+ (CUDA)")
+    O, I, rows = 256, 1024, 16
+    codes = torch.arange(256, dtype=torch.uint8)
+    codes = codes[(codes & 0x7F) != 0x7F]  # not NaN
+    gen = torch.Generator().manual_seed(8)
+    weight = codes[torch.randint(len(codes), (O, I), generator=gen)].view(FP8).cuda()
+    scale = torch.full((O // 128, I // 128), 0.5).cuda()
+    cols = torch.randperm(I, generator=gen)[:rows]
+    x = torch.zeros(rows, I, dtype=torch.bfloat16)
+    x[torch.arange(rows), cols] = 1
+    x = x.cuda()
+    got = C.gpu_linear_fp8(x, weight, scale, (128, 128))
+    want = (weight.float() * 0.5)[:, cols.cuda()].T.to(torch.bfloat16)
+    assert torch.equal(got, want)
+
+
+@_gpu
+def test_gpu_linear_fp8_streamed_in_a_graph():
+    """Captured (its launch is a programmatic dependent one) and replayed: the same bits."""
+    if not _stream_capable():
+        pytest.skip("the streamed FP8 linear needs sm_90+ (CUDA)")
+    gen = torch.Generator().manual_seed(9)
+    weight = (torch.randn(4096, 2048, generator=gen) * 30).to(FP8).cuda()
+    scale = (torch.rand(32, 16, generator=gen) * 0.01).cuda()
+    x = torch.randn(3, 2048, generator=gen).to("cuda", torch.bfloat16)
+    y = torch.empty(3, 4096, device="cuda", dtype=torch.bfloat16)
+    want = C.gpu_linear_fp8(x, weight, scale, (128, 128))
+    stream = torch.cuda.Stream()
+    with torch.cuda.stream(stream):
+        C.gpu_linear_fp8(x, weight, scale, (128, 128), out=y)  # warm (smem attribute)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, stream=stream):
+            x2 = x * 1  # a kernel before it in the graph, writing its input
+            C.gpu_linear_fp8(x2, weight, scale, (128, 128), out=y)
+    y.zero_()
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(y, want)
+
+
 @_gpu
 def test_gpu_linear_bf16_skinny():
     weight = torch.randn(1024, 2048, device="cuda", dtype=torch.bfloat16) / 45

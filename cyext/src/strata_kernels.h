@@ -102,6 +102,11 @@ int64_t strata_gpu_moe_workspace(int64_t n, int64_t k, int64_t inter);
 #define STRATA_MOE_XSMEM 16
 #define STRATA_MOE_STREAM 32
 #define STRATA_MOE_STREAM_ALL 64
+// STRATA_LINEAR_STREAM (on): linear_skinny runs FP8 weights on the streamed tensor-core kernel
+// where it takes them (strata_linear_stream.cu: sm_90+, bf16 x, in a power of two in
+// 1024..8192, o and bo multiples of 8, bi = 128; any number of rows), else the skinny kernel.
+// Not the same bits as the skinny kernel (the MMA sums in another order).
+#define STRATA_LINEAR_STREAM 128
 int strata_gpu_moe_set_options(int flags);
 int strata_gpu_moe_experts(const void* x, int x_dtype, const void* w_gate_up, const void* w_down,
                            int w_dtype, const float* gu_scale, const float* down_scale,
@@ -110,9 +115,13 @@ int strata_gpu_moe_experts(const void* x, int x_dtype, const void* w_gate_up, co
                            int64_t I, const StrataExpertCache* cache, void* out,
                            float* workspace, int device, uintptr_t stream);
 
-// out (m, o) = x (m, in) . W^T for m <= 32 rows; W (o, in) float8_e4m3fn with scale
-// (ceil(o/bo), ceil(in/bi)) float32 (bi % 16 == 0), or bfloat16 (scale NULL). x and out in
-// x_dtype, contiguous; in % 16 == 0. fp32 accumulation, one launch.
+// 1 when linear_skinny would run (m, in) x (o, in) on the streamed FP8 kernel (which takes any
+// m), else 0.
+int strata_gpu_linear_stream_takes(int64_t m, int64_t in, int64_t o, int64_t bo, int64_t bi,
+                                   int w_dtype, int x_dtype, int device);
+// out (m, o) = x (m, in) . W^T for m <= 32 rows (any m where the streamed FP8 kernel takes it);
+// W (o, in) float8_e4m3fn with scale (ceil(o/bo), ceil(in/bi)) float32 (bi % 16 == 0), or
+// bfloat16 (scale NULL). x and out in x_dtype, contiguous; in % 16 == 0. fp32 accumulation.
 int strata_gpu_linear_skinny(const void* x, int x_dtype, int64_t m, int64_t in, const void* w,
                              int w_dtype, const float* scale, int64_t bo, int64_t bi, int64_t o,
                              void* out, int device, uintptr_t stream);

@@ -372,8 +372,8 @@ __global__ void __launch_bounds__(MOE_DOWN_THREADS, 2) moe_down_kernel(MoeParams
 // within noise: docs/KERNELS.md); WIDE is off: two features per warp measured 3-12% slower for
 // FP8 (twice the registers, two blocks per SM instead of three), kept to measure again after
 // register-lean changes.
-int g_moe_options =
-    STRATA_MOE_PDL | STRATA_MOE_EARLY | STRATA_MOE_DB | STRATA_MOE_XSMEM | STRATA_MOE_STREAM;
+int g_moe_options = STRATA_MOE_PDL | STRATA_MOE_EARLY | STRATA_MOE_DB | STRATA_MOE_XSMEM |
+                    STRATA_MOE_STREAM | STRATA_LINEAR_STREAM;
 
 // Whether the device runs programmatic dependent launches (sm_90+), cached per device.
 bool device_has_pdl(int device) {
@@ -674,12 +674,22 @@ int strata_gpu_moe_experts(const void* x, int x_dtype, const void* w_gate_up, co
   }
 }
 
+int strata_gpu_linear_stream_takes(int64_t m, int64_t in, int64_t o, int64_t bo, int64_t bi,
+                                   int w_dtype, int x_dtype, int device) {
+  if (!(g_moe_options & STRATA_LINEAR_STREAM) || gpu_use_device(device)) return 0;
+  return linear_stream_takes(m, in, o, bo, bi, w_dtype, x_dtype, device) ? 1 : 0;
+}
+
 int strata_gpu_linear_skinny(const void* x, int x_dtype, int64_t m, int64_t in, const void* w,
                              int w_dtype, const float* scale, int64_t bo, int64_t bi, int64_t o,
                              void* out, int device, uintptr_t stream) {
   int rc = gpu_use_device(device);
   if (rc) return rc;
   if (m == 0 || o == 0) return 0;
+  if ((g_moe_options & STRATA_LINEAR_STREAM) && scale && aligned16(x) && aligned16(w) && aligned16(out) &&
+      linear_stream_takes(m, in, o, bo, bi, w_dtype, x_dtype, device))
+    return launch_linear_stream(x, w, scale, out, m, in, o, bo, bi, device,
+                                (g_moe_options & STRATA_MOE_PDL) != 0, (cudaStream_t)stream);
   if (m > 32) return invalid("linear (the skinny kernel takes at most 32 rows)");
   if (w_dtype != STRATA_DTYPE_FP8 && w_dtype != STRATA_DTYPE_BF16)
     return invalid("linear (weights must be float8_e4m3fn or bfloat16)");

@@ -269,6 +269,15 @@ struct MoeParams {
 int launch_moe_stream(const MoeParams& p, int w_dtype, int device, bool pdl, bool every_size,
                       cudaStream_t st, bool* launched);
 
+// The streamed FP8 linear on tensor cores (strata_linear_stream.cu, sm_90+): whether it takes
+// an (m, in) x (o, in) product with (bo, bi) blocks (any m: launches of 16 rows), and its
+// launch. Returns 0 or a CUDA error code.
+bool linear_stream_takes(int64_t m, int64_t in, int64_t o, int64_t bo, int64_t bi, int w_dtype,
+                         int x_dtype, int device);
+int launch_linear_stream(const void* x, const void* w, const float* scale, void* out, int64_t m,
+                         int64_t in, int64_t o, int64_t bo, int64_t bi, int device, bool pdl,
+                         cudaStream_t st);
+
 // The one place where an expert's weights are found. With the expert cache, a resident
 // expert is read from its device slot and a missing one (slot -1) from the pinned host store
 // through its device-visible address (zero-copy over the bus).

@@ -458,7 +458,7 @@ def moe_kernel_supported(x, w_gate_up, k: int, block=None) -> bool:
 
 
 def moe_launch_options(pdl=None, early=None, wide=None, db=None, xsmem=None, stream=None,
-                       stream_all=None) -> dict:
+                       stream_all=None, linear_stream=None) -> dict:
     """Read or set moe_experts' launch switches on the GPU extension (process-wide; every
     setting gives the same bits): `stream` (on by default), the streamed kernels on sm_90+
     without the expert cache where they measured faster (weights through shared memory by the
@@ -468,16 +468,18 @@ def moe_launch_options(pdl=None, early=None, wide=None, db=None, xsmem=None, str
     the duplicate check at small windows; `wide` (off: measured slower), two features per
     gate/up warp where weight rows are short (FP8); `db` (on), double-buffered weight loads in
     the down kernel; `xsmem` (on), the window's x rows staged in shared memory by each gate/up
-    block. None leaves a switch as it is. Returns the switches now in force."""
+    block. Also `linear_stream` (on): linear_fp8 on the streamed tensor-core kernel where it
+    takes the shapes (cyext/src/strata_linear_stream.cu; other bits than the skinny kernel).
+    None leaves a switch as it is. Returns the switches now in force."""
     flags = _gpu.moe_set_options(-1)
     for bit, on in ((1, pdl), (2, early), (4, wide), (8, db), (16, xsmem), (32, stream),
-                    (64, stream_all)):
+                    (64, stream_all), (128, linear_stream)):
         if on is not None:
             flags = (flags | bit) if on else (flags & ~bit)
     _gpu.moe_set_options(flags)
     return {"pdl": bool(flags & 1), "early": bool(flags & 2), "wide": bool(flags & 4),
             "db": bool(flags & 8), "xsmem": bool(flags & 16), "stream": bool(flags & 32),
-            "stream_all": bool(flags & 64)}
+            "stream_all": bool(flags & 64), "linear_stream": bool(flags & 128)}
 
 
 def conv_launch_options(serial=None) -> dict:
@@ -555,17 +557,21 @@ def gpu_moe_experts(x, w_gate_up, w_down, topk_weight, topk_ids, gu_scale=None,
 
 
 def gpu_linear_fp8(x, weight, scale_inv, block, *, out=None):
-    """y = x @ dequant(weight)^T. Up to 32 rows (x's leading dims flattened): the skinny kernel
-    (FP8 decoded in registers, each weight byte read once for all rows, fp32 accumulation, each
-    row independent of the others). More rows, in_features not a multiple of 16, or scale
-    blocks whose columns are not a multiple of 16: the reference (dequantise to float32 and
-    matmul)."""
+    """y = x @ dequant(weight)^T, fp32 accumulation, each row independent of the others (x's
+    leading dims flattened). Where the streamed kernel takes the shapes (sm_90+, bf16 x,
+    in_features a power of two in 1024..8192: cyext/src/strata_linear_stream.cu), every row
+    count runs on it (tensor cores, 16 rows per launch), so decode windows and prompt chunks
+    give a row the same bits. Else up to 32 rows the skinny kernel (FP8 decoded in registers,
+    each weight byte read once for all rows); more rows, in_features not a multiple of 16, or
+    scale blocks whose columns are not a multiple of 16: the reference (dequantise to float32
+    and matmul)."""
     if _compiling() and out is None:
         return torch.ops.strata.linear_fp8(x, weight, scale_inv, [int(b) for b in block])
     bo, bi = _block_args("linear_fp8", weight, scale_inv, block)
     lead = x.shape[:-1]
     x2 = x.reshape(-1, x.shape[-1])
-    if x2.shape[0] > LINEAR_SKINNY_MAX_ROWS or x.shape[-1] % 16 or bi % 16:
+    streamed = _gpu.linear_stream_takes(x2, weight, bo, bi)
+    if not streamed and (x2.shape[0] > LINEAR_SKINNY_MAX_ROWS or x.shape[-1] % 16 or bi % 16):
         res = reference.linear_fp8(x, weight, scale_inv, block)
         if out is not None:
             out.copy_(res)
@@ -577,6 +583,19 @@ def gpu_linear_fp8(x, weight, scale_inv, block, *, out=None):
     _gpu.linear_skinny(x2, weight.contiguous(), scale_inv.float().contiguous(), bo, bi, y,
                        _stream(x))
     return y.view(*lead, weight.shape[0])
+
+
+def linear_fp8_streams(device) -> bool:
+    """Whether linear_fp8 runs on the streamed FP8 tensor-core kernel on `device` (a CUDA GPU of
+    sm_90+ with the GPU extension built and the switch on): model.fp8_dense=auto keeps the
+    dense layers FP8 there."""
+    device = torch.device(device)
+    if device.type != "cuda" or _gpu is None or not torch.cuda.is_available() \
+            or getattr(torch.version, "hip", None):
+        return False
+    if torch.cuda.get_device_capability(device) < (9, 0):
+        return False
+    return bool(_gpu.moe_set_options(-1) & 128)
 
 
 def gpu_linear_bf16_skinny(x, weight, *, out=None):

@@ -111,18 +111,35 @@ class Fp8Linear(nn.Module):
         return f"in_features={self.in_features}, out_features={self.out_features}, block={self.block}"
 
 
-def dequantize_dense(model: nn.Module, dtype: torch.dtype) -> int:
+#: Projections fused into one matmul with their siblings at load (attention's q/k/v,
+#: DeltaNet's qkvz with ba): they must share one format, so they follow the widest of them.
+FUSED_INPUT_PROJECTIONS = ("q_proj", "k_proj", "v_proj", "in_proj_qkvz", "in_proj_ba")
+
+
+def contracting(name: str, mod: nn.Module) -> bool:
+    """Whether a projection (module `name`) has no more outputs than inputs and is not one of
+    the fused input projections: attention's o_proj, DeltaNet's out_proj, the MTP fc. There the
+    streamed FP8 kernel measured faster than cuBLAS on the bf16 copy at every decode row count
+    on an H200, while the wide input projections (12288 or 9216 outputs) ran faster on cuBLAS
+    from four rows up (docs/KERNELS.md)."""
+    return (mod.out_features <= mod.in_features
+            and name.rsplit(".", 1)[-1] not in FUSED_INPUT_PROJECTIONS)
+
+
+def dequantize_dense(model: nn.Module, dtype: torch.dtype, keep=None) -> int:
     """Replace every Fp8Linear outside the MoE blocks (attention, DeltaNet and MTP projections,
-    dense MLPs) by an nn.Linear holding its exactly dequantised weight in `dtype`; the routed
-    and shared experts stay FP8 for the grouped kernel. On the H200 the FP8 skinny kernel
-    reads fewer bytes but is slower than cuBLAS on bf16 from two rows up (docs/KERNELS.md), so
-    the dense layers trade memory for speed. Returns how many layers changed."""
+    dense MLPs) by an nn.Linear holding its exactly dequantised weight in `dtype`, except those
+    for which keep(name, module) is true; the routed and shared experts stay FP8 for the grouped
+    kernel. cuBLAS on the bf16 copy reads twice the bytes but beat the FP8 kernels on the wide
+    projections (docs/KERNELS.md), so those trade memory for speed. Returns how many layers
+    changed."""
     from strata.kernels.reference import dequant_fp8_block
     from strata.model.qwen3_next import SparseMoe
 
     in_moe = {id(m) for blk in model.modules() if isinstance(blk, SparseMoe) for m in blk.modules()}
     todo = [(name, mod) for name, mod in model.named_modules()
-            if isinstance(mod, Fp8Linear) and id(mod) not in in_moe]
+            if isinstance(mod, Fp8Linear) and id(mod) not in in_moe
+            and not (keep is not None and keep(name, mod))]
     for name, mod in todo:
         owner_name, attr = name.rsplit(".", 1) if "." in name else ("", name)
         owner = model.get_submodule(owner_name) if owner_name else model

@@ -16,7 +16,7 @@ from safetensors.torch import save_file
 from strata.kernels.reference import dequant_fp8_block
 from strata.model.config import CheckpointError, ModelArgs, load_model_args
 from strata.model.dummy import apply_routing_skew, init_dummy
-from strata.model.fp8 import (FP8_DTYPE, dequantize_dense, QuantConfig, fp8_supported, load_quant_config, scale_shape,
+from strata.model.fp8 import (FP8_DTYPE, contracting, dequantize_dense, QuantConfig, fp8_supported, load_quant_config, scale_shape,
                               to_fp8_linear)
 from strata.model.qwen3_next import Experts, Qwen3Next, Rotary
 from strata.model.stage_slice import StageSlice, global_view, stage_args
@@ -24,7 +24,7 @@ from strata.model.tokenizer import Tokenizer
 from strata.model.weight_map import QWEN3_NEXT, KeyMap
 
 #: model.fp8_dense: what an FP8 checkpoint's dense (non-expert) linear layers become on a GPU.
-FP8_DENSE = ("dequant", "fp8")
+FP8_DENSE = ("auto", "dequant", "fp8")
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 LOAD_FORMATS = ("auto", "safetensors", "dummy")
@@ -202,7 +202,7 @@ def load_checkpoint(path: str | Path, dtype: str = "auto", device: str | torch.d
                     keymap: KeyMap = QWEN3_NEXT, log=print, fuse: bool = True,
                     moe_dense_experts: int = 16, load_format: str = "auto", dummy_seed: int = 0,
                     num_layers: Optional[int] = None, fp8: str = "auto",
-                    fp8_dense: str = "dequant", routing_skew: float = 0.0,
+                    fp8_dense: str = "auto", routing_skew: float = 0.0,
                     stage: Optional[StageSlice] = None) -> LoadedModel:
     """Build the model from a checkpoint directory; every problem names the file and the key.
 
@@ -211,7 +211,9 @@ def load_checkpoint(path: str | Path, dtype: str = "auto", device: str | torch.d
     layers (dummy only). fp8: what FP8 block checkpoints become: auto (FP8 on a GPU that has
     it, else dequantised exactly), keep, or dequant (tests use keep to run the FP8 path on CPU).
     fp8_dense: where FP8 is kept, whether the dense (non-expert) linear layers stay FP8 (`fp8`)
-    or are dequantised to the model dtype at load (`dequant`, model.fp8_dense).
+    or are dequantised to the model dtype at load (`dequant`); `auto` keeps the contracting
+    projections (o_proj, out_proj, the MTP fc) FP8 where the streamed FP8 linear runs (CUDA,
+    sm_90+) and dequantises the rest, and everything elsewhere (model.fp8_dense).
     routing_skew: dummy only, model.dummy_routing_skew (synthetic skewed expert popularity).
     stage: build only this pipeline stage's layers (and the embedding, head and MTP it holds);
     the result's args are the stage's (StageSlice), its has_mtp the checkpoint's.
@@ -289,12 +291,18 @@ def load_checkpoint(path: str | Path, dtype: str = "auto", device: str | torch.d
                f"dequantised)" if quant is not None else ""))
     else:
         _load_tensors(part, entries, fp8_keys, keep_fp8, quant, tdtype, keymap, args, path)
-    if keep_fp8 and fp8_dense == "dequant":
+    if keep_fp8 and fp8_dense != "fp8":
+        keep = None
+        if fp8_dense == "auto":
+            from strata.kernels.cyext_ops import linear_fp8_streams
+            keep = contracting if linear_fp8_streams(device) else None
         with torch.no_grad():
-            n = dequantize_dense(part, tdtype)
+            n = dequantize_dense(part, tdtype, keep)
         if n:
             log(f"INFO: {n} dense FP8 layers dequantised to {str(tdtype).replace('torch.', '')} "
-                f"(model.fp8_dense=dequant); the experts stay FP8")
+                f"(model.fp8_dense={fp8_dense}"
+                + ("; the contracting projections stay FP8 on the streamed kernel" if keep else "")
+                + "); the experts stay FP8")
     if stage is not None:  # a top-level module the view replaced (FP8 or dequantised) is the model's
         for name in stage.owned():
             if getattr(part, name, None) is not None:
