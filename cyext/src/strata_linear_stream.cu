@@ -5,20 +5,22 @@
 // Why: a decode window multiplies 1-16 rows by each weight, so the work is bound by the bytes
 // of W, and W in FP8 is half the bytes of the bf16 copy cuBLAS would read. The skinny kernel
 // (strata_moe.cu) decodes FP8 into floats and runs CUDA-core FMAs, about a dozen instructions
-// per weight element: it fell from 44% of the copy ceiling at one row to 8% at 16. Here each
-// weight element costs about two instructions (a byte shuffle into bf16, exact, and one bf16x2
-// multiply per pair) and the products run on the tensor cores (mma.sync m16n8k16, float32
-// accumulation), so 1 and 16 rows cost the same.
+// per weight element: it fell from 44% of the copy ceiling at one row to 8% at 16. Here a
+// weight element costs about three instructions (a byte shuffle into bf16, exact, and one
+// bf16x2 multiply per pair) and the products run on the tensor cores (mma.sync m16n8k16,
+// float32 accumulation), so the row count matters little up to 16.
 //
 // Layout: one CTA per SM. Items are tiles of 8 weight rows (the MMA's n), dealt round-robin
-// to the CTAs; a tile's bytes are 8 * in, copied as 8 KiB pieces of whole rows (a bulk copy
-// costs mostly per copy: 8 KiB copies stream at about 4.1 TB/s on an H200, 4 KiB at 2.1). The
-// producer warp's one thread issues every copy; each consumer warp owns its own ring of stages
-// (so each stage is drained in order by one warp: mbarrier phases are told apart by parity
-// only) and the tiles that land there. x (m rows, padded by 16 bytes per row so a warp's reads
-// hit distinct banks) is copied into shared memory once per CTA after the weights of the first
-// ring fill are in flight: the launch is a programmatic dependent one, so those weight copies
-// may start while the kernel before it (which writes x) finishes.
+// to the CTAs; a tile's 8 * in bytes land in one tile slot of shared memory, copied by the bulk
+// copy engine in pieces of at most 8 KiB (whole rows; a bulk copy costs mostly per copy below
+// that size) and counted on the slot's mbarrier. The producer warp's one thread issues every
+// copy. Consumer warps form groups; each group owns a ring of tile slots and every groups-th
+// tile of the CTA (so each slot is drained in order by one group: mbarrier phases are told
+// apart by parity only); the warps of a group split the tile's 128-k blocks and add their
+// partial sums through shared memory in a fixed order. x (m rows, padded by 16 bytes per row so
+// a warp's reads hit distinct banks) is copied into shared memory once per CTA after the first
+// fill of every ring is in flight: the launch is a programmatic dependent one, so those weight
+// copies may start while the kernel before it (which writes x) finishes.
 // MMA operands: A = x (16 rows, rows >= m are zero), B = 8 weight rows, D = y (16 x 8). The
 // k order inside an MMA is permuted (thread t's four k slots take four consecutive k's) so a
 // thread reads 16 consecutive bytes of a weight row and 32 of an x row per 64 k's; A and B use
@@ -56,12 +58,12 @@ struct LinStreamParams {
   uint8_t* out;        // (m, o) bf16
   int m, in, o, bo, bi, ncb;
   int tiles;           // o / 8
-  int parts;           // copies per tile: 8 * in / 8192
-  int rows_per_part;   // 8192 / in
-  int groups;          // consumer groups: group g owns stages g*slots .. and every
+  int tile_bytes;      // 8 * in, copied as tile_bytes / copy_bytes copies
+  int copy_bytes;
+  int groups;          // consumer groups: group g owns tile slots g*depth .. and every
                        // groups-th tile of the CTA
   int ksplit;          // warps per group, each taking ncb / ksplit of a tile's 128-k blocks
-  int slots;           // stages per group (a multiple of parts)
+  int depth;           // tile slots per group
   int x_stride;        // bytes per x row in shared memory
   int ring_off;        // the stages in shared memory
 };
@@ -116,11 +118,11 @@ __global__ void __launch_bounds__(LS_THREADS, 1) linear_fp8_stream(LinStreamPara
   uint8_t* x_s = smem + LS_OFF_DATA;
   uint8_t* ring = smem + p.ring_off;
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
-  const int C = p.groups, S = p.slots, KS = p.ksplit;
+  const int C = p.groups, D = p.depth, KS = p.ksplit;
   const int n_local =
       p.tiles > (int)blockIdx.x ? (p.tiles - 1 - (int)blockIdx.x) / (int)gridDim.x + 1 : 0;
   if (tid == 0) {
-    for (int s = 0; s < C * S; ++s) {
+    for (int s = 0; s < C * D; ++s) {
       mbar_init(full + s, 1);
       mbar_init(empty + s, 1);
     }
@@ -133,23 +135,20 @@ __global__ void __launch_bounds__(LS_THREADS, 1) linear_fp8_stream(LinStreamPara
   if (warp == LS_MAX_WARPS) {  // the producer: one thread issues every copy
     if (lane == 0) {
       const uint64_t pol = l2_evict_first();
-      const int64_t tile_bytes = (int64_t)LS_TILE * p.in;
       auto issue = [&](int li, bool wait_empty) {
-        const int w = li % C, k = li / C;
-        const uint8_t* src = p.w + (int64_t)((int)blockIdx.x + li * (int)gridDim.x) * tile_bytes;
-        for (int part = 0; part < p.parts; ++part) {
-          const int u = k * p.parts + part, s = w * S + u % S;
-          if (wait_empty) mbar_wait(empty + s, (u / S - 1) & 1);
-          mbar_expect_tx(full + s, LS_COPY);
-          bulk::load(ring + (int64_t)s * LS_COPY, src + (int64_t)part * LS_COPY, LS_COPY,
-                     full + s, pol);
-        }
+        const int k = li / C, slot = (li % C) * D + k % D;
+        const uint8_t* src = p.w + (int64_t)((int)blockIdx.x + li * (int)gridDim.x) * p.tile_bytes;
+        uint8_t* dst = ring + (int64_t)slot * p.tile_bytes;
+        if (wait_empty) mbar_wait(empty + slot, (k / D - 1) & 1);
+        mbar_expect_tx(full + slot, (uint32_t)p.tile_bytes);
+        for (int off = 0; off < p.tile_bytes; off += p.copy_bytes)
+          bulk::load(dst + off, src + off, (uint32_t)p.copy_bytes, full + slot, pol);
       };
       // The first fill of every ring needs nothing from the kernel before this one: it is
-      // issued at once (rings hold whole tiles, so these are the first S / parts tiles of each
-      // consumer). Then x, once that kernel (which wrote x) has finished; no stage is released
-      // before x lands, so the rest waits for the releases.
-      const int first = n_local < C * (S / p.parts) ? n_local : C * (S / p.parts);
+      // issued at once (the first D tiles of each group). Then x, once that kernel (which
+      // wrote x) has finished; no slot is released before x lands, so the rest waits for the
+      // releases.
+      const int first = n_local < C * D ? n_local : C * D;
       for (int li = 0; li < first; ++li) issue(li, false);
       pdl_wait_primary();
       const uint32_t row = (uint32_t)p.in * 2;
@@ -167,8 +166,7 @@ __global__ void __launch_bounds__(LS_THREADS, 1) linear_fp8_stream(LinStreamPara
   const bool row_a = g < p.m, row_b = g + 8 < p.m;
   const uint8_t* xa = x_s + (int64_t)g * p.x_stride + 32 * t;
   const uint8_t* xb = x_s + (int64_t)(g + 8) * p.x_stride + 32 * t;
-  const int part_g = g / p.rows_per_part;
-  const int row_off = (g % p.rows_per_part) * p.in + 16 * t;
+  const int row_off = g * p.in + 16 * t;
   const int kb0 = ks * p.ncb / KS, kb1 = (ks + 1) * p.ncb / KS;  // this warp's 128-k blocks
   float4* red = (float4*)(smem + LS_OFF_RED);
   mbar_wait(xbar, 0);
@@ -176,12 +174,11 @@ __global__ void __launch_bounds__(LS_THREADS, 1) linear_fp8_stream(LinStreamPara
     const int tile = (int)blockIdx.x + li * (int)gridDim.x;
     const int o0 = tile * LS_TILE;
     const float* srow = p.scale + (int64_t)(o0 / p.bo) * p.ncb;
-    // this thread's weight row: part part_g of the tile, in stage grp*S + (k*parts + part_g) % S
-    const int u0 = k * p.parts;
+    // this thread's weight row: row g of the tile in slot grp*D + k % D
+    const int slot = grp * D + k % D;
     float sc = __ldg(srow + kb0);
-    for (int part = 0; part < p.parts; ++part)
-      mbar_wait(full + grp * S + (u0 + part) % S, ((u0 + part) / S) & 1);
-    const uint8_t* wrow = ring + (int64_t)(grp * S + (u0 + part_g) % S) * LS_COPY + row_off;
+    mbar_wait(full + slot, (k / D) & 1);
+    const uint8_t* wrow = ring + (int64_t)slot * p.tile_bytes + row_off;
     // Per 128-k block: two chains of four MMAs (one per 64-k chunk; the other warps of the SM
     // hide their latency), summed, then scaled into acc.
     float acc[4] = {0.f, 0.f, 0.f, 0.f};
@@ -227,8 +224,7 @@ __global__ void __launch_bounds__(LS_THREADS, 1) linear_fp8_stream(LinStreamPara
       __syncwarp();
     }
     if (ks) continue;
-    if (lane == 0)
-      for (int part = 0; part < p.parts; ++part) mbar_arrive(empty + grp * S + (u0 + part) % S);
+    if (lane == 0) mbar_arrive(empty + slot);
     for (int w2 = 1; w2 < KS; ++w2) {
       const float4 v = mine[w2 * 32];
       acc[0] += v.x; acc[1] += v.y; acc[2] += v.z; acc[3] += v.w;
@@ -267,31 +263,30 @@ bool plan_linear_stream(LinStreamParams& p, const LinDeviceFacts& dev) {
   if (p.in < 1024 || p.in > 8192 || (p.in & (p.in - 1))) return false;  // whole rows per copy
   if (p.o % LS_TILE || p.bo % LS_TILE || p.bi != 128) return false;
   if (p.m < 1 || p.m > LS_ROWS) return false;
-  p.rows_per_part = LS_COPY / p.in;
-  p.parts = LS_TILE / p.rows_per_part;
   p.tiles = p.o / LS_TILE;
+  p.tile_bytes = LS_TILE * p.in;
+  p.copy_bytes = p.tile_bytes < LS_COPY ? p.tile_bytes : LS_COPY;
   p.ncb = p.in / p.bi;
   p.x_stride = 2 * p.in + 16;
   p.ring_off = (LS_OFF_DATA + p.m * p.x_stride + 127) & ~127;
-  int stages = (dev.smem_optin - p.ring_off) / LS_COPY;
-  stages = stages > LS_MAX_STAGES ? LS_MAX_STAGES : stages;
-  if (stages < p.parts) return false;
-  // Groups (each with its own ring of whole tiles): as many as the CTA has tiles, as far as
-  // the stages go; then each group's ring up to two tiles deep where the stages allow (no
-  // deeper than the group's tiles); the rest of the 16 warps split each tile's k range, so
-  // that a CTA with few tiles still has the warps to hide the MMAs' latency.
+  int slots = (dev.smem_optin - p.ring_off) / p.tile_bytes;  // tile slots that fit
+  slots = slots > LS_MAX_STAGES ? LS_MAX_STAGES : slots;
+  if (slots < 1) return false;
+  // As many groups (each a ring of tile slots, computed by its own warps) as the CTA has
+  // tiles, as far as the slots and the 15 named barriers go: measured on an H200, one tile per
+  // warp streamed 10-35% faster than fewer groups whose warps split each tile's k range (the
+  // MMA chains and the per-tile reduction then serialise); the warps left over split k.
   const int per_cta = (p.tiles + dev.sms - 1) / dev.sms;
   int groups = per_cta < LS_MAX_GROUPS ? per_cta : LS_MAX_GROUPS;
-  while (groups > 1 && stages < groups * p.parts) --groups;
+  groups = groups < slots ? groups : slots;
   const int per_group = (per_cta + groups - 1) / groups;
-  int depth = stages / (groups * p.parts);
-  depth = depth < 2 ? depth : 2;
+  int depth = slots / groups;
   depth = depth < per_group ? depth : per_group;
   int ksplit = LS_MAX_WARPS / groups;
   while (ksplit > 1 && p.ncb % ksplit) --ksplit;
   p.groups = groups;
   p.ksplit = ksplit;
-  p.slots = depth * p.parts;
+  p.depth = depth;
   return true;
 }
 
@@ -327,7 +322,7 @@ int launch_linear_stream(const void* x, const void* w, const float* scale, void*
     p.w = (const uint8_t*)w;
     p.scale = scale;
     p.out = (uint8_t*)out + r0 * o * 2;
-    const int smem = p.ring_off + p.groups * p.slots * LS_COPY;
+    const int smem = p.ring_off + p.groups * p.depth * p.tile_bytes;
     if (allowed < smem) {
       const cudaError_t e = cudaFuncSetAttribute(
           linear_fp8_stream, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
