@@ -238,27 +238,9 @@ __global__ void __launch_bounds__(LS_THREADS, 1) linear_fp8_stream(LinStreamPara
 #endif
 }
 
-struct LinDeviceFacts {
-  int sms = 0, smem_optin = 0, major = 0;
-};
-LinDeviceFacts lin_device_facts(int device) {
-  static LinDeviceFacts cached[64];  // benign race: the same values are written
-  if (device < 0 || device >= 64) return LinDeviceFacts();
-  if (!cached[device].sms) {
-    int sms = 0, smem = 0, major = 0;
-    cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device);
-    cudaDeviceGetAttribute(&smem, cudaDevAttrMaxSharedMemoryPerBlockOptin, device);
-    cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
-    cached[device].major = major;
-    cached[device].smem_optin = smem;
-    cached[device].sms = sms;
-  }
-  return cached[device];
-}
-
-// The ring for in-feature count `in` and m rows: consumer warps and stages per warp, or false
-// when the shapes are outside what the kernel takes.
-bool plan_linear_stream(LinStreamParams& p, const LinDeviceFacts& dev) {
+// The plan for in-feature count `in` and m rows: tile slots, consumer groups and the warps per
+// group, or false when the shapes are outside what the kernel takes.
+bool plan_linear_stream(LinStreamParams& p, const DeviceFacts& dev) {
   if (dev.major < 9 || dev.sms < 1) return false;
   if (p.in < 1024 || p.in > 8192 || (p.in & (p.in - 1))) return false;  // whole rows per copy
   if (p.o % LS_TILE || p.bo % LS_TILE || p.bi != 128) return false;
@@ -301,13 +283,13 @@ bool linear_stream_takes(int64_t m, int64_t in, int64_t o, int64_t bo, int64_t b
   p.o = (int)o;
   p.bo = (int)bo;
   p.bi = (int)bi;
-  return in <= 8192 && o < (1 << 30) && plan_linear_stream(p, lin_device_facts(device));
+  return in <= 8192 && o < (1 << 30) && plan_linear_stream(p, device_facts(device));
 }
 
 int launch_linear_stream(const void* x, const void* w, const float* scale, void* out, int64_t m,
                          int64_t in, int64_t o, int64_t bo, int64_t bi, int device, bool pdl,
                          cudaStream_t st) {
-  const LinDeviceFacts dev = lin_device_facts(device);
+  const DeviceFacts dev = device_facts(device);
   static int allowed = 0;
   const char* name = "linear_fp8: linear_fp8_stream";
   for (int64_t r0 = 0; r0 < m; r0 += LS_ROWS) {
@@ -323,15 +305,7 @@ int launch_linear_stream(const void* x, const void* w, const float* scale, void*
     p.scale = scale;
     p.out = (uint8_t*)out + r0 * o * 2;
     const int smem = p.ring_off + p.groups * p.depth * p.tile_bytes;
-    if (allowed < smem) {
-      const cudaError_t e = cudaFuncSetAttribute(
-          linear_fp8_stream, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
-      if (e != cudaSuccess) {
-        gpu_set_last_kernel(name);
-        return (int)e;
-      }
-      allowed = smem;
-    }
+    if (int rc = allow_smem(linear_fp8_stream, smem, allowed, name)) return rc;
     cudaLaunchConfig_t cfg = {};
     const int grid = p.tiles < dev.sms ? p.tiles : dev.sms;
     cfg.gridDim = dim3((unsigned)grid);

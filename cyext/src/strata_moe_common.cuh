@@ -262,6 +262,43 @@ struct MoeParams {
   int ncb_h, ncb_i;  // scale columns of gate/up (over H) and of down (over I)
 };
 
+#if !STRATA_PLATFORM_HIP
+// What the streamed kernels (strata_moe_stream.cu, strata_linear_stream.cu) plan with, per
+// device, read once (benign races: the same value is written).
+struct DeviceFacts {
+  int sms = 0, smem_optin = 0, major = 0;
+};
+inline DeviceFacts device_facts(int device) {
+  static DeviceFacts cached[64];
+  if (device < 0 || device >= 64) return DeviceFacts();
+  if (!cached[device].sms) {
+    int sms = 0, smem = 0, major = 0;
+    cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device);
+    cudaDeviceGetAttribute(&smem, cudaDevAttrMaxSharedMemoryPerBlockOptin, device);
+    cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
+    cached[device].major = major;
+    cached[device].smem_optin = smem;
+    cached[device].sms = sms;
+  }
+  return cached[device];
+}
+
+// Raises a kernel's dynamic shared-memory limit (not a stream operation, so it is allowed while
+// a graph is captured); `done` remembers the largest limit already set.
+template <typename K>
+int allow_smem(K kernel, int bytes, int& done, const char* name) {
+  if (done >= bytes) return 0;
+  const cudaError_t e =
+      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
+  if (e != cudaSuccess) {
+    gpu_set_last_kernel(name);
+    return (int)e;
+  }
+  done = bytes;
+  return 0;
+}
+#endif
+
 // The streamed kernels (strata_moe_stream.cu, sm_90+): launches them and sets *launched when
 // they take the call (no expert cache, FP8 or bf16 weights, bf16 x, shapes within their limits,
 // and unless every_size, the row counts where they measured faster), else leaves it false and

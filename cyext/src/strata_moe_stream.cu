@@ -354,38 +354,6 @@ __global__ void __launch_bounds__(ST_THREADS, 1) moe_down_stream(MoeParams p, St
 #endif
 }
 
-// Per-device facts, read once (benign races: the same value is written).
-struct DeviceFacts {
-  int sms = 0, smem_optin = 0;
-};
-DeviceFacts device_facts(int device) {
-  static DeviceFacts cached[64];
-  if (device < 0 || device >= 64) return DeviceFacts();
-  if (!cached[device].sms) {
-    int sms = 0, smem = 0;
-    cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
-    cudaDeviceGetAttribute(&smem, cudaDevAttrMaxSharedMemoryPerBlockOptin, device);
-    cached[device].smem_optin = smem;
-    cached[device].sms = sms;
-  }
-  return cached[device];
-}
-
-// Raises a kernel's dynamic shared-memory limit (not a stream operation, so it is allowed while
-// a graph is captured); `done` remembers the largest limit already set.
-template <typename K>
-int allow_smem(K kernel, int bytes, int& done, const char* name) {
-  if (done >= bytes) return 0;
-  const cudaError_t e =
-      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
-  if (e != cudaSuccess) {
-    gpu_set_last_kernel(name);
-    return (int)e;
-  }
-  done = bytes;
-  return 0;
-}
-
 template <typename W, int CPL, bool XF32>
 int launch_gate_up(const MoeParams& p, const StreamPlan& sp, int grid, int smem,
                    cudaStream_t st) {
