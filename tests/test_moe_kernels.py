@@ -417,6 +417,9 @@ def test_gpu_linear_fp8_streamed(rows, O, I):
     assert rel_err(got, R.linear_fp8(x, weight, scale, block)) < 1e-2
     for r in sorted({0, rows // 2, rows - 1}):
         assert torch.equal(C.gpu_linear_fp8(x[r:r + 1], weight, scale, block)[0], got[r])
+    # an `out` that is not 16-byte aligned: still the streamed kernel's bits
+    odd = torch.empty(rows * O + 1, device="cuda", dtype=torch.bfloat16)[1:].view(rows, O)
+    assert torch.equal(C.gpu_linear_fp8(x, weight, scale, block, out=odd), got)
     saved = C.moe_launch_options()
     try:
         C.moe_launch_options(linear_stream=False)

@@ -570,7 +570,9 @@ def gpu_linear_fp8(x, weight, scale_inv, block, *, out=None):
     bo, bi = _block_args("linear_fp8", weight, scale_inv, block)
     lead = x.shape[:-1]
     x2 = x.reshape(-1, x.shape[-1])
-    streamed = _gpu.linear_stream_takes(x2, weight, bo, bi)
+    # (the kernel reads W and writes y by 16-byte copies and words: both aligned, else the
+    # skinny kernel, whose bits differ, would take the call)
+    streamed = weight.data_ptr() % 16 == 0 and _gpu.linear_stream_takes(x2, weight, bo, bi)
     if not streamed and (x2.shape[0] > LINEAR_SKINNY_MAX_ROWS or x.shape[-1] % 16 or bi % 16):
         res = reference.linear_fp8(x, weight, scale_inv, block)
         if out is not None:
@@ -578,10 +580,14 @@ def gpu_linear_fp8(x, weight, scale_inv, block, *, out=None):
             return out
         return res
     x2 = _aligned(x2.contiguous())
-    y = torch.empty(x2.shape[0], weight.shape[0], dtype=x.dtype, device=x.device) \
-        if out is None else out.view(x2.shape[0], weight.shape[0])
+    into = out is not None and not (streamed and out.data_ptr() % 16)
+    y = out.view(x2.shape[0], weight.shape[0]) if into else \
+        torch.empty(x2.shape[0], weight.shape[0], dtype=x.dtype, device=x.device)
     _gpu.linear_skinny(x2, weight.contiguous(), scale_inv.float().contiguous(), bo, bi, y,
                        _stream(x))
+    if out is not None and not into:
+        out.view(x2.shape[0], weight.shape[0]).copy_(y)
+        return out
     return y.view(*lead, weight.shape[0])
 
 
