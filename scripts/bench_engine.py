@@ -37,7 +37,7 @@ from strata.config import StrataConfig, check_known_keys, register_configs  # no
 from strata.engine.llm_engine import Engine  # noqa: E402
 from strata.engine.request import Request, SamplingParams  # noqa: E402
 from strata.kernels import ops  # noqa: E402
-from strata.model.loader import load_model  # noqa: E402
+from strata.model.loader import FP8_DENSE, load_model  # noqa: E402
 from strata.runner import run_requests  # noqa: E402
 from provenance import commit_id  # noqa: E402
 
@@ -76,7 +76,7 @@ def add_model_args(ap, preset=None, load_format=None, layers=None) -> None:
     ap.add_argument("--layers", type=int, default=layers,
                     help="model.num_layers: the first N decoder layers"
                          + (f" (default: {layers})" if layers else ""))
-    ap.add_argument("--fp8-dense", choices=("auto", "dequant", "fp8"),
+    ap.add_argument("--fp8-dense", choices=FP8_DENSE,
                     help="model.fp8_dense: FP8 checkpoints' dense layers (default: the config's)")
 
 
@@ -96,7 +96,7 @@ def model_config(a):
         overrides.append(f"model.load_format={a.load_format}")
     if a.layers:
         overrides.append(f"model.num_layers={a.layers}")
-    if getattr(a, "fp8_dense", None):
+    if a.fp8_dense:
         overrides.append(f"model.fp8_dense={a.fp8_dense}")
     with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base=None):
         cfg = compose(config_name="config", overrides=overrides)

@@ -28,7 +28,7 @@ import torch  # noqa: E402
 from strata.config import EMBEDDED_MODEL_DIR  # noqa: E402
 from strata.engine.verifier import SlotBuffers, Verifier  # noqa: E402
 from strata.kernels import ops  # noqa: E402
-from strata.model.loader import load_checkpoint  # noqa: E402
+from strata.model.loader import FP8_DENSE, load_checkpoint  # noqa: E402
 from strata.model.state import DecodeState  # noqa: E402
 
 #: The per-layer regions that attribution labels: (attribute, label suffix).
@@ -133,7 +133,7 @@ def main() -> None:
     ap.add_argument("--dtype", default="auto")
     ap.add_argument("--load-format", default="auto", help="model.load_format: auto, safetensors or dummy")
     ap.add_argument("--layers", type=int, default=None, help="model.num_layers (dummy weights only)")
-    ap.add_argument("--fp8-dense", default="auto", choices=("auto", "dequant", "fp8"),
+    ap.add_argument("--fp8-dense", default="auto", choices=FP8_DENSE,
                     help="model.fp8_dense: FP8 checkpoints' dense layers")
     ap.add_argument("--json", default=None, help="write every kernel's count and time here")
     ap.add_argument("--filtered", action="store_true",

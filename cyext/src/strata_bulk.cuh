@@ -62,6 +62,13 @@ __device__ __forceinline__ void load(void* dst, const void* src, uint32_t bytes,
       "l"(src), "r"(bytes), "r"(smem_u32(bar)), "l"(pol)
       : "memory");
 }
+// The same without a cache hint (data read again soon, e.g. activations).
+__device__ __forceinline__ void load(void* dst, const void* src, uint32_t bytes, uint64_t* bar) {
+  asm volatile(
+      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
+      ::"r"(smem_u32(dst)), "l"(src), "r"(bytes), "r"(smem_u32(bar))
+      : "memory");
+}
 // Named barrier 1 among `threads` threads (a multiple of 32) of the CTA.
 __device__ __forceinline__ void sync_threads(int threads) {
   asm volatile("bar.sync 1, %0;" ::"r"(threads) : "memory");

@@ -42,8 +42,8 @@ namespace {
 
 constexpr int LS_MAX_WARPS = 16;                     // consumer warps at most
 constexpr int LS_THREADS = 32 * (LS_MAX_WARPS + 1);  // + the producer warp
-constexpr int LS_COPY = 8192;                        // bytes per copy and per stage
-constexpr int LS_MAX_STAGES = 64;
+constexpr int LS_COPY = 8192;                        // bytes per bulk copy at most
+constexpr int LS_MAX_SLOTS = 64;                     // tile slots (mbarrier pairs)
 constexpr int LS_ROWS = 16;                          // x rows per launch (the MMA's m)
 constexpr int LS_TILE = 8;                           // weight rows per item (the MMA's n)
 constexpr int LS_MAX_GROUPS = 15;  // named barriers 1..15, one per group of split-k warps
@@ -65,19 +65,11 @@ struct LinStreamParams {
   int ksplit;          // warps per group, each taking ncb / ksplit of a tile's 128-k blocks
   int depth;           // tile slots per group
   int x_stride;        // bytes per x row in shared memory
-  int ring_off;        // the stages in shared memory
+  int ring_off;        // the tile slots in shared memory
 };
 
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
 using namespace strata::bulk;
-
-__device__ __forceinline__ void load_plain(void* dst, const void* src, uint32_t bytes,
-                                           uint64_t* bar) {
-  asm volatile(
-      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
-      ::"r"(smem_u32(dst)), "l"(src), "r"(bytes), "r"(smem_u32(bar))
-      : "memory");
-}
 
 // Four e4m3 bytes (first element lowest) -> two bf16x2 words, exactly: the sign and the seven
 // exponent/mantissa bits are moved into bf16 position, which reads the value times 2^-120
@@ -113,8 +105,8 @@ __global__ void __launch_bounds__(LS_THREADS, 1) linear_fp8_stream(LinStreamPara
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   extern __shared__ __align__(128) uint8_t smem[];
   uint64_t* full = (uint64_t*)smem;
-  uint64_t* empty = full + LS_MAX_STAGES;
-  uint64_t* xbar = empty + LS_MAX_STAGES;
+  uint64_t* empty = full + LS_MAX_SLOTS;
+  uint64_t* xbar = empty + LS_MAX_SLOTS;
   uint8_t* x_s = smem + LS_OFF_DATA;
   uint8_t* ring = smem + p.ring_off;
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
@@ -154,7 +146,7 @@ __global__ void __launch_bounds__(LS_THREADS, 1) linear_fp8_stream(LinStreamPara
       const uint32_t row = (uint32_t)p.in * 2;
       mbar_expect_tx(xbar, row * (uint32_t)p.m);
       for (int n = 0; n < p.m; ++n)
-        load_plain(x_s + (int64_t)n * p.x_stride, p.x + (int64_t)n * row, row, xbar);
+        bulk::load(x_s + (int64_t)n * p.x_stride, p.x + (int64_t)n * row, row, xbar);
       for (int li = first; li < n_local; ++li) issue(li, true);
     }
     return;
@@ -252,7 +244,7 @@ bool plan_linear_stream(LinStreamParams& p, const DeviceFacts& dev) {
   p.x_stride = 2 * p.in + 16;
   p.ring_off = (LS_OFF_DATA + p.m * p.x_stride + 127) & ~127;
   int slots = (dev.smem_optin - p.ring_off) / p.tile_bytes;  // tile slots that fit
-  slots = slots > LS_MAX_STAGES ? LS_MAX_STAGES : slots;
+  slots = slots > LS_MAX_SLOTS ? LS_MAX_SLOTS : slots;
   if (slots < 1) return false;
   // As many groups (each a ring of tile slots, computed by its own warps) as the CTA has
   // tiles, as far as the slots and the 15 named barriers go: measured on an H200, one tile per
@@ -299,7 +291,10 @@ int launch_linear_stream(const void* x, const void* w, const float* scale, void*
     p.o = (int)o;
     p.bo = (int)bo;
     p.bi = (int)bi;
-    if (!plan_linear_stream(p, dev)) return (int)cudaErrorInvalidValue;
+    if (!plan_linear_stream(p, dev)) {  // callers ask linear_stream_takes first
+      gpu_set_last_kernel(name);
+      return (int)cudaErrorInvalidValue;
+    }
     p.x = (const uint8_t*)x + r0 * in * 2;
     p.w = (const uint8_t*)w;
     p.scale = scale;

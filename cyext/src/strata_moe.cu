@@ -674,10 +674,18 @@ int strata_gpu_moe_experts(const void* x, int x_dtype, const void* w_gate_up, co
   }
 }
 
+// Whether linear_skinny hands (m, in) x (o, in) to the streamed FP8 kernel: the switch is on
+// and the kernel takes the shapes.
+static bool linear_streams(int64_t m, int64_t in, int64_t o, int64_t bo, int64_t bi, int w_dtype,
+                           int x_dtype, int device) {
+  return (g_moe_options & STRATA_LINEAR_STREAM) &&
+         linear_stream_takes(m, in, o, bo, bi, w_dtype, x_dtype, device);
+}
+
 int strata_gpu_linear_stream_takes(int64_t m, int64_t in, int64_t o, int64_t bo, int64_t bi,
                                    int w_dtype, int x_dtype, int device) {
-  if (!(g_moe_options & STRATA_LINEAR_STREAM) || gpu_use_device(device)) return 0;
-  return linear_stream_takes(m, in, o, bo, bi, w_dtype, x_dtype, device) ? 1 : 0;
+  if (gpu_use_device(device)) return 0;
+  return linear_streams(m, in, o, bo, bi, w_dtype, x_dtype, device) ? 1 : 0;
 }
 
 int strata_gpu_linear_skinny(const void* x, int x_dtype, int64_t m, int64_t in, const void* w,
@@ -686,8 +694,8 @@ int strata_gpu_linear_skinny(const void* x, int x_dtype, int64_t m, int64_t in, 
   int rc = gpu_use_device(device);
   if (rc) return rc;
   if (m == 0 || o == 0) return 0;
-  if ((g_moe_options & STRATA_LINEAR_STREAM) && scale && aligned16(x) && aligned16(w) && aligned16(out) &&
-      linear_stream_takes(m, in, o, bo, bi, w_dtype, x_dtype, device))
+  if (scale && aligned16(x) && aligned16(w) && aligned16(out) &&
+      linear_streams(m, in, o, bo, bi, w_dtype, x_dtype, device))
     return launch_linear_stream(x, w, scale, out, m, in, o, bo, bi, device,
                                 (g_moe_options & STRATA_MOE_PDL) != 0, (cudaStream_t)stream);
   if (m > 32) return invalid("linear (the skinny kernel takes at most 32 rows)");

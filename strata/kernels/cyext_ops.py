@@ -601,7 +601,7 @@ def linear_fp8_streams(device) -> bool:
         return False
     if torch.cuda.get_device_capability(device) < (9, 0):
         return False
-    return bool(_gpu.moe_set_options(-1) & 128)
+    return moe_launch_options()["linear_stream"]
 
 
 def gpu_linear_bf16_skinny(x, weight, *, out=None):
