@@ -476,25 +476,41 @@ def bench_linear(records, rows_list, ceiling):
                 finally:
                     C.moe_launch_options(linear_stream=prev)
 
+            def unpiped(w):  # linear_fp8 with the streamed kernel's unpiped first version
+                prev = C.moe_launch_options()["linear_pipe"]
+                C.moe_launch_options(linear_pipe=False)
+                try:
+                    C.gpu_linear_fp8(x, w, s8, FP8_BLOCK, out=y)
+                finally:
+                    C.moe_launch_options(linear_pipe=prev)
+
             cases = [
                 ("linear_fp8", b8, [(lambda w=w: C.gpu_linear_fp8(x, w, s8, FP8_BLOCK, out=y))
                                     for w in w8s]),
+                ("linear_fp8_unpiped", b8, [(lambda w=w: unpiped(w)) for w in w8s]),
                 ("linear_fp8_skinny", b8, [(lambda w=w: skinny(w)) for w in w8s]),
                 ("linear_bf16_skinny", wb.numel() * 2,
                  [(lambda w=w: C.gpu_linear_bf16_skinny(x, w, out=y)) for w in wbs]),
                 ("F.linear_bf16", wb.numel() * 2,
                  [(lambda w=w: torch.nn.functional.linear(x, w)) for w in wbs]),
             ]
+            # the piped and unpiped kernels must give the same bits
+            unpiped(w8)
+            same_bits = torch.equal(y, C.gpu_linear_fp8(x, w8, s8, FP8_BLOCK))
             for name, nbytes, calls in cases:
                 t, mode = time_calls(calls)
                 rec = dict(op=name, o=o, i=i, rows=n, bytes=nbytes, t_us=t * 1e6,
                            gbps=nbytes / t / 1e9, frac=nbytes / t / ceiling,
                            floor_us=nbytes / ceiling * 1e6, mode=mode,
                            rel_err=err if name == "linear_fp8" else None)
+                if name == "linear_fp8_unpiped":
+                    rec["same_bits"] = same_bits
                 records.append(rec)
                 print(f"{name:18s} {o:5d}x{i:<5d} rows {n:2d}: {rec['t_us']:7.1f} us  "
                       f"{nbytes / 1e6:6.1f} MB  {rec['gbps']:6.0f} GB/s  "
-                      f"{100 * rec['frac']:5.1f}% of copy  floor {rec['floor_us']:6.1f} us",
+                      f"{100 * rec['frac']:5.1f}% of copy  floor {rec['floor_us']:6.1f} us"
+                      + ("" if "same_bits" not in rec else
+                         "  same bits" if same_bits else "  BITS DIFFER"),
                       flush=True)
         del w8s, wbs
         torch.cuda.empty_cache()

@@ -475,6 +475,50 @@ def test_gpu_linear_fp8_streamed_in_a_graph():
     assert torch.equal(y, want)
 
 
+# o x in: DeltaNet's in_proj_qkvz, out_proj, a one-tile-per-CTA shape, in = 8192 (taken at few
+# rows: x fills shared memory), and the smallest: a 64-row weight, in = 1024 (one piece a tile)
+PIPE_SHAPES = [(12288, 2048), (2048, 4096), (1024, 2048), (8192, 8192), (64, 2048), (4096, 1024)]
+
+
+@_gpu
+@pytest.mark.parametrize("O,I", PIPE_SHAPES)
+def test_gpu_linear_fp8_streamed_piped_same_bits(O, I):
+    """The streamed kernel's piped form (moe_launch_options(linear_pipe=True), the default)
+    gives the same bits as its unpiped first version: at m <= 8 and above (its two variants),
+    over 16-row chunks, into an `out` that is not 16-byte aligned, with weights of every finite
+    e4m3 byte."""
+    if not _stream_capable():
+        pytest.skip("the streamed FP8 linear needs sm_90+ (CUDA)")
+    block = (128, 128)
+    gen = torch.Generator(device="cuda").manual_seed(11)
+    raw = torch.randint(0, 256, (O, I), generator=gen, device="cuda", dtype=torch.uint8)
+    raw[(raw & 0x7F) == 0x7F] ^= 1  # no NaN
+    weight = raw.view(FP8)
+    scale = torch.rand(-(-O // 128), I // 128, generator=gen, device="cuda") * 1e-3
+    saved = C.moe_launch_options()
+    ran = []
+    try:
+        C.moe_launch_options(linear_stream=True)
+        for rows in (1, 3, 8, 9, 16, 17, 40):
+            x = torch.randn(rows, I, generator=gen, device="cuda").to(torch.bfloat16)
+            if not C._gpu.linear_stream_takes(x, weight, *block):
+                continue  # in = 8192 at many rows: x does not fit beside the weights
+            got = {}
+            for pipe in (True, False):
+                C.moe_launch_options(linear_pipe=pipe)
+                odd = torch.empty(rows * O + 1, device="cuda", dtype=torch.bfloat16)[1:]
+                got[pipe] = (C.gpu_linear_fp8(x, weight, scale, block),
+                             C.gpu_linear_fp8(x, weight, scale, block, out=odd.view(rows, O)))
+            assert torch.equal(got[True][0], got[False][0]), rows
+            assert torch.equal(got[True][1], got[False][1]), rows
+            assert torch.equal(got[True][0], got[True][1]), rows
+            assert torch.isfinite(got[True][0].float()).all()
+            ran.append(rows)
+    finally:
+        C.moe_launch_options(**saved)
+    assert 1 in ran and 3 in ran
+
+
 @_gpu
 def test_gpu_linear_bf16_skinny():
     weight = torch.randn(1024, 2048, device="cuda", dtype=torch.bfloat16) / 45

@@ -107,6 +107,11 @@ int64_t strata_gpu_moe_workspace(int64_t n, int64_t k, int64_t inter);
 // 1024..8192, o and bo multiples of 8, bi = 128; any number of rows), else the skinny kernel.
 // Not the same bits as the skinny kernel (the MMA sums in another order).
 #define STRATA_LINEAR_STREAM 128
+// STRATA_LINEAR_PIPE (off: measured slower at 1-4 rows, docs/KERNELS.md): that streamed kernel
+// in its piped form (strata_linear_stream.cu: k-range pieces on their own barriers, x copied by
+// the consumer threads, a software-pipelined block loop), else the unpiped first version (whole
+// tiles). The same bits either way.
+#define STRATA_LINEAR_PIPE 256
 int strata_gpu_moe_set_options(int flags);
 int strata_gpu_moe_experts(const void* x, int x_dtype, const void* w_gate_up, const void* w_down,
                            int w_dtype, const float* gu_scale, const float* down_scale,

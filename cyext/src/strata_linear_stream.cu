@@ -11,16 +11,14 @@
 // float32 accumulation), so the row count matters little up to 16.
 //
 // Layout: one CTA per SM. Items are tiles of 8 weight rows (the MMA's n), dealt round-robin
-// to the CTAs; a tile's 8 * in bytes land in one tile slot of shared memory, copied by the bulk
-// copy engine in pieces of at most 8 KiB (whole rows; a bulk copy costs mostly per copy below
-// that size) and counted on the slot's mbarrier. The producer warp's one thread issues every
-// copy. Consumer warps form groups; each group owns a ring of tile slots and every groups-th
-// tile of the CTA (so each slot is drained in order by one group: mbarrier phases are told
-// apart by parity only); the warps of a group split the tile's 128-k blocks and add their
-// partial sums through shared memory in a fixed order. x (m rows, padded by 16 bytes per row so
-// a warp's reads hit distinct banks) is copied into shared memory once per CTA after the first
-// fill of every ring is in flight: the launch is a programmatic dependent one, so those weight
-// copies may start while the kernel before it (which writes x) finishes.
+// to the CTAs; a tile's 8 * in bytes land in one tile slot of shared memory (row-major), copied
+// by the bulk copy engine. The producer warp's one thread issues every copy. Consumer warps
+// form groups; each group owns a ring of tile slots and every groups-th tile of the CTA (so
+// each slot is drained in order by one group: mbarrier phases are told apart by parity only);
+// the warps of a group split the tile's 128-k blocks and add their partial sums through shared
+// memory in a fixed order. x (m rows, padded by 16 bytes per row so a warp's reads hit distinct
+// banks) is copied into shared memory once per CTA; the launch is a programmatic dependent one,
+// so the first weight copies may start while the kernel before it (which writes x) finishes.
 // MMA operands: A = x (16 rows, rows >= m are zero), B = 8 weight rows, D = y (16 x 8). The
 // k order inside an MMA is permuted (thread t's four k slots take four consecutive k's) so a
 // thread reads 16 consecutive bytes of a weight row and 32 of an x row per 64 k's; A and B use
@@ -29,6 +27,34 @@
 // Determinism: each output element's sum depends only on its row of x and column of W, so a
 // row's result is the same bits whatever other rows share the launch (16-row chunks change
 // nothing).
+//
+// Two pipelines, the same bits (launch switch STRATA_LINEAR_PIPE in strata_kernels.h, off):
+// - unpiped (the first version): a tile is copied whole (pieces of at most 8 KiB, whole rows)
+//   on one mbarrier per slot, and x by the producer after the first fill of every ring. A warp
+//   starts only when its whole tile has landed, then runs its 128-k blocks one at a time (the
+//   loads of a block, then its MMAs in two chains of four, then its scale), about 180
+//   instructions per block. Measured on an H200 it ran at 34-44% of the copy ceiling at one
+//   row, its time growing with the 128-k blocks per warp (bound by latency per tile), and x
+//   waits in the copy engine's queue behind the whole first fill.
+// - piped: each tile is copied as k-range pieces, piece j holding bytes [j * kp, (j + 1) * kp)
+//   of each of its 8 rows (8 bulk copies of kp = max(1 KiB, in / 4) bytes: 8 * kp bytes per
+//   piece, 2 pieces at in = 2048, 4 at 4096 and 8192; a tile of in = 1024 stays whole), each
+//   piece on its own mbarrier, and the first fill is issued piece-major (piece 0 of every tile,
+//   then piece 1, ...): a warp starts on its tile after 1/pieces of the fill, and once the last
+//   bytes land one piece per warp is left. x is copied by the consumer threads themselves
+//   (16-byte loads through registers after griddepcontrol.wait, one arrival each on x's
+//   barrier), so it does not queue behind the weights. Each warp's block loop is
+//   software-pipelined: the block scales are read once per tile (one per lane, the next
+//   tile's while the partials are reduced, then shuffled); the next block's weight bytes are
+//   loaded before this block's MMAs, whose scale FMAs run one block later; the e4m3 decode
+//   takes nine instructions per four bytes instead of ten; A rows whose results are never
+//   stored (rows >= m, and rows 8-15 for m <= 8) are not zeroed but read row 0, and for
+//   m <= 8 x is stored with the middle words of each 16 bytes swapped so half the A quads are
+//   the loaded registers: about 140 instructions per block for m <= 8, 165 above.
+//   The arithmetic is the same: per block, each 64-k chunk's chain of four MMAs from zero on
+//   the same operands, the two chunks added, acc = fma(scale, sum, acc) over the blocks in
+//   increasing order, and the split-k partials added in the same order (the plan, and so the
+//   split, is the same for both).
 
 #include "strata_bulk.cuh"
 #include "strata_moe_common.cuh"
@@ -44,6 +70,11 @@ constexpr int LS_MAX_WARPS = 16;                     // consumer warps at most
 constexpr int LS_THREADS = 32 * (LS_MAX_WARPS + 1);  // + the producer warp
 constexpr int LS_COPY = 8192;                        // bytes per bulk copy at most
 constexpr int LS_MAX_SLOTS = 64;                     // tile slots (mbarrier pairs)
+// the piped kernel's k-range pieces: bytes of each of a tile's 8 rows per piece (one bulk copy
+// per row) at least, and pieces per tile at most; its full barriers (slots * pieces) fit in the
+// LS_MAX_SLOTS of the header
+constexpr int LS_PIECE_MIN = 1024;
+constexpr int LS_MAX_PIECES = 4;
 constexpr int LS_ROWS = 16;                          // x rows per launch (the MMA's m)
 constexpr int LS_TILE = 8;                           // weight rows per item (the MMA's n)
 constexpr int LS_MAX_GROUPS = 15;  // named barriers 1..15, one per group of split-k warps
@@ -66,6 +97,8 @@ struct LinStreamParams {
   int depth;           // tile slots per group
   int x_stride;        // bytes per x row in shared memory
   int ring_off;        // the tile slots in shared memory
+  int pieces;          // the piped kernel: k-range pieces per tile (1: the tile whole), each
+  int piece_bytes;     // piece_bytes = in / pieces of each row, on its own full barrier
 };
 
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
@@ -99,8 +132,140 @@ __device__ __forceinline__ void mma_bf16(float (&d)[4], uint32_t a0, uint32_t a1
       : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
       : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
 }
+
+// The piped kernel's e4m3 -> bf16: the same values as fp8x4_to_bf16x4 (the same bf16x2 words
+// into the same multiply), in nine instructions instead of ten: the high byte of each bf16
+// (sign, then the top three of the seven bits) and its low byte (the low four bits, shifted
+// up) are made for the four bytes at once, then paired by two byte shuffles.
+__device__ __forceinline__ void fp8x4_to_bf16x4_pipe(uint32_t w, uint32_t& lo, uint32_t& hi) {
+  const uint32_t hb = ((w >> 4) & 0x07070707u) | (w & 0x80808080u);  // per byte: s 0000 eee
+  const uint32_t lb = (w & 0x0f0f0f0fu) << 4;                         // per byte: emmm 0000
+  const uint32_t ma = __byte_perm(lb, hb, 0x5140u);  // hb1 lb1 hb0 lb0
+  const uint32_t mb = __byte_perm(lb, hb, 0x7362u);  // hb3 lb3 hb2 lb2
+  const uint32_t two120 = 0x7b807b80u, neg0 = 0x80008000u;
+  asm("fma.rn.bf16x2 %0, %1, %2, %3;" : "=r"(lo) : "r"(ma), "r"(two120), "r"(neg0));
+  asm("fma.rn.bf16x2 %0, %1, %2, %3;" : "=r"(hi) : "r"(mb), "r"(two120), "r"(neg0));
+}
+
+// The piped kernel's operands of NQ consecutive 64-k chunks from chunk 2 * kb on: per chunk
+// the thread's 16 weight bytes, and its 32 x bytes of rows g and g + 8 (rows g + 8 only without
+// M8, m <= 8). No zeros for rows >= m: their lanes read row 0 (the same addresses as row 0's
+// lanes: one read), and the results of those rows are never stored (each output element
+// depends only on its own row of A), which saves the clears and moves zeros cost.
+template <int NQ>
+__device__ __forceinline__ void ls_load_w(uint4 (&wv)[NQ], const uint8_t* wrow, int kb) {
+#pragma unroll
+  for (int q = 0; q < NQ; ++q) wv[q] = *(const uint4*)(wrow + (2 * kb + q) * 64);
+}
+template <int NQ, bool M8>
+__device__ __forceinline__ void ls_load_x(uint4 (&xv)[NQ][2][2], const uint8_t* xa,
+                                          const uint8_t* xb, int kb) {
+#pragma unroll
+  for (int q = 0; q < NQ; ++q) {
+    const int k0 = (2 * kb + q) * 64;
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      xv[q][0][h] = *(const uint4*)(xa + 2 * k0 + 16 * h);
+      xv[q][1][h] = M8 ? xv[q][0][h] : *(const uint4*)(xb + 2 * k0 + 16 * h);
+    }
+  }
+}
+
+// part[q] = the chain of four MMAs of chunk q from zero, with the same operands in the same
+// k order as the unpiped kernel; the chains are issued step by step across the chunks
+// (independent: they overlap). With M8, x is in shared memory with the middle two words of each
+// 16 bytes swapped (ua[0], ua[2], ua[1], ua[3] of the unpiped kernel's names), so the A quad of
+// MMA 0 (and 2) is the loaded register quad itself (rows 8-15, never stored, take what is
+// there).
+template <int NQ, bool M8>
+__device__ __forceinline__ void ls_mma(float (&part)[NQ][4], const uint4 (&wv)[NQ],
+                                       const uint4 (&xv)[NQ][2][2]) {
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+#pragma unroll
+    for (int q = 0; q < NQ; ++q) {
+      const uint32_t wj[4] = {wv[q].x, wv[q].y, wv[q].z, wv[q].w};
+      const uint4 a = xv[q][0][j >> 1], b = xv[q][1][j >> 1];
+      uint32_t a0, a1, a2, a3;  // ua[2j], ub[2j], ua[2j + 1], ub[2j + 1]
+      if (M8) {
+        a0 = j & 1 ? a.y : a.x;
+        a2 = j & 1 ? a.w : a.z;
+        a1 = a.y;  // rows 8-15: any value
+        a3 = a.w;
+      } else {
+        a0 = j & 1 ? a.z : a.x;
+        a2 = j & 1 ? a.w : a.y;
+        a1 = j & 1 ? b.z : b.x;
+        a3 = j & 1 ? b.w : b.y;
+      }
+      uint32_t b0, b1;
+      fp8x4_to_bf16x4_pipe(wj[j], b0, b1);
+      mma_bf16(part[q], a0, a1, a2, a3, b0, b1);
+    }
+  }
+}
+
+// The piped kernel's 128-k blocks kb0 .. kb1 - 1 of one tile into acc. fb: the slot's piece
+// barriers (kpb blocks per piece), waited on (parity par) as the loop reaches them; s_lo / s_hi:
+// lane l holds the scale of block kb0 + l / kb0 + 32 + l. Software-pipelined by one block:
+// the weight bytes of block kb + 1 are loaded (where its piece has landed) before the MMAs of
+// block kb are issued, and the scale FMAs of block kb - 1 (whose MMAs have finished meanwhile)
+// follow them; a block's x is loaded as its step starts, and its weights' decode covers that.
+template <bool M8>
+__device__ __forceinline__ void ls_blocks(float (&acc)[4], const uint8_t* wrow,
+                                          const uint8_t* xa, const uint8_t* xb, uint64_t* fb,
+                                          uint32_t par, int kb0, int kb1, int kpb, float s_lo,
+                                          float s_hi) {
+  uint4 wa[2], wb[2], xv[2][2][2];  // weights of even / odd steps, x
+  float pa[2][4], pb[2][4];         // the chunks' chains of even / odd steps
+  int pc = kb0 / kpb, ready = pc * kpb;  // the next piece; the blocks below: landed
+  auto need = [&](int kb) {              // blocks come in order: this is piece pc
+    if (kb >= ready) {
+      mbar_wait(fb + pc, par);
+      ++pc;
+      ready += kpb;
+    }
+  };
+  bool ahead = false;  // the next block's weights are loaded
+  // one step: block kb's MMAs from w, the next block's weights into w_next where landed
+  auto step = [&](float (&pp)[2][4], uint4 (&w)[2], uint4 (&w_next)[2], int kb) {
+    if (!ahead) {
+      need(kb);
+      ls_load_w<2>(w, wrow, kb);
+    }
+    ls_load_x<2, M8>(xv, xa, xb, kb);
+    ahead = kb + 1 < kb1 && kb + 1 < ready;
+    if (ahead) ls_load_w<2>(w_next, wrow, kb + 1);
+#pragma unroll
+    for (int c = 0; c < 2; ++c) pp[c][0] = pp[c][1] = pp[c][2] = pp[c][3] = 0.f;
+    ls_mma<2, M8>(pp, w, xv);
+  };
+  auto finish = [&](const float (&pp)[2][4], int kb) {
+    const int j = kb - kb0;
+    const float sc = __shfl_sync(0xffffffffu, j < 32 ? s_lo : s_hi, j & 31);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) acc[i] = fmaf(sc, pp[0][i] + pp[1][i], acc[i]);
+  };
+  step(pa, wa, wb, kb0);
+  for (int kb = kb0 + 1;; kb += 2) {
+    if (kb >= kb1) {
+      finish(pa, kb - 1);
+      break;
+    }
+    step(pb, wb, wa, kb);
+    finish(pa, kb - 1);
+    if (kb + 1 >= kb1) {
+      finish(pb, kb);
+      break;
+    }
+    step(pa, wa, wb, kb + 1);
+    finish(pb, kb);
+  }
+}
 #endif  // __CUDA_ARCH__ >= 900
 
+// PIPE: the piped kernel (else the unpiped one, as first measured); M8: m <= 8 (piped only).
+template <bool PIPE, bool M8>
 __global__ void __launch_bounds__(LS_THREADS, 1) linear_fp8_stream(LinStreamParams p) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   extern __shared__ __align__(128) uint8_t smem[];
@@ -111,21 +276,56 @@ __global__ void __launch_bounds__(LS_THREADS, 1) linear_fp8_stream(LinStreamPara
   uint8_t* ring = smem + p.ring_off;
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
   const int C = p.groups, D = p.depth, KS = p.ksplit;
+  const int P = PIPE ? p.pieces : 1;  // full barriers per slot: slot s's piece j is s * P + j
   const int n_local =
       p.tiles > (int)blockIdx.x ? (p.tiles - 1 - (int)blockIdx.x) / (int)gridDim.x + 1 : 0;
   if (tid == 0) {
     for (int s = 0; s < C * D; ++s) {
-      mbar_init(full + s, 1);
+      for (int j = 0; j < P; ++j) mbar_init(full + s * P + j, 1);
       mbar_init(empty + s, 1);
     }
-    mbar_init(xbar, 1);
+    // piped: every consumer thread arrives on it once its share of x is stored
+    mbar_init(xbar, PIPE ? 32 * LS_MAX_WARPS : 1);
     mbar_init_fence();
   }
   __syncthreads();
   pdl_launch_dependents();
 
   if (warp == LS_MAX_WARPS) {  // the producer: one thread issues every copy
-    if (lane == 0) {
+    if (lane == 0 && PIPE) {
+      const uint64_t pol = l2_evict_first();
+      const int kp = p.piece_bytes;
+      // piece j of the CTA's tile li: 8 copies of kp bytes (one per row), or the tile whole
+      auto issue = [&](int li, int j) {
+        const int k = li / C, slot = (li % C) * D + k % D;
+        const uint8_t* src = p.w + (int64_t)((int)blockIdx.x + li * (int)gridDim.x) * p.tile_bytes;
+        uint8_t* dst = ring + (int64_t)slot * p.tile_bytes;
+        uint64_t* bar = full + slot * P + j;
+        if (P == 1) {
+          mbar_expect_tx(bar, (uint32_t)p.tile_bytes);
+          for (int off = 0; off < p.tile_bytes; off += p.copy_bytes)
+            bulk::load(dst + off, src + off, (uint32_t)p.copy_bytes, bar, pol);
+          return;
+        }
+        mbar_expect_tx(bar, (uint32_t)(LS_TILE * kp));
+        for (int r = 0; r < LS_TILE; ++r) {
+          const int off = r * p.in + j * kp;
+          bulk::load(dst + off, src + off, (uint32_t)kp, bar, pol);
+        }
+      };
+      // The first fill of every ring (the first D tiles of each group) at once, piece-major:
+      // every warp's first piece lands after 1/P of the fill. x is the consumers' (after the
+      // kernel before this one, which wrote it, has finished). Then each later tile, all its
+      // pieces, as its slot is released.
+      const int first = n_local < C * D ? n_local : C * D;
+      for (int j = 0; j < P; ++j)
+        for (int li = 0; li < first; ++li) issue(li, j);
+      for (int li = first; li < n_local; ++li) {
+        const int k = li / C, slot = (li % C) * D + k % D;
+        mbar_wait(empty + slot, (k / D - 1) & 1);
+        for (int j = 0; j < P; ++j) issue(li, j);
+      }
+    } else if (lane == 0) {
       const uint64_t pol = l2_evict_first();
       auto issue = [&](int li, bool wait_empty) {
         const int k = li / C, slot = (li % C) * D + k % D;
@@ -151,6 +351,29 @@ __global__ void __launch_bounds__(LS_THREADS, 1) linear_fp8_stream(LinStreamPara
     }
     return;
   }
+  if (PIPE) {  // x by the consumer threads, once the kernel before this one has finished
+    // (through registers: for m <= 8 the middle two words of each 16 bytes are swapped, see
+    // ls_mma), eight 16-byte loads in flight per thread; then one arrival each
+    pdl_wait_primary();
+    const int chunks = p.in / 8, total = p.m * chunks;  // 16-byte pieces of x
+    for (int i0 = tid; i0 < total; i0 += 8 * 32 * LS_MAX_WARPS) {
+      uint4 v[8];
+#pragma unroll
+      for (int u = 0; u < 8; ++u) {
+        const int i = i0 + u * 32 * LS_MAX_WARPS;
+        if (i < total) v[u] = *(const uint4*)(p.x + (int64_t)i * 16);
+      }
+#pragma unroll
+      for (int u = 0; u < 8; ++u) {
+        const int i = i0 + u * 32 * LS_MAX_WARPS;
+        if (i >= total) break;
+        const int n = i / chunks, c = i - n * chunks;
+        *(uint4*)(x_s + (int64_t)n * p.x_stride + 16 * c) =
+            M8 ? make_uint4(v[u].x, v[u].z, v[u].y, v[u].w) : v[u];
+      }
+    }
+    mbar_arrive(xbar);
+  }
   const int grp = warp / KS, ks = warp % KS;
   if (grp >= C || n_local <= grp) return;
 
@@ -161,50 +384,74 @@ __global__ void __launch_bounds__(LS_THREADS, 1) linear_fp8_stream(LinStreamPara
   const int row_off = g * p.in + 16 * t;
   const int kb0 = ks * p.ncb / KS, kb1 = (ks + 1) * p.ncb / KS;  // this warp's 128-k blocks
   float4* red = (float4*)(smem + LS_OFF_RED);
+  // piped: this warp's block scales of its li-th tile, lane l holding blocks kb0 + l and
+  // kb0 + 32 + l (ncb <= 64)
+  auto scales = [&](int li, float& lo, float& hi) {
+    lo = hi = 0.f;
+    if (li >= n_local) return;
+    const int o0 = ((int)blockIdx.x + li * (int)gridDim.x) * LS_TILE;
+    const float* s = p.scale + (int64_t)(o0 / p.bo) * p.ncb + kb0;
+    if (lane < kb1 - kb0) lo = __ldg(s + lane);
+    if (lane + 32 < kb1 - kb0) hi = __ldg(s + lane + 32);
+  };
+  float s_lo = 0.f, s_hi = 0.f;
+  if (PIPE) scales(grp, s_lo, s_hi);
   mbar_wait(xbar, 0);
   for (int li = grp, k = 0; li < n_local; li += C, ++k) {
     const int tile = (int)blockIdx.x + li * (int)gridDim.x;
     const int o0 = tile * LS_TILE;
-    const float* srow = p.scale + (int64_t)(o0 / p.bo) * p.ncb;
     // this thread's weight row: row g of the tile in slot grp*D + k % D
     const int slot = grp * D + k % D;
-    float sc = __ldg(srow + kb0);
-    mbar_wait(full + slot, (k / D) & 1);
     const uint8_t* wrow = ring + (int64_t)slot * p.tile_bytes + row_off;
-    // Per 128-k block: two chains of four MMAs (one per 64-k chunk; the other warps of the SM
-    // hide their latency), summed, then scaled into acc.
     float acc[4] = {0.f, 0.f, 0.f, 0.f};
-    for (int kb = kb0; kb < kb1; ++kb) {
-      const float sc_next = kb + 1 < kb1 ? __ldg(srow + kb + 1) : 0.f;
-      float part_sum[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
-      uint4 wv[2], xv[2][2][2];  // [chunk][row a / b][low / high 16 bytes]
+    if constexpr (PIPE) {
+      // rows >= m read row 0 (see ls_load)
+      const uint8_t* xa0 = row_a ? xa : x_s + 32 * t;
+      const uint8_t* xb0 = row_b ? xb : x_s + 32 * t;
+      ls_blocks<M8>(acc, wrow, xa0, xb0, full + slot * P, (k / D) & 1, kb0, kb1, p.ncb / P,
+                    s_lo, s_hi);
+      scales(li + C, s_lo, s_hi);  // the next tile's (a refill: its copies have not landed)
+    } else {
+      const float* srow = p.scale + (int64_t)(o0 / p.bo) * p.ncb;
+      float sc = __ldg(srow + kb0);
+      mbar_wait(full + slot, (k / D) & 1);
+      // Per 128-k block: two chains of four MMAs (one per 64-k chunk; the other warps of the SM
+      // hide their latency), summed, then scaled into acc.
+      for (int kb = kb0; kb < kb1; ++kb) {
+        const float sc_next = kb + 1 < kb1 ? __ldg(srow + kb + 1) : 0.f;
+        float part_sum[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
+        uint4 wv[2], xv[2][2][2];  // [chunk][row a / b][low / high 16 bytes]
 #pragma unroll
-      for (int c = 0; c < 2; ++c) {
-        const int k0 = (2 * kb + c) * 64;
-        wv[c] = *(const uint4*)(wrow + k0);
+        for (int c = 0; c < 2; ++c) {
+          const int k0 = (2 * kb + c) * 64;
+          wv[c] = *(const uint4*)(wrow + k0);
 #pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          xv[c][0][h] = row_a ? *(const uint4*)(xa + 2 * k0 + 16 * h) : make_uint4(0, 0, 0, 0);
-          xv[c][1][h] = row_b ? *(const uint4*)(xb + 2 * k0 + 16 * h) : make_uint4(0, 0, 0, 0);
+          for (int h = 0; h < 2; ++h) {
+            xv[c][0][h] =
+                row_a ? *(const uint4*)(xa + 2 * k0 + 16 * h) : make_uint4(0, 0, 0, 0);
+            xv[c][1][h] =
+                row_b ? *(const uint4*)(xb + 2 * k0 + 16 * h) : make_uint4(0, 0, 0, 0);
+          }
         }
-      }
 #pragma unroll
-      for (int c = 0; c < 2; ++c) {
-        const uint32_t wj[4] = {wv[c].x, wv[c].y, wv[c].z, wv[c].w};
-        const uint32_t ua[8] = {xv[c][0][0].x, xv[c][0][0].y, xv[c][0][0].z, xv[c][0][0].w,
-                                xv[c][0][1].x, xv[c][0][1].y, xv[c][0][1].z, xv[c][0][1].w};
-        const uint32_t ub[8] = {xv[c][1][0].x, xv[c][1][0].y, xv[c][1][0].z, xv[c][1][0].w,
-                                xv[c][1][1].x, xv[c][1][1].y, xv[c][1][1].z, xv[c][1][1].w};
+        for (int c = 0; c < 2; ++c) {
+          const uint32_t wj[4] = {wv[c].x, wv[c].y, wv[c].z, wv[c].w};
+          const uint32_t ua[8] = {xv[c][0][0].x, xv[c][0][0].y, xv[c][0][0].z, xv[c][0][0].w,
+                                  xv[c][0][1].x, xv[c][0][1].y, xv[c][0][1].z, xv[c][0][1].w};
+          const uint32_t ub[8] = {xv[c][1][0].x, xv[c][1][0].y, xv[c][1][0].z, xv[c][1][0].w,
+                                  xv[c][1][1].x, xv[c][1][1].y, xv[c][1][1].z, xv[c][1][1].w};
 #pragma unroll
-        for (int j = 0; j < 4; ++j) {
-          uint32_t b0, b1;
-          fp8x4_to_bf16x4(wj[j], b0, b1);
-          mma_bf16(part_sum[c], ua[2 * j], ub[2 * j], ua[2 * j + 1], ub[2 * j + 1], b0, b1);
+          for (int j = 0; j < 4; ++j) {
+            uint32_t b0, b1;
+            fp8x4_to_bf16x4(wj[j], b0, b1);
+            mma_bf16(part_sum[c], ua[2 * j], ub[2 * j], ua[2 * j + 1], ub[2 * j + 1], b0, b1);
+          }
         }
-      }
 #pragma unroll
-      for (int i = 0; i < 4; ++i) acc[i] = fmaf(sc, part_sum[0][i] + part_sum[1][i], acc[i]);
-      sc = sc_next;
+        for (int i = 0; i < 4; ++i)
+          acc[i] = fmaf(sc, part_sum[0][i] + part_sum[1][i], acc[i]);
+        sc = sc_next;
+      }
     }
     // The group's warps: partial sums through shared memory, added in k order by warp 0 of
     // the group (a fixed order); after the group's barrier no warp reads the tile's stages.
@@ -261,7 +508,20 @@ bool plan_linear_stream(LinStreamParams& p, const DeviceFacts& dev) {
   p.groups = groups;
   p.ksplit = ksplit;
   p.depth = depth;
+  p.pieces = 1;
+  p.piece_bytes = p.in;
   return true;
+}
+
+// The piped kernel's k-range pieces (after plan_linear_stream; the plan is the same for both
+// kernels, so are the bits): bytes of each row per piece max(LS_PIECE_MIN, in / LS_MAX_PIECES),
+// fewer pieces where the slots' full barriers would not fit the header.
+void plan_pieces(LinStreamParams& p) {
+  int pieces = p.in / LS_PIECE_MIN;
+  pieces = pieces > LS_MAX_PIECES ? LS_MAX_PIECES : pieces < 1 ? 1 : pieces;
+  while (pieces > 1 && p.groups * p.depth * pieces > LS_MAX_SLOTS) pieces /= 2;
+  p.pieces = pieces;
+  p.piece_bytes = p.in / pieces;
 }
 
 }  // namespace
@@ -282,8 +542,11 @@ int launch_linear_stream(const void* x, const void* w, const float* scale, void*
                          int64_t in, int64_t o, int64_t bo, int64_t bi, int device, bool pdl,
                          cudaStream_t st) {
   const DeviceFacts dev = device_facts(device);
-  static int allowed = 0;
-  const char* name = "linear_fp8: linear_fp8_stream";
+  // the launch switch (strata_gpu_moe_set_options): the piped kernel, else the unpiped one
+  const bool pipe = (strata_gpu_moe_set_options(-1) & STRATA_LINEAR_PIPE) != 0;
+  static int allowed[3] = {0, 0, 0};  // per kernel: unpiped, piped m <= 8, piped
+  const char* name =
+      pipe ? "linear_fp8: linear_fp8_stream (piped)" : "linear_fp8: linear_fp8_stream";
   for (int64_t r0 = 0; r0 < m; r0 += LS_ROWS) {
     LinStreamParams p = {};
     p.m = (int)(m - r0 < LS_ROWS ? m - r0 : LS_ROWS);
@@ -299,8 +562,13 @@ int launch_linear_stream(const void* x, const void* w, const float* scale, void*
     p.w = (const uint8_t*)w;
     p.scale = scale;
     p.out = (uint8_t*)out + r0 * o * 2;
+    if (pipe) plan_pieces(p);
+    const int which = !pipe ? 0 : p.m <= 8 ? 1 : 2;
+    void (*kernel)(LinStreamParams) = which == 0   ? linear_fp8_stream<false, false>
+                                      : which == 1 ? linear_fp8_stream<true, true>
+                                                   : linear_fp8_stream<true, false>;
     const int smem = p.ring_off + p.groups * p.depth * p.tile_bytes;
-    if (int rc = allow_smem(linear_fp8_stream, smem, allowed, name)) return rc;
+    if (int rc = allow_smem(kernel, smem, allowed[which], name)) return rc;
     cudaLaunchConfig_t cfg = {};
     const int grid = p.tiles < dev.sms ? p.tiles : dev.sms;
     cfg.gridDim = dim3((unsigned)grid);
@@ -312,7 +580,7 @@ int launch_linear_stream(const void* x, const void* w, const float* scale, void*
     attr[0].val.programmaticStreamSerializationAllowed = pdl ? 1 : 0;
     cfg.attrs = attr;
     cfg.numAttrs = 1;
-    cudaLaunchKernelEx(&cfg, linear_fp8_stream, p);
+    cudaLaunchKernelEx(&cfg, kernel, p);
     if (int rc = take_launch_error(name)) return rc;
   }
   return 0;

@@ -458,7 +458,7 @@ def moe_kernel_supported(x, w_gate_up, k: int, block=None) -> bool:
 
 
 def moe_launch_options(pdl=None, early=None, wide=None, db=None, xsmem=None, stream=None,
-                       stream_all=None, linear_stream=None) -> dict:
+                       stream_all=None, linear_stream=None, linear_pipe=None) -> dict:
     """Read or set moe_experts' launch switches on the GPU extension (process-wide; every
     setting gives the same bits): `stream` (on by default), the streamed kernels on sm_90+
     without the expert cache where they measured faster (weights through shared memory by the
@@ -469,17 +469,21 @@ def moe_launch_options(pdl=None, early=None, wide=None, db=None, xsmem=None, str
     gate/up warp where weight rows are short (FP8); `db` (on), double-buffered weight loads in
     the down kernel; `xsmem` (on), the window's x rows staged in shared memory by each gate/up
     block. Also `linear_stream` (on): linear_fp8 on the streamed tensor-core kernel where it
-    takes the shapes (cyext/src/strata_linear_stream.cu; other bits than the skinny kernel).
+    takes the shapes (cyext/src/strata_linear_stream.cu; other bits than the skinny kernel),
+    and `linear_pipe` (off: measured slower at 1-4 rows): that kernel in its piped form
+    (k-range weight pieces on their own barriers, x copied by the consumer warps, a
+    software-pipelined block loop) rather than the unpiped first version; the same bits.
     None leaves a switch as it is. Returns the switches now in force."""
     flags = _gpu.moe_set_options(-1)
     for bit, on in ((1, pdl), (2, early), (4, wide), (8, db), (16, xsmem), (32, stream),
-                    (64, stream_all), (128, linear_stream)):
+                    (64, stream_all), (128, linear_stream), (256, linear_pipe)):
         if on is not None:
             flags = (flags | bit) if on else (flags & ~bit)
     _gpu.moe_set_options(flags)
     return {"pdl": bool(flags & 1), "early": bool(flags & 2), "wide": bool(flags & 4),
             "db": bool(flags & 8), "xsmem": bool(flags & 16), "stream": bool(flags & 32),
-            "stream_all": bool(flags & 64), "linear_stream": bool(flags & 128)}
+            "stream_all": bool(flags & 64), "linear_stream": bool(flags & 128),
+            "linear_pipe": bool(flags & 256)}
 
 
 def conv_launch_options(serial=None) -> dict:
