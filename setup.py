@@ -35,7 +35,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 SRC = "cyext/src"
 #: GPU translation units, compiled separately (in parallel) and linked into strata_cuda.
 GPU_SOURCES = ("strata_kernels.cu", "strata_moe.cu", "strata_moe_stream.cu",
-               "strata_linear_stream.cu")
+               "strata_linear_stream.cu", "strata_router.cu")
 DEFAULT_GENCODE = ("-gencode=arch=compute_90,code=sm_90 "
                    "-gencode=arch=compute_80,code=compute_80")
 

@@ -69,6 +69,10 @@ cdef extern from "strata_kernels.h" nogil:
     int strata_gpu_linear_skinny(const void* x, int x_dtype, int64_t m, int64_t fin,
                                  const void* w, int w_dtype, const float* scale, int64_t bo,
                                  int64_t bi, int64_t o, void* out, int device, uintptr_t stream)
+    int strata_gpu_moe_route(const void* x, int64_t m, int64_t H, const void* w, int64_t R,
+                             int64_t E, const float* bias, int64_t k, int norm,
+                             int64_t shared_id, float* logits, float* weights, int64_t* ids,
+                             int* ticket, int device, uintptr_t stream)
 
 
 def gpu_platform():
@@ -405,4 +409,60 @@ def linear_skinny(x, weight, scale_inv, int64_t bo, int64_t bi, out, uintptr_t s
     cdef int rc
     with nogil:
         rc = strata_gpu_linear_skinny(xp, xdt, m, fin, wp, wdt, sp, bo, bi, o, outp, dev, stream)
+    _raise(op, rc)
+
+
+def moe_route(x, w_router, int64_t num_experts, int64_t top_k, bint norm, bias,
+              int64_t shared_id, logits, weights, ids, ticket, uintptr_t stream):
+    """The MoE router in one launch (strata_router.cu): weights (M, C) float32 and ids (M, C)
+    int64 = the top_k experts of softmax(bf16(x . w_router[:E]^T) + bias) (ties to the lower id,
+    renormalised when norm), C = top_k, or top_k + 1 with the shared expert (w_router row E its
+    gate; weight sigmoid, id shared_id) when shared_id >= 0. x (M, H) bf16, M <= 32; logits: float32
+    scratch of at least M * (E + 1) elements; ticket: int32 (1,), zero (left zero)."""
+    op = "moe_route"
+    _check_tensor(op, "x", x, 2)
+    _check_tensor(op, "w_router", w_router, 2)
+    for name, t in (("x", x), ("w_router", w_router)):
+        _dtype_code(op, name, t, (DTYPE_BF16,))
+        _check_contiguous(op, name, t)
+    cdef int64_t m = x.shape[0]
+    cdef int64_t hidden = x.shape[1]
+    cdef int64_t cols = top_k + (1 if shared_id >= 0 else 0)
+    if w_router.shape[1] != hidden:
+        raise ValueError(f"{op}: w_router has {w_router.shape[1]} columns, x has {hidden}")
+    if w_router.shape[0] < num_experts + (1 if shared_id >= 0 else 0):
+        raise ValueError(f"{op}: w_router has {w_router.shape[0]} rows, needs {num_experts} "
+                         f"experts" + (" and the shared gate" if shared_id >= 0 else ""))
+    for name, t, dt in (("weights", weights, _torch.float32), ("ids", ids, _torch.int64)):
+        _check_tensor(op, name, t, 2)
+        if t.dtype != dt:
+            raise TypeError(f"{op}: {name} has dtype {t.dtype}; expected {dt}")
+        _check_shape(op, name, t, (m, cols))
+        _check_contiguous(op, name, t)
+    if logits.dtype != _torch.float32 or logits.numel() < m * (num_experts + 1):
+        raise ValueError(f"{op}: logits must be float32 with at least {m * (num_experts + 1)} "
+                         f"elements")
+    if ticket.dtype != _torch.int32 or ticket.numel() != 1:
+        raise ValueError(f"{op}: ticket must be one int32")
+    named = [("x", x), ("w_router", w_router), ("logits", logits), ("weights", weights),
+             ("ids", ids), ("ticket", ticket)]
+    cdef float* bp = NULL
+    if bias is not None:
+        if bias.dtype != _torch.float32 or bias.dim() != 1 or bias.shape[0] != num_experts:
+            raise ValueError(f"{op}: bias must be float32 of shape ({num_experts},)")
+        _check_contiguous(op, "bias", bias)
+        named.append(("bias", bias))
+        bp = <float*>_ptr(bias)
+    cdef int dev = _device_of(op, named)
+    cdef void* xp = _ptr(x)
+    cdef void* wp = _ptr(w_router)
+    cdef float* lp = <float*>_ptr(logits)
+    cdef float* owp = <float*>_ptr(weights)
+    cdef int64_t* oip = <int64_t*>_ptr(ids)
+    cdef int* tp = <int*>_ptr(ticket)
+    cdef int64_t rows = w_router.shape[0]
+    cdef int rc
+    with nogil:
+        rc = strata_gpu_moe_route(xp, m, hidden, wp, rows, num_experts, bp, top_k, norm,
+                                  shared_id, lp, owp, oip, tp, dev, stream)
     _raise(op, rc)

@@ -21,6 +21,7 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
+from strata.kernels import ops
 from strata.model.config import CheckpointError, load_model_args
 from strata.model.dummy import param_seed
 from strata.model.fp8 import FP8_DTYPE
@@ -76,7 +77,7 @@ def test_dummy_weights_have_the_documented_scales(tmp_path):
 
 
 @torch.no_grad()
-def test_dummy_activations_stay_sane_through_depth_and_route_widely(tmp_path):
+def test_dummy_activations_stay_sane_through_depth_and_route_widely(tmp_path, monkeypatch):
     d = _config_dir(tmp_path / "cfg", num_hidden_layers=16, num_experts=32, num_experts_per_tok=4)
     lm = load_checkpoint(d, load_format="dummy", **QUIET)
     toks = torch.randint(0, lm.args.vocab_size, (1, 24), generator=torch.Generator().manual_seed(0))
@@ -85,6 +86,14 @@ def test_dummy_activations_stay_sane_through_depth_and_route_widely(tmp_path):
         layer._ffn = lambda x, f=layer._ffn: rms.append(f(x)) or rms[-1]
         route = layer.mlp._route
         layer.mlp._route = lambda logits, r=route: (lambda w, i: routed.update(i.flatten().tolist()) or (w, i))(*r(logits))
+    real_route = ops.moe_route  # the router op (its last column: the shared expert)
+
+    def moe_route(*a, **kw):
+        w, i = real_route(*a, **kw)
+        routed.update(i[:, :a[3]].flatten().tolist())
+        return w, i
+
+    monkeypatch.setattr(ops, "moe_route", moe_route)
     logits = lm.model.logits(lm.model.forward_train(toks))
     assert len(rms) == 16
     for x in rms:

@@ -67,12 +67,13 @@ class Audit:
             Experts.forward, ExpertCache.begin_window, ExpertCache.end_window,
             ExpertCache.plan_swaps)
 
-        def forward(experts, x, weights, index, shared_weight=None):
+        def forward(experts, x, weights, index, shared_weight=None, shared_in_index=False):
             if experts.cache is not None and audit.in_window:
-                ids = index.reshape(-1).tolist()
+                routed = index[:, :-1] if shared_in_index else index  # not the shared expert
+                ids = routed.reshape(-1).tolist()
                 audit.seen.setdefault(id(experts.cache), set()).update(ids)
                 np.add.at(audit.window_routed[audit.layer_of[id(experts.cache)]], ids, 1)
-            return orig_forward(experts, x, weights, index, shared_weight)
+            return orig_forward(experts, x, weights, index, shared_weight, shared_in_index)
 
         def begin_window(cache):
             audit.seen, audit.in_window = {}, True

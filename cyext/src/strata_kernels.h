@@ -131,6 +131,19 @@ int strata_gpu_linear_skinny(const void* x, int x_dtype, int64_t m, int64_t in, 
                              int w_dtype, const float* scale, int64_t bo, int64_t bi, int64_t o,
                              void* out, int device, uintptr_t stream);
 
+// The MoE router at decode sizes (strata_router.cu; semantics: reference.moe_route): for m <= 32
+// rows of bf16 x (m, H), the bf16 router weight W (R, H) whose rows 0..E-1 are the experts' gate
+// and, when shared_id >= 0, row E the shared expert's gate: the top k of softmax(bf16(x W^T) +
+// bias) over the E experts (ties to the lower id), renormalised when norm, into weights (m, cols)
+// float32 and ids (m, cols) int64, cols = k, or k + 1 with column k the shared expert (weight
+// sigmoid(its logit), id shared_id). logits: float32 scratch of m * (E + 1) elements. ticket: one
+// int32, zero between launches (the kernel leaves it zero); launches sharing it must not run
+// concurrently. H a multiple of 8 up to 4096, 1 <= k <= 32, k <= E <= 1024.
+int strata_gpu_moe_route(const void* x, int64_t m, int64_t H, const void* w, int64_t R,
+                         int64_t E, const float* bias, int64_t k, int norm, int64_t shared_id,
+                         float* logits, float* weights, int64_t* ids, int32_t* ticket,
+                         int device, uintptr_t stream);
+
 #ifdef __cplusplus
 }
 #endif

@@ -619,6 +619,53 @@ def gpu_linear_bf16_skinny(x, weight, *, out=None):
     return y.view(*lead, weight.shape[0])
 
 
+#: One int32 ticket per router weight (a MoE layer), zero between launches: the router kernel's
+#: last CTA finds itself by it (cyext/src/strata_router.cu).
+_ROUTE_TICKETS: dict[tuple[int, int], torch.Tensor] = {}
+#: Rows the router kernel takes per launch; more rows (prompt chunks) run the reference.
+ROUTE_MAX_ROWS = 32
+
+
+def route_kernel_supported(x, w_router, num_experts: int, top_k: int) -> bool:
+    """True when gpu_moe_route runs on the router kernel: bf16 x (1..32 rows) and w_router, H a
+    multiple of 8 up to 4096, 1 <= top_k <= 32, top_k <= num_experts <= 1024."""
+    h = x.shape[-1]
+    return (x.dtype == torch.bfloat16 and w_router.dtype == torch.bfloat16 and h % 8 == 0
+            and 8 <= h <= 4096 and 1 <= x.numel() // h <= ROUTE_MAX_ROWS
+            and 1 <= top_k <= min(32, num_experts) and num_experts <= 1024
+            and w_router.shape[-1] == h)
+
+
+def _route_ticket(w_router: torch.Tensor) -> torch.Tensor:
+    key = (w_router.device.index or 0, w_router.data_ptr())
+    t = _ROUTE_TICKETS.get(key)
+    if t is None:
+        t = _ROUTE_TICKETS[key] = torch.zeros(1, dtype=torch.int32, device=w_router.device)
+    return t
+
+
+def gpu_moe_route(x, w_router, num_experts, top_k, norm_topk, routing_bias=None, shared_id=-1):
+    """The MoE router (reference.moe_route) in one launch for decode windows (up to 32 rows):
+    the router matmul, softmax, top-k, renormalisation and the folded shared expert's column,
+    each row independent of the others. Other shapes (and prompt chunks) run the reference."""
+    if _compiling():
+        return torch.ops.strata.moe_route(x, w_router, int(num_experts), int(top_k),
+                                          bool(norm_topk), routing_bias, int(shared_id))
+    if not route_kernel_supported(x, w_router, int(num_experts), int(top_k)):
+        return reference.moe_route(x, w_router, num_experts, top_k, norm_topk, routing_bias,
+                                   shared_id)
+    x2 = _aligned(x.reshape(-1, x.shape[-1]).contiguous())
+    w = _aligned(w_router.contiguous())
+    m, cols = x2.shape[0], int(top_k) + (1 if shared_id >= 0 else 0)
+    weights = torch.empty(m, cols, dtype=torch.float32, device=x.device)
+    ids = torch.empty(m, cols, dtype=torch.int64, device=x.device)
+    logits = torch.empty(m * (int(num_experts) + 1), dtype=torch.float32, device=x.device)
+    bias = None if routing_bias is None else routing_bias.float().contiguous()
+    _gpu.moe_route(x2, w, int(num_experts), int(top_k), bool(norm_topk), bias, int(shared_id),
+                   logits, weights, ids, _route_ticket(w_router), _stream(x))
+    return weights, ids
+
+
 GPU_OPS = {
     "write_kv": gpu_write_kv,
     "grouped_window_attention": gpu_grouped_window_attention,
@@ -627,6 +674,7 @@ GPU_OPS = {
     "commit_accepted": gpu_commit_accepted,
     "moe_experts": gpu_moe_experts,
     "linear_fp8": gpu_linear_fp8,
+    "moe_route": gpu_moe_route,
 }
 
 
@@ -745,6 +793,20 @@ def _register_custom_ops() -> None:
           host_gate_up, host_down, host_gu_scale, host_down_scale, routed_counts, window_state,
           count_layer):
         return torch.empty_like(x, memory_format=torch.contiguous_format)
+
+    # The router kernel's ticket (a per-layer int32, cyext_ops._route_ticket) is left as found:
+    # no argument is mutated.
+    @torch.library.custom_op("strata::moe_route", mutates_args=())
+    def _moe_route(x: Tensor, w_router: Tensor, num_experts: int, top_k: int, norm_topk: bool,
+                   routing_bias: Tensor | None, shared_id: int) -> tuple[Tensor, Tensor]:
+        return _eager("moe_route", x.device)(x, w_router, num_experts, top_k, norm_topk,
+                                              routing_bias, shared_id)
+
+    @_moe_route.register_fake
+    def _(x, w_router, num_experts, top_k, norm_topk, routing_bias, shared_id):
+        cols = top_k + (1 if shared_id >= 0 else 0)
+        m = x.numel() // x.shape[-1]
+        return (x.new_empty(m, cols, dtype=torch.float32), x.new_empty(m, cols, dtype=torch.int64))
 
     @torch.library.custom_op("strata::linear_fp8", mutates_args=())
     def _linear_fp8(x: Tensor, weight: Tensor, scale_inv: Tensor, block: list[int]) -> Tensor:

@@ -11,8 +11,8 @@ taken at import), and `set_backend` rebinds them once at engine start:
     hip    the same module built with STRATA_BACKEND=hip (AMD GPU, ROCm build of torch)
 
 Ops a backend does not implement fall back to the torch reference (today: chunk_gated_delta,
-the prefill path, on every backend). `implementations()` tells which is in use for each op.
-All ops keep the reference signatures and return values.
+the prefill path, on every backend; moe_route on the CPU). `implementations()` tells which is
+in use for each op. All ops keep the reference signatures and return values.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from strata.kernels import cyext_ops, reference
 
 _BACKEND = "torch"
 OPS = ("write_kv", "grouped_window_attention", "causal_conv_window", "gated_delta_window",
-       "commit_accepted", "chunk_gated_delta", "moe_experts", "linear_fp8")
+       "commit_accepted", "chunk_gated_delta", "moe_experts", "linear_fp8", "moe_route")
 _IMPL: dict[str, str] = {name: "torch" for name in OPS}
 
 write_kv = reference.write_kv
@@ -34,6 +34,7 @@ commit_accepted = reference.commit_accepted
 chunk_gated_delta = reference.chunk_gated_delta
 moe_experts = reference.moe_experts
 linear_fp8 = reference.linear_fp8
+moe_route = reference.moe_route
 
 
 def _kernels_for(name: str, dev: torch.device) -> dict:

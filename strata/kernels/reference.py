@@ -294,3 +294,46 @@ def _cached_rows(slots: torch.Tensor, host: torch.Tensor, slot: torch.Tensor,
 
 
 FP8_DTYPE_REF = getattr(torch, "float8_e4m3fn", None)
+
+
+def topk_by_argmax(x: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Top-k of the last dim as k rounds of max (descending, ties to the lower index).
+
+    Routing picks a few of a few hundred experts per row. Each round masks the winner with a
+    pointwise `where` on a column iota, never a scatter: inductor can then keep the row in
+    registers and run the softmax and every round as one kernel, where a scatter (an indirect
+    store) ends its kernel, and k rounds became 2k launches per MoE layer on the GPU."""
+    vals, idxs = [], []
+    col = torch.arange(x.shape[-1], device=x.device)
+    for _ in range(k):
+        v, i = x.max(-1, keepdim=True)
+        vals.append(v)
+        idxs.append(i)
+        x = torch.where(col == i, float("-inf"), x)
+    return torch.cat(vals, -1), torch.cat(idxs, -1)
+
+
+def moe_route(x: torch.Tensor, w_router: torch.Tensor, num_experts: int, top_k: int,
+              norm_topk: bool, routing_bias: Optional[torch.Tensor] = None,
+              shared_id: int = -1) -> tuple[torch.Tensor, torch.Tensor]:
+    """The MoE router: the top_k experts of softmax(x @ w_router[:E]^T + routing_bias) over the
+    E = num_experts experts (logits in x's dtype, the softmax in float32; descending, ties to
+    the lower id), renormalised to sum 1 when norm_topk. With shared_id >= 0, w_router's row E
+    is the shared expert's gate and the result has one more column: id shared_id with weight
+    sigmoid(its logit) (the shared expert folded into the routed ones).
+
+    x (N, H); w_router (R, H), R >= E (+1), rows past those unused. Returns weights (N, C)
+    float32 and ids (N, C) int64, C = top_k (+1)."""
+    y = F.linear(x, w_router)
+    logits = y[:, :num_experts]
+    if routing_bias is not None:
+        logits = logits.float() + routing_bias
+    probs = torch.softmax(logits.float(), dim=-1)
+    weights, index = topk_by_argmax(probs, top_k)
+    if norm_topk:
+        weights = weights / weights.sum(-1, keepdim=True)
+    if shared_id >= 0:
+        shared = torch.sigmoid(y[:, num_experts:num_experts + 1].float())
+        index = torch.cat([index, torch.full_like(index[:, :1], shared_id)], dim=1)
+        weights = torch.cat([weights, shared], dim=1)
+    return weights, index

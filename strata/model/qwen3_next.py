@@ -21,6 +21,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from strata.kernels import ops
+from strata.kernels.reference import topk_by_argmax  # noqa: F401 - re-exported
 from strata.model.config import ModelArgs
 from strata.model.fp8 import FP8_DTYPE, fuse_projections, linear
 from strata.model.state import DecodeState
@@ -153,13 +154,17 @@ class Experts(nn.Module):
         return True
 
     def forward(self, x: torch.Tensor, weights: torch.Tensor, index: torch.Tensor,
-                shared_weight: Optional[torch.Tensor] = None) -> torch.Tensor:
+                shared_weight: Optional[torch.Tensor] = None,
+                shared_in_index: bool = False) -> torch.Tensor:
         """x (N, H); weights (N, k) float32, index (N, k); shared_weight (N, 1): the folded
-        shared expert's gate (only after fold_shared). Static shapes: no data-dependent
-        control flow."""
+        shared expert's gate (only after fold_shared); or shared_in_index, when the last
+        column of weights and index already is the folded shared expert (ops.moe_route).
+        Static shapes: no data-dependent control flow."""
+        routed_k = index.shape[1] - int(shared_in_index)
         if (self.cache is None and self.gu_scale is None
-                and index.shape[0] * index.shape[1] >= self.w_gate_up.shape[0]):
-            assert shared_weight is None, "the dense path runs the shared expert apart"
+                and index.shape[0] * routed_k >= self.w_gate_up.shape[0]):
+            assert shared_weight is None and not shared_in_index, \
+                "the dense path runs the shared expert apart"
             n_exp = self.w_gate_up.shape[0]
             # Dense over every expert with a routing matrix that is zero off the top-k: reads
             # each expert once and runs as plain matmuls, cheaper than grouping at this many rows.
@@ -179,7 +184,7 @@ class Experts(nn.Module):
             cache_args = (c.slot_of, c.host_gate_up, c.host_down, c.host_gu_scale,
                           c.host_down_scale)
             counting = c.counting_args()
-        elif shared_weight is not None:
+        elif shared_weight is not None or shared_in_index:
             wgu, wd, gus, ds = self.stacks
         else:
             wgu, wd, gus, ds = self.w_gate_up, self.w_down, self.gu_scale, self.down_scale
@@ -213,23 +218,6 @@ def _stack_views(experts: nn.Module, name: str, shared: list[nn.Module], attr: s
         setattr(m, attr, nn.Parameter(stack[n, row:row + rows], requires_grad=False))
         row += rows
     return stack
-
-
-def topk_by_argmax(x: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Top-k of the last dim as k rounds of max (descending, ties to the lower index).
-
-    Routing picks a few of a few hundred experts per row. Each round masks the winner with a
-    pointwise `where` on a column iota, never a scatter: inductor can then keep the row in
-    registers and run the softmax and every round as one kernel, where a scatter (an indirect
-    store) ends its kernel, and k rounds became 2k launches per MoE layer on the GPU."""
-    vals, idxs = [], []
-    col = torch.arange(x.shape[-1], device=x.device)
-    for _ in range(k):
-        v, i = x.max(-1, keepdim=True)
-        vals.append(v)
-        idxs.append(i)
-        x = torch.where(col == i, float("-inf"), x)
-    return torch.cat(vals, -1), torch.cat(idxs, -1)
 
 
 class SparseMoe(nn.Module):
@@ -266,14 +254,23 @@ class SparseMoe(nn.Module):
         n_exp = self.experts.w_gate_up.shape[0]
         if self.w_in is not None and (n_exp <= self.dense_experts or x.shape[0] * self.top_k >= n_exp):
             return self._forward_fused(x).reshape(shape)
-        if self.w_router is not None:
-            y = F.linear(x, self.w_router)  # padded rows past n_exp + 1 are zero: dropped
-            logits, sgate = y[:, :n_exp], y[:, n_exp:n_exp + 1]
-        else:
-            logits, sgate = self.gate(x), self.shared_expert_gate(x)
-        weights, index = self._route(logits)
         dense = (self.experts.gu_scale is None and self.experts.cache is None
                  and x.shape[0] * self.top_k >= n_exp)
+        if self.w_router is not None:
+            # One op for the router, the softmax and top-k and the shared expert's gate (its
+            # last column; one kernel on the GPU at decode sizes, reference.moe_route), on every
+            # path, so that a row's routing never depends on which expert path runs it.
+            shared_id = self.experts.shared_id
+            weights, index = ops.moe_route(x, self.w_router, n_exp, self.top_k, self.norm_topk,
+                                           self.routing_bias, n_exp if shared_id is None else shared_id)
+            if shared_id is not None and not dense:  # the folded shared expert is expert E
+                return self.experts(x, weights, index, shared_in_index=True).reshape(shape)
+            k = self.top_k
+            out = (self.experts(x, weights[:, :k], index[:, :k])
+                   + weights[:, k:].to(x.dtype) * self.shared_expert(x))
+            return out.reshape(shape)
+        logits, sgate = self.gate(x), self.shared_expert_gate(x)
+        weights, index = self._route(logits)
         if self.experts.shared_id is not None and not dense:
             out = self.experts(x, weights, index, shared_weight=torch.sigmoid(sgate.float()))
         else:

@@ -1,0 +1,359 @@
+// strata cyext: the MoE router at decode sizes as one kernel. For m <= 32 rows of bf16 x (m, H)
+// and the fused router weight W (R, H) bf16 (rows 0..E-1 the experts' gate, row E the shared
+// expert's gate when there is one): logits = bf16(x . W^T), plus the optional routing bias,
+// softmax over the E experts in float32, the top k (descending, ties to the lower id),
+// renormalised when asked, and the shared expert appended as column k with weight
+// sigmoid(shared logit) and id shared_id. Semantics: strata/kernels/reference.py moe_route.
+//
+// Why one kernel: at a decode window the router is 2 MB of weights (512 experts x 2048) and a few
+// hundred floats of work per row, yet the matmul, the softmax/top-k, the renormalisation, the
+// shared gate's sigmoid and the concatenation with the shared expert were five launches, about
+// 14 us per MoE layer on an H200, nearly all of it launch and latency.
+//
+// Layout: phase 1, every CTA: the CTA stages the m x rows in shared memory as float32; each
+// warp owns one weight row (lane l holds the row's 16-byte chunks l, l + 32, ..., all loads in
+// flight at once) and dots it with the x rows, four at a time, summing each chunk's 8 products
+// in order, the chunks in order, then a fixed butterfly over the lanes; the bf16-rounded logit
+// goes to a float32 scratch (m, R). Phase 2: the CTA that finishes last (a ticket counted with
+// atomics; it resets the ticket to zero, so the next launch finds it so) runs the softmax and
+// top-k, one warp per row: lane l owns experts l, l + 32, ... in shared memory, and k rounds of
+// a warp argmax (redux.sync on sm_80+) pick the experts. The loops stay rolled: a launch
+// fetches the kernel's code cold into the SM, and unrolled bodies measured microseconds
+// longer. At most 128 KiB of x per launch (16 rows at H = 2048; more rows take several
+// launches, the later ones plain rather than programmatic so that none overlap on the ticket).
+// No other kernel, no host sync: capturable.
+// Determinism: a row's logits, softmax and picks depend only on that row, so its result is the
+// same bits whatever other rows share the launch.
+// The ticket: one int32 per call site (the MoE layer), zero between launches; launches that
+// share a ticket must not run at the same time (one stream per layer, as the engine runs).
+
+#include "strata_moe_common.cuh"
+
+using namespace strata;
+using namespace strata::moe;
+
+namespace {
+
+constexpr int RT_WARPS = 8;       // weight rows per CTA in phase 1, rows at a time in phase 2
+constexpr int RT_MAX_ROWS = 32;   // x rows per launch
+constexpr int RT_MAX_EXPERTS = 1024;
+constexpr int RT_MAX_K = 32;
+constexpr int RT_SMEM_X = 128 * 1024;  // bytes of x staged per launch, at most
+constexpr int RT_GROUP = 4;            // x rows per pass over a warp's weight row
+
+struct RouteParams {
+  const uint16_t* x;   // (m, H) bf16
+  const uint16_t* w;   // (R, H) bf16
+  const float* bias;   // (E,) or null
+  float* logits;       // (m, R) scratch
+  float* weights;      // (m, k + has_shared)
+  int64_t* ids;        // (m, k + has_shared)
+  unsigned* ticket;
+  int m, H, E, R, k, norm, shared_id, cols;
+};
+
+__device__ __forceinline__ float bf16_round(float f) {
+  uint32_t u = __float_as_uint(f);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return __uint_as_float(u | 0x00400000u);  // NaN
+  u += 0x7fffu + ((u >> 16) & 1u);
+  return __uint_as_float(u & 0xffff0000u);
+}
+
+__device__ __forceinline__ float dot8(uint4 w, uint4 x, float acc) {
+  const uint32_t wu[4] = {w.x, w.y, w.z, w.w}, xu[4] = {x.x, x.y, x.z, x.w};
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    acc = fmaf(__uint_as_float(wu[i] << 16), __uint_as_float(xu[i] << 16), acc);
+    acc = fmaf(__uint_as_float(wu[i] & 0xffff0000u), __uint_as_float(xu[i] & 0xffff0000u), acc);
+  }
+  return acc;
+}
+
+// The larger of (v, i) and (ov, oi): the greater value, ties to the lower id; NaN never wins.
+__device__ __forceinline__ void arg_better(float& v, int& i, float ov, int oi) {
+  if (ov > v || (ov == v && oi < i)) {
+    v = ov;
+    i = oi;
+  }
+}
+
+// A float the other CTAs wrote in this launch (after their fence): from L2, never a stale L1.
+__device__ __forceinline__ float load_l2(const float* p) {
+#if STRATA_PLATFORM_HIP
+  return *(volatile const float*)p;
+#else
+  return __ldcg(p);
+#endif
+}
+
+// Rows in groups of RT_GROUP: each group's MR chains run together, the groups one after
+// another in a rolled loop (the code stays small: a kernel's code is fetched cold into the SM
+// each time, and a long unrolled body cost microseconds).
+template <int CPL>
+__global__ void __launch_bounds__(32 * RT_WARPS, 1) moe_route_kernel(RouteParams p) {
+  extern __shared__ float4 x_s[];  // the m x rows in float32, 4 per float4
+  __shared__ float p_s[RT_WARPS][RT_MAX_EXPERTS];  // phase 2: one row's probabilities per warp
+  __shared__ int last;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int e = (int)blockIdx.x * RT_WARPS + warp;
+  const int nch = p.H / 8;
+  pdl_launch_dependents();
+  uint4 wv[CPL];
+  if (e < p.R) {
+    const uint16_t* wrow = p.w + (int64_t)e * p.H;
+#pragma unroll
+    for (int c = 0; c < CPL; ++c) {
+      const int ch = lane + 32 * c;
+      wv[c] = ch < nch ? ldg16(wrow + 8 * ch) : make_uint4(0, 0, 0, 0);
+    }
+  }
+  // x comes from the kernel before this one; the CTA stages it once in float32 (every load in
+  // flight), so the warps' dot products neither wait on a round trip per chunk nor convert x
+  // again for every weight row.
+  pdl_wait_primary();
+  for (int i = threadIdx.x; i < p.m * nch; i += 32 * RT_WARPS) {
+    const uint4 u = ldg16(p.x + 8 * (int64_t)i);
+    x_s[2 * i] = make_float4(__uint_as_float(u.x << 16), __uint_as_float(u.x & 0xffff0000u),
+                             __uint_as_float(u.y << 16), __uint_as_float(u.y & 0xffff0000u));
+    x_s[2 * i + 1] = make_float4(__uint_as_float(u.z << 16), __uint_as_float(u.z & 0xffff0000u),
+                                 __uint_as_float(u.w << 16), __uint_as_float(u.w & 0xffff0000u));
+  }
+  __syncthreads();
+  if (e < p.R) {
+    // Each row sums its chunks in order, the 8 products of a chunk in order.
+#pragma unroll 1
+    for (int r0 = 0; r0 < p.m; r0 += RT_GROUP) {
+      float acc[RT_GROUP];
+#pragma unroll
+      for (int r = 0; r < RT_GROUP; ++r) acc[r] = 0.f;
+#pragma unroll
+      for (int c = 0; c < CPL; ++c) {
+        const int ch = lane + 32 * c;
+        if (ch < nch) {
+          const uint32_t wu[4] = {wv[c].x, wv[c].y, wv[c].z, wv[c].w};
+          float wf[8];
+#pragma unroll
+          for (int i = 0; i < 4; ++i) {
+            wf[2 * i] = __uint_as_float(wu[i] << 16);
+            wf[2 * i + 1] = __uint_as_float(wu[i] & 0xffff0000u);
+          }
+#pragma unroll
+          for (int r = 0; r < RT_GROUP; ++r) {
+            if (r0 + r < p.m) {
+              const int at = 2 * ((r0 + r) * nch + ch);
+              const float4 a = x_s[at], b = x_s[at + 1];
+              float t = acc[r];
+              t = fmaf(wf[0], a.x, t);
+              t = fmaf(wf[1], a.y, t);
+              t = fmaf(wf[2], a.z, t);
+              t = fmaf(wf[3], a.w, t);
+              t = fmaf(wf[4], b.x, t);
+              t = fmaf(wf[5], b.y, t);
+              t = fmaf(wf[6], b.z, t);
+              acc[r] = fmaf(wf[7], b.w, t);
+            }
+          }
+        }
+      }
+#pragma unroll
+      for (int r = 0; r < RT_GROUP; ++r) {
+        const float s = warp_sum(acc[r]);
+        if (lane == 0 && r0 + r < p.m) p.logits[(int64_t)(r0 + r) * p.R + e] = bf16_round(s);
+      }
+    }
+  }
+  __threadfence();
+  __syncthreads();
+  if (threadIdx.x == 0) last = atomicAdd(p.ticket, 1u) == gridDim.x - 1;
+  __syncthreads();
+  if (!last) return;
+  __threadfence();
+  if (threadIdx.x == 0) *p.ticket = 0u;
+
+  // Phase 2, one warp per row: lane l owns experts l, l + 32, ... (in shared memory; rolled
+  // loops, for the same reason as above).
+  float* ps = p_s[warp];
+#pragma unroll 1
+  for (int r = warp; r < p.m; r += RT_WARPS) {
+    const float* lrow = p.logits + (int64_t)r * p.R;
+    float mx = -INFINITY;
+#pragma unroll 4
+    for (int j = lane; j < p.E; j += 32) {
+      const float l = load_l2(lrow + j) + (p.bias ? __ldg(p.bias + j) : 0.f);
+      ps[j] = l;
+      mx = fmaxf(mx, l);
+    }
+#pragma unroll
+    for (int s = 16; s >= 1; s >>= 1) mx = fmaxf(mx, STRATA_SHFL_XOR(mx, s, 32));
+    float sum = 0.f;
+#pragma unroll 4
+    for (int j = lane; j < p.E; j += 32) {
+      const float ex = expf(ps[j] - mx);
+      ps[j] = ex;
+      sum += ex;
+    }
+    const float inv = 1.f / warp_sum(sum);
+    // this lane's best (the greatest probability, ties to the lower id)
+    float bv = -INFINITY;
+    int bi = 0x7fffffff;
+#pragma unroll 4
+    for (int j = lane; j < p.E; j += 32) {
+      const float pr = ps[j] * inv;
+      ps[j] = pr;
+      arg_better(bv, bi, pr, j);
+    }
+    // k rounds of a warp argmax over each lane's best untaken expert; only the lane that gave
+    // the winner marks it taken (-inf) and looks for its next best.
+    float pick_v = 0.f;
+    int pick_i = 0;
+    float total = 0.f;
+#pragma unroll 1
+    for (int t = 0; t < p.k; ++t) {
+      float wv_ = bv;
+      int wi = bi;
+#if !STRATA_PLATFORM_HIP && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+      // Probabilities are >= 0, so their bits order as unsigned ints (+1: 0 is "none left").
+      const unsigned key = bv >= 0.f ? __float_as_uint(bv) + 1u : 0u;
+      const unsigned top = __reduce_max_sync(0xffffffffu, key);
+      wi = (int)__reduce_min_sync(0xffffffffu, key == top && top ? (unsigned)bi : 0x7fffffffu);
+      wv_ = top ? __uint_as_float(top - 1u) : -INFINITY;
+#else
+#pragma unroll
+      for (int s = 16; s >= 1; s >>= 1) {
+        const float ov = STRATA_SHFL_XOR(wv_, s, 32);
+        const int oi = STRATA_SHFL_XOR(wi, s, 32);
+        arg_better(wv_, wi, ov, oi);
+      }
+      if (!(wv_ >= 0.f)) wi = 0x7fffffff;
+#endif
+      if (wi == bi && wi != 0x7fffffff) {  // this lane's best won: its next best
+        ps[wi] = -INFINITY;
+        bv = -INFINITY;
+        bi = 0x7fffffff;
+#pragma unroll 4
+        for (int j = lane; j < p.E; j += 32) arg_better(bv, bi, ps[j], j);
+      }
+      if (wi == 0x7fffffff) {  // fewer candidates than k (NaN logits): weight 0, any id
+        wi = t;
+        wv_ = 0.f;
+      }
+      if (lane == t) {
+        pick_v = wv_;
+        pick_i = wi;
+      }
+      total += wv_;
+    }
+    if (p.norm) pick_v = pick_v / total;
+    if (lane < p.k) {
+      p.weights[(int64_t)r * p.cols + lane] = pick_v;
+      p.ids[(int64_t)r * p.cols + lane] = pick_i;
+    }
+    if (p.shared_id >= 0 && lane == 0) {
+      const float sg = load_l2(lrow + p.E);
+      p.weights[(int64_t)r * p.cols + p.k] = 1.f / (1.f + expf(-sg));
+      p.ids[(int64_t)r * p.cols + p.k] = p.shared_id;
+    }
+  }
+}
+
+template <int CPL>
+int launch_route(const RouteParams& p, int device, bool pdl, cudaStream_t st) {
+  const dim3 grid(ceil_div_u(p.R, RT_WARPS)), block(32 * RT_WARPS);
+  const int smem = p.m * p.H * 4;
+  const char* name = "moe_route: moe_route_kernel";
+#if !STRATA_PLATFORM_HIP
+  static int allowed = 0;
+  if (int rc = allow_smem(moe_route_kernel<CPL>, smem, allowed, name)) return rc;
+  if (pdl && device_facts(device).major >= 9) {  // a programmatic dependent launch (sm_90+)
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = grid;
+    cfg.blockDim = block;
+    cfg.dynamicSmemBytes = (size_t)smem;
+    cfg.stream = st;
+    cudaLaunchAttribute attr[1];
+    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[0].val.programmaticStreamSerializationAllowed = 1;
+    cfg.attrs = attr;
+    cfg.numAttrs = 1;
+    cudaLaunchKernelEx(&cfg, moe_route_kernel<CPL>, p);
+    return take_launch_error(name);
+  }
+#else
+  (void)device;
+  (void)pdl;
+  if (smem > 48 * 1024) {
+    if (cudaFuncSetAttribute((const void*)moe_route_kernel<CPL>,
+                             cudaFuncAttributeMaxDynamicSharedMemorySize, smem) != cudaSuccess)
+      return take_launch_error(name);
+  }
+#endif
+  moe_route_kernel<CPL><<<grid, block, smem, st>>>(p);
+  return take_launch_error(name);
+}
+
+int launch_route_chunks(const RouteParams& p, int device, bool pdl, cudaStream_t st) {
+  switch (chunks_per_lane(p.H / 8)) {
+    case 1: return launch_route<1>(p, device, pdl, st);
+    case 2: return launch_route<2>(p, device, pdl, st);
+    case 4: return launch_route<4>(p, device, pdl, st);
+    case 8: return launch_route<8>(p, device, pdl, st);
+    default: return launch_route<16>(p, device, pdl, st);
+  }
+}
+
+int route_invalid(const char* what) {
+  gpu_set_last_kernel(what);
+  return (int)cudaErrorInvalidValue;
+}
+
+}  // namespace
+
+extern "C" {
+
+int strata_gpu_moe_route(const void* x, int64_t m, int64_t H, const void* w, int64_t R,
+                         int64_t E, const float* bias, int64_t k, int norm, int64_t shared_id,
+                         float* logits, float* weights, int64_t* ids, int32_t* ticket,
+                         int device, uintptr_t stream) {
+  int rc = gpu_use_device(device);
+  if (rc) return rc;
+  if (m == 0) return 0;
+  if (m < 0 || m > RT_MAX_ROWS) return route_invalid("moe_route (1 to 32 rows per launch)");
+  if (E < 1 || E > RT_MAX_EXPERTS || k < 1 || k > RT_MAX_K || k > E)
+    return route_invalid("moe_route (1 <= k <= 32, k <= E <= 1024)");
+  if (R < E + (shared_id >= 0 ? 1 : 0))
+    return route_invalid("moe_route (the router weight has fewer rows than E plus the shared gate)");
+  if (H < 8 || H % 8 || H > 16 * 32 * 8 || !aligned16(x) || !aligned16(w))
+    return route_invalid("moe_route (H a multiple of 8 up to 4096, x and W 16-byte aligned)");
+  RouteParams p;
+  p.x = (const uint16_t*)x;
+  p.w = (const uint16_t*)w;
+  p.bias = bias;
+  p.logits = logits;
+  p.weights = weights;
+  p.ids = ids;
+  p.ticket = (unsigned*)ticket;
+  p.m = (int)m;
+  p.H = (int)H;
+  p.E = (int)E;
+  p.R = (int)(E + (shared_id >= 0 ? 1 : 0));
+  p.k = (int)k;
+  p.norm = norm ? 1 : 0;
+  p.shared_id = (int)shared_id;
+  p.cols = (int)k + (shared_id >= 0 ? 1 : 0);
+  cudaStream_t st = (cudaStream_t)stream;
+  // x is staged in shared memory: at most RT_SMEM_X bytes of it per launch. The launches after
+  // the first are plain (not programmatic) ones, so that no two of them share the ticket at once.
+  const int64_t per_launch = RT_SMEM_X / (H * 4) < m ? RT_SMEM_X / (H * 4) : m;
+  for (int64_t r0 = 0; r0 < m; r0 += per_launch) {
+    RouteParams q = p;
+    q.m = (int)(m - r0 < per_launch ? m - r0 : per_launch);
+    q.x = p.x + r0 * H;
+    q.weights = p.weights + r0 * p.cols;
+    q.ids = p.ids + r0 * p.cols;
+    rc = launch_route_chunks(q, device, r0 == 0, st);
+    if (rc) return rc;
+  }
+  return 0;
+}
+
+}  // extern "C"
