@@ -39,6 +39,7 @@ both give the same bits.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import math
 import os
@@ -468,26 +469,23 @@ def bench_linear(records, rows_list, ceiling):
             y = torch.empty(n, o, device=DEV, dtype=torch.bfloat16)
             err = rel_err(C.gpu_linear_fp8(x, w8, s8, FP8_BLOCK),
                           R.linear_fp8(x, w8, s8, FP8_BLOCK))
-            def skinny(w):  # linear_fp8 with the streamed kernel switched off
-                prev = C.moe_launch_options()["linear_stream"]
-                C.moe_launch_options(linear_stream=False)
+            def switched(switch, on, w):  # linear_fp8 with one launch switch set
+                prev = C.moe_launch_options()[switch]
+                C.moe_launch_options(**{switch: on})
                 try:
                     C.gpu_linear_fp8(x, w, s8, FP8_BLOCK, out=y)
                 finally:
-                    C.moe_launch_options(linear_stream=prev)
+                    C.moe_launch_options(**{switch: prev})
 
-            def unpiped(w):  # linear_fp8 with the streamed kernel's unpiped first version
-                prev = C.moe_launch_options()["linear_pipe"]
-                C.moe_launch_options(linear_pipe=False)
-                try:
-                    C.gpu_linear_fp8(x, w, s8, FP8_BLOCK, out=y)
-                finally:
-                    C.moe_launch_options(linear_pipe=prev)
+            # linear_stream off: the skinny kernel; linear_pipe on: the streamed kernel's
+            # piped form (off by default)
+            skinny = functools.partial(switched, "linear_stream", False)
+            piped = functools.partial(switched, "linear_pipe", True)
 
             cases = [
                 ("linear_fp8", b8, [(lambda w=w: C.gpu_linear_fp8(x, w, s8, FP8_BLOCK, out=y))
                                     for w in w8s]),
-                ("linear_fp8_unpiped", b8, [(lambda w=w: unpiped(w)) for w in w8s]),
+                ("linear_fp8_piped", b8, [(lambda w=w: piped(w)) for w in w8s]),
                 ("linear_fp8_skinny", b8, [(lambda w=w: skinny(w)) for w in w8s]),
                 ("linear_bf16_skinny", wb.numel() * 2,
                  [(lambda w=w: C.gpu_linear_bf16_skinny(x, w, out=y)) for w in wbs]),
@@ -495,7 +493,7 @@ def bench_linear(records, rows_list, ceiling):
                  [(lambda w=w: torch.nn.functional.linear(x, w)) for w in wbs]),
             ]
             # the piped and unpiped kernels must give the same bits
-            unpiped(w8)
+            piped(w8)
             same_bits = torch.equal(y, C.gpu_linear_fp8(x, w8, s8, FP8_BLOCK))
             for name, nbytes, calls in cases:
                 t, mode = time_calls(calls)
@@ -503,7 +501,7 @@ def bench_linear(records, rows_list, ceiling):
                            gbps=nbytes / t / 1e9, frac=nbytes / t / ceiling,
                            floor_us=nbytes / ceiling * 1e6, mode=mode,
                            rel_err=err if name == "linear_fp8" else None)
-                if name == "linear_fp8_unpiped":
+                if name == "linear_fp8_piped":
                     rec["same_bits"] = same_bits
                 records.append(rec)
                 print(f"{name:18s} {o:5d}x{i:<5d} rows {n:2d}: {rec['t_us']:7.1f} us  "
