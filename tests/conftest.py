@@ -83,6 +83,20 @@ def single_thread():
     torch.set_num_threads(n)
 
 
+def gpu_kernel_test(fn):
+    """Marks a test of the cyext GPU kernels: marker `gpu`, skipped without a CUDA/HIP device
+    or without the strata_cuda extension."""
+    from strata.kernels import cyext_ops
+
+    marks = [pytest.mark.gpu,
+             pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA/HIP device"),
+             pytest.mark.skipif(cyext_ops.gpu_platform() is None,
+                                reason="strata_cuda extension not built")]
+    for mark in reversed(marks):
+        fn = mark(fn)
+    return fn
+
+
 def cpu_engine_config(model_dir, max_context: int = 256, **engine_knobs):
     """A StrataConfig for an engine on the CPU over `model_dir`, with engine knobs set."""
     from omegaconf import OmegaConf

@@ -15,6 +15,8 @@ import math
 import pytest
 import torch
 
+from conftest import gpu_kernel_test as _gpu
+
 from strata.kernels import cyext_ops as C
 from strata.kernels import ops
 from strata.kernels import reference as R
@@ -22,17 +24,6 @@ from strata.kernels import reference as R
 FP8 = getattr(torch, "float8_e4m3fn", None)
 
 needs_cpu = pytest.mark.skipif(not C.cpu_available(), reason="strata_cpu extension not built")
-_GPU_MARKS = [
-    pytest.mark.gpu,
-    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA/HIP device"),
-    pytest.mark.skipif(C.gpu_platform() is None, reason="strata_cuda extension not built"),
-]
-
-
-def _gpu(fn):
-    for mark in reversed(_GPU_MARKS):
-        fn = mark(fn)
-    return fn
 
 
 def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -483,7 +474,7 @@ PIPE_SHAPES = [(12288, 2048), (2048, 4096), (1024, 2048), (8192, 8192), (64, 204
 @_gpu
 @pytest.mark.parametrize("O,I", PIPE_SHAPES)
 def test_gpu_linear_fp8_streamed_piped_same_bits(O, I):
-    """The streamed kernel's piped form (moe_launch_options(linear_pipe=True), the default)
+    """The streamed kernel's piped form (moe_launch_options(linear_pipe=True); off by default)
     gives the same bits as its unpiped first version: at m <= 8 and above (its two variants),
     over 16-row chunks, into an `out` that is not 16-byte aligned, with weights of every finite
     e4m3 byte."""

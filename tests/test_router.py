@@ -9,20 +9,11 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from conftest import gpu_kernel_test as _gpu
+
 from strata.kernels import cyext_ops as C
 from strata.kernels import reference as R
 
-_GPU_MARKS = [
-    pytest.mark.gpu,
-    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA/HIP device"),
-    pytest.mark.skipif(C.gpu_platform() is None, reason="strata_cuda extension not built"),
-]
-
-
-def _gpu(fn):
-    for mark in reversed(_GPU_MARKS):
-        fn = mark(fn)
-    return fn
 
 
 def router_case(m, H, E, shared=True, seed=0, device="cpu", exact=True):

@@ -569,18 +569,8 @@ int launch_linear_stream(const void* x, const void* w, const float* scale, void*
                                                    : linear_fp8_stream<true, false>;
     const int smem = p.ring_off + p.groups * p.depth * p.tile_bytes;
     if (int rc = allow_smem(kernel, smem, allowed[which], name)) return rc;
-    cudaLaunchConfig_t cfg = {};
     const int grid = p.tiles < dev.sms ? p.tiles : dev.sms;
-    cfg.gridDim = dim3((unsigned)grid);
-    cfg.blockDim = dim3(LS_THREADS);
-    cfg.dynamicSmemBytes = (size_t)smem;
-    cfg.stream = st;
-    cudaLaunchAttribute attr[1];
-    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attr[0].val.programmaticStreamSerializationAllowed = pdl ? 1 : 0;
-    cfg.attrs = attr;
-    cfg.numAttrs = 1;
-    cudaLaunchKernelEx(&cfg, kernel, p);
+    launch_maybe_pdl(kernel, dim3((unsigned)grid), dim3(LS_THREADS), smem, st, pdl, p);
     if (int rc = take_launch_error(name)) return rc;
   }
   return 0;

@@ -397,17 +397,7 @@ int launch_moe_down_kernel(const MoeParams& p, cudaStream_t st, bool pdl) {
   const dim3 grid(ceil_div_u(p.H, MOE_TILE));
 #if !STRATA_PLATFORM_HIP
   if (pdl) {
-    cudaLaunchConfig_t cfg = {};
-    cfg.gridDim = grid;
-    cfg.blockDim = dim3(MOE_DOWN_THREADS);
-    cfg.dynamicSmemBytes = 0;
-    cfg.stream = st;
-    cudaLaunchAttribute attr[1];
-    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attr[0].val.programmaticStreamSerializationAllowed = 1;
-    cfg.attrs = attr;
-    cfg.numAttrs = 1;
-    cudaLaunchKernelEx(&cfg, moe_down_kernel<W, CPL, U, DB>, p);
+    launch_maybe_pdl(moe_down_kernel<W, CPL, U, DB>, grid, dim3(MOE_DOWN_THREADS), 0, st, true, p);
     return take_launch_error("moe_experts: moe_down_kernel");
   }
 #else
@@ -571,11 +561,6 @@ int launch_linear(const LinParams& p, int sm_blocks, cudaStream_t st) {
   if (p.m <= 8) return launch_linear_mt<W, 8>(p, sm_blocks, st);
   if (p.m <= 16) return launch_linear_mt<W, 16>(p, sm_blocks, st);
   return launch_linear_mt<W, 32>(p, sm_blocks, st);
-}
-
-int invalid(const char* what) {
-  gpu_set_last_kernel(what);
-  return (int)cudaErrorInvalidValue;
 }
 
 }  // namespace

@@ -24,6 +24,12 @@ inline int take_launch_error(const char* name) {
   return 0;
 }
 
+// A call the kernels do not take: strata_gpu_last_kernel() names what is wrong.
+inline int invalid(const char* what) {
+  gpu_set_last_kernel(what);
+  return (int)cudaErrorInvalidValue;
+}
+
 inline unsigned ceil_div_u(int64_t a, int64_t b) { return (unsigned)((a + b - 1) / b); }
 // Smallest power of two >= ceil(chunks / 32): the 16-byte chunks a lane holds of a row, lane l
 // taking chunks l, l + 32, ...; 0 when the row is longer than 16 per lane.
@@ -296,6 +302,25 @@ int allow_smem(K kernel, int bytes, int& done, const char* name) {
   }
   done = bytes;
   return 0;
+}
+
+// kernel<<<grid, block, smem, st>>>(args...), as a programmatic dependent launch when pdl (it
+// may start while the kernel before it finishes: see pdl_wait_primary), else stream-ordered.
+// The caller takes the launch's error (take_launch_error).
+template <typename... Params, typename... Args>
+void launch_maybe_pdl(void (*kernel)(Params...), dim3 grid, dim3 block, int smem,
+                      cudaStream_t st, bool pdl, Args... args) {
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = grid;
+  cfg.blockDim = block;
+  cfg.dynamicSmemBytes = (size_t)smem;
+  cfg.stream = st;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = pdl ? 1 : 0;
+  cfg.attrs = attr;
+  cfg.numAttrs = 1;
+  cudaLaunchKernelEx(&cfg, kernel, args...);
 }
 #endif
 

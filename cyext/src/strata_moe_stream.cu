@@ -369,17 +369,8 @@ int launch_down(const MoeParams& p, const StreamPlan& sp, int smem, bool pdl, cu
   static int allowed = 0;
   const char* name = "moe_experts: moe_down_stream";
   if (int rc = allow_smem(moe_down_stream<W, T, CPL>, smem, allowed, name)) return rc;
-  cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = dim3((unsigned)(p.H / T));
-  cfg.blockDim = dim3(ST_THREADS);
-  cfg.dynamicSmemBytes = (size_t)smem;
-  cfg.stream = st;
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr[0].val.programmaticStreamSerializationAllowed = pdl ? 1 : 0;
-  cfg.attrs = attr;
-  cfg.numAttrs = 1;
-  cudaLaunchKernelEx(&cfg, moe_down_stream<W, T, CPL>, p, sp);
+  launch_maybe_pdl(moe_down_stream<W, T, CPL>, dim3((unsigned)(p.H / T)), dim3(ST_THREADS), smem,
+                   st, pdl, p, sp);
   return take_launch_error(name);
 }
 

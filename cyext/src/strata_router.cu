@@ -265,17 +265,7 @@ int launch_route(const RouteParams& p, int device, bool pdl, cudaStream_t st) {
   static int allowed = 0;
   if (int rc = allow_smem(moe_route_kernel<CPL>, smem, allowed, name)) return rc;
   if (pdl && device_facts(device).major >= 9) {  // a programmatic dependent launch (sm_90+)
-    cudaLaunchConfig_t cfg = {};
-    cfg.gridDim = grid;
-    cfg.blockDim = block;
-    cfg.dynamicSmemBytes = (size_t)smem;
-    cfg.stream = st;
-    cudaLaunchAttribute attr[1];
-    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attr[0].val.programmaticStreamSerializationAllowed = 1;
-    cfg.attrs = attr;
-    cfg.numAttrs = 1;
-    cudaLaunchKernelEx(&cfg, moe_route_kernel<CPL>, p);
+    launch_maybe_pdl(moe_route_kernel<CPL>, grid, block, smem, st, true, p);
     return take_launch_error(name);
   }
 #else
@@ -301,11 +291,6 @@ int launch_route_chunks(const RouteParams& p, int device, bool pdl, cudaStream_t
   }
 }
 
-int route_invalid(const char* what) {
-  gpu_set_last_kernel(what);
-  return (int)cudaErrorInvalidValue;
-}
-
 }  // namespace
 
 extern "C" {
@@ -317,13 +302,13 @@ int strata_gpu_moe_route(const void* x, int64_t m, int64_t H, const void* w, int
   int rc = gpu_use_device(device);
   if (rc) return rc;
   if (m == 0) return 0;
-  if (m < 0 || m > RT_MAX_ROWS) return route_invalid("moe_route (1 to 32 rows per launch)");
+  if (m < 0 || m > RT_MAX_ROWS) return invalid("moe_route (1 to 32 rows per launch)");
   if (E < 1 || E > RT_MAX_EXPERTS || k < 1 || k > RT_MAX_K || k > E)
-    return route_invalid("moe_route (1 <= k <= 32, k <= E <= 1024)");
+    return invalid("moe_route (1 <= k <= 32, k <= E <= 1024)");
   if (R < E + (shared_id >= 0 ? 1 : 0))
-    return route_invalid("moe_route (the router weight has fewer rows than E plus the shared gate)");
+    return invalid("moe_route (the router weight has fewer rows than E plus the shared gate)");
   if (H < 8 || H % 8 || H > 16 * 32 * 8 || !aligned16(x) || !aligned16(w))
-    return route_invalid("moe_route (H a multiple of 8 up to 4096, x and W 16-byte aligned)");
+    return invalid("moe_route (H a multiple of 8 up to 4096, x and W 16-byte aligned)");
   RouteParams p;
   p.x = (const uint16_t*)x;
   p.w = (const uint16_t*)w;
