@@ -26,6 +26,7 @@ sys.path.insert(0, str(ROOT))
 import torch  # noqa: E402
 
 from strata.config import EMBEDDED_MODEL_DIR  # noqa: E402
+from strata.engine.compiling import inductor_pdl  # noqa: E402
 from strata.engine.verifier import SlotBuffers, Verifier  # noqa: E402
 from strata.kernels import ops  # noqa: E402
 from strata.model.loader import FP8_DENSE, load_checkpoint  # noqa: E402
@@ -154,10 +155,11 @@ def main() -> None:
     if a.compile:
         from strata.engine.compiling import compiled_functions
 
-        functions = compiled_functions(lm.model)
+        functions = compiled_functions(lm.model, dev)
     ver = Verifier(lm.model, state, bufs, lm.has_mtp, functions=functions)
     report = {"model": str(a.model), "layers": a.layers, "compile": a.compile, "ctx": a.ctx,
-              "torch": torch.__version__, "shapes": []}
+              "torch": torch.__version__, "shapes": [],
+              "pdl": inductor_pdl()}
     sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
     for groups, rows_per in shapes:
         gs = torch.arange(groups, device=dev)

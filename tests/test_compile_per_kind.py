@@ -88,3 +88,32 @@ def test_prompt_chunks_of_any_length_compile_once():
     model.compile_regions(None, None)
     assert seen[0][0] > 0
     assert seen[-1] == seen[1], f"graphs and recompiles after each length: {seen}"
+
+
+def test_programmatic_launches_only_where_graphs_replay_on_hopper(monkeypatch):
+    """Compiled regions launch their kernels programmatically (inductor's triton.enable_pdl)
+    only on CUDA sm_90+ with graphs; TORCHINDUCTOR_ENABLE_PDL wins either way, and
+    compiled_functions sets the process-wide switch it reports."""
+    import torch._inductor.config as inductor_config
+
+    from strata.engine import compiling
+
+    if not hasattr(inductor_config.triton, "enable_pdl"):
+        pytest.skip("this torch's inductor has no triton.enable_pdl")
+    monkeypatch.delenv(compiling.PDL_ENV, raising=False)
+    assert not compiling.pdl_default(torch.device("cpu"))
+    if not torch.cuda.is_available():
+        assert not compiling.pdl_default(torch.device("cuda"))
+    else:
+        hopper = torch.cuda.get_device_capability()[0] >= 9 and not torch.version.hip
+        assert compiling.pdl_default(torch.device("cuda")) == hopper
+        assert not compiling.pdl_default(torch.device("cuda"), graphs=False)
+    for env, want in (("1", True), ("0", False)):
+        monkeypatch.setenv(compiling.PDL_ENV, env)
+        assert compiling.pdl_default(torch.device("cpu"), graphs=False) == want
+    monkeypatch.setattr(inductor_config.triton, "enable_pdl", False)
+    model = init_random(Qwen3Next(tiny_args(num_hidden_layers=2), with_mtp=False), seed=0).eval()
+    monkeypatch.setenv(compiling.PDL_ENV, "1")
+    compiling.compiled_functions(model, torch.device("cpu"))
+    assert compiling.inductor_pdl()
+    model.compile_regions(None, None)

@@ -278,7 +278,9 @@ def serve(rank: int, world: int, stage: StageSlice, cfg: Any, loaded: Any, devic
     if proto.gather_status(status, device):
         return
     compiling = ecfg.compile == "on" or (ecfg.compile == "auto" and device.type == "cuda")
-    functions = compiled_functions(model) if compiling else None
+    # CUDA stages replay graphs only with engine.stage_graphs=true (null is off there)
+    functions = (compiled_functions(model, device, bool(ecfg.graphs and ecfg.stage_graphs))
+                 if compiling else None)
     split_keys = ecfg.invariant_split_keys if ecfg.batch_invariant else 0
     graphs = StageGraphs.for_stage(ecfg, device, _stage_budget(loaded, ecfg, device, n_slots,
                                                                max_context, drafting and stage.last),
