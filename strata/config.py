@@ -29,6 +29,12 @@ class ModelConfig:
     #: the routed experts grouped by expert (ops.moe_experts) whenever rows x top-k is below the
     #: expert count, with the shared expert folded into the same call where it has their shape.
     moe_dense_experts: int = 16
+    #: Prompt chunks of unquantised many-expert blocks (rows x top-k >= the expert count) run
+    #: every expert as dense matmuls instead of grouping rows by expert: faster prefill at large
+    #: chunks, but other rounding than the grouped path that decode windows and the expert
+    #: cache take, so with it on a run with engine.expert_cache_mib > 0 is not bit-identical to
+    #: one without. Off: one expert path at every size (FP8 experts always group).
+    moe_dense_prefill: bool = False
     #: auto: the safetensors weights (a directory without them is an error that says to pass
     #: dummy); safetensors: the same; dummy: seeded random weights built on the device from
     #: config.json alone (benchmarks at real shapes without a checkpoint).

@@ -538,3 +538,39 @@ def test_after_reset_a_decode_is_a_fresh_engines(cached_model, tmp_path, overlap
     assert _cohort_again(eng) == want
     assert _window_counts(eng, since) == _window_counts(fresh)
     assert {k: v - totals[k] for k, v in c.stats_fields().items()} == fresh.expert_cache.stats_fields()
+
+
+@pytest.mark.parametrize("rows", [16, 40])
+def test_prompt_chunk_bits_do_not_depend_on_the_cache(cached_model, rows):
+    """A prompt chunk whose rows x top-k reaches the expert count (16 and 40 rows of top-4 over
+    64 experts) takes the grouped expert path with and without the cache, so its MoE output is
+    the same bits; the dense path (model.moe_dense_prefill) is other arithmetic."""
+    from strata.model.qwen3_next import SparseMoe
+
+    loaded = _loaded(cached_model)
+    moe = next(m for m in loaded.model.modules() if isinstance(m, SparseMoe))
+    x = torch.randn(rows, moe.experts.w_gate_up.shape[2], generator=torch.Generator().manual_seed(rows))
+    assert not moe.experts.dense_input(rows, moe.top_k)  # the default: grouped at every size
+    plain = moe(x)
+    moe.experts.dense_prefill = True
+    assert moe.experts.dense_input(rows, moe.top_k)
+    dense = moe(x)
+    moe.experts.dense_prefill = False
+    torch.testing.assert_close(dense, plain, rtol=1e-4, atol=1e-5)  # the same function
+    ExpertCache(loaded.model, plan_expert_cache(loaded.model, 1), torch.device("cpu"))
+    assert moe.experts.cache is not None and not moe.experts.dense_input(rows, moe.top_k)
+    assert torch.equal(moe(x), plain)
+
+
+def test_dense_prefill_is_a_model_setting(cached_model):
+    from strata.model.loader import load_model
+    from strata.model.qwen3_next import Experts
+    from omegaconf import OmegaConf
+    from strata.config import ModelConfig
+
+    mcfg = OmegaConf.structured(ModelConfig)
+    mcfg.path, mcfg.moe_dense_experts = str(cached_model), 0
+    for on in (False, True):
+        mcfg.moe_dense_prefill = on
+        model = load_model(mcfg, "cpu", log=lambda s: None).model
+        assert {m.dense_prefill for m in model.modules() if isinstance(m, Experts)} == {on}

@@ -193,6 +193,7 @@ def load_model(mcfg, device: str | torch.device, log=print,
     loading knobs); `stage`: only a pipeline stage's part of it (strata/model/stage_slice.py)."""
     return load_checkpoint(mcfg.path, mcfg.dtype, device, log=log,
                            moe_dense_experts=int(mcfg.moe_dense_experts),
+                           moe_dense_prefill=bool(mcfg.moe_dense_prefill),
                            load_format=mcfg.load_format, dummy_seed=int(mcfg.dummy_seed),
                            num_layers=mcfg.num_layers, fp8_dense=mcfg.fp8_dense,
                            routing_skew=float(mcfg.dummy_routing_skew), stage=stage)
@@ -200,7 +201,8 @@ def load_model(mcfg, device: str | torch.device, log=print,
 
 def load_checkpoint(path: str | Path, dtype: str = "auto", device: str | torch.device = "cpu",
                     keymap: KeyMap = QWEN3_NEXT, log=print, fuse: bool = True,
-                    moe_dense_experts: int = 16, load_format: str = "auto", dummy_seed: int = 0,
+                    moe_dense_experts: int = 16, moe_dense_prefill: bool = False,
+                    load_format: str = "auto", dummy_seed: int = 0,
                     num_layers: Optional[int] = None, fp8: str = "auto",
                     fp8_dense: str = "auto", routing_skew: float = 0.0,
                     stage: Optional[StageSlice] = None) -> LoadedModel:
@@ -312,7 +314,7 @@ def load_checkpoint(path: str | Path, dtype: str = "auto", device: str | torch.d
         model.rotary = Rotary(args).to(device)
     model.eval().requires_grad_(False)
     if fuse:
-        model.fuse_for_inference(moe_dense_experts)
+        model.fuse_for_inference(moe_dense_experts, moe_dense_prefill)
     if not with_mtp:
         log("INFO: checkpoint has no mtp.* weights: running without speculation")
     tok = Tokenizer.from_dir(path) if (path / "tokenizer.json").is_file() else None

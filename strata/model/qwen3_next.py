@@ -20,7 +20,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from strata.kernels import ops
+from strata.kernels import ops, reference
 from strata.kernels.reference import topk_by_argmax  # noqa: F401 - re-exported
 from strata.model.config import ModelArgs
 from strata.model.fp8 import FP8_DTYPE, fuse_projections, linear
@@ -114,6 +114,9 @@ class Experts(nn.Module):
         self.shared_modules: tuple = ()  # the folded shared expert's gate, up, down
         #: The expert cache's view of this layer (strata/engine/expert_cache.py), or None.
         self.cache = None
+        #: model.moe_dense_prefill: inputs of rows x top-k >= E (prompt chunks) run every
+        #: expert densely (unquantised, uncached weights only); other bits than the grouped path.
+        self.dense_prefill = False
 
     def to_fp8(self, block: tuple[int, int]) -> None:
         """FP8 weights with block scales (layouts of strata/kernels/reference.py), on the
@@ -153,6 +156,11 @@ class Experts(nn.Module):
         self.shared_modules = (g, u, d)
         return True
 
+    def dense_input(self, rows: int, top_k: int) -> bool:
+        """Whether `rows` rows of top_k routed experts run every expert densely."""
+        return (self.dense_prefill and self.cache is None and self.gu_scale is None
+                and rows * top_k >= self.w_gate_up.shape[0])
+
     def forward(self, x: torch.Tensor, weights: torch.Tensor, index: torch.Tensor,
                 shared_weight: Optional[torch.Tensor] = None,
                 shared_in_index: bool = False) -> torch.Tensor:
@@ -161,8 +169,7 @@ class Experts(nn.Module):
         column of weights and index already is the folded shared expert (ops.moe_route).
         Static shapes: no data-dependent control flow."""
         routed_k = index.shape[1] - int(shared_in_index)
-        if (self.cache is None and self.gu_scale is None
-                and index.shape[0] * routed_k >= self.w_gate_up.shape[0]):
+        if self.dense_input(index.shape[0], routed_k):
             assert shared_weight is None and not shared_in_index, \
                 "the dense path runs the shared expert apart"
             n_exp = self.w_gate_up.shape[0]
@@ -191,11 +198,17 @@ class Experts(nn.Module):
         if shared_weight is not None:  # the folded shared expert: id E, always in a slot
             index = torch.cat([index, torch.full_like(index[:, :1], self.shared_id)], dim=1)
             weights = torch.cat([weights, shared_weight.float()], dim=1)
-        # Grouped by expert: each distinct expert's weights are read once for all its rows.
-        outs = [ops.moe_experts(x[s:s + self.MAX_ROWS], wgu, wd, weights[s:s + self.MAX_ROWS],
-                                index[s:s + self.MAX_ROWS], gus, ds, self.block, *cache_args,
-                                **counting)
-                for s in range(0, x.shape[0], self.MAX_ROWS)]
+        # Grouped by expert: each distinct expert's weights are read once for all its rows. The
+        # kernels take any row count (32 rows per launch, which changes no row's result), so a
+        # prompt chunk is one call and its compiled region does not depend on the chunk's
+        # length; the torch reference gathers every row's experts, so it gets static slices.
+        if ops.moe_experts is not reference.moe_experts:
+            return ops.moe_experts(x, wgu, wd, weights, index, gus, ds, self.block, *cache_args,
+                                   **counting)
+        step = self.MAX_ROWS
+        outs = [ops.moe_experts(x[s:s + step], wgu, wd, weights[s:s + step], index[s:s + step],
+                                gus, ds, self.block, *cache_args, **counting)
+                for s in range(0, x.shape[0], step)]
         return outs[0] if len(outs) == 1 else torch.cat(outs)
 
 
@@ -254,8 +267,7 @@ class SparseMoe(nn.Module):
         n_exp = self.experts.w_gate_up.shape[0]
         if self.w_in is not None and (n_exp <= self.dense_experts or x.shape[0] * self.top_k >= n_exp):
             return self._forward_fused(x).reshape(shape)
-        dense = (self.experts.gu_scale is None and self.experts.cache is None
-                 and x.shape[0] * self.top_k >= n_exp)
+        dense = self.experts.dense_input(x.shape[0], self.top_k)
         if self.w_router is not None:
             # One op for the router, the softmax and top-k and the shared expert's gate (its
             # last column; one kernel on the GPU at decode sizes, reference.moe_route), on every
@@ -614,14 +626,16 @@ class Qwen3Next(nn.Module):
         return self.embed_tokens.weight.dtype
 
     @torch.no_grad()
-    def fuse_for_inference(self, moe_dense_experts: int = 0) -> None:
+    def fuse_for_inference(self, moe_dense_experts: int = 0, moe_dense_prefill: bool = False) -> None:
         """Fuse projections that read the same input into single matmuls (decode is launch-bound:
         this removes about 100 matmul launches from a solo window of the tiny model). The
         checkpoint's parameters become views of the fused weights, so saving still works.
-        MoE blocks of at most `moe_dense_experts` experts always take the fused dense path."""
+        MoE blocks of at most `moe_dense_experts` experts always take the fused dense path;
+        `moe_dense_prefill`: larger unquantised ones run long inputs dense (Experts)."""
         for m in self.modules():
             if isinstance(m, SparseMoe):
                 m.fuse_for_inference(moe_dense_experts)
+                m.experts.dense_prefill = moe_dense_prefill
             elif m is not self and hasattr(m, "fuse_for_inference"):
                 m.fuse_for_inference()
 
