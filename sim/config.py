@@ -233,6 +233,11 @@ class SimExpertsConfig:
     #: bytes model: non-expert bytes per MTP draft step past the second row of a group (times
     #: max(0, the group's rows - 2)).
     other_per_draft_bytes: float = 0.0
+    #: bytes model: a prompt chunk's time over its windows' bytes model (a chunk of T tokens
+    #: prices as a 1-group window of T rows times this): what the window fit leaves out of
+    #: prefill (MoE calls of 32 rows each reading their experts, the chunked delta rule),
+    #: fitted to the engine's measured cohorts (scripts/sim_expert_cache_study.py --fit).
+    prefill_scale: float = 1.0
     #: Either cost model: fixed seconds per read of a missed expert on top of its bytes over
     #: memory.bus_gb_s.
     miss_s: float = 2e-6
@@ -388,6 +393,8 @@ def validate_experts(x: Any, engine: Any, memory: Any) -> None:
         bad("decay", f"must be in (0, 1], got {x.decay}")
     if not 0.0 < x.hbm_efficiency <= 1.0:
         bad("hbm_efficiency", f"must be in (0, 1], got {x.hbm_efficiency}")
+    if not x.prefill_scale > 0.0:
+        bad("prefill_scale", f"must be > 0, got {x.prefill_scale}")
     if memory.hbm_gb_s <= 0:
         raise SimConfigError("memory.hbm_gb_s: the expert model needs the card's memory "
                              "bandwidth (GB/s), got 0")

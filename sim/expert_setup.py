@@ -72,7 +72,8 @@ def build_expert_inputs(cfg: Any, streams: RandomStreams,
     costs = ExpertCosts(x.cost, MissCost(float(x.expert_bytes), bus, float(x.miss_s)), hbm,
                         bytes_model_from_config(x, m) if x.cost == "bytes" else None,
                         window_scale=float((scale or {}).get("window", 1.0)),
-                        prefill_scale=float((scale or {}).get("prefill", 1.0)))
+                        prefill_scale=float((scale or {}).get("prefill", 1.0))
+                        * float(x.prefill_scale))
     fields = ({"expert_slots": slots, "experts": x.experts, "expert_bytes": int(x.expert_bytes),
                "moe_layers": x.moe_layers} if cache_on else {})
     return ExpertInputs(model, costs, fields)

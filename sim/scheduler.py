@@ -92,6 +92,8 @@ class InFlight:
     end: float
     #: Pipelined slot groups: the step that launched it (its window event records it).
     launched: Optional[int] = None
+    #: The expert cache's fields of its window event (hits, misses, bytes), if any.
+    expert_fields: Optional[dict[str, int]] = None
 
 
 @dataclass
@@ -281,18 +283,22 @@ class SimEngine:
             self._crash(decision)
             return None
         host = self._host()
-        if self.pipeline:  # the experts' reads are part of every stage's share (stages refuse
-            dur, _ = self._expert_priced(groups, layout, tier, dur, host)  # the expert cache)
+        # The experts' reads price the window as in the serial loop (the bytes model at real
+        # scale, misses with the cache); with pipelined groups they are part of every stage's
+        # share.
+        dur, expert_fields = self._expert_priced(groups, layout, tier, dur, host)
         yield self.env.timeout(host)
         for ev_key, reason in decision.evictions:
             self.stats.graph["evict"] += 1
             self.trace.emit("evict", key=ev_key, reason=reason)
         if self.pipeline:
             end = self.stages.launch(self.env.now, dur)
-            return InFlight(groups, layout, key, decision, end - self.env.now, tier, end)
+            return InFlight(groups, layout, key, decision, end - self.env.now, tier, end,
+                            expert_fields=expert_fields)
         start = max(self.env.now, self._device_free)
         self._device_free = start + dur
-        return InFlight(groups, layout, key, decision, dur, tier, self._device_free)
+        return InFlight(groups, layout, key, decision, dur, tier, self._device_free,
+                        expert_fields=expert_fields)
 
     def _land(self, w: InFlight):
         """Wait for a launched window's device work and read it: its window event, then the
@@ -304,7 +310,7 @@ class SimEngine:
             yield self.env.timeout(wait)
         groups = [(st, r) for st, r in w.groups if self.slots.get(st.slot) is st]
         yield from self._read_window(w.layout, w.key, w.decision, w.dur, w.tier, groups,
-                                     launched=w.launched)
+                                     w.expert_fields, launched=w.launched)
 
     def _iteration_kind(self, prefilling: bool, decoding: bool) -> str:
         if prefilling and decoding:
@@ -500,7 +506,7 @@ class SimEngine:
         """A window's device seconds with its experts' reads priced, and the expert cache's
         fields of its event (none when there is no expert model)."""
         expert_fields: dict[str, int] = {}
-        if self.experts is not None:  # (engine.overlap refuses the expert cache)
+        if self.experts is not None:
             shape = self._window_shape(groups)
             rows = shape[0] * shape[1] if self.knobs.batch_invariant else len(layout)
             # Only the real rows route (a padded group's rows are not a request's tokens).

@@ -154,6 +154,20 @@ def test_bad_expert_settings_are_errors_naming_the_key():
                            *COHORT))
     with pytest.raises(SimConfigError, match="experts.row_overlap"):
         run_predict(cfg_of(*SMALL_EXPERTS, "experts.row_overlap=1.5", *COHORT))
+    with pytest.raises(SimConfigError, match="experts.prefill_scale: must be > 0"):
+        run_predict(cfg_of(*SMALL_EXPERTS, "experts.prefill_scale=0", *COHORT))
+
+
+def test_prefill_scale_prices_prompt_chunks_only():
+    """experts.prefill_scale multiplies a prompt chunk's bytes-model time, not a window's."""
+    common = ("hardware=h200_80b_a3b_fp8", "workload=cohort", "workload.requests=1",
+              "workload.prompt_tokens=64", "workload.max_tokens=16", "spread.enabled=false")
+    runs = {f: run_predict(cfg_of(*common, f"experts.prefill_scale={f}")).run.events
+            for f in (1.0, 2.0)}
+    pre = {f: [e["dur"] for e in ev if e["ev"] == "prefill"] for f, ev in runs.items()}
+    win = {f: [e["dur"] for e in ev if e["ev"] == "window"] for f, ev in runs.items()}
+    assert pre[1.0] and pre[2.0] == pytest.approx([2 * d for d in pre[1.0]])
+    assert win[1.0] and win[2.0] == pytest.approx(win[1.0])
 
 
 def test_a_forward_longer_than_a_kernel_call_reads_a_missed_expert_once_per_call():
@@ -204,9 +218,11 @@ def test_a_miss_costs_its_bytes_over_the_bus_instead_of_hbm():
 
 
 def test_bytes_model_fits_the_measured_full_depth_fp8_windows():
-    rows = bench_windows([REPO / "docs/bench/s7/fp8_full.json", REPO / "docs/bench/s7/fp8_n8.json"])
+    rows = bench_windows(study_module().BENCH, skip=())
     model, report = fit_window_bytes(rows, 48, 48, 3146496, 4800)
-    assert all(abs(r["error"]) < 0.03 for r in report["rows"] if r["groups"] * r["depth"] > 1)
+    # every shape the engine ran often (19-70 windows) within 7%; lone first windows within 12%
+    assert all(abs(r["error"]) < 0.07 for r in report["rows"] if r["count"] >= 19)
+    assert all(abs(r["error"]) < 0.12 for r in report["rows"])
     x = cfg_of("experts=qwen3_next_80b_a3b_fp8").experts  # the shipped preset holds this fit
     assert x.per_layer_s == pytest.approx(model.per_layer_s, rel=1e-3)
     assert x.hbm_efficiency == pytest.approx(report["hbm_efficiency"], rel=1e-3)
@@ -324,6 +340,22 @@ def test_p40_preset_holds_the_reported_44_percent():
 
 def aggregate(*overrides):
     return run_predict(cfg_of(*overrides)).metrics["aggregate_tps"]
+
+
+@pytest.mark.parametrize("mode", ["engine.mode=solo", "engine.batch_mtp=true"])
+def test_overlapped_windows_at_real_scale_are_priced_by_the_bytes_model(mode):
+    """engine.overlap (on by default without the cache) prices each window like the serial
+    loop: the bytes model's device time, the host hidden behind it. It once kept the host
+    profile's tiny-model window times instead, 4x too fast at real scale."""
+    common = ("hardware=h200_80b_a3b_fp8", "workload=cohort", "workload.requests=2",
+              "workload.prompt_tokens=16", "workload.max_tokens=24", "engine.slots=2",
+              "spread.enabled=false", "acceptance=fixed", "acceptance.rate=0.8", mode)
+    serial = run_predict(cfg_of(*common, "engine.overlap=false"))
+    overlapped = run_predict(cfg_of(*common, "engine.overlap=true"))
+    s, o = serial.metrics["aggregate_tps"], overlapped.metrics["aggregate_tps"]
+    assert 0.95 * s <= o <= 1.1 * s, (s, o)  # device-bound windows dominate either way
+    durs = [e["dur"] for e in overlapped.run.events if e["ev"] == "window"]
+    assert durs and min(durs) > 3e-3  # a full-depth window is milliseconds, not microseconds
 
 
 def test_batching_gain_changes_sign_at_low_hit_rate_on_a_slow_bus():
