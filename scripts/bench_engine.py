@@ -116,18 +116,28 @@ def window_grid(fields: dict) -> tuple[int, int]:
 
 
 class WindowTimes:
-    """Collects the window events of an engine's timed cohorts: (groups, rows, ctx) -> durations.
-    Padded shapes count as the engine runs them (a shape key's bucket)."""
+    """Collects the window events of an engine's timed cohorts: (groups, rows, ctx) -> durations
+    (padded shapes count as the engine runs them: a shape key's bucket), and its prompt chunks'
+    durations by their tokens (what the simulator's experts.prefill_scale prices)."""
 
     def __init__(self):
         self.times: dict[tuple[int, int, int], list[float]] = {}
+        self.prefills: dict[int, list[float]] = {}
         self.on = False
 
     def __call__(self, ev: str, fields: dict) -> None:
-        if not self.on or ev != "window":
+        if not self.on:
+            return
+        if ev == "prefill":
+            self.prefills.setdefault(int(fields["tokens"]), []).append(float(fields["dur"]))
+        if ev != "window":
             return
         groups, rows = window_grid(fields)
         self.times.setdefault((groups, rows, int(fields["ctx"])), []).append(float(fields["dur"]))
+
+    def prefill_table(self) -> list[dict]:
+        return [{"tokens": t, "chunks": len(d), "mean_ms": statistics.fmean(d) * 1e3}
+                for t, d in sorted(self.prefills.items())]
 
     def table(self, args, fmt, drafting: bool, bandwidth: float) -> list[dict]:
         out = []
@@ -292,12 +302,14 @@ def write_results(a, ns, names, results, loaded, device, backend) -> None:
     limit still leaves every finished N behind)."""
     summary = {}
     for key, runs in results.items():
-        if key in ("identity", "windows"):
+        if key in ("identity", "windows", "prefills"):
             continue
         summary[key] = {"median_tps": statistics.median(r["aggregate_tps"] for r in runs),
                         "acceptance": runs[0].get("acceptance")}
         if key in results.get("windows", {}):
             summary[key]["windows"] = results["windows"][key]
+        if key in results.get("prefills", {}):
+            summary[key]["prefills"] = results["prefills"][key]
     meta = {"device": torch.cuda.get_device_name() if device.type == "cuda" else platform.processor(),
             "torch": torch.__version__, "dtype": str(loaded.dtype), "model": str(a.model),
             "commit": commit_id(), "pdl": inductor_pdl(),
@@ -394,6 +406,11 @@ def main() -> None:
                 print(f"N={n} {name:<16} window {w['groups']}x{w['rows']}@{w['ctx']}: "
                       f"{w['mean_ms']:.3f} ms over {w['windows']}, byte floor {w['floor_ms']:.3f} ms, "
                       f"ratio {w['ratio']:.2f}", flush=True)
+            chunks = eng.window_times.prefill_table()
+            results.setdefault("prefills", {})[f"{name}@{n}"] = chunks
+            for c in chunks:
+                print(f"N={n} {name:<16} prompt chunk of {c['tokens']} tokens: "
+                      f"{c['mean_ms']:.3f} ms over {c['chunks']}", flush=True)
             eng.close()
         del engines
         if device.type == "cuda":

@@ -38,6 +38,17 @@ def test_window_times_against_the_floor():
     assert rows[1]["ratio"] == pytest.approx(0.003 / floor)
 
 
+def test_window_times_keep_the_prompt_chunks_by_length():
+    wt = bench_engine.WindowTimes()
+    wt("prefill", {"tokens": 64, "dur": 1.0})  # off: not a timed cohort
+    wt.on = True
+    for tokens, dur in ((64, 0.06), (64, 0.08), (16, 0.02)):
+        wt("prefill", {"req": "r", "slot": 0, "tokens": tokens, "dur": dur, "ctx": tokens})
+    assert not wt.times
+    assert wt.prefill_table() == [{"tokens": 16, "chunks": 1, "mean_ms": pytest.approx(20.0)},
+                                  {"tokens": 64, "chunks": 2, "mean_ms": pytest.approx(70.0)}]
+
+
 def test_overlap_both_puts_each_configuration_beside_its_overlapped_twin():
     assert bench_engine.with_overlap(["solo", "batch_mtp"], "both") == [
         "solo", "solo+overlap", "batch_mtp", "batch_mtp+overlap"]
