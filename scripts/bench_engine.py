@@ -4,7 +4,9 @@ For each N in --n, a cohort of N distinct code prompts arrives at once; every co
 the same cohort, --repeats times (median reported), in forward order and then in reverse order
 (controls). Optionally transformers' generate() on the same checkpoint and prompts, batched at N.
 Beside each configuration, the mean time of each window shape it ran and that shape's byte floor
-(strata/byte_floor.py: the bytes the window must read over the measured copy bandwidth).
+(strata/byte_floor.py: the bytes the window must read over the measured copy bandwidth), its
+prompt chunks' times by length, and the share of each cohort's wall time the device was busy in
+windows and prompt chunks (the rest is host time the device did not hide).
 
     python scripts/bench_engine.py --device cuda --n 1,2,4,8 --repeats 3 --json out.json --md out.md
 
@@ -123,11 +125,16 @@ class WindowTimes:
     def __init__(self):
         self.times: dict[tuple[int, int, int], list[float]] = {}
         self.prefills: dict[int, list[float]] = {}
+        #: Device seconds of the windows and prompt chunks since the last reset (a cohort's:
+        #: its wall time less this is the host time the device did not hide).
+        self.busy_s = 0.0
         self.on = False
 
     def __call__(self, ev: str, fields: dict) -> None:
         if not self.on:
             return
+        if ev in ("prefill", "window"):
+            self.busy_s += float(fields["dur"])
         if ev == "prefill":
             self.prefills.setdefault(int(fields["tokens"]), []).append(float(fields["dur"]))
         if ev != "window":
@@ -232,6 +239,7 @@ def run_cohort(eng: Engine, device, prompts, max_tokens) -> dict:
     if device.type == "cuda":
         torch.cuda.synchronize()
     t0 = time.perf_counter()
+    eng.window_times.busy_s = 0.0
     eng.window_times.on = True
     run_requests(eng, reqs)
     eng.window_times.on = False
@@ -243,6 +251,8 @@ def run_cohort(eng: Engine, device, prompts, max_tokens) -> dict:
                                             "graph_hits", "graph_captures", "graph_eager",
                                             "graph_evictions")}
     out = {"aggregate_tps": d["output_tokens"] / wall, "wall_s": wall,
+           # the share of the cohort's wall time the device spent in windows and prompt chunks
+           "device_busy": eng.window_times.busy_s / wall if wall > 0 else None,
            "acceptance": d["accepted"] / d["drafted"] if d["drafted"] else None,
            "windows": d["windows"],
            "graph": {"hit": d["graph_hits"], "capture": d["graph_captures"],
@@ -305,7 +315,8 @@ def write_results(a, ns, names, results, loaded, device, backend) -> None:
         if key in ("identity", "windows", "prefills"):
             continue
         summary[key] = {"median_tps": statistics.median(r["aggregate_tps"] for r in runs),
-                        "acceptance": runs[0].get("acceptance")}
+                        "acceptance": runs[0].get("acceptance"),
+                        "device_busy": runs[0].get("device_busy")}
         if key in results.get("windows", {}):
             summary[key]["windows"] = results["windows"][key]
         if key in results.get("prefills", {}):
@@ -398,7 +409,8 @@ def main() -> None:
                     results.setdefault(key, []).append(r)
                     print(f"N={n} {key:<22} rep {rep}: {r['aggregate_tps']:9.1f} tok/s  "
                           f"accept {r['acceptance'] if r['acceptance'] is not None else float('nan'):.3f}  "
-                          f"windows {r['windows']} graph {r['graph']}", flush=True)
+                          f"windows {r['windows']} graph {r['graph']}  device busy "
+                          f"{r['device_busy'] or 0:.1%} of the wall", flush=True)
         for name, eng in engines.items():
             rows = eng.window_times.table(loaded.args, fmt, eng.verifier.drafting, a.bandwidth)
             results.setdefault("windows", {})[f"{name}@{n}"] = rows

@@ -44,7 +44,9 @@ def test_window_times_keep_the_prompt_chunks_by_length():
     wt.on = True
     for tokens, dur in ((64, 0.06), (64, 0.08), (16, 0.02)):
         wt("prefill", {"req": "r", "slot": 0, "tokens": tokens, "dur": dur, "ctx": tokens})
-    assert not wt.times
+    assert not wt.times and wt.busy_s == pytest.approx(0.16)
+    wt("window", {"key": "shape:1x2@256", "layout": [0, 0], "ctx": 256, "dur": 0.04})
+    assert wt.busy_s == pytest.approx(0.2)
     assert wt.prefill_table() == [{"tokens": 16, "chunks": 1, "mean_ms": pytest.approx(20.0)},
                                   {"tokens": 64, "chunks": 2, "mean_ms": pytest.approx(70.0)}]
 
