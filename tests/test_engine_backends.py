@@ -102,3 +102,38 @@ def test_gpu_backends_and_modes_give_the_same_text(model_dir):
     for key, got in outs.items():
         backend, temperature = key[:2]
         assert got == outs[("torch", temperature, "solo", False, False)], key
+
+
+@pytest.mark.gpu
+@pytest.mark.slow
+@pytest.mark.skipif(not torch.cuda.is_available() or cyext_ops.gpu_platform() is None
+                    or torch.cuda.get_device_capability()[0] < 9,
+                    reason="needs a Hopper-class GPU and the cyext GPU extension")
+def test_programmatic_launches_of_compiled_regions_change_no_token(model_dir, monkeypatch):
+    """Compiled regions with inductor's triton.enable_pdl (the default on sm_90+ with graphs)
+    and without it: the same greedy and sampled tokens in batch_mtp with graphs (bf16: the
+    kernels are the same, only their launches overlap)."""
+    import torch._dynamo
+
+    from strata.engine import compiling
+
+    outs = {}
+    for pdl in ("0", "1"):
+        monkeypatch.setenv(compiling.PDL_ENV, pdl)
+        torch._dynamo.reset()
+        cfg = OmegaConf.structured(StrataConfig)
+        cfg.device, cfg.model.path, cfg.model.dtype = "cuda", str(model_dir), "bfloat16"
+        cfg.engine.mode, cfg.engine.batch_mtp, cfg.engine.max_context = "batch", True, 256
+        cfg.engine.slots, cfg.engine.compile, cfg.engine.prefill_buckets = 2, "on", [16, 32]
+        eng = Engine.from_config(cfg, log=lambda s: None)
+        assert compiling.inductor_pdl() == (pdl == "1")
+        for i in range(3):
+            eng.add_request(Request(f"r{i}", [5 + i, 9, 11 + i, 3, 7], SamplingParams(
+                max_tokens=16, temperature=0.8 if i else 0.0, seed=i, stop_at_eos=False),
+                arrival_step=i, stream_text=False))
+        while eng.has_work():
+            eng.step()
+        outs[pdl] = {k: v.emitted for k, v in eng.requests.items()}
+        eng.close()
+    ops.set_backend("torch", "cpu")
+    assert outs["1"] == outs["0"]
