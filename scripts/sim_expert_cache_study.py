@@ -411,6 +411,9 @@ def engine_overrides(meta: dict, args) -> list[str]:
         extra.append(f"engine.max_context={int(m['max_context'])}")
     if m.get("adapt_every") is not None:
         extra.append(f"engine.expert_adapt_every={int(m['adapt_every'])}")
+    # the study runs the engine serially unless its --overlap said on (engine.overlap=null would
+    # now overlap the 100% budget, whose cache holds every expert)
+    extra.append(f"engine.overlap={'true' if m.get('overlap') == 'on' else 'false'}")
     profile = args.profile or (Path(args.engine).with_suffix(".profile.json")
                                if Path(args.engine).with_suffix(".profile.json").is_file() else None)
     if profile:

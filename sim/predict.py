@@ -22,6 +22,7 @@ from .acceptance import build_acceptance
 from .config import NOMINAL_PROFILE, SimConfig, SimConfigError, validate
 from .costs import CostProfile
 from .expert_setup import build_expert_inputs
+from .experts import cache_holds_all
 from .graph_cache import MemoryFacts
 from .metrics import (compare_metrics, comparison_table, metrics_table, outputs_lines,
                       run_metrics)
@@ -108,7 +109,9 @@ def build_scenario(cfg: Any, profile: Optional[CostProfile] = None,
         acceptance=build_acceptance(acc_cfg, streams, acc_fit),
         costs=profile.for_slots(slots),  # (window times depend on the slot count: sim/costs.py)
         measure_capture=measure_capture,
-        config_engine={**asdict(e), "overlap": overlap_on(e)},  # resolved, as the engine's
+        # resolved, as the engine's
+        config_engine={**asdict(e),
+                       "overlap": overlap_on(e, cache_holds_all(experts and experts.model))},
         config_memory={"total_mib": m.total_mib, "weights_mib": m.weights_mib + e.expert_cache_mib,
                        "slot_mib": m.slot_mib, "slots": slots, "graph_mib": m.graph_mib,
                        **(experts.memory_fields if experts else {})},

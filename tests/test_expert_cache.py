@@ -432,6 +432,23 @@ def test_auto_overlap_leaves_the_cache_serial_so_its_trace_replays(cached_model)
     assert result.ok, str(result.first_divergence)
 
 
+@pytest.mark.parametrize("mode", ["solo", "batch_mtp"])
+def test_auto_overlap_runs_a_cache_that_holds_every_expert_and_its_trace_replays(cached_model, mode):
+    """A budget that holds every routed expert never misses nor swaps: engine.overlap=null
+    runs it overlapped, as without the cache, with the same tokens, and its trace replays."""
+    from sim.replay import replay_trace
+
+    ref, plain = run(cached_model, mode)
+    out, eng = run(cached_model, mode, expert_cache_mib=64, expert_adapt_every=2)
+    c = eng.expert_cache
+    assert c.plan.slots == c.plan.experts and c.misses == 0 and c.swaps == 0
+    assert plain.overlap is not None and eng.overlap is not None
+    assert eng.trace.events[0]["engine"]["overlap"] is True
+    assert out == ref
+    result = replay_trace(list(eng.trace.events), name="cache holding every expert, overlap auto")
+    assert result.ok, str(result.first_divergence)
+
+
 def _state(cache: ExpertCache) -> dict:
     """Everything a cache's next window and adaptation depend on, as numpy arrays."""
     out = {"slot_expert": cache.slot_expert.copy(), "host_slot_of": cache.host_slot_of.copy(),

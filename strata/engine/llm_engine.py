@@ -95,6 +95,9 @@ class Engine:
         self.batch_mtp = bool(batch_mtp and self.drafting)
         log(f"INFO {mem.describe()}")
         self.expert_cache: Optional[ExpertCache] = None
+        #: engine.overlap as resolved (auto: also with a cache that holds every routed expert)
+        self.overlapped = overlap_on(ecfg, cache_plan is not None
+                                     and cache_plan.slots >= cache_plan.experts)
         if cache_plan is not None:
             self.expert_cache = ExpertCache(self.model, cache_plan, device, ecfg.expert_profile,
                                             ecfg.expert_adapt_every)
@@ -112,7 +115,7 @@ class Engine:
                                  split_keys=split_keys, functions=functions,
                                  synthetic_acceptance=ecfg.synthetic_acceptance,
                                  expert_cache=self.expert_cache,
-                                 device_positions=overlap_on(ecfg))
+                                 device_positions=self.overlapped)
         self.stages, self.fault = stages, None  # fault: why the engine stopped (a dead stage)
         if ecfg.stages > 1 and stages is None:
             raise ConfigError(f"engine.stages={ecfg.stages}: build the engine with "
@@ -148,7 +151,7 @@ class Engine:
         self.output_tokens = self.drafted = self.accepted = 0
         self._cancels: list[RequestState] = []
         #: engine.overlap: the decode windows launched ahead of their reads.
-        self.overlap = OverlappedWindows(self) if overlap_on(ecfg) else None
+        self.overlap = OverlappedWindows(self) if self.overlapped else None
         self.pipeline = PipelinedWindows(self, ecfg.stages) if ecfg.pipeline_groups else None
 
     def warmup(self) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Optional
 
-from strata.config import engine_knobs, overlap_on
+from strata.config import engine_knobs
 from strata.engine.device import device_free_used_mib
 from strata.engine.expert_cache import ExpertCachePlan
 from strata.engine.graph_cache import GraphCache
@@ -22,7 +22,7 @@ def config_fields(eng: "Engine", cache_plan: Optional[ExpertCachePlan]) -> dict:
     ecfg = eng.cfg
     knobs = {**engine_knobs(ecfg), "batch_mtp": eng.batch_mtp, "slots": eng.budget.slots,
              "max_context": eng.max_context, "drafting": eng.drafting,
-             "overlap": overlap_on(ecfg)}
+             "overlap": eng.overlapped}
     memory = {**eng.budget.as_dict(),
               "graph_mib": float(ecfg.cpu_graph_mib) if eng.device.type == "cpu" else None}
     if cache_plan is not None:
