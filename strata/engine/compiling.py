@@ -46,9 +46,8 @@ def compiled_functions(model, device: torch.device | None = None,
     torch._dynamo.config.suppress_errors = True
     if device is not None and hasattr(inductor_config.triton, "enable_pdl"):
         # Process-wide, read when a region compiles (its first call): a decode window is a
-        # chain of hundreds of small kernels; in graph replay on the H200 this cut the tiny
-        # model's 1 x 4 window by 16% and a full-depth 80B-A3B 1 x 2 window by 3%, while eager
-        # windows took 25-33% longer on the host (docs/BENCHMARKS.md "Programmatic launches").
+        # chain of hundreds of small kernels whose launches then overlap (docs/BENCHMARKS.md,
+        # "Programmatic launches"); eager windows would pay host time for it.
         inductor_config.triton.enable_pdl = pdl_default(device, graphs)
     compiled = getattr(model, "_strata_compiled", None)
     if compiled is None:
