@@ -131,16 +131,15 @@ class WindowTimes:
         self.on = False
 
     def __call__(self, ev: str, fields: dict) -> None:
-        if not self.on:
+        if not self.on or ev not in ("prefill", "window"):
             return
-        if ev in ("prefill", "window"):
-            self.busy_s += float(fields["dur"])
+        dur = float(fields["dur"])
+        self.busy_s += dur
         if ev == "prefill":
-            self.prefills.setdefault(int(fields["tokens"]), []).append(float(fields["dur"]))
-        if ev != "window":
+            self.prefills.setdefault(int(fields["tokens"]), []).append(dur)
             return
         groups, rows = window_grid(fields)
-        self.times.setdefault((groups, rows, int(fields["ctx"])), []).append(float(fields["dur"]))
+        self.times.setdefault((groups, rows, int(fields["ctx"])), []).append(dur)
 
     def prefill_table(self) -> list[dict]:
         return [{"tokens": t, "chunks": len(d), "mean_ms": statistics.fmean(d) * 1e3}

@@ -46,6 +46,7 @@ from sim.expert_costs import bench_windows, bytes_model_from_config, fit_window_
 from omegaconf import OmegaConf  # noqa: E402
 
 from sim.expert_setup import cache_mib_for_fraction, expert_slots  # noqa: E402
+from sim.experts import expected_distinct_uniform  # noqa: E402
 from sim.predict import run_predict, slots_that_fit  # noqa: E402
 
 MODES = ("solo", "batch", "batch_mtp")
@@ -203,8 +204,7 @@ def h200_plot(cells: dict, path: Path) -> None:
 def model_window_ms(groups: int, depth: int) -> float:
     """The H200 preset's bytes-model time of an all-resident window under uniform routing."""
     x = compose_cfg([f"hardware={H200}"])
-    e, k, rows = x.experts.experts, x.experts.top_k, groups * depth
-    distinct = e * (1 - (1 - k / e) ** rows)
+    distinct = expected_distinct_uniform(x.experts.experts, x.experts.top_k, groups * depth)
     model = bytes_model_from_config(x.experts, x.memory)
     return model.resident_s(groups, depth, round(distinct * x.experts.moe_layers)) * 1e3
 

@@ -109,8 +109,7 @@ def build_scenario(cfg: Any, profile: Optional[CostProfile] = None,
         acceptance=build_acceptance(acc_cfg, streams, acc_fit),
         costs=profile.for_slots(slots),  # (window times depend on the slot count: sim/costs.py)
         measure_capture=measure_capture,
-        # resolved, as the engine's
-        config_engine={**asdict(e),
+        config_engine={**asdict(e),  # overlap resolved, as the engine's
                        "overlap": overlap_on(e, cache_holds_all(experts and experts.model))},
         config_memory={"total_mib": m.total_mib, "weights_mib": m.weights_mib + e.expert_cache_mib,
                        "slot_mib": m.slot_mib, "slots": slots, "graph_mib": m.graph_mib,

@@ -154,8 +154,7 @@ class SimEngine:
         self.experts = experts
         self.expert_costs = expert_costs
         #: engine.overlap: the window in flight, and when the device is free of it.
-        # as the engine resolves it (null: auto)
-        self.overlap = overlap_on(knobs, cache_holds_all(experts))
+        self.overlap = overlap_on(knobs, cache_holds_all(experts))  # as the engine resolves it
         self._inflight: Optional[InFlight] = None
         self._device_free = 0.0
         #: engine.stages > 1: the stages' time model; engine.pipeline_groups: the depth (the

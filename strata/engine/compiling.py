@@ -19,7 +19,7 @@ def pdl_default(device: torch.device, graphs: bool = True) -> bool:
     then overlap the kernel before it; launched one by one from the host, the extra launch
     attributes cost host time instead), unless TORCHINDUCTOR_ENABLE_PDL says otherwise."""
     env = os.environ.get(PDL_ENV)
-    if env is not None and env != "":
+    if env:
         return env.strip() == "1"
     if not graphs or device.type != "cuda" or not torch.cuda.is_available() or torch.version.hip:
         return False
