@@ -148,6 +148,54 @@ def test_kernel_counts_in_a_graph(fp8):
         assert torch.equal(o, plain)
 
 
+@pytest.mark.parametrize("fp8", [False, True])
+def test_cache_holding_every_expert_runs_the_streamed_kernels(fp8):
+    """A cache with a slot for every expert (slots in another order than the ids) never misses:
+    on sm_90+ it runs the streamed kernels as the stacks without a cache do, with the same
+    bits, and their gate/up kernel counts the routing, hits and no misses, as the reference."""
+    if torch.cuda.get_device_capability() < (9, 0):
+        pytest.skip("the streamed kernels need sm_90+")
+    from torch.profiler import ProfilerActivity, profile
+
+    from strata.kernels import reference as R
+
+    stacks, block, x, ids, w = _case(fp8, N=6, k=4, seed=2)
+    E = stacks[0].shape[0] - 1
+    order = torch.randperm(E, generator=torch.Generator().manual_seed(0)).tolist() + [E]
+    rows = torch.tensor(order)
+    slots = [(t.view(torch.uint8)[rows].view(t.dtype) if t.element_size() == 1 else t[rows])
+             .to(DEV) for t in stacks]
+    slot_of = torch.empty(E + 1, dtype=torch.int32)
+    slot_of[rows] = torch.arange(E + 1, dtype=torch.int32)
+    slot_of = slot_of.to(DEV)
+    host = [t[:E].contiguous().pin_memory() for t in stacks]
+    hs = (host[0], host[1], *(host[2:] or [None, None]))
+    routed = torch.zeros(1, E, device=DEV)
+    state = torch.zeros(2 + E, dtype=torch.int32, device=DEV)
+    layer = torch.zeros(1, dtype=torch.int32, device=DEV)
+    dev_stacks = [t.to(DEV) for t in stacks]
+    before = C.moe_launch_options()
+    try:
+        C.moe_launch_options(stream=True, stream_all=True)
+        plain = C.gpu_moe_experts(x, dev_stacks[0], dev_stacks[1], w, ids,
+                                  *(dev_stacks[2:] or [None, None]), block)
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            got = C.gpu_moe_experts(x, slots[0], slots[1], w, ids, *(slots[2:] or [None, None]),
+                                    block, slot_of, *hs, routed_counts=routed,
+                                    window_state=state, count_layer=layer)
+            torch.cuda.synchronize()
+    finally:
+        C.moe_launch_options(**{k: before[k] for k in ("stream", "stream_all")})
+    names = {e.name for e in prof.events() if e.device_type.name == "CUDA"}
+    assert any("moe_gate_up_stream" in n for n in names), sorted(names)
+    assert torch.equal(got, plain)
+    want_routed = torch.zeros(1, E, device=DEV)
+    want_state = torch.zeros_like(state)
+    R.count_expert_reads(ids, slot_of, want_routed, want_state, layer)
+    assert torch.equal(routed, want_routed) and torch.equal(state, want_state)
+    assert state[1].item() == 0 and state[0].item() == len(set(ids[:, :-1].flatten().tolist()))
+
+
 def _tiny_model(tmp_path):
     from strata.model.tiny import make_tiny_random
 

@@ -617,6 +617,9 @@ int strata_gpu_moe_experts(const void* x, int x_dtype, const void* w_gate_up, co
   p.count_layer = cache ? cache->count_layer : nullptr;
   p.n_host = cache ? (int)cache->n_host : 0;
   p.n_layers = cache ? (int)cache->n_layers : 0;
+  // A cache with a slot for every expert id (the budget holds every routed expert: it never
+  // misses) reads only device slots, like the stacks without a cache.
+  p.all_resident = !cache || cache->n_slots >= E;
   p.x = x;
   p.out = out;
   p.w_gu = w_gate_up;

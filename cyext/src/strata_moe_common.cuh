@@ -263,6 +263,7 @@ struct MoeParams {
   int* window_state;
   const int* count_layer;
   int n_host, n_layers;
+  int all_resident;  // every expert id has a device slot (no slot_of, or a cache that holds all)
   int n, k, P, E, H, I, bo, bi, x_dtype;
   int nbg;           // ceil(I / bo): scale rows of the gate half (the up half follows)
   int ncb_h, ncb_i;  // scale columns of gate/up (over H) and of down (over I)
@@ -325,9 +326,10 @@ void launch_maybe_pdl(void (*kernel)(Params...), dim3 grid, dim3 block, int smem
 #endif
 
 // The streamed kernels (strata_moe_stream.cu, sm_90+): launches them and sets *launched when
-// they take the call (no expert cache, FP8 or bf16 weights, bf16 x, shapes within their limits,
-// and unless every_size, the row counts where they measured faster), else leaves it false and
-// the caller runs the per-block kernels. Returns 0 or a CUDA error code.
+// they take the call (no expert cache, or one with a slot for every expert: p.all_resident; FP8
+// or bf16 weights, bf16 x, shapes within their limits, and unless every_size, the row counts
+// where they measured faster), else leaves it false and the caller runs the per-block kernels.
+// Returns 0 or a CUDA error code.
 int launch_moe_stream(const MoeParams& p, int w_dtype, int device, bool pdl, bool every_size,
                       cudaStream_t st, bool* launched);
 

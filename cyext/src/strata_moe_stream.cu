@@ -151,6 +151,14 @@ __global__ void __launch_bounds__(ST_THREADS, 1)
   const int* ids_s = (const int*)(smem + ST_OFF_IDS);
   const int* lead_s = (const int*)(smem + ST_OFF_LEAD);
   uint4* x_s = (uint4*)(smem + sp.data_off);
+  if (p.routed_counts && blockIdx.x == 0) {  // the expert cache's counting, once per expert
+    for (int d = threadIdx.x; d < distinct; d += ST_THREADS) {
+      const int s0 = lead_s[d], e = ids_s[s0];
+      int members = 0;
+      for (int q = s0; q < p.P; ++q) members += ids_s[q] == e;
+      count_expert(p, e, members);
+    }
+  }
   uint8_t* ring = smem + sp.ring_off;
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
   // Items are dealt round-robin (CTA b: items b, b + grid, ...): an expert with many members
@@ -461,7 +469,7 @@ int launch_stream(const MoeParams& p, const DeviceFacts& dev, bool pdl, bool eve
 int launch_moe_stream(const MoeParams& p, int w_dtype, int device, bool pdl, bool every_size,
                       cudaStream_t st, bool* launched) {
   *launched = false;
-  if (p.slot_of || p.n < 1) return 0;
+  if (!p.all_resident || p.n < 1) return 0;  // misses read host memory: the per-block kernels
   const DeviceFacts dev = device_facts(device);
   if (dev.sms < 1) return 0;
   if (w_dtype == STRATA_DTYPE_FP8)

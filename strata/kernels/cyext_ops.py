@@ -461,7 +461,8 @@ def moe_launch_options(pdl=None, early=None, wide=None, db=None, xsmem=None, str
                        stream_all=None, linear_stream=None, linear_pipe=None) -> dict:
     """Read or set moe_experts' launch switches on the GPU extension (process-wide; every
     setting gives the same bits): `stream` (on by default), the streamed kernels on sm_90+
-    without the expert cache where they measured faster (weights through shared memory by the
+    without the expert cache, or with one that has a slot for every expert (it never misses),
+    where they measured faster (weights through shared memory by the
     bulk copy engine, cyext/src/strata_moe_stream.cu); `stream_all` (off), the streamed kernels
     at every size they take (tests, benchmarks); `pdl` (on), the down kernel as a programmatic
     dependent launch (sm_90+); and for the per-block kernels: `early` (on), weight loads before
