@@ -1,0 +1,116 @@
+"""The MoE router kernel (ops.moe_route's one launch, cyext/src/strata_router.cu) at Qwen3-Next's
+shapes (E=512 plus the shared expert's gate, H=2048, top-10), 1 to 16 rows, with each launch
+switch setting side by side in one process.
+
+Each timed launch follows a small kernel (as the router follows the layer's norm) and reads its
+own copy of the router weight (the copies rotate over 256 MiB, so the weights come from HBM as
+in a decode window, where the experts' bytes leave nothing of them in L2); graphs of 40 such
+pairs are replayed, and the small kernel's graph alone is subtracted. The settings give the same
+bits (checked here, and in tests/test_router.py).
+
+    python scripts/bench_router.py --json router.json        # route_warm off, then on
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+import torch  # noqa: E402
+
+from provenance import commit_id  # noqa: E402
+from strata.kernels import cyext_ops as C  # noqa: E402
+
+ROTATE_BYTES = 256 << 20
+LAUNCHES = 40
+
+
+def graph_us(fn, reps: int) -> float:
+    """Median microseconds per call of fn(i) over graphs of LAUNCHES calls."""
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for i in range(2):
+            fn(i)
+    torch.cuda.current_stream().wait_stream(s)
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g, stream=s):
+        for i in range(LAUNCHES):
+            fn(i)
+    g.replay()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(reps):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        g.replay()
+        b.record()
+        b.synchronize()
+        times.append(a.elapsed_time(b) * 1000 / LAUNCHES)
+    return sorted(times)[len(times) // 2]
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--rows", default="1,2,4,8,16")
+    ap.add_argument("--experts", type=int, default=512)
+    ap.add_argument("--hidden", type=int, default=2048)
+    ap.add_argument("--top-k", type=int, default=10)
+    ap.add_argument("--reps", type=int, default=15)
+    ap.add_argument("--json", help="write the figures here (a .md goes next to it)")
+    a = ap.parse_args()
+    if not torch.cuda.is_available() or C.gpu_platform() is None:
+        print("bench_router: needs a CUDA GPU and the cyext GPU extension", file=sys.stderr)
+        return 2
+    dev = torch.device("cuda")
+    E, H, k = a.experts, a.hidden, a.top_k
+    rows_w = -(-(E + 1) // 8) * 8
+    w0 = (torch.randn(rows_w, H, device=dev) / H ** 0.5).to(torch.bfloat16)
+    copies = max(2, -(-ROTATE_BYTES // (w0.numel() * 2)))
+    ws = [w0] + [w0.clone() for _ in range(copies - 1)]
+    settings = {"plain": {"route_warm": False}, "route_warm": {"route_warm": True}}
+    before = C.moe_launch_options()
+    table: dict[str, dict[int, float]] = {name: {} for name in settings}
+    try:
+        for m in [int(r) for r in a.rows.split(",")]:
+            x = torch.randn(m, H, device=dev).to(torch.bfloat16)
+            ref = None
+            for name, opts in settings.items():
+                C.moe_launch_options(**opts)
+                out = C.gpu_moe_route(x, w0, E, k, True, None, E)
+                if ref is None:
+                    ref = out
+                elif not (torch.equal(out[0], ref[0]) and torch.equal(out[1], ref[1])):
+                    print(f"bench_router: {name} changed the results at {m} rows", file=sys.stderr)
+                    return 1
+                base = graph_us(lambda i: x.mul_(1.0), a.reps)
+                both = graph_us(lambda i: (x.mul_(1.0),
+                                           C.gpu_moe_route(x, ws[i % len(ws)], E, k, True, None, E)),
+                                a.reps)
+                table[name][m] = round(both - base, 2)
+                print(f"{name:>11} rows {m:2d}: {table[name][m]:6.2f} us per launch", flush=True)
+    finally:
+        C.moe_launch_options(route_warm=before["route_warm"])
+    meta = {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
+            "commit": commit_id(), "experts": E, "hidden": H, "top_k": k,
+            "weight_copies": copies, "launches_per_graph": LAUNCHES}
+    rows = sorted(next(iter(table.values())))
+    md = [f"# router kernel, us per launch ({meta['device']}, torch {meta['torch']}, "
+          f"{meta['commit']})", "", "| setting | " + " | ".join(f"{m} rows" for m in rows) + " |",
+          "| --- |" + " --- |" * len(rows)]
+    md += [f"| {name} | " + " | ".join(f"{t[m]:.2f}" for m in rows) + " |" for name, t in table.items()]
+    print("\n".join(md))
+    if a.json:
+        Path(a.json).write_text(json.dumps({"meta": meta, "us": table}, indent=1))
+        Path(a.json).with_suffix(".md").write_text("\n".join(md) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
