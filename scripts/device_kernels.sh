@@ -14,10 +14,12 @@
 #   bash scripts/device_kernels.sh tests     # GPU tests of the MoE kernels and the samplers
 #   bash scripts/device_kernels.sh cachetests  # GPU tests: cache kernel paths, conv and MoE bits
 #   bash scripts/device_kernels.sh cache100  # engine tok/s: no cache vs a cache holding 100%
+#                                            # (both overlapped, solo and batch_mtp, N=1,4)
+#   bash scripts/device_kernels.sh router    # router GPU tests, then bench_router.py
 #   bash scripts/device_kernels.sh profile,tests   # several, in order
 #
 # Env: LAYERS (8), SHAPES (1x2,4x2), PROFILE_S (240), FULL_S (150), MOE_S (120), CONV_S (60),
-# TESTS_S (100), CACHETESTS_S (120), CACHE100_S (300).
+# TESTS_S (100), CACHETESTS_S (120), CACHE100_S (300), ROUTER_S (120).
 set -u
 OUT=${OUT:?set OUT to the results directory}
 export PYTHONUNBUFFERED=1 TORCHINDUCTOR_CACHE_DIR=/tmp/strata_inductor
@@ -90,15 +92,24 @@ for part in ${1//,/ }; do
   cachetests)
     timeout "${CACHETESTS_S:-120}" python3 -m pytest -q -x -m gpu tests/test_expert_cache_gpu.py \
       tests/test_kernels_gpu.py tests/test_moe_kernels.py \
-      -k "miss_path or counts or conv or launch_variants" > "$OUT/cachetests.log" 2>&1
+      -k "miss_path or counts or streamed or conv or launch_variants" > "$OUT/cachetests.log" 2>&1
     rc=$?
     tail -n 15 "$OUT/cachetests.log" ;;
   cache100)
     timeout "${CACHE100_S:-300}" python3 scripts/bench_expert_cache.py --part study \
-      --layers "${LAYERS:-8}" --skew 1.0 --budgets 100 --configs solo --n 1,4 \
-      --json "$OUT/cache100.json" > "$OUT/cache100.log" 2>&1
+      --layers "${LAYERS:-8}" --skew 1.0 --budgets 100 --overlap on --configs solo,batch_mtp \
+      --n 1,4 --repeats 2 --json "$OUT/cache100.json" > "$OUT/cache100.log" 2>&1
     rc=$?
     grep -v -i -E "warn|^$" "$OUT/cache100.log" | tail -n 25 ;;
+  router)
+    timeout "${ROUTER_S:-120}" python3 -m pytest -q -x -m gpu tests/test_router.py \
+      > "$OUT/router_tests.log" 2>&1
+    rc=$?
+    tail -n 5 "$OUT/router_tests.log"
+    timeout "${ROUTER_S:-120}" python3 scripts/bench_router.py --json "$OUT/router.json" \
+      > "$OUT/router.log" 2>&1
+    rc=$((rc + $?))
+    tail -n 6 "$OUT/router.log" ;;
   *) echo "unknown part $part"; rc=2 ;;
   esac
   echo "== $part: rc=$rc ($((SECONDS - t0)) s)"
