@@ -21,7 +21,8 @@
 // fetches the kernel's code cold into the SM, and unrolled bodies measured microseconds
 // longer. At most 128 KiB of x per launch (16 rows at H = 2048; more rows take several
 // launches, the later ones plain rather than programmatic so that none overlap on the ticket).
-// No other kernel, no host sync: capturable.
+// No other kernel, no host sync: capturable. With STRATA_ROUTE_WARM (off until measured) each CTA
+// has one more warp that runs phase 2's code on a dry row while phase 1 loads, writing nothing.
 // Determinism: a row's logits, softmax and picks depend only on that row, so its result is the
 // same bits whatever other rows share the launch.
 // The ticket: one int32 per call site (the MoE layer), zero between launches; launches that
@@ -183,8 +184,9 @@ __global__ void __launch_bounds__(32 * (RT_WARPS + 1), 1) moe_route_kernel(Route
   const int e = (int)blockIdx.x * RT_WARPS + warp;
   const int nch = p.H / 8;
   pdl_launch_dependents();
-  if (warp == RT_WARPS) {  // p.warm: phase 2's code on a dry row of 32 experts and one pick, so
-    // that the last CTA finds it in the SM's instruction cache (it runs only there, once)
+  if (warp == RT_WARPS) {  // STRATA_ROUTE_WARM: phase 2's code on a dry row of at most 32
+    // experts and one pick, so that the last CTA finds it in the SM's instruction cache (it
+    // runs only there, once per launch)
     __shared__ float warm_s[32];
     RouteParams q = p;
     q.E = p.E < 32 ? p.E : 32;
