@@ -88,9 +88,10 @@ def copy_bandwidth(mib: int, reps: int) -> float:
     return src.numel() / _time(lambda: dst.copy_(src, non_blocking=True), reps)
 
 
-def miss_bandwidth(experts_mod, rows: int, reps: int) -> dict:
+def miss_bandwidth(experts_mod, rows: int, reps: int, streamed_miss: bool = False) -> dict:
     """moe_experts on `rows` rows routed to distinct experts, every one missing (host store)
-    and every one resident (slots), replayed from CUDA graphs: bytes/s of expert reads."""
+    and every one resident (slots), replayed from CUDA graphs: bytes/s of expert reads.
+    streamed_miss: also the misses through the streamed kernels (`miss_streamed`)."""
     e = experts_mod
     E, k = e.w_gate_up.shape[0], min(10, e.w_gate_up.shape[0] // rows)
     fp8 = e.gu_scale is not None
@@ -125,6 +126,26 @@ def miss_bandwidth(experts_mod, rows: int, reps: int) -> dict:
             fn()
         t = _time(g.replay, reps)
         res[name] = {"seconds": t, "bytes": nbytes, "bytes_per_s": nbytes / t}
+    if streamed_miss:
+        # the same misses through the streamed kernels' bulk copies (moe_launch_options
+        # stream_miss, sm_90+): last, since a fault of the copies would end the process
+        miss()
+        torch.cuda.synchronize()
+        per_block = out.clone()
+        before = C.moe_launch_options()
+        try:
+            C.moe_launch_options(stream=True, stream_all=True, stream_miss=True)
+            miss()
+            torch.cuda.synchronize()
+            same = bool(torch.equal(out, per_block))
+            g = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(g):
+                miss()
+            t = _time(g.replay, reps)
+        finally:
+            C.moe_launch_options(**{k: before[k] for k in ("stream", "stream_all", "stream_miss")})
+        res["miss_streamed"] = {"seconds": t, "bytes": nbytes, "bytes_per_s": nbytes / t,
+                                "same_bits": same}
     return res
 
 
@@ -134,12 +155,17 @@ def part_bandwidth(a, loaded) -> dict:
     print(f"pinned host->device copy ({a.copy_mib} MiB): {copy / 1e9:.2f} GB/s")
     rows_out = []
     for rows in (int(r) for r in a.rows.split(",")):
-        r = miss_bandwidth(experts, rows, a.reps)
+        r = miss_bandwidth(experts, rows, a.reps, a.streamed_miss)
         ratio = r["miss"]["bytes_per_s"] / copy
         rows_out.append({"rows": rows, **r, "miss_over_copy": ratio})
         print(f"rows {rows:>2}: {r['miss']['bytes'] / 2**20:.0f} MiB of experts; miss path "
               f"{r['miss']['bytes_per_s'] / 1e9:.2f} GB/s ({ratio:.0%} of the copy; goal >= 80%), "
-              f"resident {r['resident']['bytes_per_s'] / 1e9:.1f} GB/s")
+              f"resident {r['resident']['bytes_per_s'] / 1e9:.1f} GB/s", flush=True)
+        if "miss_streamed" in r:
+            ms = r["miss_streamed"]
+            print(f"         streamed kernels' miss path {ms['bytes_per_s'] / 1e9:.2f} GB/s "
+                  f"({ms['bytes_per_s'] / copy:.0%} of the copy), same bits as the per-block "
+                  f"kernels: {ms['same_bits']}", flush=True)
     return {"copy_bytes_per_s": copy, "kernel": rows_out}
 
 
@@ -305,6 +331,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--copy-mib", type=int, default=1024)
     ap.add_argument("--rows", default="1,4,8,32", help="bandwidth: window rows routed")
     ap.add_argument("--reps", type=int, default=10)
+    ap.add_argument("--streamed-miss", action="store_true",
+                    help="bandwidth: also the misses through the streamed kernels' bulk copies "
+                         "(moe_launch_options stream_miss; sm_90+)")
     ap.add_argument("--budgets", default=",".join(map(str, BUDGETS)),
                     help="percent of the routed experts each cache holds")
     ap.add_argument("--configs", default="solo,batch,batch_mtp")

@@ -298,3 +298,52 @@ def test_reset_then_decode_as_a_fresh_engine_with_graphs(tmp_path, overlap):
         for s, e in enumerate(c.slot_expert[li]):
             assert torch.equal(lc.gate_up[s].cpu(), lc.host_gate_up[e])
     assert cohort(eng, "b") == want
+
+
+@pytest.mark.parametrize("fp8", [False, True])
+def test_streamed_kernels_read_missing_experts_from_the_host_store(fp8):
+    """moe_launch_options(stream_miss=True): a cache that misses runs the streamed kernels
+    (sm_90+), whose bulk copies read the missing experts from the pinned host store; the same
+    bits and the same counts as the per-block kernels' miss path. Last in this file: a fault
+    of the copies would spoil the CUDA context for the tests after it."""
+    if torch.cuda.get_device_capability() < (9, 0):
+        pytest.skip("the streamed kernels need sm_90+")
+    from torch.profiler import ProfilerActivity, profile
+
+    stacks, block, x, ids, w = _case(fp8, N=6, k=4, seed=3)
+    E = stacks[0].shape[0] - 1
+    S = 16
+    resident = list(range(1, 2 * S, 2))
+    rows = torch.tensor(resident + [E])
+    slots = [(t.view(torch.uint8)[rows].view(t.dtype) if t.element_size() == 1 else t[rows])
+             .to(DEV) for t in stacks]
+    slot_of = torch.full((E + 1,), -1, dtype=torch.int32)
+    slot_of[resident + [E]] = torch.arange(S + 1, dtype=torch.int32)
+    slot_of = slot_of.to(DEV)
+    host = [t[:E].contiguous().pin_memory() for t in stacks]
+    hs = (host[0], host[1], *(host[2:] or [None, None]))
+    scales = slots[2:] or [None, None]
+
+    def call():
+        routed = torch.zeros(1, E, device=DEV)
+        state = torch.zeros(2 + E, dtype=torch.int32, device=DEV)
+        layer = torch.zeros(1, dtype=torch.int32, device=DEV)
+        out = C.gpu_moe_experts(x, slots[0], slots[1], w, ids, *scales, block, slot_of, *hs,
+                                routed_counts=routed, window_state=state, count_layer=layer)
+        torch.cuda.synchronize()
+        return out, routed, state
+
+    before = C.moe_launch_options()
+    try:
+        C.moe_launch_options(stream=False)
+        want = call()
+        C.moe_launch_options(stream=True, stream_all=True, stream_miss=True)
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            got = call()
+    finally:
+        C.moe_launch_options(**{k: before[k] for k in ("stream", "stream_all", "stream_miss")})
+    names = {e.name for e in prof.events() if e.device_type.name == "CUDA"}
+    assert any("moe_gate_up_stream" in n for n in names), sorted(names)
+    assert want[2][1].item() > 0  # the window missed
+    for a, b in zip(got, want):
+        assert torch.equal(a, b)

@@ -116,6 +116,10 @@ int64_t strata_gpu_moe_workspace(int64_t n, int64_t k, int64_t inter);
 // warp per CTA that executes phase 2's code on a dry row while phase 1 loads its weights, so
 // that the CTA that finishes last finds that code in its SM's instruction cache. Same bits.
 #define STRATA_ROUTE_WARM 512
+// STRATA_MOE_STREAM_MISS (off until measured): an expert cache that can miss also runs the
+// streamed kernels (sm_90+), whose bulk copies then read missing experts from the pinned host
+// store through its device address; else such a cache runs the per-block kernels. Same bits.
+#define STRATA_MOE_STREAM_MISS 1024
 int strata_gpu_moe_set_options(int flags);
 int strata_gpu_moe_experts(const void* x, int x_dtype, const void* w_gate_up, const void* w_down,
                            int w_dtype, const float* gu_scale, const float* down_scale,

@@ -648,7 +648,10 @@ int strata_gpu_moe_experts(const void* x, int x_dtype, const void* w_gate_up, co
   p.gu_scale_expert = (int64_t)2 * p.nbg * p.ncb_h;
   p.down_scale_expert = ((H + p.bo - 1) / p.bo) * p.ncb_i;
   cudaStream_t st = (cudaStream_t)stream;
-  if ((g_moe_options & STRATA_MOE_STREAM) && device_has_pdl(device)) {
+  // A cache that can miss keeps the per-block kernels unless STRATA_MOE_STREAM_MISS: the
+  // streamed kernels then bulk-copy missing experts from the host store (not yet measured).
+  const bool stream_ok = p.all_resident || (g_moe_options & STRATA_MOE_STREAM_MISS);
+  if ((g_moe_options & STRATA_MOE_STREAM) && stream_ok && device_has_pdl(device)) {
     bool launched = false;
     rc = launch_moe_stream(p, w_dtype, device, (g_moe_options & STRATA_MOE_PDL) != 0,
                            (g_moe_options & STRATA_MOE_STREAM_ALL) != 0, st, &launched);

@@ -326,10 +326,10 @@ void launch_maybe_pdl(void (*kernel)(Params...), dim3 grid, dim3 block, int smem
 #endif
 
 // The streamed kernels (strata_moe_stream.cu, sm_90+): launches them and sets *launched when
-// they take the call (no expert cache, or one with a slot for every expert: p.all_resident; FP8
-// or bf16 weights, bf16 x, shapes within their limits, and unless every_size, the row counts
-// where they measured faster), else leaves it false and the caller runs the per-block kernels.
-// Returns 0 or a CUDA error code.
+// they take the call (FP8 or bf16 weights, bf16 x, shapes within their limits, and unless
+// every_size, the row counts where they measured faster), else leaves it false and the caller
+// runs the per-block kernels. The caller decides whether an expert cache that can miss may run
+// them (strata_moe.cu). Returns 0 or a CUDA error code.
 int launch_moe_stream(const MoeParams& p, int w_dtype, int device, bool pdl, bool every_size,
                       cudaStream_t st, bool* launched);
 
