@@ -78,9 +78,9 @@ __device__ __forceinline__ float load_l2(const float* p) {
 }
 
 // Phase 2 of one row, one warp: lane l owns experts l, l + 32, ... (in shared memory ps; rolled
-// loops, for the same reason as above). Not inlined: the code-warming warp (dry: it writes
-// nothing) and the last CTA's warps run the same instructions at the same addresses.
-__device__ __noinline__ void route_row(const RouteParams p, int r, int lane, float* ps, bool dry) {
+// loops, for the same reason as above). dry: it writes nothing (the code-warming warp).
+__device__ __forceinline__ void route_row(const RouteParams& p, int r, int lane, float* ps,
+                                          bool dry) {
   const float* lrow = p.logits + (int64_t)r * p.R;
   float mx = -INFINITY;
 #pragma unroll 4
@@ -162,21 +162,31 @@ __device__ __noinline__ void route_row(const RouteParams p, int r, int lane, flo
   }
 }
 
-// A barrier of phase 1's RT_WARPS warps (named barrier 1), which the code-warming warp, when
-// there is one, does not join.
+// STRATA_ROUTE_WARM's phase 2, not inlined: the code-warming warp and the last CTA's warps run
+// the same instructions at the same addresses.
+__device__ __noinline__ void route_row_called(const RouteParams p, int r, int lane, float* ps,
+                                              bool dry) {
+  route_row(p, r, lane, ps, dry);
+}
+
+// A barrier of phase 1's RT_WARPS warps: with the code-warming warp (WARM) named barrier 1,
+// which that warp does not join.
+template <bool WARM>
 __device__ __forceinline__ void phase1_sync() {
 #if !STRATA_PLATFORM_HIP
-  asm volatile("bar.sync 1, %0;" ::"n"(32 * RT_WARPS) : "memory");
-#else
-  __syncthreads();
+  if (WARM) {
+    asm volatile("bar.sync 1, %0;" ::"n"(32 * RT_WARPS) : "memory");
+    return;
+  }
 #endif
+  __syncthreads();
 }
 
 // Rows in groups of RT_GROUP: each group's MR chains run together, the groups one after
 // another in a rolled loop (the code stays small: a kernel's code is fetched cold into the SM
 // each time, and a long unrolled body cost microseconds).
-template <int CPL>
-__global__ void __launch_bounds__(32 * (RT_WARPS + 1), 1) moe_route_kernel(RouteParams p) {
+template <int CPL, bool WARM>
+__global__ void __launch_bounds__(32 * (RT_WARPS + WARM), 1) moe_route_kernel(RouteParams p) {
   extern __shared__ float4 x_s[];  // the m x rows in float32, 4 per float4
   __shared__ float p_s[RT_WARPS][RT_MAX_EXPERTS];  // phase 2: one row's probabilities per warp
   __shared__ int last;
@@ -184,14 +194,14 @@ __global__ void __launch_bounds__(32 * (RT_WARPS + 1), 1) moe_route_kernel(Route
   const int e = (int)blockIdx.x * RT_WARPS + warp;
   const int nch = p.H / 8;
   pdl_launch_dependents();
-  if (warp == RT_WARPS) {  // STRATA_ROUTE_WARM: phase 2's code on a dry row of at most 32
-    // experts and one pick, so that the last CTA finds it in the SM's instruction cache (it
-    // runs only there, once per launch)
+  if (WARM && warp == RT_WARPS) {  // STRATA_ROUTE_WARM: phase 2's code on a dry row of at
+    // most 32 experts and one pick, so that the last CTA finds it in the SM's instruction
+    // cache (it runs only there, once per launch)
     __shared__ float warm_s[32];
     RouteParams q = p;
     q.E = p.E < 32 ? p.E : 32;
     q.k = 1;
-    route_row(q, 0, lane, warm_s, true);
+    route_row_called(q, 0, lane, warm_s, true);
     return;
   }
   uint4 wv[CPL];
@@ -214,7 +224,7 @@ __global__ void __launch_bounds__(32 * (RT_WARPS + 1), 1) moe_route_kernel(Route
     x_s[2 * i + 1] = make_float4(__uint_as_float(u.z << 16), __uint_as_float(u.z & 0xffff0000u),
                                  __uint_as_float(u.w << 16), __uint_as_float(u.w & 0xffff0000u));
   }
-  phase1_sync();
+  phase1_sync<WARM>();
   if (e < p.R) {
     // Each row sums its chunks in order, the 8 products of a chunk in order.
 #pragma unroll 1
@@ -259,53 +269,64 @@ __global__ void __launch_bounds__(32 * (RT_WARPS + 1), 1) moe_route_kernel(Route
     }
   }
   __threadfence();
-  phase1_sync();
+  phase1_sync<WARM>();
   if (threadIdx.x == 0) last = atomicAdd(p.ticket, 1u) == gridDim.x - 1;
-  phase1_sync();
+  phase1_sync<WARM>();
   if (!last) return;
   __threadfence();
   if (threadIdx.x == 0) *p.ticket = 0u;
 
   // Phase 2, one warp per row.
 #pragma unroll 1
-  for (int r = warp; r < p.m; r += RT_WARPS) route_row(p, r, lane, p_s[warp], false);
+  for (int r = warp; r < p.m; r += RT_WARPS) {
+    if (WARM)
+      route_row_called(p, r, lane, p_s[warp], false);
+    else
+      route_row(p, r, lane, p_s[warp], false);
+  }
 }
 
-template <int CPL>
+template <int CPL, bool WARM>
 int launch_route(const RouteParams& p, int device, bool pdl, cudaStream_t st) {
-  // STRATA_ROUTE_WARM: one more warp per CTA warms phase 2's code (CUDA only: it needs the
-  // named barrier that leaves it out)
-  const bool warm = !STRATA_PLATFORM_HIP && (strata_gpu_moe_set_options(-1) & STRATA_ROUTE_WARM);
-  const dim3 grid(ceil_div_u(p.R, RT_WARPS)), block(32 * (RT_WARPS + (warm ? 1 : 0)));
+  const dim3 grid(ceil_div_u(p.R, RT_WARPS)), block(32 * (RT_WARPS + (WARM ? 1 : 0)));
   const int smem = p.m * p.H * 4;
   const char* name = "moe_route: moe_route_kernel";
 #if !STRATA_PLATFORM_HIP
   static int allowed = 0;
-  if (int rc = allow_smem(moe_route_kernel<CPL>, smem, allowed, name)) return rc;
+  if (int rc = allow_smem(moe_route_kernel<CPL, WARM>, smem, allowed, name)) return rc;
   if (pdl && device_facts(device).major >= 9) {  // a programmatic dependent launch (sm_90+)
-    launch_maybe_pdl(moe_route_kernel<CPL>, grid, block, smem, st, true, p);
+    launch_maybe_pdl(moe_route_kernel<CPL, WARM>, grid, block, smem, st, true, p);
     return take_launch_error(name);
   }
 #else
   (void)device;
   (void)pdl;
   if (smem > 48 * 1024) {
-    if (cudaFuncSetAttribute((const void*)moe_route_kernel<CPL>,
+    if (cudaFuncSetAttribute((const void*)moe_route_kernel<CPL, WARM>,
                              cudaFuncAttributeMaxDynamicSharedMemorySize, smem) != cudaSuccess)
       return take_launch_error(name);
   }
 #endif
-  moe_route_kernel<CPL><<<grid, block, smem, st>>>(p);
+  moe_route_kernel<CPL, WARM><<<grid, block, smem, st>>>(p);
   return take_launch_error(name);
+}
+
+// STRATA_ROUTE_WARM: one more warp per CTA warms phase 2's code (CUDA only: it needs the named
+// barrier that leaves it out).
+template <int CPL>
+int launch_route_warm(const RouteParams& p, int device, bool pdl, cudaStream_t st) {
+  if (!STRATA_PLATFORM_HIP && (strata_gpu_moe_set_options(-1) & STRATA_ROUTE_WARM))
+    return launch_route<CPL, true>(p, device, pdl, st);
+  return launch_route<CPL, false>(p, device, pdl, st);
 }
 
 int launch_route_chunks(const RouteParams& p, int device, bool pdl, cudaStream_t st) {
   switch (chunks_per_lane(p.H / 8)) {
-    case 1: return launch_route<1>(p, device, pdl, st);
-    case 2: return launch_route<2>(p, device, pdl, st);
-    case 4: return launch_route<4>(p, device, pdl, st);
-    case 8: return launch_route<8>(p, device, pdl, st);
-    default: return launch_route<16>(p, device, pdl, st);
+    case 1: return launch_route_warm<1>(p, device, pdl, st);
+    case 2: return launch_route_warm<2>(p, device, pdl, st);
+    case 4: return launch_route_warm<4>(p, device, pdl, st);
+    case 8: return launch_route_warm<8>(p, device, pdl, st);
+    default: return launch_route_warm<16>(p, device, pdl, st);
   }
 }
 
