@@ -117,15 +117,16 @@ def miss_bandwidth(experts_mod, rows: int, reps: int, streamed_miss: bool = Fals
         C.gpu_moe_experts(x, full[0], full[1], w, ids, *scales(full), block, out=out,
                           workspace=ws)
 
-    res = {}
-    nbytes = len(set(ids.flatten().tolist())) * (expert_bytes(e) - scale_bytes(e))  # over the bus
-    for name, fn in (("miss", miss), ("resident", resident)):
+    def replayed(fn) -> dict:
         fn()
         g = torch.cuda.CUDAGraph()
         with torch.cuda.graph(g):
             fn()
         t = _time(g.replay, reps)
-        res[name] = {"seconds": t, "bytes": nbytes, "bytes_per_s": nbytes / t}
+        return {"seconds": t, "bytes": nbytes, "bytes_per_s": nbytes / t}
+
+    nbytes = len(set(ids.flatten().tolist())) * (expert_bytes(e) - scale_bytes(e))  # over the bus
+    res = {"miss": replayed(miss), "resident": replayed(resident)}
     if streamed_miss:
         # the same misses through the streamed kernels' bulk copies (moe_launch_options
         # stream_miss, sm_90+): last, since a fault of the copies would end the process
@@ -138,14 +139,9 @@ def miss_bandwidth(experts_mod, rows: int, reps: int, streamed_miss: bool = Fals
             miss()
             torch.cuda.synchronize()
             same = bool(torch.equal(out, per_block))
-            g = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(g):
-                miss()
-            t = _time(g.replay, reps)
+            res["miss_streamed"] = {**replayed(miss), "same_bits": same}
         finally:
             C.moe_launch_options(**{k: before[k] for k in ("stream", "stream_all", "stream_miss")})
-        res["miss_streamed"] = {"seconds": t, "bytes": nbytes, "bytes_per_s": nbytes / t,
-                                "same_bits": same}
     return res
 
 

@@ -3,9 +3,9 @@ shapes (E=512 plus the shared expert's gate, H=2048, top-10), 1 to 16 rows, with
 switch setting side by side in one process.
 
 Each timed launch follows a small kernel (as the router follows the layer's norm) and reads its
-own copy of the router weight (the copies rotate over 256 MiB, so the weights come from HBM as
-in a decode window, where the experts' bytes leave nothing of them in L2); graphs of 40 such
-pairs are replayed, and the small kernel's graph alone is subtracted. The settings give the same
+own copy of the router weight (the copies rotate over bench_kernels.ROTATE_BYTES, so the weights
+come from HBM as in a decode window, where the experts' bytes leave nothing of them in L2);
+graphs of 40 such pairs are replayed, and the small kernel's graph alone is subtracted. The settings give the same
 bits (checked here, and in tests/test_router.py).
 
     python scripts/bench_router.py --json router.json        # route_warm off, then on
@@ -23,37 +23,18 @@ sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
 
+from bench_kernels import ROTATE_BYTES, time_calls  # noqa: E402
 from provenance import commit_id  # noqa: E402
 from strata.kernels import cyext_ops as C  # noqa: E402
 
-ROTATE_BYTES = 256 << 20
 LAUNCHES = 40
 
 
-def graph_us(fn, reps: int) -> float:
-    """Median microseconds per call of fn(i) over graphs of LAUNCHES calls."""
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        for i in range(2):
-            fn(i)
-    torch.cuda.current_stream().wait_stream(s)
-    torch.cuda.synchronize()
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g, stream=s):
-        for i in range(LAUNCHES):
-            fn(i)
-    g.replay()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(reps):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        g.replay()
-        b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b) * 1000 / LAUNCHES)
-    return sorted(times)[len(times) // 2]
+def per_launch_us(fn) -> tuple[float, str]:
+    """Median microseconds per fn(i) over graph replays of fn(0) .. fn(LAUNCHES - 1), and how
+    they ran (bench_kernels.time_calls: "graph", or "eager" where capture failed)."""
+    t, mode = time_calls([lambda i=i: fn(i) for i in range(LAUNCHES)], min_calls=LAUNCHES)
+    return t * 1e6, mode
 
 
 def main() -> int:
@@ -62,7 +43,6 @@ def main() -> int:
     ap.add_argument("--experts", type=int, default=512)
     ap.add_argument("--hidden", type=int, default=2048)
     ap.add_argument("--top-k", type=int, default=10)
-    ap.add_argument("--reps", type=int, default=15)
     ap.add_argument("--json", help="write the figures here (a .md goes next to it)")
     a = ap.parse_args()
     if not torch.cuda.is_available() or C.gpu_platform() is None:
@@ -89,10 +69,12 @@ def main() -> int:
                 elif not (torch.equal(out[0], ref[0]) and torch.equal(out[1], ref[1])):
                     print(f"bench_router: {name} changed the results at {m} rows", file=sys.stderr)
                     return 1
-                base = graph_us(lambda i: x.mul_(1.0), a.reps)
-                both = graph_us(lambda i: (x.mul_(1.0),
-                                           C.gpu_moe_route(x, ws[i % len(ws)], E, k, True, None, E)),
-                                a.reps)
+                base, _ = per_launch_us(lambda i: x.mul_(1.0))
+                both, mode = per_launch_us(lambda i: (x.mul_(1.0), C.gpu_moe_route(
+                    x, ws[i % len(ws)], E, k, True, None, E)))
+                if mode != "graph":
+                    print(f"bench_router: {name} at {m} rows could not be captured", file=sys.stderr)
+                    return 1
                 table[name][m] = round(both - base, 2)
                 print(f"{name:>11} rows {m:2d}: {table[name][m]:6.2f} us per launch", flush=True)
     finally:

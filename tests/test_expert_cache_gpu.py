@@ -43,6 +43,21 @@ def _case(fp8: bool, E=64, H=256, I=128, N=8, k=4, seed=0):
     return [wgu, wd, *scales], block, x, ids, w
 
 
+def _cache(stacks, held: list[int]):
+    """A cache over `stacks` whose slot s holds expert held[s] (the folded shared expert among
+    them): the device slots (gate/up, down, then their scales or None, None for bf16), slot_of,
+    and the pinned host store in the same order."""
+    E = stacks[0].shape[0] - 1
+    rows = torch.tensor(held)
+    slots = [(t.view(torch.uint8)[rows].view(t.dtype) if t.element_size() == 1 else t[rows])
+             .to(DEV) for t in stacks]  # FP8 rows picked as bytes
+    slot_of = torch.full((E + 1,), -1, dtype=torch.int32)
+    slot_of[rows] = torch.arange(len(held), dtype=torch.int32)
+    host = [t[:E].contiguous().pin_memory() for t in stacks]
+    return ((slots[0], slots[1], *(slots[2:] or [None, None])), slot_of.to(DEV),
+            (host[0], host[1], *(host[2:] or [None, None])))
+
+
 @pytest.mark.parametrize("fp8", [False, True])
 def test_miss_path_in_a_graph_matches_all_resident(fp8):
     if fp8 and torch.cuda.get_device_capability() < (8, 9):
@@ -102,22 +117,13 @@ def test_kernel_counts_in_a_graph(fp8):
     stacks, block, x, ids, w = _case(fp8, N=12, k=6, seed=1)
     E = stacks[0].shape[0] - 1
     S, L = 16, 2
-    host = [t[:E].contiguous().pin_memory() for t in stacks]
-    resident = list(range(0, 2 * S, 2))
-    rows = torch.tensor(resident + [E])
-    slots = [(t.view(torch.uint8)[rows].view(t.dtype) if t.element_size() == 1 else t[rows])
-             .to(DEV) for t in stacks]  # FP8 rows picked as bytes
-    slot_of = torch.full((E + 1,), -1, dtype=torch.int32)
-    slot_of[resident + [E]] = torch.arange(S + 1, dtype=torch.int32)
-    slot_of = slot_of.to(DEV)
+    slots, slot_of, hs = _cache(stacks, list(range(0, 2 * S, 2)) + [E])
+    args, scales = slots[:2], slots[2:]
     routed = torch.zeros(L, E, device=DEV)
     state = torch.zeros(2 + L * E, dtype=torch.int32, device=DEV)
     layers = [torch.full((1,), li, dtype=torch.int32, device=DEV) for li in range(L)]
     parts = [(0, slice(0, 5)), (1, slice(0, 12)), (0, slice(5, 12))]
     outs = [torch.empty_like(x[p]) for _, p in parts]
-    args = (slots[0], slots[1])
-    scales = slots[2:] or [None, None]
-    hs = (host[0], host[1], *(host[2:] or [None, None]))
 
     def window():
         state.zero_()
@@ -162,14 +168,8 @@ def test_cache_holding_every_expert_runs_the_streamed_kernels(fp8):
     stacks, block, x, ids, w = _case(fp8, N=6, k=4, seed=2)
     E = stacks[0].shape[0] - 1
     order = torch.randperm(E, generator=torch.Generator().manual_seed(0)).tolist() + [E]
-    rows = torch.tensor(order)
-    slots = [(t.view(torch.uint8)[rows].view(t.dtype) if t.element_size() == 1 else t[rows])
-             .to(DEV) for t in stacks]
-    slot_of = torch.empty(E + 1, dtype=torch.int32)
-    slot_of[rows] = torch.arange(E + 1, dtype=torch.int32)
-    slot_of = slot_of.to(DEV)
-    host = [t[:E].contiguous().pin_memory() for t in stacks]
-    hs = (host[0], host[1], *(host[2:] or [None, None]))
+    slots, slot_of, hs = _cache(stacks, order)
+    assert (slot_of >= 0).all()
     routed = torch.zeros(1, E, device=DEV)
     state = torch.zeros(2 + E, dtype=torch.int32, device=DEV)
     layer = torch.zeros(1, dtype=torch.int32, device=DEV)
@@ -180,9 +180,9 @@ def test_cache_holding_every_expert_runs_the_streamed_kernels(fp8):
         plain = C.gpu_moe_experts(x, dev_stacks[0], dev_stacks[1], w, ids,
                                   *(dev_stacks[2:] or [None, None]), block)
         with profile(activities=[ProfilerActivity.CUDA]) as prof:
-            got = C.gpu_moe_experts(x, slots[0], slots[1], w, ids, *(slots[2:] or [None, None]),
-                                    block, slot_of, *hs, routed_counts=routed,
-                                    window_state=state, count_layer=layer)
+            got = C.gpu_moe_experts(x, slots[0], slots[1], w, ids, *slots[2:], block, slot_of,
+                                    *hs, routed_counts=routed, window_state=state,
+                                    count_layer=layer)
             torch.cuda.synchronize()
     finally:
         C.moe_launch_options(**{k: before[k] for k in ("stream", "stream_all")})
@@ -312,24 +312,14 @@ def test_streamed_kernels_read_missing_experts_from_the_host_store(fp8):
 
     stacks, block, x, ids, w = _case(fp8, N=6, k=4, seed=3)
     E = stacks[0].shape[0] - 1
-    S = 16
-    resident = list(range(1, 2 * S, 2))
-    rows = torch.tensor(resident + [E])
-    slots = [(t.view(torch.uint8)[rows].view(t.dtype) if t.element_size() == 1 else t[rows])
-             .to(DEV) for t in stacks]
-    slot_of = torch.full((E + 1,), -1, dtype=torch.int32)
-    slot_of[resident + [E]] = torch.arange(S + 1, dtype=torch.int32)
-    slot_of = slot_of.to(DEV)
-    host = [t[:E].contiguous().pin_memory() for t in stacks]
-    hs = (host[0], host[1], *(host[2:] or [None, None]))
-    scales = slots[2:] or [None, None]
+    slots, slot_of, hs = _cache(stacks, list(range(1, 32, 2)) + [E])
 
     def call():
         routed = torch.zeros(1, E, device=DEV)
         state = torch.zeros(2 + E, dtype=torch.int32, device=DEV)
         layer = torch.zeros(1, dtype=torch.int32, device=DEV)
-        out = C.gpu_moe_experts(x, slots[0], slots[1], w, ids, *scales, block, slot_of, *hs,
-                                routed_counts=routed, window_state=state, count_layer=layer)
+        out = C.gpu_moe_experts(x, slots[0], slots[1], w, ids, *slots[2:], block, slot_of,
+                                *hs, routed_counts=routed, window_state=state, count_layer=layer)
         torch.cuda.synchronize()
         return out, routed, state
 
