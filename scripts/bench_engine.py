@@ -26,6 +26,7 @@ import statistics
 import sys
 import time
 from pathlib import Path
+from typing import Optional
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -128,7 +129,30 @@ class WindowTimes:
         #: Device seconds of the windows and prompt chunks since the last reset (a cohort's:
         #: its wall time less this is the host time the device did not hide).
         self.busy_s = 0.0
+        #: The current cohort's windows as (groups, rows, misses or None, seconds) and prompt
+        #: chunks as (tokens, seconds): where a cohort's time went (cohort_summary).
+        self.cohort_windows: list[tuple[int, int, Optional[int], float]] = []
+        self.cohort_prefills: list[tuple[int, float]] = []
         self.on = False
+
+    def start_cohort(self) -> None:
+        self.busy_s = 0.0
+        self.cohort_windows, self.cohort_prefills = [], []
+
+    def cohort_summary(self) -> dict:
+        """The cohort's windows by (groups x rows): count, mean ms and, with an expert cache,
+        mean misses; its prompt chunks' count and mean ms."""
+        shapes: dict[str, list] = {}
+        for groups, rows, misses, dur in self.cohort_windows:
+            shapes.setdefault(f"{groups}x{rows}", []).append((misses, dur))
+        out = {}
+        for key, ws in sorted(shapes.items()):
+            out[key] = {"windows": len(ws), "mean_ms": statistics.fmean(d for _, d in ws) * 1e3}
+            if ws[0][0] is not None:
+                out[key]["mean_misses"] = statistics.fmean(m for m, _ in ws)
+        chunks = [d for _, d in self.cohort_prefills]
+        return {"windows": out, "prefill_chunks": len(chunks),
+                "prefill_mean_ms": statistics.fmean(chunks) * 1e3 if chunks else None}
 
     def __call__(self, ev: str, fields: dict) -> None:
         if not self.on or ev not in ("prefill", "window"):
@@ -137,9 +161,11 @@ class WindowTimes:
         self.busy_s += dur
         if ev == "prefill":
             self.prefills.setdefault(int(fields["tokens"]), []).append(dur)
+            self.cohort_prefills.append((int(fields["tokens"]), dur))
             return
         groups, rows = window_grid(fields)
         self.times.setdefault((groups, rows, int(fields["ctx"])), []).append(dur)
+        self.cohort_windows.append((groups, rows, fields.get("misses"), dur))
 
     def prefill_table(self) -> list[dict]:
         return [{"tokens": t, "chunks": len(d), "mean_ms": statistics.fmean(d) * 1e3}
@@ -238,7 +264,7 @@ def run_cohort(eng: Engine, device, prompts, max_tokens) -> dict:
     if device.type == "cuda":
         torch.cuda.synchronize()
     t0 = time.perf_counter()
-    eng.window_times.busy_s = 0.0
+    eng.window_times.start_cohort()
     eng.window_times.on = True
     run_requests(eng, reqs)
     eng.window_times.on = False
@@ -254,6 +280,7 @@ def run_cohort(eng: Engine, device, prompts, max_tokens) -> dict:
            "device_busy": eng.window_times.busy_s / wall if wall > 0 else None,
            "acceptance": d["accepted"] / d["drafted"] if d["drafted"] else None,
            "windows": d["windows"],
+           "time_by_shape": eng.window_times.cohort_summary(),
            "graph": {"hit": d["graph_hits"], "capture": d["graph_captures"],
                      "eager": d["graph_eager"], "evict": d["graph_evictions"]},
            "tokens": [eng.requests[r.id].emitted for r in reqs]}

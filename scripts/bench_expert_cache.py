@@ -282,7 +282,10 @@ def part_study(a, loaded, device, save=lambda rows: None) -> dict:
                        "aggregate_tps": r["aggregate_tps"], "acceptance": r["acceptance"],
                        "windows": sum(x["windows"] for x in runs), "hit_rate": h / (h + m) if h + m else None,
                        # the median run's, as its tok/s: one cohort's bytes, whatever --repeats
-                       "bus_bytes": r["misses"] * plan.expert_bytes, "warm_s": warm_s}
+                       "bus_bytes": r["misses"] * plan.expert_bytes, "warm_s": warm_s,
+                       # the median run's device share and its windows' and chunks' times: where
+                       # a cell's time went (engines that run the same work differ here)
+                       "device_busy": r["device_busy"], "time_by_shape": r["time_by_shape"]}
                 results.append(row)
                 hr = "-" if row["hit_rate"] is None else f"{row['hit_rate']:.3f}"
                 print(f"budget {'none' if pct is None else f'{pct}%':>4} {name:<10} N={n}: "

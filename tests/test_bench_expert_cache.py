@@ -93,6 +93,13 @@ def test_study_runs_end_to_end_on_the_cpu(loaded, tmp_path, fresh):
     same = [r["runs_misses"][0] == r["runs_misses"][1] for r in low]
     assert all(same) if fresh else not all(same)  # carried: the second repeat starts adapted
     assert "| 25% | 2 |" in res["table"]
+    for r in rows:  # where each cell's time went: every window of the median cohort, one chunk
+        by_shape = r["time_by_shape"]  # per prompt (64 tokens, one chunk each)
+        assert by_shape["prefill_chunks"] == r["n"] and by_shape["prefill_mean_ms"] > 0
+        assert all(w["windows"] > 0 and w["mean_ms"] > 0 for w in by_shape["windows"].values())
+        assert all(("mean_misses" in w) == (r["budget_pct"] is not None)
+                   for w in by_shape["windows"].values())
+        assert 0 < r["device_busy"] <= 1.0 + 1e-6
 
 
 def test_timed_profile_counts_every_window_with_or_without_resets(loaded, tmp_path):
