@@ -1,14 +1,12 @@
 """The MoE router kernel (ops.moe_route's one launch, cyext/src/strata_router.cu) at Qwen3-Next's
-shapes (E=512 plus the shared expert's gate, H=2048, top-10), 1 to 16 rows, with each launch
-switch setting side by side in one process.
+shapes (E=512 plus the shared expert's gate, H=2048, top-10), 1 to 16 rows.
 
 Each timed launch follows a small kernel (as the router follows the layer's norm) and reads its
 own copy of the router weight (the copies rotate over bench_kernels.ROTATE_BYTES, so the weights
 come from HBM as in a decode window, where the experts' bytes leave nothing of them in L2);
-graphs of 40 such pairs are replayed, and the small kernel's graph alone is subtracted. The settings give the same
-bits (checked here, and in tests/test_router.py).
+graphs of 40 such pairs are replayed, and the small kernel's graph alone is subtracted.
 
-    python scripts/bench_router.py --json router.json        # route_warm off, then on
+    python scripts/bench_router.py --json router.json
 """
 
 from __future__ import annotations
@@ -54,37 +52,23 @@ def main() -> int:
     w0 = (torch.randn(rows_w, H, device=dev) / H ** 0.5).to(torch.bfloat16)
     copies = max(2, -(-ROTATE_BYTES // (w0.numel() * 2)))
     ws = [w0] + [w0.clone() for _ in range(copies - 1)]
-    settings = {"plain": {"route_warm": False}, "route_warm": {"route_warm": True}}
-    before = C.moe_launch_options()
-    table: dict[str, dict[int, float]] = {name: {} for name in settings}
-    try:
-        for m in [int(r) for r in a.rows.split(",")]:
-            x = torch.randn(m, H, device=dev).to(torch.bfloat16)
-            ref = None
-            for name, opts in settings.items():
-                C.moe_launch_options(**opts)
-                out = C.gpu_moe_route(x, w0, E, k, True, None, E)
-                if ref is None:
-                    ref = out
-                elif not (torch.equal(out[0], ref[0]) and torch.equal(out[1], ref[1])):
-                    print(f"bench_router: {name} changed the results at {m} rows", file=sys.stderr)
-                    return 1
-                base, _ = per_launch_us(lambda i: x.mul_(1.0))
-                both, mode = per_launch_us(lambda i: (x.mul_(1.0), C.gpu_moe_route(
-                    x, ws[i % len(ws)], E, k, True, None, E)))
-                if mode != "graph":
-                    print(f"bench_router: {name} at {m} rows could not be captured", file=sys.stderr)
-                    return 1
-                table[name][m] = round(both - base, 2)
-                print(f"{name:>11} rows {m:2d}: {table[name][m]:6.2f} us per launch", flush=True)
-    finally:
-        C.moe_launch_options(route_warm=before["route_warm"])
+    table: dict[str, dict[int, float]] = {"router": {}}
+    for m in [int(r) for r in a.rows.split(",")]:
+        x = torch.randn(m, H, device=dev).to(torch.bfloat16)
+        base, _ = per_launch_us(lambda i: x.mul_(1.0))
+        both, mode = per_launch_us(lambda i: (x.mul_(1.0), C.gpu_moe_route(
+            x, ws[i % len(ws)], E, k, True, None, E)))
+        if mode != "graph":
+            print(f"bench_router: {m} rows could not be captured", file=sys.stderr)
+            return 1
+        table["router"][m] = round(both - base, 2)
+        print(f"router rows {m:2d}: {table['router'][m]:6.2f} us per launch", flush=True)
     meta = {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
             "commit": commit_id(), "experts": E, "hidden": H, "top_k": k,
             "weight_copies": copies, "launches_per_graph": LAUNCHES}
-    rows = sorted(next(iter(table.values())))
+    rows = sorted(table["router"])
     md = [f"# router kernel, us per launch ({meta['device']}, torch {meta['torch']}, "
-          f"{meta['commit']})", "", "| setting | " + " | ".join(f"{m} rows" for m in rows) + " |",
+          f"{meta['commit']})", "", "| kernel | " + " | ".join(f"{m} rows" for m in rows) + " |",
           "| --- |" + " --- |" * len(rows)]
     md += [f"| {name} | " + " | ".join(f"{t[m]:.2f}" for m in rows) + " |" for name, t in table.items()]
     print("\n".join(md))

@@ -241,35 +241,3 @@ def test_gpu_modes_give_the_same_tokens_with_the_router_kernel(tmp_path, monkeyp
         for graphs in (False, True):
             if (mode, graphs) != ("solo", False):
                 assert run(mode, graphs) == ref, (mode, graphs)
-
-
-@_gpu
-@pytest.mark.parametrize("m,H,E,k,norm,shared,bias", ROUTE_CASES)
-def test_gpu_route_code_warming_warp_changes_no_bit(m, H, E, k, norm, shared, bias):
-    """moe_launch_options(route_warm=True): one more warp per CTA runs phase 2's code on a dry
-    row; the ids and weights are the same bits, eager and replayed from a graph, and the
-    ticket is left at zero."""
-    dev = torch.device("cuda")
-    x, w = router_case(m, H, E, shared, seed=m + 2 * E, device=dev, exact=False)
-    b = torch.linspace(-2, 0, E, device=dev) if bias else None
-    sid = E if shared else -1
-    before = C.moe_launch_options()
-    try:
-        C.moe_launch_options(route_warm=False)
-        want_w, want_i = C.gpu_moe_route(x, w, E, k, norm, b, sid)
-        C.moe_launch_options(route_warm=True)
-        got_w, got_i = C.gpu_moe_route(x, w, E, k, norm, b, sid)
-        static = x.clone()
-        s = torch.cuda.Stream()
-        s.wait_stream(torch.cuda.current_stream())
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.stream(s), torch.cuda.graph(graph, stream=s):
-            gw, gi = C.gpu_moe_route(static, w, E, k, norm, b, sid)
-        torch.cuda.current_stream().wait_stream(s)
-        graph.replay()
-        torch.cuda.synchronize()
-    finally:
-        C.moe_launch_options(route_warm=before["route_warm"])
-    assert torch.equal(got_i, want_i) and torch.equal(got_w, want_w)
-    assert torch.equal(gi, want_i) and torch.equal(gw, want_w)
-    assert int(C._route_ticket(w).item()) == 0

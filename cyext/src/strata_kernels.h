@@ -112,10 +112,6 @@ int64_t strata_gpu_moe_workspace(int64_t n, int64_t k, int64_t inter);
 // the consumer threads, a software-pipelined block loop), else the unpiped first version (whole
 // tiles). The same bits either way.
 #define STRATA_LINEAR_PIPE 256
-// STRATA_ROUTE_WARM (off until measured): the router kernel (strata_router.cu) runs one more
-// warp per CTA that executes phase 2's code on a dry row while phase 1 loads its weights, so
-// that the CTA that finishes last finds that code in its SM's instruction cache. Same bits.
-#define STRATA_ROUTE_WARM 512
 // STRATA_MOE_STREAM_MISS (off until measured): an expert cache that can miss also runs the
 // streamed kernels (sm_90+), whose bulk copies then read missing experts from the pinned host
 // store through its device address; else such a cache runs the per-block kernels. Same bits.

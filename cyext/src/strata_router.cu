@@ -21,8 +21,7 @@
 // fetches the kernel's code cold into the SM, and unrolled bodies measured microseconds
 // longer. At most 128 KiB of x per launch (16 rows at H = 2048; more rows take several
 // launches, the later ones plain rather than programmatic so that none overlap on the ticket).
-// No other kernel, no host sync: capturable. With STRATA_ROUTE_WARM (off until measured) each CTA
-// has one more warp that runs phase 2's code on a dry row while phase 1 loads, writing nothing.
+// No other kernel, no host sync: capturable.
 // Determinism: a row's logits, softmax and picks depend only on that row, so its result is the
 // same bits whatever other rows share the launch.
 // The ticket: one int32 per call site (the MoE layer), zero between launches; launches that
@@ -77,116 +76,11 @@ __device__ __forceinline__ float load_l2(const float* p) {
 #endif
 }
 
-// Phase 2 of one row, one warp: lane l owns experts l, l + 32, ... (in shared memory ps; rolled
-// loops, for the same reason as above). dry: it writes nothing (the code-warming warp).
-__device__ __forceinline__ void route_row(const RouteParams& p, int r, int lane, float* ps,
-                                          bool dry) {
-  const float* lrow = p.logits + (int64_t)r * p.R;
-  float mx = -INFINITY;
-#pragma unroll 4
-  for (int j = lane; j < p.E; j += 32) {
-    const float l = load_l2(lrow + j) + (p.bias ? __ldg(p.bias + j) : 0.f);
-    ps[j] = l;
-    mx = fmaxf(mx, l);
-  }
-#pragma unroll
-  for (int s = 16; s >= 1; s >>= 1) mx = fmaxf(mx, STRATA_SHFL_XOR(mx, s, 32));
-  float sum = 0.f;
-#pragma unroll 4
-  for (int j = lane; j < p.E; j += 32) {
-    const float ex = expf(ps[j] - mx);
-    ps[j] = ex;
-    sum += ex;
-  }
-  const float inv = 1.f / warp_sum(sum);
-  // this lane's best (the greatest probability, ties to the lower id)
-  float bv = -INFINITY;
-  int bi = 0x7fffffff;
-#pragma unroll 4
-  for (int j = lane; j < p.E; j += 32) {
-    const float pr = ps[j] * inv;
-    ps[j] = pr;
-    arg_better(bv, bi, pr, j);
-  }
-  // k rounds of a warp argmax over each lane's best untaken expert; only the lane that gave
-  // the winner marks it taken (-inf) and looks for its next best.
-  float pick_v = 0.f;
-  int pick_i = 0;
-  float total = 0.f;
-#pragma unroll 1
-  for (int t = 0; t < p.k; ++t) {
-    float wv_ = bv;
-    int wi = bi;
-#if !STRATA_PLATFORM_HIP && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-    // Probabilities are >= 0, so their bits order as unsigned ints (+1: 0 is "none left").
-    const unsigned key = bv >= 0.f ? __float_as_uint(bv) + 1u : 0u;
-    const unsigned top = __reduce_max_sync(0xffffffffu, key);
-    wi = (int)__reduce_min_sync(0xffffffffu, key == top && top ? (unsigned)bi : 0x7fffffffu);
-    wv_ = top ? __uint_as_float(top - 1u) : -INFINITY;
-#else
-#pragma unroll
-    for (int s = 16; s >= 1; s >>= 1) {
-      const float ov = STRATA_SHFL_XOR(wv_, s, 32);
-      const int oi = STRATA_SHFL_XOR(wi, s, 32);
-      arg_better(wv_, wi, ov, oi);
-    }
-    if (!(wv_ >= 0.f)) wi = 0x7fffffff;
-#endif
-    if (wi == bi && wi != 0x7fffffff) {  // this lane's best won: its next best
-      ps[wi] = -INFINITY;
-      bv = -INFINITY;
-      bi = 0x7fffffff;
-#pragma unroll 4
-      for (int j = lane; j < p.E; j += 32) arg_better(bv, bi, ps[j], j);
-    }
-    if (wi == 0x7fffffff) {  // fewer candidates than k (NaN logits): weight 0, any id
-      wi = t;
-      wv_ = 0.f;
-    }
-    if (lane == t) {
-      pick_v = wv_;
-      pick_i = wi;
-    }
-    total += wv_;
-  }
-  if (dry) return;
-  if (p.norm) pick_v = pick_v / total;
-  if (lane < p.k) {
-    p.weights[(int64_t)r * p.cols + lane] = pick_v;
-    p.ids[(int64_t)r * p.cols + lane] = pick_i;
-  }
-  if (p.shared_id >= 0 && lane == 0) {
-    const float sg = load_l2(lrow + p.E);
-    p.weights[(int64_t)r * p.cols + p.k] = 1.f / (1.f + expf(-sg));
-    p.ids[(int64_t)r * p.cols + p.k] = p.shared_id;
-  }
-}
-
-// STRATA_ROUTE_WARM's phase 2, not inlined: the code-warming warp and the last CTA's warps run
-// the same instructions at the same addresses.
-__device__ __noinline__ void route_row_called(const RouteParams p, int r, int lane, float* ps,
-                                              bool dry) {
-  route_row(p, r, lane, ps, dry);
-}
-
-// A barrier of phase 1's RT_WARPS warps: with the code-warming warp (WARM) named barrier 1,
-// which that warp does not join.
-template <bool WARM>
-__device__ __forceinline__ void phase1_sync() {
-#if !STRATA_PLATFORM_HIP
-  if (WARM) {
-    asm volatile("bar.sync 1, %0;" ::"n"(32 * RT_WARPS) : "memory");
-    return;
-  }
-#endif
-  __syncthreads();
-}
-
 // Rows in groups of RT_GROUP: each group's MR chains run together, the groups one after
 // another in a rolled loop (the code stays small: a kernel's code is fetched cold into the SM
 // each time, and a long unrolled body cost microseconds).
-template <int CPL, bool WARM>
-__global__ void __launch_bounds__(32 * (RT_WARPS + WARM), 1) moe_route_kernel(RouteParams p) {
+template <int CPL>
+__global__ void __launch_bounds__(32 * RT_WARPS, 1) moe_route_kernel(RouteParams p) {
   extern __shared__ float4 x_s[];  // the m x rows in float32, 4 per float4
   __shared__ float p_s[RT_WARPS][RT_MAX_EXPERTS];  // phase 2: one row's probabilities per warp
   __shared__ int last;
@@ -194,16 +88,6 @@ __global__ void __launch_bounds__(32 * (RT_WARPS + WARM), 1) moe_route_kernel(Ro
   const int e = (int)blockIdx.x * RT_WARPS + warp;
   const int nch = p.H / 8;
   pdl_launch_dependents();
-  if (WARM && warp == RT_WARPS) {  // STRATA_ROUTE_WARM: phase 2's code on a dry row of at
-    // most 32 experts and one pick, so that the last CTA finds it in the SM's instruction
-    // cache (it runs only there, once per launch)
-    __shared__ float warm_s[32];
-    RouteParams q = p;
-    q.E = p.E < 32 ? p.E : 32;
-    q.k = 1;
-    route_row_called(q, 0, lane, warm_s, true);
-    return;
-  }
   uint4 wv[CPL];
   if (e < p.R) {
     const uint16_t* wrow = p.w + (int64_t)e * p.H;
@@ -224,7 +108,7 @@ __global__ void __launch_bounds__(32 * (RT_WARPS + WARM), 1) moe_route_kernel(Ro
     x_s[2 * i + 1] = make_float4(__uint_as_float(u.z << 16), __uint_as_float(u.z & 0xffff0000u),
                                  __uint_as_float(u.w << 16), __uint_as_float(u.w & 0xffff0000u));
   }
-  phase1_sync<WARM>();
+  __syncthreads();
   if (e < p.R) {
     // Each row sums its chunks in order, the 8 products of a chunk in order.
 #pragma unroll 1
@@ -269,64 +153,131 @@ __global__ void __launch_bounds__(32 * (RT_WARPS + WARM), 1) moe_route_kernel(Ro
     }
   }
   __threadfence();
-  phase1_sync<WARM>();
+  __syncthreads();
   if (threadIdx.x == 0) last = atomicAdd(p.ticket, 1u) == gridDim.x - 1;
-  phase1_sync<WARM>();
+  __syncthreads();
   if (!last) return;
   __threadfence();
   if (threadIdx.x == 0) *p.ticket = 0u;
 
-  // Phase 2, one warp per row.
+  // Phase 2, one warp per row: lane l owns experts l, l + 32, ... (in shared memory; rolled
+  // loops, for the same reason as above).
+  float* ps = p_s[warp];
 #pragma unroll 1
   for (int r = warp; r < p.m; r += RT_WARPS) {
-    if (WARM)
-      route_row_called(p, r, lane, p_s[warp], false);
-    else
-      route_row(p, r, lane, p_s[warp], false);
+    const float* lrow = p.logits + (int64_t)r * p.R;
+    float mx = -INFINITY;
+#pragma unroll 4
+    for (int j = lane; j < p.E; j += 32) {
+      const float l = load_l2(lrow + j) + (p.bias ? __ldg(p.bias + j) : 0.f);
+      ps[j] = l;
+      mx = fmaxf(mx, l);
+    }
+#pragma unroll
+    for (int s = 16; s >= 1; s >>= 1) mx = fmaxf(mx, STRATA_SHFL_XOR(mx, s, 32));
+    float sum = 0.f;
+#pragma unroll 4
+    for (int j = lane; j < p.E; j += 32) {
+      const float ex = expf(ps[j] - mx);
+      ps[j] = ex;
+      sum += ex;
+    }
+    const float inv = 1.f / warp_sum(sum);
+    // this lane's best (the greatest probability, ties to the lower id)
+    float bv = -INFINITY;
+    int bi = 0x7fffffff;
+#pragma unroll 4
+    for (int j = lane; j < p.E; j += 32) {
+      const float pr = ps[j] * inv;
+      ps[j] = pr;
+      arg_better(bv, bi, pr, j);
+    }
+    // k rounds of a warp argmax over each lane's best untaken expert; only the lane that gave
+    // the winner marks it taken (-inf) and looks for its next best.
+    float pick_v = 0.f;
+    int pick_i = 0;
+    float total = 0.f;
+#pragma unroll 1
+    for (int t = 0; t < p.k; ++t) {
+      float wv_ = bv;
+      int wi = bi;
+#if !STRATA_PLATFORM_HIP && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+      // Probabilities are >= 0, so their bits order as unsigned ints (+1: 0 is "none left").
+      const unsigned key = bv >= 0.f ? __float_as_uint(bv) + 1u : 0u;
+      const unsigned top = __reduce_max_sync(0xffffffffu, key);
+      wi = (int)__reduce_min_sync(0xffffffffu, key == top && top ? (unsigned)bi : 0x7fffffffu);
+      wv_ = top ? __uint_as_float(top - 1u) : -INFINITY;
+#else
+#pragma unroll
+      for (int s = 16; s >= 1; s >>= 1) {
+        const float ov = STRATA_SHFL_XOR(wv_, s, 32);
+        const int oi = STRATA_SHFL_XOR(wi, s, 32);
+        arg_better(wv_, wi, ov, oi);
+      }
+      if (!(wv_ >= 0.f)) wi = 0x7fffffff;
+#endif
+      if (wi == bi && wi != 0x7fffffff) {  // this lane's best won: its next best
+        ps[wi] = -INFINITY;
+        bv = -INFINITY;
+        bi = 0x7fffffff;
+#pragma unroll 4
+        for (int j = lane; j < p.E; j += 32) arg_better(bv, bi, ps[j], j);
+      }
+      if (wi == 0x7fffffff) {  // fewer candidates than k (NaN logits): weight 0, any id
+        wi = t;
+        wv_ = 0.f;
+      }
+      if (lane == t) {
+        pick_v = wv_;
+        pick_i = wi;
+      }
+      total += wv_;
+    }
+    if (p.norm) pick_v = pick_v / total;
+    if (lane < p.k) {
+      p.weights[(int64_t)r * p.cols + lane] = pick_v;
+      p.ids[(int64_t)r * p.cols + lane] = pick_i;
+    }
+    if (p.shared_id >= 0 && lane == 0) {
+      const float sg = load_l2(lrow + p.E);
+      p.weights[(int64_t)r * p.cols + p.k] = 1.f / (1.f + expf(-sg));
+      p.ids[(int64_t)r * p.cols + p.k] = p.shared_id;
+    }
   }
 }
 
-template <int CPL, bool WARM>
+template <int CPL>
 int launch_route(const RouteParams& p, int device, bool pdl, cudaStream_t st) {
-  const dim3 grid(ceil_div_u(p.R, RT_WARPS)), block(32 * (RT_WARPS + (WARM ? 1 : 0)));
+  const dim3 grid(ceil_div_u(p.R, RT_WARPS)), block(32 * RT_WARPS);
   const int smem = p.m * p.H * 4;
   const char* name = "moe_route: moe_route_kernel";
 #if !STRATA_PLATFORM_HIP
   static int allowed = 0;
-  if (int rc = allow_smem(moe_route_kernel<CPL, WARM>, smem, allowed, name)) return rc;
+  if (int rc = allow_smem(moe_route_kernel<CPL>, smem, allowed, name)) return rc;
   if (pdl && device_facts(device).major >= 9) {  // a programmatic dependent launch (sm_90+)
-    launch_maybe_pdl(moe_route_kernel<CPL, WARM>, grid, block, smem, st, true, p);
+    launch_maybe_pdl(moe_route_kernel<CPL>, grid, block, smem, st, true, p);
     return take_launch_error(name);
   }
 #else
   (void)device;
   (void)pdl;
   if (smem > 48 * 1024) {
-    if (cudaFuncSetAttribute((const void*)moe_route_kernel<CPL, WARM>,
+    if (cudaFuncSetAttribute((const void*)moe_route_kernel<CPL>,
                              cudaFuncAttributeMaxDynamicSharedMemorySize, smem) != cudaSuccess)
       return take_launch_error(name);
   }
 #endif
-  moe_route_kernel<CPL, WARM><<<grid, block, smem, st>>>(p);
+  moe_route_kernel<CPL><<<grid, block, smem, st>>>(p);
   return take_launch_error(name);
-}
-
-// STRATA_ROUTE_WARM: one more warp per CTA warms phase 2's code (CUDA only: it needs the named
-// barrier that leaves it out).
-template <int CPL>
-int launch_route_warm(const RouteParams& p, int device, bool pdl, cudaStream_t st) {
-  if (!STRATA_PLATFORM_HIP && (strata_gpu_moe_set_options(-1) & STRATA_ROUTE_WARM))
-    return launch_route<CPL, true>(p, device, pdl, st);
-  return launch_route<CPL, false>(p, device, pdl, st);
 }
 
 int launch_route_chunks(const RouteParams& p, int device, bool pdl, cudaStream_t st) {
   switch (chunks_per_lane(p.H / 8)) {
-    case 1: return launch_route_warm<1>(p, device, pdl, st);
-    case 2: return launch_route_warm<2>(p, device, pdl, st);
-    case 4: return launch_route_warm<4>(p, device, pdl, st);
-    case 8: return launch_route_warm<8>(p, device, pdl, st);
-    default: return launch_route_warm<16>(p, device, pdl, st);
+    case 1: return launch_route<1>(p, device, pdl, st);
+    case 2: return launch_route<2>(p, device, pdl, st);
+    case 4: return launch_route<4>(p, device, pdl, st);
+    case 8: return launch_route<8>(p, device, pdl, st);
+    default: return launch_route<16>(p, device, pdl, st);
   }
 }
 

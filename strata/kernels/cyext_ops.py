@@ -459,7 +459,7 @@ def moe_kernel_supported(x, w_gate_up, k: int, block=None) -> bool:
 
 def moe_launch_options(pdl=None, early=None, wide=None, db=None, xsmem=None, stream=None,
                        stream_all=None, linear_stream=None, linear_pipe=None,
-                       route_warm=None, stream_miss=None) -> dict:
+                       stream_miss=None) -> dict:
     """Read or set moe_experts' launch switches on the GPU extension (process-wide; every
     setting gives the same bits): `stream` (on by default), the streamed kernels on sm_90+
     without the expert cache, or with one that has a slot for every expert (it never misses),
@@ -475,23 +475,20 @@ def moe_launch_options(pdl=None, early=None, wide=None, db=None, xsmem=None, str
     and `linear_pipe` (off: measured slower at 1-4 rows): that kernel in its piped form
     (k-range weight pieces on their own barriers, x copied by the consumer warps, a
     software-pipelined block loop) rather than the unpiped first version; the same bits.
-    `route_warm` (off until measured): the router kernel's extra warp that runs phase 2's code
-    on a dry row during phase 1, so the last CTA finds it in the instruction cache (same bits).
     `stream_miss` (off until measured): an expert cache that can miss runs the streamed kernels
     too, their bulk copies reading missing experts from the pinned host store (same bits).
     None leaves a switch as it is. Returns the switches now in force."""
     flags = _gpu.moe_set_options(-1)
     for bit, on in ((1, pdl), (2, early), (4, wide), (8, db), (16, xsmem), (32, stream),
                     (64, stream_all), (128, linear_stream), (256, linear_pipe),
-                    (512, route_warm), (1024, stream_miss)):
+                    (1024, stream_miss)):
         if on is not None:
             flags = (flags | bit) if on else (flags & ~bit)
     _gpu.moe_set_options(flags)
     return {"pdl": bool(flags & 1), "early": bool(flags & 2), "wide": bool(flags & 4),
             "db": bool(flags & 8), "xsmem": bool(flags & 16), "stream": bool(flags & 32),
             "stream_all": bool(flags & 64), "linear_stream": bool(flags & 128),
-            "linear_pipe": bool(flags & 256), "route_warm": bool(flags & 512),
-            "stream_miss": bool(flags & 1024)}
+            "linear_pipe": bool(flags & 256), "stream_miss": bool(flags & 1024)}
 
 
 def conv_launch_options(serial=None) -> dict:
