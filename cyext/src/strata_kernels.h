@@ -112,9 +112,9 @@ int64_t strata_gpu_moe_workspace(int64_t n, int64_t k, int64_t inter);
 // the consumer threads, a software-pipelined block loop), else the unpiped first version (whole
 // tiles). The same bits either way.
 #define STRATA_LINEAR_PIPE 256
-// STRATA_MOE_STREAM_MISS (off until measured): an expert cache that can miss also runs the
-// streamed kernels (sm_90+), whose bulk copies then read missing experts from the pinned host
-// store through its device address; else such a cache runs the per-block kernels. Same bits.
+// STRATA_MOE_STREAM_MISS (on): an expert cache that can miss also runs the streamed kernels
+// (sm_90+), whose bulk copies then read missing experts from the pinned host store through its
+// device address; off, such a cache runs the per-block kernels. Same bits.
 #define STRATA_MOE_STREAM_MISS 1024
 int strata_gpu_moe_set_options(int flags);
 int strata_gpu_moe_experts(const void* x, int x_dtype, const void* w_gate_up, const void* w_down,

@@ -462,8 +462,8 @@ def moe_launch_options(pdl=None, early=None, wide=None, db=None, xsmem=None, str
                        stream_miss=None) -> dict:
     """Read or set moe_experts' launch switches on the GPU extension (process-wide; every
     setting gives the same bits): `stream` (on by default), the streamed kernels on sm_90+
-    without the expert cache, or with one that has a slot for every expert (it never misses),
-    where they measured faster (weights through shared memory by the
+    without the expert cache, or with one (see `stream_miss` for a cache that can miss), where
+    they measured faster (weights through shared memory by the
     bulk copy engine, cyext/src/strata_moe_stream.cu); `stream_all` (off), the streamed kernels
     at every size they take (tests, benchmarks); `pdl` (on), the down kernel as a programmatic
     dependent launch (sm_90+); and for the per-block kernels: `early` (on), weight loads before
@@ -475,8 +475,9 @@ def moe_launch_options(pdl=None, early=None, wide=None, db=None, xsmem=None, str
     and `linear_pipe` (off: measured slower at 1-4 rows): that kernel in its piped form
     (k-range weight pieces on their own barriers, x copied by the consumer warps, a
     software-pipelined block loop) rather than the unpiped first version; the same bits.
-    `stream_miss` (off until measured): an expert cache that can miss runs the streamed kernels
-    too, their bulk copies reading missing experts from the pinned host store (same bits).
+    `stream_miss` (on): an expert cache that can miss runs the streamed kernels too, their bulk
+    copies reading missing experts from the pinned host store (same bits; off, the per-block
+    kernels read them through mapped host memory).
     None leaves a switch as it is. Returns the switches now in force."""
     flags = _gpu.moe_set_options(-1)
     for bit, on in ((1, pdl), (2, early), (4, wide), (8, db), (16, xsmem), (32, stream),
