@@ -10,7 +10,10 @@ experts (docs/EXPERT_CACHE.md).
 (b) study: for each budget (and first the no-cache engine), for each configuration, one engine
     with --max-n slots (warmed on one cohort: compiles and captures are not what is timed),
     then cohorts of N distinct prompts at each N, --repeats times; aggregate tok/s and the hit
-    rate of the timed windows. The 100% budget runs with adaptation off, and its first
+    rate of the timed windows. --instances K builds K such engines one after another and takes
+    the median of their medians: engines that run the same work differ by a few percent (most
+    of it host time between the serial loop's windows), as much as batching's gain in some
+    cells, so one engine per cell cannot tell that gain's sign there. The 100% budget runs with adaptation off, and its first
     configuration's engine writes the routing profile of the lower budgets' first fill
     (engine.expert_profile). The protocol (recorded in the JSON's meta.protocol):
     - --fresh-cache-per-cell (default): before every timed cohort (each configuration, N and
@@ -41,6 +44,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -91,7 +95,8 @@ def copy_bandwidth(mib: int, reps: int) -> float:
 def miss_bandwidth(experts_mod, rows: int, reps: int, streamed_miss: bool = False) -> dict:
     """moe_experts on `rows` rows routed to distinct experts, every one missing (host store)
     and every one resident (slots), replayed from CUDA graphs: bytes/s of expert reads.
-    streamed_miss: also the misses through the streamed kernels (`miss_streamed`)."""
+    `miss` is the per-block kernels' miss path; streamed_miss: also the misses through the
+    streamed kernels (`miss_streamed`, the default for a cache that misses on sm_90+)."""
     e = experts_mod
     E, k = e.w_gate_up.shape[0], min(10, e.w_gate_up.shape[0] // rows)
     fp8 = e.gu_scale is not None
@@ -126,14 +131,19 @@ def miss_bandwidth(experts_mod, rows: int, reps: int, streamed_miss: bool = Fals
         return {"seconds": t, "bytes": nbytes, "bytes_per_s": nbytes / t}
 
     nbytes = len(set(ids.flatten().tolist())) * (expert_bytes(e) - scale_bytes(e))  # over the bus
-    res = {"miss": replayed(miss), "resident": replayed(resident)}
+    before = C.moe_launch_options()
+    try:  # "miss": the per-block kernels' miss path (on sm_90+ the streamed one is the default)
+        C.moe_launch_options(stream_miss=False)
+        res = {"miss": replayed(miss), "resident": replayed(resident)}
+    finally:
+        C.moe_launch_options(stream_miss=before["stream_miss"])
     if streamed_miss:
         # the same misses through the streamed kernels' bulk copies (moe_launch_options
         # stream_miss, sm_90+): last, since a fault of the copies would end the process
+        C.moe_launch_options(stream_miss=False)
         miss()
         torch.cuda.synchronize()
         per_block = out.clone()
-        before = C.moe_launch_options()
         try:
             C.moe_launch_options(stream=True, stream_all=True, stream_miss=True)
             miss()
@@ -154,7 +164,7 @@ def part_bandwidth(a, loaded) -> dict:
         r = miss_bandwidth(experts, rows, a.reps, a.streamed_miss)
         ratio = r["miss"]["bytes_per_s"] / copy
         rows_out.append({"rows": rows, **r, "miss_over_copy": ratio})
-        print(f"rows {rows:>2}: {r['miss']['bytes'] / 2**20:.0f} MiB of experts; miss path "
+        print(f"rows {rows:>2}: {r['miss']['bytes'] / 2**20:.0f} MiB of experts; per-block miss path "
               f"{r['miss']['bytes_per_s'] / 1e9:.2f} GB/s ({ratio:.0%} of the copy; goal >= 80%), "
               f"resident {r['resident']['bytes_per_s'] / 1e9:.1f} GB/s", flush=True)
         if "miss_streamed" in r:
@@ -213,6 +223,7 @@ def study_protocol(a) -> dict:
         if a.profile_prompts == "disjoint":
             profile.update(seed=PROFILE_SEED, requests=profile_requests(a, ns))
     return {"fresh_cache_per_cell": a.fresh_cache_per_cell, "repeats": a.repeats,
+            "instances": a.instances,
             "profile": None if profile is None else {**profile, "path": str(path)}}
 
 
@@ -223,6 +234,37 @@ def disjoint_prompts(vocab: int, n: int, prompt_tokens: int, timed: list[list[in
     if any(p in timed for p in out):
         raise SystemExit("error: a routing-profile prompt is one of the timed prompts")
     return out
+
+
+def median_run(runs: list[dict]) -> dict:
+    """The median cohort by tok/s (one cohort of N x 96 tokens is noisy)."""
+    return sorted(runs, key=lambda x: x["aggregate_tps"])[len(runs) // 2]
+
+
+def study_row(instances: list[list[dict]], pct, mib: int, slots, name: str, n: int,
+              repeats: int, expert_bytes: int, warm: list[float]) -> dict:
+    """A study cell from its cohorts, one list per engine instance (--instances): tok/s is the
+    median over the instances of each one's median cohort (an engine instance's own speed
+    differs from the next one's by a few percent, most of it host time between windows of the
+    serial loop: docs/BENCHMARKS.md), the hit rate over every cohort; bus bytes, the device
+    share and the windows' times are those of the median instance's median cohort."""
+    meds = [median_run(runs) for runs in instances]
+    r = median_run(meds)
+    every = [x for runs in instances for x in runs]
+    h, m = sum(x["hits"] for x in every), sum(x["misses"] for x in every)
+    return {"budget_pct": pct, "expert_cache_mib": mib, "repeats": repeats,
+            "instances": len(instances),
+            "runs_tps": [x["aggregate_tps"] for x in every],
+            "runs_misses": [x["misses"] for x in every],
+            "instances_tps": [x["aggregate_tps"] for x in meds],
+            "slots": slots, "config": name, "n": n,
+            "aggregate_tps": r["aggregate_tps"], "acceptance": r["acceptance"],
+            "windows": sum(x["windows"] for x in every),
+            "hit_rate": h / (h + m) if h + m else None,
+            # one cohort's bytes, whatever --repeats and --instances
+            "bus_bytes": r["misses"] * expert_bytes, "warm_s": statistics.fmean(warm),
+            # where the cell's time went: engines that run the same work differ here
+            "device_busy": r["device_busy"], "time_by_shape": r["time_by_shape"]}
 
 
 def part_study(a, loaded, device, save=lambda rows: None) -> dict:
@@ -244,59 +286,56 @@ def part_study(a, loaded, device, save=lambda rows: None) -> dict:
             ecfg = engine_cfg(config_of(name), name, max(ns), a)
             ecfg.expert_cache_mib = mib
             ecfg.expert_adapt_every = 0 if pct == 100 else a.adapt_every
-            ecfg.expert_profile = str(profile_path) if have_profile and pct != 100 else None
-            t0 = time.perf_counter()
-            eng = make_engine(loaded, device, ecfg, prompts[:max(ns)], a.max_tokens)
-            warm_s = time.perf_counter() - t0
-            c = eng.expert_cache
-            profiling = pct == 100 and not have_profile
-            if profiling and a.profile_prompts == "disjoint":
-                c.reset()  # the warm-up cohort's routing is the timed prompts'
-                w0 = c.windows
-                extra = disjoint_prompts(loaded.args.vocab_size, profile_requests(a, ns),
-                                         a.prompt_tokens, prompts)
-                for k in range(0, len(extra), max(ns)):
-                    run_cohort(eng, device, extra[k:k + max(ns)], a.max_tokens)
-                profile_path.write_text(json.dumps(routing_profile(
-                    c, loaded, c.routed, c.windows - w0, protocol["profile"])) + "\n")
-                have_profile = profiling = False
-            # --profile-prompts timed: the profile is every window's routing, resets or not
-            carried = torch.zeros_like(c.routed) if profiling else None
+            runs_by_n: dict[int, list[list[dict]]] = {n: [] for n in ns}  # per instance
+            warm = []
+            for _instance in range(a.instances):
+                ecfg.expert_profile = str(profile_path) if have_profile and pct != 100 else None
+                t0 = time.perf_counter()
+                eng = make_engine(loaded, device, ecfg, prompts[:max(ns)], a.max_tokens)
+                warm.append(time.perf_counter() - t0)
+                c = eng.expert_cache
+                profiling = pct == 100 and not have_profile
+                if profiling and a.profile_prompts == "disjoint":
+                    c.reset()  # the warm-up cohort's routing is the timed prompts'
+                    w0 = c.windows
+                    extra = disjoint_prompts(loaded.args.vocab_size, profile_requests(a, ns),
+                                             a.prompt_tokens, prompts)
+                    for k in range(0, len(extra), max(ns)):
+                        run_cohort(eng, device, extra[k:k + max(ns)], a.max_tokens)
+                    profile_path.write_text(json.dumps(routing_profile(
+                        c, loaded, c.routed, c.windows - w0, protocol["profile"])) + "\n")
+                    have_profile = profiling = False
+                # --profile-prompts timed: the profile is every window's routing, resets or not
+                carried = torch.zeros_like(c.routed) if profiling else None
+                for n in ns:
+                    runs = []
+                    for _ in range(a.repeats):
+                        if c is not None and a.fresh_cache_per_cell:
+                            if profiling:
+                                carried += c.routed
+                            c.reset()
+                        h0, m0 = (c.hits, c.misses) if c else (0, 0)
+                        runs.append(run_cohort(eng, device, prompts[:n], a.max_tokens))
+                        runs[-1].update(hits=c.hits - h0 if c else 0,
+                                        misses=c.misses - m0 if c else 0)
+                    runs_by_n[n].append(runs)
+                if profiling:  # --profile-prompts timed
+                    profile_path.write_text(json.dumps(routing_profile(
+                        c, loaded, carried + c.routed, c.windows, protocol["profile"])) + "\n")
+                    have_profile = True
+                slots = c.plan.slots if c else None
+                eng.close()
+                del eng
+                torch.cuda.empty_cache()
             for n in ns:
-                runs = []
-                for _ in range(a.repeats):
-                    if c is not None and a.fresh_cache_per_cell:
-                        if profiling:
-                            carried += c.routed
-                        c.reset()
-                    h0, m0 = (c.hits, c.misses) if c else (0, 0)
-                    runs.append(run_cohort(eng, device, prompts[:n], a.max_tokens))
-                    runs[-1].update(hits=c.hits - h0 if c else 0, misses=c.misses - m0 if c else 0)
-                # the median run by tok/s: one cohort of N x 96 tokens is noisy (+-5%)
-                r = sorted(runs, key=lambda x: x["aggregate_tps"])[len(runs) // 2]
-                h, m = sum(x["hits"] for x in runs), sum(x["misses"] for x in runs)
-                row = {"budget_pct": pct, "expert_cache_mib": mib, "repeats": a.repeats,
-                       "runs_tps": [x["aggregate_tps"] for x in runs],
-                       "runs_misses": [x["misses"] for x in runs],
-                       "slots": c.plan.slots if c else None, "config": name, "n": n,
-                       "aggregate_tps": r["aggregate_tps"], "acceptance": r["acceptance"],
-                       "windows": sum(x["windows"] for x in runs), "hit_rate": h / (h + m) if h + m else None,
-                       # the median run's, as its tok/s: one cohort's bytes, whatever --repeats
-                       "bus_bytes": r["misses"] * plan.expert_bytes, "warm_s": warm_s,
-                       # the median run's device share and its windows' and chunks' times: where
-                       # a cell's time went (engines that run the same work differ here)
-                       "device_busy": r["device_busy"], "time_by_shape": r["time_by_shape"]}
+                row = study_row(runs_by_n[n], pct, mib, slots, name, n, a.repeats,
+                                plan.expert_bytes, warm)
                 results.append(row)
                 hr = "-" if row["hit_rate"] is None else f"{row['hit_rate']:.3f}"
+                spread = ("" if a.instances == 1 else " (engines: " + ", ".join(
+                    f"{t:.1f}" for t in row["instances_tps"]) + ")")
                 print(f"budget {'none' if pct is None else f'{pct}%':>4} {name:<10} N={n}: "
-                      f"{r['aggregate_tps']:8.1f} tok/s, hit rate {hr}", flush=True)
-            if profiling:  # --profile-prompts timed
-                profile_path.write_text(json.dumps(routing_profile(
-                    c, loaded, carried + c.routed, c.windows, protocol["profile"])) + "\n")
-                have_profile = True
-            eng.close()
-            del eng
-            torch.cuda.empty_cache()
+                      f"{row['aggregate_tps']:8.1f} tok/s, hit rate {hr}{spread}", flush=True)
             save(results)
     return {"rows": results, "table": study_table(results, names, ns, budgets),
             "protocol": protocol}
@@ -332,7 +371,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--reps", type=int, default=10)
     ap.add_argument("--streamed-miss", action="store_true",
                     help="bandwidth: also the misses through the streamed kernels' bulk copies "
-                         "(moe_launch_options stream_miss; sm_90+)")
+                         "(moe_launch_options stream_miss, the default on sm_90+)")
     ap.add_argument("--budgets", default=",".join(map(str, BUDGETS)),
                     help="percent of the routed experts each cache holds")
     ap.add_argument("--configs", default="solo,batch,batch_mtp")
@@ -344,6 +383,10 @@ def parse_args(argv=None) -> argparse.Namespace:
                     help="study: cohorts per cell, each from a fresh cache (--fresh-cache-"
                          "per-cell); the median's tok/s and bus bytes reported, the hit rate "
                          "over all")
+    ap.add_argument("--instances", type=int, default=1,
+                    help="study: engines built per (budget, configuration), each timing every N "
+                         "--repeats times; a cell is the median of the engines' medians (an "
+                         "engine's speed differs from the next one's by a few percent)")
     ap.add_argument("--prompt-tokens", type=int, default=64)
     ap.add_argument("--max-tokens", type=int, default=96)
     ap.add_argument("--max-context", type=int, default=512)
@@ -370,8 +413,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--graphs", type=lambda s: s.lower() in ("1", "true", "yes"), default=True)
     ap.add_argument("--json")
     a = ap.parse_args(argv)
-    if a.repeats < 1 or a.profile_requests < 0:
-        ap.error("--repeats must be at least 1 and --profile-requests at least 0")
+    if a.repeats < 1 or a.instances < 1 or a.profile_requests < 0:
+        ap.error("--repeats and --instances must be at least 1 and --profile-requests at least 0")
     return a
 
 

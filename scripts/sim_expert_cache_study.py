@@ -441,7 +441,10 @@ def protocol_note(meta: dict) -> str:
     cache = ("a fresh cache per cell" if p.get("fresh_cache_per_cell")
              else "the cache carried across cells")
     fill = f"the routing profile from {source}" if prof else "no routing profile (the lowest ids)"
-    return f"Engine protocol: {cache}, {p.get('repeats', 1)} cohort(s) per cell; {fill}."
+    engines = p.get("instances", 1)
+    per = f"{p.get('repeats', 1)} cohort(s) per cell" + (
+        "" if engines == 1 else f" on each of {engines} engines (the median of their medians)")
+    return f"Engine protocol: {cache}, {per}; {fill}."
 
 
 def realized_acceptance(measured: float, drafts: int) -> float:

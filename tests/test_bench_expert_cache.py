@@ -37,7 +37,7 @@ def test_protocol_defaults_and_what_meta_records(tmp_path):
     a = bench.parse_args(["--json", str(tmp_path / "s.json")])
     assert a.fresh_cache_per_cell and a.profile_prompts == "disjoint" and a.repeats == 1
     p = bench.study_protocol(a)
-    assert p == {"fresh_cache_per_cell": True, "repeats": 1,
+    assert p == {"fresh_cache_per_cell": True, "repeats": 1, "instances": 1,
                  "profile": {"prompts": "disjoint", "config": "solo", "seed": bench.PROFILE_SEED,
                              "requests": 8 + 15, "path": str(tmp_path / "s.profile.json")}}
     old = bench.study_protocol(bench.parse_args(
@@ -116,3 +116,22 @@ def test_timed_profile_counts_every_window_with_or_without_resets(loaded, tmp_pa
     assert profiles[0]["protocol"]["prompts"] == "timed"
     assert profiles[0]["counts"] == profiles[1]["counts"]
     assert profiles[0]["windows"] == profiles[1]["windows"] > 0
+
+
+def test_several_engine_instances_per_cell(loaded):
+    """--instances 2: each (budget, configuration) builds two engines; a cell keeps every
+    cohort and each engine's median, and its tok/s is one of those medians."""
+    a = bench.parse_args(TINY[:4] + ["--budgets", "25", "--no-baseline", "--repeats", "1",
+                                     "--instances", "2"] + TINY[8:])
+    res = bench.part_study(a, loaded, torch.device("cpu"))
+    assert res["protocol"]["instances"] == 2
+    assert "on each of 2 engines" in study.protocol_note({"protocol": res["protocol"]})
+    for r in res["rows"]:
+        assert r["instances"] == 2 and len(r["runs_tps"]) == len(r["instances_tps"]) == 2
+        assert r["aggregate_tps"] in r["instances_tps"]
+        assert r["runs_misses"][0] == r["runs_misses"][1]  # the same first fill and windows
+
+
+def test_instances_must_be_positive():
+    with pytest.raises(SystemExit):
+        bench.parse_args(TINY + ["--instances", "0"])
