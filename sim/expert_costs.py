@@ -114,9 +114,11 @@ class ExpertCosts:
     def swap_started(self, swap_bytes: int) -> None:
         self.pending_copy_s += swap_bytes / self.miss.bus_bytes_per_s
 
-    def wait_for_copy(self, host_s: float) -> float:
-        """Seconds the next forward waits for the swap copy beyond `host_s` of host time."""
-        wait = max(0.0, self.pending_copy_s - host_s)
+    def wait_for_copy(self, host_s: float, overlapped: bool = False) -> float:
+        """Seconds the next forward waits for the swap copy beyond `host_s` of host time; in an
+        overlapped loop the copy is queued behind the window in flight (strata ExpertCache._copy)
+        and the next forward waits for all of it."""
+        wait = self.pending_copy_s if overlapped else max(0.0, self.pending_copy_s - host_s)
         self.pending_copy_s = 0.0
         return wait
 

@@ -26,8 +26,13 @@ window's start (a hit) or not (a miss).
   it: `reads`, what sim/expert_costs.py prices (a miss is still counted once).
 - `RecordedExperts`: replay. Hits, misses and bus bytes come from the trace's window events,
   in order, the way replay takes acceptance from commits; a swap is replayed at the step the
-  trace has it, and the simulator emits it only after a window that ends an adapt period, so a
-  swap anywhere else is a divergence.
+  trace has it, and the simulator emits it only at the read of a window that ends an adapt
+  period, so a swap anywhere else is a divergence.
+- engine.overlap: a window is launched before the one before it is read. An adaptation is
+  decided at the read of the window that ends its period, from the picks of the windows up to
+  that one; the window already in flight ran on the slots as they were, the next one launched
+  runs on the new ones, and its device work waits for the whole swap copy (queued after the
+  window in flight), where a serial loop's copy overlaps the host's planning.
 """
 
 from __future__ import annotations
@@ -90,7 +95,10 @@ class ExpertSource(Protocol):
 
     def prefill(self, step: int, tokens: int) -> WindowExperts: ...
 
-    def after_window(self, step: int) -> Optional[ExpertSwap]: ...
+    def after_window(self, step: int) -> Optional[ExpertSwap]:
+        """Called once per window read, in launch order (under engine.overlap the next window
+        has been launched by then): the swap when this window ends an adapt period."""
+        ...
 
 
 def cache_holds_all(source: Optional[ExpertSource]) -> bool:
@@ -256,7 +264,11 @@ class ExpertCacheModel:
         #: Decayed counts as of the last adaptation, and the picks routed since.
         self.counts = np.zeros((self.moe_layers, self.experts), dtype=np.float64)
         self.routed = np.zeros((self.moe_layers, self.experts), dtype=np.float64)
+        #: The picks of windows launched and not yet read (under engine.overlap one window runs
+        #: ahead of the read that may adapt: its picks belong to the next period).
+        self._unread: list[np.ndarray] = []
         self.windows = 0
+        self.read = 0
         self.swapped = 0
 
     def _forward(self, groups: list[int]) -> tuple[WindowExperts, np.ndarray]:
@@ -272,9 +284,12 @@ class ExpertCacheModel:
         return WindowExperts(hits, misses, reads), sel
 
     def window(self, step: int, groups: list[int]) -> WindowExperts:
+        """A decode window's hits and misses against the resident set as it is at its launch
+        (under engine.overlap a swap decided at the previous window's read reaches only the
+        windows launched after that read, as in the engine)."""
         self.windows += 1
         x, sel = self._forward(groups)
-        self.routed += sel
+        self._unread.append(sel)
         return x
 
     def prefill(self, step: int, tokens: int) -> WindowExperts:
@@ -283,7 +298,13 @@ class ExpertCacheModel:
         return self._forward([tokens])[0]
 
     def after_window(self, step: int) -> Optional[ExpertSwap]:
-        if not self.adapt_every or self.windows % self.adapt_every or self.slots >= self.experts:
+        """The read of the oldest unread window: its picks count, and when it ends an adapt
+        period (every adapt_every-th window launched), the adaptation runs on the picks of the
+        windows up to it, as the engine's (strata/engine/expert_cache.py after_launch)."""
+        self.read += 1
+        if self._unread:
+            self.routed += self._unread.pop(0)
+        if not self.adapt_every or self.read % self.adapt_every or self.slots >= self.experts:
             return None
         n = self.adapt()
         return ExpertSwap(n, n * self.expert_bytes) if n else None
@@ -327,6 +348,7 @@ class RecordedExperts:
         self.adapt_every = int(adapt_every)
         self.cache_on = True
         self.windows = 0
+        self.read = 0
 
     def window(self, step: int, groups: list[int]) -> WindowExperts:
         i = self.windows
@@ -340,7 +362,8 @@ class RecordedExperts:
         return WindowExperts(0, 0)
 
     def after_window(self, step: int) -> Optional[ExpertSwap]:
-        if not self.adapt_every or self.windows % self.adapt_every:
+        self.read += 1
+        if not self.adapt_every or self.read % self.adapt_every:
             return None
         return self._swaps.get(step)
 

@@ -380,7 +380,7 @@ class SimEngine:
             x = self.experts.prefill(self.step, tokens)
             if self.expert_costs is not None:
                 dur = (self.expert_costs.prefill_s(x, tokens, dur)
-                       + self.expert_costs.wait_for_copy(host))
+                       + self.expert_costs.wait_for_copy(host, self.overlap))
         yield self.env.timeout(host + dur)
         st.prompt_done += tokens
         rec = self.records[st.req.id]
@@ -518,7 +518,7 @@ class SimEngine:
             if self.expert_costs is not None:
                 hit_s = self.costs.decode_time(rows, tier, "hit", shape)
                 dur = (self.expert_costs.window_s(x, shape[0], shape[1], dur, hit_s)
-                       + self.expert_costs.wait_for_copy(host))
+                       + self.expert_costs.wait_for_copy(host, self.overlap))
         return dur, expert_fields
 
     def _read_window(self, layout: list[int], key: str, decision: GraphDecision, dur: float,

@@ -424,8 +424,8 @@ def overlap_on(e: Any, cache_holds_all: bool = False) -> bool:
     """Whether engine.overlap runs: as set, or when null (auto) on exactly when the engine runs
     on one device (engine.stages=1) without the expert cache or with one that holds every
     routed expert (`cache_holds_all`: it never misses nor swaps). The engine runs a cache that
-    swaps overlapped too (engine.overlap=true), but the simulator does not model the swaps'
-    timing there yet, so those traces would not replay: auto leaves that cache serial."""
+    misses and swaps overlapped too (engine.overlap=true; the simulator models and replays
+    it), but that has not been timed against serial on a GPU: auto leaves such a cache serial."""
     if e.overlap is not None:
         return bool(e.overlap)
     return int(e.stages) == 1 and (not e.expert_cache_mib or cache_holds_all)

@@ -421,8 +421,8 @@ def test_moe_counting_under_torch_compile(counting):
 
 
 def test_auto_overlap_leaves_the_cache_serial_so_its_trace_replays(cached_model):
-    """engine.overlap=null (auto) runs the cache serially: the simulator does not model the
-    cache under overlap yet, and a trace of the default settings must replay exactly."""
+    """engine.overlap=null (auto) runs a cache that misses serially (overlapped, one has not
+    been timed against serial on a GPU yet), and a trace of the default settings replays."""
     from sim.replay import replay_trace
 
     _, eng = run(cached_model, "batch_mtp", expert_cache_mib=1, expert_adapt_every=2)
@@ -430,6 +430,23 @@ def test_auto_overlap_leaves_the_cache_serial_so_its_trace_replays(cached_model)
     assert any(ev["ev"] == "expert_swap" for ev in eng.trace.events)
     result = replay_trace(list(eng.trace.events), name="cache, overlap auto")
     assert result.ok, str(result.first_divergence)
+
+
+@pytest.mark.parametrize("mode", ["solo", "batch_mtp"])
+def test_overlapped_swapping_cache_keeps_the_tokens_and_its_trace_replays(cached_model, mode):
+    """engine.overlap=true with a cache that misses and swaps: the tokens of the serial loop,
+    and a trace the simulator replays exactly, swaps at the reads that decided them."""
+    from sim.replay import replay_trace
+
+    ref, serial = run(cached_model, mode, expert_cache_mib=1, expert_adapt_every=2)
+    out, eng = run(cached_model, mode, expert_cache_mib=1, expert_adapt_every=2, overlap=True)
+    assert eng.overlap is not None and out == ref
+    assert eng.expert_cache.swaps > 0 and eng.expert_cache.misses > 0
+    result = replay_trace(list(eng.trace.events), name=f"{mode}, swapping cache, overlap on")
+    assert result.ok, str(result.first_divergence)
+    swaps = [(e["step"], e["experts"]) for e in eng.trace.events if e["ev"] == "expert_swap"]
+    assert swaps and swaps == [(e["step"], e["experts"]) for e in result.sim_events
+                               if e["ev"] == "expert_swap"]
 
 
 @pytest.mark.parametrize("mode", ["solo", "batch_mtp"])

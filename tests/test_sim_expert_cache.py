@@ -106,6 +106,37 @@ def test_hits_and_misses_add_up_and_the_budget_is_never_exceeded():
     assert swapped == cache.swapped > 0
 
 
+def test_overlapped_reads_adapt_on_the_same_windows_as_serial():
+    """engine.overlap launches window t+1 before reading t. The adaptation at t's read takes
+    the picks of the windows up to t only, and t+1 keeps the hits and misses it drew on the
+    slots as they were: so the swaps and every window's draw are those of the serial loop,
+    each swap reaching one window later."""
+    routing = RoutingModel.zipf(layers=3, experts=32, top_k=3, skew=1.2)
+    routing.fill_order_counts = routing.fill_order_counts[:, ::-1].copy()  # a wrong fill
+
+    def cache():
+        return ExpertCacheModel(routing, 8, 2, 0.8, 1, 1, np.random.default_rng(5))
+
+    serial, ov = cache(), cache()
+    serial_swaps, picks = [], []
+    for step in range(40):
+        serial.window(step, [2, 1])
+        picks.append(serial.last_selection.copy())
+        s = serial.after_window(step)
+        serial_swaps.append(None if s is None else s.experts)
+    ov_swaps, draws = [], []
+    draws.append(ov.window(0, [2, 1]))
+    assert np.array_equal(ov.last_selection, picks[0])  # one rng stream, the same draws
+    for step in range(40):
+        if step + 1 < 40:
+            draws.append(ov.window(step + 1, [2, 1]))  # launched before `step` is read
+        s = ov.after_window(step)
+        ov_swaps.append(None if s is None else s.experts)
+    assert ov_swaps == serial_swaps and any(serial_swaps)
+    assert ov.swapped == serial.swapped and np.array_equal(ov.resident, serial.resident)
+    assert ov.read == ov.windows == 40
+
+
 def test_adaptive_swap_recovers_from_a_wrong_first_fill():
     """Popular experts are the low ids; a profile that ranks them last fills the cache with
     the unpopular ones. The swap moves the popular ones in."""
@@ -215,6 +246,8 @@ def test_a_miss_costs_its_bytes_over_the_bus_instead_of_hbm():
         2e-3 + (1e9 + 1e8 + 1e7) / 1e12 + 5 * 1.01e-4)
     costs.swap_started(2e6)  # 200 us of copy; 50 us of host time hides part of it
     assert costs.wait_for_copy(5e-5) == pytest.approx(1.5e-4) and costs.wait_for_copy(0) == 0
+    costs.swap_started(2e6)  # overlapped: queued behind the window in flight, waited on whole
+    assert costs.wait_for_copy(5e-5, overlapped=True) == pytest.approx(2e-4)
 
 
 def test_bytes_model_fits_the_measured_full_depth_fp8_windows():
@@ -344,7 +377,7 @@ def aggregate(*overrides):
 
 def test_auto_overlap_with_a_cache_only_when_it_holds_every_expert():
     """engine.overlap=null resolves as the engine does: on without the cache or with one that
-    holds every routed expert, off with one that misses (its swaps' timing is serial)."""
+    holds every routed expert, off with one that misses (not yet timed overlapped)."""
     def overlap(*extra):
         run = run_predict(cfg_of(*SMALL_EXPERTS, *COHORT, *extra))
         return run.run.events[0]["engine"]["overlap"]
