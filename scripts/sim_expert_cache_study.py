@@ -338,12 +338,13 @@ def engine_cells(path: str) -> tuple[dict, dict]:
     return out, meta
 
 
-def same_work_spread(eng: dict) -> float:
-    """The largest spread (max / min - 1) of the engine's N=1 cells at one budget: every
-    mode runs solo's windows there, so it is one cohort's run-to-run noise."""
+def same_work_spread(eng: dict, frac: Optional[float] = None) -> float:
+    """The spread (max / min - 1) of the engine's N=1 cells at budget `frac`, or the largest at
+    any budget (None): every mode runs solo's windows there, so it is the run-to-run noise of
+    one cell (each mode's cells come from one engine: engines running the same work differ)."""
     spread = 0.0
-    for frac in {f for f, _, _ in eng}:
-        tps = [c["tps"] for (f, n, _), c in eng.items() if f == frac and n == 1]
+    for budget in {f for f, _, _ in eng} if frac is None else {frac}:
+        tps = [c["tps"] for (f, n, _), c in eng.items() if f == budget and n == 1]
         if len(tps) > 1:
             spread = max(spread, max(tps) / min(tps) - 1)
     return spread
@@ -522,6 +523,7 @@ def engine_check(args) -> str:
             "| sign |",
             "|---|---|---|---|---|---|---|---|---|---|"]
     errors, signs, quiet, fit_errors = [], [], [], []
+    beyond = []  # signs of the cells whose gain exceeds their budget's own same-work spread
     for frac in ([low] if low != full else []) + held_out:
         sims = sim_cells(frac, miss_s, bus)
         held_in = frac in fit_in
@@ -545,6 +547,11 @@ def engine_check(args) -> str:
                 else:
                     signs.append(ok)
                     sign = "right" if ok else "WRONG"
+                    local = same_work_spread(eng, f)
+                    if abs(ge) >= local:
+                        beyond.append(ok)
+                    elif not ok:
+                        sign += f" (within this budget's {local:.0%} same-work spread)"
             fmt = lambda v: "-" if v is None else format(v, ".2f")  # noqa: E731
             label = f"{f:.0%} (held in)" if held_in else f"{f:.0%}"
             misses = "-"
@@ -568,7 +575,9 @@ def engine_check(args) -> str:
                f"{sum(signs)}/{len(signs)} cells where the engine's gain is at least "
                f"{args.sign_noise:.0%}, and in {sum(quiet)}/{len(quiet)} cells within it. "
                f"Run-to-run noise: the N=1 cells (the same windows in every mode) differ by up "
-               f"to {noise:.1%} at one budget. {protocol_note(meta)}")
+               f"to {noise:.1%} at one budget; counting only the cells whose gain exceeds their "
+               f"own budget's N=1 spread, the sign is right in {sum(beyond)}/{len(beyond)}. "
+               f"{protocol_note(meta)}")
     return summary + "\n\n" + "\n".join(rows)
 
 

@@ -470,6 +470,7 @@ def test_study_pools_the_all_resident_measurements_of_the_same_work():
     assert base[(1, "solo")] == base[(1, "batch")] == pytest.approx((0.01 + 0.02) / 2)
     assert base[(2, "batch")] == pytest.approx((0.005 + 0.01) / 2)
     assert study.same_work_spread(eng) == pytest.approx(1.0)  # 100 against 50 at the full budget
+    assert study.same_work_spread(eng, 0.5) == pytest.approx(0.1)  # one budget's own: 44 / 40
     # the synthetic acceptance's realized rate from the solo cells' accepted share of drafts
     assert study.realized_acceptance(0.8, 1) == pytest.approx(0.8)
     p = study.realized_acceptance(0.677, 3)
