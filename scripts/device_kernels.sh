@@ -5,6 +5,7 @@
 #
 #   bash scripts/device_kernels.sh profile   # compiled 8-layer FP8 windows: replay + attribution
 #   bash scripts/device_kernels.sh profile_full   # the same at full depth (48 layers)
+#   bash scripts/device_kernels.sh prefill_full   # a 64-token prompt chunk at full depth
 #   bash scripts/device_kernels.sh moe       # the MoE / linear micro-benchmark
 #   bash scripts/device_kernels.sh moev      # moe_experts only, every launch variant
 #   bash scripts/device_kernels.sh moevl     # every moe_experts variant, then the linears
@@ -54,6 +55,12 @@ for part in ${1//,/ }; do
     rc=$?
     grep -E "^===|graph replay|^region|^[a-z(:+)]+ +[0-9]+ +[0-9.]+ +[0-9.]+ +[0-9.]+$" \
       "$OUT/profile_full.log" ;;
+  prefill_full)
+    timeout "${FULL_S:-150}" python3 scripts/profile_window.py --model qwen3-next-80b-a3b-fp8 \
+      --load-format dummy --backend auto --compile --shapes 1x2 --prefill 64 --iters 20 \
+      --top 15 --json "$OUT/prefill_full.json" > "$OUT/prefill_full.log" 2>&1
+    rc=$?
+    grep -v -i -E "warn|^$" "$OUT/prefill_full.log" | tail -n 70 ;;
   moe)
     timeout "${MOE_S:-120}" python3 scripts/bench_kernels.py --moe --out "$OUT/bench_moe.json" \
       > "$OUT/moe.log" 2>&1

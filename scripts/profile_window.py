@@ -1,11 +1,13 @@
-"""Time decode windows three ways (eager, graph replay, replay + host step) and show where a
-window's device time goes: the kernels of one graph replay (count, busy time against the
+"""Time decode windows (and with --prefill prompt chunks) three ways (eager, graph replay, replay
++ host step) and show where a window's device time goes: the kernels of one graph replay (count, busy time against the
 replay's wall time), and every kernel attributed to the region of the model that launched it
 (each layer kind's regions, the head, the samplers), per layer of the kind.
 
     python scripts/profile_window.py --device cuda --groups 1 --rows 4
     python scripts/profile_window.py --model qwen3-next-80b-a3b-fp8 --load-format dummy --layers 8 \
         --backend auto --compile --shapes 1x2,4x2 --json prof.json
+    python scripts/profile_window.py --model qwen3-next-80b-a3b-fp8 --load-format dummy \
+        --backend auto --compile --shapes 1x2 --prefill 64 --json prof.json
 
 --compile compiles the regions the way the engine does (strata.engine.compiling); several
 --shapes run in one process in the given order, as an engine's warm-up would compile them.
@@ -75,6 +77,7 @@ class Attribution:
                             ("accepted_prefix", "accept"), ("synthetic_window", "accept")):
             self._wrap(verifier, attr, label)
         self._wrap(ops, "write_kv", "write_kv")
+        self._wrap(ops, "chunk_gated_delta", "chunk rule (prefill)")
         self._wrap(ops, "commit_accepted", "commit")
 
     def _wrap(self, obj, attr, label):
@@ -119,6 +122,113 @@ def attribute(prof) -> dict:
     return out
 
 
+def measure(fn, title: str, res: dict, a, lm, ver, dev) -> dict:
+    """Time `fn` (a window or a prompt chunk) eagerly, then on the GPU as one CUDA graph: its
+    replay, replay + readback, the kernels of a replay and each region's kernels (one
+    uncaptured call with synchronising region wrappers). Returns `res` with the figures."""
+    sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
+    t0 = time.perf_counter()
+    for _ in range(3):
+        fn()
+    sync()
+    warm = time.perf_counter() - t0
+    iters = max(a.iters // 4, 5) if a.compile else a.iters
+    t0 = time.perf_counter()
+    for _ in range(iters):
+        fn()
+    sync()
+    eager = (time.perf_counter() - t0) / iters
+    print(f"\n=== {title}: warm-up {warm:.1f} s; eager {eager * 1e6:.1f} us")
+    res = {**res, "warmup_s": warm, "eager_us": eager * 1e6}
+    if dev.type != "cuda":
+        return res
+    g = torch.cuda.CUDAGraph()
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        fn()  # warm on the capture stream
+    torch.cuda.current_stream().wait_stream(s)
+    with torch.cuda.graph(g, stream=s):
+        out = fn()
+    for _ in range(5):
+        g.replay()
+    sync()
+    t0 = time.perf_counter()
+    for _ in range(a.iters):
+        g.replay()
+    sync()
+    rep = (time.perf_counter() - t0) / a.iters
+    t0 = time.perf_counter()
+    for _ in range(a.iters):
+        g.replay()
+        out.tolist()
+    per = (time.perf_counter() - t0) / a.iters
+    print(f"graph replay: {rep * 1e6:.1f} us; replay + readback: {per * 1e6:.1f} us; "
+          f"speedup vs eager {eager / rep:.1f}x")
+    res.update(replay_us=rep * 1e6, replay_readback_us=per * 1e6)
+    from torch.profiler import ProfilerActivity, profile
+
+    n_rep = 5
+    with profile(activities=[ProfilerActivity.CUDA, ProfilerActivity.CPU]) as prof:
+        for _ in range(n_rep):
+            g.replay()
+        sync()
+    if a.trace:
+        prof.export_chrome_trace(a.trace)
+    kern = [e for e in prof.events()
+            if e.device_type.name == "CUDA" and not e.name.startswith("@")]
+    busy = sum(e.time_range.end - e.time_range.start for e in kern) / n_rep
+    by = defaultdict(lambda: [0, 0.0])
+    for e in kern:
+        by[e.name][0] += 1
+        by[e.name][1] += e.time_range.end - e.time_range.start
+    print(f"graph replay kernels: {len(kern) / n_rep:.0f} per window, busy {busy:.1f} us of "
+          f"{rep * 1e6:.1f} us ({100 * busy / (rep * 1e6):.0f}%; the rest is gaps between kernels)")
+    top = sorted(by.items(), key=lambda kv: -kv[1][1])
+    print(f"{'us/window':>10} {'n':>5}  kernel (graph replay)")
+    for name, (c, t) in top[: a.top]:
+        print(f"{t / n_rep:10.1f} {c / n_rep:5.0f}  {short(name)}")
+    res.update(replay_kernels=len(kern) / n_rep, replay_busy_us=busy,
+               replay_by_kernel=[{"name": k, "count": c / n_rep, "us": round(t / n_rep, 2)}
+                                 for k, (c, t) in top])
+    # attribution: one window with synchronising region wrappers (not captured)
+    att = Attribution(lm.model, ver)
+    try:
+        fn()
+        sync()
+        with profile(activities=[ProfilerActivity.CUDA, ProfilerActivity.CPU]) as prof2:
+            fn()
+            sync()
+        table = attribute(prof2)
+    except Exception as exc:  # keep the replay figures when attribution fails
+        import traceback
+
+        traceback.print_exc()
+        print(f"attribution failed: {exc!r}")
+        table = {}
+    finally:
+        att.restore()
+    per_kind = dict(att.layer_count)
+    print(f"\nby region (one window; per-layer figures divide by the layers of the kind: {per_kind})")
+    print(f"{'region':28} {'kernels':>8} {'us':>9} {'per layer: n':>13} {'us':>8}")
+    regions = []
+    for label, kernels in sorted(table.items(), key=lambda kv: -sum(v[1] for v in kv[1].values())):
+        n = sum(v[0] for v in kernels.values())
+        t = sum(v[1] for v in kernels.values())
+        kind = label.split(":")[0]
+        div = per_kind.get(kind, 1)
+        print(f"{label:28} {n:8d} {t:9.1f} {n / div:13.1f} {t / div:8.1f}")
+        regions.append({"region": label, "kernels": n, "us": round(t, 2), "layers": div,
+                        "by_kernel": sorted(([k, v[0], round(v[1], 2)] for k, v in kernels.items()),
+                                            key=lambda r: -r[2])})
+    for r in regions[:6]:
+        print(f"  -- {r['region']}: top kernels")
+        for k, c, t in r["by_kernel"][:8]:
+            print(f"     {t:8.1f} us {c:4d}x  {short(k, 80)}")
+    res["regions"] = regions
+    return res
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--model", default=EMBEDDED_MODEL_DIR)
@@ -136,6 +246,9 @@ def main() -> None:
     ap.add_argument("--layers", type=int, default=None, help="model.num_layers (dummy weights only)")
     ap.add_argument("--fp8-dense", default="auto", choices=FP8_DENSE,
                     help="model.fp8_dense: FP8 checkpoints' dense layers")
+    ap.add_argument("--prefill", default=None,
+                    help="also prompt chunks of these token counts (comma-separated, e.g. 64): "
+                         "one final chunk on lane 0 from position 0, as the engine's prefill")
     ap.add_argument("--json", default=None, help="write every kernel's count and time here")
     ap.add_argument("--filtered", action="store_true",
                     help="use the top-k/top-p (sorting) sampler instead of the sort-free one")
@@ -160,7 +273,6 @@ def main() -> None:
     report = {"model": str(a.model), "layers": a.layers, "compile": a.compile, "ctx": a.ctx,
               "torch": torch.__version__, "shapes": [],
               "pdl": inductor_pdl()}
-    sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
     for groups, rows_per in shapes:
         gs = torch.arange(groups, device=dev)
         gp = torch.full((groups,), 100, device=dev)
@@ -170,108 +282,20 @@ def main() -> None:
             gp.fill_(100)  # keep positions fixed so every iteration is the same work
             return ver.window(gs, gp, rows, rows_per, a.ctx, a.filtered)
 
-        t0 = time.perf_counter()
-        for _ in range(3):
-            fn()
-        sync()
-        warm = time.perf_counter() - t0
-        iters = max(a.iters // 4, 5) if a.compile else a.iters
-        t0 = time.perf_counter()
-        for _ in range(iters):
-            fn()
-        sync()
-        eager = (time.perf_counter() - t0) / iters
-        print(f"\n=== window {groups}x{rows_per} (ctx {a.ctx}, filtered={a.filtered}, "
-              f"compile={a.compile}): warm-up {warm:.1f} s; eager {eager * 1e6:.1f} us")
-        res = {"groups": groups, "rows": rows_per, "warmup_s": warm, "eager_us": eager * 1e6}
-        if dev.type != "cuda":
-            report["shapes"].append(res)
-            continue
-        g = torch.cuda.CUDAGraph()
-        s = torch.cuda.Stream()
-        s.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(s):
-            fn()  # warm on the capture stream
-        torch.cuda.current_stream().wait_stream(s)
-        with torch.cuda.graph(g, stream=s):
-            out = fn()
-        for _ in range(5):
-            g.replay()
-        sync()
-        t0 = time.perf_counter()
-        for _ in range(a.iters):
-            g.replay()
-        sync()
-        rep = (time.perf_counter() - t0) / a.iters
-        t0 = time.perf_counter()
-        for _ in range(a.iters):
-            g.replay()
-            out.tolist()
-        per = (time.perf_counter() - t0) / a.iters
-        print(f"graph replay: {rep * 1e6:.1f} us; replay + readback: {per * 1e6:.1f} us; "
-              f"speedup vs eager {eager / rep:.1f}x")
-        res.update(replay_us=rep * 1e6, replay_readback_us=per * 1e6)
-        from torch.profiler import ProfilerActivity, profile
+        title = f"window {groups}x{rows_per} (ctx {a.ctx}, filtered={a.filtered}, compile={a.compile})"
+        report["shapes"].append(measure(fn, title, {"groups": groups, "rows": rows_per}, a, lm,
+                                        ver, dev))
+    for tokens in [int(t) for t in a.prefill.split(",")] if a.prefill else []:
+        chunk = torch.randint(1, lm.args.vocab_size, (tokens,), device=dev)
+        # lane 0 from position 0, every token real, the final chunk (samples and drafts)
+        meta = torch.tensor([0, 0, tokens, -1], device=dev)
 
-        n_rep = 5
-        with profile(activities=[ProfilerActivity.CUDA, ProfilerActivity.CPU]) as prof:
-            for _ in range(n_rep):
-                g.replay()
-            sync()
-        if a.trace:
-            prof.export_chrome_trace(a.trace)
-        kern = [e for e in prof.events()
-                if e.device_type.name == "CUDA" and not e.name.startswith("@")]
-        busy = sum(e.time_range.end - e.time_range.start for e in kern) / n_rep
-        by = defaultdict(lambda: [0, 0.0])
-        for e in kern:
-            by[e.name][0] += 1
-            by[e.name][1] += e.time_range.end - e.time_range.start
-        print(f"graph replay kernels: {len(kern) / n_rep:.0f} per window, busy {busy:.1f} us of "
-              f"{rep * 1e6:.1f} us ({100 * busy / (rep * 1e6):.0f}%; the rest is gaps between kernels)")
-        top = sorted(by.items(), key=lambda kv: -kv[1][1])
-        print(f"{'us/window':>10} {'n':>5}  kernel (graph replay)")
-        for name, (c, t) in top[: a.top]:
-            print(f"{t / n_rep:10.1f} {c / n_rep:5.0f}  {short(name)}")
-        res.update(replay_kernels=len(kern) / n_rep, replay_busy_us=busy,
-                   replay_by_kernel=[{"name": k, "count": c / n_rep, "us": round(t / n_rep, 2)}
-                                     for k, (c, t) in top])
-        # attribution: one window with synchronising region wrappers (not captured)
-        att = Attribution(lm.model, ver)
-        try:
-            fn()
-            sync()
-            with profile(activities=[ProfilerActivity.CUDA, ProfilerActivity.CPU]) as prof2:
-                fn()
-                sync()
-            table = attribute(prof2)
-        except Exception as exc:  # keep the replay figures when attribution fails
-            import traceback
+        def fn_prefill():
+            return ver.prefill(chunk, meta, a.ctx)
 
-            traceback.print_exc()
-            print(f"attribution failed: {exc!r}")
-            table = {}
-        finally:
-            att.restore()
-        per_kind = dict(att.layer_count)
-        print(f"\nby region (one window; per-layer figures divide by the layers of the kind: {per_kind})")
-        print(f"{'region':28} {'kernels':>8} {'us':>9} {'per layer: n':>13} {'us':>8}")
-        regions = []
-        for label, kernels in sorted(table.items(), key=lambda kv: -sum(v[1] for v in kv[1].values())):
-            n = sum(v[0] for v in kernels.values())
-            t = sum(v[1] for v in kernels.values())
-            kind = label.split(":")[0]
-            div = per_kind.get(kind, 1)
-            print(f"{label:28} {n:8d} {t:9.1f} {n / div:13.1f} {t / div:8.1f}")
-            regions.append({"region": label, "kernels": n, "us": round(t, 2), "layers": div,
-                            "by_kernel": sorted(([k, v[0], round(v[1], 2)] for k, v in kernels.items()),
-                                                key=lambda r: -r[2])})
-        for r in regions[:6]:
-            print(f"  -- {r['region']}: top kernels")
-            for k, c, t in r["by_kernel"][:8]:
-                print(f"     {t:8.1f} us {c:4d}x  {short(k, 80)}")
-        res["regions"] = regions
-        report["shapes"].append(res)
+        title = f"prompt chunk of {tokens} tokens (ctx {a.ctx}, compile={a.compile})"
+        report.setdefault("prefill", []).append(
+            measure(fn_prefill, title, {"tokens": tokens}, a, lm, ver, dev))
     if a.json:
         Path(a.json).write_text(json.dumps(report, indent=1))
 
