@@ -48,6 +48,7 @@ import statistics
 import sys
 import time
 from pathlib import Path
+from typing import Optional
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -134,16 +135,15 @@ def miss_bandwidth(experts_mod, rows: int, reps: int, streamed_miss: bool = Fals
     before = C.moe_launch_options()
     try:  # "miss": the per-block kernels' miss path (on sm_90+ the streamed one is the default)
         C.moe_launch_options(stream_miss=False)
-        res = {"miss": replayed(miss), "resident": replayed(resident)}
+        res = {"miss": replayed(miss)}
+        # what the streamed kernels must reproduce bit for bit
+        per_block = out.clone() if streamed_miss else None
+        res["resident"] = replayed(resident)
     finally:
         C.moe_launch_options(stream_miss=before["stream_miss"])
     if streamed_miss:
         # the same misses through the streamed kernels' bulk copies (moe_launch_options
         # stream_miss, sm_90+): last, since a fault of the copies would end the process
-        C.moe_launch_options(stream_miss=False)
-        miss()
-        torch.cuda.synchronize()
-        per_block = out.clone()
         try:
             C.moe_launch_options(stream=True, stream_all=True, stream_miss=True)
             miss()
@@ -267,6 +267,52 @@ def study_row(instances: list[list[dict]], pct, mib: int, slots, name: str, n: i
             "device_busy": r["device_busy"], "time_by_shape": r["time_by_shape"]}
 
 
+def time_engine(a, loaded, device, ecfg, prompts, ns: list[int], profiling: bool,
+                profile_path: Path, protocol: dict) -> tuple[dict, float, Optional[int], bool]:
+    """One engine of `ecfg`, warmed, then every N timed --repeats times. `profiling`: the 100%
+    engine that writes the lower budgets' routing profile (--profile-prompts disjoint: first,
+    from other prompts; timed: afterwards, from every window it ran). Returns ({n: runs},
+    warm-up seconds, the cache's slots or None, whether it wrote the profile)."""
+    t0 = time.perf_counter()
+    eng = make_engine(loaded, device, ecfg, prompts[:max(ns)], a.max_tokens)
+    warm_s = time.perf_counter() - t0
+    c = eng.expert_cache
+    wrote = False
+    if profiling and a.profile_prompts == "disjoint":
+        c.reset()  # the warm-up cohort's routing is the timed prompts'
+        w0 = c.windows
+        extra = disjoint_prompts(loaded.args.vocab_size, profile_requests(a, ns),
+                                 a.prompt_tokens, prompts)
+        for k in range(0, len(extra), max(ns)):
+            run_cohort(eng, device, extra[k:k + max(ns)], a.max_tokens)
+        profile_path.write_text(json.dumps(routing_profile(
+            c, loaded, c.routed, c.windows - w0, protocol["profile"])) + "\n")
+        wrote, profiling = True, False
+    # --profile-prompts timed: the profile is every window's routing, resets or not
+    carried = torch.zeros_like(c.routed) if profiling else None
+    runs_by_n = {}
+    for n in ns:
+        runs = []
+        for _ in range(a.repeats):
+            if c is not None and a.fresh_cache_per_cell:
+                if profiling:
+                    carried += c.routed
+                c.reset()
+            h0, m0 = (c.hits, c.misses) if c else (0, 0)
+            runs.append(run_cohort(eng, device, prompts[:n], a.max_tokens))
+            runs[-1].update(hits=c.hits - h0 if c else 0, misses=c.misses - m0 if c else 0)
+        runs_by_n[n] = runs
+    if profiling:  # --profile-prompts timed
+        profile_path.write_text(json.dumps(routing_profile(
+            c, loaded, carried + c.routed, c.windows, protocol["profile"])) + "\n")
+        wrote = True
+    slots = c.plan.slots if c else None
+    eng.close()
+    del eng
+    torch.cuda.empty_cache()
+    return runs_by_n, warm_s, slots, wrote
+
+
 def part_study(a, loaded, device, save=lambda rows: None) -> dict:
     """`save(rows)` after every engine, so that a run cut by its time limit keeps its rows."""
     plan = plan_expert_cache(loaded.model, 1e12)
@@ -286,50 +332,18 @@ def part_study(a, loaded, device, save=lambda rows: None) -> dict:
             ecfg = engine_cfg(config_of(name), name, max(ns), a)
             ecfg.expert_cache_mib = mib
             ecfg.expert_adapt_every = 0 if pct == 100 else a.adapt_every
-            runs_by_n: dict[int, list[list[dict]]] = {n: [] for n in ns}  # per instance
-            warm = []
+            per_instance, warm = [], []  # each engine's {n: runs}, warm-up seconds
             for _instance in range(a.instances):
                 ecfg.expert_profile = str(profile_path) if have_profile and pct != 100 else None
-                t0 = time.perf_counter()
-                eng = make_engine(loaded, device, ecfg, prompts[:max(ns)], a.max_tokens)
-                warm.append(time.perf_counter() - t0)
-                c = eng.expert_cache
-                profiling = pct == 100 and not have_profile
-                if profiling and a.profile_prompts == "disjoint":
-                    c.reset()  # the warm-up cohort's routing is the timed prompts'
-                    w0 = c.windows
-                    extra = disjoint_prompts(loaded.args.vocab_size, profile_requests(a, ns),
-                                             a.prompt_tokens, prompts)
-                    for k in range(0, len(extra), max(ns)):
-                        run_cohort(eng, device, extra[k:k + max(ns)], a.max_tokens)
-                    profile_path.write_text(json.dumps(routing_profile(
-                        c, loaded, c.routed, c.windows - w0, protocol["profile"])) + "\n")
-                    have_profile = profiling = False
-                # --profile-prompts timed: the profile is every window's routing, resets or not
-                carried = torch.zeros_like(c.routed) if profiling else None
-                for n in ns:
-                    runs = []
-                    for _ in range(a.repeats):
-                        if c is not None and a.fresh_cache_per_cell:
-                            if profiling:
-                                carried += c.routed
-                            c.reset()
-                        h0, m0 = (c.hits, c.misses) if c else (0, 0)
-                        runs.append(run_cohort(eng, device, prompts[:n], a.max_tokens))
-                        runs[-1].update(hits=c.hits - h0 if c else 0,
-                                        misses=c.misses - m0 if c else 0)
-                    runs_by_n[n].append(runs)
-                if profiling:  # --profile-prompts timed
-                    profile_path.write_text(json.dumps(routing_profile(
-                        c, loaded, carried + c.routed, c.windows, protocol["profile"])) + "\n")
-                    have_profile = True
-                slots = c.plan.slots if c else None
-                eng.close()
-                del eng
-                torch.cuda.empty_cache()
+                runs_by_n, warm_s, slots, wrote = time_engine(
+                    a, loaded, device, ecfg, prompts, ns, pct == 100 and not have_profile,
+                    profile_path, protocol)
+                have_profile = have_profile or wrote
+                per_instance.append(runs_by_n)
+                warm.append(warm_s)
             for n in ns:
-                row = study_row(runs_by_n[n], pct, mib, slots, name, n, a.repeats,
-                                plan.expert_bytes, warm)
+                row = study_row([r[n] for r in per_instance], pct, mib, slots, name, n,
+                                a.repeats, plan.expert_bytes, warm)
                 results.append(row)
                 hr = "-" if row["hit_rate"] is None else f"{row['hit_rate']:.3f}"
                 spread = ("" if a.instances == 1 else " (engines: " + ", ".join(

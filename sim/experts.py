@@ -267,7 +267,6 @@ class ExpertCacheModel:
         #: The picks of windows launched and not yet read (under engine.overlap one window runs
         #: ahead of the read that may adapt: its picks belong to the next period).
         self._unread: list[np.ndarray] = []
-        self.windows = 0
         self.read = 0
         self.swapped = 0
 
@@ -287,7 +286,6 @@ class ExpertCacheModel:
         """A decode window's hits and misses against the resident set as it is at its launch
         (under engine.overlap a swap decided at the previous window's read reaches only the
         windows launched after that read, as in the engine)."""
-        self.windows += 1
         x, sel = self._forward(groups)
         self._unread.append(sel)
         return x
