@@ -311,6 +311,9 @@ def engine_cells(path: str) -> tuple[dict, dict]:
         raw = (d.get("study") or {}).get("rows") if "study" in d else d.get("cells")
     if not isinstance(raw, list) or not raw:
         raise SystemExit(f"error: {p}: expected study.rows or a list of cells")
+    cohorts = per_budget_cohorts([c for c in raw if isinstance(c, dict)])
+    if cohorts:
+        meta = {**meta, "per_budget_cohorts": cohorts}
 
     def first(c: dict, keys: tuple[str, ...], i: int):
         for k in keys:
@@ -427,9 +430,30 @@ def engine_overrides(meta: dict, args) -> list[str]:
     return extra
 
 
+def cohorts_note(repeats, engines) -> str:
+    return f"{repeats} cohort(s) per cell" + (
+        "" if engines == 1 else f" on each of {engines} engines (the median of their medians)")
+
+
+def per_budget_cohorts(rows: list[dict]) -> str | None:
+    """A merged study (merge_expert_study.py) can time its budgets differently: which budgets
+    ran how many cohorts on how many engines, or None when every row ran the same."""
+    by = {}
+    for r in rows:
+        key = (r.get("repeats", 1), r.get("instances", 1))
+        by.setdefault(key, []).append("no cache" if r.get("budget_pct") is None
+                                      else f"{r['budget_pct']:g}%")
+    if len(by) < 2:
+        return None
+    return "; ".join(f"{', '.join(dict.fromkeys(names))}: {cohorts_note(*key)}"
+                     for key, names in by.items())
+
+
 def protocol_note(meta: dict) -> str:
     """The engine study's protocol as its meta.protocol records it (bench_expert_cache.py):
-    the simulator starts every cell from the profile's fill, as a fresh cache per cell does."""
+    the simulator starts every cell from the profile's fill, as a fresh cache per cell does.
+    Budgets timed with other cohorts or engines (a merged study: engine_cells puts them in
+    meta.per_budget_cohorts) are named each with its own."""
     p = meta.get("protocol")
     if not p:
         return ("Engine protocol: not recorded (a study from before meta.protocol: each "
@@ -442,9 +466,8 @@ def protocol_note(meta: dict) -> str:
     cache = ("a fresh cache per cell" if p.get("fresh_cache_per_cell")
              else "the cache carried across cells")
     fill = f"the routing profile from {source}" if prof else "no routing profile (the lowest ids)"
-    engines = p.get("instances", 1)
-    per = f"{p.get('repeats', 1)} cohort(s) per cell" + (
-        "" if engines == 1 else f" on each of {engines} engines (the median of their medians)")
+    per = meta.get("per_budget_cohorts") or cohorts_note(p.get("repeats", 1),
+                                                         p.get("instances", 1))
     return f"Engine protocol: {cache}, {per}; {fill}."
 
 

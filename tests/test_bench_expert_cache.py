@@ -135,3 +135,16 @@ def test_several_engine_instances_per_cell(loaded):
 def test_instances_must_be_positive():
     with pytest.raises(SystemExit):
         bench.parse_args(TINY + ["--instances", "0"])
+
+
+def test_merged_study_names_each_budgets_cohorts():
+    """A merged study whose budgets ran other cohorts or engines says which ran how."""
+    rows = [{"budget_pct": None, "repeats": 3}, {"budget_pct": 100, "repeats": 3},
+            {"budget_pct": 75, "repeats": 2, "instances": 3},
+            {"budget_pct": 75, "repeats": 2, "instances": 3}]
+    note = study.per_budget_cohorts(rows)
+    assert note == ("no cache, 100%: 3 cohort(s) per cell; 75%: 2 cohort(s) per cell on each "
+                    "of 3 engines (the median of their medians)")
+    assert study.per_budget_cohorts(rows[:2]) is None
+    p = {"fresh_cache_per_cell": True, "repeats": 2, "instances": 3}
+    assert note in study.protocol_note({"protocol": p, "per_budget_cohorts": note})
