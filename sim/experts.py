@@ -101,13 +101,6 @@ class ExpertSource(Protocol):
         ...
 
 
-def cache_holds_all(source: Optional[ExpertSource]) -> bool:
-    """An expert cache whose slots hold every routed expert: it never misses nor swaps, so the
-    engine's engine.overlap=null runs it overlapped, as without a cache (strata.config
-    overlap_on)."""
-    return source is not None and source.cache_on and source.slots >= source.experts
-
-
 # --- routing ---------------------------------------------------------------------------------
 
 class RoutingModel:

@@ -22,7 +22,6 @@ from .acceptance import build_acceptance
 from .config import NOMINAL_PROFILE, SimConfig, SimConfigError, validate
 from .costs import CostProfile
 from .expert_setup import build_expert_inputs
-from .experts import cache_holds_all
 from .graph_cache import MemoryFacts
 from .metrics import (compare_metrics, comparison_table, metrics_table, outputs_lines,
                       run_metrics)
@@ -110,7 +109,7 @@ def build_scenario(cfg: Any, profile: Optional[CostProfile] = None,
         costs=profile.for_slots(slots),  # (window times depend on the slot count: sim/costs.py)
         measure_capture=measure_capture,
         config_engine={**asdict(e),  # overlap resolved, as the engine's
-                       "overlap": overlap_on(e, cache_holds_all(experts and experts.model))},
+                       "overlap": overlap_on(e)},
         config_memory={"total_mib": m.total_mib, "weights_mib": m.weights_mib + e.expert_cache_mib,
                        "slot_mib": m.slot_mib, "slots": slots, "graph_mib": m.graph_mib,
                        **(experts.memory_fields if experts else {})},

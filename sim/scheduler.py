@@ -26,7 +26,7 @@ from strata.trace import (TraceWriter, context_tier, invariant_window_shape, lay
 from .acceptance import AcceptanceModel
 from .costs import CostProfile
 from .expert_costs import ExpertCosts
-from .experts import ExpertSource, cache_holds_all, window_fields
+from .experts import ExpertSource, window_fields
 from .graph_cache import GraphCache, GraphDecision, MemoryFacts
 from .pipeline import StagePipeline
 from .rotation import RotationRing
@@ -154,7 +154,7 @@ class SimEngine:
         self.experts = experts
         self.expert_costs = expert_costs
         #: engine.overlap: the window in flight, and when the device is free of it.
-        self.overlap = overlap_on(knobs, cache_holds_all(experts))  # as the engine resolves it
+        self.overlap = overlap_on(knobs)  # as the engine resolves it
         self._inflight: Optional[InFlight] = None
         self._device_free = 0.0
         #: engine.stages > 1: the stages' time model; engine.pipeline_groups: the depth (the

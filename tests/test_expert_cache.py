@@ -420,13 +420,13 @@ def test_moe_counting_under_torch_compile(counting):
     assert torch.allclose(got, region(x, w, ids))
 
 
-def test_auto_overlap_leaves_the_cache_serial_so_its_trace_replays(cached_model):
-    """engine.overlap=null (auto) runs a cache that misses serially (overlapped, one has not
-    been timed against serial on a GPU yet), and a trace of the default settings replays."""
+def test_auto_overlap_runs_a_swapping_cache_overlapped_and_its_trace_replays(cached_model):
+    """engine.overlap=null (auto) overlaps a cache that misses and swaps, as without a cache,
+    and a trace of the default settings replays."""
     from sim.replay import replay_trace
 
     _, eng = run(cached_model, "batch_mtp", expert_cache_mib=1, expert_adapt_every=2)
-    assert eng.overlap is None and eng.trace.events[0]["engine"]["overlap"] is False
+    assert eng.overlap is not None and eng.trace.events[0]["engine"]["overlap"] is True
     assert any(ev["ev"] == "expert_swap" for ev in eng.trace.events)
     result = replay_trace(list(eng.trace.events), name="cache, overlap auto")
     assert result.ok, str(result.first_divergence)

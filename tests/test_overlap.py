@@ -254,13 +254,13 @@ def test_overlapped_traces_replay_exactly(echo_tok, mode, graphs, slots, cancels
     assert discarded_groups(eng) > 0
 
 
-# ---- the default: null (auto) is on with one stage and no expert cache ---------------------
+# ---- the default: null (auto) is on with one stage, with or without an expert cache ----
 def test_overlap_auto_is_on_with_one_stage_and_recorded_resolved(echo_tok):
     from strata.config import EngineConfig, overlap_on
 
     assert EngineConfig().overlap is None
     assert overlap_on(EngineConfig()) and not overlap_on(EngineConfig(stages=2))
-    assert not overlap_on(EngineConfig(expert_cache_mib=64))  # until the simulator models it
+    assert overlap_on(EngineConfig(expert_cache_mib=64))  # a cache that misses overlaps too
     assert overlap_on(EngineConfig(expert_cache_mib=64, overlap=True))
     assert not overlap_on(EngineConfig(overlap=False)) and overlap_on(EngineConfig(overlap=True))
     cfg = cpu_engine_config(echo_tok, slots=2)

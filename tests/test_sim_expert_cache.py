@@ -375,17 +375,17 @@ def aggregate(*overrides):
     return run_predict(cfg_of(*overrides)).metrics["aggregate_tps"]
 
 
-def test_auto_overlap_with_a_cache_only_when_it_holds_every_expert():
-    """engine.overlap=null resolves as the engine does: on without the cache or with one that
-    holds every routed expert, off with one that misses (not yet timed overlapped)."""
+def test_auto_overlap_with_or_without_a_cache():
+    """engine.overlap=null resolves as the engine does: on with one stage, whether the cache
+    holds every routed expert or misses and swaps; off only when set so."""
     def overlap(*extra):
         run = run_predict(cfg_of(*SMALL_EXPERTS, *COHORT, *extra))
         return run.run.events[0]["engine"]["overlap"]
 
     assert overlap() is True
     assert overlap("engine.expert_cache_mib=256") is True   # 64 slots a layer: every expert
-    assert overlap("engine.expert_cache_mib=64") is False   # 16 slots a layer
-    assert overlap("engine.expert_cache_mib=64", "engine.overlap=true") is True
+    assert overlap("engine.expert_cache_mib=64") is True    # 16 slots a layer: misses, swaps
+    assert overlap("engine.expert_cache_mib=64", "engine.overlap=false") is False
 
 
 @pytest.mark.parametrize("mode", ["engine.mode=solo", "engine.batch_mtp=true"])

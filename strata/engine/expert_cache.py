@@ -107,11 +107,6 @@ class ExpertCachePlan:
     def moe_layers(self) -> int:
         return len(self.layers)
 
-    @property
-    def holds_all(self) -> bool:
-        """The slots hold every routed expert: the cache never misses nor swaps."""
-        return self.slots >= self.experts
-
     def routed_mib(self) -> float:
         """Every routed expert of the decoder's MoE layers (what moves to the host store)."""
         return self.moe_layers * self.experts * self.expert_bytes / MIB

@@ -96,7 +96,7 @@ class Engine:
         log(f"INFO {mem.describe()}")
         self.expert_cache: Optional[ExpertCache] = None
         #: engine.overlap as resolved (auto: also with a cache that holds every routed expert)
-        self.overlapped = overlap_on(ecfg, cache_plan is not None and cache_plan.holds_all)
+        self.overlapped = overlap_on(ecfg)
         if cache_plan is not None:
             self.expert_cache = ExpertCache(self.model, cache_plan, device, ecfg.expert_profile,
                                             ecfg.expert_adapt_every)
