@@ -11,8 +11,13 @@ Schema (JSON; docs/SIMULATOR.md has the full description):
                "per_admit_burst_s": 0.00037,     stop checks), each request bound to a slot in
                "after_prefill_s": 6e-05,         this one plus once per iteration that binds
                "per_finish_s": 8e-05,            any (one batched binding), after a prompt-chunk
-               "sync_s": 1e-05},                 (engine.overlap: reading a window's output
+               "sync_s": 1e-05,                  (engine.overlap: reading a window's output
                                                  after its device work, once per window)
+               "launch_s": 4e-05},               (a decode window's own host share: filling its
+                                                 inputs, launching it, reading its rows; a
+                                                 serial window waits for it, engine.overlap
+                                                 runs it while the window before is on the
+                                                 device)
                                                iteration, each request finished in the previous
                                                one; host_overhead_s is the fixed part. Commits,
                                                finishes and after-prefill are the earlier
@@ -135,6 +140,12 @@ class CostProfile:
     #: engine.overlap: the host's wait for a window's output rows after its device work ends
     #: (the event's wake-up and the copy's read), once per window read.
     host_sync_s: float = 0.0
+    #: A decode window's own host share, outside its device seconds (the decode tables): filling
+    #: its inputs, launching its graph, reading its rows back. Fitted from serial traces whose
+    #: windows carry `dev` (their `dur` less it); a serial window waits for it before its
+    #: device work, engine.overlap runs it while the window before is still on the device.
+    #: 0 for profiles fitted from `dur` alone, whose decode tables hold it.
+    host_launch_s: float = 0.0
 
     # --- queries -------------------------------------------------------------------------
 
@@ -250,12 +261,14 @@ class CostProfile:
         if self.decode_slot_scale:
             d["decode"]["slot_scale"] = self.decode_slot_scale
         if (self.host_per_commit_s or self.host_per_admit_s or self.host_per_admit_burst_s
-                or self.host_after_prefill_s or self.host_per_finish_s or self.host_sync_s):
+                or self.host_after_prefill_s or self.host_per_finish_s or self.host_sync_s
+                or self.host_launch_s):
             d["host"] = {"per_commit_s": self.host_per_commit_s,
                          "per_admit_s": self.host_per_admit_s,
                          "per_admit_burst_s": self.host_per_admit_burst_s,
                          "after_prefill_s": self.host_after_prefill_s,
-                         "per_finish_s": self.host_per_finish_s, "sync_s": self.host_sync_s}
+                         "per_finish_s": self.host_per_finish_s, "sync_s": self.host_sync_s,
+                         "launch_s": self.host_launch_s}
         if self.acceptance is not None:
             d["acceptance"] = self.acceptance
         return d
@@ -293,6 +306,7 @@ class CostProfile:
             prof.host_after_prefill_s = float(host_parts.get("after_prefill_s", 0.0))
             prof.host_per_finish_s = float(host_parts.get("per_finish_s", 0.0))
             prof.host_sync_s = float(host_parts.get("sync_s", 0.0))
+            prof.host_launch_s = float(host_parts.get("launch_s", 0.0))
             if "shapes" in dec:
                 prof.decode_shapes = [str(x) for x in dec["shapes"]]
                 prof.decode_shape_s = {a: [[float(x) for x in row] for row in dec["shape_s"][a]]
@@ -318,7 +332,9 @@ class CostProfile:
                         ("host.per_admit_s", self.host_per_admit_s),
                         ("host.per_admit_burst_s", self.host_per_admit_burst_s),
                         ("host.after_prefill_s", self.host_after_prefill_s),
-                        ("host.per_finish_s", self.host_per_finish_s)):
+                        ("host.per_finish_s", self.host_per_finish_s),
+                        ("host.sync_s", self.host_sync_s),
+                        ("host.launch_s", self.host_launch_s)):
             if v < 0:
                 raise bad(f"{name} must be >= 0, got {v}")
         ascending_positive("prefill.tokens", self.prefill_tokens)

@@ -460,6 +460,13 @@ def fit_profile(traces: Iterable[list[dict[str, Any]]],
     pre_by: dict[int, list[tuple[bool, float, Optional[float], float]]] = {}
     host_by: dict[int, list[HostSample]] = {}
     slots_by: dict[int, Optional[int]] = {}
+    # Serial traces whose windows carry `dev` (their device seconds by CUDA events) split each
+    # window's `dur`, the host's wall of the whole call: the decode tables take `dev`, and the
+    # rest, the window's own host share, is host.launch_s, which engine.overlap hides. Only when
+    # every window has it: tables of mixed meanings would price nothing right.
+    split = all("dev" in e for events in traces for e in events
+                if e["ev"] == "window" and "dur" in e and "ctx" in e)
+    launch: list[float] = []
     for n, events in enumerate(traces):
         n_traces += 1
         cfg = _config_event(events)
@@ -471,8 +478,11 @@ def fit_profile(traces: Iterable[list[dict[str, Any]]],
         for e in events:
             if e["ev"] == "window" and "dur" in e and "ctx" in e:
                 g, r = window_shape(e)
+                device = float(e["dev"] if split else e["dur"])
                 win_by[n].append((e["graph"], float(e["ctx"]), float(e["rows"]), f"{g}x{r}",
-                                  float(e["dur"]), e["step"] - 1 in chunk_steps))
+                                  device, e["step"] - 1 in chunk_steps))
+                if split and e["graph"] == "hit":
+                    launch.append(max(0.0, float(e["dur"]) - device))
             elif e["ev"] == "prefill" and "dur" in e:
                 tokens, tier = _prefill_key(e, knobs)
                 pre_by[n].append((graph_chunks, tokens, tier, float(e["dur"])))
@@ -578,6 +588,7 @@ def fit_profile(traces: Iterable[list[dict[str, Any]]],
            "prefill_from": "graphs" if kind else "eager",
            "prefill_eager_left_out": sum(len(v) for v in prefill_by[False].values()) if kind else 0,
            "host_overhead_samples": len(host), "actions_copied": filled_from,
+           "launch_samples": len(launch),
            # (window speeds with the slot count's share out: sim.slot_speeds)
            "trace_speeds": {"window": [round(slot_fit.residual[n], 4)
                                        for n in sorted(win_speed)],
@@ -598,7 +609,7 @@ def fit_profile(traces: Iterable[list[dict[str, Any]]],
     return CostProfile(
         host_overhead_s=h_fixed, host_per_commit_s=h_commit, host_per_admit_s=h_admit,
         host_per_admit_burst_s=h_burst, host_after_prefill_s=h_prefill,
-        host_per_finish_s=h_finish,
+        host_per_finish_s=h_finish, host_launch_s=_median(launch) if launch else 0.0,
         prefill_tokens=tokens, prefill_s=[_cell(prefill[t]) for t in tokens],
         decode_rows=rows, decode_tiers=tiers, decode_s=tables,
         acceptance=acc.as_dict() if acc.judged else None, source=src,

@@ -282,7 +282,9 @@ class SimEngine:
         if decision.capture_failed:
             self._crash(decision)
             return None
-        host = self._host()
+        # The window's own host share (filling, launching) runs here, while the window before
+        # it may still be on the device.
+        host = self._host() + self.costs.host_launch_s
         # The experts' reads price the window as in the serial loop (the bytes model at real
         # scale, misses with the cache); with pipelined groups they are part of every stage's
         # share.
@@ -490,16 +492,20 @@ class SimEngine:
         if decision.capture_failed:
             self._crash(decision)
             return
+        launch = self.costs.host_launch_s  # the window's own host share, before its device work
         host = self._host()
-        dur, expert_fields = self._expert_priced(groups, layout, tier, dur, host)
+        dur, expert_fields = self._expert_priced(groups, layout, tier, dur, host + launch)
         if self.stages is not None:  # an unpipelined split: every stage in turn
             dur = self.stages.serial_time(dur)
-        yield self.env.timeout(host + dur)
+        yield self.env.timeout(host + launch + dur)
 
         for ev_key, reason in decision.evictions:
             self.stats.graph["evict"] += 1
             self.trace.emit("evict", key=ev_key, reason=reason)
-        yield from self._read_window(layout, key, decision, dur, tier, groups, expert_fields)
+        # As the engine traces a serial window: `dur` the wall of the whole call, `dev` its
+        # device share (when the profile tells them apart).
+        yield from self._read_window(layout, key, decision, launch + dur, tier, groups,
+                                     expert_fields, dev=dur if launch else None)
 
     def _expert_priced(self, groups: list[tuple[SlotState, int]], layout: list[int], tier: int,
                        dur: float, host: float) -> tuple[float, dict[str, int]]:
@@ -524,14 +530,15 @@ class SimEngine:
     def _read_window(self, layout: list[int], key: str, decision: GraphDecision, dur: float,
                      tier: int, groups: list[tuple[SlotState, int]],
                      expert_fields: Optional[dict[str, int]] = None,
-                     launched: Optional[int] = None):
+                     launched: Optional[int] = None, dev: Optional[float] = None):
         """A window's results: its event, each group's commit, the finishes, the host tail."""
         self.stats.windows += 1
         self.stats.graph[decision.action] += 1
         self.trace.emit("window", layout=layout, key=key, graph=decision.action,
                         rows=len(layout), dur=round(dur, TRACE_DUR_DIGITS), ctx=tier,
                         **(expert_fields or {}),
-                        **({} if launched is None else {"launched": launched}))
+                        **({} if launched is None else {"launched": launched}),
+                        **({} if dev is None else {"dev": round(dev, TRACE_DUR_DIGITS)}))
         if decision.action == "capture":
             self._emit_vram()
         if decision.eager_reason and not self._warned_eager:

@@ -137,3 +137,36 @@ def test_programmatic_launches_of_compiled_regions_change_no_token(model_dir, mo
         eng.close()
     ops.set_backend("torch", "cpu")
     assert outs["1"] == outs["0"]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+def test_traced_serial_windows_carry_their_device_seconds(model_dir, tmp_path):
+    """A serial engine's traced windows carry `dev` (CUDA events) within their `dur` (the
+    host's wall of the call): the cost profile prices windows on `dev` and the rest as the
+    window's host share, which engine.overlap hides. Overlapped windows' `dur` is already
+    device time, and they carry no `dev`."""
+    import json
+
+    from strata.model.loader import load_checkpoint
+
+    dev = torch.device("cuda")
+    loaded = load_checkpoint(str(model_dir), "float32", dev, log=lambda s: None)
+    for overlap in (False, True):
+        ecfg = OmegaConf.structured(StrataConfig).engine
+        ecfg.mode, ecfg.batch_mtp, ecfg.max_context, ecfg.slots = "batch", True, 256, 2
+        ecfg.compile, ecfg.overlap = "off", overlap
+        path = tmp_path / f"trace_{overlap}.jsonl"
+        eng = Engine(loaded, ecfg, dev, log=lambda s: None, trace_path=path)
+        for i in range(2):
+            eng.add_request(Request(f"r{i}", [5 + i, 7, 9], SamplingParams(
+                max_tokens=12, stop_at_eos=False), stream_text=False))
+        while eng.has_work():
+            eng.step()
+        eng.close()
+        wins = [e for e in map(json.loads, path.read_text().splitlines()) if e["ev"] == "window"]
+        assert wins
+        if overlap:
+            assert all("dev" not in e for e in wins)
+        else:
+            assert all(0 < e["dev"] <= e["dur"] for e in wins)

@@ -304,3 +304,22 @@ def test_a_few_samples_at_one_tier_give_way_to_the_steady_tier_and_the_tiers_rat
     assert prof.decode_time(4, 512, "hit", (1, 4)) == pytest.approx(0.0102)
     assert prof.decode_time(8, 512, "hit", (4, 2)) == pytest.approx(0.0204)
     assert prof.source["shape_counts"]["hit"][1][prof.decode_shapes.index("1x4")] == 4
+
+
+def test_serial_windows_with_dev_split_into_device_tables_and_a_launch_share():
+    """Windows that carry `dev` (a serial engine's CUDA events) price the decode tables on
+    `dev`; the rest of each replayed window's `dur` is the profile's host.launch_s, which
+    engine.overlap hides. Traces of which some windows lack `dev` keep `dur` whole."""
+    w = [("shape:1x4@256", [0, 0, 0, 0], 256, "hit", 0.010)] * 5
+    timed = _trace(windows=w, prefills=[(64, 64, 0.01)])
+    for e in timed:
+        if e["ev"] == "window":
+            e["dev"] = 0.0085
+    prof = fit_profile([timed])
+    assert prof.decode_time(4, 256, "hit", (1, 4)) == pytest.approx(0.0085)
+    assert prof.host_launch_s == pytest.approx(0.0015)
+    assert prof.source["launch_samples"] == 5
+    assert CostProfile.from_dict(prof.to_dict()).host_launch_s == pytest.approx(0.0015)
+    mixed = fit_profile([timed, _trace(windows=w, prefills=[(64, 64, 0.01)])])
+    assert mixed.decode_time(4, 256, "hit", (1, 4)) == pytest.approx(0.010)
+    assert mixed.host_launch_s == 0.0 and mixed.source["launch_samples"] == 0

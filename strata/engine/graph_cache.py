@@ -144,6 +144,9 @@ class GraphRun:
     #: A decode window's expert-cache counts on their way to the host
     #: (expert_cache.WindowCounts; None without the cache).
     expert_counts: Any = None
+    #: A serial window's device seconds by CUDA events (ModelRunner.decode(timed=True)), or
+    #: None: its trace event's `dev`, beside `dur`, the host's wall of the whole call.
+    device_s: Optional[float] = None
 
 
 class GraphCache:

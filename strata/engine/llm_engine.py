@@ -291,7 +291,7 @@ class Engine:
         w = window_shape(plan.groups, plan.layout, self.cfg, self._tier, self.cache is not None)
         t0 = time.perf_counter()
         run = self.runner.decode([(s.id, s.pos, r) for s, r in plan.groups], w.groups, w.rows,
-                                 w.tier, w.filtered, w.key)
+                                 w.tier, w.filtered, w.key, timed=self.trace.active)
         dur = time.perf_counter() - t0
         commit_window(self, [(s, r, s.req) for s, r in plan.groups], plan.layout, w, run,
                       run.output, dur, outs)

@@ -223,11 +223,23 @@ class ModelRunner:
         return lambda: self.verifier.window(gs, gp, rows, g, ctx, filtered)
 
     def decode(self, groups: list[tuple[int, int, int]], n_padded: int, g: int, ctx: int,
-               filtered: bool, key: Optional[str]) -> GraphRun:
+               filtered: bool, key: Optional[str], timed: bool = False) -> GraphRun:
         """Run a window of (lane, pos, rows) groups; its output is the host rows, one per group.
-        `filtered` picks the window's sampler, so it must be part of `key`."""
+        `filtered` picks the window's sampler, so it must be part of `key`. `timed` (CUDA): also
+        its device seconds by two events (`run.device_s`), the part of the call's wall that
+        engine.overlap cannot hide behind the host (a traced run's window `dev`)."""
+        start = None
+        if timed and self.device.type == "cuda":
+            start = torch.cuda.Event(enable_timing=True)
+            start.record()
         run = self._run(groups, n_padded, g, ctx, filtered, key)
+        end = None
+        if start is not None:
+            end = torch.cuda.Event(enable_timing=True)
+            end.record()
         run.output = run.output.tolist()[: len(groups)]  # (a list slice is cheaper than a tensor's)
+        if end is not None:  # (the rows' read waited for the window: both events have passed)
+            run.device_s = start.elapsed_time(end) / 1e3
         return run
 
     def launch(self, groups: list[tuple[int, int, int]], n_padded: int, g: int, ctx: int,

@@ -126,6 +126,8 @@ def commit_window(eng: "Engine", groups: list, layout: tuple, w: WindowShape, ru
             extra["mib"] = round(run.mib, 3)
         if launched is not None:
             extra["launched"] = launched
+        if run.device_s is not None:  # a serial window: the device's share of `dur`
+            extra["dev"] = round(run.device_s, 6)
         trace.emit("window", layout=list(layout), key=w.key or "eager", graph=run.action,
                    rows=len(layout), dur=round(dur, 6), ctx=w.tier, **extra)
     ended = []
