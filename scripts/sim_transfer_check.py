@@ -19,6 +19,14 @@
    the range holds, the ratios batch_mtp/batch (N=4) and batch_mtp/solo, and acceptance.
 
     python scripts/sim_transfer_check.py --device cuda --out OUT      # ~5-8 min on a bare H200
+    python scripts/sim_transfer_check.py --device cuda --no-predict --out OUT   # measure only
+    python scripts/sim_transfer_check.py --predict-from OUT           # steps 4 from OUT (no device)
+
+The measurements (engine cohorts, the calibrated preset under OUT/conf, the acceptance run's
+trace, the closed loops' acceptance) are in OUT/measured.json before any prediction runs, so a
+call cut short in the predictions, or one run with --no-predict to spare device time, is
+predicted afterwards on any machine with --predict-from (a simulator change re-checked against
+the same measurements, too).
     python scripts/sim_transfer_check.py --device cpu --model DIR --shipped cpu_tiny \\
         --max-tokens 16 --repeats 1 --grid tiny --max-context 256 --out OUT   # a smoke run
 
@@ -85,11 +93,12 @@ def predict(preset: str, overrides: list[str]) -> dict:
     return run_predict(cfg).metrics
 
 
-def add_predictions(rows: list[dict], specs: dict, label: str, preset: str, args, log) -> None:
+def add_predictions(rows: list[dict], specs: dict[str, dict], label: str, preset: str, args,
+                    log) -> None:
     """Each cell's prediction from `preset` into row[label]: point, range, error, whether
     the range holds the engine's figure, simulated acceptance."""
     for row in rows:
-        m = predict(preset, sim_overrides(specs[row["cell"]].engine, row["n"], args))
+        m = predict(preset, sim_overrides(specs[row["cell"]], row["n"], args))
         lo, hi = m["range"]["aggregate_tps"]
         row[label] = {"tps": m["aggregate_tps"], "range": [lo, hi],
                       "error": m["aggregate_tps"] / row["engine_tps"] - 1,
@@ -244,9 +253,16 @@ def main() -> int:
     ap.add_argument("--models", default="chain,position,fixed",
                     help="--acceptance-eval: the acceptance models compared (chain:nospread = "
                          "chain without its per-request spread)")
+    ap.add_argument("--no-predict", action="store_true",
+                    help="measure only: OUT/measured.json, for --predict-from elsewhere")
+    ap.add_argument("--predict-from", metavar="OUT",
+                    help="only the predictions and the table, from a finished (or --no-predict) "
+                         "run's OUT/measured.json (no device)")
     args = ap.parse_args()
     if args.acceptance_eval:
         return acceptance_eval(Path(args.acceptance_eval), args.models.split(","))
+    if args.predict_from:
+        return predict_from(Path(args.predict_from), args)
 
     import torch
 
@@ -345,9 +361,6 @@ def main() -> int:
             requests=requests(rest_prompts, "x"), trace=False))
         log(f"the rest, {loop}: acceptance {rest_runs[loop][2]['acceptance']:.3f}")
 
-    # 3. Predictions from the shipped preset, written at once (a call cut short in the
-    # calibrated predictions still brings them back); 4. predictions from the calibrated
-    # preset and the full table.
     rows = []
     for name, config, n in CELLS:
         accs = [m["acceptance"] for m in engine[name] if m["acceptance"] is not None]
@@ -356,16 +369,63 @@ def main() -> int:
                      "engine_runs": [m["aggregate_tps"] for m in engine[name]],
                      "engine_traced_tps": traced[name]["aggregate_tps"],
                      "engine_acceptance": statistics.mean(accs) if accs else None})
+    rest = {loop: m["acceptance"] for loop, (_, _, m) in rest_runs.items()}
+    (out / MEASURED).write_text(json.dumps(
+        {"source": runner.source(), "args": {k: v for k, v in vars(args).items()
+                                             if isinstance(v, (str, int, float, bool))},
+         "calibration_s": cal_s, "rows": rows, "rest_acceptance": rest}, indent=1) + "\n",
+        encoding="utf-8")
+    log(f"measurements in {out / MEASURED}")
+    if args.no_predict:
+        return 0
+    predict_and_write(out, rows, rest, args, cal_s, runner.source(), log)
+    return 0
+
+
+#: What a run measured, before any prediction: the input of --predict-from.
+MEASURED = "measured.json"
+
+
+def predict_and_write(out: Path, rows: list[dict], rest: dict, args, cal_s, source: dict,
+                      log) -> None:
+    """3. Predictions from the shipped preset, written at once (a call cut short in the
+    calibrated predictions still brings them back); 4. predictions from the calibrated preset
+    (OUT/conf) and the full table. `rest`: the closed loops' engine acceptance by loop."""
+    args.conf = out / "conf"
+    args.acc_trace = str((out / "acceptance_run" / "trace.jsonl").resolve())
+    specs = {name: engine_knobs(config, n, args) for name, config, n in CELLS}
+    loops = {loop: (engine_knobs(config, n, args), n, {"acceptance": rest[loop]})
+             for loop, config, n in REST_LOOPS if loop in rest}
     presets = [("shipped", args.shipped)]
     add_predictions(rows, specs, "shipped", args.shipped, args, log)
-    rest = rest_predictions(rest_runs, args.shipped, args)
-    write_table(out, rows, presets, args, None, runner.source(), rest)
+    write_table(out, rows, presets, args, None, source, rest_predictions(loops, args.shipped, args))
     presets.append(("calibrated", args.name))
     add_predictions(rows, specs, "calibrated", args.name, args, log)
     # the calibrated profile's depth factors are this machine's: the rest predicted again
-    rest = rest_predictions(rest_runs, args.name, args)
-    write_table(out, rows, presets, args, cal_s, runner.source(), rest)
+    write_table(out, rows, presets, args, cal_s, source, rest_predictions(loops, args.name, args))
     log(f"wrote {out / 'transfer.md'} and transfer.json")
+
+
+def predict_from(out: Path, args) -> int:
+    """--predict-from OUT: the predictions and table of a run's OUT/measured.json, with the
+    run's own workload and presets, on this machine's simulator."""
+    path = out / MEASURED
+    if not path.is_file():
+        raise SystemExit(f"error: {path}: not found (a run of this script writes it once its "
+                         "measurements are done)")
+    try:
+        m = json.loads(path.read_text(encoding="utf-8"))
+        rows, rest, saved = m["rows"], m["rest_acceptance"], m["args"]
+    except (json.JSONDecodeError, KeyError, TypeError) as e:
+        raise SystemExit(f"error: {path}: not a measurements file of this script ({e})")
+    for key in ("prompt_tokens", "max_tokens", "repeats", "max_context", "shipped", "name",
+                "acceptance"):
+        setattr(args, key, saved.get(key, getattr(args, key)))
+    for r in rows:  # predictions of an earlier run give way to this one's
+        r.pop("shipped", None), r.pop("calibrated", None)
+    t0 = time.perf_counter()
+    predict_and_write(out, rows, rest, args, m.get("calibration_s"), m.get("source") or {},
+                      lambda msg: print(f"[{time.perf_counter() - t0:5.0f} s] {msg}", flush=True))
     return 0
 
 
