@@ -47,7 +47,13 @@ step() {  # step NAME SECONDS CMD...: run with a limit, log to $R/NAME.log, say 
   grep -v -i -E "warn|Loading weights|^\[transformers\]|softmax|^$" "$R/$name.log" | tail -n "${TAIL:-6}"
   pack
 }
-step build 150 python3 setup.py build_ext --inplace -q
+# Carried extensions (built here for the device's Python) are used when they import; else build
+# them (about 70 s), as a step of its own.
+if python3 -c "import strata.kernels.strata_cuda" 2>/dev/null; then
+  echo "== build: the carried extensions import"
+else
+  step build 150 python3 setup.py build_ext --inplace -q
+fi
 case $part in
 1)  # the simulator's held-out check (issue 7)
   # The warm-up engines compile every window shape (about 2-3 min on a bare machine), then
