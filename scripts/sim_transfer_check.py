@@ -406,6 +406,21 @@ def predict_and_write(out: Path, rows: list[dict], rest: dict, args, cal_s, sour
     log(f"wrote {out / 'transfer.md'} and transfer.json")
 
 
+def relink_profile(conf: Path, name: str) -> None:
+    """The calibrated preset names its profile by the absolute path it was written at (on the
+    device): a run's OUT moved to another machine points it at the profile under `conf`."""
+    preset, local = conf / "hardware" / f"{name}.yaml", conf / "profiles" / f"{name}.json"
+    if not (preset.is_file() and local.is_file()):
+        return
+    lines = preset.read_text(encoding="utf-8").splitlines(keepends=True)
+    for i, line in enumerate(lines):
+        ref = line[len("profile: "):].strip() if line.startswith("profile: ") else None
+        if ref and not ref.startswith("${") and not Path(ref).is_file():
+            lines[i] = f"profile: {local.resolve()}\n"
+            preset.write_text("".join(lines), encoding="utf-8")
+            return
+
+
 def predict_from(out: Path, args) -> int:
     """--predict-from OUT: the predictions and table of a run's OUT/measured.json, with the
     run's own workload and presets, on this machine's simulator."""
@@ -423,6 +438,7 @@ def predict_from(out: Path, args) -> int:
         setattr(args, key, saved.get(key, getattr(args, key)))
     for r in rows:  # predictions of an earlier run give way to this one's
         r.pop("shipped", None), r.pop("calibrated", None)
+    relink_profile(out / "conf", args.name)
     t0 = time.perf_counter()
     predict_and_write(out, rows, rest, args, m.get("calibration_s"), m.get("source") or {},
                       lambda msg: print(f"[{time.perf_counter() - t0:5.0f} s] {msg}", flush=True))

@@ -18,18 +18,35 @@ CELLS = (("solo N=1", 1), ("batch N=4", 4), ("batch N=8", 8), ("batch_mtp N=4", 
          ("batch_mtp W16 N=8", 8))
 
 
-def _measured(out: Path) -> None:
-    """A small run's measurements: the cpu_tiny preset as both shipped and calibrated."""
+def _measured(out: Path, name: str = "cpu_tiny") -> None:
+    """A small run's measurements: the cpu_tiny preset as shipped, and as calibrated either it
+    too or (`name`) a preset `sim calibrate` wrote on another machine, whose profile path is
+    that machine's."""
     (out / "conf").mkdir(parents=True)
     (out / "acceptance_run").mkdir()
     shutil.copy(ACC_TRACE, out / "acceptance_run" / "trace.jsonl")
+    if name != "cpu_tiny":
+        from sim.calibrate import write_preset
+
+        elsewhere = out / "device_out"
+        write_preset(elsewhere, name, elsewhere / "profiles" / f"{name}.json",
+                     {"total_mib": 24576, "weights_mib": 64, "slot_mib": 8, "graph_mib": 16.0},
+                     False, 256, {"date": "d", "device": "cpu", "dtype": "float32",
+                                  "backend": "torch", "commit": "c",
+                                  "calibration": {"grid": "tiny"}})
+        for sub in ("hardware", "memory"):
+            shutil.copytree(elsewhere / sub, out / "conf" / sub)
+        (out / "conf" / "profiles").mkdir()
+        shutil.copy(ROOT / "conf" / "sim" / "profiles" / "cpu_tiny.json",
+                    out / "conf" / "profiles" / f"{name}.json")
+        shutil.rmtree(elsewhere)  # the path the preset names is gone, as on another machine
     rows = [{"cell": c, "n": n, "engine_tps": 100.0 * n, "engine_runs": [100.0 * n],
              "engine_traced_tps": 95.0 * n, "engine_acceptance": None} for c, n in CELLS]
     (out / "measured.json").write_text(json.dumps({
         "source": {"device": "test"}, "calibration_s": 1.0, "rows": rows,
         "rest_acceptance": {"batch_mtp N=4": 0.8, "solo": 0.6},
         "args": {"prompt_tokens": 16, "max_tokens": 8, "repeats": 1, "max_context": 256,
-                 "shipped": "cpu_tiny", "name": "cpu_tiny", "acceptance": "chain"}}))
+                 "shipped": "cpu_tiny", "name": name, "acceptance": "chain"}}))
 
 
 def _run(*args):
@@ -39,7 +56,7 @@ def _run(*args):
 
 @pytest.mark.slow
 def test_predict_from_a_runs_measurements_writes_its_table(tmp_path):
-    _measured(tmp_path)
+    _measured(tmp_path, name="calibrated_elsewhere")
     r = _run("--predict-from", str(tmp_path))
     assert r.returncode == 0, r.stderr[-2000:]
     t = json.loads((tmp_path / "transfer.json").read_text())
