@@ -58,9 +58,50 @@ class SlotBuffers:
         self.int_params.index_copy_(0, lanes, ints)
 
 
+def window_inputs(pending: torch.Tensor, draft: torch.Tensor, mtp_h: torch.Tensor,
+                  pos: torch.Tensor, gs: torch.Tensor, gp: torch.Tensor, scratch: int,
+                  device_positions: bool, g: int):
+    """A window's inputs, gathered by group in one region (a few kernels where the eager glue
+    ran one per gather and add): the groups' positions (read from `pos` under
+    engine.overlap, padding groups at 0 of the scratch lane), the positions p + j for
+    j < g, the pending tokens, and for g >= 2 the drafts and the MTP hidden states."""
+    if device_positions:
+        gp = torch.where(gs == scratch, 0, pos[gs])
+    offsets = tuple(gp + j for j in range(g))
+    if g < 2:
+        return offsets, pending[gs], None, None
+    return offsets, pending[gs], draft[gs], mtp_h[gs]
+
+
+def window_pick(mh: torch.Tensor, accept: torch.Tensor, gp: torch.Tensor):
+    """Each group's MTP hidden state at its accepted row, and the position its next draft
+    predicts (p + a + 2)."""
+    idx = torch.arange(accept.shape[0], device=accept.device)
+    return mh[idx, accept], gp + accept + 2
+
+
+def window_store(pending: torch.Tensor, gs: torch.Tensor, y: torch.Tensor,
+                 accept: torch.Tensor, draft: Optional[torch.Tensor] = None,
+                 draft_buf: Optional[torch.Tensor] = None, mtp_h: Optional[torch.Tensor] = None,
+                 h_a: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """The window's writes to the slot buffers in one region: y_a becomes each group's pending
+    token, and with drafts the next draft and its MTP hidden state; returns the rows the host
+    reads, [y_0 .. y_(G-1), a, next draft] per group (draft 0 without drafts)."""
+    idx = torch.arange(accept.shape[0], device=accept.device)
+    pending[gs] = y[idx, accept]
+    if draft is None:
+        draft = torch.zeros_like(accept)
+    else:
+        draft_buf[gs] = draft
+        mtp_h[gs] = h_a
+    return torch.cat([y, accept[:, None], draft[:, None]], 1)
+
+
 #: The verifier's pure functions, by name: what `compile_pure_functions` compiles.
 PURE_FUNCTIONS = {"sample": sample_lanes, "sample_plain": sample_plain_lanes,
-                  "accepted_prefix": accepted_prefix, "synthetic_window": synthetic_window}
+                  "accepted_prefix": accepted_prefix, "synthetic_window": synthetic_window,
+                  "window_inputs": window_inputs, "window_pick": window_pick,
+                  "window_store": window_store}
 
 
 class Verifier:
@@ -87,6 +128,9 @@ class Verifier:
         self.sample_plain = pure["sample_plain"]
         self.accepted_prefix = pure["accepted_prefix"]
         self.synthetic_window = pure["synthetic_window"]
+        self.window_inputs = pure["window_inputs"]
+        self.window_pick = pure["window_pick"]
+        self.window_store = pure["window_store"]
         self.synthetic_acceptance = (None if synthetic_acceptance is None
                                      else float(synthetic_acceptance))
         #: strata.engine.expert_cache.ExpertCache, or None: a window starts and ends its counts.
@@ -115,16 +159,18 @@ class Verifier:
         if self.expert_cache is not None:
             self.expert_cache.begin_window()
         ng = gs.shape[0]
-        if self.device_positions:  # padding groups stay at position 0 of the scratch lane
-            gp = torch.where(gs == state.scratch, 0, bufs.pos[gs])
-        cols = [bufs.pending[gs]]
+        offsets, pending, draft, h = self.window_inputs(
+            bufs.pending, bufs.draft, bufs.mtp_h, bufs.pos, gs, gp, state.scratch,
+            self.device_positions, g)
+        gp = offsets[0]
+        cols = [pending]
         if g >= 2:
-            cols.append(bufs.draft[gs])
-            h, tok = bufs.mtp_h[gs], cols[-1]
+            cols.append(draft)
+            tok = draft
             for k in range(2, g):  # extend the chain: MTP at position p+k-2 predicts p+k
-                mh = model.mtp_window(h[:, None], tok[:, None], gs, gp + (k - 2), ctx, state,
+                mh = model.mtp_window(h[:, None], tok[:, None], gs, offsets[k - 2], ctx, state,
                                       with_logits=False)[0][:, 0]
-                tok = self._draft(model.logits(mh), gs, gp + k, filtered)
+                tok = self._draft(model.logits(mh), gs, offsets[k], filtered)
                 h = mh
                 cols.append(tok)
         tokens = torch.stack(cols, 1)
@@ -140,19 +186,17 @@ class Verifier:
         else:
             accept = torch.zeros(ng, dtype=torch.long, device=gs.device)
         ops.commit_accepted(accept, gs, gp, rec_snaps, conv_snaps, state.rec, state.conv, bufs.pos)
-        idx = torch.arange(ng, device=gs.device)
-        bufs.pending[gs] = y[idx, accept]
         if self.drafting:
             mh = model.mtp_window(hidden, y, gs, gp, ctx, state, with_logits=False)[0]
-            h_a = mh[idx, accept]
-            draft = self._draft(model.logits(h_a), gs, gp + accept + 2, filtered)
-            bufs.draft[gs] = draft
-            bufs.mtp_h[gs] = h_a
+            h_a, draft_pos = self.window_pick(mh, accept, gp)
+            draft = self._draft(model.logits(h_a), gs, draft_pos, filtered)
+            out = self.window_store(bufs.pending, gs, y, accept, draft, bufs.draft, bufs.mtp_h,
+                                    h_a)
         else:
-            draft = torch.zeros_like(accept)
+            out = self.window_store(bufs.pending, gs, y, accept)
         if self.expert_cache is not None:
             self.expert_cache.end_window()
-        return torch.cat([y, accept[:, None], draft[:, None]], 1)
+        return out
 
     def prefill(self, tokens: torch.Tensor, meta: torch.Tensor, ctx: int) -> torch.Tensor:
         """Run one prompt chunk, entirely on the device (so it can be one CUDA graph).
