@@ -62,12 +62,12 @@ def window_inputs(pending: torch.Tensor, draft: torch.Tensor, mtp_h: torch.Tenso
                   pos: torch.Tensor, gs: torch.Tensor, gp: torch.Tensor, scratch: int,
                   device_positions: bool, g: int):
     """A window's inputs, gathered by group in one region (a few kernels where the eager glue
-    ran one per gather and add): the groups' positions (read from `pos` under
-    engine.overlap, padding groups at 0 of the scratch lane), the positions p + j for
-    j < g, the pending tokens, and for g >= 2 the drafts and the MTP hidden states."""
+    ran one per gather and add): the groups' positions p (read from `pos` under
+    engine.overlap, padding groups at 0 of the scratch lane) and, for a draft chain (g >= 3),
+    p + j for j < g; the pending tokens; and for g >= 2 the drafts and the MTP hidden states."""
     if device_positions:
         gp = torch.where(gs == scratch, 0, pos[gs])
-    offsets = tuple(gp + j for j in range(g))
+    offsets = (gp,) + (tuple(gp + j for j in range(1, g)) if g >= 3 else ())
     if g < 2:
         return offsets, pending[gs], None, None
     return offsets, pending[gs], draft[gs], mtp_h[gs]
