@@ -1,7 +1,7 @@
 """Plot an expert-cache engine study (scripts/bench_expert_cache.py --part study --json):
 batch and batch_mtp's aggregate tok/s over solo's, per N, one line per cache budget.
 
-    python scripts/plot_expert_study.py docs/bench/s9/expert_study.json docs/img/expert_cache_study.png
+    python scripts/plot_expert_study.py docs/bench/s18/expert_study.json docs/img/expert_cache_study.png
 """
 
 from __future__ import annotations

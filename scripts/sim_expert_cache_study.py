@@ -717,7 +717,7 @@ routers repeat half of a token's experts on the next token (`experts.row_overlap
 With every expert resident the preset holds the engine's measured full-depth cohorts within 4%
 (`--bench-check`, docs/SIMULATOR.md; in sample: they fitted `experts.prefill_scale`); the ratios
 and signs are what this study is for. How far the expert model itself holds:
-`python scripts/sim_expert_cache_study.py --engine docs/bench/s9/expert_study.json` checks it
+`python scripts/sim_expert_cache_study.py --engine docs/bench/s18/expert_study.json` checks it
 against the engine's measured budget study on the H200 (BENCHMARKS.md, "Expert cache study").
 
 ### H200, Qwen3-Next-80B-A3B FP8 shapes (`hardware=h200_80b_a3b_fp8 experts.skew={H200_SKEW}`)
