@@ -19,7 +19,7 @@ from strata.engine.llm_engine import Engine
 from strata.engine.request import Request, SamplingParams
 from strata.model.tiny import make_tiny_random
 
-GLUE = ("window_inputs", "window_pick", "window_store")
+GLUE = verifier.GLUE_FUNCTIONS
 
 
 @pytest.fixture(scope="module")
@@ -58,7 +58,7 @@ def test_compiled_window_glue_keeps_every_token(model_dir, monkeypatch):
     for name in GLUE:
         monkeypatch.setitem(verifier.PURE_FUNCTIONS, name,
                             torch.compile(verifier.PURE_FUNCTIONS[name], backend="aot_eager",
-                                          dynamic=None))
+                                          dynamic=True))  # as compiling.compiled_functions does
     counters.clear()
     for c in cases:
         assert run(model_dir, *c) == ref[c], c

@@ -7,7 +7,7 @@ from typing import Callable
 
 import torch
 
-from strata.engine.verifier import PURE_FUNCTIONS
+from strata.engine.verifier import GLUE_FUNCTIONS, PURE_FUNCTIONS
 
 #: Inductor's own switch; when the environment sets it, it wins over the default below.
 PDL_ENV = "TORCHINDUCTOR_ENABLE_PDL"
@@ -55,6 +55,7 @@ def compiled_functions(model, device: torch.device | None = None,
         # Prompt chunks come in many lengths: compile them with symbolic lengths.
         pfn = lambda f: torch.compile(f, dynamic=True)  # noqa: E731
         model.compile_regions(fn, pfn)
-        compiled = {name: torch.compile(f, dynamic=None) for name, f in PURE_FUNCTIONS.items()}
+        compiled = {name: torch.compile(f, dynamic=True if name in GLUE_FUNCTIONS else None)
+                    for name, f in PURE_FUNCTIONS.items()}
         model._strata_compiled = compiled
     return compiled

@@ -60,17 +60,15 @@ class SlotBuffers:
 
 def window_inputs(pending: torch.Tensor, draft: torch.Tensor, mtp_h: torch.Tensor,
                   pos: torch.Tensor, gs: torch.Tensor, gp: torch.Tensor, scratch: int,
-                  device_positions: bool, g: int):
-    """A window's inputs, gathered by group in one region (a few kernels where the eager glue
-    ran one per gather and add): the groups' positions p (read from `pos` under
-    engine.overlap, padding groups at 0 of the scratch lane) and, for a draft chain (g >= 3),
-    p + j for j < g; the pending tokens; and for g >= 2 the drafts and the MTP hidden states."""
+                  device_positions: bool):
+    """A window's inputs, gathered by group in one region (a fused kernel or two where the
+    eager glue ran one per gather): the groups' positions (read from `pos` under
+    engine.overlap, padding groups at 0 of the scratch lane), pending tokens, drafts and MTP
+    hidden states (a window of one row per group leaves the last two unused: gathering them
+    anyway keeps one compiled graph for every window)."""
     if device_positions:
         gp = torch.where(gs == scratch, 0, pos[gs])
-    offsets = (gp,) + (tuple(gp + j for j in range(1, g)) if g >= 3 else ())
-    if g < 2:
-        return offsets, pending[gs], None, None
-    return offsets, pending[gs], draft[gs], mtp_h[gs]
+    return gp, pending[gs], draft[gs], mtp_h[gs]
 
 
 def window_pick(mh: torch.Tensor, accept: torch.Tensor, gp: torch.Tensor):
@@ -97,6 +95,9 @@ def window_store(pending: torch.Tensor, gs: torch.Tensor, y: torch.Tensor,
     return torch.cat([y, accept[:, None], draft[:, None]], 1)
 
 
+#: The window glue among them: compiled with dynamic sizes from the first call, so that one
+#: graph (two with dynamo's own one-group specialization) serves every window shape.
+GLUE_FUNCTIONS = ("window_inputs", "window_pick", "window_store")
 #: The verifier's pure functions, by name: what `compile_pure_functions` compiles.
 PURE_FUNCTIONS = {"sample": sample_lanes, "sample_plain": sample_plain_lanes,
                   "accepted_prefix": accepted_prefix, "synthetic_window": synthetic_window,
@@ -159,18 +160,17 @@ class Verifier:
         if self.expert_cache is not None:
             self.expert_cache.begin_window()
         ng = gs.shape[0]
-        offsets, pending, draft, h = self.window_inputs(
-            bufs.pending, bufs.draft, bufs.mtp_h, bufs.pos, gs, gp, state.scratch,
-            self.device_positions, g)
-        gp = offsets[0]
+        gp, pending, draft, h = self.window_inputs(bufs.pending, bufs.draft, bufs.mtp_h,
+                                                   bufs.pos, gs, gp, state.scratch,
+                                                   self.device_positions)
         cols = [pending]
         if g >= 2:
             cols.append(draft)
             tok = draft
             for k in range(2, g):  # extend the chain: MTP at position p+k-2 predicts p+k
-                mh = model.mtp_window(h[:, None], tok[:, None], gs, offsets[k - 2], ctx, state,
+                mh = model.mtp_window(h[:, None], tok[:, None], gs, gp + (k - 2), ctx, state,
                                       with_logits=False)[0][:, 0]
-                tok = self._draft(model.logits(mh), gs, offsets[k], filtered)
+                tok = self._draft(model.logits(mh), gs, gp + k, filtered)
                 h = mh
                 cols.append(tok)
         tokens = torch.stack(cols, 1)
