@@ -437,7 +437,8 @@ def predict_from(out: Path, args) -> int:
                 "acceptance"):
         setattr(args, key, saved.get(key, getattr(args, key)))
     for r in rows:  # predictions of an earlier run give way to this one's
-        r.pop("shipped", None), r.pop("calibrated", None)
+        for label in ("shipped", "calibrated"):
+            r.pop(label, None)
     relink_profile(out / "conf", args.name)
     t0 = time.perf_counter()
     predict_and_write(out, rows, rest, args, m.get("calibration_s"), m.get("source") or {},

@@ -10,29 +10,18 @@ import itertools
 import pytest
 import torch
 import torch._dynamo
-from omegaconf import OmegaConf
+from conftest import cpu_engine_config
 from torch._dynamo.utils import counters
 
-from strata.config import StrataConfig
 from strata.engine import verifier
 from strata.engine.llm_engine import Engine
 from strata.engine.request import Request, SamplingParams
-from strata.model.tiny import make_tiny_random
 
 GLUE = verifier.GLUE_FUNCTIONS
 
 
-@pytest.fixture(scope="module")
-def model_dir(tmp_path_factory):
-    return make_tiny_random(tmp_path_factory.mktemp("glue"), seed=5, tokenizer=False,
-                            max_position_embeddings=512)
-
-
 def run(model_dir, mode, batch_mtp, overlap, temperature):
-    cfg = OmegaConf.structured(StrataConfig)
-    cfg.device, cfg.model.path = "cpu", str(model_dir)
-    cfg.engine.mode, cfg.engine.batch_mtp, cfg.engine.max_context = mode, batch_mtp, 256
-    cfg.engine.slots, cfg.engine.overlap = 3, overlap
+    cfg = cpu_engine_config(model_dir, mode=mode, batch_mtp=batch_mtp, slots=3, overlap=overlap)
     eng = Engine.from_config(cfg, log=lambda s: None)
     g = torch.Generator().manual_seed(1)
     for i in range(3):
@@ -49,11 +38,11 @@ def run(model_dir, mode, batch_mtp, overlap, temperature):
 
 @pytest.mark.slow
 @torch._dynamo.config.patch(suppress_errors=False)  # a compile failure must fail the test
-def test_compiled_window_glue_keeps_every_token(model_dir, monkeypatch):
+def test_compiled_window_glue_keeps_every_token(tiny_ckpt, monkeypatch):
     # greedy serial, seeded sampling overlapped (device positions)
     cases = [(mode, bm, ov, t) for (mode, bm), (ov, t) in itertools.product(
         (("solo", False), ("batch", False), ("batch", True)), ((False, 0.0), (True, 0.9)))]
-    ref = {c: run(model_dir, *c) for c in cases}
+    ref = {c: run(tiny_ckpt, *c) for c in cases}
     torch._dynamo.reset()
     for name in GLUE:
         monkeypatch.setitem(verifier.PURE_FUNCTIONS, name,
@@ -61,6 +50,6 @@ def test_compiled_window_glue_keeps_every_token(model_dir, monkeypatch):
                                           dynamic=True))  # as compiling.compiled_functions does
     counters.clear()
     for c in cases:
-        assert run(model_dir, *c) == ref[c], c
+        assert run(tiny_ckpt, *c) == ref[c], c
     assert counters["stats"]["unique_graphs"] >= len(GLUE)  # the compiled functions ran
     torch._dynamo.reset()

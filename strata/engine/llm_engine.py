@@ -95,7 +95,7 @@ class Engine:
         self.batch_mtp = bool(batch_mtp and self.drafting)
         log(f"INFO {mem.describe()}")
         self.expert_cache: Optional[ExpertCache] = None
-        #: engine.overlap as resolved (auto: also with a cache that holds every routed expert)
+        #: engine.overlap as resolved (auto: on with one stage, with or without the expert cache)
         self.overlapped = overlap_on(ecfg)
         if cache_plan is not None:
             self.expert_cache = ExpertCache(self.model, cache_plan, device, ecfg.expert_profile,
