@@ -237,7 +237,8 @@ def disjoint_prompts(vocab: int, n: int, prompt_tokens: int, timed: list[list[in
 
 
 def median_run(runs: list[dict]) -> dict:
-    """The median cohort by tok/s (one cohort of N x 96 tokens is noisy)."""
+    """The median cohort by tok/s (one cohort of N x 96 tokens is noisy); of an even count,
+    the upper of the two middle ones (of two, the faster)."""
     return sorted(runs, key=lambda x: x["aggregate_tps"])[len(runs) // 2]
 
 
