@@ -46,6 +46,13 @@ def cells(args) -> tuple[list[dict], list[dict]]:
             prof.append(dict(name=f"p_n{n}_p{prompt}_o{out}", slots=args.heldout_slots,
                              graphs=True, concurrency=n, requests=args.profile_requests,
                              prompt=prompt, out=out))
+    # The short-prompt cells once more overlapped (engine.overlap, as served): their windows,
+    # queued behind each other, price host.submit_s (sim.profile); every other part of the
+    # profile comes from the serial cells.
+    for n in (1, 2, 4, 8):
+        prof.append(dict(name=f"p_n{n}_p100_o160_ov", slots=args.heldout_slots, graphs=True,
+                         concurrency=n, requests=args.profile_requests // 2, prompt=100, out=160,
+                         overlap=True))
     # Prompt-chunk shapes the cells above miss (64 at tier 256; 128 at tier 512), cheaply.
     for prompt in (40, 352):
         prof.append(dict(name=f"p_s8_p{prompt}_o16", slots=8, graphs=True, concurrency=4,
@@ -114,6 +121,7 @@ def measure(args) -> None:
         ecfg = OmegaConf.structured(StrataConfig).engine
         ecfg.slots, ecfg.graphs, ecfg.max_context = c["slots"], c["graphs"], args.max_context
         ecfg.mode, ecfg.batch_mtp = "batch", True
+        ecfg.overlap = c.get("overlap")
         w = OmegaConf.structured(StrataConfig).workload
         w.kind, w.requests, w.prompt_tokens, w.max_tokens = "synthetic", c["requests"], c["prompt"], c["out"]
         w.seed = seed
@@ -147,7 +155,12 @@ def measure(args) -> None:
     # Each profile cell draws its own prompts (seeds 1, 2, ...): acceptance varies a lot from
     # prompt to prompt, and cells sharing one seed would fit it to the same few prompts (on
     # the H200 that fit came out 10-29% below the held-out acceptance).
-    prof = [dict(c, seed=PROFILE_SEED + i) for i, c in enumerate(prof)]
+    # Profile cells run serially but for the `_ov` ones, as sim.calibrate's do: a serial
+    # window's trace prices its parts one by one (device time by CUDA events, the host's share
+    # as host.launch_s), which an overlapped window hides. Held-out cells run as served
+    # (engine.overlap's default).
+    prof = [dict(c, seed=PROFILE_SEED + i, overlap=c.get("overlap", False))
+            for i, c in enumerate(prof)]
     source = {"device": torch.cuda.get_device_name() if dev.type == "cuda" else "cpu",
               "torch": torch.__version__, "dtype": str(loaded.dtype), "backend": backend,
               "commit": commit_id(),

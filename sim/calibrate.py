@@ -3,6 +3,7 @@
 Runs the real engine (in this process, sim.engine_runs) over a fixed small grid of closed-loop
 runs that cover the window shapes strata's modes run (solo 1x4; batch Nx1; batch_mtp Nx2 at
 W8 and W16, for N up to 8), the context tiers 256..1024 and every prompt-chunk bucket, then
+(serially, and once more overlapped on CUDA: sim.profile prices host.submit_s from those),
 fits a cost profile from their traces with sim.profile.fit_profile (the same fit and format
 as scripts/profile_engine.py, which runs a larger grid) and writes three files:
 
@@ -54,7 +55,10 @@ class GridSize:
     tokens of a short-prompt run, closed-loop requests per N, long-prompt outputs, and how
     many times the grid runs (a second pass runs the cells in reverse order on fresh engines
     and prompts: every cell is then measured by two engines at two times, and the fit's speed
-    polish judges each run against the other instead of pricing a cell at one run's speed)."""
+    polish judges each run against the other instead of pricing a cell at one run's speed),
+    and whether one more pass runs them overlapped (engine.overlap, untimed twins off): its
+    windows, queued behind each other, price host.submit_s, the part of a serial window's
+    device time that its idle device waits for the window's submission (sim.profile)."""
     ns: tuple[int, ...]
     short_prompts: tuple[int, ...]
     long_prompt: int
@@ -62,16 +66,21 @@ class GridSize:
     requests_per_n: int
     long_out: int
     passes: int = 1
+    overlapped: bool = False
+
+    @property
+    def runs_per_cell(self) -> int:
+        return self.passes + int(self.overlapped)
 
 
 GRIDS = {
-    # One H200: 2 x 11 runs of a few hundred ms each (3.5 s in all, as much again for the
+    # One H200: 2 x 11 serial runs of a few hundred ms each, then the 11 once overlapped (3.5 s in all, as much again for the
     # untraced twins) plus an engine start of 1-2 s each (58 s without twins at d0b2b29). On the H200 one engine ran a whole run 5-8% faster or slower than another
     # (window medians of one shape 361-427 us, each run steady within +-3%): one run per cell
     # priced it at that run's speed. 224 output tokens take the short prompts' windows past
     # position 256, so the 512 tier is measured and not extrapolated.
     "quick": GridSize(ns=(1, 2, 4, 8), short_prompts=(100, 60, 30, 12), long_prompt=700, out=224,
-                      requests_per_n=2, long_out=48, passes=2),
+                      requests_per_n=2, long_out=48, passes=2, overlapped=True),
     # A CPU engine on a tiny model: runs of a second or two.
     "tiny": GridSize(ns=(1, 2, 4), short_prompts=(24, 12, 40), long_prompt=150, out=24,
                      requests_per_n=2, long_out=8),
@@ -112,14 +121,16 @@ def calibration_grid(size: GridSize, seed: int = 0) -> list:
     for n in (1, top):
         cells.append((f"long_n{n}", dict(mode="batch", batch_mtp=True, slots=top), n, n,
                       size.long_prompt, size.long_out))
-    order = [(p, c) for p in range(size.passes)
+    order = [(p, c) for p in range(size.runs_per_cell)
              for c in (cells if p % 2 == 0 else cells[::-1])]
     # Serial loops (engine.overlap=false): a profile prices a window's device and host parts
     # one by one, which an overlapped loop hides in each other; the simulator overlaps them
-    # itself where the engine it predicts does.
-    return [RunSpec(name=name if p == 0 else f"{name}_p{p + 1}", requests=reqs, prompt=prompt,
-                    out=out, concurrency=conc, engine=dict(knobs, overlap=False),
-                    seed=seed + i + 1)
+    # itself where the engine it predicts does. The overlapped pass (the last) prices only
+    # what a queued window does not wait for.
+    return [RunSpec(name=(f"{name}_ov" if p == size.passes else name if p == 0
+                          else f"{name}_p{p + 1}"),
+                    requests=reqs, prompt=prompt, out=out, concurrency=conc,
+                    engine=dict(knobs, overlap=p == size.passes), seed=seed + i + 1)
             for i, (p, (name, knobs, conc, reqs, prompt, out)) in enumerate(order)]
 
 
@@ -237,22 +248,24 @@ def calibrate(opts: dict[str, Any], log=print, runner: Any = None,
             s.engine["max_context"] = int(opts["max_context"])
     work = Path(opts["work_dir"] or tempfile.mkdtemp(prefix="strata-calibrate-"))
     traces, timings = [], []
-    per_pass = len(specs) // GRIDS[opts["grid"]].passes
+    per_pass = len(specs) // GRIDS[opts["grid"]].runs_per_cell
     for i, spec in enumerate(specs, 1):
         if between_passes is not None and i > 1 and (i - 1) % per_pass == 0:
             t_between = time.perf_counter()
             between_passes((i - 1) // per_pass - 1)
             t_start += time.perf_counter() - t_between  # (the caller's time is not ours)
-        m = runner.run(spec, work / spec.name, twin=bool(opts["twins"]))
+        # (an overlapped run's host is hidden: it has no host share for a twin to tell)
+        twins = bool(opts["twins"]) and not spec.engine["overlap"]
+        m = runner.run(spec, work / spec.name, twin=twins)
         traces.append(work / spec.name / "trace.jsonl")
         timings.append({"run": spec.name, "start_s": round(m["start_s"], 3),
                         "wall_s": round(m["wall_s"], 6)})
-        twin = m.get("untraced_wall_s") if opts["twins"] else None
+        twin = m.get("untraced_wall_s") if twins else None
         if twin is not None:
             timings[-1]["untraced_wall_s"] = round(twin, 6)
         log(f"[{i}/{len(specs)}] {spec.name}: N={spec.concurrency} {spec.requests} x "
             f"{spec.prompt}+{spec.out} tokens, {m['output_tokens'] / m['wall_s']:.0f} tok/s "
-            + ("" if not opts["twins"] else "(no untraced twin) " if twin is None
+            + ("" if not twins else "(no untraced twin) " if twin is None
                else f"(untraced {m['output_tokens'] / twin:.0f}) ")
             + f"({m['wall_s']:.2f} s, engine start {m['start_s']:.1f} s; "
             f"{time.perf_counter() - t_start:.0f} s so far)")

@@ -13,11 +13,15 @@ Schema (JSON; docs/SIMULATOR.md has the full description):
                "per_finish_s": 8e-05,            any (one batched binding), after a prompt-chunk
                "sync_s": 1e-05,                  (engine.overlap: reading a window's output
                                                  after its device work, once per window)
-               "launch_s": 4e-05},               (a decode window's own host share: filling its
+               "launch_s": 4e-05,                (a decode window's own host share: filling its
                                                  inputs, launching it, reading its rows; a
                                                  serial window waits for it, engine.overlap
                                                  runs it while the window before is on the
                                                  device)
+               "submit_s": 2.5e-05},             (the part of a serial window's device seconds
+                                                 the idle device waits for the window to be
+                                                 submitted: an overlapped window queued behind
+                                                 the one before does not)
                                                iteration, each request finished in the previous
                                                one; host_overhead_s is the fixed part. Commits,
                                                finishes and after-prefill are the earlier
@@ -36,6 +40,7 @@ Schema (JSON; docs/SIMULATOR.md has the full description):
                  "shapes":  ["NxG", ...],       optional: window shapes (padded groups x rows
                                                 per group), each measured in some trace
                  "shape_s": {"hit": [[s per shape] per tier], "capture": ..., "eager": ...},
+                 "submit_s": [s per shape],     optional: host.submit_s by shape
                  "slot_scale": {"slots": [n0, ...],   optional: window time x scale by the
                                 "scale": [f0, ...]}},  engine's slot count (log2 interpolation)
       "acceptance": {...}                      optional: AcceptanceFit.as_dict()
@@ -122,6 +127,9 @@ class CostProfile:
     #: Optional decode by window shape "NxG": action -> [tier index][shape index] seconds.
     decode_shapes: Optional[list[str]] = None
     decode_shape_s: Optional[dict[str, list[list[float]]]] = None
+    #: Optional host.submit_s by window shape (one entry per decode_shapes entry): a bigger
+    #: graph takes the host longer to submit.
+    decode_shape_submit_s: Optional[list[float]] = None
     #: Optional window-time scale by the engine's slot count: {"slots": [...], "scale": [...]}
     #: (ascending slot counts; 1 where the fitted runs' average speed was).
     decode_slot_scale: Optional[dict[str, list[float]]] = None
@@ -146,6 +154,11 @@ class CostProfile:
     #: device work, engine.overlap runs it while the window before is still on the device.
     #: 0 for profiles fitted from `dur` alone, whose decode tables hold it.
     host_launch_s: float = 0.0
+    #: The part of a serial window's device seconds (the decode tables) in which the idle
+    #: device waits for the host to submit the window's copies and graph: a window launched
+    #: while the one before is still on the device is queued by then and does not pay it.
+    #: Fitted from overlapped traces beside serial ones (sim.profile); 0 without them.
+    host_submit_s: float = 0.0
 
     # --- queries -------------------------------------------------------------------------
 
@@ -200,6 +213,17 @@ class CostProfile:
         lo = _interp(rows, self.decode_rows, table[i])
         hi = _interp(rows, self.decode_rows, table[j])
         return lo + w * (hi - lo)
+
+    def submit_time(self, shape: Optional[tuple[int, int]] = None) -> float:
+        """host.submit_s for a window of `shape` (its shape's own figure when the profile has
+        one, found as decode_time finds the shape's column)."""
+        if self.decode_shape_submit_s is not None and shape is not None:
+            name = f"{shape[0]}x{shape[1]}"
+            if name not in self.decode_shapes:
+                name = self._same_depth_shape(shape)
+            if name in self.decode_shapes:
+                return self.decode_shape_submit_s[self.decode_shapes.index(name)]
+        return self.host_submit_s
 
     def _same_depth_shape(self, shape: tuple[int, int]) -> Optional[str]:
         """The measured shape with `shape`'s rows per group and the nearest group count (log2
@@ -258,17 +282,19 @@ class CostProfile:
             d["prefill"].update(tiers=self.prefill_tiers, table=self.prefill_table)
         if self.decode_shapes is not None:
             d["decode"].update(shapes=self.decode_shapes, shape_s=self.decode_shape_s)
+            if self.decode_shape_submit_s is not None:
+                d["decode"]["submit_s"] = self.decode_shape_submit_s
         if self.decode_slot_scale:
             d["decode"]["slot_scale"] = self.decode_slot_scale
         if (self.host_per_commit_s or self.host_per_admit_s or self.host_per_admit_burst_s
                 or self.host_after_prefill_s or self.host_per_finish_s or self.host_sync_s
-                or self.host_launch_s):
+                or self.host_launch_s or self.host_submit_s):
             d["host"] = {"per_commit_s": self.host_per_commit_s,
                          "per_admit_s": self.host_per_admit_s,
                          "per_admit_burst_s": self.host_per_admit_burst_s,
                          "after_prefill_s": self.host_after_prefill_s,
                          "per_finish_s": self.host_per_finish_s, "sync_s": self.host_sync_s,
-                         "launch_s": self.host_launch_s}
+                         "launch_s": self.host_launch_s, "submit_s": self.host_submit_s}
         if self.acceptance is not None:
             d["acceptance"] = self.acceptance
         return d
@@ -307,10 +333,13 @@ class CostProfile:
             prof.host_per_finish_s = float(host_parts.get("per_finish_s", 0.0))
             prof.host_sync_s = float(host_parts.get("sync_s", 0.0))
             prof.host_launch_s = float(host_parts.get("launch_s", 0.0))
+            prof.host_submit_s = float(host_parts.get("submit_s", 0.0))
             if "shapes" in dec:
                 prof.decode_shapes = [str(x) for x in dec["shapes"]]
                 prof.decode_shape_s = {a: [[float(x) for x in row] for row in dec["shape_s"][a]]
                                        for a in GRAPH_ACTIONS}
+                if dec.get("submit_s") is not None:
+                    prof.decode_shape_submit_s = [float(x) for x in dec["submit_s"]]
             if dec.get("slot_scale") is not None:
                 sc = dec["slot_scale"]
                 prof.decode_slot_scale = {"slots": [int(x) for x in sc["slots"]],
@@ -334,7 +363,8 @@ class CostProfile:
                         ("host.after_prefill_s", self.host_after_prefill_s),
                         ("host.per_finish_s", self.host_per_finish_s),
                         ("host.sync_s", self.host_sync_s),
-                        ("host.launch_s", self.host_launch_s)):
+                        ("host.launch_s", self.host_launch_s),
+                        ("host.submit_s", self.host_submit_s)):
             if v < 0:
                 raise bad(f"{name} must be >= 0, got {v}")
         ascending_positive("prefill.tokens", self.prefill_tokens)
@@ -370,6 +400,10 @@ class CostProfile:
                               f"{len(self.decode_tiers)} x {len(self.decode_shapes)}")
                 if any(x < 0 for r in t for x in r):
                     raise bad(f"decode.shape_s.{a} has a negative time")
+            sub = self.decode_shape_submit_s
+            if sub is not None and (len(sub) != len(self.decode_shapes) or any(x < 0 for x in sub)):
+                raise bad(f"decode.submit_s must be one time >= 0 per decode.shapes entry "
+                          f"({len(self.decode_shapes)}), got {sub}")
         if self.decode_slot_scale is not None:
             sc = self.decode_slot_scale
             ascending_positive("decode.slot_scale.slots", sc["slots"])

@@ -40,6 +40,9 @@ SPEED_CELL_MIN_SAMPLES times, and windows right after a prompt chunk (5-15% slow
 same shape otherwise) are left out of the judging, and out of any cell that has
 MEDIAN_MIN_SAMPLES other samples. A trace with fewer than SPEED_MIN_SAMPLES
 samples in shared cells keeps factor 1.
+Overlapped traces (engine.overlap) given beside serial ones whose windows carry `dev` price
+only host.submit_s, the part of a serial window's device seconds that its idle device waits
+for the window's submission (`_fit_submit`); the rest comes from the serial traces.
 Runs timed again untraced on the same engine (`walls`, sim.calibrate's twins) scale the
 host parts by one pooled factor (sim.untraced_twins): an engine as served writes no trace.
 A window's time also depends on the engine's slot count: the window speeds' slot share is
@@ -96,6 +99,10 @@ SPEED_CELL_MIN_SAMPLES = 10
 #: SPEED_POLISH_ROUNDS rounds.
 SPEED_POLISH_TOL = 1e-6
 SPEED_POLISH_ROUNDS = 100
+
+#: host.submit_s compares a (tier, shape) cell's serial and overlapped windows only where each
+#: way has this many samples.
+SUBMIT_MIN_SAMPLES = 20
 
 
 def _trace_speeds(samples: dict[int, list[tuple[Any, float]]],
@@ -425,6 +432,88 @@ def _fill_shapes(cells: dict[str, dict[tuple[float, str], float]], tiers: list[f
     return grids, copied
 
 
+def _steady_hits(events: list[dict[str, Any]], field: str) -> dict[tuple[float, str], list[float]]:
+    """A trace's graph-replayed windows' `field` by (tier, shape), leaving out the windows
+    right after a prompt chunk (slower, see fit_profile)."""
+    chunks = {e["step"] for e in events if e["ev"] == "prefill"}
+    out: dict[tuple[float, str], list[float]] = defaultdict(list)
+    for e in events:
+        if (e["ev"] == "window" and e.get("graph") == "hit" and field in e and "ctx" in e
+                and e["step"] - 1 not in chunks):
+            g, r = window_shape(e)
+            out[(float(e["ctx"]), f"{g}x{r}")].append(float(e[field]))
+    return out
+
+
+def _fit_submit(serial: list[list[dict[str, Any]]],
+                overlapped: list[list[dict[str, Any]]]) -> Optional[dict[str, Any]]:
+    """host.submit_s: per (tier, shape) measured both ways, the serial windows' median `dev`
+    less the overlapped windows' median `dur` (a queued window's device seconds); the median
+    of those differences weighted by the overlapped samples, at least 0, overall ("s") and by
+    shape ("by_shape", for decode.submit_s: on the H200 the tiny model's plain-batch windows,
+    the smaller graphs, waited 6 us, its drafting ones 25). None when no cell has
+    SUBMIT_MIN_SAMPLES both ways. (An overlapped window whose host was late waited for its
+    submission too, so a host-bound run only lowers the figure.)"""
+    ser: dict[tuple[float, str], list[float]] = defaultdict(list)
+    ovl: dict[tuple[float, str], list[float]] = defaultdict(list)
+    for events in serial:
+        for k, v in _steady_hits(events, "dev").items():
+            ser[k].extend(v)
+    kept = 0
+    for events in overlapped:
+        if not _device_bound(events):
+            continue
+        kept += 1
+        for k, v in _steady_hits(events, "dur").items():
+            ovl[k].extend(v)
+    diffs: dict[str, list[float]] = defaultdict(list)
+    cells = {}
+    for k in sorted(set(ser) & set(ovl)):
+        if len(ser[k]) >= SUBMIT_MIN_SAMPLES and len(ovl[k]) >= SUBMIT_MIN_SAMPLES:
+            d = _median(ser[k]) - _median(ovl[k])
+            cells[f"{k[1]}@{k[0]:g}"] = round(d, 7)
+            diffs[k[1]].extend([d] * len(ovl[k]))
+    if not diffs:
+        return None
+    return {"s": max(0.0, _median([d for v in diffs.values() for d in v])),
+            "by_shape": {sh: max(0.0, _median(v)) for sh, v in diffs.items()},
+            "cells": cells, "overlapped_traces": len(overlapped), "device_bound_traces": kept}
+
+
+#: An overlapped run is device-bound (its windows queued behind each other) when the median
+#: time between consecutive windows is within this factor of their median device seconds.
+DEVICE_BOUND_GAP = 1.02
+
+
+def _device_bound(events: list[dict[str, Any]]) -> bool:
+    """Did this overlapped run's windows come back to back? Only then is a window's `dur` the
+    device seconds of a queued window: where the host was late (a traced run of many small
+    windows: the tiny model's 8x2 windows came 5% apart), each window's events also span its
+    submission."""
+    win = [e for e in events if e["ev"] == "window" and "dur" in e]
+    gaps = [b["t"] - a["t"] for a, b in zip(win, win[1:]) if b["step"] == a["step"] + 1]
+    if len(gaps) < SUBMIT_MIN_SAMPLES:
+        return False
+    return _median(gaps) <= DEVICE_BOUND_GAP * _median([float(e["dur"]) for e in win])
+
+
+def _shape_submits(by_shape: dict[str, float], shapes: list[str], overall: float) -> list[float]:
+    """decode.submit_s: each shape's own figure, else that of the measured shape of the same
+    rows per group with the nearest group count (log2; the larger on a tie), else `overall`."""
+    out = []
+    for sh in shapes:
+        n, _, g = sh.partition("x")
+        same = [(int(m), k) for k in by_shape for m, _, h in [k.partition("x")] if h == g]
+        if sh in by_shape:
+            out.append(by_shape[sh])
+        elif same:
+            out.append(by_shape[min(same, key=lambda c: (abs(math.log2(c[0]) - math.log2(int(n))),
+                                                        -c[0]))[1]])
+        else:
+            out.append(overall)
+    return out
+
+
 def fit_profile(traces: Iterable[list[dict[str, Any]]],
                 source: Optional[dict[str, Any]] = None,
                 walls: Optional[list[Optional[tuple[float, Optional[float]]]]] = None,
@@ -438,6 +527,21 @@ def fit_profile(traces: Iterable[list[dict[str, Any]]],
         raise FitError(f"walls: {len(walls)} entries for {len(traces)} traces")
     if names is not None and len(names) != len(traces):
         raise FitError(f"names: {len(names)} entries for {len(traces)} traces")
+    # Overlapped traces beside serial ones that carry `dev` price one thing only: what the
+    # idle device of a serial window waits for its submission (host.submit_s), by the same
+    # shapes' windows queued behind the one before. Every other part comes from the serial
+    # traces, whose windows and host gaps are priced one by one. Overlapped traces alone are
+    # fitted as before (their windows' `dur` is then the decode tables').
+    queued = [i for i, ev in enumerate(traces) if (_config_event(ev).get("engine") or {}).get("overlap")]
+    serial_dev = [i for i, ev in enumerate(traces) if i not in queued and any(
+        "dev" in e for e in ev if e["ev"] == "window")]
+    overlapped: list[list[dict[str, Any]]] = []
+    if queued and serial_dev:
+        keep = [i for i in range(len(traces)) if i not in queued]
+        overlapped = [traces[i] for i in queued]
+        traces = [traces[i] for i in keep]
+        walls = None if walls is None else [walls[i] for i in keep]
+        names = None if names is None else [names[i] for i in keep]
     decode: dict[str, dict[tuple[float, float], list[float]]] = {a: defaultdict(list)
                                                                  for a in GRAPH_ACTIONS}
     shaped: dict[str, dict[tuple[float, str], list[float]]] = {a: defaultdict(list)
@@ -606,7 +710,13 @@ def fit_profile(traces: Iterable[list[dict[str, Any]]],
     if pre_table is not None:
         src["prefill_table_counts"] = [[len(prefill_tiered.get((t, b), ())) for b in tokens]
                                        for t in pre_tiers]
+    submit = _fit_submit(traces, overlapped) if overlapped else None
+    shape_submit = None
+    if submit is not None:
+        src["submit"] = {k: v for k, v in submit.items() if k not in ("s", "by_shape")}
+        shape_submit = _shape_submits(submit["by_shape"], shapes, submit["s"])
     return CostProfile(
+        host_submit_s=submit["s"] if submit else 0.0, decode_shape_submit_s=shape_submit,
         host_overhead_s=h_fixed, host_per_commit_s=h_commit, host_per_admit_s=h_admit,
         host_per_admit_burst_s=h_burst, host_after_prefill_s=h_prefill,
         host_per_finish_s=h_finish, host_launch_s=_median(launch) if launch else 0.0,

@@ -71,8 +71,10 @@ def scaled(profile: CostProfile, window: float, prefill: float, host: float) -> 
         p.prefill_table = [[x * prefill for x in row] for row in p.prefill_table]
     for name in ("host_overhead_s", "host_per_commit_s", "host_per_admit_s",
                  "host_per_admit_burst_s", "host_after_prefill_s", "host_per_finish_s",
-                 "host_launch_s"):
+                 "host_launch_s", "host_submit_s"):
         setattr(p, name, getattr(p, name) * host)
+    if p.decode_shape_submit_s is not None:
+        p.decode_shape_submit_s = [x * host for x in p.decode_shape_submit_s]
     p.source = {**p.source, "scaled": {"window": window, "prefill": prefill, "host": host}}
     return p
 

@@ -67,13 +67,23 @@ def test_grid_covers_every_mode_shape_and_bucket(grid):
     assert {s.prompt for s in specs} == set(size.short_prompts) | {size.long_prompt}
     assert len({s.seed for s in specs}) == len(specs)  # each run its own prompts
     assert len({s.name for s in specs}) == len(specs)  # each run its own trace directory
-    # A second pass measures every cell again, in reverse order (its twin, at another time).
-    one = len(specs) // size.passes
-    for p in range(1, size.passes):
+    # A second pass measures every cell again, in reverse order (its twin, at another time);
+    # the overlapped pass (quick: the last) runs every cell once more with engine.overlap.
+    one = len(specs) // size.runs_per_cell
+    assert len(specs) == one * (size.passes + int(size.overlapped))
+    for p in range(1, size.runs_per_cell):
         again = specs[p * one:(p + 1) * one]
         first = specs[:one] if p % 2 == 0 else specs[:one][::-1]
-        assert [(s.engine, s.concurrency, s.prompt, s.out) for s in again] == \
-            [(s.engine, s.concurrency, s.prompt, s.out) for s in first]
+        assert [({**s.engine, "overlap": False}, s.concurrency, s.prompt, s.out)
+                for s in again] == [(s.engine, s.concurrency, s.prompt, s.out) for s in first]
+    assert all(s.engine["overlap"] is (i >= one * size.passes) for i, s in enumerate(specs))
+
+
+def test_quick_grid_runs_an_overlapped_pass_the_tiny_grid_does_not():
+    # (the overlapped windows price host.submit_s on CUDA; on a CPU there is nothing to hide)
+    assert GRIDS["quick"].overlapped and not GRIDS["tiny"].overlapped
+    names = [s.name for s in calibration_grid(GRIDS["quick"]) if s.engine["overlap"]]
+    assert names and all(n.endswith("_ov") for n in names)
 
 
 @pytest.mark.parametrize("grid", sorted(GRIDS))
@@ -166,7 +176,7 @@ class _RecordedRunner:
     def run(self, spec, where, twin=False):
         import shutil
 
-        base = spec.name.split("_p")[0]
+        base = spec.name.split("_p")[0].removesuffix("_ov")
         where.mkdir(parents=True, exist_ok=True)
         shutil.copy(self.root / "calibration" / base / "trace.jsonl", where / "trace.jsonl")
         self.calls.append(spec.name)
@@ -183,7 +193,7 @@ class _RecordedRunner:
 
 
 @pytest.mark.slow
-def test_quick_grid_two_passes_call_between_once_and_fit_every_run(tmp_path):
+def test_quick_grid_three_passes_call_between_twice_and_fit_every_run(tmp_path):
     import tarfile
 
     with tarfile.open(REPO / "docs" / "bench" / "s8" / "transfer_raw.tar.gz") as tar:
@@ -195,16 +205,21 @@ def test_quick_grid_two_passes_call_between_once_and_fit_every_run(tmp_path):
                       runner=_RecordedRunner(tmp_path / "raw" / "transfer", calls),
                       between_passes=lambda p: calls.append(f"between {p}"))
     one = len(calibration_grid(GRIDS["quick"]))
-    assert len(calls) == one + 1 and calls[one // 2] == "between 0"
-    assert calls[one // 2 + 1] == "long_n8_p2"  # the second pass runs the grid backwards
+    cell = one // 3  # two serial passes and the overlapped one
+    assert len(calls) == one + 2 and calls[cell] == "between 0"
+    assert calls[cell + 1] == "long_n8_p2"  # the second pass runs the grid backwards
+    assert calls[2 * cell + 1] == "between 1" and calls[2 * cell + 2] == "solo_ov"
     prof = json.loads(files["profile"].read_text())
+    # (the recorded traces are serial ones without `dev`: every run is fitted as before)
     assert prof["source"]["traces"] == one
-    # every run had its untraced twin, and the host parts are priced as served (cheaper)
+    # every serial run had its untraced twin, and the host parts are priced as served
+    # (cheaper); an overlapped run has none (its host is hidden)
     twin = prof["source"]["untraced_host"]
-    assert twin["runs"] == one and 0 < twin["factor"] < 1
-    assert all("untraced_wall_s" in r for r in prof["source"]["calibration"]["runs"])
-    # Every run has a twin now: the speed polish judges the windows of every run but the
-    # 1-request long-prompt one (19 windows, under SPEED_MIN_SAMPLES).
+    assert twin["runs"] == 2 * cell and 0 < twin["factor"] < 1
+    runs = prof["source"]["calibration"]["runs"]
+    assert [("untraced_wall_s" in r) for r in runs] == [not r["run"].endswith("_ov") for r in runs]
+    # The speed polish judges the windows of every run but the 1-request long-prompt one
+    # (19 windows, under SPEED_MIN_SAMPLES).
     names = [s.name for s in calibration_grid(GRIDS["quick"])]
     judged = dict(zip(names, prof["source"]["trace_speeds_judged"]["window"]))
-    assert {n for n, j in judged.items() if not j} == {"long_n1", "long_n1_p2"}
+    assert {n for n, j in judged.items() if not j} == {"long_n1", "long_n1_p2", "long_n1_ov"}
