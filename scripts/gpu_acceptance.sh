@@ -35,8 +35,8 @@ R=${STRATA_RESULTS:-/tmp/strata_results}/r; mkdir -p "$R"
 # find the machine still warm. (Carrying it between machines was tried: a part's cache is far
 # over the 16 MB a returned file may have.)
 export TORCHINDUCTOR_CACHE_DIR=/tmp/strata_inductor
-pack() {
-  tar -czf "$OUT/results.tgz" -C "$(dirname "$R")" r
+pack() {  # into a part file, then renamed: a call cut while packing keeps the last archive
+  tar -czf "$OUT/results.tgz.part" -C "$(dirname "$R")" r && mv -f "$OUT/results.tgz.part" "$OUT/results.tgz"
 }
 step() {  # step NAME SECONDS CMD...: run with a limit, log to $R/NAME.log, say how it ended
   local name=$1 limit=$2; shift 2
