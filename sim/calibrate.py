@@ -16,7 +16,7 @@ CONF is conf/sim by default (the preset works at once); another directory is use
 own knobs (and `max_context=` when given), so the preset's engine section holds only what the
 device changes: whether the warm-up captured window graphs.
 
-    python -m sim calibrate device=cuda                     # ~60 s after the model compiled
+    python -m sim calibrate device=cuda                     # ~80 s after the model compiled
     python -m sim calibrate device=cpu model=DIR max_context=256 grid=tiny threads=1
 
 Keys (key=value): device (cuda), dtype (auto), model (the embedded model), name
