@@ -419,10 +419,11 @@ a memory event; that agrees with the reporter's reading (the eviction and recapt
 
 Setup: {" ".join(CLIENT_WORKLOAD[1:])}, `workload.concurrency` = clients: each client sends
 its next request when its last one finished. Timing, host time and acceptance (`chain`) come
-from `conf/sim/profiles/h200_tiny_bf16.json`, fitted from the 24 profile traces of two H200
-sim-check calls (tiny model, bf16, batch_mtp, window_rows 8, shape keys);
-the simulator's predictions from that kind of profile were within 4% of the engine's aggregate
-tokens/s on all 8 held-out cells (docs/BENCHMARKS.md, "Simulator check").
+from `conf/sim/profiles/h200_tiny_bf16.json`, fitted from the 12 serial profile traces of an H200
+sim-check call, with the submission share from its 32 overlapped held-out runs (tiny model,
+bf16, batch_mtp, window_rows 8, shape keys, engine.overlap as served); the simulator's
+predictions from that kind of profile were within 3.6% of the engine's aggregate tokens/s on
+all 8 held-out cells (docs/BENCHMARKS.md, "Simulator check").
 
 {clients_tbl}
 

@@ -202,11 +202,11 @@ def test_acceptance_learned_from_8_requests_transfers_to_the_rest(tmp_path):
 
 def test_unmeasured_shape_takes_the_nearest_measured_shape_of_its_depth():
     p = CostProfile.load(Path(SIM_CONF_DIR) / "profiles" / "h200_tiny_bf16.json")
-    assert "4x1" not in p.decode_shapes and "2x1" in p.decode_shapes
-    # plain batch's 4x1 and 8x1 windows: priced as 2x1 (the nearest 1-row-group shape)
+    assert [s for s in p.decode_shapes if s.endswith("x1")] == ["1x1"]
+    # plain batch's 4x1 and 8x1 windows: priced as 1x1 (the one 1-row-group shape measured)
     for tier in (256, 512):
-        assert p.decode_time(4, tier, "hit", (4, 1)) == p.decode_time(2, tier, "hit", (2, 1))
-        assert p.decode_time(8, tier, "hit", (8, 1)) == p.decode_time(2, tier, "hit", (2, 1))
+        assert p.decode_time(4, tier, "hit", (4, 1)) == p.decode_time(1, tier, "hit", (1, 1))
+        assert p.decode_time(8, tier, "hit", (8, 1)) == p.decode_time(1, tier, "hit", (1, 1))
     # 16x2: the largest 2-row shape measured (8x2); 2x4 has no 4-deep neighbour but 1x4
     assert p.decode_time(32, 256, "hit", (16, 2)) == p.decode_time(16, 256, "hit", (8, 2))
     assert p.decode_time(8, 256, "hit", (2, 4)) == p.decode_time(4, 256, "hit", (1, 4))

@@ -29,6 +29,7 @@ def _cfg(*extra):
 
 def _with_submit(by_shape: bool = False) -> tuple[CostProfile, CostProfile]:
     base = CostProfile.load(f"{SIM_CONF_DIR}/profiles/h200_tiny_bf16.json")  # (has shapes)
+    base.host_submit_s, base.decode_shape_submit_s = 0.0, None
     sub = copy.deepcopy(base)
     sub.host_submit_s = SUBMIT_S
     if by_shape:
