@@ -8,23 +8,15 @@ from __future__ import annotations
 import copy
 
 import pytest
-from hydra import compose, initialize_config_dir
 
-from sim.config import SIM_CONF_DIR, register_configs
+from sim.config import SIM_CONF_DIR
 from sim.costs import CostProfile
 from sim.predict import run_predict
 from sim.profile import fit_profile
+from test_sim_launch_share import _cfg  # the same small cohort
 from test_sim_profile import KNOBS
 
-register_configs()
 SUBMIT_S = 80e-6
-
-
-def _cfg(*extra):
-    with initialize_config_dir(config_dir=SIM_CONF_DIR, version_base="1.3"):
-        return compose(config_name="config", overrides=[
-            "workload=cohort", "workload.requests=4", "workload.prompt_tokens=64",
-            "workload.max_tokens=64", "spread.enabled=false", "print_outputs=false", *extra])
 
 
 def _with_submit(by_shape: bool = False) -> tuple[CostProfile, CostProfile]:
