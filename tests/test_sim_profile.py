@@ -74,6 +74,14 @@ def test_profile_engine_script_grid_and_fit_only(tmp_path, capsys):
     assert len(cmds) == 6  # slots 1: mtp on/off; slots 8: mtp on/off x graphs on/off
     assert all("device=cpu" in c and "-m strata workload=synthetic" in c for c in cmds)
     assert sum("engine.graphs=false" in c for c in cmds) == 2
+    assert all("engine.overlap=false" in c for c in cmds)  # on a CPU: serial runs only
+    # On CUDA each graph cell's smallest prompt runs once more overlapped (host.submit_s).
+    assert mod.main(["--dry-run", "--device", "cuda", "--slots", "1,8", "--prompt-tokens",
+                     "64,512", "--eager-slots", "8", "--work-dir", str(tmp_path)]) == 0
+    cmds = [l for l in capsys.readouterr().out.splitlines() if l.startswith("[")]
+    over = [c for c in cmds if "engine.overlap=true" in c]
+    assert len(cmds) == 16 and len(over) == 4  # 12 serial: slots 8 also eager
+    assert all("engine.graphs=true" in c and "workload.prompt_tokens=64" in c for c in over)
     out = tmp_path / "p.json"
     assert mod.main(["--fit-only", *map(str, traces(tmp_path)), "--out", str(out)]) == 0
     assert CostProfile.load(out).source["device"] == "cuda"

@@ -5,7 +5,9 @@ Each grid cell is one engine run (synthetic workload, `requests_per_slot` x slot
 that windows fill and prefill chunks interleave with decode) in its own Hydra run dir; the
 profile is fitted from all the runs' trace.jsonl files by sim.profile.fit_profile (window `dur`
 by rows, context tier and graph action; prefill `dur` by tokens; host overhead; acceptance).
-Runs with `engine.graphs=false` supply the eager timings.
+Runs with `engine.graphs=false` supply the eager timings. Every run is serial (a profile
+prices a window's parts one by one) but, on CUDA, one more of each graph cell's smallest
+prompt overlapped (`_ov`), whose queued windows price host.submit_s (sim.profile).
 
     python scripts/profile_engine.py --device cuda --out profiles/h200.json
     python scripts/profile_engine.py --device cpu --slots 1,2 --prompt-tokens 32 --out p.json
@@ -44,21 +46,27 @@ def int_list(text: str) -> list[int]:
 def grid(args) -> list[tuple[str, list[str]]]:
     """(run name, engine overrides) for every cell of the grid."""
     runs = []
+    cuda = str(args.device).startswith("cuda")
     for slots in args.slots:
         for prompt in args.prompt_tokens:
             for batch_mtp in ("true", "false"):
                 for graphs in ("true", "false") if slots in args.eager_slots else ("true",):
-                    name = f"s{slots}_p{prompt}_mtp{batch_mtp[0]}_g{graphs[0]}"
-                    runs.append((name, [
-                        "workload=synthetic",
-                        f"workload.requests={slots * args.requests_per_slot}",
-                        f"workload.prompt_tokens={prompt}",
-                        f"workload.max_tokens={args.max_tokens}",
-                        f"engine.slots={slots}", f"engine.batch_mtp={batch_mtp}",
-                        "engine.mode=batch", f"engine.graphs={graphs}",
-                        "engine.overlap=false",  # a profile prices serial windows' parts
-                        f"device={args.device}", "print_outputs=false", "progress=false",
-                        *args.extra]))
+                    # overlapped only where it hides something: replayed graphs on CUDA
+                    ways = ("false", "true") if (cuda and graphs == "true"
+                                                 and prompt == min(args.prompt_tokens)) else ("false",)
+                    for overlap in ways:
+                        name = (f"s{slots}_p{prompt}_mtp{batch_mtp[0]}_g{graphs[0]}"
+                                + ("_ov" if overlap == "true" else ""))
+                        runs.append((name, [
+                            "workload=synthetic",
+                            f"workload.requests={slots * args.requests_per_slot}",
+                            f"workload.prompt_tokens={prompt}",
+                            f"workload.max_tokens={args.max_tokens}",
+                            f"engine.slots={slots}", f"engine.batch_mtp={batch_mtp}",
+                            "engine.mode=batch", f"engine.graphs={graphs}",
+                            f"engine.overlap={overlap}",
+                            f"device={args.device}", "print_outputs=false", "progress=false",
+                            *args.extra]))
     return runs
 
 
