@@ -78,8 +78,9 @@ GRIDS = {
     # untraced twins) plus an engine start of 1-2 s each (58 s without twins at d0b2b29), then
     # the 11 once more overlapped (about 20 s more). On the H200 one engine ran a whole run
     # 5-8% faster or slower than another (window medians of one shape 361-427 us, each run
-    # steady within +-3%): one run per cell priced it at that run's speed. 224 output tokens take the short prompts' windows past
-    # position 256, so the 512 tier is measured and not extrapolated.
+    # steady within +-3%): one run per cell priced it at that run's speed. 224 output tokens
+    # take the short prompts' windows past position 256, so the 512 tier is measured and not
+    # extrapolated.
     "quick": GridSize(ns=(1, 2, 4, 8), short_prompts=(100, 60, 30, 12), long_prompt=700, out=224,
                       requests_per_n=2, long_out=48, passes=2, overlapped=True),
     # A CPU engine on a tiny model: runs of a second or two.

@@ -73,7 +73,7 @@ import json
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Optional, Sequence
+from typing import Any, Iterable, Optional, Sequence
 
 from strata.trace import GRAPH_ACTIONS  # the trace schema is the one strata module sim/ uses
 
@@ -108,6 +108,17 @@ def _bracket(x: float, xs: Sequence[float]) -> tuple[int, int, float]:
         if x <= xs[j]:
             return j - 1, j, (x - xs[j - 1]) / (xs[j] - xs[j - 1])
     raise AssertionError("unreachable")
+
+
+def same_depth_shape(shape: tuple[int, int], names: Iterable[str]) -> Optional[str]:
+    """Of the shapes `names` ("NxG"), the one with `shape`'s rows per group and the nearest
+    group count (log2 distance, the larger on a tie), or None."""
+    groups, depth = shape
+    same = [(int(n), name) for name in names for n, _, g in [name.partition("x")]
+            if int(g) == depth]
+    if not same or groups < 1:
+        return None
+    return min(same, key=lambda c: (abs(math.log2(c[0]) - math.log2(groups)), -c[0]))[1]
 
 
 @dataclass
@@ -226,14 +237,7 @@ class CostProfile:
         return self.host_submit_s
 
     def _same_depth_shape(self, shape: tuple[int, int]) -> Optional[str]:
-        """The measured shape with `shape`'s rows per group and the nearest group count (log2
-        distance, the larger on a tie), or None."""
-        groups, depth = shape
-        same = [(int(n), name) for name in self.decode_shapes
-                for n, _, g in [name.partition("x")] if int(g) == depth]
-        if not same or groups < 1:
-            return None
-        return min(same, key=lambda c: (abs(math.log2(c[0]) - math.log2(groups)), -c[0]))[1]
+        return same_depth_shape(shape, self.decode_shapes)
 
     def slot_factor(self, slots: int) -> float:
         """The window-time scale of an engine of `slots` slots (1 without a slot scale)."""

@@ -66,7 +66,7 @@ from typing import Any, Iterable, Optional
 from strata.trace import context_tier, prefill_bucket
 
 from .acceptance import fit_acceptance
-from .costs import GRAPH_ACTIONS, CostProfile
+from .costs import GRAPH_ACTIONS, CostProfile, same_depth_shape
 from .replay import TraceError, load_trace
 from .slot_speeds import fit_slot_scale, trace_slots
 from .untraced_twins import untraced_host_factor  # noqa: F401 (sim.profile's API)
@@ -498,19 +498,14 @@ def _device_bound(events: list[dict[str, Any]]) -> bool:
 
 
 def _shape_submits(by_shape: dict[str, float], shapes: list[str], overall: float) -> list[float]:
-    """decode.submit_s: each shape's own figure, else that of the measured shape of the same
-    rows per group with the nearest group count (log2; the larger on a tie), else `overall`."""
+    """decode.submit_s: each shape's own figure, else that of the measured shape that
+    decode_time would take for it (the same rows per group, the nearest group count), else
+    `overall`."""
     out = []
     for sh in shapes:
         n, _, g = sh.partition("x")
-        same = [(int(m), k) for k in by_shape for m, _, h in [k.partition("x")] if h == g]
-        if sh in by_shape:
-            out.append(by_shape[sh])
-        elif same:
-            out.append(by_shape[min(same, key=lambda c: (abs(math.log2(c[0]) - math.log2(int(n))),
-                                                        -c[0]))[1]])
-        else:
-            out.append(overall)
+        near = sh if sh in by_shape else same_depth_shape((int(n), int(g)), by_shape)
+        out.append(overall if near is None else by_shape[near])
     return out
 
 
@@ -533,8 +528,8 @@ def fit_profile(traces: Iterable[list[dict[str, Any]]],
     # traces, whose windows and host gaps are priced one by one. Overlapped traces alone are
     # fitted as before (their windows' `dur` is then the decode tables').
     queued = [i for i, ev in enumerate(traces) if (_config_event(ev).get("engine") or {}).get("overlap")]
-    serial_dev = [i for i, ev in enumerate(traces) if i not in queued and any(
-        "dev" in e for e in ev if e["ev"] == "window")]
+    serial_dev = any("dev" in e for i, ev in enumerate(traces) if i not in queued
+                     for e in ev if e["ev"] == "window")
     overlapped: list[list[dict[str, Any]]] = []
     if queued and serial_dev:
         keep = [i for i in range(len(traces)) if i not in queued]

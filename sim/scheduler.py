@@ -302,10 +302,11 @@ class SimEngine:
         # by the time it is free. `dur` as the engine's events would span it: from the device
         # reaching the window to its end.
         start = max(self.env.now, self._device_free)
-        submit = self.costs.submit_time(self._window_shape(groups))
-        if submit > 0 and self.env.now < self._device_free:
-            end = max(self.env.now + dur, self._device_free + max(0.0, dur - submit))
-            dur = end - start
+        if self.env.now < self._device_free:
+            submit = self.costs.submit_time(self._window_shape(groups))
+            if submit > 0:
+                end = max(self.env.now + dur, self._device_free + max(0.0, dur - submit))
+                dur = end - start
         self._device_free = start + dur
         return InFlight(groups, layout, key, decision, dur, tier, self._device_free,
                         expert_fields=expert_fields)
