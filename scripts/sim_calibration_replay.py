@@ -249,9 +249,10 @@ def recorded_overlap(src: Path, cell: str) -> bool:
 
 
 def predict_cells(src: Path, conf: Path, name: str, engine: dict[str, dict],
-                  own_acceptance: bool, only: str | None = None) -> list[dict]:
+                  own_acceptance: bool, only: str | None = None, draws: int = 1) -> list[dict]:
     """Each cell (or the cell `only`) predicted from preset NAME; acceptance from the check's
-    8-request run, or (own_acceptance) from the cell's traced run."""
+    8-request run (a drafting cell's averaged over `draws` seeds, as the check does), or
+    (own_acceptance) from the cell's traced run."""
     from types import SimpleNamespace
 
     import sim_transfer_check as stc
@@ -270,11 +271,12 @@ def predict_cells(src: Path, conf: Path, name: str, engine: dict[str, dict],
         # (quoted: the cells' directories have '=' in their names)
         knobs = {**stc.engine_knobs(config, n, args), "overlap": recorded_overlap(src, cell)}
         over = stc.sim_overrides(knobs, n, args)
+        k = 1 if own or e["acceptance"] is None else draws
         try:
-            m = stc.predict(name, over)
+            m = stc.predict_drawn(name, over, k)
         except SimConfigError:  # a solo trace judges no grouped drafts: no chain fit
-            m = stc.predict(name, [o.replace("acceptance=chain", "acceptance=position")
-                                   for o in over])
+            m = stc.predict_drawn(name, [o.replace("acceptance=chain", "acceptance=position")
+                                         for o in over], k)
         lo, hi = m["range"]["aggregate_tps"]
         rows.append({"cell": cell, "engine_tps": e["tps"], "engine_runs": e["runs"],
                      "engine_acceptance": e["acceptance"], "sim_tps": m["aggregate_tps"],
@@ -301,6 +303,9 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("transfer", help="a sim_transfer_check output directory or a .tar.gz of one")
     ap.add_argument("--out", default="sim_calibration_replay")
+    ap.add_argument("--acceptance-draws", type=int, default=64,
+                    help="seeds a drafting cell's learned-acceptance prediction is averaged over "
+                         "(as sim_transfer_check.py does)")
     ap.add_argument("--name", default="replayed_calibration", help="the refitted preset's name")
     ap.add_argument("--own-acceptance", action=argparse.BooleanOptionalAction, default=True,
                     help="also predict with each cell's own acceptance (the cost model alone)")
@@ -320,7 +325,8 @@ def main() -> int:
     fitted = json.loads(profile.read_text())
     scale, twins = fitted["decode"].get("slot_scale"), fitted["source"].get("untraced_host")
     engine = engine_cells(src)
-    learned = predict_cells(src, conf, args.name, engine, own_acceptance=False)
+    learned = predict_cells(src, conf, args.name, engine, own_acceptance=False,
+                            draws=args.acceptance_draws)
     own = predict_cells(src, conf, args.name, engine, True) if args.own_acceptance else []
     costs = trace_cost_check(src, engine)
     twin_walls, twin_sims = twin_check(src, conf, args.name, profile, engine) if args.twins \
@@ -333,7 +339,9 @@ def main() -> int:
              + (twin_summary(twins) if twins else "none recorded (host parts as traced)")
              + ".", ""]
     lines += table(learned, "Calibrated preset refitted by this tree; acceptance learned from the "
-                            "check's 8-request run (as the check predicts):")
+                            "check's 8-request run, drafting cells averaged over "
+                            f"{max(1, args.acceptance_draws)} acceptance draws (as the check "
+                            "predicts):")
     if own:
         lines += table(own, "The same preset, each cell at its own prompts' acceptance (the cost "
                             "model alone):")

@@ -93,16 +93,34 @@ def predict(preset: str, overrides: list[str]) -> dict:
     return run_predict(cfg).metrics
 
 
+def predict_drawn(preset: str, overrides: list[str], draws: int) -> dict:
+    """predict() averaged over `draws` seeds: the point, the range's ends and the acceptance.
+    A cohort's few requests are as many draws of the workload's per-request difficulty (one
+    request's acceptance ranged 0.23-0.80 over seeds on the H200's code prompts), and the
+    engine's prompts' own difficulty is unknown to the simulator, so a drafting cohort's
+    prediction is the workload's expectation over many draws, not seed 0's."""
+    draws = max(1, int(draws))
+    ms = [predict(preset, overrides + ([f"seed={seed}"] if draws > 1 else []))
+          for seed in range(draws)]
+    accs = [m["acceptance"] for m in ms if m["acceptance"] is not None]
+    return {"aggregate_tps": sum(m["aggregate_tps"] for m in ms) / draws,
+            "range": {"aggregate_tps": [sum(m["range"]["aggregate_tps"][i] for m in ms) / draws
+                                        for i in (0, 1)]},
+            "acceptance": sum(accs) / len(accs) if accs else None, "draws": draws}
+
+
 def add_predictions(rows: list[dict], specs: dict[str, dict], label: str, preset: str, args,
                     log) -> None:
     """Each cell's prediction from `preset` into row[label]: point, range, error, whether
     the range holds the engine's figure, simulated acceptance."""
     for row in rows:
-        m = predict(preset, sim_overrides(specs[row["cell"]], row["n"], args))
+        draws = args.acceptance_draws if row.get("engine_acceptance") is not None else 1
+        m = predict_drawn(preset, sim_overrides(specs[row["cell"]], row["n"], args), draws)
         lo, hi = m["range"]["aggregate_tps"]
         row[label] = {"tps": m["aggregate_tps"], "range": [lo, hi],
                       "error": m["aggregate_tps"] / row["engine_tps"] - 1,
-                      "holds": lo <= row["engine_tps"] <= hi, "acceptance": m["acceptance"]}
+                      "holds": lo <= row["engine_tps"] <= hi, "draws": m["draws"],
+                      "acceptance": m["acceptance"]}
     log(f"predicted every cell from {preset}")
 
 
@@ -134,7 +152,8 @@ def write_table(out: Path, rows: list[dict], presets: list[tuple[str, str]], arg
     traced = " | engine traced tok/s"
     lines = [f"workload: code prompts of {args.prompt_tokens} tokens, {args.max_tokens} output "
              f"tokens, cohorts; engine = mean of {args.repeats} runs; acceptance "
-             f"({args.acceptance}) learned from {ACCEPTANCE_REQUESTS} other prompts; presets: "
+             f"({args.acceptance}) learned from {ACCEPTANCE_REQUESTS} other prompts; drafting "
+             f"cells' sim = mean over {max(1, args.acceptance_draws)} acceptance draws; presets: "
              + ", ".join(f"{lab} = {p}" for lab, p in presets)
              + ("" if cal_s is None else f"; calibration {cal_s:.0f} s"),
              "",
@@ -253,6 +272,9 @@ def main() -> int:
     ap.add_argument("--models", default="chain,position,fixed",
                     help="--acceptance-eval: the acceptance models compared (chain:nospread = "
                          "chain without its per-request spread)")
+    ap.add_argument("--acceptance-draws", type=int, default=64,
+                    help="seeds a drafting cohort's prediction is averaged over (its requests' "
+                         "difficulty drawn anew each time; 1: one draw, seed 0)")
     ap.add_argument("--no-predict", action="store_true",
                     help="measure only: OUT/measured.json, for --predict-from elsewhere")
     ap.add_argument("--predict-from", metavar="OUT",
@@ -408,14 +430,15 @@ def predict_and_write(out: Path, rows: list[dict], rest: dict, args, cal_s, sour
 
 def relink_profile(conf: Path, name: str) -> None:
     """The calibrated preset names its profile by the absolute path it was written at (on the
-    device): a run's OUT moved to another machine points it at the profile under `conf`."""
+    device): point it at the run's own copy under `conf`, so that a run moved to another
+    machine, or a copy of a run whose original still exists, reads its own profile."""
     preset, local = conf / "hardware" / f"{name}.yaml", conf / "profiles" / f"{name}.json"
     if not (preset.is_file() and local.is_file()):
         return
     lines = preset.read_text(encoding="utf-8").splitlines(keepends=True)
     for i, line in enumerate(lines):
         ref = line[len("profile: "):].strip() if line.startswith("profile: ") else None
-        if ref and not ref.startswith("${") and not Path(ref).is_file():
+        if ref and not ref.startswith("${") and Path(ref).resolve() != local.resolve():
             lines[i] = f"profile: {local.resolve()}\n"
             preset.write_text("".join(lines), encoding="utf-8")
             return

@@ -170,6 +170,11 @@ class CostProfile:
     #: while the one before is still on the device is queued by then and does not pay it.
     #: Fitted from overlapped traces beside serial ones (sim.profile); 0 without them.
     host_submit_s: float = 0.0
+    #: The slot factor for_slots scaled the window tables by (1 when unscaled; not saved). A
+    #: serial window's slot-count share is in its submission: overlapped windows queued behind
+    #: each other ran within 1% across slot counts where serial ones differed by 8% (H200,
+    #: 4x2 at 4 and 8 slots), so a queued window takes the tables without it (sim.scheduler).
+    window_slot_factor: float = 1.0
 
     # --- queries -------------------------------------------------------------------------
 
@@ -260,6 +265,7 @@ class CostProfile:
             p.decode_shape_s = {a: [[x * f for x in row] for row in t]
                                 for a, t in p.decode_shape_s.items()}
         p.decode_slot_scale = None
+        p.window_slot_factor = f
         p.source = {**p.source, "for_slots": {"slots": slots, "scale": f}}
         return p
 

@@ -446,9 +446,12 @@ def _steady_hits(events: list[dict[str, Any]], field: str) -> dict[tuple[float, 
 
 
 def _fit_submit(serial: list[list[dict[str, Any]]],
-                overlapped: list[list[dict[str, Any]]]) -> Optional[dict[str, Any]]:
+                overlapped: list[list[dict[str, Any]]],
+                divisors: Optional[dict[int, float]] = None) -> Optional[dict[str, Any]]:
     """host.submit_s: per (tier, shape) measured both ways, the serial windows' median `dev`
-    less the overlapped windows' median `dur` (a queued window's device seconds); the median
+    (each divided by its run's speed factor in `divisors`, slot count's share included, as the
+    decode tables are: a queued window then costs its overlapped median whatever the slot
+    count) less the overlapped windows' median `dur` (a queued window's device seconds); the median
     of those differences weighted by the overlapped samples, at least 0, overall ("s") and by
     shape ("by_shape", for decode.submit_s: on the H200 the tiny model's plain-batch windows,
     the smaller graphs, waited 6 us, its drafting ones 25). None when no cell has
@@ -456,9 +459,10 @@ def _fit_submit(serial: list[list[dict[str, Any]]],
     submission too, so a host-bound run only lowers the figure.)"""
     ser: dict[tuple[float, str], list[float]] = defaultdict(list)
     ovl: dict[tuple[float, str], list[float]] = defaultdict(list)
-    for events in serial:
+    for n, events in enumerate(serial):
+        f = (divisors or {}).get(n, 1.0)
         for k, v in _steady_hits(events, "dev").items():
-            ser[k].extend(v)
+            ser[k].extend(x / f for x in v)
     kept = 0
     for events in overlapped:
         if not _device_bound(events):
@@ -705,7 +709,7 @@ def fit_profile(traces: Iterable[list[dict[str, Any]]],
     if pre_table is not None:
         src["prefill_table_counts"] = [[len(prefill_tiered.get((t, b), ())) for b in tokens]
                                        for t in pre_tiers]
-    submit = _fit_submit(traces, overlapped) if overlapped else None
+    submit = _fit_submit(traces, overlapped, slot_fit.divisor) if overlapped else None
     shape_submit = None
     if submit is not None:
         src["submit"] = {k: v for k, v in submit.items() if k not in ("s", "by_shape")}

@@ -285,6 +285,7 @@ class SimEngine:
         # The window's own host share (filling, launching) runs here, while the window before
         # it may still be on the device.
         host = self._host() + self.costs.host_launch_s
+        table_dur = dur
         # The experts' reads price the window as in the serial loop (the bytes model at real
         # scale, misses with the cache); with pipelined groups they are part of every stage's
         # share.
@@ -299,13 +300,16 @@ class SimEngine:
                             expert_fields=expert_fields)
         # An idle device waits for the window's submission (part of the profile's serial
         # device seconds, host.submit_s); one still busy with the window before has it queued
-        # by the time it is free. `dur` as the engine's events would span it: from the device
-        # reaching the window to its end.
+        # by the time it is free, and runs without the slot count's share of the tables, which
+        # is in the serial submission too (CostProfile.window_slot_factor). `dur` as the
+        # engine's events would span it: from the device reaching the window to its end.
         start = max(self.env.now, self._device_free)
         if self.env.now < self._device_free:
             submit = self.costs.submit_time(self._window_shape(groups))
             if submit > 0:
-                end = max(self.env.now + dur, self._device_free + max(0.0, dur - submit))
+                queued = (dur - table_dur * (1.0 - 1.0 / self.costs.window_slot_factor)
+                          - submit)
+                end = max(self.env.now + dur, self._device_free + max(0.0, queued))
                 dur = end - start
         self._device_free = start + dur
         return InFlight(groups, layout, key, decision, dur, tier, self._device_free,

@@ -28,6 +28,7 @@ Two things a few requests cannot say well, and what stands in for them:
 from __future__ import annotations
 
 import copy
+import json
 import math
 import statistics
 from pathlib import Path
@@ -90,11 +91,37 @@ def request_spread(commits: list[dict[str, Any]]) -> tuple[int, Optional[float]]
     return n, (statistics.pstdev(rates) if len(rates) >= 2 else None)
 
 
+#: fit_from_trace's results by (file, its size and mtime, requests, prior): the chain's spread
+#: fit simulates the traced requests over a hundred times (seconds), and a check that predicts
+#: a workload under many seeds fits the same trace each time.
+_FIT_CACHE: dict[tuple, dict[str, Any]] = {}
+_FIT_CACHE_SIZE = 16
+
+
 def fit_from_trace(path: str | Path, requests: int = 0,
                    prior: Optional[dict[str, Any]] = None) -> dict[str, Any]:
     """The acceptance section (AcceptanceFit.as_dict()) fitted from the trace at `path`,
     from its first `requests` admitted requests (0 = all), its depth factors pooled with
-    `prior`'s (a profile's acceptance section, or None), plus `requests` and `request_sd`."""
+    `prior`'s (a profile's acceptance section, or None), plus `requests` and `request_sd`.
+    (Cached while the file is unchanged; each call gets its own copy.)"""
+    try:
+        st = Path(path).stat()
+        key = (str(Path(path).resolve()), st.st_size, st.st_mtime_ns, int(requests),
+               json.dumps(prior, sort_keys=True, default=str))
+    except OSError:
+        key = None  # (load_trace says what is wrong with it)
+    if key is not None and key in _FIT_CACHE:
+        return copy.deepcopy(_FIT_CACHE[key])
+    out = _fit_from_trace(path, requests, prior)
+    if key is not None:
+        if len(_FIT_CACHE) >= _FIT_CACHE_SIZE:
+            _FIT_CACHE.pop(next(iter(_FIT_CACHE)))
+        _FIT_CACHE[key] = copy.deepcopy(out)
+    return out
+
+
+def _fit_from_trace(path: str | Path, requests: int,
+                    prior: Optional[dict[str, Any]]) -> dict[str, Any]:
     try:
         events, _ = load_trace(path)
     except TraceError as e:

@@ -112,3 +112,21 @@ def test_acceptance_range_moves_every_rate_by_the_requests_standard_error():
     assert lo < fit["rate"] < hi and len(seen) == 2
     assert range_shift({"acceptance_metric": 0.8}) is None  # a profile's fit: no range
     assert acceptance_range(lambda f: 0.5, {"acceptance_metric": 0.8}) is None
+
+
+def test_a_trace_fit_is_reused_while_the_file_is_unchanged(tmp_path):
+    prior = json.loads(PRIOR.read_text())
+    trace = tmp_path / "trace.jsonl"
+    trace.write_bytes(FIRST8.read_bytes())
+    a = fit_from_trace(trace, prior=prior)
+    a["chain"]["first"] = -1.0  # each call's own copy: the cached fit is not touched
+    b = fit_from_trace(trace, prior=prior)
+    assert b["chain"]["first"] != -1.0
+    assert fit_from_trace(trace, prior=prior) == b
+    # Another file (fewer requests) is fitted afresh, not served from the cache.
+    lines = FIRST8.read_text().splitlines(keepends=True)
+    keep = {json.loads(x)["req"] for x in lines if json.loads(x).get("ev") == "admit"}
+    keep = sorted(keep)[:3]
+    trace.write_text("".join(x for x in lines if json.loads(x).get("req") in (None, *keep)))
+    c = fit_from_trace(trace, prior=prior)
+    assert c["requests"] <= 3 < b["requests"]

@@ -123,3 +123,45 @@ def test_the_fit_prices_the_submission_from_device_bound_overlapped_runs_by_shap
     plain = fit_profile([_run("1x4", 4, 256, [0.00043] * n, True, gap=0.00043)])
     assert plain.host_submit_s == 0.0 and plain.decode_shape_submit_s is None
     assert plain.decode_time(4, 256, "hit", (1, 4)) == pytest.approx(0.00043)
+
+
+def _slots_run(slots: int, durs: list[float], overlap: bool, gap: float = 0.0) -> list[dict]:
+    evs = _run("4x2", 8, 256, durs, overlap, gap=gap)
+    evs[0]["memory"] = {"slots": slots}
+    return evs
+
+
+def test_a_queued_window_costs_its_overlapped_time_whatever_the_slot_count():
+    # Serial 4x2 windows of an 8-slot engine took 8% longer than a 4-slot one's, overlapped
+    # ones the same (H200): the slot count's share is in the serial submission.
+    n = 30
+    prof = fit_profile([_slots_run(4, [0.000356] * n, False),  # dev 316 us
+                        _slots_run(8, [0.000386] * n, False),  # dev 346 us
+                        _slots_run(4, [0.000307] * n, True, gap=0.000307),
+                        _slots_run(8, [0.000307] * n, True, gap=0.000307)])
+    assert prof.decode_slot_scale is not None
+    table = prof.decode_time(8, 256, "hit", (4, 2))
+    submit = prof.submit_time((4, 2))
+    # The submission is priced against the slot-normalized table, so that table less it is
+    # the overlapped windows' time.
+    assert table - submit == pytest.approx(0.000307, rel=1e-6)
+    for slots, dev in ((4, 0.000316), (8, 0.000346)):
+        scaled = prof.for_slots(slots)
+        assert scaled.window_slot_factor == pytest.approx(dev / table, rel=1e-3)
+        assert scaled.decode_time(8, 256, "hit", (4, 2)) == pytest.approx(dev, rel=1e-3)
+
+
+@pytest.mark.parametrize("slots", [4, 8])
+def test_the_overlapped_loop_takes_queued_windows_without_the_slot_scale(tmp_path, slots):
+    _, sub = _with_submit()
+    f = 0.9 if slots == 4 else 1.1
+    sub.decode_slot_scale = {"slots": [4, 8], "scale": [0.9, 1.1]}
+    run = run_predict(_cfg("engine.batch_mtp=true", f"engine.slots={slots}", "engine.overlap=true"),
+                      tmp_path, profile=sub)
+    table = sub.decode_time(8, 256, "hit", (4, 2))  # (unscaled: the runs' average engine)
+    durs = {e["dur"] for e in run.run.events if e["ev"] == "window"
+            and e["key"] == "shape:4x2@256" and e["graph"] == "hit"}
+    # A queued window is its table time without the slot scale, less the submission; one
+    # launched onto an idle device (after a prompt chunk) takes it all, slot scale included.
+    assert min(durs) == pytest.approx(table - SUBMIT_S, abs=1e-6)  # (events in us)
+    assert any(d == pytest.approx(table * f, abs=1e-6) for d in durs)

@@ -45,6 +45,16 @@ def test_measure_here_predict_elsewhere(tmp_path):
     assert t["args"]["max_tokens"] == "16" and len(t["acceptance_rest"]) == 2
     preset = (moved / "conf" / "hardware" / "calibrated_transfer.yaml").read_text()
     assert f"profile: {(moved / 'conf' / 'profiles').resolve()}" in preset
+    # Drafting cells are averaged over acceptance draws, the others are one simulation.
+    draws = {row["cell"]: row["calibrated"]["draws"] for row in t["rows"]}
+    assert draws["solo N=1"] == 64 and draws["batch N=4"] == 1
+    # A copy of a run whose original is still there reads its own profile.
+    copied = tmp_path / "copied"
+    shutil.copytree(moved, copied)
+    r = _run("--predict-from", str(copied), "--acceptance-draws", "2")
+    assert r.returncode == 0, r.stderr[-3000:]
+    preset = (copied / "conf" / "hardware" / "calibrated_transfer.yaml").read_text()
+    assert f"profile: {(copied / 'conf' / 'profiles').resolve()}" in preset
 
 
 def test_predict_from_without_measurements_says_so(tmp_path):
