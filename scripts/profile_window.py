@@ -291,9 +291,10 @@ def main() -> None:
         meta = torch.tensor([0, 0, tokens, -1], device=dev)
 
         def fn_prefill():
-            return ver.prefill(chunk, meta, a.ctx)
+            return ver.prefill(chunk, meta, a.ctx, a.filtered)
 
-        title = f"prompt chunk of {tokens} tokens (ctx {a.ctx}, compile={a.compile})"
+        title = (f"prompt chunk of {tokens} tokens (ctx {a.ctx}, compile={a.compile}, "
+                 f"filtered={a.filtered})")
         report.setdefault("prefill", []).append(
             measure(fn_prefill, title, {"tokens": tokens}, a, lm, ver, dev))
     if a.json:

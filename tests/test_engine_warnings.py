@@ -465,7 +465,7 @@ def test_decode_fault_fails_only_the_window_requests(tok_model, graphs):
 def test_prefill_fault_fails_only_that_request(tok_model):
     ref, _, _ = fault_run(tok_model, None)
     eng, outs, state = fault_run(
-        tok_model, lambda e: fault_once(e.verifier, "prefill", when=lambda tokens, meta, ctx: int(meta[0]) == 2))
+        tok_model, lambda e: fault_once(e.verifier, "prefill", when=lambda tokens, meta, ctx, *_: int(meta[0]) == 2))
     assert state["fired"]
     errs = {rid for rid, rs in eng.requests.items() if rs.reason == "error"}
     assert errs == {"f2"}

@@ -427,12 +427,30 @@ def test_prefill_graphs_one_per_bucket_and_tier_charged_to_budget(model_dir):
     planned = eng.budget.planned_mib()
     got = run(eng, reqs())
     assert got == want
-    # chunks: 3->8, 9->16, 17->32, 40->32+8, 12->16, 70->32+32+8; all in the first tier (256)
-    assert sorted(eng.runner.p_graphs) == [(8, 256), (16, 256), (32, 256)]
+    # chunks: 3->8, 9->16, 17->32, 40->32+8, 12->16, 70->32+32+8; all in the first tier (256);
+    # greedy requests do not filter: the plain sampler's graphs
+    assert sorted(eng.runner.p_graphs) == [(8, 256, False), (16, 256, False), (32, 256, False)]
     assert eng.budget.planned_mib() == pytest.approx(planned + 9.0)
     assert eng.stats()["prefill_graphs"] == 3
     eng.close()
     assert eng.budget.planned_mib() == pytest.approx(planned)
+
+
+def test_a_filtering_request_gets_its_own_prompt_chunk_graph_and_the_same_tokens(model_dir):
+    """The prompt chunk's sampler follows the request (`SamplingParams.filtered`, as a
+    window's): a top-k request's chunk replays a graph of the sorting sampler, the greedy and
+    plain-temperature ones share the plain sampler's, and every request samples as eagerly."""
+    params = [SamplingParams(max_tokens=6, stop_at_eos=False),
+              SamplingParams(max_tokens=6, stop_at_eos=False, temperature=0.8, seed=3),
+              SamplingParams(max_tokens=6, stop_at_eos=False, temperature=0.8, top_k=20, seed=4),
+              SamplingParams(max_tokens=6, stop_at_eos=False, temperature=0.9, top_p=0.7, seed=5)]
+    reqs = lambda: [Request(f"f{i}", [(5 * i + j) % 400 + 1 for j in range(12)], p)  # noqa: E731
+                    for i, p in enumerate(params)]
+    want = run(build(model_dir, slots=2, prefill_buckets=[1], prefill_chunk=32), reqs())
+    eng = build(model_dir, slots=2, prefill_buckets=[16], prefill_chunk=32)
+    eng.runner.p_backend = RecordingBackend(1.0)
+    assert run(eng, reqs()) == want
+    assert sorted(eng.runner.p_graphs) == [(16, 256, False), (16, 256, True)]
 
 
 def test_prefill_bucket_config_is_validated(model_dir):
@@ -503,7 +521,7 @@ def test_warmup_captures_every_prompt_chunk_graph(model_dir):
     eng = build(model_dir, slots=2, warmup="off", max_context=1024, context_tier_min=256)
     eng.runner.p_backend = RecordingBackend(1.0)
     eng.warmup()
-    want = {(b, t) for b in (16, 32, 64, 128, 256) for t in (256, 512, 1024)}
+    want = {(b, t, False) for b in (16, 32, 64, 128, 256) for t in (256, 512, 1024)}
     assert set(eng.runner.p_graphs) == want
     assert any("15 prompt-chunk graphs and" in line for line in eng.logs)
     before = len(eng.runner.p_graphs)

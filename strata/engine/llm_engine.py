@@ -282,7 +282,8 @@ class Engine:
         final = start + n == rs.prompt_len
         next_token = None if final else rs.req.prompt_ids[start + n]
         t0 = time.perf_counter()
-        _, token = self.runner.prefill(slot.id, rs.prompt_tensor, start, n, next_token, self._tier)
+        _, token = self.runner.prefill(slot.id, rs.prompt_tensor, start, n, next_token, self._tier,
+                                       rs.req.params.filtered)
         first = int(token[0]) if final else None  # one sync per finished prompt
         self._sync()
         commit_prompt(self, slot, n, first, time.perf_counter() - t0, outs)

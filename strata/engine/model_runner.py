@@ -143,16 +143,17 @@ class ModelRunner:
         self.p_meta.copy_(h)  # blocking: h is reused at once
 
     def prefill(self, lane: int, prompt: torch.Tensor, start: int, n: int, next_token: Optional[int],
-                tier: Callable[[int], int]) -> tuple[str, torch.Tensor]:
-        """Run prompt[start:start+n] of `lane`; returns (graph action, (1,) device token)."""
+                tier: Callable[[int], int], filtered: bool = True) -> tuple[str, torch.Tensor]:
+        """Run prompt[start:start+n] of `lane`; returns (graph action, (1,) device token).
+        `filtered` picks the chunk's sampler (Verifier.prefill), so it is part of the graph's key."""
         b = prefill_bucket(n, self.buckets)  # past the last bucket: unpadded
         ctx = tier(start + b)
         if b > self.p_tokens.shape[0]:
             self.p_tokens = torch.zeros(b, dtype=torch.long, device=self.device)
         self.p_tokens[:n].copy_(prompt[start:start + n])
         self._set_meta(lane, start, n, next_token)
-        run = lambda: self.verifier.prefill(self.p_tokens[:b], self.p_meta, ctx)  # noqa: E731
-        key = (b, ctx)
+        run = lambda: self.verifier.prefill(self.p_tokens[:b], self.p_meta, ctx, filtered)  # noqa: E731
+        key = (b, ctx, filtered)
         if self.p_backend is None or b not in self.buckets or self._p_failed:
             return GraphAction.EAGER, run()
         handle = self.p_graphs.get(key)
@@ -362,16 +363,19 @@ class ModelRunner:
         for i, b in enumerate(plan.prefill_buckets):
             self.p_tokens[:b].zero_()
             self._set_meta(self.scratch, 0, 1, None)
-            self.verifier.prefill(self.p_tokens[:b], self.p_meta, tier(b))
+            for filtered in (False, True):
+                self.verifier.prefill(self.p_tokens[:b], self.p_meta, tier(b), filtered)
             tick(f"{i + 1} of {len(plan.prefill_buckets)} prompt buckets run")
         # Prompt-chunk graphs, one per (bucket, tier) a chunk can read: a capture inside a
-        # request would add tens of ms to its time to first token.
+        # request would add tens of ms to its time to first token. Those of requests that do
+        # not filter, as for windows; a filtering request's are captured on first use.
         if self.p_backend is not None:
             zeros = torch.zeros(plan.max_context, dtype=torch.long, device=self.device)
             for b in plan.prefill_buckets:
                 for ctx in plan.every_tier:
                     if ctx >= tier(b):  # a chunk at start ctx - b reads exactly `ctx`
-                        action, _ = self.prefill(self.scratch, zeros, ctx - b, b, None, tier)
+                        action, _ = self.prefill(self.scratch, zeros, ctx - b, b, None, tier,
+                                                 filtered=False)
                         done.prefill_graphs += action == GraphAction.CAPTURE
                         tick(f"{done.prefill_graphs} prompt-chunk graphs captured")
         # Window graphs (tiers ascending, deepest windows first) up to the graph limit: a
