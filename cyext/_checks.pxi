@@ -173,10 +173,13 @@ cdef tuple _args_causal_conv(str op, x, conv_state, weight, group_slot, out, sna
     return xdt, sdt, wdt, nslots, ng, g, c, kw
 
 
-cdef tuple _args_gated_delta(str op, q, k, v, g, beta, rec_state, group_slot, out, snaps):
-    """-> (q, k, v, g, beta dtypes, nslots, ng, rows, h, dk, dv)"""
+cdef tuple _args_gated_delta(str op, q, k, v, g, beta, rec_state, group_slot, out, snaps,
+                             bint final_only=False):
+    """-> (q, k, v, g, beta dtypes, nslots, ng, rows, h, dk, dv). `final_only`: snaps is
+    (NG, H, Dk, Dv), the state after each group's last row."""
     for name, t, nd in (("q", q, 4), ("k", k, 4), ("v", v, 4), ("g", g, 3), ("beta", beta, 3),
-                        ("rec_state", rec_state, 4), ("out", out, 4), ("snaps", snaps, 5)):
+                        ("rec_state", rec_state, 4), ("out", out, 4),
+                        ("snaps", snaps, 4 if final_only else 5)):
         _check_tensor(op, name, t, nd)
     cdef int qdt = _dtype_code(op, "q", q)
     cdef int kdt = _dtype_code(op, "k", k)
@@ -195,7 +198,7 @@ cdef tuple _args_gated_delta(str op, q, k, v, g, beta, rec_state, group_slot, ou
     _check_shape(op, "beta", beta, (ng, rows, h))
     _check_shape(op, "rec_state", rec_state, (nslots, h, dk, dv))
     _check_shape(op, "out", out, (ng, rows, h, dv))
-    _check_shape(op, "snaps", snaps, (ng, rows, h, dk, dv))
+    _check_shape(op, "snaps", snaps, (ng, h, dk, dv) if final_only else (ng, rows, h, dk, dv))
     for name, t in (("q", q), ("k", k), ("v", v), ("g", g), ("beta", beta), ("out", out),
                     ("snaps", snaps)):
         _check_contiguous(op, name, t)

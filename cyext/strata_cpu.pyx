@@ -33,7 +33,7 @@ cdef extern from "strata_cpu.h" nogil:
                                const void* beta, int b_dtype, const float* rec_state,
                                int64_t state_slot_stride, int64_t nslots,
                                const int64_t* group_slot, int64_t ng, int64_t g, int64_t h,
-                               int64_t dk, int64_t dv, float* out, float* snaps)
+                               int64_t dk, int64_t dv, float* out, float* snaps, int final_only)
     int strata_cpu_commit(const int64_t* accept, const int64_t* group_slot,
                           const int64_t* group_pos, int64_t ng, int64_t g, int64_t L,
                           const float* rec_snaps, int64_t rec_inner, const void* conv_snaps,
@@ -145,13 +145,15 @@ def causal_conv_window(x, conv_state, weight, group_slot, out, snaps):
     _raise(op, rc)
 
 
-def gated_delta_window(q, k, v, g, beta, rec_state, group_slot, out, snaps):
-    """out (NG, G, H, Dv) float32, snaps (NG, G, H, Dk, Dv) float32."""
+def gated_delta_window(q, k, v, g, beta, rec_state, group_slot, out, snaps,
+                       bint final_only=False):
+    """out (NG, G, H, Dv) float32, snaps (NG, G, H, Dk, Dv) float32, or with `final_only`
+    (NG, H, Dk, Dv): the state after each group's last row (a prompt chunk's)."""
     op = "gated_delta_window"
     cdef int qdt, kdt, vdt, gdt, bdt
     cdef int64_t nslots, ng, rows, h, dk, dv
     qdt, kdt, vdt, gdt, bdt, nslots, ng, rows, h, dk, dv = _args_gated_delta(
-        op, q, k, v, g, beta, rec_state, group_slot, out, snaps)
+        op, q, k, v, g, beta, rec_state, group_slot, out, snaps, final_only)
     _all_cpu(op, [("q", q), ("k", k), ("v", v), ("g", g), ("beta", beta),
                   ("rec_state", rec_state), ("out", out), ("snaps", snaps),
                   ("group_slot", group_slot)])
@@ -168,7 +170,7 @@ def gated_delta_window(q, k, v, g, beta, rec_state, group_slot, out, snaps):
     cdef int rc
     with nogil:
         rc = strata_cpu_gated_delta(qp, qdt, kp, kdt, vp, vdt, gp, gdt, bp, bdt, sp, sss,
-                                    nslots, gs, ng, rows, h, dk, dv, outp, snp)
+                                    nslots, gs, ng, rows, h, dk, dv, outp, snp, final_only)
     _raise(op, rc)
 
 

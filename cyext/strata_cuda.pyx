@@ -45,7 +45,8 @@ cdef extern from "strata_kernels.h" nogil:
                                const void* beta, int b_dtype, const float* rec_state,
                                int64_t state_slot_stride, int64_t nslots,
                                const int64_t* group_slot, int64_t ng, int64_t g, int64_t h,
-                               int64_t dk, int64_t dv, float* out, float* snaps, int device,
+                               int64_t dk, int64_t dv, float* out, float* snaps,
+                               int final_only, int device,
                                uintptr_t stream)
     int strata_gpu_commit(const int64_t* accept, const int64_t* group_slot,
                           const int64_t* group_pos, int64_t ng, int64_t g, int64_t L,
@@ -224,12 +225,15 @@ def causal_conv_window(x, conv_state, weight, group_slot, out, snaps, uintptr_t 
     _raise(op, rc)
 
 
-def gated_delta_window(q, k, v, g, beta, rec_state, group_slot, out, snaps, uintptr_t stream):
+def gated_delta_window(q, k, v, g, beta, rec_state, group_slot, out, snaps, uintptr_t stream,
+                       bint final_only=False):
+    """out (NG, G, H, Dv) float32; snaps (NG, G, H, Dk, Dv) float32, or with `final_only`
+    (NG, H, Dk, Dv): the state after each group's last row (a prompt chunk's)."""
     op = "gated_delta_window"
     cdef int qdt, kdt, vdt, gdt, bdt
     cdef int64_t nslots, ng, rows, h, dk, dv
     qdt, kdt, vdt, gdt, bdt, nslots, ng, rows, h, dk, dv = _args_gated_delta(
-        op, q, k, v, g, beta, rec_state, group_slot, out, snaps)
+        op, q, k, v, g, beta, rec_state, group_slot, out, snaps, final_only)
     if dk > 256:
         raise ValueError(f"{op}: Dk = {dk} > 256 is not supported by the GPU kernel")
     cdef int dev = _device_of(op, [("q", q), ("k", k), ("v", v), ("g", g), ("beta", beta),
@@ -248,7 +252,8 @@ def gated_delta_window(q, k, v, g, beta, rec_state, group_slot, out, snaps, uint
     cdef int rc
     with nogil:
         rc = strata_gpu_gated_delta(qp, qdt, kp, kdt, vp, vdt, gp, gdt, bp, bdt, sp, sss,
-                                    nslots, gs, ng, rows, h, dk, dv, outp, snp, dev, stream)
+                                    nslots, gs, ng, rows, h, dk, dv, outp, snp, final_only,
+                                    dev, stream)
     _raise(op, rc)
 
 

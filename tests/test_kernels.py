@@ -211,6 +211,56 @@ def test_gated_delta_snapshots_into_a_slice(impl):
         assert torch.equal(stack[2], want_s) and torch.all(stack[1] == 7.0)
 
 
+def _chunk_case(seed, b, length, h, dk, dv, dtype=torch.float32, pad=0):
+    """A prompt chunk's inputs as GatedDeltaNet.forward_seq passes them: q, k L2-normalised (q
+    scaled), a padded tail of `pad` rows with zero decay and zero write strength."""
+    gen = _gen(seed)
+    q = F.normalize(torch.randn(b, length, h, dk, generator=gen), dim=-1) * dk ** -0.5
+    k = F.normalize(torch.randn(b, length, h, dk, generator=gen), dim=-1)
+    v = torch.randn(b, length, h, dv, generator=gen).to(dtype)
+    gg = -torch.rand(b, length, h, generator=gen) * 2
+    beta = torch.rand(b, length, h, generator=gen)
+    if pad:
+        gg[:, length - pad:] = 0.0
+        beta[:, length - pad:] = 0.0
+    st = torch.randn(b, h, dk, dv, generator=gen)
+    return q, k, v, gg, beta, st
+
+
+@pytest.mark.parametrize("b,length,h,dk,dv,pad", [
+    (1, 1, 1, 8, 8, 0), (1, 64, 4, 64, 64, 0), (2, 70, 3, 32, 16, 6), (1, 130, 2, 33, 40, 0),
+    (3, 16, 2, 16, 5, 9)])
+def test_chunk_rule_by_the_recurrence_matches_the_chunked_reference(b, length, h, dk, dv, pad):
+    """The prompt chunk's gated delta rule on the C++ recurrence (the decode kernel keeping only
+    the final state) against the chunked reference: outputs of the real rows and the final state,
+    lengths off and on the reference's 64-row chunks, a padded tail that leaves the state as the
+    real rows left it."""
+    q, k, v, gg, beta, st = _chunk_case(length * 7 + dk, b, length, h, dk, dv, pad=pad)
+    st0 = st.clone()
+    ro, rs = R.chunk_gated_delta(q, k, v, gg, beta, st)
+    co, cs = C.cpu_chunk_gated_delta(q, k, v, gg, beta, st)
+    assert co.shape == ro.shape and cs.shape == rs.shape and co.dtype == cs.dtype == torch.float32
+    real = length - pad
+    torch.testing.assert_close(co[:, :real], ro[:, :real], rtol=1e-4, atol=2e-5)
+    torch.testing.assert_close(cs, rs, rtol=1e-4, atol=2e-5)
+    assert torch.equal(st, st0)  # the initial state is read, not modified
+    if pad:  # the padded rows leave the state where the real rows left it
+        _, cut = C.cpu_chunk_gated_delta(*(t[:, :real] for t in (q, k, v, gg, beta)), st)
+        torch.testing.assert_close(cs, cut, rtol=1e-6, atol=1e-6)
+
+
+def test_chunk_rule_final_state_argument_checks():
+    q, k, v, gg, beta, st = _chunk_case(1, 2, 8, 2, 16, 16)
+    out = torch.empty(2, 8, 2, 16)
+    gs = torch.arange(2)
+    with pytest.raises(ValueError, match="snaps must have shape"):
+        C._cpu.gated_delta_window(q, k, v, gg, beta, st, gs, out, torch.empty(2, 2, 16, 15),
+                                  final_only=True)
+    with pytest.raises(ValueError, match="snaps"):
+        C._cpu.gated_delta_window(q, k, v, gg, beta, st, gs, out, torch.empty(2, 8, 2, 16, 16),
+                                  final_only=True)
+
+
 def _commit_case(seed, conv_snap_dtype=torch.bfloat16):
     gen = _gen(seed)
     L, ng, g, h, dk, dv, c, km1, S = 3, 4, 5, 2, 6, 7, 9, 3, 6
@@ -313,8 +363,9 @@ def test_set_backend_cpu_and_torch():
         assert ops.set_backend("cpu", "cpu") == "cpu"
         assert ops.backend() == "cpu"
         assert ops.grouped_window_attention is C.cpu_grouped_window_attention
-        assert ops.chunk_gated_delta is R.chunk_gated_delta  # per-op fallback
-        assert ops.implementations()["chunk_gated_delta"] == "torch"
+        assert ops.chunk_gated_delta is C.cpu_chunk_gated_delta
+        assert ops.moe_route is R.moe_route  # per-op fallback
+        assert ops.implementations()["moe_route"] == "torch"
         q, kc, vc, gs, gp, ctx, scale = _attn_random_case(3, torch.float32)
         torch.testing.assert_close(ops.grouped_window_attention(q, kc, vc, gs, gp, ctx, scale),
                                    R.grouped_window_attention(q, kc, vc, gs, gp, ctx, scale),

@@ -177,7 +177,7 @@ int strata_cpu_gated_delta(const void* q, int q_dtype, const void* k, int k_dtyp
                            int v_dtype, const void* gate, int g_dtype, const void* beta,
                            int b_dtype, const float* rec_state, int64_t sss, int64_t nslots,
                            const int64_t* group_slot, int64_t ng, int64_t g, int64_t h,
-                           int64_t dk, int64_t dv, float* out, float* snaps) {
+                           int64_t dk, int64_t dv, float* out, float* snaps, int final_only) {
   if (check_slots(group_slot, ng, nslots)) return -1;
 #pragma omp parallel for if (ng * h * g * dk * dv > (1 << 16))
   for (int64_t u = 0; u < ng * h; ++u) {
@@ -209,8 +209,9 @@ int strata_cpu_gated_delta(const void* q, int q_dtype, const void* k, int k_dtyp
           o[c] += qf[a] * sr[c];
         }
       }
-      memcpy(snaps + row * dk * dv, s.data(), dk * dv * sizeof(float));
+      if (!final_only) memcpy(snaps + row * dk * dv, s.data(), dk * dv * sizeof(float));
     }
+    if (final_only) memcpy(snaps + u * dk * dv, s.data(), dk * dv * sizeof(float));
   }
   return 0;
 }

@@ -42,7 +42,8 @@ int strata_cpu_gated_delta(const void* q, int q_dtype, const void* k, int k_dtyp
                            int v_dtype, const void* gate, int g_dtype, const void* beta,
                            int b_dtype, const float* rec_state, int64_t state_slot_stride,
                            int64_t nslots, const int64_t* group_slot, int64_t ng, int64_t g,
-                           int64_t h, int64_t dk, int64_t dv, float* out, float* snaps);
+                           int64_t h, int64_t dk, int64_t dv, float* out, float* snaps,
+                           int final_only);
 
 // accept, group_slot, group_pos: (ng,) int64. rec_snaps (L, ng, g, rec_inner) float32 contiguous;
 // conv_snaps (L, ng, g, conv_inner) contiguous (snap_dtype); rec_state (L, nslots, rec_inner)

@@ -15,7 +15,8 @@
 //   attn_simt_kernel         the same on CUDA cores (fp32, HIP, other head dims, misaligned views).
 //   attn_combine_kernel      merges the nsplit partial (max, sum, O) of each row (second pass).
 //   gdn_kernel               gated delta rule over a group's rows; block = (Dv tile of 32, head,
-//                            group); the state slice lives in registers; one snapshot per row.
+//                            group); the state slice lives in registers; one snapshot per row,
+//                            or (final_only, prompt chunks) the state after the last row.
 //   conv_kernel              depthwise causal conv + SiLU, one thread per (channel, row), with
 //                            snapshots (conv_serial_kernel: the earlier walk over the rows).
 //   commit_kernel            copies each group's accepted snapshot into its slot, advances pos.
@@ -771,6 +772,7 @@ struct GdnParams {
   const int64_t* group_slot;
   int64_t state_slot_stride, nslots;
   int g, h, dk, dv, q_dtype, k_dtype, v_dtype, g_dtype, b_dtype;
+  int final_only;  // snaps is (NG, H, Dk, Dv): the state after the last row only (prompt chunks)
 };
 
 constexpr int GDN_GROUPS = 8;  // 8 groups of 32 threads split Dk; 32 lanes = 32 Dv columns
@@ -795,17 +797,31 @@ __global__ void __launch_bounds__(256) gdn_kernel(GdnParams p) {
     s[i] = (vok && kk < p.dk) ? st[(int64_t)kk * p.dv + v] : 0.f;
   }
   int64_t prev_row = -1;
+  // A row's inputs are fetched into registers one row ahead, so their global loads are in
+  // flight while the row before runs (KT <= 256: one q and one k element per thread): a
+  // prompt chunk's 64 rows were bound by each row's load latency.
+  float qn = 0.f, kn = 0.f, gn = 0.f, bn = 0.f, vn = 0.f;
+  auto fetch = [&](int j) {
+    const int64_t r = ((int64_t)n * p.g + j) * p.h + hh;
+    const bool ok = tid < p.dk;
+    qn = ok ? load_as_float(p.q, p.q_dtype, r * p.dk + tid) : 0.f;
+    kn = ok ? load_as_float(p.k, p.k_dtype, r * p.dk + tid) : 0.f;
+    gn = load_as_float(p.gate, p.g_dtype, r);
+    bn = load_as_float(p.beta, p.b_dtype, r);
+    vn = vok ? load_as_float(p.v, p.v_dtype, r * p.dv + v) : 0.f;
+  };
+  if (p.g > 0) fetch(0);
   for (int j = 0; j < p.g; ++j) {
     const int64_t row = ((int64_t)n * p.g + j) * p.h + hh;
     const int buf = j & 1;
-    for (int idx = tid; idx < KT; idx += 256) {
-      const bool ok = idx < p.dk;
-      qs[buf][idx] = ok ? load_as_float(p.q, p.q_dtype, row * p.dk + idx) : 0.f;
-      ks[buf][idx] = ok ? load_as_float(p.k, p.k_dtype, row * p.dk + idx) : 0.f;
+    if (tid < KT) {
+      qs[buf][tid] = qn;
+      ks[buf][tid] = kn;
     }
-    const float decay = expf(load_as_float(p.gate, p.g_dtype, row));
-    const float b = load_as_float(p.beta, p.b_dtype, row);
-    const float vv = vok ? load_as_float(p.v, p.v_dtype, row * p.dv + v) : 0.f;
+    const float decay = expf(gn);
+    const float b = bn;
+    const float vv = vn;
+    if (j + 1 < p.g) fetch(j + 1);
     __syncthreads();  // (1) q/k of this row visible; red2 of the previous row complete
     if (prev_row >= 0 && w == 0 && vok) {
       float acc = 0.f;
@@ -827,15 +843,24 @@ __global__ void __launch_bounds__(256) gdn_kernel(GdnParams p) {
     const float delta = (vv - kvm) * b;
     float op = 0.f;
     float* snap = p.snaps + row * (int64_t)p.dk * p.dv;
+    const bool write_snap = vok && !p.final_only;
 #pragma unroll
     for (int i = 0; i < KPT; ++i) {
       const int kk = w * KPT + i;
       s[i] += ks[buf][kk] * delta;
       op += qs[buf][kk] * s[i];
-      if (vok && kk < p.dk) snap[(int64_t)kk * p.dv + v] = s[i];
+      if (write_snap && kk < p.dk) snap[(int64_t)kk * p.dv + v] = s[i];
     }
     red2[w][lane] = op;
     prev_row = row;
+  }
+  if (p.final_only && vok) {
+    float* fin = p.snaps + ((int64_t)n * p.h + hh) * p.dk * p.dv;
+#pragma unroll
+    for (int i = 0; i < KPT; ++i) {
+      const int kk = w * KPT + i;
+      if (kk < p.dk) fin[(int64_t)kk * p.dv + v] = s[i];
+    }
   }
   __syncthreads();
   if (prev_row >= 0 && w == 0 && vok) {
@@ -1249,8 +1274,8 @@ int strata_gpu_gated_delta(const void* q, int q_dtype, const void* k, int k_dtyp
                            int v_dtype, const void* gate, int g_dtype, const void* beta,
                            int b_dtype, const float* rec_state, int64_t sss, int64_t nslots,
                            const int64_t* group_slot, int64_t ng, int64_t g, int64_t h,
-                           int64_t dk, int64_t dv, float* out, float* snaps, int device,
-                           uintptr_t stream) {
+                           int64_t dk, int64_t dv, float* out, float* snaps, int final_only,
+                           int device, uintptr_t stream) {
   int rc = use_device(device);
   if (rc) return rc;
   if (ng * g * h == 0) return 0;
@@ -1279,6 +1304,7 @@ int strata_gpu_gated_delta(const void* q, int q_dtype, const void* k, int k_dtyp
   p.v_dtype = v_dtype;
   p.g_dtype = g_dtype;
   p.b_dtype = b_dtype;
+  p.final_only = final_only;
   dim3 grid(ceil_div_u(dv, 32), (unsigned)h, (unsigned)ng);
   cudaStream_t st = (cudaStream_t)stream;
   const int64_t kpt = (dk + GDN_GROUPS - 1) / GDN_GROUPS;

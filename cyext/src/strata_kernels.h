@@ -62,7 +62,7 @@ int strata_gpu_gated_delta(const void* q, int q_dtype, const void* k, int k_dtyp
                            int b_dtype, const float* rec_state, int64_t state_slot_stride,
                            int64_t nslots, const int64_t* group_slot, int64_t ng, int64_t g,
                            int64_t h, int64_t dk, int64_t dv, float* out, float* snaps,
-                           int device, uintptr_t stream);
+                           int final_only, int device, uintptr_t stream);
 
 int strata_gpu_commit(const int64_t* accept, const int64_t* group_slot, const int64_t* group_pos,
                       int64_t ng, int64_t g, int64_t L, const float* rec_snaps, int64_t rec_inner,

@@ -10,8 +10,9 @@ taken at import), and `set_backend` rebinds them once at engine start:
     cuda   the CUDA kernels of strata.kernels.strata_cuda (NVIDIA GPU, CUDA build of torch)
     hip    the same module built with STRATA_BACKEND=hip (AMD GPU, ROCm build of torch)
 
-Ops a backend does not implement fall back to the torch reference (today: chunk_gated_delta,
-the prefill path, on every backend; moe_route on the CPU). `implementations()` tells which is
+Ops a backend does not implement fall back to the torch reference (today: moe_route on the
+CPU; chunk_gated_delta, the prefill path, runs the decode kernel's recurrence on cpu, cuda and
+hip, and the chunked reference on torch). `implementations()` tells which is
 in use for each op. All ops keep the reference signatures and return values.
 """
 
