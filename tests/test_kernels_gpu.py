@@ -263,18 +263,11 @@ def test_graph_write_kv_and_commit():
     (1, 64, 4, 64, 64, 0), (1, 64, 32, 128, 128, 10), (2, 256, 16, 128, 128, 0), (1, 5, 3, 33, 40, 2)])
 def test_chunk_rule_by_the_recurrence_gpu(b, length, h, dk, dv, pad):
     """The prompt chunk's gated delta rule by the decode kernel's recurrence (final state only)
-    against the chunked reference, at the tiny model's and Qwen3-Next-80B's head shapes; and the
-    same bits as the CPU twin's recurrence where both run float32 in row order."""
-    gen = torch.Generator().manual_seed(length + dk)
-    q = torch.nn.functional.normalize(torch.randn(b, length, h, dk, generator=gen), dim=-1) * dk ** -0.5
-    k = torch.nn.functional.normalize(torch.randn(b, length, h, dk, generator=gen), dim=-1)
-    v = torch.randn(b, length, h, dv, generator=gen).bfloat16()
-    gg = -torch.rand(b, length, h, generator=gen) * 2
-    beta = torch.rand(b, length, h, generator=gen)
-    if pad:
-        gg[:, length - pad:] = 0.0
-        beta[:, length - pad:] = 0.0
-    st = torch.randn(b, h, dk, dv, generator=gen)
+    against the chunked reference, at the tiny model's and Qwen3-Next-80B's head shapes, and
+    against the CPU twin's recurrence (both float32 in row order) to float32 rounding."""
+    from test_kernels import _chunk_case  # (the CPU twin's cases)
+
+    q, k, v, gg, beta, st = _chunk_case(length + dk, b, length, h, dk, dv, torch.bfloat16, pad)
     args = [t.cuda() for t in (q, k, v, gg, beta, st)]
     ro, rs = R.chunk_gated_delta(*args)
     go, gs = C.gpu_chunk_gated_delta(*args)
