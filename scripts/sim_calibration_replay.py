@@ -316,6 +316,8 @@ def main() -> int:
     ap.add_argument("--twins", action=argparse.BooleanOptionalAction, default=True,
                     help="the untraced-twin host factor's held-out check on the cohort cells")
     args = ap.parse_args()
+    if args.acceptance_draws < 1:
+        ap.error(f"--acceptance-draws: must be >= 1, got {args.acceptance_draws}")
     from sim.untraced_twins import summary as twin_summary
 
     src = open_input(Path(args.transfer))

@@ -281,6 +281,8 @@ def main() -> int:
                     help="only the predictions and the table, from a finished (or --no-predict) "
                          "run's OUT/measured.json (no device)")
     args = ap.parse_args()
+    if args.acceptance_draws < 1:
+        ap.error(f"--acceptance-draws: must be >= 1, got {args.acceptance_draws}")
     if args.acceptance_eval:
         return acceptance_eval(Path(args.acceptance_eval), args.models.split(","))
     if args.predict_from:

@@ -63,3 +63,5 @@ def test_predict_from_without_measurements_says_so(tmp_path):
     (tmp_path / "measured.json").write_text("{}")
     r = _run("--predict-from", str(tmp_path))
     assert r.returncode != 0 and "not a measurements file" in r.stderr
+    r = _run("--predict-from", str(tmp_path), "--acceptance-draws", "0")
+    assert r.returncode != 0 and "--acceptance-draws: must be >= 1" in r.stderr
