@@ -439,7 +439,10 @@ class FirstStageVerifier:
         bufs.draft[w.gs] = out[:, g + 1]
         return out
 
-    def prefill(self, tokens: torch.Tensor, meta: torch.Tensor, ctx: int) -> torch.Tensor:
+    def prefill(self, tokens: torch.Tensor, meta: torch.Tensor, ctx: int,
+                filtered: bool = True) -> torch.Tensor:
+        """Verifier.prefill across the stages. `filtered` is not sent: the last stage samples
+        with the sorting sampler, which gives a request that does not filter the same tokens."""
         return self.group.call(lambda: self._prefill(tokens, meta, ctx))
 
     def _prefill(self, tokens, meta, ctx) -> torch.Tensor:
