@@ -342,7 +342,7 @@ def main() -> int:
              + ".", ""]
     lines += table(learned, "Calibrated preset refitted by this tree; acceptance learned from the "
                             "check's 8-request run, drafting cells averaged over "
-                            f"{max(1, args.acceptance_draws)} acceptance draws (as the check "
+                            f"{args.acceptance_draws} acceptance draws (as the check "
                             "predicts):")
     if own:
         lines += table(own, "The same preset, each cell at its own prompts' acceptance (the cost "

@@ -153,7 +153,7 @@ def write_table(out: Path, rows: list[dict], presets: list[tuple[str, str]], arg
     lines = [f"workload: code prompts of {args.prompt_tokens} tokens, {args.max_tokens} output "
              f"tokens, cohorts; engine = mean of {args.repeats} runs; acceptance "
              f"({args.acceptance}) learned from {ACCEPTANCE_REQUESTS} other prompts; drafting "
-             f"cells' sim = mean over {max(1, args.acceptance_draws)} acceptance draws; presets: "
+             f"cells' sim = mean over {args.acceptance_draws} acceptance draws; presets: "
              + ", ".join(f"{lab} = {p}" for lab, p in presets)
              + ("" if cal_s is None else f"; calibration {cal_s:.0f} s"),
              "",
