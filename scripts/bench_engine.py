@@ -333,6 +333,31 @@ def hf_generate(path, device, prompts, max_tokens, dtype, dummy_args=None) -> fl
     return tps
 
 
+def set_kernel_options(spec: str) -> dict:
+    """Apply --kernel-options (NAME=0|1,...) to the GPU extension's launch switches; returns the
+    switches in force (empty without the extension and without options)."""
+    wanted = {}
+    for item in filter(None, (t.strip() for t in spec.split(","))):
+        name, sep, value = item.partition("=")
+        if not sep or value not in ("0", "1"):
+            raise SystemExit(f"error: --kernel-options: {item!r} is not NAME=0 or NAME=1")
+        wanted[name] = value == "1"
+    try:
+        from strata.kernels import cyext_ops
+        if cyext_ops.gpu_platform() is None:
+            raise ImportError
+    except ImportError:
+        if wanted:
+            raise SystemExit("error: --kernel-options needs the cyext GPU extension")
+        return {}
+    known = cyext_ops.moe_launch_options()
+    for name in wanted:
+        if name not in known:
+            raise SystemExit(f"error: --kernel-options: unknown switch {name!r} "
+                             f"(known: {', '.join(known)})")
+    return cyext_ops.moe_launch_options(**wanted)
+
+
 def write_results(a, ns, names, results, loaded, device, backend) -> None:
     """Write the JSON and the markdown table for the N done so far (a run cut short by a time
     limit still leaves every finished N behind)."""
@@ -401,12 +426,17 @@ def main() -> None:
     ap.add_argument("--overlap", choices=OVERLAP_CHOICES, default="off",
                     help="engine.overlap for every configuration; both: each configuration twice, "
                          f"the overlapped one named NAME{OVERLAP_SUFFIX}, side by side")
+    ap.add_argument("--kernel-options", default="",
+                    help="GPU kernel launch switches for this run, NAME=0|1 comma-separated "
+                         "(cyext_ops.moe_launch_options, e.g. gate_up_pdl=1): an A/B of one "
+                         "extension in two processes")
     ap.add_argument("--json")
     ap.add_argument("--md")
     a = ap.parse_args()
 
     device = torch.device(a.device)
     backend = ops.set_backend(a.backend, device.type)
+    a.kernel_options = set_kernel_options(a.kernel_options)
     if a.dtype is None and a.preset is None:
         a.dtype = "auto"  # the checkpoint's own dtype, as before presets
     mcfg = model_config(a)

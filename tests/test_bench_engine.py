@@ -61,3 +61,26 @@ def test_overlap_both_puts_each_configuration_beside_its_overlapped_twin():
     assert bench_engine.config_of("solo")["overlap"] is False
     with pytest.raises(SystemExit, match="unknown configuration 'sol'"):
         bench_engine.with_overlap(["sol"], "both")
+
+
+def test_kernel_options_are_checked():
+    """--kernel-options: NAME=0|1 items; a malformed item or an unknown switch is an error naming
+    it, and no options with no extension is no change."""
+    with pytest.raises(SystemExit, match="'pdl' is not NAME=0 or NAME=1"):
+        bench_engine.set_kernel_options("pdl")
+    with pytest.raises(SystemExit, match="'pdl=yes' is not NAME=0 or NAME=1"):
+        bench_engine.set_kernel_options("pdl=yes")
+    from strata.kernels import cyext_ops
+    if cyext_ops.gpu_platform() is None:
+        assert bench_engine.set_kernel_options("") == {}
+        with pytest.raises(SystemExit, match="needs the cyext GPU extension"):
+            bench_engine.set_kernel_options("pdl=1")
+        return
+    saved = cyext_ops.moe_launch_options()
+    try:
+        with pytest.raises(SystemExit, match="unknown switch 'bogus'"):
+            bench_engine.set_kernel_options("bogus=1")
+        got = bench_engine.set_kernel_options("gate_up_pdl=1, pdl=0")
+        assert got["gate_up_pdl"] and not got["pdl"]
+    finally:
+        cyext_ops.moe_launch_options(**saved)

@@ -314,6 +314,44 @@ def test_gpu_moe_launch_variants_same_bits(wdtype, block, N):
 
 
 @_gpu
+@pytest.mark.parametrize("N", [1, 2, 16])
+def test_gpu_router_then_experts_with_gate_up_pdl(N):
+    """The router kernel then the streamed experts, captured together as in a decode window:
+    with the gate/up kernel launched as the router's programmatic dependent (gate_up_pdl), the
+    experts wait for the router's ids, so every replay with new x gives the bits of the plain
+    launches."""
+    E, H, I, k = 512, 2048, 512, 10
+    weights = experts(E + 1, H, I, FP8, (128, 128), device="cuda")
+    gen = torch.Generator().manual_seed(21)
+    w_router = (torch.randn(E + 8, H, generator=gen) / H ** 0.5).to("cuda", torch.bfloat16)
+    xs = [torch.randn(N, H, generator=gen).to("cuda", torch.bfloat16) for _ in range(3)]
+
+    def window(x):
+        w, ids = C.gpu_moe_route(x, w_router, E, k, True, None, E)
+        return C.gpu_moe_experts(x, *weights[:2], w, ids, *weights[2:], (128, 128))
+
+    saved = C.moe_launch_options()
+    try:
+        C.moe_launch_options(stream=True, gate_up_pdl=False)
+        want = [window(x) for x in xs]
+        C.moe_launch_options(gate_up_pdl=True)
+        assert all(torch.equal(window(x), o) for x, o in zip(xs, want))
+        static = xs[0].clone()
+        window(static)  # the router's ticket exists before capture
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            out = window(static)
+        for _ in range(2):
+            for x, o in zip(xs, want):
+                static.copy_(x)
+                graph.replay()
+                torch.cuda.synchronize()
+                assert torch.equal(out, o)
+    finally:
+        C.moe_launch_options(**saved)
+
+
+@_gpu
 @pytest.mark.parametrize("E,H,I,N,k,wdtype,xdtype,block",
                          [c for c in GPU_CASES if c[5] in (torch.bfloat16, FP8)]
                          + [(513, 2048, 512, 16, 11, FP8, torch.bfloat16, (128, 128)),

@@ -116,6 +116,10 @@ int64_t strata_gpu_moe_workspace(int64_t n, int64_t k, int64_t inter);
 // (sm_90+), whose bulk copies then read missing experts from the pinned host store through its
 // device address; off, such a cache runs the per-block kernels. Same bits.
 #define STRATA_MOE_STREAM_MISS 1024
+// STRATA_MOE_GU_PDL (off: level with the plain launch at full depth, docs/KERNELS.md): the
+// streamed gate/up kernel as a programmatic dependent launch of the kernel before it (the router
+// in a decode window), on one SM fewer. Same bits.
+#define STRATA_MOE_GU_PDL 4096
 int strata_gpu_moe_set_options(int flags);
 int strata_gpu_moe_experts(const void* x, int x_dtype, const void* w_gate_up, const void* w_down,
                            int w_dtype, const float* gu_scale, const float* down_scale,

@@ -144,6 +144,11 @@ __global__ void __launch_bounds__(ST_THREADS, 1)
   constexpr int F = gate_up_features(CPL);
   constexpr int EPC = C::EPC;
   extern __shared__ __align__(128) uint8_t smem[];
+  // Launched as a programmatic dependent of the router (STRATA_MOE_GU_PDL), this CTA may start
+  // before the ids exist: it waits for the router's grid before reading anything, and lets the
+  // down kernel (which reads the ids without waiting) launch only after that. In a plain launch
+  // the wait returns at once.
+  pdl_wait_primary();
   pdl_launch_dependents();
   const int distinct = stream_start(smem, p, sp);
   uint64_t* full = (uint64_t*)smem;
@@ -363,12 +368,13 @@ __global__ void __launch_bounds__(ST_THREADS, 1) moe_down_stream(MoeParams p, St
 }
 
 template <typename W, int CPL, bool XF32>
-int launch_gate_up(const MoeParams& p, const StreamPlan& sp, int grid, int smem,
+int launch_gate_up(const MoeParams& p, const StreamPlan& sp, int grid, int smem, bool pdl,
                    cudaStream_t st) {
   static int allowed = 0;
   const char* name = "moe_experts: moe_gate_up_stream";
   if (int rc = allow_smem(moe_gate_up_stream<W, CPL, XF32>, smem, allowed, name)) return rc;
-  moe_gate_up_stream<W, CPL, XF32><<<grid, ST_THREADS, smem, st>>>(p, sp);
+  launch_maybe_pdl(moe_gate_up_stream<W, CPL, XF32>, dim3((unsigned)grid), dim3(ST_THREADS), smem,
+                   st, pdl, p, sp);
   return take_launch_error(name);
 }
 
@@ -384,12 +390,12 @@ int launch_down(const MoeParams& p, const StreamPlan& sp, int smem, bool pdl, cu
 
 template <typename W, bool XF32>
 int dispatch_gate_up(const MoeParams& p, const StreamPlan& sp, int cpl, int grid, int smem,
-                     cudaStream_t st) {
+                     bool pdl, cudaStream_t st) {
   switch (cpl) {
-    case 1: return launch_gate_up<W, 1, XF32>(p, sp, grid, smem, st);
-    case 2: return launch_gate_up<W, 2, XF32>(p, sp, grid, smem, st);
-    case 4: return launch_gate_up<W, 4, XF32>(p, sp, grid, smem, st);
-    default: return launch_gate_up<W, 8, XF32>(p, sp, grid, smem, st);
+    case 1: return launch_gate_up<W, 1, XF32>(p, sp, grid, smem, pdl, st);
+    case 2: return launch_gate_up<W, 2, XF32>(p, sp, grid, smem, pdl, st);
+    case 4: return launch_gate_up<W, 4, XF32>(p, sp, grid, smem, pdl, st);
+    default: return launch_gate_up<W, 8, XF32>(p, sp, grid, smem, pdl, st);
   }
 }
 
@@ -458,8 +464,14 @@ int launch_stream(const MoeParams& p, const DeviceFacts& dev, bool pdl, bool eve
   *launched = true;
   const int gu_smem = gu.ring_off + gu.stages * ST_GU_STAGE;
   const int dn_smem = dn.ring_off + dn.stages * ST_DOWN_STAGE;
-  int rc = x_f32 ? dispatch_gate_up<W, true>(p, gu, cpl, dev.sms, gu_smem, st)
-                 : dispatch_gate_up<W, false>(p, gu, cpl, dev.sms, gu_smem, st);
+  // STRATA_MOE_GU_PDL: gate/up as a programmatic dependent of the kernel before it (the
+  // router), so that its CTAs launch and initialise while that kernel ends. One SM fewer: the
+  // SM still running the router's last CTA (its second phase) cannot take a gate/up CTA (each
+  // needs the whole shared memory), and that CTA would start late and finish last.
+  const bool gu_pdl = (strata_gpu_moe_set_options(-1) & STRATA_MOE_GU_PDL) != 0;
+  const int gu_grid = gu_pdl && dev.sms > 1 ? dev.sms - 1 : dev.sms;
+  int rc = x_f32 ? dispatch_gate_up<W, true>(p, gu, cpl, gu_grid, gu_smem, gu_pdl, st)
+                 : dispatch_gate_up<W, false>(p, gu, cpl, gu_grid, gu_smem, gu_pdl, st);
   if (rc) return rc;
   return dispatch_down<W>(p, dn, T, cpl_dn, dn_smem, pdl, st);
 }

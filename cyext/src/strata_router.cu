@@ -10,17 +10,18 @@
 // shared gate's sigmoid and the concatenation with the shared expert were five launches, about
 // 14 us per MoE layer on an H200, nearly all of it launch and latency.
 //
-// Layout: phase 1, every CTA: the CTA stages the m x rows in shared memory as float32; each
-// warp owns one weight row (lane l holds the row's 16-byte chunks l, l + 32, ..., all loads in
-// flight at once) and dots it with the x rows, four at a time, summing each chunk's 8 products
-// in order, the chunks in order, then a fixed butterfly over the lanes; the bf16-rounded logit
-// goes to a float32 scratch (m, R). Phase 2: the CTA that finishes last (a ticket counted with
-// atomics; it resets the ticket to zero, so the next launch finds it so) runs the softmax and
-// top-k, one warp per row: lane l owns experts l, l + 32, ... in shared memory, and k rounds of
-// a warp argmax (redux.sync on sm_80+) pick the experts. The loops stay rolled: a launch
-// fetches the kernel's code cold into the SM, and unrolled bodies measured microseconds
-// longer. At most 128 KiB of x per launch (16 rows at H = 2048; more rows take several
-// launches, the later ones plain rather than programmatic so that none overlap on the ticket).
+// Layout: phase 1, every CTA: the CTA stages the m x rows in shared memory as float32; each of
+// its 4 weight rows is split over 2 warps (4 above 8 rows, where the CTA has 16 warps), each
+// taking a share of its 16-byte chunks (lane l holds the share's chunks l, l + 32, ..., all
+// loads in flight at once: 129 CTAs at E = 512, so every SM has a part of the bytes) and dots
+// them with the x rows, four at a time, summing each chunk's 8 products in order, the chunks in
+// order, then a fixed butterfly over the lanes; the shares are added in order and the
+// bf16-rounded logit goes to a float32 scratch (m, R). Phase 2: the CTA that finishes last (a ticket counted with atomics; it
+// resets the ticket to zero, so the next launch finds it so) runs the softmax and top-k, one
+// warp per row: lane l owns experts l, l + 32, ... in shared memory, and k rounds of a warp
+// argmax (redux.sync on sm_80+) pick the experts. At most 128 KiB of x per launch (16 rows at
+// H = 2048; more rows take several launches, the later ones plain rather than programmatic so
+// that none overlap on the ticket).
 // No other kernel, no host sync: capturable.
 // Determinism: a row's logits, softmax and picks depend only on that row, so its result is the
 // same bits whatever other rows share the launch.
@@ -34,7 +35,11 @@ using namespace strata::moe;
 
 namespace {
 
-constexpr int RT_WARPS = 8;       // weight rows per CTA in phase 1, rows at a time in phase 2
+// Weight rows per CTA in phase 1, each split over WARPS / RT_ROWS_PER_CTA warps (a share of its
+// chunks each); WARPS is 8, or 16 for more than 8 rows, so that phase 2 (one warp per row, about
+// 7 us a pass on an H200 whatever its arithmetic) takes one pass up to 16 rows.
+constexpr int RT_ROWS_PER_CTA = 4;
+constexpr int RT_MAX_WARPS = 16;
 constexpr int RT_MAX_ROWS = 32;   // x rows per launch
 constexpr int RT_MAX_EXPERTS = 1024;
 constexpr int RT_MAX_K = 32;
@@ -76,41 +81,139 @@ __device__ __forceinline__ float load_l2(const float* p) {
 #endif
 }
 
+// Phase 2 for row r, in one warp: lane l owns experts l, l + 32, ... in shared memory (ps); the
+// loops stay rolled (a launch fetches the kernel's code cold into the SM, and unrolled bodies
+// measured microseconds longer). Holding the row in registers instead (all the logits loaded at
+// once, a tree over the lane's registers each round) measured about 1 us slower per launch.
+__device__ __forceinline__ void route_row(const RouteParams& p, int r, int lane, float* ps) {
+  const float* lrow = p.logits + (int64_t)r * p.R;
+  float mx = -INFINITY;
+#pragma unroll 4
+  for (int j = lane; j < p.E; j += 32) {
+    const float l = load_l2(lrow + j) + (p.bias ? __ldg(p.bias + j) : 0.f);
+    ps[j] = l;
+    mx = fmaxf(mx, l);
+  }
+#pragma unroll
+  for (int s = 16; s >= 1; s >>= 1) mx = fmaxf(mx, STRATA_SHFL_XOR(mx, s, 32));
+  float sum = 0.f;
+#pragma unroll 4
+  for (int j = lane; j < p.E; j += 32) {
+    const float ex = expf(ps[j] - mx);
+    ps[j] = ex;
+    sum += ex;
+  }
+  const float inv = 1.f / warp_sum(sum);
+  // this lane's best (the greatest probability, ties to the lower id)
+  float bv = -INFINITY;
+  int bi = 0x7fffffff;
+#pragma unroll 4
+  for (int j = lane; j < p.E; j += 32) {
+    const float pr = ps[j] * inv;
+    ps[j] = pr;
+    arg_better(bv, bi, pr, j);
+  }
+  // k rounds of a warp argmax over each lane's best untaken expert; only the lane that gave
+  // the winner marks it taken (-inf) and looks for its next best.
+  float pick_v = 0.f;
+  int pick_i = 0;
+  float total = 0.f;
+#pragma unroll 1
+  for (int t = 0; t < p.k; ++t) {
+    float wv_ = bv;
+    int wi = bi;
+#if !STRATA_PLATFORM_HIP && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    // Probabilities are >= 0, so their bits order as unsigned ints (+1: 0 is "none left").
+    const unsigned key = bv >= 0.f ? __float_as_uint(bv) + 1u : 0u;
+    const unsigned top = __reduce_max_sync(0xffffffffu, key);
+    wi = (int)__reduce_min_sync(0xffffffffu, key == top && top ? (unsigned)bi : 0x7fffffffu);
+    wv_ = top ? __uint_as_float(top - 1u) : -INFINITY;
+#else
+#pragma unroll
+    for (int s = 16; s >= 1; s >>= 1) {
+      const float ov = STRATA_SHFL_XOR(wv_, s, 32);
+      const int oi = STRATA_SHFL_XOR(wi, s, 32);
+      arg_better(wv_, wi, ov, oi);
+    }
+    if (!(wv_ >= 0.f)) wi = 0x7fffffff;
+#endif
+    if (wi == bi && wi != 0x7fffffff) {  // this lane's best won: its next best
+      ps[wi] = -INFINITY;
+      bv = -INFINITY;
+      bi = 0x7fffffff;
+#pragma unroll 4
+      for (int j = lane; j < p.E; j += 32) arg_better(bv, bi, ps[j], j);
+    }
+    if (wi == 0x7fffffff) {  // fewer candidates than k (NaN logits): weight 0, any id
+      wi = t;
+      wv_ = 0.f;
+    }
+    if (lane == t) {
+      pick_v = wv_;
+      pick_i = wi;
+    }
+    total += wv_;
+  }
+  if (p.norm) pick_v = pick_v / total;
+  if (lane < p.k) {
+    p.weights[(int64_t)r * p.cols + lane] = pick_v;
+    p.ids[(int64_t)r * p.cols + lane] = pick_i;
+  }
+  if (p.shared_id >= 0 && lane == 0) {
+    const float sg = load_l2(lrow + p.E);
+    p.weights[(int64_t)r * p.cols + p.k] = 1.f / (1.f + expf(-sg));
+    p.ids[(int64_t)r * p.cols + p.k] = p.shared_id;
+  }
+}
+
 // Rows in groups of RT_GROUP: each group's MR chains run together, the groups one after
 // another in a rolled loop (the code stays small: a kernel's code is fetched cold into the SM
 // each time, and a long unrolled body cost microseconds).
-template <int CPL>
-__global__ void __launch_bounds__(32 * RT_WARPS, 1) moe_route_kernel(RouteParams p) {
-  extern __shared__ float4 x_s[];  // the m x rows in float32, 4 per float4
-  __shared__ float p_s[RT_WARPS][RT_MAX_EXPERTS];  // phase 2: one row's probabilities per warp
+template <int CPL, int WARPS>
+__global__ void __launch_bounds__(32 * WARPS, 1) moe_route_kernel(RouteParams p) {
+  constexpr int SPLIT = WARPS / RT_ROWS_PER_CTA;  // warps per weight row
+  // Dynamic shared memory: the m x rows in float32, each 16-byte chunk as two float4 in
+  // separate halves of the row (lo: x_s[(2 * row) * nch + ch], hi: x_s[(2 * row + 1) * nch +
+  // ch]) so that a warp's reads of consecutive chunks are consecutive 16 bytes (no bank
+  // conflicts); then phase 2's probabilities, E floats per warp.
+  extern __shared__ float4 x_s[];
+  __shared__ float part_s[WARPS][RT_MAX_ROWS];  // each warp's share of a row's sums
   __shared__ int last;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  const int e = (int)blockIdx.x * RT_WARPS + warp;
+  const int e = (int)blockIdx.x * RT_ROWS_PER_CTA + warp / SPLIT;
   const int nch = p.H / 8;
+  float* p_s = (float*)(x_s + 2 * p.m * nch) + warp * p.E;
+  // this warp's chunks of weight row e: [ch0, ch1), lane l taking ch0 + l, ch0 + l + 32, ...
+  const int share = (nch + SPLIT - 1) / SPLIT;
+  const int ch0 = (warp % SPLIT) * share, ch1 = ch0 + share < nch ? ch0 + share : nch;
   pdl_launch_dependents();
   uint4 wv[CPL];
   if (e < p.R) {
     const uint16_t* wrow = p.w + (int64_t)e * p.H;
 #pragma unroll
     for (int c = 0; c < CPL; ++c) {
-      const int ch = lane + 32 * c;
-      wv[c] = ch < nch ? ldg16(wrow + 8 * ch) : make_uint4(0, 0, 0, 0);
+      const int ch = ch0 + lane + 32 * c;
+      wv[c] = ch < ch1 ? ldg16(wrow + 8 * ch) : make_uint4(0, 0, 0, 0);
     }
   }
   // x comes from the kernel before this one; the CTA stages it once in float32 (every load in
   // flight), so the warps' dot products neither wait on a round trip per chunk nor convert x
   // again for every weight row.
   pdl_wait_primary();
-  for (int i = threadIdx.x; i < p.m * nch; i += 32 * RT_WARPS) {
+  for (int i = threadIdx.x; i < p.m * nch; i += 32 * WARPS) {
     const uint4 u = ldg16(p.x + 8 * (int64_t)i);
-    x_s[2 * i] = make_float4(__uint_as_float(u.x << 16), __uint_as_float(u.x & 0xffff0000u),
-                             __uint_as_float(u.y << 16), __uint_as_float(u.y & 0xffff0000u));
-    x_s[2 * i + 1] = make_float4(__uint_as_float(u.z << 16), __uint_as_float(u.z & 0xffff0000u),
-                                 __uint_as_float(u.w << 16), __uint_as_float(u.w & 0xffff0000u));
+    const int row = i / nch, ch = i - row * nch;
+    x_s[2 * row * nch + ch] =
+        make_float4(__uint_as_float(u.x << 16), __uint_as_float(u.x & 0xffff0000u),
+                    __uint_as_float(u.y << 16), __uint_as_float(u.y & 0xffff0000u));
+    x_s[(2 * row + 1) * nch + ch] =
+        make_float4(__uint_as_float(u.z << 16), __uint_as_float(u.z & 0xffff0000u),
+                    __uint_as_float(u.w << 16), __uint_as_float(u.w & 0xffff0000u));
   }
   __syncthreads();
   if (e < p.R) {
-    // Each row sums its chunks in order, the 8 products of a chunk in order.
+    // Each warp sums its chunks in order, the 8 products of a chunk in order, then over its
+    // lanes by a fixed butterfly.
 #pragma unroll 1
     for (int r0 = 0; r0 < p.m; r0 += RT_GROUP) {
       float acc[RT_GROUP];
@@ -118,8 +221,8 @@ __global__ void __launch_bounds__(32 * RT_WARPS, 1) moe_route_kernel(RouteParams
       for (int r = 0; r < RT_GROUP; ++r) acc[r] = 0.f;
 #pragma unroll
       for (int c = 0; c < CPL; ++c) {
-        const int ch = lane + 32 * c;
-        if (ch < nch) {
+        const int ch = ch0 + lane + 32 * c;
+        if (ch < ch1) {
           const uint32_t wu[4] = {wv[c].x, wv[c].y, wv[c].z, wv[c].w};
           float wf[8];
 #pragma unroll
@@ -130,8 +233,8 @@ __global__ void __launch_bounds__(32 * RT_WARPS, 1) moe_route_kernel(RouteParams
 #pragma unroll
           for (int r = 0; r < RT_GROUP; ++r) {
             if (r0 + r < p.m) {
-              const int at = 2 * ((r0 + r) * nch + ch);
-              const float4 a = x_s[at], b = x_s[at + 1];
+              const float4 a = x_s[2 * (r0 + r) * nch + ch];
+              const float4 b = x_s[(2 * (r0 + r) + 1) * nch + ch];
               float t = acc[r];
               t = fmaf(wf[0], a.x, t);
               t = fmaf(wf[1], a.y, t);
@@ -148,9 +251,20 @@ __global__ void __launch_bounds__(32 * RT_WARPS, 1) moe_route_kernel(RouteParams
 #pragma unroll
       for (int r = 0; r < RT_GROUP; ++r) {
         const float s = warp_sum(acc[r]);
-        if (lane == 0 && r0 + r < p.m) p.logits[(int64_t)(r0 + r) * p.R + e] = bf16_round(s);
+        if (lane == 0 && r0 + r < p.m) part_s[warp][r0 + r] = s;
       }
     }
+  }
+  __syncthreads();
+  // the logit of (row r, weight row e) = bf16(the shares' sums added in order)
+  for (int i = threadIdx.x; i < RT_ROWS_PER_CTA * p.m; i += 32 * WARPS) {
+    const int er = i / p.m, r = i - er * p.m;
+    const int ee = (int)blockIdx.x * RT_ROWS_PER_CTA + er;
+    if (ee >= p.R) continue;
+    float s = part_s[er * SPLIT][r];
+#pragma unroll
+    for (int h = 1; h < SPLIT; ++h) s += part_s[er * SPLIT + h][r];
+    p.logits[(int64_t)r * p.R + ee] = bf16_round(s);
   }
   __threadfence();
   __syncthreads();
@@ -160,124 +274,45 @@ __global__ void __launch_bounds__(32 * RT_WARPS, 1) moe_route_kernel(RouteParams
   __threadfence();
   if (threadIdx.x == 0) *p.ticket = 0u;
 
-  // Phase 2, one warp per row: lane l owns experts l, l + 32, ... (in shared memory; rolled
-  // loops, for the same reason as above).
-  float* ps = p_s[warp];
+  // Phase 2, one warp per row.
 #pragma unroll 1
-  for (int r = warp; r < p.m; r += RT_WARPS) {
-    const float* lrow = p.logits + (int64_t)r * p.R;
-    float mx = -INFINITY;
-#pragma unroll 4
-    for (int j = lane; j < p.E; j += 32) {
-      const float l = load_l2(lrow + j) + (p.bias ? __ldg(p.bias + j) : 0.f);
-      ps[j] = l;
-      mx = fmaxf(mx, l);
-    }
-#pragma unroll
-    for (int s = 16; s >= 1; s >>= 1) mx = fmaxf(mx, STRATA_SHFL_XOR(mx, s, 32));
-    float sum = 0.f;
-#pragma unroll 4
-    for (int j = lane; j < p.E; j += 32) {
-      const float ex = expf(ps[j] - mx);
-      ps[j] = ex;
-      sum += ex;
-    }
-    const float inv = 1.f / warp_sum(sum);
-    // this lane's best (the greatest probability, ties to the lower id)
-    float bv = -INFINITY;
-    int bi = 0x7fffffff;
-#pragma unroll 4
-    for (int j = lane; j < p.E; j += 32) {
-      const float pr = ps[j] * inv;
-      ps[j] = pr;
-      arg_better(bv, bi, pr, j);
-    }
-    // k rounds of a warp argmax over each lane's best untaken expert; only the lane that gave
-    // the winner marks it taken (-inf) and looks for its next best.
-    float pick_v = 0.f;
-    int pick_i = 0;
-    float total = 0.f;
-#pragma unroll 1
-    for (int t = 0; t < p.k; ++t) {
-      float wv_ = bv;
-      int wi = bi;
-#if !STRATA_PLATFORM_HIP && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-      // Probabilities are >= 0, so their bits order as unsigned ints (+1: 0 is "none left").
-      const unsigned key = bv >= 0.f ? __float_as_uint(bv) + 1u : 0u;
-      const unsigned top = __reduce_max_sync(0xffffffffu, key);
-      wi = (int)__reduce_min_sync(0xffffffffu, key == top && top ? (unsigned)bi : 0x7fffffffu);
-      wv_ = top ? __uint_as_float(top - 1u) : -INFINITY;
-#else
-#pragma unroll
-      for (int s = 16; s >= 1; s >>= 1) {
-        const float ov = STRATA_SHFL_XOR(wv_, s, 32);
-        const int oi = STRATA_SHFL_XOR(wi, s, 32);
-        arg_better(wv_, wi, ov, oi);
-      }
-      if (!(wv_ >= 0.f)) wi = 0x7fffffff;
-#endif
-      if (wi == bi && wi != 0x7fffffff) {  // this lane's best won: its next best
-        ps[wi] = -INFINITY;
-        bv = -INFINITY;
-        bi = 0x7fffffff;
-#pragma unroll 4
-        for (int j = lane; j < p.E; j += 32) arg_better(bv, bi, ps[j], j);
-      }
-      if (wi == 0x7fffffff) {  // fewer candidates than k (NaN logits): weight 0, any id
-        wi = t;
-        wv_ = 0.f;
-      }
-      if (lane == t) {
-        pick_v = wv_;
-        pick_i = wi;
-      }
-      total += wv_;
-    }
-    if (p.norm) pick_v = pick_v / total;
-    if (lane < p.k) {
-      p.weights[(int64_t)r * p.cols + lane] = pick_v;
-      p.ids[(int64_t)r * p.cols + lane] = pick_i;
-    }
-    if (p.shared_id >= 0 && lane == 0) {
-      const float sg = load_l2(lrow + p.E);
-      p.weights[(int64_t)r * p.cols + p.k] = 1.f / (1.f + expf(-sg));
-      p.ids[(int64_t)r * p.cols + p.k] = p.shared_id;
-    }
-  }
+  for (int r = warp; r < p.m; r += WARPS) route_row(p, r, lane, p_s);
 }
 
-template <int CPL>
+template <int CPL, int WARPS>
 int launch_route(const RouteParams& p, int device, bool pdl, cudaStream_t st) {
-  const dim3 grid(ceil_div_u(p.R, RT_WARPS)), block(32 * RT_WARPS);
-  const int smem = p.m * p.H * 4;
+  const dim3 grid(ceil_div_u(p.R, RT_ROWS_PER_CTA)), block(32 * WARPS);
+  const int smem = p.m * p.H * 4 + WARPS * p.E * 4;
   const char* name = "moe_route: moe_route_kernel";
 #if !STRATA_PLATFORM_HIP
   static int allowed = 0;
-  if (int rc = allow_smem(moe_route_kernel<CPL>, smem, allowed, name)) return rc;
+  if (int rc = allow_smem(moe_route_kernel<CPL, WARPS>, smem, allowed, name)) return rc;
   if (pdl && device_facts(device).major >= 9) {  // a programmatic dependent launch (sm_90+)
-    launch_maybe_pdl(moe_route_kernel<CPL>, grid, block, smem, st, true, p);
+    launch_maybe_pdl(moe_route_kernel<CPL, WARPS>, grid, block, smem, st, true, p);
     return take_launch_error(name);
   }
 #else
   (void)device;
   (void)pdl;
   if (smem > 48 * 1024) {
-    if (cudaFuncSetAttribute((const void*)moe_route_kernel<CPL>,
+    if (cudaFuncSetAttribute((const void*)moe_route_kernel<CPL, WARPS>,
                              cudaFuncAttributeMaxDynamicSharedMemorySize, smem) != cudaSuccess)
       return take_launch_error(name);
   }
 #endif
-  moe_route_kernel<CPL><<<grid, block, smem, st>>>(p);
+  moe_route_kernel<CPL, WARPS><<<grid, block, smem, st>>>(p);
   return take_launch_error(name);
 }
 
+template <int WARPS>
 int launch_route_chunks(const RouteParams& p, int device, bool pdl, cudaStream_t st) {
-  switch (chunks_per_lane(p.H / 8)) {
-    case 1: return launch_route<1>(p, device, pdl, st);
-    case 2: return launch_route<2>(p, device, pdl, st);
-    case 4: return launch_route<4>(p, device, pdl, st);
-    case 8: return launch_route<8>(p, device, pdl, st);
-    default: return launch_route<16>(p, device, pdl, st);
+  constexpr int SPLIT = WARPS / RT_ROWS_PER_CTA;
+  switch (chunks_per_lane((p.H / 8 + SPLIT - 1) / SPLIT)) {
+    case 1: return launch_route<1, WARPS>(p, device, pdl, st);
+    case 2: return launch_route<2, WARPS>(p, device, pdl, st);
+    case 4: return launch_route<4, WARPS>(p, device, pdl, st);
+    case 8: return launch_route<8, WARPS>(p, device, pdl, st);
+    default: return launch_route<16, WARPS>(p, device, pdl, st);
   }
 }
 
@@ -325,7 +360,8 @@ int strata_gpu_moe_route(const void* x, int64_t m, int64_t H, const void* w, int
     q.x = p.x + r0 * H;
     q.weights = p.weights + r0 * p.cols;
     q.ids = p.ids + r0 * p.cols;
-    rc = launch_route_chunks(q, device, r0 == 0, st);
+    rc = q.m > 8 ? launch_route_chunks<RT_MAX_WARPS>(q, device, r0 == 0, st)
+                 : launch_route_chunks<8>(q, device, r0 == 0, st);
     if (rc) return rc;
   }
   return 0;

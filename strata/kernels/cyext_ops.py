@@ -493,7 +493,7 @@ def moe_kernel_supported(x, w_gate_up, k: int, block=None) -> bool:
 
 def moe_launch_options(pdl=None, early=None, wide=None, db=None, xsmem=None, stream=None,
                        stream_all=None, linear_stream=None, linear_pipe=None,
-                       stream_miss=None) -> dict:
+                       stream_miss=None, gate_up_pdl=None) -> dict:
     """Read or set moe_experts' launch switches on the GPU extension (process-wide; every
     setting gives the same bits): `stream` (on by default), the streamed kernels on sm_90+
     without the expert cache, or with one (see `stream_miss` for a cache that can miss), where
@@ -511,19 +511,22 @@ def moe_launch_options(pdl=None, early=None, wide=None, db=None, xsmem=None, str
     software-pipelined block loop) rather than the unpiped first version; the same bits.
     `stream_miss` (on): an expert cache that can miss runs the streamed kernels too, their bulk
     copies reading missing experts from the pinned host store (same bits; off, the per-block
-    kernels read them through mapped host memory).
+    kernels read them through mapped host memory). `gate_up_pdl` (off): the streamed gate/up
+    kernel as a programmatic dependent launch of the kernel before it (the router), so that its
+    launch overlaps the router's tail; the same bits.
     None leaves a switch as it is. Returns the switches now in force."""
     flags = _gpu.moe_set_options(-1)
     for bit, on in ((1, pdl), (2, early), (4, wide), (8, db), (16, xsmem), (32, stream),
                     (64, stream_all), (128, linear_stream), (256, linear_pipe),
-                    (1024, stream_miss)):
+                    (1024, stream_miss), (4096, gate_up_pdl)):
         if on is not None:
             flags = (flags | bit) if on else (flags & ~bit)
     _gpu.moe_set_options(flags)
     return {"pdl": bool(flags & 1), "early": bool(flags & 2), "wide": bool(flags & 4),
             "db": bool(flags & 8), "xsmem": bool(flags & 16), "stream": bool(flags & 32),
             "stream_all": bool(flags & 64), "linear_stream": bool(flags & 128),
-            "linear_pipe": bool(flags & 256), "stream_miss": bool(flags & 1024)}
+            "linear_pipe": bool(flags & 256), "stream_miss": bool(flags & 1024),
+            "gate_up_pdl": bool(flags & 4096)}
 
 
 def conv_launch_options(serial=None) -> dict:
