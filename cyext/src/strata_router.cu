@@ -35,11 +35,11 @@ using namespace strata::moe;
 
 namespace {
 
-// Weight rows per CTA in phase 1, each split over WARPS / RT_ROWS_PER_CTA warps (a share of its
-// chunks each). WARPS is 8 at every row count: with 16 above 8 rows, phase 2 (one warp per row,
-// about 7 us a pass on an H200 whatever its arithmetic) would take one pass up to 16 rows, but
-// the rows' sums would split differently by row count.
+constexpr int RT_WARPS = 8;  // warps per CTA; rows at a time in phase 2
+// Phase 1: weight rows per CTA, each split over RT_SPLIT warps (half its chunks each). The same
+// CTA shape at every row count, so a row's logit is summed in the same order in any window.
 constexpr int RT_ROWS_PER_CTA = 4;
+constexpr int RT_SPLIT = RT_WARPS / RT_ROWS_PER_CTA;
 constexpr int RT_MAX_ROWS = 32;   // x rows per launch
 constexpr int RT_MAX_EXPERTS = 1024;
 constexpr int RT_MAX_K = 32;
@@ -169,23 +169,22 @@ __device__ __forceinline__ void route_row(const RouteParams& p, int r, int lane,
 // Rows in groups of RT_GROUP: each group's MR chains run together, the groups one after
 // another in a rolled loop (the code stays small: a kernel's code is fetched cold into the SM
 // each time, and a long unrolled body cost microseconds).
-template <int CPL, int WARPS>
-__global__ void __launch_bounds__(32 * WARPS, 1) moe_route_kernel(RouteParams p) {
-  constexpr int SPLIT = WARPS / RT_ROWS_PER_CTA;  // warps per weight row
+template <int CPL>
+__global__ void __launch_bounds__(32 * RT_WARPS, 1) moe_route_kernel(RouteParams p) {
   // Dynamic shared memory: the m x rows in float32, each 16-byte chunk as two float4 in
   // separate halves of the row (lo: x_s[(2 * row) * nch + ch], hi: x_s[(2 * row + 1) * nch +
   // ch]) so that a warp's reads of consecutive chunks are consecutive 16 bytes (no bank
   // conflicts); then phase 2's probabilities, E floats per warp.
   extern __shared__ float4 x_s[];
-  __shared__ float part_s[WARPS][RT_MAX_ROWS];  // each warp's share of a row's sums
+  __shared__ float part_s[RT_WARPS][RT_MAX_ROWS];  // each warp's half of a row's sums
   __shared__ int last;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  const int e = (int)blockIdx.x * RT_ROWS_PER_CTA + warp / SPLIT;
+  const int e = (int)blockIdx.x * RT_ROWS_PER_CTA + warp / RT_SPLIT;
   const int nch = p.H / 8;
   float* p_s = (float*)(x_s + 2 * p.m * nch) + warp * p.E;
   // this warp's chunks of weight row e: [ch0, ch1), lane l taking ch0 + l, ch0 + l + 32, ...
-  const int share = (nch + SPLIT - 1) / SPLIT;
-  const int ch0 = (warp % SPLIT) * share, ch1 = ch0 + share < nch ? ch0 + share : nch;
+  const int half = (nch + RT_SPLIT - 1) / RT_SPLIT;
+  const int ch0 = (warp % RT_SPLIT) * half, ch1 = ch0 + half < nch ? ch0 + half : nch;
   pdl_launch_dependents();
   uint4 wv[CPL];
   if (e < p.R) {
@@ -200,7 +199,7 @@ __global__ void __launch_bounds__(32 * WARPS, 1) moe_route_kernel(RouteParams p)
   // flight), so the warps' dot products neither wait on a round trip per chunk nor convert x
   // again for every weight row.
   pdl_wait_primary();
-  for (int i = threadIdx.x; i < p.m * nch; i += 32 * WARPS) {
+  for (int i = threadIdx.x; i < p.m * nch; i += 32 * RT_WARPS) {
     const uint4 u = ldg16(p.x + 8 * (int64_t)i);
     const int row = i / nch, ch = i - row * nch;
     x_s[2 * row * nch + ch] =
@@ -256,14 +255,14 @@ __global__ void __launch_bounds__(32 * WARPS, 1) moe_route_kernel(RouteParams p)
     }
   }
   __syncthreads();
-  // the logit of (row r, weight row e) = bf16(the shares' sums added in order)
-  for (int i = threadIdx.x; i < RT_ROWS_PER_CTA * p.m; i += 32 * WARPS) {
+  // the logit of (row r, weight row e) = bf16(the halves' sums added in order)
+  for (int i = threadIdx.x; i < RT_ROWS_PER_CTA * p.m; i += 32 * RT_WARPS) {
     const int er = i / p.m, r = i - er * p.m;
     const int ee = (int)blockIdx.x * RT_ROWS_PER_CTA + er;
     if (ee >= p.R) continue;
-    float s = part_s[er * SPLIT][r];
+    float s = part_s[er * RT_SPLIT][r];
 #pragma unroll
-    for (int h = 1; h < SPLIT; ++h) s += part_s[er * SPLIT + h][r];
+    for (int h = 1; h < RT_SPLIT; ++h) s += part_s[er * RT_SPLIT + h][r];
     p.logits[(int64_t)r * p.R + ee] = bf16_round(s);
   }
   __threadfence();
@@ -276,43 +275,40 @@ __global__ void __launch_bounds__(32 * WARPS, 1) moe_route_kernel(RouteParams p)
 
   // Phase 2, one warp per row.
 #pragma unroll 1
-  for (int r = warp; r < p.m; r += WARPS) route_row(p, r, lane, p_s);
+  for (int r = warp; r < p.m; r += RT_WARPS) route_row(p, r, lane, p_s);
 }
 
-template <int CPL, int WARPS>
+template <int CPL>
 int launch_route(const RouteParams& p, int device, bool pdl, cudaStream_t st) {
-  const dim3 grid(ceil_div_u(p.R, RT_ROWS_PER_CTA)), block(32 * WARPS);
-  const int smem = p.m * p.H * 4 + WARPS * p.E * 4;
+  const dim3 grid(ceil_div_u(p.R, RT_ROWS_PER_CTA)), block(32 * RT_WARPS);
+  const int smem = p.m * p.H * 4 + RT_WARPS * p.E * 4;
   const char* name = "moe_route: moe_route_kernel";
 #if !STRATA_PLATFORM_HIP
   static int allowed = 0;
-  if (int rc = allow_smem(moe_route_kernel<CPL, WARPS>, smem, allowed, name)) return rc;
+  if (int rc = allow_smem(moe_route_kernel<CPL>, smem, allowed, name)) return rc;
   if (pdl && device_facts(device).major >= 9) {  // a programmatic dependent launch (sm_90+)
-    launch_maybe_pdl(moe_route_kernel<CPL, WARPS>, grid, block, smem, st, true, p);
+    launch_maybe_pdl(moe_route_kernel<CPL>, grid, block, smem, st, true, p);
     return take_launch_error(name);
   }
 #else
   (void)device;
   (void)pdl;
   if (smem > 48 * 1024) {
-    if (cudaFuncSetAttribute((const void*)moe_route_kernel<CPL, WARPS>,
+    if (cudaFuncSetAttribute((const void*)moe_route_kernel<CPL>,
                              cudaFuncAttributeMaxDynamicSharedMemorySize, smem) != cudaSuccess)
       return take_launch_error(name);
   }
 #endif
-  moe_route_kernel<CPL, WARPS><<<grid, block, smem, st>>>(p);
+  moe_route_kernel<CPL><<<grid, block, smem, st>>>(p);
   return take_launch_error(name);
 }
 
-template <int WARPS>
 int launch_route_chunks(const RouteParams& p, int device, bool pdl, cudaStream_t st) {
-  constexpr int SPLIT = WARPS / RT_ROWS_PER_CTA;
-  switch (chunks_per_lane((p.H / 8 + SPLIT - 1) / SPLIT)) {
-    case 1: return launch_route<1, WARPS>(p, device, pdl, st);
-    case 2: return launch_route<2, WARPS>(p, device, pdl, st);
-    case 4: return launch_route<4, WARPS>(p, device, pdl, st);
-    case 8: return launch_route<8, WARPS>(p, device, pdl, st);
-    default: return launch_route<16, WARPS>(p, device, pdl, st);
+  switch (chunks_per_lane((p.H / 8 + RT_SPLIT - 1) / RT_SPLIT)) {  // H <= 4096: at most 8
+    case 1: return launch_route<1>(p, device, pdl, st);
+    case 2: return launch_route<2>(p, device, pdl, st);
+    case 4: return launch_route<4>(p, device, pdl, st);
+    default: return launch_route<8>(p, device, pdl, st);
   }
 }
 
@@ -360,10 +356,7 @@ int strata_gpu_moe_route(const void* x, int64_t m, int64_t H, const void* w, int
     q.x = p.x + r0 * H;
     q.weights = p.weights + r0 * p.cols;
     q.ids = p.ids + r0 * p.cols;
-    // CTAs of 8 warps at every row count: a row's logits are summed in the same order
-    // whatever rows share the launch (16 warps above 8 rows, which splits each weight row in
-    // four rather than two, measured 17.8 against 24.2 us at 16 rows but sums in another order)
-    rc = launch_route_chunks<8>(q, device, r0 == 0, st);
+    rc = launch_route_chunks(q, device, r0 == 0, st);
     if (rc) return rc;
   }
   return 0;
