@@ -11,17 +11,17 @@
 // 14 us per MoE layer on an H200, nearly all of it launch and latency.
 //
 // Layout: phase 1, every CTA: the CTA stages the m x rows in shared memory as float32; each of
-// its 4 weight rows is split over 2 warps, each taking half its 16-byte chunks (lane l holds
-// the half's chunks l, l + 32, ..., all loads in flight at once: 129 CTAs at E = 512, so every
-// SM has a part of the bytes) and dots them with the x rows, four at a time, summing each
-// chunk's 8 products in order, the chunks in order, then a fixed butterfly over the lanes; the
-// halves are added in order and the bf16-rounded logit goes to a float32 scratch (m, R).
-// Phase 2: the CTA that finishes last (a ticket counted with atomics; it resets the ticket to
-// zero, so the next launch finds it so) runs the softmax and top-k, one warp per row: lane l
-// owns experts l, l + 32, ... in shared memory, and k rounds of a warp argmax (redux.sync on
-// sm_80+) pick the experts. At most 128 KiB of x per launch (16 rows at H = 2048; more rows
-// take several launches, the later ones plain rather than programmatic so that none overlap on
-// the ticket).
+// its 4 weight rows is split over 2 warps (4 above 8 rows, where the CTA has 16 warps), each
+// taking a share of its 16-byte chunks (lane l holds the share's chunks l, l + 32, ..., all
+// loads in flight at once: 129 CTAs at E = 512, so every SM has a part of the bytes) and dots
+// them with the x rows, four at a time, summing each chunk's 8 products in order, the chunks in
+// order, then a fixed butterfly over the lanes; the shares are added in order and the
+// bf16-rounded logit goes to a float32 scratch (m, R). Phase 2: the CTA that finishes last (a ticket counted with atomics; it
+// resets the ticket to zero, so the next launch finds it so) runs the softmax and top-k, one
+// warp per row: lane l owns experts l, l + 32, ... in shared memory, and k rounds of a warp
+// argmax (redux.sync on sm_80+) pick the experts. At most 128 KiB of x per launch (16 rows at
+// H = 2048; more rows take several launches, the later ones plain rather than programmatic so
+// that none overlap on the ticket).
 // No other kernel, no host sync: capturable.
 // Determinism: a row's logits, softmax and picks depend only on that row, so its result is the
 // same bits whatever other rows share the launch.
@@ -35,11 +35,15 @@ using namespace strata::moe;
 
 namespace {
 
-constexpr int RT_WARPS = 8;  // warps per CTA; rows at a time in phase 2
-// Phase 1: weight rows per CTA, each split over RT_SPLIT warps (half its chunks each). The same
-// CTA shape at every row count, so a row's logit is summed in the same order in any window.
+// Weight rows per CTA in phase 1, each split over WARPS / RT_ROWS_PER_CTA warps (a share of its
+// chunks each); WARPS is 8, or 16 for more than 8 rows, so that phase 2 (one warp per row, about
+// 7 us a pass on an H200 whatever its arithmetic) takes one pass up to 16 rows.
 constexpr int RT_ROWS_PER_CTA = 4;
-constexpr int RT_SPLIT = RT_WARPS / RT_ROWS_PER_CTA;
+constexpr int RT_MAX_WARPS = 16;
+// A logit's sum, in the same order in either CTA size (so a row's routing never depends on the
+// window's row count): four shares of the row's chunks, each summed over its lanes, then added
+// in share order. A warp takes two shares in CTAs of 8 warps, one in CTAs of 16.
+constexpr int RT_SHARES = 4;
 constexpr int RT_MAX_ROWS = 32;   // x rows per launch
 constexpr int RT_MAX_EXPERTS = 1024;
 constexpr int RT_MAX_K = 32;
@@ -169,37 +173,44 @@ __device__ __forceinline__ void route_row(const RouteParams& p, int r, int lane,
 // Rows in groups of RT_GROUP: each group's MR chains run together, the groups one after
 // another in a rolled loop (the code stays small: a kernel's code is fetched cold into the SM
 // each time, and a long unrolled body cost microseconds).
-template <int CPL>
-__global__ void __launch_bounds__(32 * RT_WARPS, 1) moe_route_kernel(RouteParams p) {
+template <int CPL, int WARPS>
+__global__ void __launch_bounds__(32 * WARPS, 1) moe_route_kernel(RouteParams p) {
+  constexpr int SPLIT = WARPS / RT_ROWS_PER_CTA;  // warps per weight row
+  constexpr int SPW = RT_SHARES / SPLIT;          // shares per warp
   // Dynamic shared memory: the m x rows in float32, each 16-byte chunk as two float4 in
   // separate halves of the row (lo: x_s[(2 * row) * nch + ch], hi: x_s[(2 * row + 1) * nch +
   // ch]) so that a warp's reads of consecutive chunks are consecutive 16 bytes (no bank
   // conflicts); then phase 2's probabilities, E floats per warp.
   extern __shared__ float4 x_s[];
-  __shared__ float part_s[RT_WARPS][RT_MAX_ROWS];  // each warp's half of a row's sums
+  __shared__ float part_s[RT_ROWS_PER_CTA][RT_SHARES][RT_MAX_ROWS];  // the shares' sums
   __shared__ int last;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  const int e = (int)blockIdx.x * RT_ROWS_PER_CTA + warp / RT_SPLIT;
+  const int er = warp / SPLIT, e = (int)blockIdx.x * RT_ROWS_PER_CTA + er;
   const int nch = p.H / 8;
   float* p_s = (float*)(x_s + 2 * p.m * nch) + warp * p.E;
-  // this warp's chunks of weight row e: [ch0, ch1), lane l taking ch0 + l, ch0 + l + 32, ...
-  const int half = (nch + RT_SPLIT - 1) / RT_SPLIT;
-  const int ch0 = (warp % RT_SPLIT) * half, ch1 = ch0 + half < nch ? ch0 + half : nch;
+  // share j of a weight row: chunks [j * share, (j + 1) * share), lane l taking the share's
+  // chunks l, l + 32, ...; this warp's shares are j0 .. j0 + SPW - 1
+  const int share = (nch + RT_SHARES - 1) / RT_SHARES;
+  const int j0 = (warp % SPLIT) * SPW;
   pdl_launch_dependents();
-  uint4 wv[CPL];
+  uint4 wv[SPW][CPL];
   if (e < p.R) {
     const uint16_t* wrow = p.w + (int64_t)e * p.H;
 #pragma unroll
-    for (int c = 0; c < CPL; ++c) {
-      const int ch = ch0 + lane + 32 * c;
-      wv[c] = ch < ch1 ? ldg16(wrow + 8 * ch) : make_uint4(0, 0, 0, 0);
+    for (int sh = 0; sh < SPW; ++sh) {
+      const int c0 = (j0 + sh) * share, c1 = c0 + share < nch ? c0 + share : nch;
+#pragma unroll
+      for (int c = 0; c < CPL; ++c) {
+        const int ch = c0 + lane + 32 * c;
+        wv[sh][c] = ch < c1 ? ldg16(wrow + 8 * ch) : make_uint4(0, 0, 0, 0);
+      }
     }
   }
   // x comes from the kernel before this one; the CTA stages it once in float32 (every load in
   // flight), so the warps' dot products neither wait on a round trip per chunk nor convert x
   // again for every weight row.
   pdl_wait_primary();
-  for (int i = threadIdx.x; i < p.m * nch; i += 32 * RT_WARPS) {
+  for (int i = threadIdx.x; i < p.m * nch; i += 32 * WARPS) {
     const uint4 u = ldg16(p.x + 8 * (int64_t)i);
     const int row = i / nch, ch = i - row * nch;
     x_s[2 * row * nch + ch] =
@@ -211,59 +222,63 @@ __global__ void __launch_bounds__(32 * RT_WARPS, 1) moe_route_kernel(RouteParams
   }
   __syncthreads();
   if (e < p.R) {
-    // Each warp sums its chunks in order, the 8 products of a chunk in order, then over its
-    // lanes by a fixed butterfly.
+    // Each share sums its chunks in order, the 8 products of a chunk in order, then over the
+    // lanes by a fixed butterfly: the same sums whichever warp (8 or 16 per CTA) takes it.
 #pragma unroll 1
     for (int r0 = 0; r0 < p.m; r0 += RT_GROUP) {
-      float acc[RT_GROUP];
 #pragma unroll
-      for (int r = 0; r < RT_GROUP; ++r) acc[r] = 0.f;
+      for (int sh = 0; sh < SPW; ++sh) {
+        const int c0 = (j0 + sh) * share, c1 = c0 + share < nch ? c0 + share : nch;
+        float acc[RT_GROUP];
 #pragma unroll
-      for (int c = 0; c < CPL; ++c) {
-        const int ch = ch0 + lane + 32 * c;
-        if (ch < ch1) {
-          const uint32_t wu[4] = {wv[c].x, wv[c].y, wv[c].z, wv[c].w};
-          float wf[8];
+        for (int r = 0; r < RT_GROUP; ++r) acc[r] = 0.f;
 #pragma unroll
-          for (int i = 0; i < 4; ++i) {
-            wf[2 * i] = __uint_as_float(wu[i] << 16);
-            wf[2 * i + 1] = __uint_as_float(wu[i] & 0xffff0000u);
-          }
+        for (int c = 0; c < CPL; ++c) {
+          const int ch = c0 + lane + 32 * c;
+          if (ch < c1) {
+            const uint32_t wu[4] = {wv[sh][c].x, wv[sh][c].y, wv[sh][c].z, wv[sh][c].w};
+            float wf[8];
 #pragma unroll
-          for (int r = 0; r < RT_GROUP; ++r) {
-            if (r0 + r < p.m) {
-              const float4 a = x_s[2 * (r0 + r) * nch + ch];
-              const float4 b = x_s[(2 * (r0 + r) + 1) * nch + ch];
-              float t = acc[r];
-              t = fmaf(wf[0], a.x, t);
-              t = fmaf(wf[1], a.y, t);
-              t = fmaf(wf[2], a.z, t);
-              t = fmaf(wf[3], a.w, t);
-              t = fmaf(wf[4], b.x, t);
-              t = fmaf(wf[5], b.y, t);
-              t = fmaf(wf[6], b.z, t);
-              acc[r] = fmaf(wf[7], b.w, t);
+            for (int i = 0; i < 4; ++i) {
+              wf[2 * i] = __uint_as_float(wu[i] << 16);
+              wf[2 * i + 1] = __uint_as_float(wu[i] & 0xffff0000u);
+            }
+#pragma unroll
+            for (int r = 0; r < RT_GROUP; ++r) {
+              if (r0 + r < p.m) {
+                const float4 a = x_s[2 * (r0 + r) * nch + ch];
+                const float4 b = x_s[(2 * (r0 + r) + 1) * nch + ch];
+                float t = acc[r];
+                t = fmaf(wf[0], a.x, t);
+                t = fmaf(wf[1], a.y, t);
+                t = fmaf(wf[2], a.z, t);
+                t = fmaf(wf[3], a.w, t);
+                t = fmaf(wf[4], b.x, t);
+                t = fmaf(wf[5], b.y, t);
+                t = fmaf(wf[6], b.z, t);
+                acc[r] = fmaf(wf[7], b.w, t);
+              }
             }
           }
         }
-      }
 #pragma unroll
-      for (int r = 0; r < RT_GROUP; ++r) {
-        const float s = warp_sum(acc[r]);
-        if (lane == 0 && r0 + r < p.m) part_s[warp][r0 + r] = s;
+        for (int r = 0; r < RT_GROUP; ++r) {
+          const float sum = warp_sum(acc[r]);
+          if (lane == 0 && r0 + r < p.m) part_s[er][j0 + sh][r0 + r] = sum;
+        }
       }
     }
   }
   __syncthreads();
-  // the logit of (row r, weight row e) = bf16(the halves' sums added in order)
-  for (int i = threadIdx.x; i < RT_ROWS_PER_CTA * p.m; i += 32 * RT_WARPS) {
-    const int er = i / p.m, r = i - er * p.m;
-    const int ee = (int)blockIdx.x * RT_ROWS_PER_CTA + er;
+  // the logit of (row r, weight row e) = bf16(the shares' sums added in order)
+  for (int i = threadIdx.x; i < RT_ROWS_PER_CTA * p.m; i += 32 * WARPS) {
+    const int rr = i / p.m, r = i - rr * p.m;
+    const int ee = (int)blockIdx.x * RT_ROWS_PER_CTA + rr;
     if (ee >= p.R) continue;
-    float s = part_s[er * RT_SPLIT][r];
+    float sum = part_s[rr][0][r];
 #pragma unroll
-    for (int h = 1; h < RT_SPLIT; ++h) s += part_s[er * RT_SPLIT + h][r];
-    p.logits[(int64_t)r * p.R + ee] = bf16_round(s);
+    for (int j = 1; j < RT_SHARES; ++j) sum += part_s[rr][j][r];
+    p.logits[(int64_t)r * p.R + ee] = bf16_round(sum);
   }
   __threadfence();
   __syncthreads();
@@ -275,40 +290,40 @@ __global__ void __launch_bounds__(32 * RT_WARPS, 1) moe_route_kernel(RouteParams
 
   // Phase 2, one warp per row.
 #pragma unroll 1
-  for (int r = warp; r < p.m; r += RT_WARPS) route_row(p, r, lane, p_s);
+  for (int r = warp; r < p.m; r += WARPS) route_row(p, r, lane, p_s);
 }
 
-template <int CPL>
+template <int CPL, int WARPS>
 int launch_route(const RouteParams& p, int device, bool pdl, cudaStream_t st) {
-  const dim3 grid(ceil_div_u(p.R, RT_ROWS_PER_CTA)), block(32 * RT_WARPS);
-  const int smem = p.m * p.H * 4 + RT_WARPS * p.E * 4;
+  const dim3 grid(ceil_div_u(p.R, RT_ROWS_PER_CTA)), block(32 * WARPS);
+  const int smem = p.m * p.H * 4 + WARPS * p.E * 4;
   const char* name = "moe_route: moe_route_kernel";
 #if !STRATA_PLATFORM_HIP
   static int allowed = 0;
-  if (int rc = allow_smem(moe_route_kernel<CPL>, smem, allowed, name)) return rc;
+  if (int rc = allow_smem(moe_route_kernel<CPL, WARPS>, smem, allowed, name)) return rc;
   if (pdl && device_facts(device).major >= 9) {  // a programmatic dependent launch (sm_90+)
-    launch_maybe_pdl(moe_route_kernel<CPL>, grid, block, smem, st, true, p);
+    launch_maybe_pdl(moe_route_kernel<CPL, WARPS>, grid, block, smem, st, true, p);
     return take_launch_error(name);
   }
 #else
   (void)device;
   (void)pdl;
   if (smem > 48 * 1024) {
-    if (cudaFuncSetAttribute((const void*)moe_route_kernel<CPL>,
+    if (cudaFuncSetAttribute((const void*)moe_route_kernel<CPL, WARPS>,
                              cudaFuncAttributeMaxDynamicSharedMemorySize, smem) != cudaSuccess)
       return take_launch_error(name);
   }
 #endif
-  moe_route_kernel<CPL><<<grid, block, smem, st>>>(p);
+  moe_route_kernel<CPL, WARPS><<<grid, block, smem, st>>>(p);
   return take_launch_error(name);
 }
 
+template <int WARPS>
 int launch_route_chunks(const RouteParams& p, int device, bool pdl, cudaStream_t st) {
-  switch (chunks_per_lane((p.H / 8 + RT_SPLIT - 1) / RT_SPLIT)) {  // H <= 4096: at most 8
-    case 1: return launch_route<1>(p, device, pdl, st);
-    case 2: return launch_route<2>(p, device, pdl, st);
-    case 4: return launch_route<4>(p, device, pdl, st);
-    default: return launch_route<8>(p, device, pdl, st);
+  switch (chunks_per_lane((p.H / 8 + RT_SHARES - 1) / RT_SHARES)) {  // H <= 4096: at most 4
+    case 1: return launch_route<1, WARPS>(p, device, pdl, st);
+    case 2: return launch_route<2, WARPS>(p, device, pdl, st);
+    default: return launch_route<4, WARPS>(p, device, pdl, st);
   }
 }
 
@@ -356,7 +371,8 @@ int strata_gpu_moe_route(const void* x, int64_t m, int64_t H, const void* w, int
     q.x = p.x + r0 * H;
     q.weights = p.weights + r0 * p.cols;
     q.ids = p.ids + r0 * p.cols;
-    rc = launch_route_chunks(q, device, r0 == 0, st);
+    rc = q.m > 8 ? launch_route_chunks<RT_MAX_WARPS>(q, device, r0 == 0, st)
+                 : launch_route_chunks<8>(q, device, r0 == 0, st);
     if (rc) return rc;
   }
   return 0;
