@@ -48,6 +48,14 @@ cdef extern from "strata_kernels.h" nogil:
                                int64_t dk, int64_t dv, float* out, float* snaps,
                                int final_only, int device,
                                uintptr_t stream)
+    int strata_gpu_gated_delta_prep(const void* x, int x_dtype, int64_t x_row, const void* ba,
+                                    int ba_dtype, int64_t ba_row, const float* neg_a,
+                                    const float* dt_bias, int64_t rep, float q_scale,
+                                    float eps, const float* rec_state,
+                                    int64_t state_slot_stride, int64_t nslots,
+                                    const int64_t* group_slot, int64_t ng, int64_t g,
+                                    int64_t h, int64_t dk, int64_t dv, float* out,
+                                    float* snaps, int device, uintptr_t stream)
     int strata_gpu_commit(const int64_t* accept, const int64_t* group_slot,
                           const int64_t* group_pos, int64_t ng, int64_t g, int64_t L,
                           const float* rec_snaps, int64_t rec_inner, const void* conv_snaps,
@@ -254,6 +262,74 @@ def gated_delta_window(q, k, v, g, beta, rec_state, group_slot, out, snaps, uint
         rc = strata_gpu_gated_delta(qp, qdt, kp, kdt, vp, vdt, gp, gdt, bp, bdt, sp, sss,
                                     nslots, gs, ng, rows, h, dk, dv, outp, snp, final_only,
                                     dev, stream)
+    _raise(op, rc)
+
+
+def gated_delta_window_prep(x, ba, neg_a, dt_bias, rec_state, group_slot, out, snaps,
+                            int64_t nk, int64_t dk, double q_scale, double eps,
+                            uintptr_t stream):
+    """The gated delta rule from the conv output x (NG, G, C), C >= 2 nk Dk + H Dv, laid out
+    [q | k | v ...], and the raw in_proj rows ba (NG, G, >= 2 H), per key head [b (rep) | a
+    (rep)], rep = H / nk: q and k L2-normalised (eps; q times q_scale), beta = sigmoid(b),
+    g = neg_a * softplus(a + dt_bias) (neg_a = -exp(A_log), both float32 (H,)). out
+    (NG, G, H, Dv) and snaps (NG, G, H, Dk, Dv) float32, as gated_delta_window's."""
+    op = "gated_delta_window_prep"
+    for name, t, nd in (("x", x, 3), ("ba", ba, 3), ("neg_a", neg_a, 1), ("dt_bias", dt_bias, 1),
+                        ("rec_state", rec_state, 4), ("out", out, 4), ("snaps", snaps, 5)):
+        _check_tensor(op, name, t, nd)
+    cdef int xdt = _dtype_code(op, "x", x)
+    cdef int badt = _dtype_code(op, "ba", ba)
+    for name, t in (("neg_a", neg_a), ("dt_bias", dt_bias), ("rec_state", rec_state),
+                    ("out", out), ("snaps", snaps)):
+        _dtype_code(op, name, t, (0,))
+    cdef int64_t ng = x.shape[0], rows = x.shape[1]
+    cdef int64_t h = neg_a.shape[0], dv = out.shape[3], nslots = rec_state.shape[0]
+    if nk < 1 or h % nk:
+        raise ValueError(f"{op}: {h} value heads are not a multiple of {nk} key heads")
+    if dk < 1 or dk > 256:
+        raise ValueError(f"{op}: Dk = {dk} is not in [1, 256] (the GPU kernel's range)")
+    _check_shape(op, "x", x, (ng, rows, None))
+    if x.shape[2] < 2 * nk * dk + h * dv:
+        raise ValueError(f"{op}: x has {x.shape[2]} channels, fewer than q, k and v's "
+                         f"{2 * nk * dk + h * dv}")
+    _check_shape(op, "ba", ba, (ng, rows, None))
+    if ba.shape[2] < 2 * h:
+        raise ValueError(f"{op}: ba has {ba.shape[2]} columns, fewer than b and a's {2 * h}")
+    _check_shape(op, "dt_bias", dt_bias, (h,))
+    _check_shape(op, "rec_state", rec_state, (nslots, h, dk, dv))
+    _check_shape(op, "out", out, (ng, rows, h, dv))
+    _check_shape(op, "snaps", snaps, (ng, rows, h, dk, dv))
+    for name, t in (("x", x), ("ba", ba)):
+        # rows of the (NG, G) grid at one stride: row n * G + j at (n * G + j) * stride(1)
+        if t.stride(2) != 1 or (rows > 1 and ng > 1 and t.stride(0) != rows * t.stride(1)):
+            raise ValueError(f"{op}: {name} must have unit stride in its last dimension and "
+                             f"evenly strided rows (shape {tuple(t.shape)}, strides {t.stride()})")
+    for name, t in (("neg_a", neg_a), ("dt_bias", dt_bias), ("out", out), ("snaps", snaps)):
+        _check_contiguous(op, name, t)
+    _check_inner_dense(op, "rec_state", rec_state, 1)
+    _check_index(op, "group_slot", group_slot, ng)
+    cdef int64_t x_row = x.stride(1) if rows > 1 else x.stride(0)
+    cdef int64_t ba_row = ba.stride(1) if rows > 1 else ba.stride(0)
+    cdef int dev = _device_of(op, [("x", x), ("ba", ba), ("neg_a", neg_a), ("dt_bias", dt_bias),
+                                   ("rec_state", rec_state), ("out", out), ("snaps", snaps),
+                                   ("group_slot", group_slot)])
+    cdef void* xp = _ptr(x)
+    cdef void* bap = _ptr(ba)
+    cdef float* nap = <float*>_ptr(neg_a)
+    cdef float* dtp = <float*>_ptr(dt_bias)
+    cdef float* sp = <float*>_ptr(rec_state)
+    cdef float* outp = <float*>_ptr(out)
+    cdef float* snp = <float*>_ptr(snaps)
+    cdef int64_t* gs = <int64_t*>_ptr(group_slot)
+    cdef int64_t sss = rec_state.stride(0)
+    cdef int64_t rep = h // nk
+    cdef float qs = q_scale
+    cdef float ep = eps
+    cdef int rc
+    with nogil:
+        rc = strata_gpu_gated_delta_prep(xp, xdt, x_row, bap, badt, ba_row, nap, dtp, rep, qs, ep,
+                                         sp, sss, nslots, gs, ng, rows, h, dk, dv, outp, snp,
+                                         dev, stream)
     _raise(op, rc)
 
 

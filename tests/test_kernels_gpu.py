@@ -154,6 +154,55 @@ def test_gated_delta_parity(shape, dtype):
     assert rel_err(co, ro) <= 1e-5 and rel_err(cs, rs) <= 1e-5
 
 
+def gdn_prep_case(ng, g, nk, nv, dk, dv, S, dtype, extra=5, seed=0):
+    """A conv output x (NG, G, C) with `extra` channels past v, and b/a columns as a view into
+    a wider projection output (its rows strided, as the model's split leaves them)."""
+    gen = torch.Generator(device="cpu").manual_seed(seed)
+    x = torch.randn(ng, g, 2 * nk * dk + nv * dv + extra, generator=gen)
+    proj = torch.randn(ng, g, 7 + 2 * nv + 3, generator=gen) * 3
+    neg_a = -torch.rand(nv, generator=gen) * 4
+    dt_bias = torch.randn(nv, generator=gen)
+    st = torch.randn(S + 1, nv, dk, dv, generator=gen) * 0.1
+    slots = torch.randperm(S, generator=gen)[:ng]
+    return (x.to(DEV, dtype), proj.to(DEV, dtype)[..., 7:7 + 2 * nv], neg_a.to(DEV),
+            dt_bias.to(DEV), st.to(DEV), slots.to(DEV))
+
+
+@pytest.mark.parametrize("shape", [(1, 1, 16, 32, 128, 128), (1, 2, 16, 32, 128, 128),
+                                   (8, 2, 16, 32, 128, 128), (3, 4, 2, 4, 64, 64),
+                                   (2, 3, 3, 3, 100, 33), (1, 5, 1, 2, 256, 64)])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_gated_delta_prep_parity(shape, dtype):
+    ng, g, nk, nv, dk, dv = shape
+    x, ba, neg_a, dt_bias, st, gs = gdn_prep_case(ng, g, nk, nv, dk, dv, max(ng, 2), dtype)
+    args = (x, ba, neg_a, dt_bias, st, gs, nk, dk, dk ** -0.5, 1e-6)
+    ro, rs = R.gated_delta_window_prep(*args)
+    co, cs = C.gpu_gated_delta_window_prep(*args)
+    torch.cuda.synchronize()
+    assert rel_err(co, ro) <= 2e-5 and rel_err(cs, rs) <= 2e-5
+    # a group's rows give the same bits whatever other groups share the launch
+    o1, s1 = C.gpu_gated_delta_window_prep(x[:1], ba[:1], neg_a, dt_bias, st, gs[:1], nk, dk,
+                                           dk ** -0.5, 1e-6)
+    assert torch.equal(o1, co[:1]) and torch.equal(s1, cs[:1])
+
+
+def test_graph_gated_delta_prep():
+    x, ba, neg_a, dt_bias, st, gs = gdn_prep_case(2, 2, 16, 32, 128, 128, 3, torch.bfloat16)
+    _graph_equal(lambda: C.gpu_gated_delta_window_prep(x, ba, neg_a, dt_bias, st, gs, 16, 128,
+                                                       128 ** -0.5, 1e-6), lambda o: list(o))
+
+
+def test_gated_delta_prep_bad_arguments():
+    x, ba, neg_a, dt_bias, st, gs = gdn_prep_case(2, 2, 2, 4, 64, 64, 3, torch.bfloat16)
+    with pytest.raises(ValueError, match="not a multiple of 3 key heads"):
+        C.gpu_gated_delta_window_prep(x, ba, neg_a, dt_bias, st, gs, 3, 64, 0.125, 1e-6)
+    with pytest.raises(ValueError, match="ba has"):
+        C.gpu_gated_delta_window_prep(x, ba[..., :5], neg_a, dt_bias, st, gs, 2, 64, 0.125, 1e-6)
+    with pytest.raises(TypeError, match="neg_a"):
+        C.gpu_gated_delta_window_prep(x, ba, neg_a.bfloat16(), dt_bias, st, gs, 2, 64, 0.125,
+                                      1e-6)
+
+
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 def test_causal_conv_parity(dtype):
     ng, g, c, kw, S = 3, 5, 300, 4, 4

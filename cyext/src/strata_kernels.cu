@@ -773,15 +773,26 @@ struct GdnParams {
   int64_t state_slot_stride, nslots;
   int g, h, dk, dv, q_dtype, k_dtype, v_dtype, g_dtype, b_dtype;
   int final_only;  // snaps is (NG, H, Dk, Dv): the state after the last row only (prompt chunks)
+  // The prepared form (gdn_kernel<KPT, true>, gated_delta_window_prep): q points at the conv
+  // output, rows of x_row elements [q (H / rep key heads x Dk) | k (the same) | v (H x Dv) ...];
+  // beta and gate at the raw in_proj rows of ba_row elements, per key head [b (rep) | a (rep)];
+  // the kernel L2-normalises q and k (q also times q_scale), and takes beta = sigmoid(b) and
+  // g = neg_a[h] * softplus(a + dt_bias[h]), which the model's own ops did in five kernels.
+  int rep;
+  int64_t x_row, ba_row;
+  const float* neg_a;    // (H,) -exp(A_log)
+  const float* dt_bias;  // (H,)
+  float q_scale, eps;
 };
 
 constexpr int GDN_GROUPS = 8;  // 8 groups of 32 threads split Dk; 32 lanes = 32 Dv columns
 
-template <int KPT>
+template <int KPT, bool PREP>
 __global__ void __launch_bounds__(256) gdn_kernel(GdnParams p) {
   constexpr int KT = GDN_GROUPS * KPT;
   __shared__ float qs[2][KT];
   __shared__ float ks[2][KT];
+  __shared__ float sumsq[2][2][GDN_GROUPS];  // PREP: each warp's sums of q^2 and k^2, by row parity
   __shared__ float red[GDN_GROUPS][32];
   __shared__ float red2[GDN_GROUPS][32];
   const int vt = blockIdx.x, hh = blockIdx.y, n = blockIdx.z;
@@ -802,13 +813,27 @@ __global__ void __launch_bounds__(256) gdn_kernel(GdnParams p) {
   // prompt chunk's 64 rows were bound by each row's load latency.
   float qn = 0.f, kn = 0.f, gn = 0.f, bn = 0.f, vn = 0.f;
   auto fetch = [&](int j) {
-    const int64_t r = ((int64_t)n * p.g + j) * p.h + hh;
     const bool ok = tid < p.dk;
-    qn = ok ? load_as_float(p.q, p.q_dtype, r * p.dk + tid) : 0.f;
-    kn = ok ? load_as_float(p.k, p.k_dtype, r * p.dk + tid) : 0.f;
-    gn = load_as_float(p.gate, p.g_dtype, r);
-    bn = load_as_float(p.beta, p.b_dtype, r);
-    vn = vok ? load_as_float(p.v, p.v_dtype, r * p.dv + v) : 0.f;
+    if (PREP) {
+      const int64_t row = (int64_t)n * p.g + j;
+      const int kh = hh / p.rep, nk = p.h / p.rep;
+      const int64_t x0 = row * p.x_row;
+      qn = ok ? load_as_float(p.q, p.q_dtype, x0 + (int64_t)kh * p.dk + tid) : 0.f;
+      kn = ok ? load_as_float(p.q, p.q_dtype, x0 + (int64_t)(nk + kh) * p.dk + tid) : 0.f;
+      vn = vok ? load_as_float(p.q, p.q_dtype, x0 + 2ll * nk * p.dk + (int64_t)hh * p.dv + v)
+               : 0.f;
+      const int64_t b0 = row * p.ba_row + (int64_t)kh * 2 * p.rep + (hh - kh * p.rep);
+      bn = 1.f / (1.f + expf(-load_as_float(p.beta, p.b_dtype, b0)));
+      const float a = load_as_float(p.gate, p.g_dtype, b0 + p.rep) + p.dt_bias[hh];
+      gn = p.neg_a[hh] * (a > 20.f ? a : log1pf(expf(a)));  // softplus, torch's threshold
+    } else {
+      const int64_t r = ((int64_t)n * p.g + j) * p.h + hh;
+      qn = ok ? load_as_float(p.q, p.q_dtype, r * p.dk + tid) : 0.f;
+      kn = ok ? load_as_float(p.k, p.k_dtype, r * p.dk + tid) : 0.f;
+      gn = load_as_float(p.gate, p.g_dtype, r);
+      bn = load_as_float(p.beta, p.b_dtype, r);
+      vn = vok ? load_as_float(p.v, p.v_dtype, r * p.dv + v) : 0.f;
+    }
   };
   if (p.g > 0) fetch(0);
   for (int j = 0; j < p.g; ++j) {
@@ -817,6 +842,18 @@ __global__ void __launch_bounds__(256) gdn_kernel(GdnParams p) {
     if (tid < KT) {
       qs[buf][tid] = qn;
       ks[buf][tid] = kn;
+    }
+    if (PREP) {  // (threads at and past Dk hold zeros)
+      float sq = qn * qn, sk = kn * kn;
+#pragma unroll
+      for (int o = 16; o > 0; o >>= 1) {
+        sq += STRATA_SHFL_XOR(sq, o, 32);
+        sk += STRATA_SHFL_XOR(sk, o, 32);
+      }
+      if (lane == 0) {
+        sumsq[buf][0][w] = sq;
+        sumsq[buf][1][w] = sk;
+      }
     }
     const float decay = expf(gn);
     const float b = bn;
@@ -829,6 +866,18 @@ __global__ void __launch_bounds__(256) gdn_kernel(GdnParams p) {
       for (int ww = 0; ww < GDN_GROUPS; ++ww) acc += red2[ww][lane];
       p.out[prev_row * p.dv + v] = acc;
     }
+    // PREP: q and k are used raw and the row's norms applied to the sums they enter
+    float iq = 1.f, ik = 1.f;
+    if (PREP) {
+      float sq = 0.f, sk = 0.f;
+#pragma unroll
+      for (int ww = 0; ww < GDN_GROUPS; ++ww) {
+        sq += sumsq[buf][0][ww];
+        sk += sumsq[buf][1][ww];
+      }
+      iq = rsqrtf(sq + p.eps) * p.q_scale;
+      ik = rsqrtf(sk + p.eps);
+    }
     float kvp = 0.f;
 #pragma unroll
     for (int i = 0; i < KPT; ++i) {
@@ -840,7 +889,9 @@ __global__ void __launch_bounds__(256) gdn_kernel(GdnParams p) {
     float kvm = 0.f;
 #pragma unroll
     for (int ww = 0; ww < GDN_GROUPS; ++ww) kvm += red[ww][lane];
-    const float delta = (vv - kvm) * b;
+    if (PREP) kvm *= ik;
+    float delta = (vv - kvm) * b;
+    if (PREP) delta *= ik;  // s += (k ik) delta
     float op = 0.f;
     float* snap = p.snaps + row * (int64_t)p.dk * p.dv;
     const bool write_snap = vok && !p.final_only;
@@ -851,7 +902,7 @@ __global__ void __launch_bounds__(256) gdn_kernel(GdnParams p) {
       op += qs[buf][kk] * s[i];
       if (write_snap && kk < p.dk) snap[(int64_t)kk * p.dv + v] = s[i];
     }
-    red2[w][lane] = op;
+    red2[w][lane] = PREP ? op * iq : op;
     prev_row = row;
   }
   if (p.final_only && vok) {
@@ -1093,6 +1144,20 @@ int launch_simt(AttnParams& p, int ng, cudaStream_t stream) {
   return take_launch_error("grouped_window_attention: attn_simt_kernel");
 }
 
+template <bool PREP>
+int launch_gdn(const GdnParams& p, int64_t ng, uintptr_t stream, const char* what) {
+  dim3 grid(ceil_div_u(p.dv, 32), (unsigned)p.h, (unsigned)ng);
+  cudaStream_t st = (cudaStream_t)stream;
+  const int kpt = (p.dk + GDN_GROUPS - 1) / GDN_GROUPS;
+  if (kpt <= 1) gdn_kernel<1, PREP><<<grid, 256, 0, st>>>(p);
+  else if (kpt <= 2) gdn_kernel<2, PREP><<<grid, 256, 0, st>>>(p);
+  else if (kpt <= 4) gdn_kernel<4, PREP><<<grid, 256, 0, st>>>(p);
+  else if (kpt <= 8) gdn_kernel<8, PREP><<<grid, 256, 0, st>>>(p);
+  else if (kpt <= 16) gdn_kernel<16, PREP><<<grid, 256, 0, st>>>(p);
+  else gdn_kernel<32, PREP><<<grid, 256, 0, st>>>(p);
+  return take_launch_error(what);
+}
+
 }  // namespace
 
 // ================================================================================================
@@ -1305,16 +1370,52 @@ int strata_gpu_gated_delta(const void* q, int q_dtype, const void* k, int k_dtyp
   p.g_dtype = g_dtype;
   p.b_dtype = b_dtype;
   p.final_only = final_only;
-  dim3 grid(ceil_div_u(dv, 32), (unsigned)h, (unsigned)ng);
-  cudaStream_t st = (cudaStream_t)stream;
-  const int64_t kpt = (dk + GDN_GROUPS - 1) / GDN_GROUPS;
-  if (kpt <= 1) gdn_kernel<1><<<grid, 256, 0, st>>>(p);
-  else if (kpt <= 2) gdn_kernel<2><<<grid, 256, 0, st>>>(p);
-  else if (kpt <= 4) gdn_kernel<4><<<grid, 256, 0, st>>>(p);
-  else if (kpt <= 8) gdn_kernel<8><<<grid, 256, 0, st>>>(p);
-  else if (kpt <= 16) gdn_kernel<16><<<grid, 256, 0, st>>>(p);
-  else gdn_kernel<32><<<grid, 256, 0, st>>>(p);
-  return take_launch_error("gated_delta_window: gdn_kernel");
+  p.rep = 1;
+  p.x_row = p.ba_row = 0;
+  p.neg_a = p.dt_bias = nullptr;
+  p.q_scale = 1.f;
+  p.eps = 0.f;
+  return launch_gdn<false>(p, ng, stream, "gated_delta_window: gdn_kernel");
+}
+
+int strata_gpu_gated_delta_prep(const void* x, int x_dtype, int64_t x_row, const void* ba,
+                                int ba_dtype, int64_t ba_row, const float* neg_a,
+                                const float* dt_bias, int64_t rep, float q_scale, float eps,
+                                const float* rec_state, int64_t sss, int64_t nslots,
+                                const int64_t* group_slot, int64_t ng, int64_t g, int64_t h,
+                                int64_t dk, int64_t dv, float* out, float* snaps, int device,
+                                uintptr_t stream) {
+  int rc = use_device(device);
+  if (rc) return rc;
+  if (ng * g * h == 0) return 0;
+  if (dk < 1 || dk > 32 * GDN_GROUPS || dv < 1 || rep < 1 || h % rep) {
+    g_last_kernel = "gated_delta_window_prep (Dk must be in [1, 256], H a multiple of rep)";
+    return (int)cudaErrorInvalidValue;
+  }
+  GdnParams p;
+  p.q = p.k = p.v = x;
+  p.gate = p.beta = ba;
+  p.state = rec_state;
+  p.out = out;
+  p.snaps = snaps;
+  p.group_slot = group_slot;
+  p.state_slot_stride = sss;
+  p.nslots = nslots;
+  p.g = (int)g;
+  p.h = (int)h;
+  p.dk = (int)dk;
+  p.dv = (int)dv;
+  p.q_dtype = p.k_dtype = p.v_dtype = x_dtype;
+  p.g_dtype = p.b_dtype = ba_dtype;
+  p.final_only = 0;
+  p.rep = (int)rep;
+  p.x_row = x_row;
+  p.ba_row = ba_row;
+  p.neg_a = neg_a;
+  p.dt_bias = dt_bias;
+  p.q_scale = q_scale;
+  p.eps = eps;
+  return launch_gdn<true>(p, ng, stream, "gated_delta_window_prep: gdn_kernel");
 }
 
 int strata_gpu_commit(const int64_t* accept, const int64_t* group_slot, const int64_t* group_pos,

@@ -64,6 +64,17 @@ int strata_gpu_gated_delta(const void* q, int q_dtype, const void* k, int k_dtyp
                            int64_t h, int64_t dk, int64_t dv, float* out, float* snaps,
                            int final_only, int device, uintptr_t stream);
 
+// The gated delta rule from the window's conv output and raw in_proj b/a rows: q and k
+// L2-normalised (q times q_scale), beta = sigmoid(b), g = neg_a * softplus(a + dt_bias) in the
+// kernel (GdnParams' prepared form in strata_kernels.cu for the layouts).
+int strata_gpu_gated_delta_prep(const void* x, int x_dtype, int64_t x_row, const void* ba,
+                                int ba_dtype, int64_t ba_row, const float* neg_a,
+                                const float* dt_bias, int64_t rep, float q_scale, float eps,
+                                const float* rec_state, int64_t state_slot_stride,
+                                int64_t nslots, const int64_t* group_slot, int64_t ng, int64_t g,
+                                int64_t h, int64_t dk, int64_t dv, float* out, float* snaps,
+                                int device, uintptr_t stream);
+
 int strata_gpu_commit(const int64_t* accept, const int64_t* group_slot, const int64_t* group_pos,
                       int64_t ng, int64_t g, int64_t L, const float* rec_snaps, int64_t rec_inner,
                       const void* conv_snaps, int snap_dtype, int64_t conv_inner,

@@ -16,10 +16,10 @@
 // loads in flight at once: 129 CTAs at E = 512, so every SM has a part of the bytes) and dots
 // them with the x rows, four at a time, summing each chunk's 8 products in order, the chunks in
 // order, then a fixed butterfly over the lanes; the shares are added in order and the
-// bf16-rounded logit goes to a float32 scratch (m, R). Phase 2: the CTA that finishes last (a ticket counted with atomics; it
-// resets the ticket to zero, so the next launch finds it so) runs the softmax and top-k, one
-// warp per row: lane l owns experts l, l + 32, ... in shared memory, and k rounds of a warp
-// argmax (redux.sync on sm_80+) pick the experts. At most 128 KiB of x per launch (16 rows at
+// bf16-rounded logit goes to a float32 scratch (m, R). Phase 2: the CTA that finishes last (a
+// ticket counted with atomics; it resets the ticket to zero, so the next launch finds it so)
+// runs the softmax and top-k, one warp per row: lane l owns experts l, l + 32, ... in shared
+// memory, and k rounds of a warp argmax (redux.sync on sm_80+) pick the experts. At most 128 KiB of x per launch (16 rows at
 // H = 2048; more rows take several launches, the later ones plain rather than programmatic so
 // that none overlap on the ticket).
 // No other kernel, no host sync: capturable.

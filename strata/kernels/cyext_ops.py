@@ -437,6 +437,27 @@ def gpu_gated_delta_window(q, k, v, g, beta, rec_state, group_slot, *, out=None,
     return out, snaps
 
 
+def gpu_gated_delta_window_prep(x, ba, neg_a, dt_bias, rec_state, group_slot, nk, dk, q_scale,
+                                eps, *, snaps=None):
+    """reference.gated_delta_window_prep in one kernel (the norms, gates and rule)."""
+    if _compiling():
+        if snaps is None:
+            return torch.ops.strata.gated_delta_window_prep(x, ba, neg_a, dt_bias, rec_state,
+                                                            group_slot, nk, dk, q_scale, eps)
+        return (torch.ops.strata.gated_delta_window_prep_into(
+            x, ba, neg_a, dt_bias, rec_state, group_slot, nk, dk, q_scale, eps, snaps), snaps)
+    ng, rows, _ = x.shape
+    h, dv = neg_a.shape[0], rec_state.shape[-1]
+    group_slot = _index(group_slot)
+    _validate_slots("gated_delta_window_prep", group_slot, rec_state.shape[0])
+    out = torch.empty(ng, rows, h, dv, dtype=torch.float32, device=x.device)
+    if snaps is None:
+        snaps = torch.empty(ng, rows, h, dk, dv, dtype=torch.float32, device=x.device)
+    _gpu.gated_delta_window_prep(x, ba, neg_a, dt_bias, rec_state, group_slot, out, snaps,
+                                 int(nk), int(dk), float(q_scale), float(eps), _stream(x))
+    return out, snaps
+
+
 def gpu_chunk_gated_delta(q, k, v, g, beta, initial_state, chunk: int = 64):
     """reference.chunk_gated_delta on the decode kernel's recurrence: one launch per layer,
     where the chunked reference ran batched triangular solves and a few hundred kernels (the
@@ -714,6 +735,7 @@ GPU_OPS = {
     "grouped_window_attention": gpu_grouped_window_attention,
     "causal_conv_window": gpu_causal_conv_window,
     "gated_delta_window": gpu_gated_delta_window,
+    "gated_delta_window_prep": gpu_gated_delta_window_prep,
     "commit_accepted": gpu_commit_accepted,
     "chunk_gated_delta": gpu_chunk_gated_delta,
     "moe_experts": gpu_moe_experts,
@@ -734,7 +756,7 @@ Tensor = torch.Tensor  # module level: the custom-op schemas are inferred from t
 
 def _eager(name: str, device: torch.device):
     table = GPU_OPS if device.type == "cuda" else CPU_OPS
-    return table[name]
+    return table[name] if name in table else getattr(reference, name)
 
 
 def _register_custom_ops() -> None:
@@ -791,6 +813,32 @@ def _register_custom_ops() -> None:
     def _(q, k, v, g, beta, rec_state, group_slot, snaps):
         ng, rows, h, _ = k.shape
         return q.new_empty(ng, rows, h, v.shape[-1], dtype=torch.float32)
+
+    @torch.library.custom_op("strata::gated_delta_window_prep", mutates_args=())
+    def _gdn_prep(x: Tensor, ba: Tensor, neg_a: Tensor, dt_bias: Tensor, rec_state: Tensor,
+                  group_slot: Tensor, nk: int, dk: int, q_scale: float,
+                  eps: float) -> tuple[Tensor, Tensor]:
+        return _eager("gated_delta_window_prep", x.device)(x, ba, neg_a, dt_bias, rec_state,
+                                                           group_slot, nk, dk, q_scale, eps)
+
+    @_gdn_prep.register_fake
+    def _(x, ba, neg_a, dt_bias, rec_state, group_slot, nk, dk, q_scale, eps):
+        ng, rows, _ = x.shape
+        h, dv = neg_a.shape[0], rec_state.shape[-1]
+        return (x.new_empty(ng, rows, h, dv, dtype=torch.float32),
+                x.new_empty(ng, rows, h, dk, dv, dtype=torch.float32))
+
+    @torch.library.custom_op("strata::gated_delta_window_prep_into", mutates_args=("snaps",))
+    def _gdn_prep_into(x: Tensor, ba: Tensor, neg_a: Tensor, dt_bias: Tensor, rec_state: Tensor,
+                       group_slot: Tensor, nk: int, dk: int, q_scale: float, eps: float,
+                       snaps: Tensor) -> Tensor:
+        return _eager("gated_delta_window_prep", x.device)(
+            x, ba, neg_a, dt_bias, rec_state, group_slot, nk, dk, q_scale, eps, snaps=snaps)[0]
+
+    @_gdn_prep_into.register_fake
+    def _(x, ba, neg_a, dt_bias, rec_state, group_slot, nk, dk, q_scale, eps, snaps):
+        ng, rows, _ = x.shape
+        return x.new_empty(ng, rows, neg_a.shape[0], rec_state.shape[-1], dtype=torch.float32)
 
     @torch.library.custom_op("strata::commit_accepted",
                              mutates_args=("rec_state", "conv_state", "slot_pos"))

@@ -106,6 +106,34 @@ def gated_delta_window(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: tor
     return torch.stack(outs, 1), snaps
 
 
+def gated_delta_window_prep(x: torch.Tensor, ba: torch.Tensor, neg_a: torch.Tensor,
+                            dt_bias: torch.Tensor, rec_state: torch.Tensor,
+                            group_slot: torch.Tensor, nk: int, dk: int, q_scale: float,
+                            eps: float, *, snaps: Optional[torch.Tensor] = None
+                            ) -> tuple[torch.Tensor, torch.Tensor]:
+    """gated_delta_window from the layer's raw inputs, as GatedDeltaNet prepares them.
+
+    x: the conv output (NG, G, C), channels [q (nk x Dk) | k (nk x Dk) | v (H x Dv) ...];
+    ba: the in_proj's b/a columns (NG, G, >= 2H), per key head [b (rep) | a (rep)], rep =
+    H / nk; neg_a = -exp(A_log) and dt_bias: float32 (H,). q and k are L2-normalised (q times
+    q_scale), beta = sigmoid(b), g = neg_a * softplus(a + dt_bias), all in float32; then
+    gated_delta_window (its out and snapshots; `snaps` as there)."""
+    ng, rows, _ = x.shape
+    h, dv = neg_a.shape[0], rec_state.shape[-1]
+    rep = h // nk
+    q = x[..., :nk * dk].reshape(ng, rows, nk, dk).float()
+    k = x[..., nk * dk:2 * nk * dk].reshape(ng, rows, nk, dk).float()
+    v = x[..., 2 * nk * dk:2 * nk * dk + h * dv].reshape(ng, rows, h, dv)
+    q = q * torch.rsqrt((q * q).sum(-1, keepdim=True) + eps) * q_scale
+    k = k * torch.rsqrt((k * k).sum(-1, keepdim=True) + eps)
+    if rep > 1:
+        q, k = q.repeat_interleave(rep, dim=2), k.repeat_interleave(rep, dim=2)
+    bav = ba[..., :2 * h].float().reshape(ng, rows, nk, 2 * rep)
+    beta = torch.sigmoid(bav[..., :rep].reshape(ng, rows, h))
+    g = neg_a * F.softplus(bav[..., rep:].reshape(ng, rows, h) + dt_bias)
+    return gated_delta_window(q, k, v, g, beta, rec_state, group_slot, snaps=snaps)
+
+
 def commit_accepted(accept: torch.Tensor, group_slot: torch.Tensor, group_pos: torch.Tensor,
                     rec_snaps: torch.Tensor, conv_snaps: torch.Tensor, rec_state: torch.Tensor,
                     conv_state: torch.Tensor, slot_pos: torch.Tensor) -> None:

@@ -396,7 +396,11 @@ def chunk_rule(q, k, v, g, beta, initial_state):
     return core.clone(memory_format=torch.contiguous_format), state
 
 
-def l2norm(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
+#: the epsilon of the gated delta rule's q/k L2 norms (the checkpoint's convention)
+L2NORM_EPS = 1e-6
+
+
+def l2norm(x: torch.Tensor, eps: float = L2NORM_EPS) -> torch.Tensor:
     return x * torch.rsqrt((x * x).sum(-1, keepdim=True) + eps)
 
 
@@ -422,14 +426,21 @@ class GatedDeltaNet(nn.Module):
         self.w_in: Optional[torch.Tensor] = None  # fused by fuse_for_inference()
         self.s_in: Optional[torch.Tensor] = None  # its FP8 block scales (None: float weights)
         self.in_block: Optional[tuple[int, int]] = None
+        #: -exp(A_log) and dt_bias in float32 for ops.gated_delta_window_prep (fused)
+        self.neg_a: Optional[torch.Tensor] = None
+        self.dt_bias_f: Optional[torch.Tensor] = None
 
     def fuse_for_inference(self) -> None:
         fused = fuse_projections([self.in_proj_qkvz, self.in_proj_ba])
         if fused is not None:
             self.w_in, self.s_in, self.in_block = fused
+        with torch.no_grad():
+            self.neg_a = -self.A_log.detach().float().exp()
+            self.dt_bias_f = self.dt_bias.detach().float().contiguous()
 
-    def _project(self, x: torch.Tensor):
-        """Split the fused projections in the checkpoint's per-key-head interleaved order."""
+    def _project_raw(self, x: torch.Tensor):
+        """(mixed, z, ba): the conv's input [q | k | v] gathered from the checkpoint's per-key-head
+        interleaved order, z per value head, and the raw b/a columns (per key head [b | a])."""
         lead = x.shape[:-1]
         r = self.nv // self.nk
         if self.w_in is not None:
@@ -438,9 +449,19 @@ class GatedDeltaNet(nn.Module):
             qkvz, ba = self.in_proj_qkvz(x), self.in_proj_ba(x)
         qkvz = qkvz.view(*lead, self.nk, 2 * self.dk + 2 * r * self.dv)
         q, k, v, z = qkvz.split([self.dk, self.dk, r * self.dv, r * self.dv], dim=-1)
-        b, a = ba.view(*lead, self.nk, 2 * r).split([r, r], dim=-1)
         mixed = torch.cat([q.reshape(*lead, -1), k.reshape(*lead, -1), v.reshape(*lead, -1)], -1)
-        return mixed, z.reshape(*lead, self.nv, self.dv), b.reshape(*lead, self.nv), a.reshape(*lead, self.nv)
+        return mixed, z.reshape(*lead, self.nv, self.dv), ba
+
+    def _split_ba(self, ba: torch.Tensor):
+        lead = ba.shape[:-1]
+        r = self.nv // self.nk
+        b, a = ba.view(*lead, self.nk, 2 * r).split([r, r], dim=-1)
+        return b.reshape(*lead, self.nv), a.reshape(*lead, self.nv)
+
+    def _project(self, x: torch.Tensor):
+        """Split the fused projections in the checkpoint's per-key-head interleaved order."""
+        mixed, z, ba = self._project_raw(x)
+        return (mixed, z) + self._split_ba(ba)
 
     def _heads(self, mixed: torch.Tensor, b: torch.Tensor, a: torch.Tensor):
         lead = mixed.shape[:-1]
@@ -488,10 +509,16 @@ class GatedDeltaNet(nn.Module):
         """Window grid x (NG, G, H); states of this layer for all lanes (read, not written).
         rec_out: where the per-row state snapshots go (this layer's slice of the window's
         stacked snapshots, so that they are written once and never copied); None allocates."""
-        mixed, z, b, a = self._project(x)
+        mixed, z, ba = self._project_raw(x)
         weight = self.conv1d.weight[:, 0, :]
         mixed, conv_snaps = ops.causal_conv_window(mixed, conv_state, weight, group_slot)
-        q, k, v, g, beta = self._heads(mixed, b, a)
+        if self.neg_a is not None and ops.native("gated_delta_window_prep"):
+            # the norms and gates inside the rule's kernel: five fewer kernels a layer
+            core, rec_snaps = ops.gated_delta_window_prep(
+                mixed, ba, self.neg_a, self.dt_bias_f, rec_state, group_slot, self.nk, self.dk,
+                self.dk ** -0.5, L2NORM_EPS, snaps=rec_out)
+            return self._out(core, z, x.dtype), conv_snaps, rec_snaps
+        q, k, v, g, beta = self._heads(mixed, *self._split_ba(ba))
         if rec_out is None:
             core, rec_snaps = ops.gated_delta_window(q, k, v, g, beta, rec_state, group_slot)
         else:
