@@ -1144,6 +1144,29 @@ int launch_simt(AttnParams& p, int ng, cudaStream_t stream) {
   return take_launch_error("grouped_window_attention: attn_simt_kernel");
 }
 
+// The fields both gated-delta entry points set alike (the plain form's prep fields neutral).
+GdnParams gdn_params(const float* rec_state, int64_t sss, int64_t nslots, const int64_t* group_slot,
+                     int64_t g, int64_t h, int64_t dk, int64_t dv, float* out, float* snaps) {
+  GdnParams p;
+  p.state = rec_state;
+  p.out = out;
+  p.snaps = snaps;
+  p.group_slot = group_slot;
+  p.state_slot_stride = sss;
+  p.nslots = nslots;
+  p.g = (int)g;
+  p.h = (int)h;
+  p.dk = (int)dk;
+  p.dv = (int)dv;
+  p.final_only = 0;
+  p.rep = 1;
+  p.x_row = p.ba_row = 0;
+  p.neg_a = p.dt_bias = nullptr;
+  p.q_scale = 1.f;
+  p.eps = 0.f;
+  return p;
+}
+
 template <bool PREP>
 int launch_gdn(const GdnParams& p, int64_t ng, uintptr_t stream, const char* what) {
   dim3 grid(ceil_div_u(p.dv, 32), (unsigned)p.h, (unsigned)ng);
@@ -1348,33 +1371,18 @@ int strata_gpu_gated_delta(const void* q, int q_dtype, const void* k, int k_dtyp
     g_last_kernel = "gated_delta_window (Dk must be in [1, 256])";
     return (int)cudaErrorInvalidValue;
   }
-  GdnParams p;
+  GdnParams p = gdn_params(rec_state, sss, nslots, group_slot, g, h, dk, dv, out, snaps);
   p.q = q;
   p.k = k;
   p.v = v;
   p.gate = gate;
   p.beta = beta;
-  p.state = rec_state;
-  p.out = out;
-  p.snaps = snaps;
-  p.group_slot = group_slot;
-  p.state_slot_stride = sss;
-  p.nslots = nslots;
-  p.g = (int)g;
-  p.h = (int)h;
-  p.dk = (int)dk;
-  p.dv = (int)dv;
   p.q_dtype = q_dtype;
   p.k_dtype = k_dtype;
   p.v_dtype = v_dtype;
   p.g_dtype = g_dtype;
   p.b_dtype = b_dtype;
   p.final_only = final_only;
-  p.rep = 1;
-  p.x_row = p.ba_row = 0;
-  p.neg_a = p.dt_bias = nullptr;
-  p.q_scale = 1.f;
-  p.eps = 0.f;
   return launch_gdn<false>(p, ng, stream, "gated_delta_window: gdn_kernel");
 }
 
@@ -1392,22 +1400,11 @@ int strata_gpu_gated_delta_prep(const void* x, int x_dtype, int64_t x_row, const
     g_last_kernel = "gated_delta_window_prep (Dk must be in [1, 256], H a multiple of rep)";
     return (int)cudaErrorInvalidValue;
   }
-  GdnParams p;
+  GdnParams p = gdn_params(rec_state, sss, nslots, group_slot, g, h, dk, dv, out, snaps);
   p.q = p.k = p.v = x;
   p.gate = p.beta = ba;
-  p.state = rec_state;
-  p.out = out;
-  p.snaps = snaps;
-  p.group_slot = group_slot;
-  p.state_slot_stride = sss;
-  p.nslots = nslots;
-  p.g = (int)g;
-  p.h = (int)h;
-  p.dk = (int)dk;
-  p.dv = (int)dv;
   p.q_dtype = p.k_dtype = p.v_dtype = x_dtype;
   p.g_dtype = p.b_dtype = ba_dtype;
-  p.final_only = 0;
   p.rep = (int)rep;
   p.x_row = x_row;
   p.ba_row = ba_row;
