@@ -58,28 +58,45 @@ class GatedRMSNorm(nn.Module):
 
 
 class Rotary(nn.Module):
-    """Partial rotary embedding: the first `rotary_dim` channels of each head rotate."""
+    """Partial rotary embedding: the first `rotary_dim` channels of each head rotate.
+
+    The tables span the whole head (D channels), so that the rotation is one expression
+    (apply_rotary), not slices and concatenations, which the compiler lowered to a kernel each:
+    cos is 1 and sin 0 past rotary_dim, and sin carries rotate-half's sign (negative in the
+    first half), so x * cos + rotate_half(x) * sin is x's rotation, the same values as the sliced
+    form (x + 0 exactly where nothing rotates)."""
 
     def __init__(self, args: ModelArgs):
         super().__init__()
         rd = args.rotary_dim
         inv = 1.0 / (args.rope_theta ** (torch.arange(0, rd, 2, dtype=torch.float32) / rd))
         self.register_buffer("inv_freq", inv, persistent=False)
+        self.pad = args.head_dim - rd
 
     def forward(self, pos: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos, sin (*pos.shape, D) in `dtype` (see the class)."""
         freqs = pos.float()[..., None] * self.inv_freq
-        emb = torch.cat([freqs, freqs], dim=-1)
-        return emb.cos().to(dtype), emb.sin().to(dtype)
+        fc, fs, ones = freqs.cos(), freqs.sin(), freqs.new_ones(*freqs.shape[:-1], self.pad)
+        cos = torch.cat([fc, fc, ones], dim=-1)
+        sin = torch.cat([-fs, fs, ones * 0], dim=-1)
+        return cos.to(dtype), sin.to(dtype)
 
 
-def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """x (..., heads, D); cos/sin (..., rotary_dim) broadcast over heads."""
-    rd = cos.shape[-1]
-    cos, sin = cos.unsqueeze(-2), sin.unsqueeze(-2)
-    rot, keep = x[..., :rd], x[..., rd:]
-    half = rd // 2
-    rotated = torch.cat([-rot[..., half:], rot[..., :half]], dim=-1)
-    return torch.cat([rot * cos + rotated * sin, keep], dim=-1)
+def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, rd: int) -> torch.Tensor:
+    """x (..., heads, D); cos/sin (..., D) from Rotary, broadcast over heads; rd: rotary_dim.
+    rotate_half swaps the halves of the first rd channels (sin carries the sign); where rd
+    divides D every rd-block's halves swap, the blocks past the first meeting sin = 0, so it is a
+    view and a flip (index arithmetic in a compiled kernel), else a gather."""
+    d = x.shape[-1]
+    if rd == 0:
+        return x
+    if d % rd == 0:
+        swapped = x.unflatten(-1, (d // rd, 2, rd // 2)).flip(-2).flatten(-3)
+    else:
+        half = rd // 2
+        perm = torch.cat([torch.arange(half, rd), torch.arange(half), torch.arange(rd, d)])
+        swapped = x[..., perm.to(x.device)]
+    return x * cos.unsqueeze(-2) + swapped * sin.unsqueeze(-2)
 
 
 class MLP(nn.Module):
@@ -346,6 +363,7 @@ class Attention(nn.Module):
         super().__init__()
         self.hq, self.hkv, self.d = args.num_attention_heads, args.num_key_value_heads, args.head_dim
         self.scale = self.d ** -0.5
+        self.rd = args.rotary_dim
         h = args.hidden_size
         self.q_proj = nn.Linear(h, self.hq * self.d * 2, bias=False)
         self.k_proj = nn.Linear(h, self.hkv * self.d, bias=False)
@@ -365,11 +383,12 @@ class Attention(nn.Module):
         else:
             qg, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
         q, gate = qg.view(*lead, self.hq, 2 * self.d).chunk(2, dim=-1)
-        q = apply_rotary(self.q_norm(q), cos, sin)
-        k = apply_rotary(self.k_norm(k.view(*lead, self.hkv, self.d)), cos, sin)
+        q = apply_rotary(self.q_norm(q), cos, sin, self.rd)
+        k = apply_rotary(self.k_norm(k.view(*lead, self.hkv, self.d)), cos, sin, self.rd)
         # contiguous here, inside the compiled region, so the K/V write gets it without a copy
         v = v.view(*lead, self.hkv, self.d).contiguous()
-        return q, k, v, gate.reshape(*lead, self.hq * self.d)
+        # the gate stays a view (lead, hq, D) of the projection: its user multiplies per head
+        return q, k, v, gate
 
     def fuse_for_inference(self) -> None:
         fused = fuse_projections([self.q_proj, self.k_proj, self.v_proj])
@@ -381,8 +400,11 @@ class Attention(nn.Module):
         o = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
                                            is_causal=True, scale=self.scale,
                                            enable_gqa=self.hq != self.hkv)
-        o = o.transpose(1, 2).reshape(*x.shape[:-1], self.hq * self.d)
-        return self.o_proj(o * torch.sigmoid(gate))
+        return self.o_proj(self.gated(o.transpose(1, 2), gate))
+
+    def gated(self, o: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
+        """The attention output (..., hq, D) times sigmoid(gate) (..., hq, D), heads flattened."""
+        return (o * torch.sigmoid(gate)).flatten(-2)
 
 
 @torch.compiler.disable
@@ -558,7 +580,7 @@ class DecoderLayer(nn.Module):
         a = self.self_attn
         o = ops.grouped_window_attention(q, k_cache, v_cache, group_slot, group_pos, ctx, a.scale,
                                          split_keys=split_keys)
-        o = a.o_proj(o.reshape(*x.shape[:-1], a.hq * a.d) * torch.sigmoid(gate))
+        o = a.o_proj(a.gated(o.reshape(*x.shape[:-1], a.hq, a.d), gate))
         return self._ffn(x + o)
 
     def prefill_linear(self, x, conv_init, rec_init, valid=None):
