@@ -40,6 +40,12 @@ cdef extern from "strata_kernels.h" nogil:
                                const void* weight, int w_dtype, const int64_t* group_slot,
                                int64_t ng, int64_t g, int64_t c, int64_t kw, void* out,
                                void* snaps, int device, uintptr_t stream)
+    int strata_gpu_causal_conv_qkvz(const void* x, int x_dtype, int64_t x_row, int64_t nk,
+                                    int64_t dk, int64_t vpk, const void* conv_state,
+                                    int state_dtype, int64_t state_slot_stride, int64_t nslots,
+                                    const void* weight, int w_dtype, const int64_t* group_slot,
+                                    int64_t ng, int64_t g, int64_t kw, void* out, void* snaps,
+                                    int device, uintptr_t stream)
     int strata_gpu_gated_delta(const void* q, int q_dtype, const void* k, int k_dtype,
                                const void* v, int v_dtype, const void* gate, int g_dtype,
                                const void* beta, int b_dtype, const float* rec_state,
@@ -230,6 +236,60 @@ def causal_conv_window(x, conv_state, weight, group_slot, out, snaps, uintptr_t 
     with nogil:
         rc = strata_gpu_causal_conv(xp, xdt, sp, sdt, sss, nslots, wp, wdt, gs, ng, g, c, kw,
                                     outp, snp, dev, stream)
+    _raise(op, rc)
+
+
+def causal_conv_window_qkvz(x, conv_state, weight, group_slot, out, snaps, int64_t nk,
+                            int64_t dk, int64_t vpk, uintptr_t stream):
+    """causal_conv_window over channels [q | k | v] gathered from x (NG, G, >= nk W), the
+    in_proj's qkvz columns, per key head [q (dk) | k (dk) | v (vpk) | z (vpk)] (W = 2 dk +
+    2 vpk): C = 2 nk dk + nk vpk channels; out (NG, G, C) and snaps (NG, G, C, K-1) as
+    causal_conv_window's."""
+    op = "causal_conv_window_qkvz"
+    for name, t, nd in (("x", x, 3), ("conv_state", conv_state, 3), ("weight", weight, 2),
+                        ("out", out, 3), ("snaps", snaps, 4)):
+        _check_tensor(op, name, t, nd)
+    cdef int xdt = _dtype_code(op, "x", x)
+    cdef int sdt = _dtype_code(op, "conv_state", conv_state)
+    cdef int wdt = _dtype_code(op, "weight", weight)
+    if out.dtype != x.dtype or snaps.dtype != x.dtype:
+        raise TypeError(f"{op}: out and snaps must have x's dtype {x.dtype}")
+    if nk < 1 or dk < 1 or vpk < 1:
+        raise ValueError(f"{op}: nk, dk and vpk must be >= 1, got {nk}, {dk}, {vpk}")
+    cdef int64_t ng = x.shape[0], g = x.shape[1]
+    cdef int64_t c = 2 * nk * dk + nk * vpk
+    if x.shape[2] < nk * (2 * dk + 2 * vpk):
+        raise ValueError(f"{op}: x has {x.shape[2]} columns, fewer than the {nk} key heads' "
+                         f"{nk * (2 * dk + 2 * vpk)}")
+    if weight.shape[0] != c or not 2 <= weight.shape[1] <= 16:
+        raise ValueError(f"{op}: weight must have shape ({c}, K) with K in [2, 16], got "
+                         f"{tuple(weight.shape)}")
+    cdef int64_t kw = weight.shape[1]
+    cdef int64_t nslots = conv_state.shape[0]
+    _check_shape(op, "conv_state", conv_state, (nslots, c, kw - 1))
+    _check_shape(op, "out", out, (ng, g, c))
+    _check_shape(op, "snaps", snaps, (ng, g, c, kw - 1))
+    if x.stride(2) != 1 or (g > 1 and ng > 1 and x.stride(0) != g * x.stride(1)):
+        raise ValueError(f"{op}: x must have unit stride in its last dimension and evenly "
+                         f"strided rows (shape {tuple(x.shape)}, strides {x.stride()})")
+    for name, t in (("weight", weight), ("out", out), ("snaps", snaps)):
+        _check_contiguous(op, name, t)
+    _check_inner_dense(op, "conv_state", conv_state, 1)
+    _check_index(op, "group_slot", group_slot, ng)
+    cdef int64_t x_row = x.stride(1) if g > 1 else x.stride(0)
+    cdef int dev = _device_of(op, [("x", x), ("conv_state", conv_state), ("weight", weight),
+                                   ("out", out), ("snaps", snaps), ("group_slot", group_slot)])
+    cdef void* xp = _ptr(x)
+    cdef void* sp = _ptr(conv_state)
+    cdef void* wp = _ptr(weight)
+    cdef void* outp = _ptr(out)
+    cdef void* snp = _ptr(snaps)
+    cdef int64_t* gs = <int64_t*>_ptr(group_slot)
+    cdef int64_t sss = conv_state.stride(0)
+    cdef int rc
+    with nogil:
+        rc = strata_gpu_causal_conv_qkvz(xp, xdt, x_row, nk, dk, vpk, sp, sdt, sss, nslots, wp,
+                                         wdt, gs, ng, g, kw, outp, snp, dev, stream)
     _raise(op, rc)
 
 

@@ -525,3 +525,37 @@ def test_window_takes_the_prepared_rule_where_the_backend_has_it(monkeypatch):
     assert calls
     for a, b in zip(got, want):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+
+
+def test_conv_qkvz_reference_is_the_models_gather():
+    """reference.causal_conv_window_qkvz (what the GPU kernel computes from the in_proj's
+    interleaved columns) is the conv on the layer's own concatenated input, bit for bit."""
+    layer, (x, conv, rec, gs) = _prep_layer()
+    mixed, _, _ = layer._project_raw(x)
+    qkvz, _, _ = layer._project_qkvz(x)
+    w = layer.conv1d.weight[:, 0, :]
+    want = R.causal_conv_window(mixed, conv, w, gs)
+    got = R.causal_conv_window_qkvz(qkvz, conv, w, gs, layer.nk, layer.dk,
+                                    (layer.nv // layer.nk) * layer.dv)
+    assert all(torch.equal(a, b) for a, b in zip(got, want))
+
+
+def test_window_gathers_the_conv_input_where_the_backend_can(monkeypatch):
+    """GatedDeltaNet.forward_window hands the conv the in_proj's raw columns where the backend
+    gathers them natively, with the result of its own concatenation."""
+    from strata.kernels import ops
+
+    layer, (x, conv, rec, gs) = _prep_layer()
+    calls = []
+
+    def conv_qkvz(*a, **kw):
+        calls.append(1)
+        return R.causal_conv_window_qkvz(*a, **kw)
+
+    want = layer.forward_window(x, conv, rec, gs)
+    monkeypatch.setattr(ops, "causal_conv_window_qkvz", conv_qkvz)
+    monkeypatch.setitem(ops._IMPL, "causal_conv_window_qkvz", "cuda")
+    got = layer.forward_window(x, conv, rec, gs)
+    assert calls
+    for a, b in zip(got, want):
+        assert torch.equal(a, b)

@@ -186,6 +186,39 @@ def test_gated_delta_prep_parity(shape, dtype):
     assert torch.equal(o1, co[:1]) and torch.equal(s1, cs[:1])
 
 
+@pytest.mark.parametrize("shape", [(1, 1, 16, 128, 256, 4), (1, 2, 16, 128, 256, 4),
+                                   (8, 2, 16, 128, 256, 4), (3, 4, 2, 64, 128, 4),
+                                   (2, 3, 3, 20, 33, 3)])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_causal_conv_qkvz_parity(shape, dtype):
+    """The conv gathering q, k, v from the in_proj's interleaved columns (a row-strided view of
+    a wider projection output) gives the bits of the conv on the concatenated channels."""
+    ng, g, nk, dk, vpk, kw = shape
+    gen = torch.Generator(device="cpu").manual_seed(1)
+    w_qkvz = nk * (2 * dk + 2 * vpk)
+    proj = torch.randn(ng, g, w_qkvz + 9, generator=gen).to(DEV, dtype)
+    x = proj[..., :w_qkvz]
+    c = 2 * nk * dk + nk * vpk
+    cs = torch.randn(5, c, kw - 1, generator=gen).to(DEV, dtype)
+    w = torch.randn(c, kw, generator=gen).to(DEV, dtype)
+    gs = (torch.arange(ng, device=DEV) * 3 + 1) % 5  # conv_state's 5 slots, not in order
+    want_o, want_s = C.gpu_causal_conv_window(R.qkvz_mixed(x, nk, dk, vpk).contiguous(), cs, w, gs)
+    got_o, got_s = C.gpu_causal_conv_window_qkvz(x, cs, w, gs, nk, dk, vpk)
+    torch.cuda.synchronize()
+    assert torch.equal(got_o, want_o) and torch.equal(got_s, want_s)
+
+
+def test_causal_conv_qkvz_bad_arguments():
+    x = torch.randn(2, 2, 2 * (2 * 8 + 2 * 16), device=DEV, dtype=torch.bfloat16)
+    cs = torch.randn(3, 2 * 2 * 8 + 2 * 16, 3, device=DEV, dtype=torch.bfloat16)
+    w = torch.randn(2 * 2 * 8 + 2 * 16, 4, device=DEV, dtype=torch.bfloat16)
+    gs = torch.tensor([0, 1], device=DEV)
+    with pytest.raises(ValueError, match="fewer than the 3 key heads"):
+        C.gpu_causal_conv_window_qkvz(x, cs, w, gs, 3, 8, 16)
+    with pytest.raises(ValueError, match="weight must have shape"):
+        C.gpu_causal_conv_window_qkvz(x, cs, w[:-1], gs, 2, 8, 16)
+
+
 def test_graph_gated_delta_prep():
     x, ba, neg_a, dt_bias, st, gs = gdn_prep_case(2, 2, 16, 32, 128, 128, 3, torch.bfloat16)
     _graph_equal(lambda: C.gpu_gated_delta_window_prep(x, ba, neg_a, dt_bias, st, gs, 16, 128,

@@ -937,7 +937,23 @@ struct ConvParams {
   const int64_t* group_slot;
   int64_t state_slot_stride, nslots;
   int g, c, kw, x_dtype, s_dtype, w_dtype;
+  // x's rows: x_row elements apart (c when x is the contiguous (NG, G, C) input). With gdk > 0
+  // (causal_conv_window_qkvz) x is the in_proj's qkvz columns, per key head [q (gdk) | k (gdk)
+  // | v (gvpk) | z (gvpk)], and channel ch reads its column there: the conv's q, k, v channels
+  // gathered in the kernel rather than concatenated by a kernel of their own.
+  int64_t x_row;
+  int gnk, gdk, gvpk;
 };
+
+// The column of x that conv channel ch reads (see ConvParams).
+__device__ __forceinline__ int64_t conv_column(const ConvParams& p, int ch) {
+  if (p.gdk == 0) return ch;
+  const int qk = p.gnk * p.gdk, wh = 2 * p.gdk + 2 * p.gvpk;
+  if (ch < qk) return (int64_t)(ch / p.gdk) * wh + ch % p.gdk;
+  if (ch < 2 * qk) return (int64_t)((ch - qk) / p.gdk) * wh + p.gdk + (ch - qk) % p.gdk;
+  const int cv = ch - 2 * qk;
+  return (int64_t)(cv / p.gvpk) * wh + 2 * p.gdk + cv % p.gvpk;
+}
 
 // One thread per (channel, window row): nothing is serial across rows. Row j of group n reads
 // its window ext[j .. j+kw-1] of ext = [the slot's state (km1 values, rounded through x's dtype),
@@ -953,7 +969,8 @@ __global__ void __launch_bounds__(CONV_THREADS) conv_kernel(ConvParams p) {
   const int n = blockIdx.y / p.g, j = blockIdx.y % p.g;
   if (ch >= p.c) return;
   const int kw = KW ? KW : p.kw, km1 = kw - 1;
-  const int64_t x0 = (int64_t)n * p.g * p.c + ch;  // x[n, 0, ch]
+  const int64_t x0 = (int64_t)n * p.g * p.c + ch;  // out[n, 0, ch]
+  const int64_t xin0 = (int64_t)n * p.g * p.x_row + conv_column(p, ch);  // x[n, 0, ch]
   int64_t sbase = 0;
   if (j < km1)
     sbase = clamp_slot(p.group_slot[n], p.nslots) * p.state_slot_stride + (int64_t)ch * km1;
@@ -967,7 +984,7 @@ __global__ void __launch_bounds__(CONV_THREADS) conv_kernel(ConvParams p) {
       w[i] = load_as_float(p.weight, p.w_dtype, (int64_t)ch * kw + i);
       const int t = j + i;  // position in ext
       win[i] = t < km1 ? round_through(load_as_float(p.state, p.s_dtype, sbase + t), p.x_dtype)
-                       : load_as_float(p.x, p.x_dtype, x0 + (int64_t)(t - km1) * p.c);
+                       : load_as_float(p.x, p.x_dtype, xin0 + (int64_t)(t - km1) * p.x_row);
     }
   }
   float acc = 0.f;
@@ -1167,6 +1184,43 @@ GdnParams gdn_params(const float* rec_state, int64_t sss, int64_t nslots, const 
   return p;
 }
 
+// Both conv entry points: gnk = 0 reads x's channels in place (the earlier serial kernel may
+// stand in, STRATA_CONV_SERIAL), else gathers them (ConvParams).
+int launch_conv(const void* x, int x_dtype, int64_t x_row, int gnk, int gdk, int gvpk,
+                const void* conv_state, int state_dtype, int64_t sss, int64_t nslots,
+                const void* weight, int w_dtype, const int64_t* group_slot, int64_t ng, int64_t g,
+                int64_t c, int64_t kw, void* out, void* snaps, uintptr_t stream,
+                const char* what) {
+  ConvParams p;
+  p.x = x;
+  p.state = conv_state;
+  p.weight = weight;
+  p.out = out;
+  p.snaps = snaps;
+  p.group_slot = group_slot;
+  p.state_slot_stride = sss;
+  p.nslots = nslots;
+  p.g = (int)g;
+  p.c = (int)c;
+  p.kw = (int)kw;
+  p.x_dtype = x_dtype;
+  p.s_dtype = state_dtype;
+  p.w_dtype = w_dtype;
+  p.x_row = x_row;
+  p.gnk = gnk;
+  p.gdk = gdk;
+  p.gvpk = gvpk;
+  cudaStream_t st = (cudaStream_t)stream;
+  if (gnk == 0 && (g_conv_options & STRATA_CONV_SERIAL)) {
+    conv_serial_kernel<<<dim3(ceil_div_u(c, 128), (unsigned)ng), 128, 0, st>>>(p);
+    return take_launch_error("causal_conv_window: conv_serial_kernel");
+  }
+  const dim3 grid(ceil_div_u(c, CONV_THREADS), (unsigned)(ng * g));
+  if (kw == 4) conv_kernel<4><<<grid, CONV_THREADS, 0, st>>>(p);
+  else conv_kernel<0><<<grid, CONV_THREADS, 0, st>>>(p);
+  return take_launch_error(what);
+}
+
 template <bool PREP>
 int launch_gdn(const GdnParams& p, int64_t ng, uintptr_t stream, const char* what) {
   dim3 grid(ceil_div_u(p.dv, 32), (unsigned)p.h, (unsigned)ng);
@@ -1332,30 +1386,27 @@ int strata_gpu_causal_conv(const void* x, int x_dtype, const void* conv_state, i
     g_last_kernel = "causal_conv_window (kernel width must be in [2, 16])";
     return (int)cudaErrorInvalidValue;
   }
-  ConvParams p;
-  p.x = x;
-  p.state = conv_state;
-  p.weight = weight;
-  p.out = out;
-  p.snaps = snaps;
-  p.group_slot = group_slot;
-  p.state_slot_stride = sss;
-  p.nslots = nslots;
-  p.g = (int)g;
-  p.c = (int)c;
-  p.kw = (int)kw;
-  p.x_dtype = x_dtype;
-  p.s_dtype = state_dtype;
-  p.w_dtype = w_dtype;
-  cudaStream_t st = (cudaStream_t)stream;
-  if (g_conv_options & STRATA_CONV_SERIAL) {
-    conv_serial_kernel<<<dim3(ceil_div_u(c, 128), (unsigned)ng), 128, 0, st>>>(p);
-    return take_launch_error("causal_conv_window: conv_serial_kernel");
+  return launch_conv(x, x_dtype, c, 0, 0, 0, conv_state, state_dtype, sss, nslots, weight,
+                     w_dtype, group_slot, ng, g, c, kw, out, snaps, stream,
+                     "causal_conv_window: conv_kernel");
+}
+
+int strata_gpu_causal_conv_qkvz(const void* x, int x_dtype, int64_t x_row, int64_t nk, int64_t dk,
+                                int64_t vpk, const void* conv_state, int state_dtype, int64_t sss,
+                                int64_t nslots, const void* weight, int w_dtype,
+                                const int64_t* group_slot, int64_t ng, int64_t g, int64_t kw,
+                                void* out, void* snaps, int device, uintptr_t stream) {
+  int rc = use_device(device);
+  if (rc) return rc;
+  const int64_t c = 2 * nk * dk + nk * vpk;
+  if (ng * g * c == 0) return 0;
+  if (kw < 2 || kw > CONV_MAX_K || nk < 1 || dk < 1 || vpk < 1) {
+    g_last_kernel = "causal_conv_window_qkvz (kernel width in [2, 16], heads and widths >= 1)";
+    return (int)cudaErrorInvalidValue;
   }
-  const dim3 grid(ceil_div_u(c, CONV_THREADS), (unsigned)(ng * g));
-  if (kw == 4) conv_kernel<4><<<grid, CONV_THREADS, 0, st>>>(p);
-  else conv_kernel<0><<<grid, CONV_THREADS, 0, st>>>(p);
-  return take_launch_error("causal_conv_window: conv_kernel");
+  return launch_conv(x, x_dtype, x_row, (int)nk, (int)dk, (int)vpk, conv_state, state_dtype, sss,
+                     nslots, weight, w_dtype, group_slot, ng, g, c, kw, out, snaps, stream,
+                     "causal_conv_window_qkvz: conv_kernel");
 }
 
 int strata_gpu_gated_delta(const void* q, int q_dtype, const void* k, int k_dtype, const void* v,

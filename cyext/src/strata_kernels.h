@@ -57,6 +57,14 @@ int strata_gpu_causal_conv(const void* x, int x_dtype, const void* conv_state, i
                            int64_t c, int64_t kw, void* out, void* snaps, int device,
                            uintptr_t stream);
 
+// causal_conv_window over the conv channels gathered from the in_proj's per-key-head
+// interleaved qkvz columns (rows x_row elements apart; ConvParams in strata_kernels.cu).
+int strata_gpu_causal_conv_qkvz(const void* x, int x_dtype, int64_t x_row, int64_t nk, int64_t dk,
+                                int64_t vpk, const void* conv_state, int state_dtype,
+                                int64_t state_slot_stride, int64_t nslots, const void* weight,
+                                int w_dtype, const int64_t* group_slot, int64_t ng, int64_t g,
+                                int64_t kw, void* out, void* snaps, int device, uintptr_t stream);
+
 int strata_gpu_gated_delta(const void* q, int q_dtype, const void* k, int k_dtype, const void* v,
                            int v_dtype, const void* gate, int g_dtype, const void* beta,
                            int b_dtype, const float* rec_state, int64_t state_slot_stride,

@@ -418,6 +418,23 @@ def gpu_causal_conv_window(x, conv_state, weight, group_slot, *, out=None, snaps
     return out, snaps
 
 
+def gpu_causal_conv_window_qkvz(x, conv_state, weight, group_slot, nk, dk, vpk):
+    """reference.causal_conv_window_qkvz in one kernel: the conv gathers its q, k and v channels
+    from the in_proj's interleaved columns (a row-strided view is read in place)."""
+    if _compiling():
+        return torch.ops.strata.causal_conv_window_qkvz(x, conv_state, weight, group_slot, nk, dk,
+                                                        vpk)
+    ng, g = x.shape[:2]
+    c, kw = weight.shape
+    group_slot = _index(group_slot)
+    _validate_slots("causal_conv_window_qkvz", group_slot, conv_state.shape[0])
+    out = torch.empty(ng, g, c, dtype=x.dtype, device=x.device)
+    snaps = torch.empty(ng, g, c, kw - 1, dtype=x.dtype, device=x.device)
+    _gpu.causal_conv_window_qkvz(x, conv_state, weight.contiguous(), group_slot, out, snaps,
+                                 int(nk), int(dk), int(vpk), _stream(x))
+    return out, snaps
+
+
 def gpu_gated_delta_window(q, k, v, g, beta, rec_state, group_slot, *, out=None, snaps=None):
     if _compiling() and out is None and snaps is None:
         return torch.ops.strata.gated_delta_window(q, k, v, g, beta, rec_state, group_slot)
@@ -734,6 +751,7 @@ GPU_OPS = {
     "write_kv": gpu_write_kv,
     "grouped_window_attention": gpu_grouped_window_attention,
     "causal_conv_window": gpu_causal_conv_window,
+    "causal_conv_window_qkvz": gpu_causal_conv_window_qkvz,
     "gated_delta_window": gpu_gated_delta_window,
     "gated_delta_window_prep": gpu_gated_delta_window_prep,
     "commit_accepted": gpu_commit_accepted,
@@ -790,6 +808,18 @@ def _register_custom_ops() -> None:
         ng, g, c = x.shape
         return (torch.empty_like(x, memory_format=torch.contiguous_format),
                 x.new_empty(ng, g, c, weight.shape[1] - 1))
+
+    @torch.library.custom_op("strata::causal_conv_window_qkvz", mutates_args=())
+    def _conv_qkvz(x: Tensor, conv_state: Tensor, weight: Tensor, group_slot: Tensor, nk: int,
+                   dk: int, vpk: int) -> tuple[Tensor, Tensor]:
+        return _eager("causal_conv_window_qkvz", x.device)(x, conv_state, weight, group_slot, nk,
+                                                           dk, vpk)
+
+    @_conv_qkvz.register_fake
+    def _(x, conv_state, weight, group_slot, nk, dk, vpk):
+        ng, g = x.shape[:2]
+        c, kw = weight.shape
+        return x.new_empty(ng, g, c), x.new_empty(ng, g, c, kw - 1)
 
     @torch.library.custom_op("strata::gated_delta_window", mutates_args=())
     def _gdn(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, rec_state: Tensor,

@@ -10,8 +10,9 @@ taken at import), and `set_backend` rebinds them once at engine start:
     cuda   the CUDA kernels of strata.kernels.strata_cuda (NVIDIA GPU, CUDA build of torch)
     hip    the same module built with STRATA_BACKEND=hip (AMD GPU, ROCm build of torch)
 
-Ops a backend does not implement fall back to the torch reference (today: moe_route and
-gated_delta_window_prep on the CPU, where the model then prepares the rule's inputs itself; chunk_gated_delta, the prefill path, runs the decode kernel's recurrence on cpu, cuda and
+Ops a backend does not implement fall back to the torch reference (today: moe_route,
+causal_conv_window_qkvz and gated_delta_window_prep on the CPU, where the model then gathers
+the conv's input and prepares the rule's inputs itself; chunk_gated_delta, the prefill path, runs the decode kernel's recurrence on cpu, cuda and
 hip, and the chunked reference on torch). `implementations()` tells which is
 in use for each op. All ops keep the reference signatures and return values.
 """
@@ -23,14 +24,15 @@ import torch
 from strata.kernels import cyext_ops, reference
 
 _BACKEND = "torch"
-OPS = ("write_kv", "grouped_window_attention", "causal_conv_window", "gated_delta_window",
-       "gated_delta_window_prep", "commit_accepted", "chunk_gated_delta", "moe_experts",
+OPS = ("write_kv", "grouped_window_attention", "causal_conv_window", "causal_conv_window_qkvz",
+       "gated_delta_window", "gated_delta_window_prep", "commit_accepted", "chunk_gated_delta", "moe_experts",
        "linear_fp8", "moe_route")
 _IMPL: dict[str, str] = {name: "torch" for name in OPS}
 
 write_kv = reference.write_kv
 grouped_window_attention = reference.grouped_window_attention
 causal_conv_window = reference.causal_conv_window
+causal_conv_window_qkvz = reference.causal_conv_window_qkvz
 gated_delta_window = reference.gated_delta_window
 gated_delta_window_prep = reference.gated_delta_window_prep
 commit_accepted = reference.commit_accepted

@@ -79,6 +79,23 @@ def causal_conv_window(x: torch.Tensor, conv_state: torch.Tensor, weight: torch.
     return out, snaps
 
 
+def qkvz_mixed(qkvz: torch.Tensor, nk: int, dk: int, vpk: int) -> torch.Tensor:
+    """The conv's input [q | k | v] (..., 2 nk dk + nk vpk) from the in_proj's qkvz columns,
+    per key head [q (dk) | k (dk) | v (vpk) | z (vpk)] (the checkpoint's interleaved order)."""
+    lead = qkvz.shape[:-1]
+    q, k, v, _ = qkvz[..., :nk * (2 * dk + 2 * vpk)].reshape(*lead, nk, 2 * dk + 2 * vpk).split(
+        [dk, dk, vpk, vpk], dim=-1)
+    return torch.cat([q.reshape(*lead, -1), k.reshape(*lead, -1), v.reshape(*lead, -1)], -1)
+
+
+def causal_conv_window_qkvz(x: torch.Tensor, conv_state: torch.Tensor, weight: torch.Tensor,
+                            group_slot: torch.Tensor, nk: int, dk: int, vpk: int
+                            ) -> tuple[torch.Tensor, torch.Tensor]:
+    """causal_conv_window over qkvz_mixed(x, nk, dk, vpk): x is the in_proj's qkvz columns
+    (NG, G, >= nk (2 dk + 2 vpk))."""
+    return causal_conv_window(qkvz_mixed(x, nk, dk, vpk), conv_state, weight, group_slot)
+
+
 def gated_delta_window(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor,
                        beta: torch.Tensor, rec_state: torch.Tensor, group_slot: torch.Tensor,
                        *, snaps: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, torch.Tensor]:

@@ -460,19 +460,23 @@ class GatedDeltaNet(nn.Module):
             self.neg_a = -self.A_log.detach().float().exp()
             self.dt_bias_f = self.dt_bias.detach().float().contiguous()
 
-    def _project_raw(self, x: torch.Tensor):
-        """(mixed, z, ba): the conv's input [q | k | v] gathered from the checkpoint's per-key-head
-        interleaved order, z per value head, and the raw b/a columns (per key head [b | a])."""
+    def _project_qkvz(self, x: torch.Tensor):
+        """(qkvz, z, ba): the in_proj's qkvz columns in the checkpoint's per-key-head interleaved
+        order ([q | k | v | z] per key head), z per value head, and the raw b/a columns (per key
+        head [b | a])."""
         lead = x.shape[:-1]
-        r = self.nv // self.nk
+        vpk = (self.nv // self.nk) * self.dv
         if self.w_in is not None:
             qkvz, ba = linear(x, self.w_in, self.s_in, self.in_block).split([2 * self.key_dim + 2 * self.value_dim, 2 * self.nv], -1)
         else:
             qkvz, ba = self.in_proj_qkvz(x), self.in_proj_ba(x)
-        qkvz = qkvz.view(*lead, self.nk, 2 * self.dk + 2 * r * self.dv)
-        q, k, v, z = qkvz.split([self.dk, self.dk, r * self.dv, r * self.dv], dim=-1)
-        mixed = torch.cat([q.reshape(*lead, -1), k.reshape(*lead, -1), v.reshape(*lead, -1)], -1)
-        return mixed, z.reshape(*lead, self.nv, self.dv), ba
+        z = qkvz.view(*lead, self.nk, 2 * self.dk + 2 * vpk)[..., 2 * self.dk + vpk:]
+        return qkvz, z.reshape(*lead, self.nv, self.dv), ba
+
+    def _project_raw(self, x: torch.Tensor):
+        """(mixed, z, ba): as _project_qkvz, with the conv's input [q | k | v] gathered."""
+        qkvz, z, ba = self._project_qkvz(x)
+        return reference.qkvz_mixed(qkvz, self.nk, self.dk, (self.nv // self.nk) * self.dv), z, ba
 
     def _split_ba(self, ba: torch.Tensor):
         lead = ba.shape[:-1]
@@ -531,9 +535,14 @@ class GatedDeltaNet(nn.Module):
         """Window grid x (NG, G, H); states of this layer for all lanes (read, not written).
         rec_out: where the per-row state snapshots go (this layer's slice of the window's
         stacked snapshots, so that they are written once and never copied); None allocates."""
-        mixed, z, ba = self._project_raw(x)
         weight = self.conv1d.weight[:, 0, :]
-        mixed, conv_snaps = ops.causal_conv_window(mixed, conv_state, weight, group_slot)
+        if ops.native("causal_conv_window_qkvz"):  # the conv gathers q, k, v: no concatenation
+            qkvz, z, ba = self._project_qkvz(x)
+            mixed, conv_snaps = ops.causal_conv_window_qkvz(
+                qkvz, conv_state, weight, group_slot, self.nk, self.dk, (self.nv // self.nk) * self.dv)
+        else:
+            mixed, z, ba = self._project_raw(x)
+            mixed, conv_snaps = ops.causal_conv_window(mixed, conv_state, weight, group_slot)
         if self.neg_a is not None and ops.native("gated_delta_window_prep"):
             # the norms and gates inside the rule's kernel: five fewer kernels a layer
             core, rec_snaps = ops.gated_delta_window_prep(
