@@ -525,3 +525,18 @@ def test_window_takes_the_prepared_rule_where_the_backend_has_it(monkeypatch):
     assert calls
     for a, b in zip(got, want):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_dense_route_is_the_scatter_into_zeros(dtype):
+    """qwen3_next.dense_route (selects, which a compiled region folds into the kernel using it)
+    gives the values of zeros().scatter_ of each row's top-k weights, ties and all."""
+    from strata.model.qwen3_next import dense_route
+
+    gen = torch.Generator().manual_seed(4)
+    for n_exp, k in ((8, 2), (64, 10), (5, 5)):
+        idx = torch.stack([torch.randperm(n_exp, generator=gen)[:k] for _ in range(7)])
+        w = torch.rand(7, k, generator=gen).to(dtype)
+        w[0] = w[0, 0]  # equal weights in a row
+        want = torch.zeros(7, n_exp, dtype=dtype).scatter_(1, idx, w)
+        assert torch.equal(dense_route(w, idx, n_exp), want)
