@@ -559,3 +559,16 @@ def test_window_gathers_the_conv_input_where_the_backend_can(monkeypatch):
     assert calls
     for a, b in zip(got, want):
         assert torch.equal(a, b)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_dense_route_is_the_scatter_into_zeros(dtype):
+    """qwen3_next.dense_route (selects, which a compiled region folds into the kernel using it)
+    gives the values of zeros().scatter_ of each row's top-k weights, ties and all."""
+    from strata.model.qwen3_next import dense_route
+
+    gen = torch.Generator().manual_seed(4)
+    for n_exp, k in ((8, 2), (64, 10), (5, 5)):
+        idx = torch.stack([torch.randperm(n_exp, generator=gen)[:k] for _ in range(7)])
+        w = torch.rand(7, k, generator=gen).to(dtype)
+        w[0] = w[0, 0]  # equal weights in a row
+        want = torch.zeros(7, n_exp, dtype=dtype).scatter_(1, idx, w)
+        assert torch.equal(dense_route(w, idx, n_exp), want)

@@ -250,6 +250,17 @@ def _stack_views(experts: nn.Module, name: str, shared: list[nn.Module], attr: s
     return stack
 
 
+def dense_route(weights: torch.Tensor, index: torch.Tensor, n_exp: int) -> torch.Tensor:
+    """(rows, n_exp): each row's top-k weights at their experts, zero elsewhere (a scatter into
+    zeros, the same values), as one select per pick: pointwise, so a compiled region folds it
+    into the kernel that uses it, where zeros-then-scatter took two kernels of their own."""
+    experts = torch.arange(n_exp, device=index.device)
+    route = weights.new_zeros(()).expand(index.shape[0], n_exp)
+    for j in range(index.shape[-1]):
+        route = torch.where(index[:, j, None] == experts, weights[:, j, None], route)
+    return route
+
+
 class SparseMoe(nn.Module):
     """Top-k softmax routing (optionally renormalised) plus a sigmoid-gated shared expert."""
 
@@ -315,8 +326,7 @@ class SparseMoe(nn.Module):
         y = F.linear(x, self.w_in)
         logits, sgate, sg, su, eg = y.split([n_exp, 1, shared, shared, n_exp * two_i], dim=-1)
         weights, index = self._route(logits)
-        route = torch.zeros(x.shape[0], n_exp, dtype=x.dtype, device=x.device)
-        route.scatter_(1, index, weights.to(x.dtype))
+        route = dense_route(weights.to(x.dtype), index, n_exp)
         g, u = eg.reshape(x.shape[0], n_exp, two_i).split(inter, dim=-1)
         act_e = F.silu(g) * u * route[..., None]
         act_s = F.silu(sg) * su * torch.sigmoid(sgate)
