@@ -10,8 +10,9 @@ of one, e.g. docs/bench/s8/transfer_raw.tar.gz, the H200 run of `4f4e7c5`). It
    preset under OUT/conf;
 2. predicts every engine cohort cell of the check from that preset, with the acceptance the
    check learned from its 8-request run (DIR/acceptance_run/trace.jsonl), and once more with
-   the acceptance of the cell's own prompts (its traced run's commits): the second isolates
-   the cost model from the acceptance draw of a 1-8-request cohort;
+   the acceptance of the cell's own prompts (its traced run's commits, each simulated request
+   at its traced twin's own difficulty: `acceptance.pin_requests`): the second isolates the
+   cost model from the acceptance draw of a 1-8-request cohort;
 3. compares each with the engine's untraced runs (DIR/engine/CELL/rep*/metrics.json, their
    mean; held out: no timing of a cohort run enters the fit), and checks the trace's own
    cost: each traced cohort run (the check's compile pass and traced pass) less the `trace_s`
@@ -270,13 +271,18 @@ def predict_cells(src: Path, conf: Path, name: str, engine: dict[str, dict],
                                acc_trace=f"'{acc_trace.resolve()}'", conf=conf, max_context=0)
         # (quoted: the cells' directories have '=' in their names)
         knobs = {**stc.engine_knobs(config, n, args), "overlap": recorded_overlap(src, cell)}
-        over = stc.sim_overrides(knobs, n, args)
-        k = 1 if own or e["acceptance"] is None else draws
+        # at its own acceptance each simulated request takes its traced twin's difficulty
+        # (acceptance.pin_requests): the cohort's own slow request, not a new draw of four
+        over = stc.sim_overrides(knobs, n, args) + (["acceptance.pin_requests=true"] if own else [])
+        # (pinned, a request's acceptance still varies by draw, about 0.05 over 150 drafts,
+        # and the cohort lasts as long as its slowest request: drawn as often as learned)
+        k = 1 if e["acceptance"] is None else draws
         try:
             m = stc.predict_drawn(name, over, k)
         except SimConfigError:  # a solo trace judges no grouped drafts: no chain fit
             m = stc.predict_drawn(name, [o.replace("acceptance=chain", "acceptance=position")
-                                         for o in over], k)
+                                         for o in over if o != "acceptance.pin_requests=true"],
+                                  k)
         lo, hi = m["range"]["aggregate_tps"]
         rows.append({"cell": cell, "engine_tps": e["tps"], "engine_runs": e["runs"],
                      "engine_acceptance": e["acceptance"], "sim_tps": m["aggregate_tps"],
@@ -329,7 +335,8 @@ def main() -> int:
     engine = engine_cells(src)
     learned = predict_cells(src, conf, args.name, engine, own_acceptance=False,
                             draws=args.acceptance_draws)
-    own = predict_cells(src, conf, args.name, engine, True) if args.own_acceptance else []
+    own = predict_cells(src, conf, args.name, engine, True, draws=args.acceptance_draws) \
+        if args.own_acceptance else []
     costs = trace_cost_check(src, engine)
     twin_walls, twin_sims = twin_check(src, conf, args.name, profile, engine) if args.twins \
         else ([], [])
@@ -345,8 +352,10 @@ def main() -> int:
                             f"{args.acceptance_draws} acceptance draws (as the check "
                             "predicts):")
     if own:
-        lines += table(own, "The same preset, each cell at its own prompts' acceptance (the cost "
-                            "model alone):")
+        lines += table(own, "The same preset, each cell at its own prompts' acceptance, each "
+                            "simulated request at its traced twin's difficulty "
+                            f"(acceptance.pin_requests; drafting cells averaged over "
+                            f"{args.acceptance_draws} draws): the cost model alone:")
     lines += ["The trace's own cost: traced cohort runs less their `trace_s`, against the "
               "untraced runs' mean wall:", "", "| cell | run | wall ms | trace ms | "
               "wall - trace vs untraced |", "|---|---|---|---|---|"]

@@ -161,12 +161,15 @@ class ChainAcceptance(AcceptanceModel):
 
     Per request, the rates first, after_miss and after_hit move in logit space by
     offset + spread * z, z a standard normal drawn once per request from its own stream
-    (`acceptance_spread`); spread = offset = 0 leaves them as given."""
+    (`acceptance_spread`); spread = offset = 0 leaves them as given. `pinned`: the shifts of
+    requests 0 .. len(pinned) - 1 themselves (pin_difficulties: a traced workload's own
+    requests), the others drawn as above."""
 
     def __init__(self, after_miss: list[float], after_hit: list[float], first: float, tokens: int,
                  streams: RandomStreams, depth_factors: Optional[list[float]] = None,
                  spread: float = 0.0, offset: float = 0.0,
-                 request_z: Optional[list[float]] = None):
+                 request_z: Optional[list[float]] = None,
+                 pinned: Optional[list[float]] = None):
         self.after_miss = _rates("chain acceptance after_miss rates", after_miss)
         self.after_hit = _rates("chain acceptance after_hit rates", after_hit)
         if len(after_miss) != len(after_hit):
@@ -184,6 +187,10 @@ class ChainAcceptance(AcceptanceModel):
         self._spread_gens = _PerRequestStreams(streams, "acceptance_spread")
         #: The spread fit's fixed difficulties by request index (None: drawn per request).
         self._request_z = request_z
+        #: Logit shifts of the first requests, as given (None: none pinned).
+        self._pinned = [float(x) for x in pinned] if pinned is not None else None
+        if self._pinned is not None and not all(math.isfinite(x) for x in self._pinned):
+            raise ValueError(f"chain acceptance pinned shifts must be finite, got {pinned}")
         #: request index -> (last position drawn, its bit)
         self._chain: dict[int, tuple[int, bool]] = {}
         #: request index -> (first, after_miss, after_hit) after its shift
@@ -191,6 +198,11 @@ class ChainAcceptance(AcceptanceModel):
 
     def _request_rates(self, idx: int) -> tuple[float, list[float], list[float]]:
         r = self._rates.get(idx)
+        if r is None and self._pinned is not None and idx < len(self._pinned):
+            shift = self._pinned[idx]
+            r = (logit_shift(self.first, shift), [logit_shift(x, shift) for x in self.after_miss],
+                 [logit_shift(x, shift) for x in self.after_hit])
+            self._rates[idx] = r
         if r is None:
             if self.spread == 0.0 and self.offset == 0.0:
                 r = (self.first, self.after_miss, self.after_hit)
@@ -534,12 +546,6 @@ def _fit_chain_spread(chain: dict[str, Any], first: float,
     observed = [sum(a for *_, a in r) / sum(k for _, k, _ in r) for r in reqs]
     target_sd = _within_sd(observed, groups)
 
-    class _Req:
-        __slots__ = ("index",)
-
-        def __init__(self, index: int):
-            self.index = index
-
     # The requests' difficulties are the normal's quantiles, in a fixed shuffled order: drawn
     # at random, their sample mean (0.13 sd for 56 requests) went into the offset, which
     # then moved every simulation's acceptance by up to 0.04.
@@ -557,7 +563,7 @@ def _fit_chain_spread(chain: dict[str, Any], first: float,
             # The request writes as many tokens as it did in the trace, its windows drafting
             # as its traced ones did in turn: an easy request takes fewer windows, as in a
             # simulation, so the pooled acceptance weighs requests as the engine's metric does.
-            req, pos, acc, dr = _Req(i), r[0][0], 0, 0
+            req, pos, acc, dr = _Indexed(i), r[0][0], 0, 0
             end = r[0][0] + sum(a + 1 for _, _, a in r)
             c = 0
             while pos < end:
@@ -615,6 +621,64 @@ def _fit_chain_spread(chain: dict[str, Any], first: float,
     return {**out, "chain_spread": best[0], "chain_offset": best[1]}
 
 
+#: pin_difficulties' search: each request's logit shift within [-PIN_MAX, PIN_MAX], by this
+#: many bisection steps, its expected acceptance taken over PIN_DRAWS seeds.
+PIN_MAX = 8.0
+PIN_BISECT_STEPS = 16
+PIN_DRAWS = 16
+
+
+def pin_difficulties(chain: dict[str, Any], requests: list[list[tuple[int, int, int]]]
+                     ) -> list[float]:
+    """Each traced request's own logit shift under the chain fit (`chain`: an acceptance
+    section's `chain`): the shift at which the request, redrawn as the spread fit redraws it
+    (its traced output length, its windows drafting as its traced ones did), accepts on
+    average (PIN_DRAWS seeds, common to every step) the share of its drafts it accepted in the
+    trace. `requests`: per request, its (position, drafted, accepted) commits in order. A
+    request that drafted nothing, or accepted all or none, takes 0 or the bound."""
+    out = []
+    for r in requests:
+        drafted = sum(k for _, k, _ in r)
+        if not drafted:
+            out.append(0.0)
+            continue
+        target = sum(a for *_, a in r) / drafted
+
+        def mean_acceptance(shift: float) -> float:
+            acc = dr = 0
+            for seed in range(PIN_DRAWS):
+                model = ChainAcceptance(list(chain["after_miss"]), list(chain["after_hit"]),
+                                        float(chain["first"]), int(chain["tokens"]),
+                                        RandomStreams(SPREAD_FIT_SEED + seed),
+                                        list(chain.get("depth_factor") or [1.0]),
+                                        pinned=[shift])
+                req = _Indexed(0)
+                pos, end, c = r[0][0], r[0][0] + sum(a + 1 for _, _, a in r), 0
+                while pos < end:
+                    k = r[c % len(r)][1]
+                    a = model.accepted(req, k, pos) if k else 0
+                    acc, dr, pos, c = acc + a, dr + k, pos + a + 1, c + 1
+            return acc / max(dr, 1)
+
+        lo, hi = -PIN_MAX, PIN_MAX
+        for _ in range(PIN_BISECT_STEPS):
+            mid = (lo + hi) / 2
+            if mean_acceptance(mid) < target:
+                lo = mid
+            else:
+                hi = mid
+        out.append((lo + hi) / 2)
+    return out
+
+
+class _Indexed:
+    """A stand-in request: what the acceptance models read of one (its index)."""
+    __slots__ = ("index",)
+
+    def __init__(self, index: int):
+        self.index = index
+
+
 def build_acceptance(cfg: Any, streams: RandomStreams,
                      profile_fit: Optional[dict[str, Any]] = None) -> AcceptanceModel:
     """The acceptance model of config `cfg` (`acceptance` group), optionally from a profile."""
@@ -644,9 +708,14 @@ def build_acceptance(cfg: Any, streams: RandomStreams,
                              "traces with grouped windows; refit with sim/profile.py)")
         spread = float(chain.get("spread") or 0.0) if cfg.request_spread else 0.0
         offset = float(chain.get("offset") or 0.0) if cfg.request_spread else 0.0
+        pinned = chain.get("pinned") if getattr(cfg, "pin_requests", False) else None
+        if getattr(cfg, "pin_requests", False) and pinned is None:
+            raise ValueError("acceptance.pin_requests=true needs a fit with pinned requests "
+                             "(acceptance.from_trace=FILE)")
         return ChainAcceptance(list(chain["after_miss"]), list(chain["after_hit"]),
                                float(chain["first"]), int(chain["tokens"]), streams,
-                               list(chain.get("depth_factor") or [1.0]), spread, offset)
+                               list(chain.get("depth_factor") or [1.0]), spread, offset,
+                               pinned=pinned)
     if cfg.model == "fixed":
         return FixedRateAcceptance(rate, streams)
     if cfg.model == "position":

@@ -166,6 +166,11 @@ class SimAcceptanceConfig:
     #: With from_trace: fit from the trace's first this many requests only (in admission
     #: order); 0 = all of them.
     from_trace_requests: int = 0
+    #: chain, with from_trace: the simulated requests 0 .. k-1 take the difficulties of the
+    #: trace's first k admitted requests, each fitted to that request's own acceptance
+    #: (sim.acceptance.pin_difficulties), the rest drawn as usual: for the traced requests
+    #: themselves (their cohort replayed under the cost model), not a new draw of the workload.
+    pin_requests: bool = False
 
 
 @dataclass
@@ -355,6 +360,9 @@ def validate_acceptance(a: Any) -> None:
                              f"{a.from_trace_requests}")
     if a.from_trace_requests and not a.from_trace:
         raise SimConfigError("acceptance.from_trace_requests: needs acceptance.from_trace=FILE")
+    if a.pin_requests and (a.model != "chain" or not a.from_trace):
+        raise SimConfigError("acceptance.pin_requests: needs acceptance=chain and "
+                             "acceptance.from_trace=FILE (the traced requests' difficulties)")
 
 
 def validate_spread(s: Any) -> None:

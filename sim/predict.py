@@ -66,7 +66,8 @@ def acceptance_inputs(cfg: SimConfig, profile: CostProfile) -> tuple[Any, Option
     depth factors pooled with the profile's; else the profile's fit."""
     a = cfg.acceptance
     if a.from_trace:
-        fit = fit_from_trace(a.from_trace, a.from_trace_requests, prior=profile.acceptance)
+        fit = fit_from_trace(a.from_trace, a.from_trace_requests, prior=profile.acceptance,
+                             pin=a.pin_requests)
         if a.model == "chain" and not fit.get("chain"):
             raise SimConfigError(
                 f"acceptance.from_trace: {a.from_trace}: no chain fit (its windows judged no "

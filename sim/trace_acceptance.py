@@ -34,7 +34,7 @@ import statistics
 from pathlib import Path
 from typing import Any, Callable, Optional
 
-from .acceptance import SPREAD_MIN_DRAFTED, fit_acceptance, logit_shift
+from .acceptance import SPREAD_MIN_DRAFTED, fit_acceptance, logit_shift, pin_difficulties
 from .config import SimConfigError
 from .replay import TraceError, load_trace
 
@@ -91,6 +91,19 @@ def request_spread(commits: list[dict[str, Any]]) -> tuple[int, Optional[float]]
     return n, (statistics.pstdev(rates) if len(rates) >= 2 else None)
 
 
+def commit_walks(commits: list[dict[str, Any]], order: list[Any]
+                 ) -> list[list[tuple[int, int, int]]]:
+    """Per request of `order`, its (output position, drafted, accepted) commits in trace order
+    (positions counted as fit_acceptance counts them: the prefill's token is 1; none: [])."""
+    emitted: dict[Any, int] = {}
+    walks: dict[Any, list[tuple[int, int, int]]] = {}
+    for c in commits:
+        before = emitted.get(c["req"], 1)
+        emitted[c["req"]] = before + int(c.get("emitted", int(c["accepted"]) + 1))
+        walks.setdefault(c["req"], []).append((before, int(c["drafted"]), int(c["accepted"])))
+    return [walks.get(r, []) for r in order]
+
+
 #: fit_from_trace's results by (file, its size and mtime, requests, prior): the chain's spread
 #: fit simulates the traced requests over a hundred times (seconds), and a check that predicts
 #: a workload under many seeds fits the same trace each time.
@@ -99,20 +112,22 @@ _FIT_CACHE_SIZE = 16
 
 
 def fit_from_trace(path: str | Path, requests: int = 0,
-                   prior: Optional[dict[str, Any]] = None) -> dict[str, Any]:
+                   prior: Optional[dict[str, Any]] = None, pin: bool = False) -> dict[str, Any]:
     """The acceptance section (AcceptanceFit.as_dict()) fitted from the trace at `path`,
     from its first `requests` admitted requests (0 = all), its depth factors pooled with
-    `prior`'s (a profile's acceptance section, or None), plus `requests` and `request_sd`.
-    (Cached while the file is unchanged; each call gets its own copy.)"""
+    `prior`'s (a profile's acceptance section, or None), plus `requests` and `request_sd`;
+    with `pin`, the chain section's `pinned`: each of those requests' own logit shift, in
+    admission order (acceptance.pin_requests). (Cached while the file is unchanged; each call
+    gets its own copy.)"""
     try:
         st = Path(path).stat()
         key = (str(Path(path).resolve()), st.st_size, st.st_mtime_ns, int(requests),
-               json.dumps(prior, sort_keys=True, default=str))
+               json.dumps(prior, sort_keys=True, default=str), bool(pin))
     except OSError:
         key = None  # (load_trace says what is wrong with it)
     if key is not None and key in _FIT_CACHE:
         return copy.deepcopy(_FIT_CACHE[key])
-    out = _fit_from_trace(path, requests, prior)
+    out = _fit_from_trace(path, requests, prior, pin)
     if key is not None:
         if len(_FIT_CACHE) >= _FIT_CACHE_SIZE:
             _FIT_CACHE.pop(next(iter(_FIT_CACHE)))
@@ -121,7 +136,7 @@ def fit_from_trace(path: str | Path, requests: int = 0,
 
 
 def _fit_from_trace(path: str | Path, requests: int,
-                    prior: Optional[dict[str, Any]]) -> dict[str, Any]:
+                    prior: Optional[dict[str, Any]], pin: bool = False) -> dict[str, Any]:
     try:
         events, _ = load_trace(path)
     except TraceError as e:
@@ -154,6 +169,9 @@ def _fit_from_trace(path: str | Path, requests: int,
             out["chain"] = {**chain, "spread": 0.0, "offset": 0.0,
                             "spread_left_out": f"fitted from {len(keep)} requests "
                                                f"(< {CHAIN_SPREAD_MIN_REQUESTS})"}
+        if pin:
+            used = [r for r in order if r in keep]
+            out["chain"]["pinned"] = pin_difficulties(out["chain"], commit_walks(commits, used))
     out["requests"], out["request_sd"] = request_spread(commits)
     return out
 

@@ -130,3 +130,54 @@ def test_a_trace_fit_is_reused_while_the_file_is_unchanged(tmp_path):
     trace.write_text("".join(x for x in lines if json.loads(x).get("req") in (None, *keep)))
     c = fit_from_trace(trace, prior=prior)
     assert c["requests"] <= 3 < b["requests"]
+
+
+def test_pinned_requests_keep_their_own_acceptance():
+    """acceptance.pin_requests: each traced request's fitted shift, redrawn, accepts on average
+    what that request accepted in the trace (a cohort replayed at its own difficulties), and
+    the harder request gets the lower shift."""
+    from sim.acceptance import ChainAcceptance, _Indexed
+    from sim.replay import load_trace
+    from sim.streams import RandomStreams
+    from sim.trace_acceptance import admitted_requests, commit_walks
+
+    prior = json.loads(PRIOR.read_text())
+    fit = fit_from_trace(FIRST8, prior=prior, pin=True)
+    chain = fit["chain"]
+    events, _ = load_trace(FIRST8)
+    order = admitted_requests(events)
+    walks = commit_walks([e for e in events if e.get("ev") == "commit"], order)
+    assert len(chain["pinned"]) == len(order) == 8
+    observed = [sum(a for *_, a in w) / sum(k for _, k, _ in w) for w in walks]
+    for i, w in enumerate(walks):
+        acc = dr = 0
+        for seed in range(24):
+            model = ChainAcceptance(chain["after_miss"], chain["after_hit"], chain["first"],
+                                    chain["tokens"], RandomStreams(500 + seed),
+                                    chain["depth_factor"], pinned=chain["pinned"])
+            pos, end, c = w[0][0], w[0][0] + sum(a + 1 for *_, a in w), 0
+            while pos < end:
+                k = w[c % len(w)][1]
+                a = model.accepted(_Indexed(i), k, pos) if k else 0
+                acc, dr, pos, c = acc + a, dr + k, pos + a + 1, c + 1
+        assert abs(acc / dr - observed[i]) < 0.04, (i, acc / dr, observed[i])
+    hard, easy = observed.index(min(observed)), observed.index(max(observed))
+    assert chain["pinned"][hard] < chain["pinned"][easy]
+    assert "pinned" not in fit_from_trace(FIRST8, prior=prior)["chain"]  # only when asked
+
+
+def test_pinned_requests_predict_and_name_what_they_need(prior_profile):
+    base = ("hardware=cpu_tiny", f"profile={prior_profile}", "workload=cohort",
+            "workload.requests=4", "workload.prompt_tokens=64", "workload.max_tokens=64",
+            "engine.mode=batch", "engine.batch_mtp=true", "engine.slots=4",
+            "spread.enabled=false", "print_outputs=false")
+    m = run_predict(cfg_of(*base, "acceptance=chain", f"acceptance.from_trace={FIRST8}",
+                           "acceptance.pin_requests=true")).metrics
+    assert 0.3 < m["acceptance"] < 1.0
+    from sim.config import SimConfigError
+
+    for bad in (("acceptance=chain", "acceptance.pin_requests=true"),
+                ("acceptance=position", f"acceptance.from_trace={FIRST8}",
+                 "acceptance.pin_requests=true")):
+        with pytest.raises(SimConfigError, match="acceptance.pin_requests: needs"):
+            run_predict(cfg_of(*base, *bad))

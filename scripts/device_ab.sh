@@ -1,0 +1,95 @@
+#!/usr/bin/env bash
+# On the device: the working tree ("new") against the tree scripts/ab_prepare.sh packed into
+# .dev/NAME ("base"), each with its own extension, the steps named, in order, each with its own
+# time limit; logs and JSON under $OUT/ab (packed into $OUT/ab.tgz after every step, so a call
+# cut short still returns what ran).
+#
+#   bash scripts/device_ab.sh tests,prof_tiny,tiny,full_solo
+#
+# Steps (new first, then base, in the same call: machines differ by a few percent):
+#   tests       GPU tests of the new tree (TESTS: pytest -k expression, default the kernels,
+#               the router and the mode-identity test)
+#   prof_tiny   profile_window.py --compile on the tiny model, 1x2 and 8x2, both trees
+#   tiny        the tiny engine solo (N=1) and batch_mtp W16 (N=8), 256 tokens, overlap on
+#   full_solo   full depth FP8 dummy, synthetic acceptance 0.8, solo spec 2, 256 tokens
+#   full_n8     full depth batch_mtp W16 at N=8, 64 tokens
+#   ident       the tiny engine compiled, solo against batch_mtp at N=2: greedy identity
+# Env: NAME (base), TESTS, and per-step limits TESTS_S (150), PROF_S (100), TINY_S (110),
+# FULL_S (220), N8_S (220), IDENT_S (200).
+set -u
+OUT=${OUT:?set OUT to the results directory}
+NAME=${NAME:-base}
+steps=${1:?usage: scripts/device_ab.sh STEP[,STEP...]}
+R=/tmp/ab
+mkdir -p "$R"
+export PYTHONUNBUFFERED=1 TORCHINDUCTOR_CACHE_DIR=/tmp/strata_inductor
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+  --target /tmp/site .whl/*.whl || exit 1
+export PYTHONPATH=/tmp/site:$PWD
+SO=strata_cuda.cpython-312-x86_64-linux-gnu.so
+B=.dev/$NAME
+[ -d "$B" ] || { echo "device_ab: $B missing (run scripts/ab_prepare.sh here first)"; exit 2; }
+unxz -c .dev/new_cuda.so.xz > "strata/kernels/$SO" || exit 1
+unxz -c ".dev/${NAME}_cuda.so.xz" > "$B/strata/kernels/$SO" || exit 1
+cp -r strata/assets "$B/strata/"
+nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee "$R/gpu.txt"
+echo "base $(cat "$B/REV" 2>/dev/null)" | tee -a "$R/gpu.txt"
+
+pack() { tar -czf "$OUT/ab.tgz.part" -C /tmp ab && mv -f "$OUT/ab.tgz.part" "$OUT/ab.tgz"; }
+# step NAME LIMIT TAIL CMD...: run with a limit, print rc, seconds and the log's last lines
+step() {
+  local name=$1 lim=$2 tail=$3
+  shift 3
+  local t0=$SECONDS
+  timeout "$lim" "$@" > "$R/$name.log" 2>&1
+  echo "== $name rc=$? $((SECONDS - t0)) s"
+  grep -v -i -E "warn|^$" "$R/$name.log" | tail -n "$tail"
+  pack
+}
+# the base tree's python: its own package first on the path (its scripts put their own root
+# first too)
+BASE=(env "PYTHONPATH=/tmp/site:$PWD/$B" python3)
+T="--prompt-tokens 64 --max-tokens 256 --overlap on --repeats 3 --no-reverse"
+F="--preset qwen3_next_80b_a3b_fp8 --load-format dummy --synthetic-acceptance 0.8 --overlap on --no-reverse"
+for s in ${steps//,/ }; do
+  case $s in
+    tests)
+      step tests "${TESTS_S:-150}" 4 python3 -m pytest -q -p no:warnings -m gpu \
+        tests/test_kernels_gpu.py tests/test_router.py tests/test_engine_backends.py \
+        -k "${TESTS:-not programmatic and not traced_serial}" ;;
+    prof_tiny)
+      for t in new base; do
+        cmd=(scripts/profile_window.py --backend auto --compile --shapes 1x2,8x2 --iters 100
+             --top 12 --json "$R/prof_tiny_$t.json")
+        if [ $t = new ]; then step prof_tiny_$t "${PROF_S:-100}" 2 python3 "${cmd[@]}"
+        else step prof_tiny_$t "${PROF_S:-100}" 2 "${BASE[@]}" "$B/${cmd[0]}" "${cmd[@]:1}"; fi
+        grep -E "^=== window|graph replay" "$R/prof_tiny_$t.log"
+      done ;;
+    tiny)
+      for cfg in "solo --n 1" "batch_mtp_w16 --n 8"; do
+        tag=${cfg%% *}
+        step "tiny_${tag}_new" "${TINY_S:-110}" 6 python3 scripts/bench_engine.py --configs $cfg $T \
+          --json "$R/tiny_${tag}_new.json"
+        step "tiny_${tag}_base" "${TINY_S:-110}" 6 "${BASE[@]}" "$B/scripts/bench_engine.py" \
+          --configs $cfg $T --json "$R/tiny_${tag}_base.json"
+      done ;;
+    full_solo)
+      for t in new base; do
+        args=(scripts/bench_engine.py $F --configs solo_spec2 --n 1 --max-tokens 256 --repeats 3
+              --json "$R/full_solo_$t.json")
+        if [ $t = new ]; then step full_solo_$t "${FULL_S:-220}" 9 python3 "${args[@]}"
+        else step full_solo_$t "${FULL_S:-220}" 9 "${BASE[@]}" "$B/${args[0]}" "${args[@]:1}"; fi
+      done ;;
+    full_n8)
+      for t in new base; do
+        args=(scripts/bench_engine.py $F --configs batch_mtp_w16 --n 8 --max-tokens 64 --repeats 2
+              --json "$R/full_n8_$t.json")
+        if [ $t = new ]; then step full_n8_$t "${N8_S:-220}" 12 python3 "${args[@]}"
+        else step full_n8_$t "${N8_S:-220}" 12 "${BASE[@]}" "$B/${args[0]}" "${args[@]:1}"; fi
+      done ;;
+    ident)
+      step ident "${IDENT_S:-200}" 3 python3 scripts/bench_engine.py --configs solo,batch_mtp --n 2 \
+        --max-tokens 48 --repeats 1 --overlap on ;;
+    *) echo "device_ab: unknown step $s (tests, prof_tiny, tiny, full_solo, full_n8, ident)"; exit 2 ;;
+  esac
+done
