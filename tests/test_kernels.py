@@ -476,33 +476,34 @@ def test_ops_compile_fullgraph_without_graph_break():
             torch.testing.assert_close(a[gs[real]], b[gs[real]])
 
 
-def _prep_layer():
-    """The embedded tiny model's first linear-attention layer (float32) and a window's inputs."""
+def _prep_layer(dtype: str = "float32"):
+    """The embedded tiny model's first linear-attention layer and a window's inputs."""
     from strata.config import EMBEDDED_MODEL_DIR
     from strata.model.loader import load_checkpoint
 
-    model = load_checkpoint(EMBEDDED_MODEL_DIR, dtype="float32", log=lambda _m: None).model
+    model = load_checkpoint(EMBEDDED_MODEL_DIR, dtype=dtype, log=lambda _m: None).model
     layer = next(m.linear_attn for m in model.layers if m.kind == "linear_attention")
     gen = torch.Generator().manual_seed(11)
     ng, g, slots = 3, 2, 4
-    x = torch.randn(ng, g, model.args.hidden_size, generator=gen)
-    conv = torch.randn(slots + 1, layer.conv_dim, layer.kernel - 1, generator=gen)
+    x = torch.randn(ng, g, model.args.hidden_size, generator=gen).to(model.dtype)
+    conv = torch.randn(slots + 1, layer.conv_dim, layer.kernel - 1, generator=gen).to(model.dtype)
     rec = torch.randn(slots + 1, layer.nv, layer.dk, layer.dv, generator=gen) * 0.1
     return layer, (x, conv, rec, torch.tensor([2, 0, 4]))
 
 
-def test_gated_delta_prep_reference_is_the_models_preparation():
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_gated_delta_prep_reference_is_the_models_preparation(dtype):
     """reference.gated_delta_window_prep (what the GPU kernel computes) takes the layer's raw
-    conv output and b/a columns to the same rule as GatedDeltaNet's own norms and gates."""
-    layer, (x, conv, rec, gs) = _prep_layer()
+    conv output and b/a columns to the same rule as GatedDeltaNet's own norms and gates (beta
+    rounded to b's dtype as the model's sigmoid rounds it), bit for bit."""
+    layer, (x, conv, rec, gs) = _prep_layer(dtype)
     mixed, z, ba = layer._project_raw(x)
     mixed, _ = R.causal_conv_window(mixed, conv, layer.conv1d.weight[:, 0, :], gs)
     q, k, v, gg, beta = layer._heads(mixed, *layer._split_ba(ba))
     want_o, want_s = R.gated_delta_window(q, k, v, gg, beta, rec, gs)
     got_o, got_s = R.gated_delta_window_prep(mixed, ba, layer.neg_a, layer.dt_bias_f, rec, gs,
                                              layer.nk, layer.dk, layer.dk ** -0.5, 1e-6)
-    torch.testing.assert_close(got_o, want_o, rtol=1e-5, atol=1e-6)
-    torch.testing.assert_close(got_s, want_s, rtol=1e-5, atol=1e-6)
+    assert torch.equal(got_o, want_o) and torch.equal(got_s, want_s)
 
 
 def test_window_takes_the_prepared_rule_where_the_backend_has_it(monkeypatch):

@@ -776,7 +776,7 @@ struct GdnParams {
   // The prepared form (gdn_kernel<KPT, true>, gated_delta_window_prep): q points at the conv
   // output, rows of x_row elements [q (H / rep key heads x Dk) | k (the same) | v (H x Dv) ...];
   // beta and gate at the raw in_proj rows of ba_row elements, per key head [b (rep) | a (rep)];
-  // the kernel L2-normalises q and k (q also times q_scale), and takes beta = sigmoid(b) and
+  // the kernel L2-normalises q and k (q also times q_scale), and takes beta = sigmoid(b) (in b's dtype) and
   // g = neg_a[h] * softplus(a + dt_bias[h]), which the model's own ops did in five kernels.
   int rep;
   int64_t x_row, ba_row;
@@ -823,7 +823,8 @@ __global__ void __launch_bounds__(256) gdn_kernel(GdnParams p) {
       vn = vok ? load_as_float(p.q, p.q_dtype, x0 + 2ll * nk * p.dk + (int64_t)hh * p.dv + v)
                : 0.f;
       const int64_t b0 = row * p.ba_row + (int64_t)kh * 2 * p.rep + (hh - kh * p.rep);
-      bn = 1.f / (1.f + expf(-load_as_float(p.beta, p.b_dtype, b0)));
+      // beta in b's dtype, as the model's sigmoid(b) (and transformers') rounds it
+      bn = round_through(1.f / (1.f + expf(-load_as_float(p.beta, p.b_dtype, b0))), p.b_dtype);
       const float a = load_as_float(p.gate, p.g_dtype, b0 + p.rep) + p.dt_bias[hh];
       gn = p.neg_a[hh] * (a > 20.f ? a : log1pf(expf(a)));  // softplus, torch's threshold
     } else {

@@ -133,7 +133,7 @@ def gated_delta_window_prep(x: torch.Tensor, ba: torch.Tensor, neg_a: torch.Tens
     x: the conv output (NG, G, C), channels [q (nk x Dk) | k (nk x Dk) | v (H x Dv) ...];
     ba: the in_proj's b/a columns (NG, G, >= 2H), per key head [b (rep) | a (rep)], rep =
     H / nk; neg_a = -exp(A_log) and dt_bias: float32 (H,). q and k are L2-normalised (q times
-    q_scale), beta = sigmoid(b), g = neg_a * softplus(a + dt_bias), all in float32; then
+    q_scale), beta = sigmoid(b) in b's dtype, g = neg_a * softplus(a + dt_bias) in float32; then
     gated_delta_window (its out and snapshots; `snaps` as there)."""
     ng, rows, _ = x.shape
     h, dv = neg_a.shape[0], rec_state.shape[-1]
@@ -145,9 +145,9 @@ def gated_delta_window_prep(x: torch.Tensor, ba: torch.Tensor, neg_a: torch.Tens
     k = k * torch.rsqrt((k * k).sum(-1, keepdim=True) + eps)
     if rep > 1:
         q, k = q.repeat_interleave(rep, dim=2), k.repeat_interleave(rep, dim=2)
-    bav = ba[..., :2 * h].float().reshape(ng, rows, nk, 2 * rep)
-    beta = torch.sigmoid(bav[..., :rep].reshape(ng, rows, h))
-    g = neg_a * F.softplus(bav[..., rep:].reshape(ng, rows, h) + dt_bias)
+    bav = ba[..., :2 * h].reshape(ng, rows, nk, 2 * rep)
+    beta = torch.sigmoid(bav[..., :rep].reshape(ng, rows, h)).float()  # in b's dtype, as the model
+    g = neg_a * F.softplus(bav[..., rep:].reshape(ng, rows, h).float() + dt_bias)
     return gated_delta_window(q, k, v, g, beta, rec_state, group_slot, snaps=snaps)
 
 
