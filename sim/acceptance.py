@@ -560,16 +560,7 @@ def _fit_chain_spread(chain: dict[str, Any], first: float,
                                 list(chain["chain_depth_factors"]), spread, offset, zs)
         ratios, acc_all, dr_all = [], 0, 0
         for i, r in enumerate(reqs):
-            # The request writes as many tokens as it did in the trace, its windows drafting
-            # as its traced ones did in turn: an easy request takes fewer windows, as in a
-            # simulation, so the pooled acceptance weighs requests as the engine's metric does.
-            req, pos, acc, dr = _Indexed(i), r[0][0], 0, 0
-            end = r[0][0] + sum(a + 1 for _, _, a in r)
-            c = 0
-            while pos < end:
-                k = r[c % len(r)][1]
-                a = model.accepted(req, k, pos) if k else 0
-                acc, dr, pos, c = acc + a, dr + k, pos + a + 1, c + 1
+            acc, dr = redraw_request(model, i, r)
             ratios.append(acc / dr if dr else 0.0)
             acc_all, dr_all = acc_all + acc, dr_all + dr
         return acc_all / max(dr_all, 1), _within_sd(ratios, groups)
@@ -652,12 +643,8 @@ def pin_difficulties(chain: dict[str, Any], requests: list[list[tuple[int, int, 
                                         RandomStreams(SPREAD_FIT_SEED + seed),
                                         list(chain.get("depth_factor") or [1.0]),
                                         pinned=[shift])
-                req = _Indexed(0)
-                pos, end, c = r[0][0], r[0][0] + sum(a + 1 for _, _, a in r), 0
-                while pos < end:
-                    k = r[c % len(r)][1]
-                    a = model.accepted(req, k, pos) if k else 0
-                    acc, dr, pos, c = acc + a, dr + k, pos + a + 1, c + 1
+                a, d = redraw_request(model, 0, r)
+                acc, dr = acc + a, dr + d
             return acc / max(dr, 1)
 
         lo, hi = -PIN_MAX, PIN_MAX
@@ -677,6 +664,22 @@ class _Indexed:
 
     def __init__(self, index: int):
         self.index = index
+
+
+def redraw_request(model: AcceptanceModel, index: int,
+                   commits: list[tuple[int, int, int]]) -> tuple[int, int]:
+    """(accepted, drafted) of a traced request redrawn under `model` as request `index`: it
+    writes as many tokens as it did in the trace (`commits`: its (position, drafted, accepted)
+    in order), its windows drafting as its traced ones did in turn, so an easy request takes
+    fewer windows, as in a simulation, and pooled acceptance weighs requests as the engine's
+    metric does."""
+    req, pos, c, acc, dr = _Indexed(index), commits[0][0], 0, 0, 0
+    end = commits[0][0] + sum(a + 1 for *_, a in commits)
+    while pos < end:
+        k = commits[c % len(commits)][1]
+        a = model.accepted(req, k, pos) if k else 0
+        acc, dr, pos, c = acc + a, dr + k, pos + a + 1, c + 1
+    return acc, dr
 
 
 def build_acceptance(cfg: Any, streams: RandomStreams,

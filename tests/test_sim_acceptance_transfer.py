@@ -136,7 +136,7 @@ def test_pinned_requests_keep_their_own_acceptance():
     """acceptance.pin_requests: each traced request's fitted shift, redrawn, accepts on average
     what that request accepted in the trace (a cohort replayed at its own difficulties), and
     the harder request gets the lower shift."""
-    from sim.acceptance import ChainAcceptance, _Indexed
+    from sim.acceptance import ChainAcceptance, redraw_request
     from sim.replay import load_trace
     from sim.streams import RandomStreams
     from sim.trace_acceptance import admitted_requests, commit_walks
@@ -155,11 +155,8 @@ def test_pinned_requests_keep_their_own_acceptance():
             model = ChainAcceptance(chain["after_miss"], chain["after_hit"], chain["first"],
                                     chain["tokens"], RandomStreams(500 + seed),
                                     chain["depth_factor"], pinned=chain["pinned"])
-            pos, end, c = w[0][0], w[0][0] + sum(a + 1 for *_, a in w), 0
-            while pos < end:
-                k = w[c % len(w)][1]
-                a = model.accepted(_Indexed(i), k, pos) if k else 0
-                acc, dr, pos, c = acc + a, dr + k, pos + a + 1, c + 1
+            a, d = redraw_request(model, i, w)
+            acc, dr = acc + a, dr + d
         assert abs(acc / dr - observed[i]) < 0.04, (i, acc / dr, observed[i])
     hard, easy = observed.index(min(observed)), observed.index(max(observed))
     assert chain["pinned"][hard] < chain["pinned"][easy]
