@@ -87,6 +87,17 @@ cdef int _check_inner_dense(str op, str name, object t, int first) except -1:
     return 0
 
 
+cdef int64_t _row_stride(str op, str name, object t) except -1:
+    """The stride between consecutive rows of the (NG, G) grid of a 3-d t whose last dimension
+    has unit stride (a column slice of a wider output may be passed as it is): row n * G + j
+    at (n * G + j) times it. Raises naming the tensor when the rows are not evenly strided."""
+    ng, rows = t.shape[0], t.shape[1]
+    if t.stride(2) != 1 or (rows > 1 and ng > 1 and t.stride(0) != rows * t.stride(1)):
+        raise ValueError(f"{op}: {name} must have unit stride in its last dimension and "
+                         f"evenly strided rows (shape {tuple(t.shape)}, strides {t.stride()})")
+    return t.stride(1) if rows > 1 else t.stride(0)
+
+
 cdef inline void* _ptr(object t):
     return <void*><uintptr_t>t.data_ptr()
 

@@ -359,17 +359,12 @@ def gated_delta_window_prep(x, ba, neg_a, dt_bias, rec_state, group_slot, out, s
     _check_shape(op, "rec_state", rec_state, (nslots, h, dk, dv))
     _check_shape(op, "out", out, (ng, rows, h, dv))
     _check_shape(op, "snaps", snaps, (ng, rows, h, dk, dv))
-    for name, t in (("x", x), ("ba", ba)):
-        # rows of the (NG, G) grid at one stride: row n * G + j at (n * G + j) * stride(1)
-        if t.stride(2) != 1 or (rows > 1 and ng > 1 and t.stride(0) != rows * t.stride(1)):
-            raise ValueError(f"{op}: {name} must have unit stride in its last dimension and "
-                             f"evenly strided rows (shape {tuple(t.shape)}, strides {t.stride()})")
+    cdef int64_t x_row = _row_stride(op, "x", x)
+    cdef int64_t ba_row = _row_stride(op, "ba", ba)
     for name, t in (("neg_a", neg_a), ("dt_bias", dt_bias), ("out", out), ("snaps", snaps)):
         _check_contiguous(op, name, t)
     _check_inner_dense(op, "rec_state", rec_state, 1)
     _check_index(op, "group_slot", group_slot, ng)
-    cdef int64_t x_row = x.stride(1) if rows > 1 else x.stride(0)
-    cdef int64_t ba_row = ba.stride(1) if rows > 1 else ba.stride(0)
     cdef int dev = _device_of(op, [("x", x), ("ba", ba), ("neg_a", neg_a), ("dt_bias", dt_bias),
                                    ("rec_state", rec_state), ("out", out), ("snaps", snaps),
                                    ("group_slot", group_slot)])

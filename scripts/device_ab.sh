@@ -46,9 +46,19 @@ step() {
   grep -v -i -E "warn|^$" "$R/$name.log" | tail -n "$tail"
   pack
 }
-# the base tree's python: its own package first on the path (its scripts put their own root
-# first too)
-BASE=(env "PYTHONPATH=/tmp/site:$PWD/$B" python3)
+# ab NAME LIMIT TAIL SCRIPT ARGS...: step NAME_new with the working tree's SCRIPT, then NAME_base
+# with the base tree's (its own package first on the path; its scripts put their root first
+# too); @T@ in ARGS becomes new or base (the JSON each writes)
+ab() {
+  local name=$1 lim=$2 tail=$3 script=$4 t
+  shift 4
+  for t in new base; do
+    local args=("${@//@T@/$t}")
+    if [ "$t" = new ]; then step "${name}_$t" "$lim" "$tail" python3 "$script" "${args[@]}"
+    else step "${name}_$t" "$lim" "$tail" env "PYTHONPATH=/tmp/site:$PWD/$B" python3 \
+      "$B/$script" "${args[@]}"; fi
+  done
+}
 T="--prompt-tokens 64 --max-tokens 256 --overlap on --repeats 3 --no-reverse"
 F="--preset qwen3_next_80b_a3b_fp8 --load-format dummy --synthetic-acceptance 0.8 --overlap on --no-reverse"
 for s in ${steps//,/ }; do
@@ -58,35 +68,20 @@ for s in ${steps//,/ }; do
         tests/test_kernels_gpu.py tests/test_router.py tests/test_engine_backends.py \
         -k "${TESTS:-not programmatic and not traced_serial}" ;;
     prof_tiny)
-      for t in new base; do
-        cmd=(scripts/profile_window.py --backend auto --compile --shapes 1x2,8x2 --iters 100
-             --top 12 --json "$R/prof_tiny_$t.json")
-        if [ $t = new ]; then step prof_tiny_$t "${PROF_S:-100}" 2 python3 "${cmd[@]}"
-        else step prof_tiny_$t "${PROF_S:-100}" 2 "${BASE[@]}" "$B/${cmd[0]}" "${cmd[@]:1}"; fi
-        grep -E "^=== window|graph replay" "$R/prof_tiny_$t.log"
-      done ;;
+      ab prof_tiny "${PROF_S:-100}" 2 scripts/profile_window.py --backend auto --compile \
+        --shapes 1x2,8x2 --iters 100 --top 12 --json "$R/prof_tiny_@T@.json"
+      grep -E "^=== window|graph replay" "$R/prof_tiny_new.log" "$R/prof_tiny_base.log" ;;
     tiny)
-      for cfg in "solo --n 1" "batch_mtp_w16 --n 8"; do
-        tag=${cfg%% *}
-        step "tiny_${tag}_new" "${TINY_S:-110}" 6 python3 scripts/bench_engine.py --configs $cfg $T \
-          --json "$R/tiny_${tag}_new.json"
-        step "tiny_${tag}_base" "${TINY_S:-110}" 6 "${BASE[@]}" "$B/scripts/bench_engine.py" \
-          --configs $cfg $T --json "$R/tiny_${tag}_base.json"
-      done ;;
+      ab tiny_solo "${TINY_S:-110}" 6 scripts/bench_engine.py --configs solo --n 1 $T \
+        --json "$R/tiny_solo_@T@.json"
+      ab tiny_w16 "${TINY_S:-110}" 6 scripts/bench_engine.py --configs batch_mtp_w16 --n 8 $T \
+        --json "$R/tiny_w16_@T@.json" ;;
     full_solo)
-      for t in new base; do
-        args=(scripts/bench_engine.py $F --configs solo_spec2 --n 1 --max-tokens 256 --repeats 3
-              --json "$R/full_solo_$t.json")
-        if [ $t = new ]; then step full_solo_$t "${FULL_S:-220}" 9 python3 "${args[@]}"
-        else step full_solo_$t "${FULL_S:-220}" 9 "${BASE[@]}" "$B/${args[0]}" "${args[@]:1}"; fi
-      done ;;
+      ab full_solo "${FULL_S:-220}" 9 scripts/bench_engine.py $F --configs solo_spec2 --n 1 \
+        --max-tokens 256 --repeats 3 --json "$R/full_solo_@T@.json" ;;
     full_n8)
-      for t in new base; do
-        args=(scripts/bench_engine.py $F --configs batch_mtp_w16 --n 8 --max-tokens 64 --repeats 2
-              --json "$R/full_n8_$t.json")
-        if [ $t = new ]; then step full_n8_$t "${N8_S:-220}" 12 python3 "${args[@]}"
-        else step full_n8_$t "${N8_S:-220}" 12 "${BASE[@]}" "$B/${args[0]}" "${args[@]:1}"; fi
-      done ;;
+      ab full_n8 "${N8_S:-220}" 12 scripts/bench_engine.py $F --configs batch_mtp_w16 --n 8 \
+        --max-tokens 64 --repeats 2 --json "$R/full_n8_@T@.json" ;;
     ident)
       step ident "${IDENT_S:-200}" 3 python3 scripts/bench_engine.py --configs solo,batch_mtp --n 2 \
         --max-tokens 48 --repeats 1 --overlap on ;;

@@ -271,18 +271,19 @@ def predict_cells(src: Path, conf: Path, name: str, engine: dict[str, dict],
                                acc_trace=f"'{acc_trace.resolve()}'", conf=conf, max_context=0)
         # (quoted: the cells' directories have '=' in their names)
         knobs = {**stc.engine_knobs(config, n, args), "overlap": recorded_overlap(src, cell)}
+        over = stc.sim_overrides(knobs, n, args)
         # at its own acceptance each simulated request takes its traced twin's difficulty
-        # (acceptance.pin_requests): the cohort's own slow request, not a new draw of four
-        over = stc.sim_overrides(knobs, n, args) + (["acceptance.pin_requests=true"] if own else [])
+        # (acceptance.pin_requests, a chain setting): the cohort's own slow request, not a new
+        # draw of four
+        pin = ["acceptance.pin_requests=true"] if own else []
         # (pinned, a request's acceptance still varies by draw, about 0.05 over 150 drafts,
         # and the cohort lasts as long as its slowest request: drawn as often as learned)
         k = 1 if e["acceptance"] is None else draws
         try:
-            m = stc.predict_drawn(name, over, k)
+            m = stc.predict_drawn(name, over + pin, k)
         except SimConfigError:  # a solo trace judges no grouped drafts: no chain fit
             m = stc.predict_drawn(name, [o.replace("acceptance=chain", "acceptance=position")
-                                         for o in over if o != "acceptance.pin_requests=true"],
-                                  k)
+                                         for o in over], k)
         lo, hi = m["range"]["aggregate_tps"]
         rows.append({"cell": cell, "engine_tps": e["tps"], "engine_runs": e["runs"],
                      "engine_acceptance": e["acceptance"], "sim_tps": m["aggregate_tps"],

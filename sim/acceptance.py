@@ -711,10 +711,8 @@ def build_acceptance(cfg: Any, streams: RandomStreams,
                              "traces with grouped windows; refit with sim/profile.py)")
         spread = float(chain.get("spread") or 0.0) if cfg.request_spread else 0.0
         offset = float(chain.get("offset") or 0.0) if cfg.request_spread else 0.0
-        pinned = chain.get("pinned") if getattr(cfg, "pin_requests", False) else None
-        if getattr(cfg, "pin_requests", False) and pinned is None:
-            raise ValueError("acceptance.pin_requests=true needs a fit with pinned requests "
-                             "(acceptance.from_trace=FILE)")
+        # (validate_acceptance: pin_requests comes with from_trace, whose fit has `pinned`)
+        pinned = chain.get("pinned") if cfg.pin_requests else None
         return ChainAcceptance(list(chain["after_miss"]), list(chain["after_hit"]),
                                float(chain["first"]), int(chain["tokens"]), streams,
                                list(chain.get("depth_factor") or [1.0]), spread, offset,

@@ -12,9 +12,10 @@ taken at import), and `set_backend` rebinds them once at engine start:
 
 Ops a backend does not implement fall back to the torch reference (today: moe_route,
 causal_conv_window_qkvz and gated_delta_window_prep on the CPU, where the model then gathers
-the conv's input and prepares the rule's inputs itself; chunk_gated_delta, the prefill path, runs the decode kernel's recurrence on cpu, cuda and
-hip, and the chunked reference on torch). `implementations()` tells which is
-in use for each op. All ops keep the reference signatures and return values.
+the conv's input and prepares the rule's inputs itself; chunk_gated_delta, the prefill path,
+runs the decode kernel's recurrence on cpu, cuda and hip, and the chunked reference on torch).
+`implementations()` tells which is in use for each op, `native(op)` whether one runs on the
+backend's own kernel. All ops keep the reference signatures and return values.
 """
 
 from __future__ import annotations
