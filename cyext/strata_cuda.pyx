@@ -269,14 +269,11 @@ def causal_conv_window_qkvz(x, conv_state, weight, group_slot, out, snaps, int64
     _check_shape(op, "conv_state", conv_state, (nslots, c, kw - 1))
     _check_shape(op, "out", out, (ng, g, c))
     _check_shape(op, "snaps", snaps, (ng, g, c, kw - 1))
-    if x.stride(2) != 1 or (g > 1 and ng > 1 and x.stride(0) != g * x.stride(1)):
-        raise ValueError(f"{op}: x must have unit stride in its last dimension and evenly "
-                         f"strided rows (shape {tuple(x.shape)}, strides {x.stride()})")
+    cdef int64_t x_row = _row_stride(op, "x", x)
     for name, t in (("weight", weight), ("out", out), ("snaps", snaps)):
         _check_contiguous(op, name, t)
     _check_inner_dense(op, "conv_state", conv_state, 1)
     _check_index(op, "group_slot", group_slot, ng)
-    cdef int64_t x_row = x.stride(1) if g > 1 else x.stride(0)
     cdef int dev = _device_of(op, [("x", x), ("conv_state", conv_state), ("weight", weight),
                                    ("out", out), ("snaps", snaps), ("group_slot", group_slot)])
     cdef void* xp = _ptr(x)

@@ -138,17 +138,34 @@ def gated_delta_window_prep(x: torch.Tensor, ba: torch.Tensor, neg_a: torch.Tens
     ng, rows, _ = x.shape
     h, dv = neg_a.shape[0], rec_state.shape[-1]
     rep = h // nk
-    q = x[..., :nk * dk].reshape(ng, rows, nk, dk).float()
-    k = x[..., nk * dk:2 * nk * dk].reshape(ng, rows, nk, dk).float()
+    q = x[..., :nk * dk].reshape(ng, rows, nk, dk)
+    k = x[..., nk * dk:2 * nk * dk].reshape(ng, rows, nk, dk)
     v = x[..., 2 * nk * dk:2 * nk * dk + h * dv].reshape(ng, rows, h, dv)
+    bav = ba[..., :2 * h].reshape(ng, rows, nk, 2 * rep)
+    q, k, g, beta = gated_delta_inputs(q, k, bav[..., :rep].reshape(ng, rows, h),
+                                       bav[..., rep:].reshape(ng, rows, h), neg_a, dt_bias,
+                                       q_scale, eps)
+    return gated_delta_window(q, k, v, g, beta, rec_state, group_slot, snaps=snaps)
+
+
+def gated_delta_inputs(q: torch.Tensor, k: torch.Tensor, b: torch.Tensor, a: torch.Tensor,
+                       neg_a: torch.Tensor, dt_bias: torch.Tensor, q_scale: float, eps: float
+                       ) -> tuple[torch.Tensor, ...]:
+    """The rule's inputs from a linear-attention layer's own: q, k (..., nk, Dk) L2-normalised in
+    float32 (q times q_scale) and repeated to the H value heads of b, a (..., H); beta =
+    sigmoid(b) in b's dtype (as transformers rounds it), then float32; g = neg_a *
+    softplus(a + dt_bias) in float32 (neg_a = -exp(A_log)). Returns q, k, g, beta. The model's
+    own preparation (GatedDeltaNet._heads) and gated_delta_window_prep's, so the kernel that
+    does it in place has one definition to match."""
+    rep = b.shape[-1] // q.shape[-2]
+    if rep > 1:  # (repeated first: a CPU sum over (..., H, Dk) rounds as the model always has)
+        q, k = q.repeat_interleave(rep, dim=-2), k.repeat_interleave(rep, dim=-2)
+    q, k = q.float(), k.float()
     q = q * torch.rsqrt((q * q).sum(-1, keepdim=True) + eps) * q_scale
     k = k * torch.rsqrt((k * k).sum(-1, keepdim=True) + eps)
-    if rep > 1:
-        q, k = q.repeat_interleave(rep, dim=2), k.repeat_interleave(rep, dim=2)
-    bav = ba[..., :2 * h].reshape(ng, rows, nk, 2 * rep)
-    beta = torch.sigmoid(bav[..., :rep].reshape(ng, rows, h)).float()  # in b's dtype, as the model
-    g = neg_a * F.softplus(bav[..., rep:].reshape(ng, rows, h).float() + dt_bias)
-    return gated_delta_window(q, k, v, g, beta, rec_state, group_slot, snaps=snaps)
+    beta = torch.sigmoid(b).float()
+    g = neg_a * F.softplus(a.float() + dt_bias)
+    return q, k, g, beta
 
 
 def commit_accepted(accept: torch.Tensor, group_slot: torch.Tensor, group_pos: torch.Tensor,

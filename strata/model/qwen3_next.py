@@ -432,10 +432,6 @@ def chunk_rule(q, k, v, g, beta, initial_state):
 L2NORM_EPS = 1e-6
 
 
-def l2norm(x: torch.Tensor, eps: float = L2NORM_EPS) -> torch.Tensor:
-    return x * torch.rsqrt((x * x).sum(-1, keepdim=True) + eps)
-
-
 class GatedDeltaNet(nn.Module):
     """Linear attention with the gated delta rule, a depthwise causal conv and a gated norm."""
 
@@ -505,13 +501,9 @@ class GatedDeltaNet(nn.Module):
         q = q.reshape(*lead, self.nk, self.dk)
         k = k.reshape(*lead, self.nk, self.dk)
         v = v.reshape(*lead, self.nv, self.dv).contiguous()  # the kernels take contiguous rows
-        if self.nv > self.nk:
-            q = q.repeat_interleave(self.nv // self.nk, dim=-2)
-            k = k.repeat_interleave(self.nv // self.nk, dim=-2)
-        q = l2norm(q.float()) * self.dk ** -0.5
-        k = l2norm(k.float())
-        beta = torch.sigmoid(b).float()
-        g = -self.A_log.float().exp() * F.softplus(a.float() + self.dt_bias)
+        # (-exp(A_log) from the parameter here, not the fused copy: training differentiates it)
+        q, k, g, beta = reference.gated_delta_inputs(q, k, b, a, -self.A_log.float().exp(),
+                                                     self.dt_bias, self.dk ** -0.5, L2NORM_EPS)
         return q, k, v, g, beta
 
     def _out(self, core: torch.Tensor, z: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
