@@ -211,6 +211,16 @@ __device__ __forceinline__ float warp_sum(float v) {
   for (int m = 16; m >= 1; m >>= 1) v += STRATA_SHFL_XOR(v, m, 32);
   return v;
 }
+// warp_sum of each of N values, the N butterflies interleaved (the same sums, in the same order,
+// as N calls of warp_sum, with N independent shuffles in flight at each step).
+template <int N>
+__device__ __forceinline__ void butterflies(float (&v)[N]) {
+#pragma unroll
+  for (int m = 16; m >= 1; m >>= 1) {
+#pragma unroll
+    for (int r = 0; r < N; ++r) v[r] += STRATA_SHFL_XOR(v[r], m, 32);
+  }
+}
 
 // Exclusive prefix sum of one int per thread over a block of THREADS threads (has a barrier;
 // warp_tot: THREADS / 32 ints of shared memory, not reused before another barrier).

@@ -265,9 +265,10 @@ __global__ void __launch_bounds__(ST_THREADS, 1)
                                   r < F ? sg[j] : su[j], acc[r]);
         }
       }
+      butterflies<2 * F>(acc);  // = warp_sum of each
 #pragma unroll
       for (int f = 0; f < F; ++f) {
-        const float g = warp_sum(acc[f]), u = warp_sum(acc[F + f]);
+        const float g = acc[f], u = acc[F + f];
         if (lane == 0) p.act[(int64_t)q * p.I + i0 + f] = g / (1.f + expf(-g)) * u;
       }
     });
@@ -338,16 +339,25 @@ __global__ void __launch_bounds__(ST_THREADS, 1) moe_down_stream(MoeParams p, St
         for (int j = 0; j < CPL; ++j)
           if (lane + 32 * j < nch)
             load_act<EPC>(arow, STRATA_DTYPE_F32, (int64_t)(lane + 32 * j) * EPC, xf[j]);
+        // every row's dot product, then their butterflies side by side: the same sums as
+        // one row at a time, with T chains in flight rather than one (Nsight Compute on an
+        // H200 had this loop at 15 cycles per instruction, a warp's members one long chain)
+        float acc[T];
 #pragma unroll
         for (int r = 0; r < T; ++r) {
-          float acc = 0.f;
+          acc[r] = 0.f;
 #pragma unroll
           for (int j = 0; j < CPL; ++j) {
             const int c = lane + 32 * j;
-            if (c < nch) acc = chunk_dot<W>(*(const uint4*)(rows + r * row_bytes + 16 * c), xf[j], sc[j], acc);
+            if (c < nch)
+              acc[r] = chunk_dot<W>(*(const uint4*)(rows + r * row_bytes + 16 * c), xf[j], sc[j], acc[r]);
           }
-          acc = warp_sum(acc);
-          if (lane == 0) y_s[q * T + r] = acc;
+        }
+        butterflies<T>(acc);  // = warp_sum of each
+        if (lane == 0) {
+#pragma unroll
+          for (int r = 0; r < T; r += 4)
+            *(float4*)(y_s + q * T + r) = make_float4(acc[r], acc[r + 1], acc[r + 2], acc[r + 3]);
         }
       });
       __syncwarp();
