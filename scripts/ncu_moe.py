@@ -31,9 +31,14 @@ def main() -> int:
     ap.add_argument("--rows", default="2,32")
     ap.add_argument("--variants", default="stream,+db+xsmem")
     ap.add_argument("--weights", default="fp8", help="fp8, bf16 or fp8,bf16")
+    ap.add_argument("--router", action="store_true",
+                    help="also the router (moe_route_kernel: E experts plus the shared gate, "
+                         "top-k, renormalised) before each case's experts")
     args = ap.parse_args()
     E, k, H, I = (MOE_SHAPE[n] for n in ("E", "k", "H", "I"))
     saved = C.moe_launch_options()
+    # the fused router weight's shape: E gate rows and the shared gate, padded to 8 rows
+    w_router = (torch.randn(-(-(E + 1) // 8) * 8, H, device="cuda") / H ** 0.5).to(torch.bfloat16)
     for wname in args.weights.split(","):
         wgu, wd, gs, ds, block = _moe_weights(wname == "fp8")
         for variant in args.variants.split(","):
@@ -46,6 +51,8 @@ def main() -> int:
                 w = w / w.sum(-1, keepdim=True)
                 x = torch.randn(n, H, device="cuda", dtype=torch.bfloat16, generator=g)
                 for _ in range(2):
+                    if args.router:
+                        C.gpu_moe_route(x, w_router, E, k, True, None, E)
                     C.gpu_moe_experts(x, wgu, wd, w, ids, gs, ds, block)
                 torch.cuda.synchronize()
                 print(f"case {wname} {variant} rows {n}: distinct {ids.unique().numel()}",
