@@ -121,6 +121,35 @@ def same_depth_shape(shape: tuple[int, int], names: Iterable[str]) -> Optional[s
     return min(same, key=lambda c: (abs(math.log2(c[0]) - math.log2(groups)), -c[0]))[1]
 
 
+def depth_extrapolated_shape(shape: tuple[int, int], names: Sequence[str]):
+    """For a shape none of whose depth is measured: the two measured shapes of the family
+    (group count, the nearest to `shape`'s by log2 distance, the larger on a tie) that has
+    two depths or more whose window times are carried along the depth to it, as ((index,
+    depth), (index, depth)) bracketing it, or the family's two deepest; and the index of the
+    family's deepest shape when `shape` is deeper than all (None else). None when no family
+    has two depths, or `shape` is shallower than its family (the rows table prices those). Why: a window's depth is its rows per group, which in solo and
+    batch_mtp windows is the drafts it verifies, and each draft past the first is a step of
+    the MTP head in the window; so a window one draft deeper than the profile measured costs
+    about one step more, where the rows table (filled by the shapes measured at every row
+    count, most of them shallower) prices it as a shallow window of that many rows."""
+    groups, depth = shape
+    fams: dict[int, dict[int, int]] = {}
+    for k, name in enumerate(names):
+        n, _, g = name.partition("x")
+        fams.setdefault(int(n), {})[int(g)] = k
+    fams = {n: ds for n, ds in fams.items() if len(ds) >= 2}
+    if not fams or groups < 1 or depth < 1:
+        return None
+    n = min(fams, key=lambda c: (abs(math.log2(c) - math.log2(groups)), -c))
+    ds = sorted(fams[n])
+    below, above = [d for d in ds if d < depth], [d for d in ds if d > depth]
+    if not below:  # shallower than the family: the rows table, as before
+        return None
+    d1, d2 = (below[-1], above[0]) if above else (ds[-2], ds[-1])
+    deepest = fams[n][ds[-1]] if depth > ds[-1] else None
+    return (fams[n][d1], d1), (fams[n][d2], d2), deepest
+
+
 @dataclass
 class CostProfile:
     host_overhead_s: float
@@ -220,11 +249,12 @@ class CostProfile:
         name = None if shape is None else f"{shape[0]}x{shape[1]}"
         if self.decode_shapes is not None and shape is not None and name not in self.decode_shapes:
             name = self._same_depth_shape(shape)
+            if name is None:
+                est = self._depth_extrapolated(shape, action, i, j, w)
+                if est is not None:
+                    return est
         if self.decode_shapes is not None and name in self.decode_shapes:
-            k = self.decode_shapes.index(name)
-            table = self.decode_shape_s[action]
-            lo, hi = table[i][k], table[j][k]
-            return lo + w * (hi - lo)
+            return self._shape_time(self.decode_shapes.index(name), action, i, j, w)
         table = self.decode_s[action]
         lo = _interp(rows, self.decode_rows, table[i])
         hi = _interp(rows, self.decode_rows, table[j])
@@ -243,6 +273,34 @@ class CostProfile:
 
     def _same_depth_shape(self, shape: tuple[int, int]) -> Optional[str]:
         return same_depth_shape(shape, self.decode_shapes)
+
+    def _shape_time(self, k: int, action: str, i: int, j: int, w: float) -> float:
+        table = self.decode_shape_s[action]
+        return table[i][k] + w * (table[j][k] - table[i][k])
+
+    def unmeasured_depth(self, shape: Optional[tuple[int, int]]) -> bool:
+        """Whether decode_time prices `shape` by depth_extrapolated_shape (the profile has
+        shapes, none of this depth, and a family of two depths or more to extend)."""
+        if shape is None or self.decode_shapes is None:
+            return False
+        memo = self.__dict__.setdefault("_unmeasured_depth", {})
+        if shape not in memo:
+            memo[shape] = (f"{shape[0]}x{shape[1]}" not in self.decode_shapes
+                           and self._same_depth_shape(shape) is None
+                           and depth_extrapolated_shape(shape, self.decode_shapes) is not None)
+        return memo[shape]
+
+    def _depth_extrapolated(self, shape: tuple[int, int], action: str, i: int, j: int,
+                            w: float) -> Optional[float]:
+        found = depth_extrapolated_shape(shape, self.decode_shapes)
+        if found is None:
+            return None
+        (k1, d1), (k2, d2), deepest = found
+        t1, t2 = self._shape_time(k1, action, i, j, w), self._shape_time(k2, action, i, j, w)
+        t = t1 + (shape[1] - d1) * (t2 - t1) / (d2 - d1)
+        if deepest is not None:  # past the measured depths: never below the deepest's time
+            t = max(t, self._shape_time(deepest, action, i, j, w))
+        return max(t, 0.0)
 
     def slot_factor(self, slots: int) -> float:
         """The window-time scale of an engine of `slots` slots (1 without a slot scale)."""

@@ -61,6 +61,8 @@ def run_metrics(run: SimRun) -> dict[str, Any]:
             "expert_hits": st.expert_hits,
             "expert_misses": st.expert_misses,
             "expert_swaps": st.expert_swaps,
+            # window shapes whose depth the profile never measured (priced by extrapolation)
+            "extrapolated_shapes": sorted(run.stats.extrapolated_shapes),
         },
     }
 
@@ -90,6 +92,10 @@ def metrics_table(m: dict[str, Any]) -> str:
         rows.append(("expert hit rate", _fmt(m["expert_hit_rate"])))
     if m.get("range"):
         rows[3:3] = range_rows(m["range"])
+    if m["sim"].get("extrapolated_shapes"):
+        rows.append(("window shapes past the profile's depths",
+                     ", ".join(m["sim"]["extrapolated_shapes"])
+                     + " (priced along their depth from measured shapes)"))
     if m["sim"]["crashed_at_step"] is not None:
         rows.append(("ENGINE EXIT (upstream OOM) at step", str(m["sim"]["crashed_at_step"])))
     width = max(len(k) for k, _ in rows)

@@ -110,6 +110,9 @@ class RunStats:
     expert_hits: int = 0
     expert_misses: int = 0
     expert_swaps: int = 0
+    #: Window shapes ("NxG") the profile has no shape of their depth for, priced by carrying
+    #: its times along the depth (CostProfile.unmeasured_depth).
+    extrapolated_shapes: set[str] = field(default_factory=set)
 
 
 class SimEngine:
@@ -494,6 +497,8 @@ class SimEngine:
         rows = shape[0] * shape[1] if k.batch_invariant else len(layout)
         dur = 0.0 if decision.capture_failed else self.costs.decode_time(rows, tier,
                                                                           decision.action, shape)
+        if self.costs.unmeasured_depth(shape):
+            self.stats.extrapolated_shapes.add(f"{shape[0]}x{shape[1]}")
         return layout, key, tier, decision, dur
 
     def _decode(self, prefilling_exists: bool):

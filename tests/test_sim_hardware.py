@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import json
 from pathlib import Path
 
@@ -11,6 +12,7 @@ from omegaconf import OmegaConf
 
 from sim.config import SIM_CONF_DIR, SimConfigError, register_configs
 from sim.costs import CostProfile
+from sim.metrics import metrics_table
 from sim.predict import acceptance_inputs, run_predict
 from sim.spread import end_factors, scaled, speed_quantiles
 from sim.trace_acceptance import admitted_requests, fit_from_trace
@@ -210,5 +212,46 @@ def test_unmeasured_shape_takes_the_nearest_measured_shape_of_its_depth():
     # 16x2: the largest 2-row shape measured (8x2); 2x4 has no 4-deep neighbour but 1x4
     assert p.decode_time(32, 256, "hit", (16, 2)) == p.decode_time(16, 256, "hit", (8, 2))
     assert p.decode_time(8, 256, "hit", (2, 4)) == p.decode_time(4, 256, "hit", (1, 4))
-    # no measured shape of that depth: the rows table
-    assert p.decode_time(10, 256, "hit", (2, 5)) == p.decode_time(10, 256, "hit")
+    # no measured shape of that depth: carried along the depth of the nearest family with two
+    # depths or more (1x3, 1x4 here), not the rows table's shallow windows of as many rows
+    assert not p.unmeasured_depth((2, 4)) and p.unmeasured_depth((2, 5))
+
+
+def test_a_window_deeper_than_the_profile_costs_one_step_more_per_draft():
+    """A solo window one draft deeper than the profile measured (1x5 where it holds 1x1 to
+    1x4): priced along the 1x3 -> 1x4 step, not as the rows table's 5-row windows (shallow
+    batch shapes, cheaper than 1x4), which predicted spec 5 faster than spec 4."""
+    p = CostProfile.load(Path(SIM_CONF_DIR) / "profiles" / "h200_tiny_bf16.json")
+    for tier in (256, 300, 512):
+        t3, t4 = (p.decode_time(d, tier, "hit", (1, d)) for d in (3, 4))
+        assert p.decode_time(5, tier, "hit", (1, 5)) == pytest.approx(2 * t4 - t3)
+        assert p.decode_time(6, tier, "hit", (1, 6)) == pytest.approx(3 * t4 - 2 * t3)
+        assert p.decode_time(5, tier, "hit", (1, 5)) >= t4
+        assert p.decode_time(5, tier, "hit", (1, 5)) > p.decode_time(5, tier, "hit")
+    assert p.decode_time(10, 256, "hit", (2, 5)) == p.decode_time(5, 256, "hit", (1, 5))
+    # a family whose deeper shape measured faster (noise): never below the deepest's time
+    q = copy.deepcopy(p)
+    k3, k4 = q.decode_shapes.index("1x3"), q.decode_shapes.index("1x4")
+    for row in q.decode_shape_s["hit"]:
+        row[k3], row[k4] = 0.5e-3, 0.4e-3
+    assert q.decode_time(5, 256, "hit", (1, 5)) == pytest.approx(0.4e-3)
+
+
+def test_no_family_of_two_depths_leaves_the_rows_table():
+    p = CostProfile.load(Path(SIM_CONF_DIR) / "profiles" / "h200_tiny_bf16.json")
+    keep = [k for k, n in enumerate(p.decode_shapes) if n in ("1x1", "2x2")]
+    p.decode_shapes = [p.decode_shapes[k] for k in keep]
+    p.decode_shape_s = {a: [[row[k] for k in keep] for row in t] for a, t in p.decode_shape_s.items()}
+    p.decode_shape_submit_s = None
+    assert not p.unmeasured_depth((1, 5))
+    assert p.decode_time(5, 256, "hit", (1, 5)) == p.decode_time(5, 256, "hit")
+
+
+def test_predict_names_the_shapes_it_priced_past_the_profile(tmp_path):
+    wl = ("hardware=h200_tiny_bf16", "acceptance=chain", "workload=cohort", "workload.requests=1",
+          "workload.prompt_tokens=64", "workload.max_tokens=64", "engine.mode=solo",
+          "spread.enabled=false")
+    deep = run_predict(cfg_of(*wl, "engine.spec=5"), tmp_path / "deep").metrics
+    assert deep["sim"]["extrapolated_shapes"] == ["1x5"]
+    assert "1x5" in metrics_table(deep)
+    assert run_predict(cfg_of(*wl, "engine.spec=4")).metrics["sim"]["extrapolated_shapes"] == []
