@@ -127,11 +127,12 @@ def depth_extrapolated_shape(shape: tuple[int, int], names: Sequence[str]):
     two depths or more whose window times are carried along the depth to it, as ((index,
     depth), (index, depth)) bracketing it, or the family's two deepest; and the index of the
     family's deepest shape when `shape` is deeper than all (None else). None when no family
-    has two depths, or `shape` is shallower than its family (the rows table prices those). Why: a window's depth is its rows per group, which in solo and
-    batch_mtp windows is the drafts it verifies, and each draft past the first is a step of
-    the MTP head in the window; so a window one draft deeper than the profile measured costs
-    about one step more, where the rows table (filled by the shapes measured at every row
-    count, most of them shallower) prices it as a shallow window of that many rows."""
+    has two depths, or `shape` is shallower than its family (the rows table prices those).
+    Why: a window's depth is its rows per group, which in solo and batch_mtp windows is the
+    drafts it verifies, and each draft past the first is a step of the MTP head in the window;
+    so a window one draft deeper than the profile measured costs about one step more, where
+    the rows table (filled by the shapes measured at every row count, most of them shallower)
+    prices it as a shallow window of that many rows."""
     groups, depth = shape
     fams: dict[int, dict[int, int]] = {}
     for k, name in enumerate(names):

@@ -241,7 +241,8 @@ def test_no_family_of_two_depths_leaves_the_rows_table():
     p = CostProfile.load(Path(SIM_CONF_DIR) / "profiles" / "h200_tiny_bf16.json")
     keep = [k for k, n in enumerate(p.decode_shapes) if n in ("1x1", "2x2")]
     p.decode_shapes = [p.decode_shapes[k] for k in keep]
-    p.decode_shape_s = {a: [[row[k] for k in keep] for row in t] for a, t in p.decode_shape_s.items()}
+    p.decode_shape_s = {a: [[row[k] for k in keep] for row in t]
+                        for a, t in p.decode_shape_s.items()}
     p.decode_shape_submit_s = None
     assert not p.unmeasured_depth((1, 5))
     assert p.decode_time(5, 256, "hit", (1, 5)) == p.decode_time(5, 256, "hit")
