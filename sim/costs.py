@@ -244,18 +244,14 @@ class CostProfile:
                     shape: Optional[tuple[int, int]] = None) -> float:
         """Seconds of a window of `rows` rows at context `tier`; `shape` = (groups as run,
         i.e. padded to the shape bucket, most rows of a group) picks the shape's measured
-        column when the profile has one."""
+        column when the profile has one (see _priced_as)."""
         log_tiers = [math.log2(t) for t in self.decode_tiers]
         i, j, w = _bracket(math.log2(tier), log_tiers)
-        name = None if shape is None else f"{shape[0]}x{shape[1]}"
-        if self.decode_shapes is not None and shape is not None and name not in self.decode_shapes:
-            name = self._same_depth_shape(shape)
-            if name is None:
-                est = self._depth_extrapolated(shape, action, i, j, w)
-                if est is not None:
-                    return est
-        if self.decode_shapes is not None and name in self.decode_shapes:
-            return self._shape_time(self.decode_shapes.index(name), action, i, j, w)
+        plan = self._priced_as(shape)
+        if plan is not None and plan[0] == "column":
+            return self._shape_time(plan[1], action, i, j, w)
+        if plan is not None:
+            return self._depth_time(shape, plan[1], action, i, j, w)
         table = self.decode_s[action]
         lo = _interp(rows, self.decode_rows, table[i])
         hi = _interp(rows, self.decode_rows, table[j])
@@ -264,38 +260,37 @@ class CostProfile:
     def submit_time(self, shape: Optional[tuple[int, int]] = None) -> float:
         """host.submit_s for a window of `shape` (its shape's own figure when the profile has
         one, found as decode_time finds the shape's column)."""
-        if self.decode_shape_submit_s is not None and shape is not None:
-            name = f"{shape[0]}x{shape[1]}"
-            if name not in self.decode_shapes:
-                name = self._same_depth_shape(shape)
-            if name in self.decode_shapes:
-                return self.decode_shape_submit_s[self.decode_shapes.index(name)]
+        plan = self._priced_as(shape)
+        if self.decode_shape_submit_s is not None and plan is not None and plan[0] == "column":
+            return self.decode_shape_submit_s[plan[1]]
         return self.host_submit_s
 
-    def _same_depth_shape(self, shape: tuple[int, int]) -> Optional[str]:
-        return same_depth_shape(shape, self.decode_shapes)
+    def _priced_as(self, shape: Optional[tuple[int, int]]):
+        """How a window of `shape` is priced: ("column", k), the profile's shape k (its own, or
+        the same-depth shape of the nearest group count); ("depth", found), carried along the
+        depth (depth_extrapolated_shape's `found`); None, the rows table."""
+        if shape is None or self.decode_shapes is None:
+            return None
+        name = f"{shape[0]}x{shape[1]}"
+        if name not in self.decode_shapes:
+            name = same_depth_shape(shape, self.decode_shapes)
+        if name is not None:
+            return "column", self.decode_shapes.index(name)
+        found = depth_extrapolated_shape(shape, self.decode_shapes)
+        return None if found is None else ("depth", found)
 
     def _shape_time(self, k: int, action: str, i: int, j: int, w: float) -> float:
         table = self.decode_shape_s[action]
         return table[i][k] + w * (table[j][k] - table[i][k])
 
     def unmeasured_depth(self, shape: Optional[tuple[int, int]]) -> bool:
-        """Whether decode_time prices `shape` by depth_extrapolated_shape (the profile has
-        shapes, none of this depth, and a family of two depths or more to extend)."""
-        if shape is None or self.decode_shapes is None:
-            return False
-        memo = self.__dict__.setdefault("_unmeasured_depth", {})
-        if shape not in memo:
-            memo[shape] = (f"{shape[0]}x{shape[1]}" not in self.decode_shapes
-                           and self._same_depth_shape(shape) is None
-                           and depth_extrapolated_shape(shape, self.decode_shapes) is not None)
-        return memo[shape]
+        """Whether decode_time prices `shape` along its depth (the profile has shapes, none of
+        this depth, and a family of two depths or more to extend)."""
+        plan = self._priced_as(shape)
+        return plan is not None and plan[0] == "depth"
 
-    def _depth_extrapolated(self, shape: tuple[int, int], action: str, i: int, j: int,
-                            w: float) -> Optional[float]:
-        found = depth_extrapolated_shape(shape, self.decode_shapes)
-        if found is None:
-            return None
+    def _depth_time(self, shape: tuple[int, int], found, action: str, i: int, j: int,
+                    w: float) -> float:
         (k1, d1), (k2, d2), deepest = found
         t1, t2 = self._shape_time(k1, action, i, j, w), self._shape_time(k2, action, i, j, w)
         t = t1 + (shape[1] - d1) * (t2 - t1) / (d2 - d1)
