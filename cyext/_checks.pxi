@@ -157,8 +157,12 @@ cdef tuple _args_attention(str op, q, k_cache, v_cache, group_slot, group_pos, i
     return qdt, cdt, nslots, T, hkv, d, ng, g, hq
 
 
-cdef tuple _args_causal_conv(str op, x, conv_state, weight, group_slot, out, snaps):
-    """-> (x dtype, state dtype, weight dtype, nslots, ng, g, c, kw)"""
+cdef tuple _args_causal_conv(str op, x, conv_state, weight, group_slot, out, snaps,
+                             int64_t channels=-1):
+    """-> (x dtype, state dtype, weight dtype, nslots, ng, g, c, kw). channels >= 0: the conv
+    has that many channels, gathered from x's wider rows (causal_conv_window_qkvz: its caller
+    checks x's columns and takes its row stride), so x's last dimension is not c and x need not
+    be contiguous."""
     for name, t, nd in (("x", x, 3), ("conv_state", conv_state, 3), ("weight", weight, 2),
                         ("out", out, 3), ("snaps", snaps, 4)):
         _check_tensor(op, name, t, nd)
@@ -167,7 +171,8 @@ cdef tuple _args_causal_conv(str op, x, conv_state, weight, group_slot, out, sna
     cdef int wdt = _dtype_code(op, "weight", weight)
     if out.dtype != x.dtype or snaps.dtype != x.dtype:
         raise TypeError(f"{op}: out and snaps must have x's dtype {x.dtype}")
-    ng, g, c = x.shape
+    ng, g = x.shape[0], x.shape[1]
+    c = x.shape[2] if channels < 0 else channels
     c_w, kw = weight.shape
     if c_w != c:
         raise ValueError(f"{op}: weight must have shape ({c}, K), got {tuple(weight.shape)}")
@@ -177,7 +182,9 @@ cdef tuple _args_causal_conv(str op, x, conv_state, weight, group_slot, out, sna
     _check_shape(op, "conv_state", conv_state, (nslots, c, kw - 1))
     _check_shape(op, "out", out, (ng, g, c))
     _check_shape(op, "snaps", snaps, (ng, g, c, kw - 1))
-    for name, t in (("x", x), ("weight", weight), ("out", out), ("snaps", snaps)):
+    if channels < 0:
+        _check_contiguous(op, "x", x)
+    for name, t in (("weight", weight), ("out", out), ("snaps", snaps)):
         _check_contiguous(op, name, t)
     _check_inner_dense(op, "conv_state", conv_state, 1)
     _check_index(op, "group_slot", group_slot, ng)

@@ -246,34 +246,19 @@ def causal_conv_window_qkvz(x, conv_state, weight, group_slot, out, snaps, int64
     2 vpk): C = 2 nk dk + nk vpk channels; out (NG, G, C) and snaps (NG, G, C, K-1) as
     causal_conv_window's."""
     op = "causal_conv_window_qkvz"
-    for name, t, nd in (("x", x, 3), ("conv_state", conv_state, 3), ("weight", weight, 2),
-                        ("out", out, 3), ("snaps", snaps, 4)):
-        _check_tensor(op, name, t, nd)
-    cdef int xdt = _dtype_code(op, "x", x)
-    cdef int sdt = _dtype_code(op, "conv_state", conv_state)
-    cdef int wdt = _dtype_code(op, "weight", weight)
-    if out.dtype != x.dtype or snaps.dtype != x.dtype:
-        raise TypeError(f"{op}: out and snaps must have x's dtype {x.dtype}")
     if nk < 1 or dk < 1 or vpk < 1:
         raise ValueError(f"{op}: nk, dk and vpk must be >= 1, got {nk}, {dk}, {vpk}")
-    cdef int64_t ng = x.shape[0], g = x.shape[1]
-    cdef int64_t c = 2 * nk * dk + nk * vpk
+    _check_tensor(op, "x", x, 3)
     if x.shape[2] < nk * (2 * dk + 2 * vpk):
         raise ValueError(f"{op}: x has {x.shape[2]} columns, fewer than the {nk} key heads' "
                          f"{nk * (2 * dk + 2 * vpk)}")
-    if weight.shape[0] != c or not 2 <= weight.shape[1] <= 16:
-        raise ValueError(f"{op}: weight must have shape ({c}, K) with K in [2, 16], got "
-                         f"{tuple(weight.shape)}")
-    cdef int64_t kw = weight.shape[1]
-    cdef int64_t nslots = conv_state.shape[0]
-    _check_shape(op, "conv_state", conv_state, (nslots, c, kw - 1))
-    _check_shape(op, "out", out, (ng, g, c))
-    _check_shape(op, "snaps", snaps, (ng, g, c, kw - 1))
+    cdef int xdt, sdt, wdt
+    cdef int64_t nslots, ng, g, c, kw
+    xdt, sdt, wdt, nslots, ng, g, c, kw = _args_causal_conv(op, x, conv_state, weight, group_slot,
+                                                            out, snaps, 2 * nk * dk + nk * vpk)
+    if kw > 16:
+        raise ValueError(f"{op}: weight kernel width {kw} must be in [2, 16] for the GPU kernel")
     cdef int64_t x_row = _row_stride(op, "x", x)
-    for name, t in (("weight", weight), ("out", out), ("snaps", snaps)):
-        _check_contiguous(op, name, t)
-    _check_inner_dense(op, "conv_state", conv_state, 1)
-    _check_index(op, "group_slot", group_slot, ng)
     cdef int dev = _device_of(op, [("x", x), ("conv_state", conv_state), ("weight", weight),
                                    ("out", out), ("snaps", snaps), ("group_slot", group_slot)])
     cdef void* xp = _ptr(x)
