@@ -26,8 +26,8 @@ from strata.kernels import cyext_ops, reference
 
 _BACKEND = "torch"
 OPS = ("write_kv", "grouped_window_attention", "causal_conv_window", "causal_conv_window_qkvz",
-       "gated_delta_window", "gated_delta_window_prep", "commit_accepted", "chunk_gated_delta", "moe_experts",
-       "linear_fp8", "moe_route")
+       "gated_delta_window", "gated_delta_window_prep", "commit_accepted", "chunk_gated_delta",
+       "moe_experts", "linear_fp8", "moe_route")
 _IMPL: dict[str, str] = {name: "torch" for name in OPS}
 
 write_kv = reference.write_kv

@@ -440,6 +440,8 @@ class GatedDeltaNet(nn.Module):
         self.nk, self.nv = args.linear_num_key_heads, args.linear_num_value_heads
         self.dk, self.dv = args.linear_key_head_dim, args.linear_value_head_dim
         self.key_dim, self.value_dim = self.nk * self.dk, self.nv * self.dv
+        #: value channels per key head (the in_proj's per-key-head [q | k | v | z] layout)
+        self.vpk = (self.nv // self.nk) * self.dv
         self.conv_dim = args.conv_dim
         self.kernel = args.linear_conv_kernel_dim
         h = args.hidden_size
@@ -471,18 +473,17 @@ class GatedDeltaNet(nn.Module):
         order ([q | k | v | z] per key head), z per value head, and the raw b/a columns (per key
         head [b | a])."""
         lead = x.shape[:-1]
-        vpk = (self.nv // self.nk) * self.dv
         if self.w_in is not None:
             qkvz, ba = linear(x, self.w_in, self.s_in, self.in_block).split([2 * self.key_dim + 2 * self.value_dim, 2 * self.nv], -1)
         else:
             qkvz, ba = self.in_proj_qkvz(x), self.in_proj_ba(x)
-        z = qkvz.view(*lead, self.nk, 2 * self.dk + 2 * vpk)[..., 2 * self.dk + vpk:]
+        z = qkvz.view(*lead, self.nk, 2 * self.dk + 2 * self.vpk)[..., 2 * self.dk + self.vpk:]
         return qkvz, z.reshape(*lead, self.nv, self.dv), ba
 
     def _project_raw(self, x: torch.Tensor):
         """(mixed, z, ba): as _project_qkvz, with the conv's input [q | k | v] gathered."""
         qkvz, z, ba = self._project_qkvz(x)
-        return reference.qkvz_mixed(qkvz, self.nk, self.dk, (self.nv // self.nk) * self.dv), z, ba
+        return reference.qkvz_mixed(qkvz, self.nk, self.dk, self.vpk), z, ba
 
     def _split_ba(self, ba: torch.Tensor):
         lead = ba.shape[:-1]
@@ -541,7 +542,7 @@ class GatedDeltaNet(nn.Module):
         if ops.native("causal_conv_window_qkvz"):  # the conv gathers q, k, v: no concatenation
             qkvz, z, ba = self._project_qkvz(x)
             mixed, conv_snaps = ops.causal_conv_window_qkvz(
-                qkvz, conv_state, weight, group_slot, self.nk, self.dk, (self.nv // self.nk) * self.dv)
+                qkvz, conv_state, weight, group_slot, self.nk, self.dk, self.vpk)
         else:
             mixed, z, ba = self._project_raw(x)
             mixed, conv_snaps = ops.causal_conv_window(mixed, conv_state, weight, group_slot)
