@@ -39,7 +39,7 @@ from __future__ import annotations
 import math
 from collections import defaultdict, deque
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Optional
+from typing import Any, Callable, Iterable, Optional
 
 import numpy as np
 
@@ -509,6 +509,19 @@ SPREAD_OFFSET_WIDEN = 4
 SPREAD_FIT_SEED = 12345
 
 
+def _bisect(f: Callable[[float], float], lo: float, hi: float, target: float,
+            steps: int) -> tuple[float, float]:
+    """`steps` halvings of [lo, hi] towards where the rising f crosses `target` (f below it
+    moves lo up, else hi down); returns the last bracket."""
+    for _ in range(steps):
+        mid = (lo + hi) / 2
+        if f(mid) < target:
+            lo = mid
+        else:
+            hi = mid
+    return lo, hi
+
+
 def _within_sd(values: list[float], groups: list[Any]) -> float:
     """Pooled within-group standard deviation (each group about its own mean)."""
     by: dict[Any, list[float]] = defaultdict(list)
@@ -590,12 +603,7 @@ def _fit_chain_spread(chain: dict[str, Any], first: float,
             if at(hi) >= base_mean:
                 break
             hi *= 2
-        for _ in range(SPREAD_OFFSET_STEPS):
-            mid = (lo + hi) / 2
-            if at(mid) < base_mean:
-                lo = mid
-            else:
-                hi = mid
+        _bisect(at, lo, hi, base_mean, SPREAD_OFFSET_STEPS)
         _, offset, sd = min(tried)
         return offset, sd
 
@@ -647,13 +655,7 @@ def pin_difficulties(chain: dict[str, Any], requests: list[list[tuple[int, int, 
                 acc, dr = acc + a, dr + d
             return acc / max(dr, 1)
 
-        lo, hi = -PIN_MAX, PIN_MAX
-        for _ in range(PIN_BISECT_STEPS):
-            mid = (lo + hi) / 2
-            if mean_acceptance(mid) < target:
-                lo = mid
-            else:
-                hi = mid
+        lo, hi = _bisect(mean_acceptance, -PIN_MAX, PIN_MAX, target, PIN_BISECT_STEPS)
         out.append((lo + hi) / 2)
     return out
 
