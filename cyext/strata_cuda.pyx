@@ -312,9 +312,9 @@ def gated_delta_window_prep(x, ba, neg_a, dt_bias, rec_state, group_slot, out, s
                             uintptr_t stream):
     """The gated delta rule from the conv output x (NG, G, C), C >= 2 nk Dk + H Dv, laid out
     [q | k | v ...], and the raw in_proj rows ba (NG, G, >= 2 H), per key head [b (rep) | a
-    (rep)], rep = H / nk: q and k L2-normalised (eps; q times q_scale), beta = sigmoid(b) (in ba's dtype),
-    g = neg_a * softplus(a + dt_bias) (neg_a = -exp(A_log), both float32 (H,)). out
-    (NG, G, H, Dv) and snaps (NG, G, H, Dk, Dv) float32, as gated_delta_window's."""
+    (rep)], rep = H / nk: q and k L2-normalised (eps; q times q_scale), beta = sigmoid(b)
+    (in ba's dtype), g = neg_a * softplus(a + dt_bias) (neg_a = -exp(A_log), both float32
+    (H,)). out (NG, G, H, Dv) and snaps (NG, G, H, Dk, Dv) float32, as gated_delta_window's."""
     op = "gated_delta_window_prep"
     for name, t, nd in (("x", x, 3), ("ba", ba, 3), ("neg_a", neg_a, 1), ("dt_bias", dt_bias, 1),
                         ("rec_state", rec_state, 4), ("out", out, 4), ("snaps", snaps, 5)):

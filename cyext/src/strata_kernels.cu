@@ -776,8 +776,9 @@ struct GdnParams {
   // The prepared form (gdn_kernel<KPT, true>, gated_delta_window_prep): q points at the conv
   // output, rows of x_row elements [q (H / rep key heads x Dk) | k (the same) | v (H x Dv) ...];
   // beta and gate at the raw in_proj rows of ba_row elements, per key head [b (rep) | a (rep)];
-  // the kernel L2-normalises q and k (q also times q_scale), and takes beta = sigmoid(b) (in b's dtype) and
-  // g = neg_a[h] * softplus(a + dt_bias[h]), which the model's own ops did in five kernels.
+  // the kernel L2-normalises q and k (q also times q_scale), and takes beta = sigmoid(b) (in
+  // b's dtype) and g = neg_a[h] * softplus(a + dt_bias[h]), which the model's own ops did in
+  // five kernels.
   int rep;
   int64_t x_row, ba_row;
   const float* neg_a;    // (H,) -exp(A_log)

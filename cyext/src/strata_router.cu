@@ -19,9 +19,9 @@
 // bf16-rounded logit goes to a float32 scratch (m, R). Phase 2: the CTA that finishes last (a
 // ticket counted with atomics; it resets the ticket to zero, so the next launch finds it so)
 // runs the softmax and top-k, one warp per row: lane l owns experts l, l + 32, ... in shared
-// memory, and k rounds of a warp argmax (redux.sync on sm_80+) pick the experts. At most 128 KiB of x per launch (16 rows at
-// H = 2048; more rows take several launches, the later ones plain rather than programmatic so
-// that none overlap on the ticket).
+// memory, and k rounds of a warp argmax (redux.sync on sm_80+) pick the experts. At most 128 KiB
+// of x per launch (16 rows at H = 2048; more rows take several launches, the later ones plain
+// rather than programmatic so that none overlap on the ticket).
 // No other kernel, no host sync: capturable.
 // Determinism: a row's logits, softmax and picks depend only on that row, so its result is the
 // same bits whatever other rows share the launch.
