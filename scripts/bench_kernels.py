@@ -455,8 +455,8 @@ def bench_moe(records, rows_list, ceiling, sets: int = 8, variants=("default",),
     C.moe_launch_options(**defaults)
 
 
-def bench_linear(records, rows_list, ceiling):
-    for o, i in DENSE_SHAPES:
+def bench_linear(records, rows_list, ceiling, split_depths=(), shapes=DENSE_SHAPES):
+    for o, i in shapes:
         w8, s8 = _fp8_weight((o, i), FP8_BLOCK, 3)
         wb = torch.randn(o, i, device=DEV, dtype=torch.bfloat16) / 45
         b8 = w8.numel() + s8.numel() * 4
@@ -481,11 +481,26 @@ def bench_linear(records, rows_list, ceiling):
             # piped form (off by default)
             skinny = functools.partial(switched, "linear_stream", False)
             piped = functools.partial(switched, "linear_pipe", True)
+            split = functools.partial(switched, "linear_split", True)
+
+            def split_depth(d, w):
+                prev = C.moe_launch_options()["linear_split_depth"]
+                C.moe_launch_options(linear_split_depth=d)
+                try:
+                    split(w)
+                finally:
+                    C.moe_launch_options(linear_split_depth=prev)
 
             cases = [
                 ("linear_fp8", b8, [(lambda w=w: C.gpu_linear_fp8(x, w, s8, FP8_BLOCK, out=y))
                                     for w in w8s]),
                 ("linear_fp8_piped", b8, [(lambda w=w: piped(w)) for w in w8s]),
+                ("linear_fp8_split", b8, [(lambda w=w: split(w)) for w in w8s]),
+            ] + [
+                # the split form with its ring capped at d tile slots in flight
+                (f"linear_fp8_split_d{d}", b8,
+                 [(lambda w=w, d=d: split_depth(d, w)) for w in w8s]) for d in split_depths
+            ] + [
                 ("linear_fp8_skinny", b8, [(lambda w=w: skinny(w)) for w in w8s]),
                 ("linear_bf16_skinny", wb.numel() * 2,
                  [(lambda w=w: C.gpu_linear_bf16_skinny(x, w, out=y)) for w in wbs]),
@@ -495,12 +510,15 @@ def bench_linear(records, rows_list, ceiling):
             # the piped and unpiped kernels must give the same bits
             piped(w8)
             same_bits = torch.equal(y, C.gpu_linear_fp8(x, w8, s8, FP8_BLOCK))
+            split(w8)  # other bits: its error against the reference
+            split_err = rel_err(y, R.linear_fp8(x, w8, s8, FP8_BLOCK))
             for name, nbytes, calls in cases:
                 t, mode = time_calls(calls)
                 rec = dict(op=name, o=o, i=i, rows=n, bytes=nbytes, t_us=t * 1e6,
                            gbps=nbytes / t / 1e9, frac=nbytes / t / ceiling,
                            floor_us=nbytes / ceiling * 1e6, mode=mode,
-                           rel_err=err if name == "linear_fp8" else None)
+                           rel_err=err if name == "linear_fp8" else
+                           split_err if name == "linear_fp8_split" else None)
                 if name == "linear_fp8_piped":
                     rec["same_bits"] = same_bits
                 records.append(rec)
@@ -508,7 +526,8 @@ def bench_linear(records, rows_list, ceiling):
                       f"{nbytes / 1e6:6.1f} MB  {rec['gbps']:6.0f} GB/s  "
                       f"{100 * rec['frac']:5.1f}% of copy  floor {rec['floor_us']:6.1f} us"
                       + ("" if "same_bits" not in rec else
-                         "  same bits" if same_bits else "  BITS DIFFER"),
+                         "  same bits" if same_bits else "  BITS DIFFER")
+                      + ("" if rec["rel_err"] is None else f"  err {rec['rel_err']:.1e}"),
                       flush=True)
         del w8s, wbs
         torch.cuda.empty_cache()
@@ -546,6 +565,12 @@ def main() -> int:
     ap.add_argument("--no-moe", action="store_true",
                     help="with --moe: only the linear layers (linear_fp8 streamed and skinny, "
                          "the bf16 skinny kernel, F.linear)")
+    ap.add_argument("--split-depths", default="",
+                    help="with --moe: also the split FP8 linear with its ring capped at each of "
+                         "these tile slots in flight (comma list of 1-15)")
+    ap.add_argument("--linear-shapes", default="",
+                    help="with --moe: only these linear shapes, OxI comma-separated (default: "
+                         + ", ".join(f"{o}x{i}" for o, i in DENSE_SHAPES) + ")")
     ap.add_argument("--moe-shared", action="store_true",
                     help="with --moe: one more expert that every row routes to, as the engine "
                          "folds the shared expert in (E=513, top-11)")
@@ -615,7 +640,22 @@ def main_moe(args, meta, t_start) -> int:
     if not args.no_moe:
         bench_moe(records, rows, ceiling, variants=variants, shared=args.moe_shared)
     if not args.no_linear:
-        bench_linear(records, rows, ceiling)
+        depths = tuple(int(d) for d in args.split_depths.split(",") if d.strip())
+        if any(not 1 <= d <= 15 for d in depths):
+            print(f"bench_kernels: --split-depths {args.split_depths!r}: each in 1..15",
+                  file=sys.stderr)
+            return 2
+        shapes = DENSE_SHAPES
+        if args.linear_shapes:
+            try:
+                shapes = tuple(tuple(int(v) for v in t.lower().split("x"))
+                               for t in args.linear_shapes.split(","))
+                assert all(len(t) == 2 for t in shapes)
+            except (ValueError, AssertionError):
+                print(f"bench_kernels: --linear-shapes {args.linear_shapes!r} is not OxI,...",
+                      file=sys.stderr)
+                return 2
+        bench_linear(records, rows, ceiling, split_depths=depths, shapes=shapes)
     meta["seconds"] = time.perf_counter() - t_start
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
     with open(args.out, "w") as f:

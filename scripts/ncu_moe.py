@@ -8,6 +8,10 @@
 Each case runs twice (the first call loads the module and raises the shared-memory limits);
 profile the second one (every kernel of a case is named in the NVTX-free order printed here).
 E=512, top-10, H=2048, I=512, uniform routing, as scripts/bench_kernels.py --moe.
+
+--linear OxI[,OxI...] instead: the FP8 linear (linear_fp8) at those shapes and --rows, in its
+unsplit form, its split form (as many slots as fit, then each of --split-depths), and cuBLAS on
+a bf16 copy (kernel names linear_fp8_ and nvjet / gemm: widen --kernel-name).
 """
 
 from __future__ import annotations
@@ -34,7 +38,11 @@ def main() -> int:
     ap.add_argument("--router", action="store_true",
                     help="also the router (moe_route_kernel: E experts plus the shared gate, "
                          "top-k, renormalised) before each case's experts")
+    ap.add_argument("--linear", default="", help="OxI,...: the FP8 linear instead")
+    ap.add_argument("--split-depths", default="3", help="with --linear: ring caps, comma list")
     args = ap.parse_args()
+    if args.linear:
+        return profile_linear(args)
     E, k, H, I = (MOE_SHAPE[n] for n in ("E", "k", "H", "I"))
     saved = C.moe_launch_options()
     # the fused router weight's shape: E gate rows and the shared gate, padded to 8 rows
@@ -59,6 +67,35 @@ def main() -> int:
                       flush=True)
         del wgu, wd, gs, ds
         torch.cuda.empty_cache()
+    C.moe_launch_options(**saved)
+    return 0
+
+
+def profile_linear(args) -> int:
+    saved = C.moe_launch_options()
+    forms = [("unsplit", dict(linear_split=False)), ("split", dict(linear_split=True))]
+    forms += [(f"split_d{d}", dict(linear_split=True, linear_split_depth=int(d)))
+              for d in args.split_depths.split(",") if d.strip()]
+    for shape in args.linear.split(","):
+        o, i = (int(v) for v in shape.lower().split("x"))
+        g = torch.Generator(device="cuda").manual_seed(o + i)
+        w = (torch.randn(o, i, device="cuda", generator=g) * 40).clamp(-440, 440)
+        w8 = w.to(torch.float8_e4m3fn)
+        s8 = torch.rand(-(-o // 128), i // 128, device="cuda", generator=g) * 1e-3
+        wb = w.to(torch.bfloat16)
+        for n in (int(r) for r in args.rows.split(",")):
+            x = torch.randn(n, i, device="cuda", dtype=torch.bfloat16, generator=g)
+            for name, opts in forms:
+                C.moe_launch_options(**opts)
+                for _ in range(2):
+                    C.gpu_linear_fp8(x, w8, s8, (128, 128))
+                torch.cuda.synchronize()
+                C.moe_launch_options(**saved)
+                print(f"case linear {o}x{i} {name} rows {n}", flush=True)
+            for _ in range(2):
+                torch.nn.functional.linear(x, wb)
+            torch.cuda.synchronize()
+            print(f"case linear {o}x{i} cublas_bf16 rows {n}", flush=True)
     C.moe_launch_options(**saved)
     return 0
 

@@ -10,6 +10,7 @@ with new expert ids, row independence.
 
 from __future__ import annotations
 
+import contextlib
 import math
 
 import pytest
@@ -428,13 +429,31 @@ STREAM_CASES = [
 ]
 
 
+@contextlib.contextmanager
+def _launch_options(**switches):
+    """moe_launch_options(**switches) inside the block, the switches before restored after."""
+    saved = C.moe_launch_options()
+    try:
+        C.moe_launch_options(**switches)
+        yield
+    finally:
+        C.moe_launch_options(**saved)
+
+
 @_gpu
+@pytest.mark.parametrize("split", [False, True], ids=["unsplit", "split"])
 @pytest.mark.parametrize("rows,O,I", STREAM_CASES)
-def test_gpu_linear_fp8_streamed(rows, O, I):
-    """The streamed tensor-core kernel: close to the reference, and each row the same bits
-    alone as in the batch (any row count, chunks of 16 included)."""
+def test_gpu_linear_fp8_streamed(rows, O, I, split):
+    """The streamed tensor-core kernel, in its unsplit and split forms: close to the
+    reference, and each row the same bits alone as in the batch (any row count, chunks of 16
+    included)."""
     if not _stream_capable():
         pytest.skip("the streamed FP8 linear needs sm_90+ (CUDA)")
+    with _launch_options(linear_split=split):
+        _check_linear_fp8_streamed(rows, O, I)
+
+
+def _check_linear_fp8_streamed(rows, O, I):
     block = (128, 128)
     gen = torch.Generator().manual_seed(7)
     weight = (torch.randn(O, I, generator=gen) * 30).to(FP8).cuda()
@@ -460,12 +479,18 @@ def test_gpu_linear_fp8_streamed(rows, O, I):
 
 
 @_gpu
-def test_gpu_linear_fp8_streamed_decodes_every_byte_exactly():
+@pytest.mark.parametrize("split", [False, True], ids=["unsplit", "split"])
+def test_gpu_linear_fp8_streamed_decodes_every_byte_exactly(split):
     """Every finite e4m3 value (subnormals, zeros, both signs) through the kernel's byte
-    shuffle into bf16: one-hot rows of x pick single weights, so y is w * scale exactly."""
+    shuffle into bf16: one-hot rows of x pick single weights, so y is w * scale exactly (the
+    split form takes in >= 2048)."""
     if not _stream_capable():
         pytest.skip("the streamed FP8 linear needs sm_90+ (CUDA)")
-    O, I, rows = 256, 1024, 16
+    with _launch_options(linear_split=split):
+        _check_decodes_every_byte(256, 2048 if split else 1024, 16)
+
+
+def _check_decodes_every_byte(O, I, rows):
     codes = torch.arange(256, dtype=torch.uint8)
     codes = codes[(codes & 0x7F) != 0x7F]  # not NaN
     gen = torch.Generator().manual_seed(8)
@@ -481,10 +506,16 @@ def test_gpu_linear_fp8_streamed_decodes_every_byte_exactly():
 
 
 @_gpu
-def test_gpu_linear_fp8_streamed_in_a_graph():
+@pytest.mark.parametrize("split", [False, True], ids=["unsplit", "split"])
+def test_gpu_linear_fp8_streamed_in_a_graph(split):
     """Captured (its launch is a programmatic dependent one) and replayed: the same bits."""
     if not _stream_capable():
         pytest.skip("the streamed FP8 linear needs sm_90+ (CUDA)")
+    with _launch_options(linear_split=split):
+        _check_linear_fp8_in_a_graph()
+
+
+def _check_linear_fp8_in_a_graph():
     gen = torch.Generator().manual_seed(9)
     weight = (torch.randn(4096, 2048, generator=gen) * 30).to(FP8).cuda()
     scale = (torch.rand(32, 16, generator=gen) * 0.01).cuda()
@@ -527,7 +558,7 @@ def test_gpu_linear_fp8_streamed_piped_same_bits(O, I):
     saved = C.moe_launch_options()
     ran = []
     try:
-        C.moe_launch_options(linear_stream=True)
+        C.moe_launch_options(linear_stream=True, linear_split=False)
         for rows in (1, 3, 8, 9, 16, 17, 40):
             x = torch.randn(rows, I, generator=gen, device="cuda").to(torch.bfloat16)
             if not C._gpu.linear_stream_takes(x, weight, *block):

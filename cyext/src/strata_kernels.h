@@ -131,6 +131,14 @@ int64_t strata_gpu_moe_workspace(int64_t n, int64_t k, int64_t inter);
 // the consumer threads, a software-pipelined block loop), else the unpiped first version (whole
 // tiles). The same bits either way.
 #define STRATA_LINEAR_PIPE 256
+// STRATA_LINEAR_SPLIT: the streamed FP8 linear's split form (strata_linear_stream.cu: each tile's
+// k range over all 16 warps, tiles through one ring in order, so the arithmetic runs while the
+// later tiles land) where it takes the shapes (in >= 2048); before the piped switch. Other bits
+// than the unsplit forms.
+#define STRATA_LINEAR_SPLIT 8192
+// Bits 16-19 of the switches: the split form's cap on tile slots in flight per CTA (0: as many
+// as fit), for measuring how deep its ring should be. The same bits at any depth.
+#define STRATA_LINEAR_SPLIT_DEPTH_SHIFT 16
 // STRATA_MOE_STREAM_MISS (on): an expert cache that can miss also runs the streamed kernels
 // (sm_90+), whose bulk copies then read missing experts from the pinned host store through its
 // device address; off, such a cache runs the per-block kernels. Same bits.

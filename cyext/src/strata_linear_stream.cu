@@ -79,6 +79,10 @@ constexpr int LS_ROWS = 16;                          // x rows per launch (the M
 constexpr int LS_TILE = 8;                           // weight rows per item (the MMA's n)
 constexpr int LS_MAX_GROUPS = 15;  // named barriers 1..15, one per group of split-k warps
 constexpr int LS_OFF_RED = 1152;   // after the full, empty and x barriers (1032 bytes)
+// the split kernel: per slot, how many warps have stored their partial (after the barriers);
+// its x starts at LS_OFF_RED (its partials are beside its slots)
+constexpr int LS_OFF_DONE = 1040;
+constexpr int LS_SPLIT_MAX_SLOTS = 16;
 // the split-k partial sums: two tiles' worth (by tile parity) of 4 floats per lane per warp
 constexpr int LS_OFF_DATA = LS_OFF_RED + 2 * LS_MAX_WARPS * 32 * 4 * 4;
 
@@ -99,6 +103,7 @@ struct LinStreamParams {
   int ring_off;        // the tile slots in shared memory
   int pieces;          // the piped kernel: k-range pieces per tile (1: the tile whole), each
   int piece_bytes;     // piece_bytes = in / pieces of each row, on its own full barrier
+  int red_off;         // the split kernel: the slots' split-k partial sums in shared memory
 };
 
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
@@ -262,6 +267,34 @@ __device__ __forceinline__ void ls_blocks(float (&acc)[4], const uint8_t* wrow,
     finish(pb, kb);
   }
 }
+
+// x into shared memory by the consumer threads (tid < 32 * LS_MAX_WARPS), once the kernel
+// before this one (which wrote x) has finished: through registers, eight 16-byte loads in
+// flight per thread, rows x_stride apart; for m <= 8 (M8) the middle two words of each 16
+// bytes swapped (see ls_mma). Then one arrival each on xbar.
+template <bool M8>
+__device__ __forceinline__ void ls_stage_x(const LinStreamParams& p, uint8_t* x_s, uint64_t* xbar,
+                                           int tid) {
+  pdl_wait_primary();
+  const int chunks = p.in / 8, total = p.m * chunks;  // 16-byte pieces of x
+  for (int i0 = tid; i0 < total; i0 += 8 * 32 * LS_MAX_WARPS) {
+    uint4 v[8];
+#pragma unroll
+    for (int u = 0; u < 8; ++u) {
+      const int i = i0 + u * 32 * LS_MAX_WARPS;
+      if (i < total) v[u] = *(const uint4*)(p.x + (int64_t)i * 16);
+    }
+#pragma unroll
+    for (int u = 0; u < 8; ++u) {
+      const int i = i0 + u * 32 * LS_MAX_WARPS;
+      if (i >= total) break;
+      const int n = i / chunks, c = i - n * chunks;
+      *(uint4*)(x_s + (int64_t)n * p.x_stride + 16 * c) =
+          M8 ? make_uint4(v[u].x, v[u].z, v[u].y, v[u].w) : v[u];
+    }
+  }
+  mbar_arrive(xbar);
+}
 #endif  // __CUDA_ARCH__ >= 900
 
 // PIPE: the piped kernel (else the unpiped one, as first measured); M8: m <= 8 (piped only).
@@ -351,29 +384,7 @@ __global__ void __launch_bounds__(LS_THREADS, 1) linear_fp8_stream(LinStreamPara
     }
     return;
   }
-  if (PIPE) {  // x by the consumer threads, once the kernel before this one has finished
-    // (through registers: for m <= 8 the middle two words of each 16 bytes are swapped, see
-    // ls_mma), eight 16-byte loads in flight per thread; then one arrival each
-    pdl_wait_primary();
-    const int chunks = p.in / 8, total = p.m * chunks;  // 16-byte pieces of x
-    for (int i0 = tid; i0 < total; i0 += 8 * 32 * LS_MAX_WARPS) {
-      uint4 v[8];
-#pragma unroll
-      for (int u = 0; u < 8; ++u) {
-        const int i = i0 + u * 32 * LS_MAX_WARPS;
-        if (i < total) v[u] = *(const uint4*)(p.x + (int64_t)i * 16);
-      }
-#pragma unroll
-      for (int u = 0; u < 8; ++u) {
-        const int i = i0 + u * 32 * LS_MAX_WARPS;
-        if (i >= total) break;
-        const int n = i / chunks, c = i - n * chunks;
-        *(uint4*)(x_s + (int64_t)n * p.x_stride + 16 * c) =
-            M8 ? make_uint4(v[u].x, v[u].z, v[u].y, v[u].w) : v[u];
-      }
-    }
-    mbar_arrive(xbar);
-  }
+  if (PIPE) ls_stage_x<M8>(p, x_s, xbar, tid);
   const int grp = warp / KS, ks = warp % KS;
   if (grp >= C || n_local <= grp) return;
 
@@ -477,6 +488,116 @@ __global__ void __launch_bounds__(LS_THREADS, 1) linear_fp8_stream(LinStreamPara
 #endif
 }
 
+// The split kernel: the k range of every tile split over all 16 consumer warps (warp w takes
+// 128-k blocks w * ncb / 16 .. (w + 1) * ncb / 16 of each tile), and the CTA's tiles passing
+// through one ring of slots in order. Why: in the kernels above a tile is computed by the
+// warps of one group after the whole tile has landed, and at the decode shapes each CTA's
+// tiles land together (one fill), so the SM computes its whole share after its bytes arrive.
+// Here every warp takes a share of each tile as that tile lands, so the arithmetic runs while
+// the later tiles stream in. Each warp's blocks run through ls_blocks (the piped kernel's
+// block loop: the same per-block arithmetic); its partial sum goes to the slot's partials in
+// shared memory, and the warp that stores the slot's last partial (a per-slot count, with
+// fences) adds the 16 partials in warp order (k order: a fixed order) and stores y. The slot
+// is released (its empty barrier counts the 16 warps) only after that, so the partials of a
+// slot are never overwritten before they are read. A row's sum depends only on its row of x
+// (as in the kernels above), but the split is another order than theirs: other bits.
+template <bool M8>
+__global__ void __launch_bounds__(LS_THREADS, 1) linear_fp8_split(LinStreamParams p) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  extern __shared__ __align__(128) uint8_t smem[];
+  uint64_t* full = (uint64_t*)smem;
+  uint64_t* empty = full + LS_MAX_SLOTS;
+  uint64_t* xbar = empty + LS_MAX_SLOTS;
+  int* done = (int*)(smem + LS_OFF_DONE);
+  uint8_t* x_s = smem + LS_OFF_RED;
+  uint8_t* ring = smem + p.ring_off;
+  float4* red = (float4*)(smem + p.red_off);
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+  const int D = p.depth;
+  constexpr int KS = LS_MAX_WARPS;
+  const int n_local =
+      p.tiles > (int)blockIdx.x ? (p.tiles - 1 - (int)blockIdx.x) / (int)gridDim.x + 1 : 0;
+  if (tid == 0) {
+    for (int s = 0; s < D; ++s) {
+      mbar_init(full + s, 1);
+      mbar_init(empty + s, KS);
+      done[s] = 0;
+    }
+    mbar_init(xbar, 32 * KS);
+    mbar_init_fence();
+  }
+  __syncthreads();
+  pdl_launch_dependents();
+
+  if (warp == LS_MAX_WARPS) {  // the producer: one thread issues every copy, in tile order
+    if (lane == 0) {
+      const uint64_t pol = l2_evict_first();
+      for (int li = 0; li < n_local; ++li) {
+        const int slot = li % D;
+        const uint8_t* src = p.w + (int64_t)((int)blockIdx.x + li * (int)gridDim.x) * p.tile_bytes;
+        uint8_t* dst = ring + (int64_t)slot * p.tile_bytes;
+        if (li >= D) mbar_wait(empty + slot, (li / D - 1) & 1);
+        mbar_expect_tx(full + slot, (uint32_t)p.tile_bytes);
+        for (int off = 0; off < p.tile_bytes; off += p.copy_bytes)
+          bulk::load(dst + off, src + off, (uint32_t)p.copy_bytes, full + slot, pol);
+      }
+    }
+    return;
+  }
+  ls_stage_x<M8>(p, x_s, xbar, tid);
+
+  const int g = lane >> 2, t = lane & 3;
+  const bool row_a = g < p.m, row_b = g + 8 < p.m;
+  // rows >= m read row 0 (see ls_load_x)
+  const uint8_t* xa = x_s + (int64_t)(row_a ? g : 0) * p.x_stride + 32 * t;
+  const uint8_t* xb = x_s + (int64_t)(row_b ? g + 8 : 0) * p.x_stride + 32 * t;
+  const int row_off = g * p.in + 16 * t;
+  const int kb0 = warp * p.ncb / KS, kb1 = (warp + 1) * p.ncb / KS;  // this warp's blocks
+  // this warp's block scales of the CTA's li-th tile: lane l holds blocks kb0 + l, kb0 + 32 + l
+  auto scales = [&](int li, float& lo, float& hi) {
+    lo = hi = 0.f;
+    if (li >= n_local) return;
+    const int o0 = ((int)blockIdx.x + li * (int)gridDim.x) * LS_TILE;
+    const float* sp = p.scale + (int64_t)(o0 / p.bo) * p.ncb + kb0;
+    if (lane < kb1 - kb0) lo = __ldg(sp + lane);
+    if (lane + 32 < kb1 - kb0) hi = __ldg(sp + lane + 32);
+  };
+  float s_lo, s_hi;
+  scales(0, s_lo, s_hi);
+  mbar_wait(xbar, 0);
+  for (int li = 0; li < n_local; ++li) {
+    const int slot = li % D;
+    const uint8_t* wrow = ring + (int64_t)slot * p.tile_bytes + row_off;
+    float acc[4] = {0.f, 0.f, 0.f, 0.f};
+    ls_blocks<M8>(acc, wrow, xa, xb, full + slot, (li / D) & 1, kb0, kb1, p.ncb, s_lo, s_hi);
+    scales(li + 1, s_lo, s_hi);
+    float4* part = red + (int64_t)slot * KS * 32;
+    part[warp * 32 + lane] = make_float4(acc[0], acc[1], acc[2], acc[3]);
+    __threadfence_block();
+    __syncwarp();
+    int last = 0;
+    if (lane == 0) last = atomicAdd(done + slot, 1) == KS - 1;
+    last = __shfl_sync(0xffffffffu, last, 0);
+    if (last) {  // every partial of this tile is stored: add them in warp (k) order
+      __threadfence_block();
+      float4 v = part[lane];
+      float y[4] = {v.x, v.y, v.z, v.w};
+      for (int w2 = 1; w2 < KS; ++w2) {
+        v = part[w2 * 32 + lane];
+        y[0] += v.x; y[1] += v.y; y[2] += v.z; y[3] += v.w;
+      }
+      const int col = ((int)blockIdx.x + li * (int)gridDim.x) * LS_TILE + 2 * t;
+      if (row_a) *(uint32_t*)(p.out + ((int64_t)g * p.o + col) * 2) = pack_bf16x2(y[0], y[1]);
+      if (row_b)
+        *(uint32_t*)(p.out + ((int64_t)(g + 8) * p.o + col) * 2) = pack_bf16x2(y[2], y[3]);
+      if (lane == 0) done[slot] = 0;  // the slot's next tile counts after its refill
+      __syncwarp();
+    }
+    if (lane == 0) mbar_arrive(empty + slot);
+  }
+#endif
+}
+
 // The plan for in-feature count `in` and m rows: tile slots, consumer groups and the warps per
 // group, or false when the shapes are outside what the kernel takes.
 bool plan_linear_stream(LinStreamParams& p, const DeviceFacts& dev) {
@@ -513,6 +634,30 @@ bool plan_linear_stream(LinStreamParams& p, const DeviceFacts& dev) {
   return true;
 }
 
+// The split kernel's plan (after plan_linear_stream: the tiles and copies), or false where it
+// does not take the shapes: at least one 128-k block per warp (in >= 2048) and two slots of a
+// tile and its partials beside x. Taken or not is decided at 16 rows (LS_ROWS) whatever m is,
+// so a row's bits never depend on how many rows share its launch.
+bool plan_linear_split(LinStreamParams& p, const DeviceFacts& dev) {
+  if (p.ncb % LS_MAX_WARPS) return false;
+  const int part_bytes = LS_MAX_WARPS * 32 * 16;  // one float4 per lane per warp
+  const int per_slot = p.tile_bytes + part_bytes;
+  const int full_off = (LS_OFF_RED + LS_ROWS * p.x_stride + 127) & ~127;
+  if ((dev.smem_optin - full_off) / per_slot < 2) return false;
+  p.ring_off = (LS_OFF_RED + p.m * p.x_stride + 127) & ~127;
+  int slots = (dev.smem_optin - p.ring_off) / per_slot;
+  slots = slots > LS_SPLIT_MAX_SLOTS ? LS_SPLIT_MAX_SLOTS : slots;
+  const int per_cta = (p.tiles + dev.sms - 1) / dev.sms;
+  p.depth = slots < per_cta ? slots : per_cta;
+  // the launch switches' cap on the slots in flight (bits 16-19; 0: as many as fit)
+  const int cap = (strata_gpu_moe_set_options(-1) >> STRATA_LINEAR_SPLIT_DEPTH_SHIFT) & 15;
+  if (cap > 0 && p.depth > cap) p.depth = cap;
+  p.red_off = p.ring_off + p.depth * p.tile_bytes;
+  p.groups = 1;
+  p.ksplit = LS_MAX_WARPS;
+  return true;
+}
+
 // The piped kernel's k-range pieces (after plan_linear_stream; the plan is the same for both
 // kernels, so are the bits): bytes of each row per piece max(LS_PIECE_MIN, in / LS_MAX_PIECES),
 // fewer pieces where the slots' full barriers would not fit the header.
@@ -543,10 +688,15 @@ int launch_linear_stream(const void* x, const void* w, const float* scale, void*
                          cudaStream_t st) {
   const DeviceFacts dev = device_facts(device);
   // the launch switch (strata_gpu_moe_set_options): the piped kernel, else the unpiped one
-  const bool pipe = (strata_gpu_moe_set_options(-1) & STRATA_LINEAR_PIPE) != 0;
-  static int allowed[3] = {0, 0, 0};  // per kernel: unpiped, piped m <= 8, piped
-  const char* name =
-      pipe ? "linear_fp8: linear_fp8_stream (piped)" : "linear_fp8: linear_fp8_stream";
+  const int opts = strata_gpu_moe_set_options(-1);
+  const bool split = (opts & STRATA_LINEAR_SPLIT) != 0;
+  const bool pipe = (opts & STRATA_LINEAR_PIPE) != 0;
+  // per kernel: unpiped, piped m <= 8, piped, split m <= 8, split
+  static int allowed[5] = {0, 0, 0, 0, 0};
+  const char* names[5] = {"linear_fp8: linear_fp8_stream", "linear_fp8: linear_fp8_stream (piped)",
+                          "linear_fp8: linear_fp8_stream (piped)", "linear_fp8: linear_fp8_split",
+                          "linear_fp8: linear_fp8_split"};
+  const char* name = names[split ? 3 : pipe ? 1 : 0];
   for (int64_t r0 = 0; r0 < m; r0 += LS_ROWS) {
     LinStreamParams p = {};
     p.m = (int)(m - r0 < LS_ROWS ? m - r0 : LS_ROWS);
@@ -562,12 +712,17 @@ int launch_linear_stream(const void* x, const void* w, const float* scale, void*
     p.w = (const uint8_t*)w;
     p.scale = scale;
     p.out = (uint8_t*)out + r0 * o * 2;
-    if (pipe) plan_pieces(p);
-    const int which = !pipe ? 0 : p.m <= 8 ? 1 : 2;
+    const bool use_split = split && plan_linear_split(p, dev);
+    if (pipe && !use_split) plan_pieces(p);
+    const int which = use_split ? (p.m <= 8 ? 3 : 4) : !pipe ? 0 : p.m <= 8 ? 1 : 2;
     void (*kernel)(LinStreamParams) = which == 0   ? linear_fp8_stream<false, false>
                                       : which == 1 ? linear_fp8_stream<true, true>
-                                                   : linear_fp8_stream<true, false>;
-    const int smem = p.ring_off + p.groups * p.depth * p.tile_bytes;
+                                      : which == 2 ? linear_fp8_stream<true, false>
+                                      : which == 3 ? linear_fp8_split<true>
+                                                   : linear_fp8_split<false>;
+    const int smem = use_split ? p.red_off + p.depth * LS_MAX_WARPS * 32 * 16
+                               : p.ring_off + p.groups * p.depth * p.tile_bytes;
+    name = names[which];
     if (int rc = allow_smem(kernel, smem, allowed[which], name)) return rc;
     const int grid = p.tiles < dev.sms ? p.tiles : dev.sms;
     launch_maybe_pdl(kernel, dim3((unsigned)grid), dim3(LS_THREADS), smem, st, pdl, p);

@@ -531,7 +531,8 @@ def moe_kernel_supported(x, w_gate_up, k: int, block=None) -> bool:
 
 def moe_launch_options(pdl=None, early=None, wide=None, db=None, xsmem=None, stream=None,
                        stream_all=None, linear_stream=None, linear_pipe=None,
-                       stream_miss=None, gate_up_pdl=None) -> dict:
+                       stream_miss=None, gate_up_pdl=None, linear_split=None,
+                       linear_split_depth=None) -> dict:
     """Read or set moe_experts' launch switches on the GPU extension (process-wide; every
     setting gives the same bits): `stream` (on by default), the streamed kernels on sm_90+
     without the expert cache, or with one (see `stream_miss` for a cache that can miss), where
@@ -547,6 +548,11 @@ def moe_launch_options(pdl=None, early=None, wide=None, db=None, xsmem=None, str
     and `linear_pipe` (off: measured slower at 1-4 rows): that kernel in its piped form
     (k-range weight pieces on their own barriers, x copied by the consumer warps, a
     software-pipelined block loop) rather than the unpiped first version; the same bits.
+    `linear_split` (off): that kernel's split form where it takes the shapes (in >= 2048), each
+    tile's k range over all the CTA's warps and the tiles through one ring in order, so the
+    arithmetic runs while later tiles land; other bits than the unsplit forms (the split-k sum
+    in another order), a row still the same bits in any launch; `linear_split_depth` (0: as
+    many as fit), its cap on tile slots in flight per CTA, 0-15 (the same bits at any depth).
     `stream_miss` (on): an expert cache that can miss runs the streamed kernels too, their bulk
     copies reading missing experts from the pinned host store (same bits; off, the per-block
     kernels read them through mapped host memory). `gate_up_pdl` (off): the streamed gate/up
@@ -556,15 +562,21 @@ def moe_launch_options(pdl=None, early=None, wide=None, db=None, xsmem=None, str
     flags = _gpu.moe_set_options(-1)
     for bit, on in ((1, pdl), (2, early), (4, wide), (8, db), (16, xsmem), (32, stream),
                     (64, stream_all), (128, linear_stream), (256, linear_pipe),
-                    (1024, stream_miss), (4096, gate_up_pdl)):
+                    (1024, stream_miss), (4096, gate_up_pdl), (8192, linear_split)):
         if on is not None:
             flags = (flags | bit) if on else (flags & ~bit)
+    if linear_split_depth is not None:
+        depth = int(linear_split_depth)
+        if not 0 <= depth <= 15:
+            raise ValueError(f"linear_split_depth: {linear_split_depth!r} is not in 0..15")
+        flags = (flags & ~(15 << 16)) | (depth << 16)
     _gpu.moe_set_options(flags)
     return {"pdl": bool(flags & 1), "early": bool(flags & 2), "wide": bool(flags & 4),
             "db": bool(flags & 8), "xsmem": bool(flags & 16), "stream": bool(flags & 32),
             "stream_all": bool(flags & 64), "linear_stream": bool(flags & 128),
             "linear_pipe": bool(flags & 256), "stream_miss": bool(flags & 1024),
-            "gate_up_pdl": bool(flags & 4096)}
+            "gate_up_pdl": bool(flags & 4096), "linear_split": bool(flags & 8192),
+            "linear_split_depth": (flags >> 16) & 15}
 
 
 def conv_launch_options(serial=None) -> dict:
