@@ -79,9 +79,8 @@ constexpr int LS_ROWS = 16;                          // x rows per launch (the M
 constexpr int LS_TILE = 8;                           // weight rows per item (the MMA's n)
 constexpr int LS_MAX_GROUPS = 15;  // named barriers 1..15, one per group of split-k warps
 constexpr int LS_OFF_RED = 1152;   // after the full, empty and x barriers (1032 bytes)
-// the split kernel: per slot, how many warps have stored their partial (after the barriers);
+// the split kernel: its full, empty and partials barriers (16 slots each) below x's barrier;
 // its x starts at LS_OFF_RED (its partials are beside its slots)
-constexpr int LS_OFF_DONE = 1040;
 constexpr int LS_SPLIT_MAX_SLOTS = 16;
 // the split-k partial sums: two tiles' worth (by tile parity) of 4 floats per lane per warp
 constexpr int LS_OFF_DATA = LS_OFF_RED + 2 * LS_MAX_WARPS * 32 * 4 * 4;
@@ -491,24 +490,26 @@ __global__ void __launch_bounds__(LS_THREADS, 1) linear_fp8_stream(LinStreamPara
 // The split kernel: the k range of every tile split over all 16 consumer warps (warp w takes
 // 128-k blocks w * ncb / 16 .. (w + 1) * ncb / 16 of each tile), and the CTA's tiles passing
 // through one ring of slots in order. Why: in the kernels above a tile is computed by the
-// warps of one group after the whole tile has landed, and at the decode shapes each CTA's
-// tiles land together (one fill), so the SM computes its whole share after its bytes arrive.
-// Here every warp takes a share of each tile as that tile lands, so the arithmetic runs while
-// the later tiles stream in. Each warp's blocks run through ls_blocks (the piped kernel's
-// block loop: the same per-block arithmetic); its partial sum goes to the slot's partials in
-// shared memory, and the warp that stores the slot's last partial (a per-slot count, with
-// fences) adds the 16 partials in warp order (k order: a fixed order) and stores y. The slot
-// is released (its empty barrier counts the 16 warps) only after that, so the partials of a
-// slot are never overwritten before they are read. A row's sum depends only on its row of x
-// (as in the kernels above), but the split is another order than theirs: other bits.
+// warps of one group after the whole tile has landed, one block after another, so a tile costs
+// its warp's whole chain of blocks; here every warp takes a share of each tile as that tile
+// lands. Each warp's blocks run through ls_blocks (the piped kernel's block loop: the same
+// per-block arithmetic); its partial sum goes to the slot's partials in shared memory and the
+// warp arrives on the slot's "partials" barrier (an mbarrier arrival releases the warp's stores:
+// no fence or atomic, nothing the consumer waits on). A reducer warp (the 18th) waits for each
+// slot's 16 partials in tile order, adds them in warp order (k order: a fixed order), stores y
+// and only then releases the slot to the producer, so neither the slot's weights nor its
+// partials are overwritten before they are read. A row's sum depends only on its row of x (as
+// in the kernels above), but the split is another order than theirs: other bits.
+constexpr int LS_SPLIT_THREADS = 32 * (LS_MAX_WARPS + 2);  // + the producer and reducer warps
+
 template <bool M8>
-__global__ void __launch_bounds__(LS_THREADS, 1) linear_fp8_split(LinStreamParams p) {
+__global__ void __launch_bounds__(LS_SPLIT_THREADS, 1) linear_fp8_split(LinStreamParams p) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   extern __shared__ __align__(128) uint8_t smem[];
   uint64_t* full = (uint64_t*)smem;
-  uint64_t* empty = full + LS_MAX_SLOTS;
-  uint64_t* xbar = empty + LS_MAX_SLOTS;
-  int* done = (int*)(smem + LS_OFF_DONE);
+  uint64_t* empty = full + LS_SPLIT_MAX_SLOTS;
+  uint64_t* parts = empty + LS_SPLIT_MAX_SLOTS;  // per slot: the 16 warps' partials are stored
+  uint64_t* xbar = full + 2 * LS_MAX_SLOTS;
   uint8_t* x_s = smem + LS_OFF_RED;
   uint8_t* ring = smem + p.ring_off;
   float4* red = (float4*)(smem + p.red_off);
@@ -520,8 +521,8 @@ __global__ void __launch_bounds__(LS_THREADS, 1) linear_fp8_split(LinStreamParam
   if (tid == 0) {
     for (int s = 0; s < D; ++s) {
       mbar_init(full + s, 1);
-      mbar_init(empty + s, KS);
-      done[s] = 0;
+      mbar_init(empty + s, 1);
+      mbar_init(parts + s, KS);
     }
     mbar_init(xbar, 32 * KS);
     mbar_init_fence();
@@ -529,7 +530,9 @@ __global__ void __launch_bounds__(LS_THREADS, 1) linear_fp8_split(LinStreamParam
   __syncthreads();
   pdl_launch_dependents();
 
-  if (warp == LS_MAX_WARPS) {  // the producer: one thread issues every copy, in tile order
+  const int g = lane >> 2, t = lane & 3;
+  const bool row_a = g < p.m, row_b = g + 8 < p.m;
+  if (warp == KS) {  // the producer: one thread issues every copy, in tile order
     if (lane == 0) {
       const uint64_t pol = l2_evict_first();
       for (int li = 0; li < n_local; ++li) {
@@ -544,10 +547,30 @@ __global__ void __launch_bounds__(LS_THREADS, 1) linear_fp8_split(LinStreamParam
     }
     return;
   }
+  if (warp == KS + 1) {  // the reducer: each tile's partials in warp order, then y
+    for (int li = 0; li < n_local; ++li) {
+      const int slot = li % D;
+      mbar_wait(parts + slot, (li / D) & 1);
+      const float4* part = red + (int64_t)slot * KS * 32 + lane;
+      float4 v[KS];
+#pragma unroll
+      for (int w2 = 0; w2 < KS; ++w2) v[w2] = part[w2 * 32];
+      float y[4] = {v[0].x, v[0].y, v[0].z, v[0].w};
+#pragma unroll
+      for (int w2 = 1; w2 < KS; ++w2) {
+        y[0] += v[w2].x; y[1] += v[w2].y; y[2] += v[w2].z; y[3] += v[w2].w;
+      }
+      __syncwarp();
+      if (lane == 0) mbar_arrive(empty + slot);  // the partials are read: the slot may refill
+      const int col = ((int)blockIdx.x + li * (int)gridDim.x) * LS_TILE + 2 * t;
+      if (row_a) *(uint32_t*)(p.out + ((int64_t)g * p.o + col) * 2) = pack_bf16x2(y[0], y[1]);
+      if (row_b)
+        *(uint32_t*)(p.out + ((int64_t)(g + 8) * p.o + col) * 2) = pack_bf16x2(y[2], y[3]);
+    }
+    return;
+  }
   ls_stage_x<M8>(p, x_s, xbar, tid);
 
-  const int g = lane >> 2, t = lane & 3;
-  const bool row_a = g < p.m, row_b = g + 8 < p.m;
   // rows >= m read row 0 (see ls_load_x)
   const uint8_t* xa = x_s + (int64_t)(row_a ? g : 0) * p.x_stride + 32 * t;
   const uint8_t* xb = x_s + (int64_t)(row_b ? g + 8 : 0) * p.x_stride + 32 * t;
@@ -571,29 +594,9 @@ __global__ void __launch_bounds__(LS_THREADS, 1) linear_fp8_split(LinStreamParam
     float acc[4] = {0.f, 0.f, 0.f, 0.f};
     ls_blocks<M8>(acc, wrow, xa, xb, full + slot, (li / D) & 1, kb0, kb1, p.ncb, s_lo, s_hi);
     scales(li + 1, s_lo, s_hi);
-    float4* part = red + (int64_t)slot * KS * 32;
-    part[warp * 32 + lane] = make_float4(acc[0], acc[1], acc[2], acc[3]);
-    __threadfence_block();
-    __syncwarp();
-    int last = 0;
-    if (lane == 0) last = atomicAdd(done + slot, 1) == KS - 1;
-    last = __shfl_sync(0xffffffffu, last, 0);
-    if (last) {  // every partial of this tile is stored: add them in warp (k) order
-      __threadfence_block();
-      float4 v = part[lane];
-      float y[4] = {v.x, v.y, v.z, v.w};
-      for (int w2 = 1; w2 < KS; ++w2) {
-        v = part[w2 * 32 + lane];
-        y[0] += v.x; y[1] += v.y; y[2] += v.z; y[3] += v.w;
-      }
-      const int col = ((int)blockIdx.x + li * (int)gridDim.x) * LS_TILE + 2 * t;
-      if (row_a) *(uint32_t*)(p.out + ((int64_t)g * p.o + col) * 2) = pack_bf16x2(y[0], y[1]);
-      if (row_b)
-        *(uint32_t*)(p.out + ((int64_t)(g + 8) * p.o + col) * 2) = pack_bf16x2(y[2], y[3]);
-      if (lane == 0) done[slot] = 0;  // the slot's next tile counts after its refill
-      __syncwarp();
-    }
-    if (lane == 0) mbar_arrive(empty + slot);
+    red[((int64_t)slot * KS + warp) * 32 + lane] = make_float4(acc[0], acc[1], acc[2], acc[3]);
+    __syncwarp();  // the warp's stores before its lane 0's arrival (which releases them)
+    if (lane == 0) mbar_arrive(parts + slot);
   }
 #endif
 }
@@ -725,7 +728,8 @@ int launch_linear_stream(const void* x, const void* w, const float* scale, void*
     name = names[which];
     if (int rc = allow_smem(kernel, smem, allowed[which], name)) return rc;
     const int grid = p.tiles < dev.sms ? p.tiles : dev.sms;
-    launch_maybe_pdl(kernel, dim3((unsigned)grid), dim3(LS_THREADS), smem, st, pdl, p);
+    launch_maybe_pdl(kernel, dim3((unsigned)grid), dim3(use_split ? LS_SPLIT_THREADS : LS_THREADS),
+                     smem, st, pdl, p);
     if (int rc = take_launch_error(name)) return rc;
   }
   return 0;
