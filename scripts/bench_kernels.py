@@ -483,6 +483,14 @@ def bench_linear(records, rows_list, ceiling, split_depths=(), shapes=DENSE_SHAP
             piped = functools.partial(switched, "linear_pipe", True)
             split = functools.partial(switched, "linear_split", True)
 
+            def split_pair(w):  # the split form, two tiles per warp step
+                prev = C.moe_launch_options()["linear_split_pair"]
+                C.moe_launch_options(linear_split_pair=True)
+                try:
+                    split(w)
+                finally:
+                    C.moe_launch_options(linear_split_pair=prev)
+
             def split_depth(d, w):
                 prev = C.moe_launch_options()["linear_split_depth"]
                 C.moe_launch_options(linear_split_depth=d)
@@ -496,6 +504,7 @@ def bench_linear(records, rows_list, ceiling, split_depths=(), shapes=DENSE_SHAP
                                     for w in w8s]),
                 ("linear_fp8_piped", b8, [(lambda w=w: piped(w)) for w in w8s]),
                 ("linear_fp8_split", b8, [(lambda w=w: split(w)) for w in w8s]),
+                ("linear_fp8_split_pair", b8, [(lambda w=w: split_pair(w)) for w in w8s]),
             ] + [
                 # the split form with its ring capped at d tile slots in flight
                 (f"linear_fp8_split_d{d}", b8,
@@ -512,6 +521,9 @@ def bench_linear(records, rows_list, ceiling, split_depths=(), shapes=DENSE_SHAP
             same_bits = torch.equal(y, C.gpu_linear_fp8(x, w8, s8, FP8_BLOCK))
             split(w8)  # other bits: its error against the reference
             split_err = rel_err(y, R.linear_fp8(x, w8, s8, FP8_BLOCK))
+            y_split = y.clone()
+            split_pair(w8)  # two tiles per step: the split form's bits
+            pair_same = torch.equal(y, y_split)
             for name, nbytes, calls in cases:
                 t, mode = time_calls(calls)
                 rec = dict(op=name, o=o, i=i, rows=n, bytes=nbytes, t_us=t * 1e6,
@@ -521,12 +533,14 @@ def bench_linear(records, rows_list, ceiling, split_depths=(), shapes=DENSE_SHAP
                            split_err if name == "linear_fp8_split" else None)
                 if name == "linear_fp8_piped":
                     rec["same_bits"] = same_bits
+                if name == "linear_fp8_split_pair":
+                    rec["same_bits"] = pair_same
                 records.append(rec)
                 print(f"{name:18s} {o:5d}x{i:<5d} rows {n:2d}: {rec['t_us']:7.1f} us  "
                       f"{nbytes / 1e6:6.1f} MB  {rec['gbps']:6.0f} GB/s  "
                       f"{100 * rec['frac']:5.1f}% of copy  floor {rec['floor_us']:6.1f} us"
                       + ("" if "same_bits" not in rec else
-                         "  same bits" if same_bits else "  BITS DIFFER")
+                         "  same bits" if rec["same_bits"] else "  BITS DIFFER")
                       + ("" if rec["rel_err"] is None else f"  err {rec['rel_err']:.1e}"),
                       flush=True)
         del w8s, wbs

@@ -440,17 +440,47 @@ def _launch_options(**switches):
         C.moe_launch_options(**saved)
 
 
+#: the streamed FP8 linear's forms: unsplit (a tile per warp group), split (each tile's k over
+#: all warps), split in pairs (two tiles per warp step: the split form's bits)
+LINEAR_FORMS = {"unsplit": dict(linear_split=False),
+                "split": dict(linear_split=True, linear_split_pair=False),
+                "split_pair": dict(linear_split=True, linear_split_pair=True)}
+
+
 @_gpu
-@pytest.mark.parametrize("split", [False, True], ids=["unsplit", "split"])
+@pytest.mark.parametrize("form", LINEAR_FORMS)
 @pytest.mark.parametrize("rows,O,I", STREAM_CASES)
-def test_gpu_linear_fp8_streamed(rows, O, I, split):
-    """The streamed tensor-core kernel, in its unsplit and split forms: close to the
-    reference, and each row the same bits alone as in the batch (any row count, chunks of 16
-    included)."""
+def test_gpu_linear_fp8_streamed(rows, O, I, form):
+    """The streamed tensor-core kernel, in each form: close to the reference, and each row
+    the same bits alone as in the batch (any row count, chunks of 16 included)."""
     if not _stream_capable():
         pytest.skip("the streamed FP8 linear needs sm_90+ (CUDA)")
-    with _launch_options(linear_split=split):
+    with _launch_options(**LINEAR_FORMS[form]):
         _check_linear_fp8_streamed(rows, O, I)
+
+
+@_gpu
+@pytest.mark.parametrize("O,I", [(12288, 2048), (2048, 4096), (1032, 2048), (8, 8192)])
+def test_gpu_linear_fp8_split_pairs_same_bits(O, I):
+    """The split form in pairs gives its bits taking one tile per step, with an odd number of
+    tiles per CTA (the last one alone), any ring depth, at 1-40 rows."""
+    if not _stream_capable():
+        pytest.skip("the streamed FP8 linear needs sm_90+ (CUDA)")
+    gen = torch.Generator().manual_seed(O + I)
+    weight = (torch.randn(O, I, generator=gen) * 30).to(FP8).cuda()
+    scale = (torch.rand(-(-O // 128), I // 128, generator=gen) * 0.01).cuda()
+    for rows in (1, 5, 8, 9, 16, 40):
+        x = torch.randn(rows, I, generator=gen).to("cuda", torch.bfloat16)
+        if not C._gpu.linear_stream_takes(x, weight, 128, 128):
+            continue
+        got = {}
+        for pair in (False, True):
+            for depth in (0, 2, 3):
+                with _launch_options(linear_split=True, linear_split_pair=pair,
+                                     linear_split_depth=depth):
+                    got[pair, depth] = C.gpu_linear_fp8(x, weight, scale, (128, 128))
+        want = got[False, 0]
+        assert all(torch.equal(v, want) for v in got.values()), rows
 
 
 def _check_linear_fp8_streamed(rows, O, I):
@@ -479,15 +509,15 @@ def _check_linear_fp8_streamed(rows, O, I):
 
 
 @_gpu
-@pytest.mark.parametrize("split", [False, True], ids=["unsplit", "split"])
-def test_gpu_linear_fp8_streamed_decodes_every_byte_exactly(split):
+@pytest.mark.parametrize("form", LINEAR_FORMS)
+def test_gpu_linear_fp8_streamed_decodes_every_byte_exactly(form):
     """Every finite e4m3 value (subnormals, zeros, both signs) through the kernel's byte
     shuffle into bf16: one-hot rows of x pick single weights, so y is w * scale exactly (the
     split form takes in >= 2048)."""
     if not _stream_capable():
         pytest.skip("the streamed FP8 linear needs sm_90+ (CUDA)")
-    with _launch_options(linear_split=split):
-        _check_decodes_every_byte(256, 2048 if split else 1024, 16)
+    with _launch_options(**LINEAR_FORMS[form]):
+        _check_decodes_every_byte(256, 1024 if form == "unsplit" else 2048, 16)
 
 
 def _check_decodes_every_byte(O, I, rows):
@@ -506,12 +536,12 @@ def _check_decodes_every_byte(O, I, rows):
 
 
 @_gpu
-@pytest.mark.parametrize("split", [False, True], ids=["unsplit", "split"])
-def test_gpu_linear_fp8_streamed_in_a_graph(split):
+@pytest.mark.parametrize("form", LINEAR_FORMS)
+def test_gpu_linear_fp8_streamed_in_a_graph(form):
     """Captured (its launch is a programmatic dependent one) and replayed: the same bits."""
     if not _stream_capable():
         pytest.skip("the streamed FP8 linear needs sm_90+ (CUDA)")
-    with _launch_options(linear_split=split):
+    with _launch_options(**LINEAR_FORMS[form]):
         _check_linear_fp8_in_a_graph()
 
 

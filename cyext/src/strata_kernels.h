@@ -139,6 +139,9 @@ int64_t strata_gpu_moe_workspace(int64_t n, int64_t k, int64_t inter);
 // Bits 16-19 of the switches: the split form's cap on tile slots in flight per CTA (0: as many
 // as fit), for measuring how deep its ring should be. The same bits at any depth.
 #define STRATA_LINEAR_SPLIT_DEPTH_SHIFT 16
+// STRATA_LINEAR_SPLIT_PAIR: the split form's consumer warps take two tiles per step (each block's
+// x loaded once for both, four MMA chains in flight instead of two). The same bits.
+#define STRATA_LINEAR_SPLIT_PAIR 16384
 // STRATA_MOE_STREAM_MISS (on): an expert cache that can miss also runs the streamed kernels
 // (sm_90+), whose bulk copies then read missing experts from the pinned host store through its
 // device address; off, such a cache runs the per-block kernels. Same bits.

@@ -267,6 +267,39 @@ __device__ __forceinline__ void ls_blocks(float (&acc)[4], const uint8_t* wrow,
   }
 }
 
+// The split kernel's blocks kb0 .. kb1 - 1 of two tiles at once (weight rows wa and wb, block
+// scales in s0 / s1 as ls_blocks takes them): each block's x is loaded once for both tiles and
+// the two tiles' MMA chains are independent, so a warp has four chains in flight where
+// ls_blocks has two. Per tile the same arithmetic as ls_blocks: each 64-k chunk's chain of four
+// MMAs from zero, the block's two chunks added, acc = fma(scale, sum, acc) in block order.
+template <bool M8>
+__device__ __forceinline__ void ls_blocks_pair(float (&acc)[2][4], const uint8_t* wa,
+                                               const uint8_t* wb, const uint8_t* xa,
+                                               const uint8_t* xb, int kb0, int kb1,
+                                               const float (&s0)[2], const float (&s1)[2]) {
+  for (int kb = kb0; kb < kb1; ++kb) {
+    uint4 w0[2], w1[2], xv[2][2][2];
+    ls_load_w<2>(w0, wa, kb);
+    ls_load_w<2>(w1, wb, kb);
+    ls_load_x<2, M8>(xv, xa, xb, kb);
+    float p0[2][4], p1[2][4];
+#pragma unroll
+    for (int c = 0; c < 2; ++c)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) p0[c][i] = p1[c][i] = 0.f;
+    ls_mma<2, M8>(p0, w0, xv);
+    ls_mma<2, M8>(p1, w1, xv);
+    const int j = kb - kb0;
+    const float sc0 = __shfl_sync(0xffffffffu, j < 32 ? s0[0] : s0[1], j & 31);
+    const float sc1 = __shfl_sync(0xffffffffu, j < 32 ? s1[0] : s1[1], j & 31);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      acc[0][i] = fmaf(sc0, p0[0][i] + p0[1][i], acc[0][i]);
+      acc[1][i] = fmaf(sc1, p1[0][i] + p1[1][i], acc[1][i]);
+    }
+  }
+}
+
 // x into shared memory by the consumer threads (tid < 32 * LS_MAX_WARPS), once the kernel
 // before this one (which wrote x) has finished: through registers, eight 16-byte loads in
 // flight per thread, rows x_stride apart; for m <= 8 (M8) the middle two words of each 16
@@ -502,7 +535,8 @@ __global__ void __launch_bounds__(LS_THREADS, 1) linear_fp8_stream(LinStreamPara
 // in the kernels above), but the split is another order than theirs: other bits.
 constexpr int LS_SPLIT_THREADS = 32 * (LS_MAX_WARPS + 2);  // + the producer and reducer warps
 
-template <bool M8>
+// PAIR: each consumer warp takes two tiles per step (ls_blocks_pair), else one (ls_blocks).
+template <bool M8, bool PAIR>
 __global__ void __launch_bounds__(LS_SPLIT_THREADS, 1) linear_fp8_split(LinStreamParams p) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   extern __shared__ __align__(128) uint8_t smem[];
@@ -585,18 +619,38 @@ __global__ void __launch_bounds__(LS_SPLIT_THREADS, 1) linear_fp8_split(LinStrea
     if (lane < kb1 - kb0) lo = __ldg(sp + lane);
     if (lane + 32 < kb1 - kb0) hi = __ldg(sp + lane + 32);
   };
-  float s_lo, s_hi;
-  scales(0, s_lo, s_hi);
+  float sc[2][2];  // the block scales of the step's tiles (see scales)
+  scales(0, sc[0][0], sc[0][1]);
+  if (PAIR) scales(1, sc[1][0], sc[1][1]);
   mbar_wait(xbar, 0);
-  for (int li = 0; li < n_local; ++li) {
+  // stores a tile's partial and arrives on its slot's partials barrier
+  auto hand_in = [&](int li, const float (&acc)[4]) {
     const int slot = li % D;
-    const uint8_t* wrow = ring + (int64_t)slot * p.tile_bytes + row_off;
-    float acc[4] = {0.f, 0.f, 0.f, 0.f};
-    ls_blocks<M8>(acc, wrow, xa, xb, full + slot, (li / D) & 1, kb0, kb1, p.ncb, s_lo, s_hi);
-    scales(li + 1, s_lo, s_hi);
     red[((int64_t)slot * KS + warp) * 32 + lane] = make_float4(acc[0], acc[1], acc[2], acc[3]);
     __syncwarp();  // the warp's stores before its lane 0's arrival (which releases them)
     if (lane == 0) mbar_arrive(parts + slot);
+  };
+  for (int li = 0; li < n_local; li += PAIR ? 2 : 1) {
+    const int slot = li % D;
+    const uint8_t* wrow = ring + (int64_t)slot * p.tile_bytes + row_off;
+    if (PAIR && li + 1 < n_local) {
+      const int slot1 = (li + 1) % D;
+      const uint8_t* wrow1 = ring + (int64_t)slot1 * p.tile_bytes + row_off;
+      mbar_wait(full + slot, (li / D) & 1);
+      mbar_wait(full + slot1, ((li + 1) / D) & 1);
+      float acc[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
+      ls_blocks_pair<M8>(acc, wrow, wrow1, xa, xb, kb0, kb1, sc[0], sc[1]);
+      scales(li + 2, sc[0][0], sc[0][1]);
+      scales(li + 3, sc[1][0], sc[1][1]);
+      hand_in(li, acc[0]);
+      hand_in(li + 1, acc[1]);
+    } else {
+      float acc[4] = {0.f, 0.f, 0.f, 0.f};
+      ls_blocks<M8>(acc, wrow, xa, xb, full + slot, (li / D) & 1, kb0, kb1, p.ncb, sc[0][0],
+                    sc[0][1]);
+      scales(li + 1, sc[0][0], sc[0][1]);
+      hand_in(li, acc);
+    }
   }
 #endif
 }
@@ -693,12 +747,14 @@ int launch_linear_stream(const void* x, const void* w, const float* scale, void*
   // the launch switch (strata_gpu_moe_set_options): the piped kernel, else the unpiped one
   const int opts = strata_gpu_moe_set_options(-1);
   const bool split = (opts & STRATA_LINEAR_SPLIT) != 0;
+  const bool pair = (opts & STRATA_LINEAR_SPLIT_PAIR) != 0;
   const bool pipe = (opts & STRATA_LINEAR_PIPE) != 0;
   // per kernel: unpiped, piped m <= 8, piped, split m <= 8, split
-  static int allowed[5] = {0, 0, 0, 0, 0};
-  const char* names[5] = {"linear_fp8: linear_fp8_stream", "linear_fp8: linear_fp8_stream (piped)",
+  static int allowed[7] = {0, 0, 0, 0, 0, 0, 0};  // + split pair m <= 8, split pair
+  const char* names[7] = {"linear_fp8: linear_fp8_stream", "linear_fp8: linear_fp8_stream (piped)",
                           "linear_fp8: linear_fp8_stream (piped)", "linear_fp8: linear_fp8_split",
-                          "linear_fp8: linear_fp8_split"};
+                          "linear_fp8: linear_fp8_split", "linear_fp8: linear_fp8_split (pairs)",
+                          "linear_fp8: linear_fp8_split (pairs)"};
   const char* name = names[split ? 3 : pipe ? 1 : 0];
   for (int64_t r0 = 0; r0 < m; r0 += LS_ROWS) {
     LinStreamParams p = {};
@@ -717,12 +773,17 @@ int launch_linear_stream(const void* x, const void* w, const float* scale, void*
     p.out = (uint8_t*)out + r0 * o * 2;
     const bool use_split = split && plan_linear_split(p, dev);
     if (pipe && !use_split) plan_pieces(p);
-    const int which = use_split ? (p.m <= 8 ? 3 : 4) : !pipe ? 0 : p.m <= 8 ? 1 : 2;
+    const int which = use_split ? (p.m <= 8 ? 3 : 4) + (pair ? 2 : 0)
+                      : !pipe   ? 0
+                      : p.m <= 8 ? 1
+                                 : 2;
     void (*kernel)(LinStreamParams) = which == 0   ? linear_fp8_stream<false, false>
                                       : which == 1 ? linear_fp8_stream<true, true>
                                       : which == 2 ? linear_fp8_stream<true, false>
-                                      : which == 3 ? linear_fp8_split<true>
-                                                   : linear_fp8_split<false>;
+                                      : which == 3 ? linear_fp8_split<true, false>
+                                      : which == 4 ? linear_fp8_split<false, false>
+                                      : which == 5 ? linear_fp8_split<true, true>
+                                                   : linear_fp8_split<false, true>;
     const int smem = use_split ? p.red_off + p.depth * LS_MAX_WARPS * 32 * 16
                                : p.ring_off + p.groups * p.depth * p.tile_bytes;
     name = names[which];
