@@ -483,13 +483,18 @@ def bench_linear(records, rows_list, ceiling, split_depths=(), shapes=DENSE_SHAP
             piped = functools.partial(switched, "linear_pipe", True)
             split = functools.partial(switched, "linear_split", True)
 
-            def split_pair(w):  # the split form, two tiles per warp step
-                prev = C.moe_launch_options()["linear_split_pair"]
-                C.moe_launch_options(linear_split_pair=True)
+            def split_with(switches, w):  # the split form with more switches set
+                prev = C.moe_launch_options()
+                C.moe_launch_options(**switches)
                 try:
                     split(w)
                 finally:
-                    C.moe_launch_options(linear_split_pair=prev)
+                    C.moe_launch_options(**prev)
+
+            split_pair = functools.partial(split_with, dict(linear_split_pair=True))
+            split_f16 = functools.partial(split_with, dict(linear_f16=True))
+            split_pair_f16 = functools.partial(split_with, dict(linear_split_pair=True,
+                                                                linear_f16=True))
 
             def split_depth(d, w):
                 prev = C.moe_launch_options()["linear_split_depth"]
@@ -505,6 +510,9 @@ def bench_linear(records, rows_list, ceiling, split_depths=(), shapes=DENSE_SHAP
                 ("linear_fp8_piped", b8, [(lambda w=w: piped(w)) for w in w8s]),
                 ("linear_fp8_split", b8, [(lambda w=w: split(w)) for w in w8s]),
                 ("linear_fp8_split_pair", b8, [(lambda w=w: split_pair(w)) for w in w8s]),
+                ("linear_fp8_split_f16", b8, [(lambda w=w: split_f16(w)) for w in w8s]),
+                ("linear_fp8_split_pair_f16", b8,
+                 [(lambda w=w: split_pair_f16(w)) for w in w8s]),
             ] + [
                 # the split form with its ring capped at d tile slots in flight
                 (f"linear_fp8_split_d{d}", b8,
@@ -524,6 +532,9 @@ def bench_linear(records, rows_list, ceiling, split_depths=(), shapes=DENSE_SHAP
             y_split = y.clone()
             split_pair(w8)  # two tiles per step: the split form's bits
             pair_same = torch.equal(y, y_split)
+            split_f16(w8)  # f16 operands: the split form's bits where x's rows are in range
+            f16_same = torch.equal(y, y_split)
+            f16_err = rel_err(y, R.linear_fp8(x, w8, s8, FP8_BLOCK))
             for name, nbytes, calls in cases:
                 t, mode = time_calls(calls)
                 rec = dict(op=name, o=o, i=i, rows=n, bytes=nbytes, t_us=t * 1e6,
@@ -535,6 +546,8 @@ def bench_linear(records, rows_list, ceiling, split_depths=(), shapes=DENSE_SHAP
                     rec["same_bits"] = same_bits
                 if name == "linear_fp8_split_pair":
                     rec["same_bits"] = pair_same
+                if name == "linear_fp8_split_f16":
+                    rec["same_bits"], rec["rel_err"] = f16_same, f16_err
                 records.append(rec)
                 print(f"{name:18s} {o:5d}x{i:<5d} rows {n:2d}: {rec['t_us']:7.1f} us  "
                       f"{nbytes / 1e6:6.1f} MB  {rec['gbps']:6.0f} GB/s  "

@@ -441,10 +441,13 @@ def _launch_options(**switches):
 
 
 #: the streamed FP8 linear's forms: unsplit (a tile per warp group), split (each tile's k over
-#: all warps), split in pairs (two tiles per warp step: the split form's bits)
+#: all warps), split in pairs (two tiles per warp step: the split form's bits), each split form
+#: on f16 operands (x scaled per row into f16)
 LINEAR_FORMS = {"unsplit": dict(linear_split=False),
                 "split": dict(linear_split=True, linear_split_pair=False),
-                "split_pair": dict(linear_split=True, linear_split_pair=True)}
+                "split_pair": dict(linear_split=True, linear_split_pair=True),
+                "split_f16": dict(linear_split=True, linear_f16=True),
+                "split_pair_f16": dict(linear_split=True, linear_split_pair=True, linear_f16=True)}
 
 
 @_gpu
@@ -481,6 +484,39 @@ def test_gpu_linear_fp8_split_pairs_same_bits(O, I):
                     got[pair, depth] = C.gpu_linear_fp8(x, weight, scale, (128, 128))
         want = got[False, 0]
         assert all(torch.equal(v, want) for v in got.values()), rows
+
+
+@_gpu
+@pytest.mark.parametrize("O,I", [(12288, 2048), (2048, 4096)])
+def test_gpu_linear_fp8_f16_operands(O, I):
+    """The split form on f16 operands: x's rows scaled by powers of two into f16 give the bf16
+    operands' bits where every element is within f16's range of its row's largest (rows of
+    ordinary activations, rows scaled by 2^-60 and 2^40); a row with elements far below its
+    largest is still close to the reference; zero rows give zeros."""
+    if not _stream_capable():
+        pytest.skip("the streamed FP8 linear needs sm_90+ (CUDA)")
+    gen = torch.Generator().manual_seed(3 * O + I)
+    weight = (torch.randn(O, I, generator=gen) * 30).to(FP8).cuda()
+    scale = (torch.rand(-(-O // 128), I // 128, generator=gen) * 0.01).cuda()
+    x = torch.randn(6, I, generator=gen)
+    x[1] *= 2.0 ** -60
+    x[2] *= 2.0 ** 40
+    x[3, : I // 2] *= 2.0 ** -40  # half the row far below its largest: rounded in f16
+    x[4] = 0
+    x = x.to("cuda", torch.bfloat16)
+    got = {}
+    for f16 in (False, True):
+        with _launch_options(linear_split=True, linear_f16=f16):
+            got[f16] = C.gpu_linear_fp8(x, weight, scale, (128, 128))
+    for r in (0, 1, 2, 5):
+        assert torch.equal(got[True][r], got[False][r]), r
+    assert rel_err(got[True][3:4], R.linear_fp8(x[3:4], weight, scale, (128, 128))) < 1e-2
+    assert not got[True][4].any()
+    # the same bits alone as in the batch
+    for r in range(6):
+        with _launch_options(linear_split=True, linear_f16=True):
+            assert torch.equal(C.gpu_linear_fp8(x[r:r + 1], weight, scale, (128, 128))[0],
+                               got[True][r]), r
 
 
 def _check_linear_fp8_streamed(rows, O, I):

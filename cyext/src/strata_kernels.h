@@ -142,6 +142,10 @@ int64_t strata_gpu_moe_workspace(int64_t n, int64_t k, int64_t inter);
 // STRATA_LINEAR_SPLIT_PAIR: the split form's consumer warps take two tiles per step (each block's
 // x loaded once for both, four MMA chains in flight instead of two). The same bits.
 #define STRATA_LINEAR_SPLIT_PAIR 16384
+// STRATA_LINEAR_F16: the split form on f16 operands: the weights decode to f16 in one instruction
+// per pair (cvt.rn.f16x2.e4m3x2) instead of a bf16 byte shuffle and multiply, x is scaled per
+// row by a power of two into f16 (exact for every element within 2^28 of its row's largest).
+#define STRATA_LINEAR_F16 32768
 // STRATA_MOE_STREAM_MISS (on): an expert cache that can miss also runs the streamed kernels
 // (sm_90+), whose bulk copies then read missing experts from the pinned host store through its
 // device address; off, such a cache runs the per-block kernels. Same bits.

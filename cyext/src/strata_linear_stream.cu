@@ -82,6 +82,8 @@ constexpr int LS_OFF_RED = 1152;   // after the full, empty and x barriers (1032
 // the split kernel: its full, empty and partials barriers (16 slots each) below x's barrier;
 // its x starts at LS_OFF_RED (its partials are beside its slots)
 constexpr int LS_SPLIT_MAX_SLOTS = 16;
+// the split kernel's f16 row scales, 2^-s and 2^s (16 floats each), between its barriers and x's
+constexpr int LS_OFF_ROW_SCALE = 512;
 // the split-k partial sums: two tiles' worth (by tile parity) of 4 floats per lane per warp
 constexpr int LS_OFF_DATA = LS_OFF_RED + 2 * LS_MAX_WARPS * 32 * 4 * 4;
 
@@ -137,6 +139,24 @@ __device__ __forceinline__ void mma_bf16(float (&d)[4], uint32_t a0, uint32_t a1
       : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
 }
 
+__device__ __forceinline__ void mma_f16(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2,
+                                        uint32_t a3, uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+      "{%8,%9}, {%0,%1,%2,%3};"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+// Four e4m3 bytes -> two f16x2 words (the same element order as fp8x4_to_bf16x4), exactly:
+// every e4m3 value is an f16 value, and the conversion is one instruction per pair.
+__device__ __forceinline__ void fp8x4_to_f16x4(uint32_t w, uint32_t& lo, uint32_t& hi) {
+  asm("{\n .reg .b16 l, h;\n mov.b32 {l, h}, %2;\n cvt.rn.f16x2.e4m3x2 %0, l;\n"
+      " cvt.rn.f16x2.e4m3x2 %1, h;\n}\n"
+      : "=r"(lo), "=r"(hi)
+      : "r"(w));
+}
+
 // The piped kernel's e4m3 -> bf16: the same values as fp8x4_to_bf16x4 (the same bf16x2 words
 // into the same multiply), in nine instructions instead of ten: the high byte of each bf16
 // (sign, then the top three of the seven bits) and its low byte (the low four bits, shifted
@@ -181,7 +201,9 @@ __device__ __forceinline__ void ls_load_x(uint4 (&xv)[NQ][2][2], const uint8_t* 
 // 16 bytes swapped (ua[0], ua[2], ua[1], ua[3] of the unpiped kernel's names), so the A quad of
 // MMA 0 (and 2) is the loaded register quad itself (rows 8-15, never stored, take what is
 // there).
-template <int NQ, bool M8>
+// F16: x is in shared memory as f16 (scaled per row, see ls_stage_x) and the weights decode to
+// f16 (one instruction per pair), the MMAs on f16 operands; else bf16 throughout.
+template <int NQ, bool M8, bool F16 = false>
 __device__ __forceinline__ void ls_mma(float (&part)[NQ][4], const uint4 (&wv)[NQ],
                                        const uint4 (&xv)[NQ][2][2]) {
 #pragma unroll
@@ -203,8 +225,13 @@ __device__ __forceinline__ void ls_mma(float (&part)[NQ][4], const uint4 (&wv)[N
         a3 = j & 1 ? b.w : b.y;
       }
       uint32_t b0, b1;
-      fp8x4_to_bf16x4_pipe(wj[j], b0, b1);
-      mma_bf16(part[q], a0, a1, a2, a3, b0, b1);
+      if (F16) {
+        fp8x4_to_f16x4(wj[j], b0, b1);
+        mma_f16(part[q], a0, a1, a2, a3, b0, b1);
+      } else {
+        fp8x4_to_bf16x4_pipe(wj[j], b0, b1);
+        mma_bf16(part[q], a0, a1, a2, a3, b0, b1);
+      }
     }
   }
 }
@@ -215,7 +242,7 @@ __device__ __forceinline__ void ls_mma(float (&part)[NQ][4], const uint4 (&wv)[N
 // the weight bytes of block kb + 1 are loaded (where its piece has landed) before the MMAs of
 // block kb are issued, and the scale FMAs of block kb - 1 (whose MMAs have finished meanwhile)
 // follow them; a block's x is loaded as its step starts, and its weights' decode covers that.
-template <bool M8>
+template <bool M8, bool F16 = false>
 __device__ __forceinline__ void ls_blocks(float (&acc)[4], const uint8_t* wrow,
                                           const uint8_t* xa, const uint8_t* xb, uint64_t* fb,
                                           uint32_t par, int kb0, int kb1, int kpb, float s_lo,
@@ -242,7 +269,7 @@ __device__ __forceinline__ void ls_blocks(float (&acc)[4], const uint8_t* wrow,
     if (ahead) ls_load_w<2>(w_next, wrow, kb + 1);
 #pragma unroll
     for (int c = 0; c < 2; ++c) pp[c][0] = pp[c][1] = pp[c][2] = pp[c][3] = 0.f;
-    ls_mma<2, M8>(pp, w, xv);
+    ls_mma<2, M8, F16>(pp, w, xv);
   };
   auto finish = [&](const float (&pp)[2][4], int kb) {
     const int j = kb - kb0;
@@ -272,7 +299,7 @@ __device__ __forceinline__ void ls_blocks(float (&acc)[4], const uint8_t* wrow,
 // the two tiles' MMA chains are independent, so a warp has four chains in flight where
 // ls_blocks has two. Per tile the same arithmetic as ls_blocks: each 64-k chunk's chain of four
 // MMAs from zero, the block's two chunks added, acc = fma(scale, sum, acc) in block order.
-template <bool M8>
+template <bool M8, bool F16>
 __device__ __forceinline__ void ls_blocks_pair(float (&acc)[2][4], const uint8_t* wa,
                                                const uint8_t* wb, const uint8_t* xa,
                                                const uint8_t* xb, int kb0, int kb1,
@@ -287,8 +314,8 @@ __device__ __forceinline__ void ls_blocks_pair(float (&acc)[2][4], const uint8_t
     for (int c = 0; c < 2; ++c)
 #pragma unroll
       for (int i = 0; i < 4; ++i) p0[c][i] = p1[c][i] = 0.f;
-    ls_mma<2, M8>(p0, w0, xv);
-    ls_mma<2, M8>(p1, w1, xv);
+    ls_mma<2, M8, F16>(p0, w0, xv);
+    ls_mma<2, M8, F16>(p1, w1, xv);
     const int j = kb - kb0;
     const float sc0 = __shfl_sync(0xffffffffu, j < 32 ? s0[0] : s0[1], j & 31);
     const float sc1 = __shfl_sync(0xffffffffu, j < 32 ? s1[0] : s1[1], j & 31);
@@ -304,9 +331,17 @@ __device__ __forceinline__ void ls_blocks_pair(float (&acc)[2][4], const uint8_t
 // before this one (which wrote x) has finished: through registers, eight 16-byte loads in
 // flight per thread, rows x_stride apart; for m <= 8 (M8) the middle two words of each 16
 // bytes swapped (see ls_mma). Then one arrival each on xbar.
-template <bool M8>
+//
+// F16 (the split kernel's f16 operands): then each row is scaled by a power of two 2^s_n so that
+// its largest magnitude lies in [2^14, 2^15) and stored as f16 (row_scale[n] = 2^-s_n, to undo
+// it on y). The scaling is exact, and so is the f16 of every element within 2^28 of its row's
+// largest (f16's normal range): for those rows the products, their sums and y are those of the
+// bf16 operands times 2^s_n. Three passes among the consumer threads (named barrier 2): the raw
+// rows stored, each row's largest magnitude by one warp, the rows converted in place.
+template <bool M8, bool F16 = false>
 __device__ __forceinline__ void ls_stage_x(const LinStreamParams& p, uint8_t* x_s, uint64_t* xbar,
-                                           int tid) {
+                                           int tid, float* row_scale = nullptr) {
+  // F16: row_scale[n] = 2^-s_n, and row_scale[LS_ROWS + n] = 2^s_n
   pdl_wait_primary();
   const int chunks = p.in / 8, total = p.m * chunks;  // 16-byte pieces of x
   for (int i0 = tid; i0 < total; i0 += 8 * 32 * LS_MAX_WARPS) {
@@ -323,6 +358,48 @@ __device__ __forceinline__ void ls_stage_x(const LinStreamParams& p, uint8_t* x_
       const int n = i / chunks, c = i - n * chunks;
       *(uint4*)(x_s + (int64_t)n * p.x_stride + 16 * c) =
           M8 ? make_uint4(v[u].x, v[u].z, v[u].y, v[u].w) : v[u];
+    }
+  }
+  if constexpr (F16) {
+    constexpr int consumers = 32 * LS_MAX_WARPS;
+    asm volatile("bar.sync 2, %0;" ::"r"(consumers) : "memory");
+    const int warp = tid >> 5, lane = tid & 31;
+    float* scale_s = row_scale + LS_ROWS;
+    if (warp < p.m) {  // row warp's largest magnitude (float bits order as the values do)
+      uint32_t mx = 0;
+      for (int c = lane; c < chunks; c += 32) {
+        const uint4 v = *(const uint4*)(x_s + (int64_t)warp * p.x_stride + 16 * c);
+        const uint32_t wd[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          const uint32_t a = (wd[i] << 16) & 0x7fff0000u, b = wd[i] & 0x7fff0000u;
+          mx = max(mx, max(a, b));
+        }
+      }
+      asm("redux.sync.max.u32 %0, %0, 0xffffffff;" : "+r"(mx));
+      // 2^s with the largest in [2^14, 2^15): s = 14 - its exponent, within float's range
+      const int e = mx ? (int)(mx >> 23) - 127 : 0;
+      int sh = 14 - e;
+      sh = sh > 126 ? 126 : sh < -126 ? -126 : sh;
+      if (lane == 0) {
+        scale_s[warp] = __uint_as_float((uint32_t)(127 + sh) << 23);
+        row_scale[warp] = __uint_as_float((uint32_t)(127 - sh) << 23);
+      }
+    }
+    asm volatile("bar.sync 2, %0;" ::"r"(consumers) : "memory");
+    for (int i = tid; i < total; i += consumers) {
+      const int n = i / chunks, c = i - n * chunks;
+      uint4* q = (uint4*)(x_s + (int64_t)n * p.x_stride + 16 * c);
+      const uint4 v = *q;
+      const float sc = scale_s[n];
+      uint32_t wd[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+      for (int k = 0; k < 4; ++k) {
+        const float lo = __uint_as_float(wd[k] << 16) * sc;
+        const float hi = __uint_as_float(wd[k] & 0xffff0000u) * sc;
+        asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(wd[k]) : "f"(hi), "f"(lo));
+      }
+      *q = make_uint4(wd[0], wd[1], wd[2], wd[3]);
     }
   }
   mbar_arrive(xbar);
@@ -536,7 +613,8 @@ __global__ void __launch_bounds__(LS_THREADS, 1) linear_fp8_stream(LinStreamPara
 constexpr int LS_SPLIT_THREADS = 32 * (LS_MAX_WARPS + 2);  // + the producer and reducer warps
 
 // PAIR: each consumer warp takes two tiles per step (ls_blocks_pair), else one (ls_blocks).
-template <bool M8, bool PAIR>
+// F16: f16 operands (x scaled per row by a power of two, see ls_stage_x), else bf16.
+template <bool M8, bool PAIR, bool F16>
 __global__ void __launch_bounds__(LS_SPLIT_THREADS, 1) linear_fp8_split(LinStreamParams p) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   extern __shared__ __align__(128) uint8_t smem[];
@@ -547,6 +625,8 @@ __global__ void __launch_bounds__(LS_SPLIT_THREADS, 1) linear_fp8_split(LinStrea
   uint8_t* x_s = smem + LS_OFF_RED;
   uint8_t* ring = smem + p.ring_off;
   float4* red = (float4*)(smem + p.red_off);
+  // F16: 2^-s_n of each row (ls_stage_x), applied to y; stored before x's barrier completes
+  float* row_scale = (float*)(smem + LS_OFF_ROW_SCALE);
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
   const int D = p.depth;
   constexpr int KS = LS_MAX_WARPS;
@@ -582,6 +662,12 @@ __global__ void __launch_bounds__(LS_SPLIT_THREADS, 1) linear_fp8_split(LinStrea
     return;
   }
   if (warp == KS + 1) {  // the reducer: each tile's partials in warp order, then y
+    float ua = 1.f, ub = 1.f;  // F16: the rows' 2^-s
+    if (F16) {
+      mbar_wait(xbar, 0);
+      ua = row_a ? row_scale[g] : 1.f;
+      ub = row_b ? row_scale[g + 8] : 1.f;
+    }
     for (int li = 0; li < n_local; ++li) {
       const int slot = li % D;
       mbar_wait(parts + slot, (li / D) & 1);
@@ -596,6 +682,9 @@ __global__ void __launch_bounds__(LS_SPLIT_THREADS, 1) linear_fp8_split(LinStrea
       }
       __syncwarp();
       if (lane == 0) mbar_arrive(empty + slot);  // the partials are read: the slot may refill
+      if (F16) {
+        y[0] *= ua; y[1] *= ua; y[2] *= ub; y[3] *= ub;
+      }
       const int col = ((int)blockIdx.x + li * (int)gridDim.x) * LS_TILE + 2 * t;
       if (row_a) *(uint32_t*)(p.out + ((int64_t)g * p.o + col) * 2) = pack_bf16x2(y[0], y[1]);
       if (row_b)
@@ -603,7 +692,7 @@ __global__ void __launch_bounds__(LS_SPLIT_THREADS, 1) linear_fp8_split(LinStrea
     }
     return;
   }
-  ls_stage_x<M8>(p, x_s, xbar, tid);
+  ls_stage_x<M8, F16>(p, x_s, xbar, tid, row_scale);
 
   // rows >= m read row 0 (see ls_load_x)
   const uint8_t* xa = x_s + (int64_t)(row_a ? g : 0) * p.x_stride + 32 * t;
@@ -639,15 +728,15 @@ __global__ void __launch_bounds__(LS_SPLIT_THREADS, 1) linear_fp8_split(LinStrea
       mbar_wait(full + slot, (li / D) & 1);
       mbar_wait(full + slot1, ((li + 1) / D) & 1);
       float acc[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
-      ls_blocks_pair<M8>(acc, wrow, wrow1, xa, xb, kb0, kb1, sc[0], sc[1]);
+      ls_blocks_pair<M8, F16>(acc, wrow, wrow1, xa, xb, kb0, kb1, sc[0], sc[1]);
       scales(li + 2, sc[0][0], sc[0][1]);
       scales(li + 3, sc[1][0], sc[1][1]);
       hand_in(li, acc[0]);
       hand_in(li + 1, acc[1]);
     } else {
       float acc[4] = {0.f, 0.f, 0.f, 0.f};
-      ls_blocks<M8>(acc, wrow, xa, xb, full + slot, (li / D) & 1, kb0, kb1, p.ncb, sc[0][0],
-                    sc[0][1]);
+      ls_blocks<M8, F16>(acc, wrow, xa, xb, full + slot, (li / D) & 1, kb0, kb1, p.ncb,
+                         sc[0][0], sc[0][1]);
       scales(li + 1, sc[0][0], sc[0][1]);
       hand_in(li, acc);
     }
@@ -748,14 +837,16 @@ int launch_linear_stream(const void* x, const void* w, const float* scale, void*
   const int opts = strata_gpu_moe_set_options(-1);
   const bool split = (opts & STRATA_LINEAR_SPLIT) != 0;
   const bool pair = (opts & STRATA_LINEAR_SPLIT_PAIR) != 0;
+  const bool f16 = (opts & STRATA_LINEAR_F16) != 0;
   const bool pipe = (opts & STRATA_LINEAR_PIPE) != 0;
-  // per kernel: unpiped, piped m <= 8, piped, split m <= 8, split
-  static int allowed[7] = {0, 0, 0, 0, 0, 0, 0};  // + split pair m <= 8, split pair
-  const char* names[7] = {"linear_fp8: linear_fp8_stream", "linear_fp8: linear_fp8_stream (piped)",
-                          "linear_fp8: linear_fp8_stream (piped)", "linear_fp8: linear_fp8_split",
-                          "linear_fp8: linear_fp8_split", "linear_fp8: linear_fp8_split (pairs)",
-                          "linear_fp8: linear_fp8_split (pairs)"};
-  const char* name = names[split ? 3 : pipe ? 1 : 0];
+  using Kernel = void (*)(LinStreamParams);
+  // the split kernels by (m <= 8, pairs, f16 operands)
+  static const Kernel split_kernels[8] = {
+      linear_fp8_split<false, false, false>, linear_fp8_split<false, false, true>,
+      linear_fp8_split<false, true, false>,  linear_fp8_split<false, true, true>,
+      linear_fp8_split<true, false, false>,  linear_fp8_split<true, false, true>,
+      linear_fp8_split<true, true, false>,   linear_fp8_split<true, true, true>};
+  static int allowed[3 + 8] = {};  // per kernel: unpiped, piped m <= 8, piped, the split ones
   for (int64_t r0 = 0; r0 < m; r0 += LS_ROWS) {
     LinStreamParams p = {};
     p.m = (int)(m - r0 < LS_ROWS ? m - r0 : LS_ROWS);
@@ -764,7 +855,7 @@ int launch_linear_stream(const void* x, const void* w, const float* scale, void*
     p.bo = (int)bo;
     p.bi = (int)bi;
     if (!plan_linear_stream(p, dev)) {  // callers ask linear_stream_takes first
-      gpu_set_last_kernel(name);
+      gpu_set_last_kernel("linear_fp8: linear_fp8_stream");
       return (int)cudaErrorInvalidValue;
     }
     p.x = (const uint8_t*)x + r0 * in * 2;
@@ -773,20 +864,18 @@ int launch_linear_stream(const void* x, const void* w, const float* scale, void*
     p.out = (uint8_t*)out + r0 * o * 2;
     const bool use_split = split && plan_linear_split(p, dev);
     if (pipe && !use_split) plan_pieces(p);
-    const int which = use_split ? (p.m <= 8 ? 3 : 4) + (pair ? 2 : 0)
-                      : !pipe   ? 0
-                      : p.m <= 8 ? 1
-                                 : 2;
-    void (*kernel)(LinStreamParams) = which == 0   ? linear_fp8_stream<false, false>
-                                      : which == 1 ? linear_fp8_stream<true, true>
-                                      : which == 2 ? linear_fp8_stream<true, false>
-                                      : which == 3 ? linear_fp8_split<true, false>
-                                      : which == 4 ? linear_fp8_split<false, false>
-                                      : which == 5 ? linear_fp8_split<true, true>
-                                                   : linear_fp8_split<false, true>;
+    const int split_which = (p.m <= 8 ? 4 : 0) + (pair ? 2 : 0) + (f16 ? 1 : 0);
+    const int which = use_split ? 3 + split_which : !pipe ? 0 : p.m <= 8 ? 1 : 2;
+    const Kernel kernel = which == 0   ? linear_fp8_stream<false, false>
+                          : which == 1 ? linear_fp8_stream<true, true>
+                          : which == 2 ? linear_fp8_stream<true, false>
+                                       : split_kernels[split_which];
+    const char* name = use_split ? (f16 ? "linear_fp8: linear_fp8_split (f16 operands)"
+                                        : "linear_fp8: linear_fp8_split")
+                       : pipe    ? "linear_fp8: linear_fp8_stream (piped)"
+                                 : "linear_fp8: linear_fp8_stream";
     const int smem = use_split ? p.red_off + p.depth * LS_MAX_WARPS * 32 * 16
                                : p.ring_off + p.groups * p.depth * p.tile_bytes;
-    name = names[which];
     if (int rc = allow_smem(kernel, smem, allowed[which], name)) return rc;
     const int grid = p.tiles < dev.sms ? p.tiles : dev.sms;
     launch_maybe_pdl(kernel, dim3((unsigned)grid), dim3(use_split ? LS_SPLIT_THREADS : LS_THREADS),

@@ -532,7 +532,8 @@ def moe_kernel_supported(x, w_gate_up, k: int, block=None) -> bool:
 def moe_launch_options(pdl=None, early=None, wide=None, db=None, xsmem=None, stream=None,
                        stream_all=None, linear_stream=None, linear_pipe=None,
                        stream_miss=None, gate_up_pdl=None, linear_split=None,
-                       linear_split_depth=None, linear_split_pair=None) -> dict:
+                       linear_split_depth=None, linear_split_pair=None,
+                       linear_f16=None) -> dict:
     """Read or set moe_experts' launch switches on the GPU extension (process-wide; every
     setting gives the same bits): `stream` (on by default), the streamed kernels on sm_90+
     without the expert cache, or with one (see `stream_miss` for a cache that can miss), where
@@ -553,7 +554,10 @@ def moe_launch_options(pdl=None, early=None, wide=None, db=None, xsmem=None, str
     arithmetic runs while later tiles land; other bits than the unsplit forms (the split-k sum
     in another order), a row still the same bits in any launch; `linear_split_depth` (0: as
     many as fit), its cap on tile slots in flight per CTA, 0-15 (the same bits at any depth);
-    `linear_split_pair` (off), its warps taking two tiles per step (the same bits).
+    `linear_split_pair` (off), its warps taking two tiles per step (the same bits);
+    `linear_f16` (off), the split form on f16 operands (weights decoded in one instruction per
+    pair, x scaled per row by a power of two into f16: the bf16 operands' sums where every
+    element of a row lies within 2^28 of the row's largest).
     `stream_miss` (on): an expert cache that can miss runs the streamed kernels too, their bulk
     copies reading missing experts from the pinned host store (same bits; off, the per-block
     kernels read them through mapped host memory). `gate_up_pdl` (off): the streamed gate/up
@@ -564,7 +568,7 @@ def moe_launch_options(pdl=None, early=None, wide=None, db=None, xsmem=None, str
     for bit, on in ((1, pdl), (2, early), (4, wide), (8, db), (16, xsmem), (32, stream),
                     (64, stream_all), (128, linear_stream), (256, linear_pipe),
                     (1024, stream_miss), (4096, gate_up_pdl), (8192, linear_split),
-                    (16384, linear_split_pair)):
+                    (16384, linear_split_pair), (32768, linear_f16)):
         if on is not None:
             flags = (flags | bit) if on else (flags & ~bit)
     if linear_split_depth is not None:
@@ -579,7 +583,7 @@ def moe_launch_options(pdl=None, early=None, wide=None, db=None, xsmem=None, str
             "linear_pipe": bool(flags & 256), "stream_miss": bool(flags & 1024),
             "gate_up_pdl": bool(flags & 4096), "linear_split": bool(flags & 8192),
             "linear_split_depth": (flags >> 16) & 15,
-            "linear_split_pair": bool(flags & 16384)}
+            "linear_split_pair": bool(flags & 16384), "linear_f16": bool(flags & 32768)}
 
 
 def conv_launch_options(serial=None) -> dict:
