@@ -10,7 +10,7 @@ profile the second one (every kernel of a case is named in the NVTX-free order p
 E=512, top-10, H=2048, I=512, uniform routing, as scripts/bench_kernels.py --moe.
 
 --linear OxI[,OxI...] instead: the FP8 linear (linear_fp8) at those shapes and --rows, in its
-unsplit form, its split form (as many slots as fit, in pairs, then each of --split-depths), and cuBLAS on
+unsplit form, its split form (as many slots as fit, in pairs, in pairs on f16 operands, then each of --split-depths), and cuBLAS on
 a bf16 copy (kernel names linear_fp8_ and nvjet / gemm: widen --kernel-name).
 """
 
@@ -74,7 +74,8 @@ def main() -> int:
 def profile_linear(args) -> int:
     saved = C.moe_launch_options()
     forms = [("unsplit", dict(linear_split=False)), ("split", dict(linear_split=True)),
-             ("split_pair", dict(linear_split=True, linear_split_pair=True))]
+             ("split_pair", dict(linear_split=True, linear_split_pair=True)),
+             ("split_pair_f16", dict(linear_split=True, linear_split_pair=True, linear_f16=True))]
     forms += [(f"split_d{d}", dict(linear_split=True, linear_split_depth=int(d)))
               for d in args.split_depths.split(",") if d.strip()]
     for shape in args.linear.split(","):
