@@ -469,87 +469,62 @@ def bench_linear(records, rows_list, ceiling, split_depths=(), shapes=DENSE_SHAP
             y = torch.empty(n, o, device=DEV, dtype=torch.bfloat16)
             err = rel_err(C.gpu_linear_fp8(x, w8, s8, FP8_BLOCK),
                           R.linear_fp8(x, w8, s8, FP8_BLOCK))
-            def switched(switch, on, w):  # linear_fp8 with one launch switch set
-                prev = C.moe_launch_options()[switch]
-                C.moe_launch_options(**{switch: on})
-                try:
-                    C.gpu_linear_fp8(x, w, s8, FP8_BLOCK, out=y)
-                finally:
-                    C.moe_launch_options(**{switch: prev})
-
-            # linear_stream off: the skinny kernel; linear_pipe on: the streamed kernel's
-            # piped form (off by default)
-            skinny = functools.partial(switched, "linear_stream", False)
-            piped = functools.partial(switched, "linear_pipe", True)
-            split = functools.partial(switched, "linear_split", True)
-
-            def split_with(switches, w):  # the split form with more switches set
+            def form(switches, w):  # linear_fp8 with these launch switches set
                 prev = C.moe_launch_options()
                 C.moe_launch_options(**switches)
                 try:
-                    split(w)
+                    C.gpu_linear_fp8(x, w, s8, FP8_BLOCK, out=y)
                 finally:
                     C.moe_launch_options(**prev)
 
-            split_pair = functools.partial(split_with, dict(linear_split_pair=True))
-            split_f16 = functools.partial(split_with, dict(linear_f16=True))
-            split_pair_f16 = functools.partial(split_with, dict(linear_split_pair=True,
-                                                                linear_f16=True))
-
-            def split_depth(d, w):
-                prev = C.moe_launch_options()["linear_split_depth"]
-                C.moe_launch_options(linear_split_depth=d)
-                try:
-                    split(w)
-                finally:
-                    C.moe_launch_options(linear_split_depth=prev)
-
-            cases = [
-                ("linear_fp8", b8, [(lambda w=w: C.gpu_linear_fp8(x, w, s8, FP8_BLOCK, out=y))
-                                    for w in w8s]),
-                ("linear_fp8_piped", b8, [(lambda w=w: piped(w)) for w in w8s]),
-                ("linear_fp8_split", b8, [(lambda w=w: split(w)) for w in w8s]),
-                ("linear_fp8_split_pair", b8, [(lambda w=w: split_pair(w)) for w in w8s]),
-                ("linear_fp8_split_f16", b8, [(lambda w=w: split_f16(w)) for w in w8s]),
-                ("linear_fp8_split_pair_f16", b8,
-                 [(lambda w=w: split_pair_f16(w)) for w in w8s]),
-            ] + [
-                # the split form with its ring capped at d tile slots in flight
-                (f"linear_fp8_split_d{d}", b8,
-                 [(lambda w=w, d=d: split_depth(d, w)) for w in w8s]) for d in split_depths
-            ] + [
-                ("linear_fp8_skinny", b8, [(lambda w=w: skinny(w)) for w in w8s]),
+            # the streamed kernel's forms (the default: split, in pairs); linear_stream off: the
+            # skinny kernel
+            forms = {
+                "linear_fp8_unsplit": dict(linear_split=False, linear_pipe=False),
+                "linear_fp8_piped": dict(linear_split=False, linear_pipe=True),
+                "linear_fp8_split": dict(linear_split=True, linear_split_pair=False),
+                "linear_fp8_split_pair": dict(linear_split=True, linear_split_pair=True),
+                "linear_fp8_split_f16": dict(linear_split=True, linear_split_pair=False,
+                                             linear_f16=True),
+                "linear_fp8_split_pair_f16": dict(linear_split=True, linear_split_pair=True,
+                                                  linear_f16=True),
+            }
+            # the split form in pairs with its ring capped at d tile slots in flight
+            forms.update({f"linear_fp8_split_pair_d{d}": dict(
+                linear_split=True, linear_split_pair=True, linear_split_depth=d)
+                for d in split_depths})
+            forms["linear_fp8_skinny"] = dict(linear_stream=False)
+            cases = [("linear_fp8", b8, [(lambda w=w: C.gpu_linear_fp8(x, w, s8, FP8_BLOCK,
+                                                                        out=y)) for w in w8s])]
+            cases += [(name, b8, [(lambda w=w, sw=sw: form(sw, w)) for w in w8s])
+                      for name, sw in forms.items()]
+            cases += [
                 ("linear_bf16_skinny", wb.numel() * 2,
                  [(lambda w=w: C.gpu_linear_bf16_skinny(x, w, out=y)) for w in wbs]),
                 ("F.linear_bf16", wb.numel() * 2,
                  [(lambda w=w: torch.nn.functional.linear(x, w)) for w in wbs]),
             ]
-            # the piped and unpiped kernels must give the same bits
-            piped(w8)
-            same_bits = torch.equal(y, C.gpu_linear_fp8(x, w8, s8, FP8_BLOCK))
-            split(w8)  # other bits: its error against the reference
-            split_err = rel_err(y, R.linear_fp8(x, w8, s8, FP8_BLOCK))
-            y_split = y.clone()
-            split_pair(w8)  # two tiles per step: the split form's bits
-            pair_same = torch.equal(y, y_split)
-            split_f16(w8)  # f16 operands: the split form's bits where x's rows are in range
-            f16_same = torch.equal(y, y_split)
-            f16_err = rel_err(y, R.linear_fp8(x, w8, s8, FP8_BLOCK))
+            # bits: the piped form is the unsplit one's; pairs, ring depths and f16 operands
+            # (x's rows in range here) are the split form's
+            ref = R.linear_fp8(x, w8, s8, FP8_BLOCK)
+            outs = {}
+            for name, sw in forms.items():
+                form(sw, w8)
+                outs[name] = y.clone()
+            same_as = {"linear_fp8_piped": "linear_fp8_unsplit"}
+            same_as.update({name: "linear_fp8_split" for name in forms
+                            if name.startswith("linear_fp8_split_")})
             for name, nbytes, calls in cases:
                 t, mode = time_calls(calls)
                 rec = dict(op=name, o=o, i=i, rows=n, bytes=nbytes, t_us=t * 1e6,
                            gbps=nbytes / t / 1e9, frac=nbytes / t / ceiling,
                            floor_us=nbytes / ceiling * 1e6, mode=mode,
                            rel_err=err if name == "linear_fp8" else
-                           split_err if name == "linear_fp8_split" else None)
-                if name == "linear_fp8_piped":
-                    rec["same_bits"] = same_bits
-                if name == "linear_fp8_split_pair":
-                    rec["same_bits"] = pair_same
-                if name == "linear_fp8_split_f16":
-                    rec["same_bits"], rec["rel_err"] = f16_same, f16_err
+                           rel_err(outs[name], ref) if name in outs else None)
+                if name in same_as:
+                    rec["same_bits"] = torch.equal(outs[name], outs[same_as[name]])
                 records.append(rec)
-                print(f"{name:18s} {o:5d}x{i:<5d} rows {n:2d}: {rec['t_us']:7.1f} us  "
+                print(f"{name:25s} {o:5d}x{i:<5d} rows {n:2d}: {rec['t_us']:7.1f} us  "
                       f"{nbytes / 1e6:6.1f} MB  {rec['gbps']:6.0f} GB/s  "
                       f"{100 * rec['frac']:5.1f}% of copy  floor {rec['floor_us']:6.1f} us"
                       + ("" if "same_bits" not in rec else
@@ -593,8 +568,8 @@ def main() -> int:
                     help="with --moe: only the linear layers (linear_fp8 streamed and skinny, "
                          "the bf16 skinny kernel, F.linear)")
     ap.add_argument("--split-depths", default="",
-                    help="with --moe: also the split FP8 linear with its ring capped at each of "
-                         "these tile slots in flight (comma list of 1-15)")
+                    help="with --moe: also the split FP8 linear in pairs with its ring capped at "
+                         "each of these tile slots in flight (comma list of 1-15)")
     ap.add_argument("--linear-shapes", default="",
                     help="with --moe: only these linear shapes, OxI comma-separated (default: "
                          + ", ".join(f"{o}x{i}" for o, i in DENSE_SHAPES) + ")")

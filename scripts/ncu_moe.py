@@ -73,10 +73,12 @@ def main() -> int:
 
 def profile_linear(args) -> int:
     saved = C.moe_launch_options()
-    forms = [("unsplit", dict(linear_split=False)), ("split", dict(linear_split=True)),
+    forms = [("unsplit", dict(linear_split=False)),
+             ("split", dict(linear_split=True, linear_split_pair=False)),
              ("split_pair", dict(linear_split=True, linear_split_pair=True)),
              ("split_pair_f16", dict(linear_split=True, linear_split_pair=True, linear_f16=True))]
-    forms += [(f"split_d{d}", dict(linear_split=True, linear_split_depth=int(d)))
+    forms += [(f"split_pair_d{d}", dict(linear_split=True, linear_split_pair=True,
+                                        linear_split_depth=int(d)))
               for d in args.split_depths.split(",") if d.strip()]
     for shape in args.linear.split(","):
         o, i = (int(v) for v in shape.lower().split("x"))

@@ -446,7 +446,7 @@ def _launch_options(**switches):
 LINEAR_FORMS = {"unsplit": dict(linear_split=False),
                 "split": dict(linear_split=True, linear_split_pair=False),
                 "split_pair": dict(linear_split=True, linear_split_pair=True),
-                "split_f16": dict(linear_split=True, linear_f16=True),
+                "split_f16": dict(linear_split=True, linear_split_pair=False, linear_f16=True),
                 "split_pair_f16": dict(linear_split=True, linear_split_pair=True, linear_f16=True)}
 
 
@@ -506,7 +506,7 @@ def test_gpu_linear_fp8_f16_operands(O, I):
     x = x.to("cuda", torch.bfloat16)
     got = {}
     for f16 in (False, True):
-        with _launch_options(linear_split=True, linear_f16=f16):
+        with _launch_options(linear_split=True, linear_split_pair=False, linear_f16=f16):
             got[f16] = C.gpu_linear_fp8(x, weight, scale, (128, 128))
     for r in (0, 1, 2, 5):
         assert torch.equal(got[True][r], got[False][r]), r

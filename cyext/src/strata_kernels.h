@@ -131,7 +131,7 @@ int64_t strata_gpu_moe_workspace(int64_t n, int64_t k, int64_t inter);
 // the consumer threads, a software-pipelined block loop), else the unpiped first version (whole
 // tiles). The same bits either way.
 #define STRATA_LINEAR_PIPE 256
-// STRATA_LINEAR_SPLIT: the streamed FP8 linear's split form (strata_linear_stream.cu: each tile's
+// STRATA_LINEAR_SPLIT (on): the streamed FP8 linear's split form (strata_linear_stream.cu: each tile's
 // k range over all 16 warps, tiles through one ring in order, so the arithmetic runs while the
 // later tiles land) where it takes the shapes (in >= 2048); before the piped switch. Other bits
 // than the unsplit forms.
@@ -139,10 +139,10 @@ int64_t strata_gpu_moe_workspace(int64_t n, int64_t k, int64_t inter);
 // Bits 16-19 of the switches: the split form's cap on tile slots in flight per CTA (0: as many
 // as fit), for measuring how deep its ring should be. The same bits at any depth.
 #define STRATA_LINEAR_SPLIT_DEPTH_SHIFT 16
-// STRATA_LINEAR_SPLIT_PAIR: the split form's consumer warps take two tiles per step (each block's
+// STRATA_LINEAR_SPLIT_PAIR (on): the split form's consumer warps take two tiles per step (each block's
 // x loaded once for both, four MMA chains in flight instead of two). The same bits.
 #define STRATA_LINEAR_SPLIT_PAIR 16384
-// STRATA_LINEAR_F16: the split form on f16 operands: the weights decode to f16 in one instruction
+// STRATA_LINEAR_F16 (off: slower from 4 rows, docs/KERNELS.md): the split form on f16 operands: the weights decode to f16 in one instruction
 // per pair (cvt.rn.f16x2.e4m3x2) instead of a bf16 byte shuffle and multiply, x is scaled per
 // row by a power of two into f16 (exact for every element within 2^28 of its row's largest).
 #define STRATA_LINEAR_F16 32768

@@ -373,8 +373,12 @@ __global__ void __launch_bounds__(MOE_DOWN_THREADS, 2) moe_down_kernel(MoeParams
 // FP8 (twice the registers, two blocks per SM instead of three), kept to measure again after
 // register-lean changes. STREAM_MISS is on: with misses the streamed kernels read the host store
 // as fast as the per-block ones (91-93% of the pinned copy) and their windows ran 2-5% faster.
+// LINEAR_SPLIT and its PAIR are on: the split FP8 linear in pairs was faster than the unsplit
+// one at every shape and row count measured (12288, 9216 x 2048 and 2048 x 4096 at 1-32 rows);
+// its f16 operands (LINEAR_F16) are off: faster at 1-2 rows, slower from 4 (x's conversion).
 int g_moe_options = STRATA_MOE_PDL | STRATA_MOE_EARLY | STRATA_MOE_DB | STRATA_MOE_XSMEM |
-                    STRATA_MOE_STREAM | STRATA_LINEAR_STREAM | STRATA_MOE_STREAM_MISS;
+                    STRATA_MOE_STREAM | STRATA_LINEAR_STREAM | STRATA_MOE_STREAM_MISS |
+                    STRATA_LINEAR_SPLIT | STRATA_LINEAR_SPLIT_PAIR;
 
 // Whether the device runs programmatic dependent launches (sm_90+), cached per device.
 bool device_has_pdl(int device) {

@@ -549,12 +549,12 @@ def moe_launch_options(pdl=None, early=None, wide=None, db=None, xsmem=None, str
     and `linear_pipe` (off: measured slower at 1-4 rows): that kernel in its piped form
     (k-range weight pieces on their own barriers, x copied by the consumer warps, a
     software-pipelined block loop) rather than the unpiped first version; the same bits.
-    `linear_split` (off): that kernel's split form where it takes the shapes (in >= 2048), each
+    `linear_split` (on): that kernel's split form where it takes the shapes (in >= 2048), each
     tile's k range over all the CTA's warps and the tiles through one ring in order, so the
     arithmetic runs while later tiles land; other bits than the unsplit forms (the split-k sum
     in another order), a row still the same bits in any launch; `linear_split_depth` (0: as
     many as fit), its cap on tile slots in flight per CTA, 0-15 (the same bits at any depth);
-    `linear_split_pair` (off), its warps taking two tiles per step (the same bits);
+    `linear_split_pair` (on), its warps taking two tiles per step (the same bits);
     `linear_f16` (off), the split form on f16 operands (weights decoded in one instruction per
     pair, x scaled per row by a power of two into f16: the bf16 operands' sums where every
     element of a row lies within 2^28 of the row's largest).
