@@ -130,23 +130,21 @@ __device__ __forceinline__ uint32_t pack_bf16x2(float lo, float hi) {
   return r;
 }
 
-__device__ __forceinline__ void mma_bf16(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2,
-                                         uint32_t a3, uint32_t b0, uint32_t b1) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
-      "{%8,%9}, {%0,%1,%2,%3};"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+// One mma.sync m16n8k16 with float32 accumulation (d += a b), on bf16 operands or (F16) f16.
+#define LS_MMA(T)                                                                          \
+  asm volatile("mma.sync.aligned.m16n8k16.row.col.f32." T "." T ".f32 {%0,%1,%2,%3}, "     \
+               "{%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"                                    \
+               : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])                            \
+               : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1))
+template <bool F16 = false>
+__device__ __forceinline__ void mma_m16n8k16(float (&d)[4], uint32_t a0, uint32_t a1,
+                                             uint32_t a2, uint32_t a3, uint32_t b0, uint32_t b1) {
+  if constexpr (F16)
+    LS_MMA("f16");
+  else
+    LS_MMA("bf16");
 }
-
-__device__ __forceinline__ void mma_f16(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2,
-                                        uint32_t a3, uint32_t b0, uint32_t b1) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
-      "{%8,%9}, {%0,%1,%2,%3};"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-}
+#undef LS_MMA
 
 // Four e4m3 bytes -> two f16x2 words (the same element order as fp8x4_to_bf16x4), exactly:
 // every e4m3 value is an f16 value, and the conversion is one instruction per pair.
@@ -225,13 +223,11 @@ __device__ __forceinline__ void ls_mma(float (&part)[NQ][4], const uint4 (&wv)[N
         a3 = j & 1 ? b.w : b.y;
       }
       uint32_t b0, b1;
-      if (F16) {
+      if (F16)
         fp8x4_to_f16x4(wj[j], b0, b1);
-        mma_f16(part[q], a0, a1, a2, a3, b0, b1);
-      } else {
+      else
         fp8x4_to_bf16x4_pipe(wj[j], b0, b1);
-        mma_bf16(part[q], a0, a1, a2, a3, b0, b1);
-      }
+      mma_m16n8k16<F16>(part[q], a0, a1, a2, a3, b0, b1);
     }
   }
 }
@@ -564,7 +560,7 @@ __global__ void __launch_bounds__(LS_THREADS, 1) linear_fp8_stream(LinStreamPara
           for (int j = 0; j < 4; ++j) {
             uint32_t b0, b1;
             fp8x4_to_bf16x4(wj[j], b0, b1);
-            mma_bf16(part_sum[c], ua[2 * j], ub[2 * j], ua[2 * j + 1], ub[2 * j + 1], b0, b1);
+            mma_m16n8k16(part_sum[c], ua[2 * j], ub[2 * j], ua[2 * j + 1], ub[2 * j + 1], b0, b1);
           }
         }
 #pragma unroll
