@@ -323,6 +323,17 @@ __device__ __forceinline__ void ls_blocks_pair(float (&acc)[2][4], const uint8_t
   }
 }
 
+// A warp's block scales of its blocks kb0 .. kb1 - 1 of weight tile `tile`: lane l holds those
+// of blocks kb0 + l and kb0 + 32 + l (ncb <= 64); zeros where tile < 0 (past the CTA's last).
+__device__ __forceinline__ void ls_tile_scales(const LinStreamParams& p, int tile, int kb0,
+                                               int kb1, int lane, float& lo, float& hi) {
+  lo = hi = 0.f;
+  if (tile < 0) return;
+  const float* s = p.scale + (int64_t)(tile * LS_TILE / p.bo) * p.ncb + kb0;
+  if (lane < kb1 - kb0) lo = __ldg(s + lane);
+  if (lane + 32 < kb1 - kb0) hi = __ldg(s + lane + 32);
+}
+
 // x into shared memory by the consumer threads (tid < 32 * LS_MAX_WARPS), once the kernel
 // before this one (which wrote x) has finished: through registers, eight 16-byte loads in
 // flight per thread, rows x_stride apart; for m <= 8 (M8) the middle two words of each 16
@@ -503,12 +514,8 @@ __global__ void __launch_bounds__(LS_THREADS, 1) linear_fp8_stream(LinStreamPara
   // piped: this warp's block scales of its li-th tile, lane l holding blocks kb0 + l and
   // kb0 + 32 + l (ncb <= 64)
   auto scales = [&](int li, float& lo, float& hi) {
-    lo = hi = 0.f;
-    if (li >= n_local) return;
-    const int o0 = ((int)blockIdx.x + li * (int)gridDim.x) * LS_TILE;
-    const float* s = p.scale + (int64_t)(o0 / p.bo) * p.ncb + kb0;
-    if (lane < kb1 - kb0) lo = __ldg(s + lane);
-    if (lane + 32 < kb1 - kb0) hi = __ldg(s + lane + 32);
+    ls_tile_scales(p, li < n_local ? (int)blockIdx.x + li * (int)gridDim.x : -1, kb0, kb1, lane,
+                   lo, hi);
   };
   float s_lo = 0.f, s_hi = 0.f;
   if (PIPE) scales(grp, s_lo, s_hi);
@@ -697,12 +704,8 @@ __global__ void __launch_bounds__(LS_SPLIT_THREADS, 1) linear_fp8_split(LinStrea
   const int kb0 = warp * p.ncb / KS, kb1 = (warp + 1) * p.ncb / KS;  // this warp's blocks
   // this warp's block scales of the CTA's li-th tile: lane l holds blocks kb0 + l, kb0 + 32 + l
   auto scales = [&](int li, float& lo, float& hi) {
-    lo = hi = 0.f;
-    if (li >= n_local) return;
-    const int o0 = ((int)blockIdx.x + li * (int)gridDim.x) * LS_TILE;
-    const float* sp = p.scale + (int64_t)(o0 / p.bo) * p.ncb + kb0;
-    if (lane < kb1 - kb0) lo = __ldg(sp + lane);
-    if (lane + 32 < kb1 - kb0) hi = __ldg(sp + lane + 32);
+    ls_tile_scales(p, li < n_local ? (int)blockIdx.x + li * (int)gridDim.x : -1, kb0, kb1, lane,
+                   lo, hi);
   };
   float sc[2][2];  // the block scales of the step's tiles (see scales)
   scales(0, sc[0][0], sc[0][1]);
