@@ -28,7 +28,9 @@
 // row's result is the same bits whatever other rows share the launch (16-row chunks change
 // nothing).
 //
-// Two pipelines, the same bits (launch switch STRATA_LINEAR_PIPE in strata_kernels.h, off):
+// The split kernel (linear_fp8_split, below; on by default where in >= 2048) splits every
+// tile's k range over all 16 warps instead, with other bits. The unsplit kernel has two
+// pipelines, the same bits (launch switch STRATA_LINEAR_PIPE in strata_kernels.h, off):
 // - unpiped (the first version): a tile is copied whole (pieces of at most 8 KiB, whole rows)
 //   on one mbarrier per slot, and x by the producer after the first fill of every ring. A warp
 //   starts only when its whole tile has landed, then runs its 128-k blocks one at a time (the
@@ -832,7 +834,8 @@ int launch_linear_stream(const void* x, const void* w, const float* scale, void*
                          int64_t in, int64_t o, int64_t bo, int64_t bi, int device, bool pdl,
                          cudaStream_t st) {
   const DeviceFacts dev = device_facts(device);
-  // the launch switch (strata_gpu_moe_set_options): the piped kernel, else the unpiped one
+  // the launch switches (strata_gpu_moe_set_options): the split kernel where it takes the
+  // shapes (in pairs, on f16 operands, its ring capped), else the piped or the unpiped one
   const int opts = strata_gpu_moe_set_options(-1);
   const bool split = (opts & STRATA_LINEAR_SPLIT) != 0;
   const bool pair = (opts & STRATA_LINEAR_SPLIT_PAIR) != 0;
