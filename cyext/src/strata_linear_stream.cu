@@ -84,6 +84,8 @@ constexpr int LS_OFF_RED = 1152;   // after the full, empty and x barriers (1032
 // the split kernel: its full, empty and partials barriers (16 slots each) below x's barrier;
 // its x starts at LS_OFF_RED (its partials are beside its slots)
 constexpr int LS_SPLIT_MAX_SLOTS = 16;
+// the split kernel's partials per slot: one float4 per lane of each consumer warp
+constexpr int LS_SPLIT_PART_BYTES = LS_MAX_WARPS * 32 * 16;
 // the split kernel's f16 row scales, 2^-s and 2^s (16 floats each), between its barriers and x's
 constexpr int LS_OFF_ROW_SCALE = 512;
 // the split-k partial sums: two tiles' worth (by tile parity) of 4 floats per lane per warp
@@ -147,6 +149,15 @@ __device__ __forceinline__ void mma_m16n8k16(float (&d)[4], uint32_t a0, uint32_
     LS_MMA("bf16");
 }
 #undef LS_MMA
+
+// A tile's MMA result d (16 x 8: thread (g, t) holds rows g and g + 8, columns 2t and 2t + 1) as
+// bf16 into y's columns o0 .. o0 + 7, rows past m not stored.
+__device__ __forceinline__ void ls_store_y(const LinStreamParams& p, int o0, int g, int t,
+                                           bool row_a, bool row_b, const float (&d)[4]) {
+  const int col = o0 + 2 * t;
+  if (row_a) *(uint32_t*)(p.out + ((int64_t)g * p.o + col) * 2) = pack_bf16x2(d[0], d[1]);
+  if (row_b) *(uint32_t*)(p.out + ((int64_t)(g + 8) * p.o + col) * 2) = pack_bf16x2(d[2], d[3]);
+}
 
 // Four e4m3 bytes -> two f16x2 words (the same element order as fp8x4_to_bf16x4), exactly:
 // every e4m3 value is an f16 value, and the conversion is one instruction per pair.
@@ -593,11 +604,7 @@ __global__ void __launch_bounds__(LS_THREADS, 1) linear_fp8_stream(LinStreamPara
       const float4 v = mine[w2 * 32];
       acc[0] += v.x; acc[1] += v.y; acc[2] += v.z; acc[3] += v.w;
     }
-    // D: (row g, cols 2t, 2t+1) and (row g + 8, the same cols)
-    const int col = o0 + 2 * t;
-    if (row_a) *(uint32_t*)(p.out + ((int64_t)g * p.o + col) * 2) = pack_bf16x2(acc[0], acc[1]);
-    if (row_b)
-      *(uint32_t*)(p.out + ((int64_t)(g + 8) * p.o + col) * 2) = pack_bf16x2(acc[2], acc[3]);
+    ls_store_y(p, o0, g, t, row_a, row_b, acc);
   }
 #endif
 }
@@ -690,10 +697,7 @@ __global__ void __launch_bounds__(LS_SPLIT_THREADS, 1) linear_fp8_split(LinStrea
       if (F16) {
         y[0] *= ua; y[1] *= ua; y[2] *= ub; y[3] *= ub;
       }
-      const int col = ((int)blockIdx.x + li * (int)gridDim.x) * LS_TILE + 2 * t;
-      if (row_a) *(uint32_t*)(p.out + ((int64_t)g * p.o + col) * 2) = pack_bf16x2(y[0], y[1]);
-      if (row_b)
-        *(uint32_t*)(p.out + ((int64_t)(g + 8) * p.o + col) * 2) = pack_bf16x2(y[2], y[3]);
+      ls_store_y(p, ((int)blockIdx.x + li * (int)gridDim.x) * LS_TILE, g, t, row_a, row_b, y);
     }
     return;
   }
@@ -787,8 +791,7 @@ bool plan_linear_stream(LinStreamParams& p, const DeviceFacts& dev) {
 // so a row's bits never depend on how many rows share its launch.
 bool plan_linear_split(LinStreamParams& p, const DeviceFacts& dev) {
   if (p.ncb % LS_MAX_WARPS) return false;
-  const int part_bytes = LS_MAX_WARPS * 32 * 16;  // one float4 per lane per warp
-  const int per_slot = p.tile_bytes + part_bytes;
+  const int per_slot = p.tile_bytes + LS_SPLIT_PART_BYTES;
   const int full_off = (LS_OFF_RED + LS_ROWS * p.x_stride + 127) & ~127;
   if ((dev.smem_optin - full_off) / per_slot < 2) return false;
   p.ring_off = (LS_OFF_RED + p.m * p.x_stride + 127) & ~127;
@@ -876,7 +879,7 @@ int launch_linear_stream(const void* x, const void* w, const float* scale, void*
                                         : "linear_fp8: linear_fp8_split")
                        : pipe    ? "linear_fp8: linear_fp8_stream (piped)"
                                  : "linear_fp8: linear_fp8_stream";
-    const int smem = use_split ? p.red_off + p.depth * LS_MAX_WARPS * 32 * 16
+    const int smem = use_split ? p.red_off + p.depth * LS_SPLIT_PART_BYTES
                                : p.ring_off + p.groups * p.depth * p.tile_bytes;
     if (int rc = allow_smem(kernel, smem, allowed[which], name)) return rc;
     const int grid = p.tiles < dev.sms ? p.tiles : dev.sms;
