@@ -39,7 +39,6 @@ both give the same bits.
 from __future__ import annotations
 
 import argparse
-import functools
 import json
 import math
 import os
@@ -360,6 +359,22 @@ MOE_SHAPE = dict(E=512, k=10, H=2048, I=512)
 MOE_ROWS = (1, 2, 4, 8, 16, 32)
 DENSE_SHAPES = ((12288, 2048), (8192, 2048), (2048, 4096), (1024, 2048))
 FP8_BLOCK = (128, 128)
+#: The streamed FP8 linear's forms by their launch switches (the default: split, in pairs).
+LINEAR_FORMS = {
+    "linear_fp8_unsplit": dict(linear_split=False, linear_pipe=False),
+    "linear_fp8_piped": dict(linear_split=False, linear_pipe=True),
+    "linear_fp8_split": dict(linear_split=True, linear_split_pair=False),
+    "linear_fp8_split_pair": dict(linear_split=True, linear_split_pair=True),
+    "linear_fp8_split_f16": dict(linear_split=True, linear_split_pair=False, linear_f16=True),
+    "linear_fp8_split_pair_f16": dict(linear_split=True, linear_split_pair=True,
+                                      linear_f16=True),
+}
+
+
+def split_depth_forms(depths) -> dict:
+    """The split form in pairs with its ring capped at d tile slots in flight, per d."""
+    return {f"linear_fp8_split_pair_d{d}": dict(linear_split=True, linear_split_pair=True,
+                                                 linear_split_depth=int(d)) for d in depths}
 
 
 def _fp8_weight(shape, block, gen_seed=0):
@@ -477,23 +492,10 @@ def bench_linear(records, rows_list, ceiling, split_depths=(), shapes=DENSE_SHAP
                 finally:
                     C.moe_launch_options(**prev)
 
-            # the streamed kernel's forms (the default: split, in pairs); linear_stream off: the
-            # skinny kernel
-            forms = {
-                "linear_fp8_unsplit": dict(linear_split=False, linear_pipe=False),
-                "linear_fp8_piped": dict(linear_split=False, linear_pipe=True),
-                "linear_fp8_split": dict(linear_split=True, linear_split_pair=False),
-                "linear_fp8_split_pair": dict(linear_split=True, linear_split_pair=True),
-                "linear_fp8_split_f16": dict(linear_split=True, linear_split_pair=False,
-                                             linear_f16=True),
-                "linear_fp8_split_pair_f16": dict(linear_split=True, linear_split_pair=True,
-                                                  linear_f16=True),
-            }
-            # the split form in pairs with its ring capped at d tile slots in flight
-            forms.update({f"linear_fp8_split_pair_d{d}": dict(
-                linear_split=True, linear_split_pair=True, linear_split_depth=d)
-                for d in split_depths})
-            forms["linear_fp8_skinny"] = dict(linear_stream=False)
+            # the streamed kernel's forms, its ring capped, and (linear_stream off) the skinny
+            # kernel
+            forms = {**LINEAR_FORMS, **split_depth_forms(split_depths),
+                     "linear_fp8_skinny": dict(linear_stream=False)}
             cases = [("linear_fp8", b8, [(lambda w=w: C.gpu_linear_fp8(x, w, s8, FP8_BLOCK,
                                                                         out=y)) for w in w8s])]
             cases += [(name, b8, [(lambda w=w, sw=sw: form(sw, w)) for w in w8s])

@@ -10,8 +10,9 @@ profile the second one (every kernel of a case is named in the NVTX-free order p
 E=512, top-10, H=2048, I=512, uniform routing, as scripts/bench_kernels.py --moe.
 
 --linear OxI[,OxI...] instead: the FP8 linear (linear_fp8) at those shapes and --rows, in its
-unsplit form, its split form (as many slots as fit, in pairs, in pairs on f16 operands, then each of --split-depths), and cuBLAS on
-a bf16 copy (kernel names linear_fp8_ and nvjet / gemm: widen --kernel-name).
+unsplit form, its split form (as many slots as fit, in pairs, in pairs on f16 operands, then
+each of --split-depths), and cuBLAS on a bf16 copy (kernel names linear_fp8_ and nvjet / gemm:
+widen --kernel-name). The forms and weights are scripts/bench_kernels.py's.
 """
 
 from __future__ import annotations
@@ -27,7 +28,12 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 from strata.kernels import cyext_ops as C  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bench_kernels import MOE_SHAPE, MOE_VARIANTS, _moe_weights  # noqa: E402
+from bench_kernels import (FP8_BLOCK, LINEAR_FORMS, MOE_SHAPE, MOE_VARIANTS,  # noqa: E402
+                           _fp8_weight, _moe_weights, split_depth_forms)
+
+#: the streamed FP8 linear's forms --linear profiles (bench_kernels.LINEAR_FORMS' names)
+NCU_LINEAR_FORMS = ("linear_fp8_unsplit", "linear_fp8_split", "linear_fp8_split_pair",
+                    "linear_fp8_split_pair_f16")
 
 
 def main() -> int:
@@ -73,26 +79,18 @@ def main() -> int:
 
 def profile_linear(args) -> int:
     saved = C.moe_launch_options()
-    forms = [("unsplit", dict(linear_split=False)),
-             ("split", dict(linear_split=True, linear_split_pair=False)),
-             ("split_pair", dict(linear_split=True, linear_split_pair=True)),
-             ("split_pair_f16", dict(linear_split=True, linear_split_pair=True, linear_f16=True))]
-    forms += [(f"split_pair_d{d}", dict(linear_split=True, linear_split_pair=True,
-                                        linear_split_depth=int(d)))
-              for d in args.split_depths.split(",") if d.strip()]
+    forms = {name: LINEAR_FORMS[name] for name in NCU_LINEAR_FORMS}
+    forms.update(split_depth_forms(d for d in args.split_depths.split(",") if d.strip()))
     for shape in args.linear.split(","):
         o, i = (int(v) for v in shape.lower().split("x"))
-        g = torch.Generator(device="cuda").manual_seed(o + i)
-        w = (torch.randn(o, i, device="cuda", generator=g) * 40).clamp(-440, 440)
-        w8 = w.to(torch.float8_e4m3fn)
-        s8 = torch.rand(-(-o // 128), i // 128, device="cuda", generator=g) * 1e-3
-        wb = w.to(torch.bfloat16)
+        w8, s8 = _fp8_weight((o, i), FP8_BLOCK, o + i)
+        wb = w8.to(torch.bfloat16)
         for n in (int(r) for r in args.rows.split(",")):
-            x = torch.randn(n, i, device="cuda", dtype=torch.bfloat16, generator=g)
-            for name, opts in forms:
+            x = torch.randn(n, i, device="cuda", dtype=torch.bfloat16)
+            for name, opts in forms.items():
                 C.moe_launch_options(**opts)
                 for _ in range(2):
-                    C.gpu_linear_fp8(x, w8, s8, (128, 128))
+                    C.gpu_linear_fp8(x, w8, s8, FP8_BLOCK)
                 torch.cuda.synchronize()
                 C.moe_launch_options(**saved)
                 print(f"case linear {o}x{i} {name} rows {n}", flush=True)
@@ -102,7 +100,6 @@ def profile_linear(args) -> int:
             print(f"case linear {o}x{i} cublas_bf16 rows {n}", flush=True)
     C.moe_launch_options(**saved)
     return 0
-
 
 if __name__ == "__main__":
     raise SystemExit(main())
