@@ -60,6 +60,7 @@
 
 #include "strata_bulk.cuh"
 #include "strata_moe_common.cuh"
+#include "strata_mma.cuh"
 
 namespace strata {
 namespace moe {
@@ -134,21 +135,6 @@ __device__ __forceinline__ uint32_t pack_bf16x2(float lo, float hi) {
   return r;
 }
 
-// One mma.sync m16n8k16 with float32 accumulation (d += a b), on bf16 operands or (F16) f16.
-#define LS_MMA(T)                                                                          \
-  asm volatile("mma.sync.aligned.m16n8k16.row.col.f32." T "." T ".f32 {%0,%1,%2,%3}, "     \
-               "{%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"                                    \
-               : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])                            \
-               : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1))
-template <bool F16 = false>
-__device__ __forceinline__ void mma_m16n8k16(float (&d)[4], uint32_t a0, uint32_t a1,
-                                             uint32_t a2, uint32_t a3, uint32_t b0, uint32_t b1) {
-  if constexpr (F16)
-    LS_MMA("f16");
-  else
-    LS_MMA("bf16");
-}
-#undef LS_MMA
 
 // A tile's MMA result d (16 x 8: thread (g, t) holds rows g and g + 8, columns 2t and 2t + 1) as
 // bf16 into y's columns o0 .. o0 + 7, rows past m not stored.
@@ -157,15 +143,6 @@ __device__ __forceinline__ void ls_store_y(const LinStreamParams& p, int o0, int
   const int col = o0 + 2 * t;
   if (row_a) *(uint32_t*)(p.out + ((int64_t)g * p.o + col) * 2) = pack_bf16x2(d[0], d[1]);
   if (row_b) *(uint32_t*)(p.out + ((int64_t)(g + 8) * p.o + col) * 2) = pack_bf16x2(d[2], d[3]);
-}
-
-// Four e4m3 bytes -> two f16x2 words (the same element order as fp8x4_to_bf16x4), exactly:
-// every e4m3 value is an f16 value, and the conversion is one instruction per pair.
-__device__ __forceinline__ void fp8x4_to_f16x4(uint32_t w, uint32_t& lo, uint32_t& hi) {
-  asm("{\n .reg .b16 l, h;\n mov.b32 {l, h}, %2;\n cvt.rn.f16x2.e4m3x2 %0, l;\n"
-      " cvt.rn.f16x2.e4m3x2 %1, h;\n}\n"
-      : "=r"(lo), "=r"(hi)
-      : "r"(w));
 }
 
 // The piped kernel's e4m3 -> bf16: the same values as fp8x4_to_bf16x4 (the same bf16x2 words
