@@ -398,10 +398,14 @@ def _moe_weights(fp8: bool, E: int = MOE_SHAPE["E"]):
 
 
 #: moe_experts launch switches compared by --moe-variants (cyext_ops.moe_launch_options):
-#: the streamed kernels (the default on sm_90+), then the per-block kernels' switches.
-MOE_VARIANTS = {"stream": dict(pdl=True, stream=True, stream_all=True),
-                "stream-nopdl": dict(pdl=False, stream=True, stream_all=True),
-                "plain": dict(pdl=False, early=False, wide=False, db=False, xsmem=False, stream=False),
+#: the streamed kernels (the default on sm_90+; "stream-mma": their gate/up on tensor cores, other
+#: bits), then the per-block kernels' switches.
+MOE_VARIANTS = {"stream": dict(pdl=True, stream=True, stream_all=True, gate_up_mma=False),
+                "stream-mma": dict(pdl=True, stream=True, stream_all=True, gate_up_mma=True),
+                "stream-nopdl": dict(pdl=False, stream=True, stream_all=True, gate_up_mma=False),
+                "stream-mma-nopdl": dict(pdl=False, stream=True, stream_all=True, gate_up_mma=True),
+                "plain": dict(pdl=False, early=False, wide=False, db=False, xsmem=False, stream=False,
+                              gate_up_mma=False),
                 "pdl+early": dict(pdl=True, early=True, wide=False, db=False, xsmem=False, stream=False),
                 "+db": dict(pdl=True, early=True, wide=False, db=True, xsmem=False, stream=False),
                 "+xsmem": dict(pdl=True, early=True, wide=False, db=False, xsmem=True, stream=False),
@@ -441,7 +445,8 @@ def bench_moe(records, rows_list, ceiling, sets: int = 8, variants=("default",),
             work = torch.empty(C.moe_workspace_numel(n, k, I), device=DEV)
             got = C.gpu_moe_experts(xs[0], wgu, wd, ws[0], ids[0], gs, ds, block)
             err = rel_err(got, R.moe_experts(xs[0], wgu, wd, ws[0], ids[0], gs, ds, block))
-            if variant != "default":  # every launch variant gives the same bits
+            # every launch variant gives the same bits, but the tensor-core gate/up (its own)
+            if variant != "default" and not MOE_VARIANTS[variant].get("gate_up_mma"):
                 saved = C.moe_launch_options()
                 C.moe_launch_options(**MOE_VARIANTS["plain"])
                 same = torch.equal(got, C.gpu_moe_experts(xs[0], wgu, wd, ws[0], ids[0], gs,

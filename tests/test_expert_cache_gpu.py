@@ -154,11 +154,13 @@ def test_kernel_counts_in_a_graph(fp8):
         assert torch.equal(o, plain)
 
 
+@pytest.mark.parametrize("mma", [False, True])
 @pytest.mark.parametrize("fp8", [False, True])
-def test_cache_holding_every_expert_runs_the_streamed_kernels(fp8):
+def test_cache_holding_every_expert_runs_the_streamed_kernels(fp8, mma):
     """A cache with a slot for every expert (slots in another order than the ids) never misses:
     on sm_90+ it runs the streamed kernels as the stacks without a cache do, with the same
-    bits, and their gate/up kernel counts the routing, hits and no misses, as the reference."""
+    bits, and their gate/up kernel counts the routing, hits and no misses, as the reference;
+    FP8 with gate_up_mma runs the tensor-core gate/up so."""
     if torch.cuda.get_device_capability() < (9, 0):
         pytest.skip("the streamed kernels need sm_90+")
     from torch.profiler import ProfilerActivity, profile
@@ -176,7 +178,7 @@ def test_cache_holding_every_expert_runs_the_streamed_kernels(fp8):
     dev_stacks = [t.to(DEV) for t in stacks]
     before = C.moe_launch_options()
     try:
-        C.moe_launch_options(stream=True, stream_all=True)
+        C.moe_launch_options(stream=True, stream_all=True, gate_up_mma=mma)
         plain = C.gpu_moe_experts(x, dev_stacks[0], dev_stacks[1], w, ids,
                                   *(dev_stacks[2:] or [None, None]), block)
         with profile(activities=[ProfilerActivity.CUDA]) as prof:
@@ -185,9 +187,10 @@ def test_cache_holding_every_expert_runs_the_streamed_kernels(fp8):
                                     count_layer=layer)
             torch.cuda.synchronize()
     finally:
-        C.moe_launch_options(**{k: before[k] for k in ("stream", "stream_all")})
+        C.moe_launch_options(**{k: before[k] for k in ("stream", "stream_all", "gate_up_mma")})
     names = {e.name for e in prof.events() if e.device_type.name == "CUDA"}
-    assert any("moe_gate_up_stream" in n for n in names), sorted(names)
+    kernel = "moe_gate_up_mma" if fp8 and mma else "moe_gate_up_stream"
+    assert any(kernel in n for n in names), sorted(names)
     assert torch.equal(got, plain)
     want_routed = torch.zeros(1, E, device=DEV)
     want_state = torch.zeros_like(state)
@@ -300,12 +303,15 @@ def test_reset_then_decode_as_a_fresh_engine_with_graphs(tmp_path, overlap):
     assert cohort(eng, "b") == want
 
 
+@pytest.mark.parametrize("mma", [False, True])
 @pytest.mark.parametrize("fp8", [False, True])
-def test_streamed_kernels_read_missing_experts_from_the_host_store(fp8):
+def test_streamed_kernels_read_missing_experts_from_the_host_store(fp8, mma):
     """moe_launch_options(stream_miss=True): a cache that misses runs the streamed kernels
     (sm_90+), whose bulk copies read the missing experts from the pinned host store; the same
-    bits and the same counts as the per-block kernels' miss path. Last in this file: a fault
-    of the copies would spoil the CUDA context for the tests after it."""
+    counts as the per-block kernels' miss path, and the same bits: the per-block kernels' with
+    the CUDA-core gate/up, the streamed kernels' on the stacks without a cache with the
+    tensor-core gate/up (FP8 with gate_up_mma). Last in this file: a fault of the copies would
+    spoil the CUDA context for the tests after it."""
     if torch.cuda.get_device_capability() < (9, 0):
         pytest.skip("the streamed kernels need sm_90+")
     from torch.profiler import ProfilerActivity, profile
@@ -327,13 +333,20 @@ def test_streamed_kernels_read_missing_experts_from_the_host_store(fp8):
     try:
         C.moe_launch_options(stream=False)
         want = call()
-        C.moe_launch_options(stream=True, stream_all=True, stream_miss=True)
+        C.moe_launch_options(stream=True, stream_all=True, stream_miss=True, gate_up_mma=mma)
         with profile(activities=[ProfilerActivity.CUDA]) as prof:
             got = call()
+        if fp8 and mma:  # its own bits: those of the stacks without a cache
+            dev_stacks = [t.to(DEV) for t in stacks]
+            plain = C.gpu_moe_experts(x, dev_stacks[0], dev_stacks[1], w, ids, *dev_stacks[2:],
+                                      block)
+            want = (plain, *want[1:])
     finally:
-        C.moe_launch_options(**{k: before[k] for k in ("stream", "stream_all", "stream_miss")})
+        C.moe_launch_options(**{k: before[k] for k in ("stream", "stream_all", "stream_miss",
+                                                       "gate_up_mma")})
     names = {e.name for e in prof.events() if e.device_type.name == "CUDA"}
-    assert any("moe_gate_up_stream" in n for n in names), sorted(names)
+    kernel = "moe_gate_up_mma" if fp8 and mma else "moe_gate_up_stream"
+    assert any(kernel in n for n in names), sorted(names)
     assert want[2][1].item() > 0  # the window missed
     for a, b in zip(got, want):
         assert torch.equal(a, b)

@@ -59,3 +59,47 @@ def test_greedy_tokens_identical_in_every_mode(many_experts):
             if (mode, graphs) == ("solo", False):
                 continue
             assert run(many_experts, mode, graphs) == ref, (mode, graphs)
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=[
+    pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")])])
+def test_greedy_tokens_identical_in_every_mode_fp8_bf16(tmp_path, device):
+    """The same with FP8 block-128 weights in bfloat16 (hidden 256, 64 experts of 128 features,
+    top-4), solo, plain batch and batch_mtp, graphs off and on; on the GPU through the GPU
+    extension's grouped kernels (on sm_90+ the streamed ones, their gate/up on tensor cores).
+    Regions run uncompiled, so this takes seconds."""
+    from strata.kernels import cyext_ops, ops
+    from strata.model.quantize import quantize_checkpoint
+
+    if device == "cuda" and cyext_ops.gpu_platform() is None:
+        pytest.skip("needs the cyext GPU extension")
+    src = make_tiny_random(tmp_path / "bf16", seed=6, tokenizer=False, hidden_size=256,
+                           num_experts=64, num_experts_per_tok=4, moe_intermediate_size=128)
+    path = quantize_checkpoint(src, tmp_path / "fp8", (128, 128), log=lambda _m: None)
+
+    def run_on(mode: str, graphs: bool) -> dict:
+        cfg = cpu_engine_config(path, 128, mode="solo" if mode == "solo" else "batch",
+                                batch_mtp=mode == "batch_mtp", slots=3, window_rows=6, spec=3,
+                                prefill_chunk=4, graphs=graphs, compile="off")
+        cfg.device, cfg.model.dtype = device, "bfloat16"
+        eng = Engine.from_config(cfg, log=lambda s: None)
+        try:
+            for r in cohort():
+                eng.add_request(r)
+            for _ in range(1000):
+                if not eng.has_work():
+                    break
+                eng.step()
+            assert not eng.has_work()
+            return {rid: list(rs.emitted) for rid, rs in eng.requests.items()}
+        finally:
+            eng.close()
+
+    try:
+        ref = run_on("solo", False)
+        for mode in ("solo", "batch", "batch_mtp"):
+            for graphs in (False, True):
+                if (mode, graphs) != ("solo", False):
+                    assert run_on(mode, graphs) == ref, (mode, graphs)
+    finally:
+        ops.set_backend("torch", "cpu")

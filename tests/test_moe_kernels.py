@@ -297,7 +297,7 @@ def test_gpu_moe_launch_variants_same_bits(wdtype, block, N):
                 (True, True, True, True, True, False), (False, False, False, False, False, True),
                 (True, True, False, True, True, True)):
             C.moe_launch_options(pdl=pdl, early=early, wide=wide, db=db, xsmem=xsmem,
-                                 stream=stream, stream_all=stream)
+                                 stream=stream, stream_all=stream, gate_up_mma=False)
             outs.append(C.gpu_moe_experts(x, *weights[:2], w, ids, *weights[2:], block))
             out = torch.empty_like(x)
             ws = torch.empty(C.moe_workspace_numel(N, k, I), device="cuda")
@@ -369,7 +369,7 @@ def test_gpu_moe_stream_same_bits_as_per_block(E, H, I, N, k, wdtype, xdtype, bl
     try:
         C.moe_launch_options(stream=False)
         per_block = C.gpu_moe_experts(x, *weights[:2], w, ids, *weights[2:], block)
-        C.moe_launch_options(stream=True, stream_all=True)
+        C.moe_launch_options(stream=True, stream_all=True, gate_up_mma=False)
         streamed = C.gpu_moe_experts(x, *weights[:2], w, ids, *weights[2:], block)
         out = torch.full_like(x, float("nan"))
         ws = torch.empty(C.moe_workspace_numel(N, k, I), device="cuda")
@@ -389,6 +389,75 @@ def test_gpu_moe_stream_same_bits_as_per_block(E, H, I, N, k, wdtype, xdtype, bl
     assert torch.equal(out, per_block2)
     tol = 1e-5 if xdtype == torch.float32 else 1e-2
     assert rel_err(out, call_reference(x, weights, w, ids, block)) < tol
+
+
+#: the gate/up kernel on tensor cores: real shapes at 1-32 rows (hot experts: past 16 members
+#: two passes of the MMA's 16 rows), the folded shared expert's E = 513, H = 4096 (32 blocks
+#: of scales per row), H = 1024 with I = 192
+MMA_CASES = [
+    # E, H, I, N, k
+    (512, 2048, 512, 1, 10), (512, 2048, 512, 2, 10), (512, 2048, 512, 16, 10),
+    (512, 2048, 512, 32, 10), (513, 2048, 512, 16, 11), (64, 4096, 256, 4, 6),
+    (64, 1024, 192, 9, 8),
+]
+
+
+@_gpu
+@pytest.mark.skipif(not torch.cuda.is_available() or torch.version.hip is not None
+                    or torch.cuda.get_device_capability() < (9, 0), reason="needs sm_90+")
+@pytest.mark.parametrize("E,H,I,N,k", MMA_CASES)
+def test_gpu_moe_gate_up_mma(E, H, I, N, k):
+    """gate/up on tensor cores (gate_up_mma): within the reference's tolerance, other bits than
+    the CUDA-core kernels (so the switch did take it), every row the same bits alone, in a
+    slice or in the whole window, and inside a captured graph with new ids."""
+    block = (128, 128)
+    weights = experts(E, H, I, FP8, block, device="cuda")
+    w, ids = routing(N, k, E, hot=[1, 2] if N > 1 else None, device="cuda")
+    x = torch.randn(N, H, generator=torch.Generator().manual_seed(8)).to("cuda", torch.bfloat16)
+    x[0, :7] *= 300.0  # a row whose largest elements lie far above the rest
+    w0, ids0 = w.clone(), ids.clone()
+    run = lambda a, ww, ii: C.gpu_moe_experts(a, *weights[:2], ww, ii, *weights[2:], block)
+    with _launch_options(stream=False):
+        per_block = run(x, w, ids)
+    with _launch_options(stream=True, stream_all=True, gate_up_mma=True):
+        got = run(x, w, ids)
+        for r in sorted({0, N // 2, N - 1}):
+            assert torch.equal(run(x[r:r + 1], w[r:r + 1], ids[r:r + 1])[0], got[r])
+        if N > 2:
+            assert torch.equal(run(x[1:N - 1], w[1:N - 1], ids[1:N - 1]), got[1:N - 1])
+        out = torch.full_like(x, float("nan"))
+        ws = torch.empty(C.moe_workspace_numel(N, k, I), device="cuda")
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            C.gpu_moe_experts(x, *weights[:2], w, ids, *weights[2:], block, out=out, workspace=ws)
+        w2, ids2 = routing(N, k, E, seed=9, device="cuda")
+        w.copy_(w2)
+        ids.copy_(ids2)
+        graph.replay()
+        torch.cuda.synchronize()
+        again = run(x, w, ids)
+    assert rel_err(got, call_reference(x, weights, w0, ids0, block)) < 1e-2
+    assert torch.equal(out, again)
+    assert rel_err(again, call_reference(x, weights, w, ids, block)) < 1e-2
+    assert not torch.equal(got, per_block)
+
+
+@_gpu
+@pytest.mark.skipif(not torch.cuda.is_available() or torch.version.hip is not None
+                    or torch.cuda.get_device_capability() < (9, 0), reason="needs sm_90+")
+def test_gpu_moe_gate_up_mma_expert_of_many_members():
+    """Ids repeated within rows give an expert more than 32 members (its members taken 32 at a
+    time): within the reference's tolerance, and each row the same bits alone."""
+    E, H, I, N, k, block = 64, 2048, 512, 12, 8, (128, 128)
+    weights = experts(E, H, I, FP8, block, device="cuda")
+    w, ids = routing(N, k, E, device="cuda")
+    ids[:, :4] = 5  # 48 members of expert 5, four per row
+    x = torch.randn(N, H, generator=torch.Generator().manual_seed(2)).to("cuda", torch.bfloat16)
+    with _launch_options(stream=True, stream_all=True, gate_up_mma=True):
+        got = C.gpu_moe_experts(x, *weights[:2], w, ids, *weights[2:], block)
+        one = C.gpu_moe_experts(x[7:8], *weights[:2], w[7:8], ids[7:8], *weights[2:], block)
+    assert torch.equal(one[0], got[7])
+    assert rel_err(got, call_reference(x, weights, w, ids, block)) < 1e-2
 
 
 LINEAR_CASES = [

@@ -154,6 +154,12 @@ int64_t strata_gpu_moe_workspace(int64_t n, int64_t k, int64_t inter);
 // streamed gate/up kernel as a programmatic dependent launch of the kernel before it (the router
 // in a decode window), on one SM fewer. Same bits.
 #define STRATA_MOE_GU_PDL 4096
+// STRATA_MOE_GU_MMA (on): the streamed gate/up kernel on tensor cores for FP8
+// weights in 128-k blocks (strata_moe_stream.cu, moe_gate_up_mma): the weights decode to f16,
+// x is scaled per row by a power of two into f16, the sums run in MMAs. Other bits than the
+// CUDA-core kernels (the per-block ones and the C++ twin); a row's act is still the same bits in
+// any launch, and it takes every FP8 window of up to 32 rows where x fits (H = 2048: all).
+#define STRATA_MOE_GU_MMA (1 << 20)
 int strata_gpu_moe_set_options(int flags);
 int strata_gpu_moe_experts(const void* x, int x_dtype, const void* w_gate_up, const void* w_down,
                            int w_dtype, const float* gu_scale, const float* down_scale,

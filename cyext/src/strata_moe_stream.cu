@@ -32,6 +32,7 @@
 
 #include "strata_bulk.cuh"
 #include "strata_moe_common.cuh"
+#include "strata_mma.cuh"
 
 namespace strata {
 namespace moe {
@@ -68,6 +69,9 @@ struct StreamPlan {
   int tiles;           // gate/up: I / F
   int data_off;        // x (gate/up) or y (down) in shared memory
   int ring_off;        // the stages
+  int stage_bytes;     // gate/up: bytes per stage (2 F rows)
+  int x_stride;        // gate/up on tensor cores: bytes per f16 x row in shared memory
+  int scale_off;       // gate/up on tensor cores: each x row's 2^s_n (floats) in shared memory
 };
 
 // Features per gate/up item: F rows of CPL chunks per lane fill one 8 KiB copy.
@@ -132,6 +136,92 @@ __device__ __forceinline__ void for_members(const int* ids_s, int P, int s0, int
 __device__ __forceinline__ int x_piece(int n, int c, int pc, int pieces_per_row, int nch) {
   return n * pieces_per_row + pc * nch + c;
 }
+
+// The expert cache's counting, once per distinct expert (by the first CTA).
+__device__ __forceinline__ void gate_up_count(const MoeParams& p, const int* ids_s,
+                                              const int* lead_s, int distinct) {
+  if (!p.routed_counts || blockIdx.x != 0) return;
+  for (int d = threadIdx.x; d < distinct; d += ST_THREADS) {
+    const int s0 = lead_s[d], e = ids_s[s0];
+    int members = 0;
+    for (int q = s0; q < p.P; ++q) members += ids_s[q] == e;
+    count_expert(p, e, members);
+  }
+}
+
+// This CTA's gate/up items. Items are dealt round-robin (CTA b: items b, b + grid, ...): an
+// expert with many members (the folded shared expert has every row) costs more per item, and
+// dealing its tiles to consecutive CTAs would leave a few CTAs with all of it.
+__device__ __forceinline__ int gate_up_items(int distinct, const StreamPlan& sp) {
+  const int total = distinct * sp.tiles;
+  return total > (int)blockIdx.x ? (total - 1 - (int)blockIdx.x) / (int)gridDim.x + 1 : 0;
+}
+
+// The gate/up producer (one thread): item li = (distinct expert, tile of F features) into stage
+// li % stages, its F gate rows then its F up rows, two copies, once the stage's owner has
+// released the round before.
+__device__ __forceinline__ void gate_up_produce(const MoeParams& p, const StreamPlan& sp,
+                                                uint8_t* ring, uint64_t* full, const int* ids_s,
+                                                const int* lead_s, int n_local, int F,
+                                                int row_bytes) {
+  uint64_t* empty = full + ST_MAX_STAGES;
+  const uint64_t pol = l2_evict_first();
+  const uint32_t half = (uint32_t)(F * row_bytes);
+  const int S = sp.stages;
+  for (int li = 0; li < n_local; ++li) {
+    const int stage = li % S, round = li / S;
+    if (round) mbar_wait(empty + stage, (round - 1) & 1);
+    const int item = blockIdx.x + li * gridDim.x, d = item / sp.tiles, i0 = (item % sp.tiles) * F;
+    const uint8_t* base = expert_gate_up(p, ids_s[lead_s[d]]);
+    uint8_t* dst = ring + stage * sp.stage_bytes;
+    mbar_expect_tx(full + stage, 2 * half);
+    bulk::load(dst, base + (int64_t)i0 * row_bytes, half, full + stage, pol);
+    bulk::load(dst + half, base + (int64_t)(p.I + i0) * row_bytes, half, full + stage, pol);
+  }
+}
+
+// One pass of moe_gate_up_mma over an item's 128-k blocks: acc (lane (g, t): A rows g, g + 8 at
+// B columns 2t, 2t + 1) = sum over blocks kb in order of scale_kb * (chunk 0 + chunk 1), each
+// chunk a chain of four MMAs from zero. wrow: the lane's weight row g at byte 16 t; xa / xb: the
+// x rows of A's rows g and g + 8 at element 16 t (TWO: rows 8-15 are members; else A's rows
+// 8-15 are given rows 0-7's registers and dropped). sg / su: lane l < ncb holds block l's gate
+// and up scales. Blocks go four at a time (two with TWO) so that their loads and chains
+// overlap.
+template <bool TWO>
+__device__ __forceinline__ void gate_up_mma_blocks(float (&acc)[4], const uint8_t* wrow,
+                                                   const uint8_t* xa, const uint8_t* xb, int ncb,
+                                                   float sg, float su, int t) {
+#pragma unroll(TWO ? 2 : 4)
+  for (int kb = 0; kb < ncb; ++kb) {
+    float part[2][4];
+#pragma unroll
+    for (int c = 0; c < 2; ++c) {
+      const int k0 = kb * 128 + c * 64;
+      const uint4 wv = *(const uint4*)(wrow + k0);
+      const uint4 a_lo = *(const uint4*)(xa + 2 * k0), a_hi = *(const uint4*)(xa + 2 * k0 + 16);
+      uint4 b_lo = a_lo, b_hi = a_hi;
+      if (TWO) {
+        b_lo = *(const uint4*)(xb + 2 * k0);
+        b_hi = *(const uint4*)(xb + 2 * k0 + 16);
+      }
+      const uint32_t wj[4] = {wv.x, wv.y, wv.z, wv.w};
+      const uint32_t xa_w[8] = {a_lo.x, a_lo.y, a_lo.z, a_lo.w, a_hi.x, a_hi.y, a_hi.z, a_hi.w};
+      const uint32_t xb_w[8] = {b_lo.x, b_lo.y, b_lo.z, b_lo.w, b_hi.x, b_hi.y, b_hi.z, b_hi.w};
+      part[c][0] = part[c][1] = part[c][2] = part[c][3] = 0.f;
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        uint32_t b0, b1;
+        fp8x4_to_f16x4(wj[j], b0, b1);
+        mma_m16n8k16<true>(part[c], xa_w[2 * j], xb_w[2 * j], xa_w[2 * j + 1], xb_w[2 * j + 1],
+                           b0, b1);
+      }
+    }
+    const float gs = __shfl_sync(0xffffffffu, sg, kb), us = __shfl_sync(0xffffffffu, su, kb);
+    const float scale = t < 2 ? gs : us;
+#pragma unroll
+    for (int i = 0; i < 4; ++i) acc[i] = fmaf(scale, part[0][i] + part[1][i], acc[i]);
+  }
+}
 #endif  // __CUDA_ARCH__ >= 900
 
 // CPL: 16-byte chunks per lane of a weight row (unrolled); XF32: x staged as float32, else as
@@ -156,39 +246,15 @@ __global__ void __launch_bounds__(ST_THREADS, 1)
   const int* ids_s = (const int*)(smem + ST_OFF_IDS);
   const int* lead_s = (const int*)(smem + ST_OFF_LEAD);
   uint4* x_s = (uint4*)(smem + sp.data_off);
-  if (p.routed_counts && blockIdx.x == 0) {  // the expert cache's counting, once per expert
-    for (int d = threadIdx.x; d < distinct; d += ST_THREADS) {
-      const int s0 = lead_s[d], e = ids_s[s0];
-      int members = 0;
-      for (int q = s0; q < p.P; ++q) members += ids_s[q] == e;
-      count_expert(p, e, members);
-    }
-  }
+  gate_up_count(p, ids_s, lead_s, distinct);
   uint8_t* ring = smem + sp.ring_off;
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
-  // Items are dealt round-robin (CTA b: items b, b + grid, ...): an expert with many members
-  // (the folded shared expert has every row) costs more per item, and dealing its tiles to
-  // consecutive CTAs would leave a few CTAs with all of it.
-  const int total = distinct * sp.tiles;
-  const int n_local = total > (int)blockIdx.x ? (total - 1 - (int)blockIdx.x) / (int)gridDim.x + 1 : 0;
+  const int n_local = gate_up_items(distinct, sp);
   const int row_bytes = p.H * (int)sizeof(typename W::storage);
   const int S = sp.stages;
 
   if (warp == ST_MAX_WARPS) {  // the producer: one thread issues every copy
-    if (lane == 0) {
-      const uint64_t pol = l2_evict_first();
-      const uint32_t half = (uint32_t)(F * row_bytes);
-      for (int li = 0; li < n_local; ++li) {
-        const int stage = li % S, round = li / S;
-        if (round) mbar_wait(empty + stage, (round - 1) & 1);
-        const int item = blockIdx.x + li * gridDim.x, d = item / sp.tiles, i0 = (item % sp.tiles) * F;
-        const uint8_t* base = expert_gate_up(p, ids_s[lead_s[d]]);
-        uint8_t* dst = ring + stage * ST_GU_STAGE;
-        mbar_expect_tx(full + stage, 2 * half);
-        bulk::load(dst, base + (int64_t)i0 * row_bytes, half, full + stage, pol);
-        bulk::load(dst + half, base + (int64_t)(p.I + i0) * row_bytes, half, full + stage, pol);
-      }
-    }
+    if (lane == 0) gate_up_produce(p, sp, ring, full, ids_s, lead_s, n_local, F, row_bytes);
     return;
   }
   if (warp >= sp.warps) return;
@@ -225,7 +291,7 @@ __global__ void __launch_bounds__(ST_THREADS, 1)
     const int stage = li % S;
     const int item = blockIdx.x + li * gridDim.x, d = item / sp.tiles, i0 = (item % sp.tiles) * F;
     const int s0 = lead_s[d], e = ids_s[s0];
-    const uint8_t* rows = ring + stage * ST_GU_STAGE;
+    const uint8_t* rows = ring + stage * sp.stage_bytes;
     // the block scales of this lane's chunks (one gate and one up block row for the F
     // features), loaded while the stage lands
     float sg[CPL], su[CPL];
@@ -272,6 +338,165 @@ __global__ void __launch_bounds__(ST_THREADS, 1)
         if (lane == 0) p.act[(int64_t)q * p.I + i0 + f] = g / (1.f + expf(-g)) * u;
       }
     });
+    __syncwarp();
+    if (lane == 0) mbar_arrive(empty + stage);
+  }
+#endif
+}
+
+// The gate/up kernel on tensor cores (FP8 weights in 128 x 128-k blocks; STRATA_MOE_GU_MMA).
+// The same ring and items as moe_gate_up_stream with F = 4: a stage is 4 gate rows and 4 up
+// rows, the MMA's B (n = 8 weight rows); A is the x rows of the expert's members, 16 at a time
+// (one pass for up to 16 members; where there are at most 8, A's rows 8-15 repeat rows 0-7 and
+// their results are dropped); D = 16 members x 8 weight rows. So a weight element costs about
+// half an instruction (its decode to f16, one cvt per pair) whatever the members, where the
+// CUDA-core kernel pays a decode and an FMA per element and member.
+// x is staged once per CTA as f16, each row scaled by a power of two 2^-s_n so that its largest
+// magnitude lies in [2^14, 2^15) (exact for every element within 2^28 of the row's largest), and
+// rows 16 bytes apart beyond 2H so that the lanes of rows g and g + 1 read distinct banks.
+// k order: within each 64-k chunk, MMA step j gives lane t (of 4 in a group) the k's
+// 16 t + 4 j .. + 3, so a lane reads 16 consecutive weight bytes and 32 x bytes per chunk; A and
+// B use the same order, so the sums are those of k in order up to the MMA's own. Per 128-k block
+// the two chunks' chains of four MMAs start from zero, are added, and acc = fma(scale, sum,
+// acc) over the blocks in order; then acc * 2^s_n. Lane (g, t) holds members g and g + 8 at
+// weight rows 2t, 2t + 1: gate features 2t, 2t + 1 for t < 2, the same up features for t >= 2,
+// brought to lane t - 2 by one shuffle. A member's act is the same bits whatever other members
+// or rows share the launch (each MMA output depends only on its own row of A and column of B).
+__global__ void __launch_bounds__(ST_THREADS, 1) moe_gate_up_mma(MoeParams p, StreamPlan sp) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  constexpr int F = 4;
+  extern __shared__ __align__(128) uint8_t smem[];
+  pdl_wait_primary();
+  pdl_launch_dependents();
+  const int distinct = stream_start(smem, p, sp);
+  uint64_t* full = (uint64_t*)smem;
+  uint64_t* empty = full + ST_MAX_STAGES;
+  const int* ids_s = (const int*)(smem + ST_OFF_IDS);
+  const int* lead_s = (const int*)(smem + ST_OFF_LEAD);
+  uint8_t* x_s = smem + sp.data_off;
+  float* unscale_s = (float*)(smem + sp.scale_off);  // 2^s_n per x row
+  gate_up_count(p, ids_s, lead_s, distinct);
+  uint8_t* ring = smem + sp.ring_off;
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+  const int n_local = gate_up_items(distinct, sp);
+  const int H = p.H;  // bytes per FP8 weight row
+  const int S = sp.stages;
+
+  if (warp == ST_MAX_WARPS) {
+    if (lane == 0) gate_up_produce(p, sp, ring, full, ids_s, lead_s, n_local, F, H);
+    return;
+  }
+  if (warp >= sp.warps) return;
+
+  // x as scaled f16, one warp per row, while the first stages land: a row's 16-byte pieces are
+  // held in registers (8 per lane up to H = 2048) for its largest magnitude, then converted
+  constexpr int XR = 8;
+  for (int n = warp; n < p.n; n += sp.warps) {
+    const uint16_t* xr = (const uint16_t*)p.x + (int64_t)n * H;
+    uint8_t* xs = x_s + (int64_t)n * sp.x_stride;
+    uint4 v[XR];
+    uint32_t mx = 0;
+    for (int c0 = 0; c0 < H / 8; c0 += 32 * XR) {
+#pragma unroll
+      for (int r = 0; r < XR; ++r) {
+        const int c = c0 + lane + 32 * r;
+        v[r] = c < H / 8 ? ldg16(xr + 8 * c) : make_uint4(0, 0, 0, 0);
+      }
+#pragma unroll
+      for (int r = 0; r < XR; ++r) {
+        const uint32_t wd[4] = {v[r].x, v[r].y, v[r].z, v[r].w};
+#pragma unroll
+        for (int i = 0; i < 4; ++i)
+          mx = max(mx, max((wd[i] << 16) & 0x7fff0000u, wd[i] & 0x7fff0000u));
+      }
+    }
+    asm("redux.sync.max.u32 %0, %0, 0xffffffff;" : "+r"(mx));
+    const int e = mx ? (int)(mx >> 23) - 127 : 0;
+    int sh = 14 - e;
+    sh = sh > 126 ? 126 : sh < -126 ? -126 : sh;
+    const float sc = __uint_as_float((uint32_t)(127 + sh) << 23);
+    if (lane == 0) unscale_s[n] = __uint_as_float((uint32_t)(127 - sh) << 23);
+    for (int c0 = 0; c0 < H / 8; c0 += 32 * XR) {
+      if (H / 8 > 32 * XR) {  // rows past 2048: read again (the registers hold the last part)
+#pragma unroll
+        for (int r = 0; r < XR; ++r) {
+          const int c = c0 + lane + 32 * r;
+          if (c < H / 8) v[r] = ldg16(xr + 8 * c);
+        }
+      }
+#pragma unroll
+      for (int r = 0; r < XR; ++r) {
+        const int c = c0 + lane + 32 * r;
+        if (c >= H / 8) break;
+        uint32_t wd[4] = {v[r].x, v[r].y, v[r].z, v[r].w};
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          const float lo = __uint_as_float(wd[i] << 16) * sc;
+          const float hi = __uint_as_float(wd[i] & 0xffff0000u) * sc;
+          asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(wd[i]) : "f"(hi), "f"(lo));
+        }
+        *(uint4*)(xs + 16 * c) = make_uint4(wd[0], wd[1], wd[2], wd[3]);
+      }
+    }
+  }
+  sync_threads(sp.warps * 32);
+
+  const int g = lane >> 2, t = lane & 3;
+  const int ncb = H / 128;
+  for (int li = warp; li < n_local; li += sp.warps) {
+    const int stage = li % S;
+    const int item = blockIdx.x + li * gridDim.x, d = item / sp.tiles, i0 = (item % sp.tiles) * F;
+    const int s0 = lead_s[d], e = ids_s[s0];
+    // block scales: lane l < ncb holds block l's, gate and up
+    float sg = 0.f, su = 0.f;
+    if (lane < ncb) {
+      const float* sc = expert_gate_up_scale(p, e);
+      sg = __ldg(sc + (i0 / p.bo) * p.ncb_h + lane);
+      su = __ldg(sc + (p.nbg + i0 / p.bo) * p.ncb_h + lane);
+    }
+    mbar_wait(full + stage, (li / S) & 1);
+    const uint8_t* wrow = ring + stage * sp.stage_bytes + g * H + 16 * t;
+    // the expert's members in pair order, 32 at a time (more only where a row repeats an id):
+    // lane j holds member w0 + j
+    for (int w0 = 0;; w0 += 32) {
+      int my_q = -1, M = 0;
+      for (int base = s0 & ~31; base < p.P; base += 32) {
+        const int q = base + lane;
+        const unsigned m = __ballot_sync(0xffffffffu, q >= s0 && q < p.P && ids_s[q] == e);
+        const int c = __popc(m), j = w0 + lane - M;
+        if (j >= 0 && j < c) my_q = base + (int)__fns(m, 0, j + 1);
+        M += c;
+      }
+      const int Mw = M - w0 < 32 ? M - w0 : 32;
+      for (int m0 = 0; m0 < Mw; m0 += 16) {
+        // A's rows g and g + 8: members m0 + g and m0 + g + 8 (past the last: the first)
+        const int ma = m0 + g < Mw ? m0 + g : m0, mb = m0 + g + 8 < Mw ? m0 + g + 8 : m0;
+        const int qa = __shfl_sync(0xffffffffu, my_q, ma), qb = __shfl_sync(0xffffffffu, my_q, mb);
+        const int na = qa / p.k, nb = qb / p.k;
+        const uint8_t* xa = x_s + (int64_t)na * sp.x_stride + 32 * t;
+        const uint8_t* xb = x_s + (int64_t)nb * sp.x_stride + 32 * t;
+        float acc[4] = {0.f, 0.f, 0.f, 0.f};
+        if (Mw - m0 > 8)  // rows 8-15 are members (else they repeat rows 0-7)
+          gate_up_mma_blocks<true>(acc, wrow, xa, xb, ncb, sg, su, t);
+        else
+          gate_up_mma_blocks<false>(acc, wrow, xa, xb, ncb, sg, su, t);
+        const float ua = unscale_s[na], ub = unscale_s[nb];
+        acc[0] *= ua; acc[1] *= ua; acc[2] *= ub; acc[3] *= ub;
+        float up[4];
+#pragma unroll
+        for (int i = 0; i < 4; ++i) up[i] = __shfl_xor_sync(0xffffffffu, acc[i], 2);
+        if (t < 2) {
+          float a[4];
+#pragma unroll
+          for (int i = 0; i < 4; ++i) a[i] = acc[i] / (1.f + expf(-acc[i])) * up[i];
+          if (m0 + g < Mw)
+            *(float2*)(p.act + (int64_t)qa * p.I + i0 + 2 * t) = make_float2(a[0], a[1]);
+          if (m0 + g + 8 < Mw)
+            *(float2*)(p.act + (int64_t)qb * p.I + i0 + 2 * t) = make_float2(a[2], a[3]);
+        }
+      }
+      if (w0 + 32 >= M) break;
+    }
     __syncwarp();
     if (lane == 0) mbar_arrive(empty + stage);
   }
@@ -388,6 +613,15 @@ int launch_gate_up(const MoeParams& p, const StreamPlan& sp, int grid, int smem,
   return take_launch_error(name);
 }
 
+int launch_gate_up_mma(const MoeParams& p, const StreamPlan& sp, int grid, int smem, bool pdl,
+                       cudaStream_t st) {
+  static int allowed = 0;
+  const char* name = "moe_experts: moe_gate_up_mma";
+  if (int rc = allow_smem(moe_gate_up_mma, smem, allowed, name)) return rc;
+  launch_maybe_pdl(moe_gate_up_mma, dim3((unsigned)grid), dim3(ST_THREADS), smem, st, pdl, p, sp);
+  return take_launch_error(name);
+}
+
 template <typename W, int T, int CPL>
 int launch_down(const MoeParams& p, const StreamPlan& sp, int smem, bool pdl, cudaStream_t st) {
   static int allowed = 0;
@@ -439,6 +673,7 @@ int launch_stream(const MoeParams& p, const DeviceFacts& dev, bool pdl, bool eve
   typedef WChunk<W> C;
   const int esz = (int)sizeof(typename W::storage);
   const int64_t gu_row = (int64_t)p.H * esz, down_row = (int64_t)p.I * esz;
+  const int options = strata_gpu_moe_set_options(-1);
   // chunks per lane of a gate/up row (at most 8) and of a down row (at most 2: a lane holds
   // its chunks of an act row as floats)
   int cpl = chunks_per_lane(p.H / C::EPC), cpl_dn = chunks_per_lane(p.I / C::EPC);
@@ -452,36 +687,54 @@ int launch_stream(const MoeParams& p, const DeviceFacts& dev, bool pdl, bool eve
   // engine's folded shared expert (scripts/bench_kernels.py --moe --moe-shared --moe-variants
   // stream,+db+xsmem): FP8 18-34% faster at 1-16 rows and level at 32 (x in shared memory then
   // leaves too few stages); bf16 within 6% either way, ahead at 2-8 rows.
-  if (!every_size && (fp8 ? p.n > 16 : (p.n < 2 || p.n > 8))) return 0;
-  if (!cpl || !cpl_dn || F * gu_row > ST_COPY_BYTES || p.I % F || (fp8 && p.bo % F) ||
-      T * down_row > ST_COPY_BYTES || p.H % T || (fp8 && p.bo % T) || p.E > ST_MAX_EXPERTS ||
-      p.P > ST_THREADS || p.x_dtype != STRATA_DTYPE_BF16)
+  // gate/up on tensor cores (FP8 in 128-k blocks, 4 features per item, x as f16 rows): every
+  // FP8 window of up to 32 rows, so that a row's bits never depend on the window's size (the
+  // per-block kernels sum in another order)
+  const bool mma = fp8 && (options & STRATA_MOE_GU_MMA) && p.bi == 128 && p.bo % 4 == 0 &&
+                   p.I % 4 == 0 && p.H % 128 == 0 && p.H <= 4096 && p.n <= 32;
+  if (!every_size && !mma && (fp8 ? p.n > 16 : (p.n < 2 || p.n > 8))) return 0;
+  const bool gu_ok = mma || (cpl && F * gu_row <= ST_COPY_BYTES && p.I % F == 0 &&
+                             !(fp8 && p.bo % F));
+  if (!gu_ok || !cpl_dn || T * down_row > ST_COPY_BYTES || p.H % T || (fp8 && p.bo % T) ||
+      p.E > ST_MAX_EXPERTS || p.P > ST_THREADS || p.x_dtype != STRATA_DTYPE_BF16)
     return 0;
-  const bool x_f32 = p.n * p.H * 4 <= ST_X_F32_MAX_BYTES;
-  const int x_bytes = p.n * p.H * (x_f32 ? 4 : 2);
-  if (x_bytes > ST_X_MAX_BYTES) return 0;
   const int meta = align128(ST_OFF_FIRST + 4 * p.E);
   StreamPlan gu = {};
-  gu.tiles = p.I / F;
-  gu.data_off = meta;
-  gu.ring_off = align128(meta + x_bytes);
-  size_ring(gu, dev.smem_optin - gu.ring_off, ST_GU_STAGE);
+  bool x_f32 = false;
+  if (mma) {
+    gu.tiles = p.I / 4;
+    gu.data_off = meta;
+    gu.x_stride = 2 * p.H + 16;
+    gu.scale_off = align128(meta + p.n * gu.x_stride);
+    gu.ring_off = align128(gu.scale_off + 4 * p.n);
+    gu.stage_bytes = 8 * p.H;
+  } else {
+    x_f32 = p.n * p.H * 4 <= ST_X_F32_MAX_BYTES;
+    const int x_bytes = p.n * p.H * (x_f32 ? 4 : 2);
+    if (x_bytes > ST_X_MAX_BYTES) return 0;
+    gu.tiles = p.I / F;
+    gu.data_off = meta;
+    gu.ring_off = align128(meta + x_bytes);
+    gu.stage_bytes = ST_GU_STAGE;
+  }
+  size_ring(gu, dev.smem_optin - gu.ring_off, gu.stage_bytes);
   StreamPlan dn = {};
   dn.data_off = meta;
   dn.ring_off = align128(meta + p.P * T * 4);
   size_ring(dn, dev.smem_optin - dn.ring_off, ST_DOWN_STAGE);
   if (gu.warps < 4 || dn.warps < 4) return 0;
   *launched = true;
-  const int gu_smem = gu.ring_off + gu.stages * ST_GU_STAGE;
+  const int gu_smem = gu.ring_off + gu.stages * gu.stage_bytes;
   const int dn_smem = dn.ring_off + dn.stages * ST_DOWN_STAGE;
   // STRATA_MOE_GU_PDL: gate/up as a programmatic dependent of the kernel before it (the
   // router), so that its CTAs launch and initialise while that kernel ends. One SM fewer: the
   // SM still running the router's last CTA (its second phase) cannot take a gate/up CTA (each
   // needs the whole shared memory), and that CTA would start late and finish last.
-  const bool gu_pdl = (strata_gpu_moe_set_options(-1) & STRATA_MOE_GU_PDL) != 0;
+  const bool gu_pdl = (options & STRATA_MOE_GU_PDL) != 0;
   const int gu_grid = gu_pdl && dev.sms > 1 ? dev.sms - 1 : dev.sms;
-  int rc = x_f32 ? dispatch_gate_up<W, true>(p, gu, cpl, gu_grid, gu_smem, gu_pdl, st)
-                 : dispatch_gate_up<W, false>(p, gu, cpl, gu_grid, gu_smem, gu_pdl, st);
+  int rc = mma     ? launch_gate_up_mma(p, gu, gu_grid, gu_smem, gu_pdl, st)
+           : x_f32 ? dispatch_gate_up<W, true>(p, gu, cpl, gu_grid, gu_smem, gu_pdl, st)
+                   : dispatch_gate_up<W, false>(p, gu, cpl, gu_grid, gu_smem, gu_pdl, st);
   if (rc) return rc;
   return dispatch_down<W>(p, dn, T, cpl_dn, dn_smem, pdl, st);
 }

@@ -533,7 +533,7 @@ def moe_launch_options(pdl=None, early=None, wide=None, db=None, xsmem=None, str
                        stream_all=None, linear_stream=None, linear_pipe=None,
                        stream_miss=None, gate_up_pdl=None, linear_split=None,
                        linear_split_depth=None, linear_split_pair=None,
-                       linear_f16=None) -> dict:
+                       linear_f16=None, gate_up_mma=None) -> dict:
     """Read or set moe_experts' launch switches on the GPU extension (process-wide; every
     setting gives the same bits): `stream` (on by default), the streamed kernels on sm_90+
     without the expert cache, or with one (see `stream_miss` for a cache that can miss), where
@@ -562,13 +562,17 @@ def moe_launch_options(pdl=None, early=None, wide=None, db=None, xsmem=None, str
     copies reading missing experts from the pinned host store (same bits; off, the per-block
     kernels read them through mapped host memory). `gate_up_pdl` (off): the streamed gate/up
     kernel as a programmatic dependent launch of the kernel before it (the router), so that its
-    launch overlaps the router's tail; the same bits.
+    launch overlaps the router's tail; the same bits. `gate_up_mma` (on): the streamed gate/up
+    kernel on tensor cores for FP8 weights in 128-k blocks (weights decoded to f16, x scaled per
+    row by a power of two into f16, the sums in MMAs), for every FP8 window of up to 32 rows:
+    other bits than the CUDA-core kernels (the per-block ones, which an expert cache with
+    `stream_miss` off runs, and the C++ twin), a row's result still the same bits in any launch.
     None leaves a switch as it is. Returns the switches now in force."""
     flags = _gpu.moe_set_options(-1)
     for bit, on in ((1, pdl), (2, early), (4, wide), (8, db), (16, xsmem), (32, stream),
                     (64, stream_all), (128, linear_stream), (256, linear_pipe),
                     (1024, stream_miss), (4096, gate_up_pdl), (8192, linear_split),
-                    (16384, linear_split_pair), (32768, linear_f16)):
+                    (16384, linear_split_pair), (32768, linear_f16), (1 << 20, gate_up_mma)):
         if on is not None:
             flags = (flags | bit) if on else (flags & ~bit)
     if linear_split_depth is not None:
@@ -583,7 +587,8 @@ def moe_launch_options(pdl=None, early=None, wide=None, db=None, xsmem=None, str
             "linear_pipe": bool(flags & 256), "stream_miss": bool(flags & 1024),
             "gate_up_pdl": bool(flags & 4096), "linear_split": bool(flags & 8192),
             "linear_split_depth": (flags >> 16) & 15,
-            "linear_split_pair": bool(flags & 16384), "linear_f16": bool(flags & 32768)}
+            "linear_split_pair": bool(flags & 16384), "linear_f16": bool(flags & 32768),
+            "gate_up_mma": bool(flags & (1 << 20))}
 
 
 def conv_launch_options(serial=None) -> dict:
