@@ -35,21 +35,28 @@ def cohort() -> list[Request]:
             for i in range(3)]
 
 
-def run(path, mode: str, graphs: bool) -> dict:
+def run(path, mode: str, graphs: bool, device: str = "cpu", dtype: str | None = None,
+        **knobs) -> dict:
     cfg = cpu_engine_config(path, 128, mode="solo" if mode == "solo" else "batch",
                             batch_mtp=mode == "batch_mtp", slots=3, window_rows=6, spec=3,
-                            prefill_chunk=4, graphs=graphs)
+                            prefill_chunk=4, graphs=graphs, **knobs)
+    cfg.device = device
+    if dtype:
+        cfg.model.dtype = dtype
     eng = Engine.from_config(cfg, log=lambda s: None)
-    for r in cohort():
-        eng.add_request(r)
-    for _ in range(1000):
-        if not eng.has_work():
-            break
-        eng.step()
-    assert not eng.has_work()
-    rows = [len(ev["layout"]) for ev in eng.trace.events if ev["ev"] == "window"]
-    assert max(rows) * 4 < 64  # the routed-experts path
-    return {rid: list(rs.emitted) for rid, rs in eng.requests.items()}
+    try:
+        for r in cohort():
+            eng.add_request(r)
+        for _ in range(1000):
+            if not eng.has_work():
+                break
+            eng.step()
+        assert not eng.has_work()
+        rows = [len(ev["layout"]) for ev in eng.trace.events if ev["ev"] == "window"]
+        assert max(rows) * 4 < 64  # the routed-experts path
+        return {rid: list(rs.emitted) for rid, rs in eng.requests.items()}
+    finally:
+        eng.close()
 
 
 def test_greedy_tokens_identical_in_every_mode(many_experts):
@@ -78,22 +85,7 @@ def test_greedy_tokens_identical_in_every_mode_fp8_bf16(tmp_path, device):
     path = quantize_checkpoint(src, tmp_path / "fp8", (128, 128), log=lambda _m: None)
 
     def run_on(mode: str, graphs: bool) -> dict:
-        cfg = cpu_engine_config(path, 128, mode="solo" if mode == "solo" else "batch",
-                                batch_mtp=mode == "batch_mtp", slots=3, window_rows=6, spec=3,
-                                prefill_chunk=4, graphs=graphs, compile="off")
-        cfg.device, cfg.model.dtype = device, "bfloat16"
-        eng = Engine.from_config(cfg, log=lambda s: None)
-        try:
-            for r in cohort():
-                eng.add_request(r)
-            for _ in range(1000):
-                if not eng.has_work():
-                    break
-                eng.step()
-            assert not eng.has_work()
-            return {rid: list(rs.emitted) for rid, rs in eng.requests.items()}
-        finally:
-            eng.close()
+        return run(path, mode, graphs, device=device, dtype="bfloat16", compile="off")
 
     try:
         ref = run_on("solo", False)

@@ -352,6 +352,23 @@ def test_gpu_router_then_experts_with_gate_up_pdl(N):
         C.moe_launch_options(**saved)
 
 
+def _replay_with_new_ids(x, weights, w, ids, block, seed):
+    """moe_experts captured in a graph, then w and ids replaced in place by another routing
+    (`seed`) and the graph replayed: its output."""
+    (N, k), E = ids.shape, weights[0].shape[0]
+    out = torch.full_like(x, float("nan"))
+    ws = torch.empty(C.moe_workspace_numel(N, k, weights[1].shape[2]), device="cuda")
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        C.gpu_moe_experts(x, *weights[:2], w, ids, *weights[2:], block, out=out, workspace=ws)
+    w2, ids2 = routing(N, k, E, seed=seed, device="cuda")
+    w.copy_(w2)
+    ids.copy_(ids2)
+    graph.replay()
+    torch.cuda.synchronize()
+    return out
+
+
 @_gpu
 @pytest.mark.parametrize("E,H,I,N,k,wdtype,xdtype,block",
                          [c for c in GPU_CASES if c[5] in (torch.bfloat16, FP8)]
@@ -371,16 +388,7 @@ def test_gpu_moe_stream_same_bits_as_per_block(E, H, I, N, k, wdtype, xdtype, bl
         per_block = C.gpu_moe_experts(x, *weights[:2], w, ids, *weights[2:], block)
         C.moe_launch_options(stream=True, stream_all=True, gate_up_mma=False)
         streamed = C.gpu_moe_experts(x, *weights[:2], w, ids, *weights[2:], block)
-        out = torch.full_like(x, float("nan"))
-        ws = torch.empty(C.moe_workspace_numel(N, k, I), device="cuda")
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            C.gpu_moe_experts(x, *weights[:2], w, ids, *weights[2:], block, out=out, workspace=ws)
-        w2, ids2 = routing(N, k, E, seed=7, device="cuda")
-        w.copy_(w2)
-        ids.copy_(ids2)
-        graph.replay()
-        torch.cuda.synchronize()
+        out = _replay_with_new_ids(x, weights, w, ids, block, seed=7)
         C.moe_launch_options(stream=False)
         per_block2 = C.gpu_moe_experts(x, *weights[:2], w, ids, *weights[2:], block)
     finally:
@@ -425,16 +433,7 @@ def test_gpu_moe_gate_up_mma(E, H, I, N, k):
             assert torch.equal(run(x[r:r + 1], w[r:r + 1], ids[r:r + 1])[0], got[r])
         if N > 2:
             assert torch.equal(run(x[1:N - 1], w[1:N - 1], ids[1:N - 1]), got[1:N - 1])
-        out = torch.full_like(x, float("nan"))
-        ws = torch.empty(C.moe_workspace_numel(N, k, I), device="cuda")
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            C.gpu_moe_experts(x, *weights[:2], w, ids, *weights[2:], block, out=out, workspace=ws)
-        w2, ids2 = routing(N, k, E, seed=9, device="cuda")
-        w.copy_(w2)
-        ids.copy_(ids2)
-        graph.replay()
-        torch.cuda.synchronize()
+        out = _replay_with_new_ids(x, weights, w, ids, block, seed=9)
         again = run(x, w, ids)
     assert rel_err(got, call_reference(x, weights, w0, ids0, block)) < 1e-2
     assert torch.equal(out, again)

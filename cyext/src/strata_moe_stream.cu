@@ -137,16 +137,27 @@ __device__ __forceinline__ int x_piece(int n, int c, int pc, int pieces_per_row,
   return n * pieces_per_row + pc * nch + c;
 }
 
-// The expert cache's counting, once per distinct expert (by the first CTA).
-__device__ __forceinline__ void gate_up_count(const MoeParams& p, const int* ids_s,
-                                              const int* lead_s, int distinct) {
-  if (!p.routed_counts || blockIdx.x != 0) return;
-  for (int d = threadIdx.x; d < distinct; d += ST_THREADS) {
-    const int s0 = lead_s[d], e = ids_s[s0];
-    int members = 0;
-    for (int q = s0; q < p.P; ++q) members += ids_s[q] == e;
-    count_expert(p, e, members);
+// How both gate/up kernels start: stream_start, then the expert cache's counting, once per
+// distinct expert (by the first CTA). Returns the distinct experts. Launched as a programmatic
+// dependent of the router (STRATA_MOE_GU_PDL), a CTA may start before the ids exist: it waits
+// for the router's grid before reading anything, and lets the down kernel (which reads the ids
+// without waiting) launch only after that. In a plain launch the wait returns at once.
+__device__ __forceinline__ int gate_up_start(uint8_t* smem, const MoeParams& p,
+                                             const StreamPlan& sp) {
+  pdl_wait_primary();
+  pdl_launch_dependents();
+  const int distinct = stream_start(smem, p, sp);
+  if (p.routed_counts && blockIdx.x == 0) {
+    const int* ids_s = (const int*)(smem + ST_OFF_IDS);
+    const int* lead_s = (const int*)(smem + ST_OFF_LEAD);
+    for (int d = threadIdx.x; d < distinct; d += ST_THREADS) {
+      const int s0 = lead_s[d], e = ids_s[s0];
+      int members = 0;
+      for (int q = s0; q < p.P; ++q) members += ids_s[q] == e;
+      count_expert(p, e, members);
+    }
   }
+  return distinct;
 }
 
 // This CTA's gate/up items. Items are dealt round-robin (CTA b: items b, b + grid, ...): an
@@ -234,19 +245,12 @@ __global__ void __launch_bounds__(ST_THREADS, 1)
   constexpr int F = gate_up_features(CPL);
   constexpr int EPC = C::EPC;
   extern __shared__ __align__(128) uint8_t smem[];
-  // Launched as a programmatic dependent of the router (STRATA_MOE_GU_PDL), this CTA may start
-  // before the ids exist: it waits for the router's grid before reading anything, and lets the
-  // down kernel (which reads the ids without waiting) launch only after that. In a plain launch
-  // the wait returns at once.
-  pdl_wait_primary();
-  pdl_launch_dependents();
-  const int distinct = stream_start(smem, p, sp);
+  const int distinct = gate_up_start(smem, p, sp);
   uint64_t* full = (uint64_t*)smem;
   uint64_t* empty = full + ST_MAX_STAGES;
   const int* ids_s = (const int*)(smem + ST_OFF_IDS);
   const int* lead_s = (const int*)(smem + ST_OFF_LEAD);
   uint4* x_s = (uint4*)(smem + sp.data_off);
-  gate_up_count(p, ids_s, lead_s, distinct);
   uint8_t* ring = smem + sp.ring_off;
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
   const int n_local = gate_up_items(distinct, sp);
@@ -366,16 +370,13 @@ __global__ void __launch_bounds__(ST_THREADS, 1) moe_gate_up_mma(MoeParams p, St
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   constexpr int F = 4;
   extern __shared__ __align__(128) uint8_t smem[];
-  pdl_wait_primary();
-  pdl_launch_dependents();
-  const int distinct = stream_start(smem, p, sp);
+  const int distinct = gate_up_start(smem, p, sp);
   uint64_t* full = (uint64_t*)smem;
   uint64_t* empty = full + ST_MAX_STAGES;
   const int* ids_s = (const int*)(smem + ST_OFF_IDS);
   const int* lead_s = (const int*)(smem + ST_OFF_LEAD);
   uint8_t* x_s = smem + sp.data_off;
   float* unscale_s = (float*)(smem + sp.scale_off);  // 2^s_n per x row
-  gate_up_count(p, ids_s, lead_s, distinct);
   uint8_t* ring = smem + sp.ring_off;
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
   const int n_local = gate_up_items(distinct, sp);
