@@ -357,7 +357,7 @@ __global__ void __launch_bounds__(ST_THREADS, 1)
 // CUDA-core kernel pays a decode and an FMA per element and member.
 // x is staged once per CTA as f16, each row scaled by a power of two 2^-s_n so that its largest
 // magnitude lies in [2^14, 2^15) (exact for every element within 2^28 of the row's largest), and
-// rows 16 bytes apart beyond 2H so that the lanes of rows g and g + 1 read distinct banks.
+// rows 16 bytes apart beyond 2H so that lanes reading rows an odd number apart hit distinct banks.
 // k order: within each 64-k chunk, MMA step j gives lane t (of 4 in a group) the k's
 // 16 t + 4 j .. + 3, so a lane reads 16 consecutive weight bytes and 32 x bytes per chunk; A and
 // B use the same order, so the sums are those of k in order up to the MMA's own. Per 128-k block
