@@ -15,7 +15,8 @@
 #   full_n8     full depth batch_mtp W16 at N=8, 64 tokens
 #   ident       the tiny engine compiled, solo against batch_mtp at N=2: greedy identity
 #   moe         the routed experts alone at 1-32 rows, FP8 and bf16 with the folded shared
-#               expert, the streamed kernels (bench_kernels.py --moe), both trees
+#               expert, at each tree's default launch switches (bench_kernels.py --moe), both
+#               trees
 #   router      the router kernel: both trees' ids and weights on the same random inputs
 #               (compared bit for bit), then bench_router.py in each
 #   hf          bf16 dummy weights at 12 layers (the depth that fits twice), the new tree's
@@ -96,7 +97,7 @@ for s in ${steps//,/ }; do
         --max-tokens 48 --repeats 1 --overlap on ;;
     moe)
       ab moe "${MOE_S:-120}" 16 scripts/bench_kernels.py --moe --no-linear --moe-shared \
-        --moe-variants stream --out "$R/moe_@T@.json" ;;
+        --out "$R/moe_@T@.json" ;;
     router)
       cat > "$R/route_bits.py" <<'PY'
 import sys
