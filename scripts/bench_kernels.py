@@ -398,8 +398,8 @@ def _moe_weights(fp8: bool, E: int = MOE_SHAPE["E"]):
 
 
 #: moe_experts launch switches compared by --moe-variants (cyext_ops.moe_launch_options):
-#: the streamed kernels (the default on sm_90+; "stream-mma": their gate/up on tensor cores, other
-#: bits), then the per-block kernels' switches.
+#: the streamed kernels (sm_90+) with the gate/up on CUDA cores ("stream") and on tensor cores
+#: ("stream-mma": FP8's default, other bits), then the per-block kernels' switches.
 MOE_VARIANTS = {"stream": dict(pdl=True, stream=True, stream_all=True, gate_up_mma=False),
                 "stream-mma": dict(pdl=True, stream=True, stream_all=True, gate_up_mma=True),
                 "stream-nopdl": dict(pdl=False, stream=True, stream_all=True, gate_up_mma=False),
