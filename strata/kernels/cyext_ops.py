@@ -535,10 +535,10 @@ def moe_launch_options(pdl=None, early=None, wide=None, db=None, xsmem=None, str
                        linear_split_depth=None, linear_split_pair=None,
                        linear_f16=None, gate_up_mma=None) -> dict:
     """Read or set moe_experts' launch switches on the GPU extension (process-wide; each gives
-    the same bits unless it says otherwise): `stream` (on by default), the streamed kernels on sm_90+
-    without the expert cache, or with one (see `stream_miss` for a cache that can miss), where
-    they measured faster (weights through shared memory by the
-    bulk copy engine, cyext/src/strata_moe_stream.cu); `stream_all` (off), the streamed kernels
+    the same bits unless it says otherwise): `stream` (on by default), the streamed kernels on
+    sm_90+ without the expert cache, or with one (see `stream_miss` for a cache that can miss),
+    where they measured faster (weights through shared memory by the bulk copy engine,
+    cyext/src/strata_moe_stream.cu); `stream_all` (off), the streamed kernels
     at every size they take (tests, benchmarks); `pdl` (on), the down kernel as a programmatic
     dependent launch (sm_90+); and for the per-block kernels: `early` (on), weight loads before
     the duplicate check at small windows; `wide` (off: measured slower), two features per
