@@ -198,6 +198,25 @@ def test_custom_op_fake_shapes():
         assert z.shape == (2, 3, 40)
 
 
+def test_bench_switch_sets_name_real_launch_switches():
+    """scripts/bench_kernels.py's MoE variants and linear forms (run only on a GPU) name only
+    switches moe_launch_options takes, so a misspelt one fails here rather than in a device
+    call."""
+    import importlib.util
+    import inspect
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "scripts" / "bench_kernels.py"
+    spec = importlib.util.spec_from_file_location("bench_kernels_switches", path)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    known = set(inspect.signature(C.moe_launch_options).parameters)
+    for name, switches in {**bench.MOE_VARIANTS, **bench.LINEAR_FORMS}.items():
+        assert set(switches) <= known, (name, set(switches) - known)
+    assert bench.MOE_VARIANTS["stream-mma"]["gate_up_mma"]
+    assert not bench.MOE_VARIANTS["stream"]["gate_up_mma"]
+
+
 # ---------------------------------------------------------------------------------------------
 # GPU kernels
 
