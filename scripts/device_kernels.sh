@@ -10,7 +10,8 @@
 #   bash scripts/device_kernels.sh moev      # moe_experts only, every launch variant
 #   bash scripts/device_kernels.sh moevl     # every moe_experts variant, then the linears
 #   bash scripts/device_kernels.sh moes      # GPU tests of the MoE kernels, then the streamed
-#                                            # kernels against the per-block ones (MOE_VARIANTS)
+#                                            # kernels (gate/up on tensor and on CUDA cores)
+#                                            # against the per-block ones (MOE_VARIANTS)
 #   bash scripts/device_kernels.sh conv      # causal_conv_window: conv_kernel vs the serial one
 #   bash scripts/device_kernels.sh tests     # GPU tests of the MoE kernels and the samplers
 #   bash scripts/device_kernels.sh cachetests  # GPU tests: cache kernel paths, conv and MoE bits
@@ -82,7 +83,7 @@ for part in ${1//,/ }; do
     rc=$?
     tail -n 12 "$OUT/moes_tests.log"
     timeout "${MOE_S:-150}" python3 scripts/bench_kernels.py --moe --no-linear \
-      --moe-variants "${MOE_VARIANTS:-stream,stream-nopdl,+db+xsmem}" \
+      --moe-variants "${MOE_VARIANTS:-stream-mma,stream,stream-nopdl,+db+xsmem}" \
       --out "$OUT/bench_moe_stream.json" > "$OUT/moes.log" 2>&1
     rc=$((rc | $?))
     grep -E "moe_experts|ceiling|wrote|Error|error" "$OUT/moes.log" ;;
