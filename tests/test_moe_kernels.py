@@ -418,6 +418,11 @@ def test_gpu_moe_stream_same_bits_as_per_block(E, H, I, N, k, wdtype, xdtype, bl
     assert rel_err(out, call_reference(x, weights, w, ids, block)) < tol
 
 
+def _stream_capable():
+    return torch.cuda.is_available() and torch.cuda.get_device_capability() >= (9, 0) \
+        and torch.version.hip is None
+
+
 #: the gate/up kernel on tensor cores: real shapes at 1-32 rows (hot experts: past 16 members
 #: two passes of the MMA's 16 rows), the folded shared expert's E = 513, H = 4096 (32 blocks
 #: of scales per row), H = 1024 with I = 192
@@ -430,8 +435,7 @@ MMA_CASES = [
 
 
 @_gpu
-@pytest.mark.skipif(not torch.cuda.is_available() or torch.version.hip is not None
-                    or torch.cuda.get_device_capability() < (9, 0), reason="needs sm_90+")
+@pytest.mark.skipif(not _stream_capable(), reason="needs sm_90+ (CUDA)")
 @pytest.mark.parametrize("E,H,I,N,k", MMA_CASES)
 def test_gpu_moe_gate_up_mma(E, H, I, N, k):
     """gate/up on tensor cores (gate_up_mma): within the reference's tolerance, other bits than
@@ -461,8 +465,7 @@ def test_gpu_moe_gate_up_mma(E, H, I, N, k):
 
 
 @_gpu
-@pytest.mark.skipif(not torch.cuda.is_available() or torch.version.hip is not None
-                    or torch.cuda.get_device_capability() < (9, 0), reason="needs sm_90+")
+@pytest.mark.skipif(not _stream_capable(), reason="needs sm_90+ (CUDA)")
 def test_gpu_moe_gate_up_mma_expert_of_many_members():
     """Ids repeated within rows give an expert more than 32 members (its members taken 32 at a
     time): within the reference's tolerance, and each row the same bits alone."""
@@ -502,11 +505,6 @@ def test_gpu_linear_fp8(rows, O, I, block):
     if rows <= 32:
         one = C.gpu_linear_fp8(x[rows - 1:], weight, scale, block)
         assert torch.equal(one[0], got[-1])
-
-
-def _stream_capable():
-    return torch.cuda.is_available() and torch.cuda.get_device_capability() >= (9, 0) \
-        and torch.version.hip is None
 
 
 STREAM_CASES = [

@@ -368,35 +368,21 @@ __device__ __forceinline__ void ls_stage_x(const LinStreamParams& p, uint8_t* x_
         const uint4 v = *(const uint4*)(x_s + (int64_t)warp * p.x_stride + 16 * c);
         const uint32_t wd[4] = {v.x, v.y, v.z, v.w};
 #pragma unroll
-        for (int i = 0; i < 4; ++i) {
-          const uint32_t a = (wd[i] << 16) & 0x7fff0000u, b = wd[i] & 0x7fff0000u;
-          mx = max(mx, max(a, b));
-        }
+        for (int i = 0; i < 4; ++i) mx = max(mx, bf16x2_abs_max_bits(wd[i]));
       }
       asm("redux.sync.max.u32 %0, %0, 0xffffffff;" : "+r"(mx));
-      // 2^s with the largest in [2^14, 2^15): s = 14 - its exponent, within float's range
-      const int e = mx ? (int)(mx >> 23) - 127 : 0;
-      int sh = 14 - e;
-      sh = sh > 126 ? 126 : sh < -126 ? -126 : sh;
+      float scale, unscale;
+      f16_row_scale(mx, scale, unscale);
       if (lane == 0) {
-        scale_s[warp] = __uint_as_float((uint32_t)(127 + sh) << 23);
-        row_scale[warp] = __uint_as_float((uint32_t)(127 - sh) << 23);
+        scale_s[warp] = scale;
+        row_scale[warp] = unscale;
       }
     }
     asm volatile("bar.sync 2, %0;" ::"r"(consumers) : "memory");
     for (int i = tid; i < total; i += consumers) {
       const int n = i / chunks, c = i - n * chunks;
       uint4* q = (uint4*)(x_s + (int64_t)n * p.x_stride + 16 * c);
-      const uint4 v = *q;
-      const float sc = scale_s[n];
-      uint32_t wd[4] = {v.x, v.y, v.z, v.w};
-#pragma unroll
-      for (int k = 0; k < 4; ++k) {
-        const float lo = __uint_as_float(wd[k] << 16) * sc;
-        const float hi = __uint_as_float(wd[k] & 0xffff0000u) * sc;
-        asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(wd[k]) : "f"(hi), "f"(lo));
-      }
-      *q = make_uint4(wd[0], wd[1], wd[2], wd[3]);
+      *q = bf16x8_scaled_to_f16x8(*q, scale_s[n]);
     }
   }
   mbar_arrive(xbar);

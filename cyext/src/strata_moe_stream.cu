@@ -407,16 +407,13 @@ __global__ void __launch_bounds__(ST_THREADS, 1) moe_gate_up_mma(MoeParams p, St
       for (int r = 0; r < XR; ++r) {
         const uint32_t wd[4] = {v[r].x, v[r].y, v[r].z, v[r].w};
 #pragma unroll
-        for (int i = 0; i < 4; ++i)
-          mx = max(mx, max((wd[i] << 16) & 0x7fff0000u, wd[i] & 0x7fff0000u));
+        for (int i = 0; i < 4; ++i) mx = max(mx, bf16x2_abs_max_bits(wd[i]));
       }
     }
     asm("redux.sync.max.u32 %0, %0, 0xffffffff;" : "+r"(mx));
-    const int e = mx ? (int)(mx >> 23) - 127 : 0;
-    int sh = 14 - e;
-    sh = sh > 126 ? 126 : sh < -126 ? -126 : sh;
-    const float sc = __uint_as_float((uint32_t)(127 + sh) << 23);
-    if (lane == 0) unscale_s[n] = __uint_as_float((uint32_t)(127 - sh) << 23);
+    float sc, unscale;
+    f16_row_scale(mx, sc, unscale);
+    if (lane == 0) unscale_s[n] = unscale;
     for (int c0 = 0; c0 < H / 8; c0 += 32 * XR) {
       if (H / 8 > 32 * XR) {  // rows past 2048: read again (the registers hold the last part)
 #pragma unroll
@@ -429,14 +426,7 @@ __global__ void __launch_bounds__(ST_THREADS, 1) moe_gate_up_mma(MoeParams p, St
       for (int r = 0; r < XR; ++r) {
         const int c = c0 + lane + 32 * r;
         if (c >= H / 8) break;
-        uint32_t wd[4] = {v[r].x, v[r].y, v[r].z, v[r].w};
-#pragma unroll
-        for (int i = 0; i < 4; ++i) {
-          const float lo = __uint_as_float(wd[i] << 16) * sc;
-          const float hi = __uint_as_float(wd[i] & 0xffff0000u) * sc;
-          asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(wd[i]) : "f"(hi), "f"(lo));
-        }
-        *(uint4*)(xs + 16 * c) = make_uint4(wd[0], wd[1], wd[2], wd[3]);
+        *(uint4*)(xs + 16 * c) = bf16x8_scaled_to_f16x8(v[r], sc);
       }
     }
   }
