@@ -380,7 +380,8 @@ __global__ void __launch_bounds__(MOE_DOWN_THREADS, 2) moe_down_kernel(MoeParams
 // copy ceiling at 16 rows and 39% to 49% at 32 (docs/KERNELS.md).
 int g_moe_options = STRATA_MOE_PDL | STRATA_MOE_EARLY | STRATA_MOE_DB | STRATA_MOE_XSMEM |
                     STRATA_MOE_STREAM | STRATA_LINEAR_STREAM | STRATA_MOE_STREAM_MISS |
-                    STRATA_LINEAR_SPLIT | STRATA_LINEAR_SPLIT_PAIR | STRATA_MOE_GU_MMA;
+                    STRATA_LINEAR_SPLIT | STRATA_LINEAR_SPLIT_PAIR | STRATA_MOE_GU_MMA |
+                    STRATA_MOE_DOWN_SPLIT;
 
 // Whether the device runs programmatic dependent launches (sm_90+), cached per device.
 bool device_has_pdl(int device) {

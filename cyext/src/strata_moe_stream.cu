@@ -22,9 +22,11 @@
 //       an item loads its block scales while the stage lands, then computes act[q][i] =
 //       silu(gate_i . x_n) * (up_i . x_n) for its F features and every member q = (n, j).
 //   moe_down_stream     grid = H / T. CTA = T output features of every row. It streams the T
-//       down rows of each distinct expert (one 8 KiB copy each, issued before it waits for the
-//       gate/up grid: a programmatic dependent launch), computes y[q][h] for the members into
-//       shared memory and ends with out[n][h] = sum_j w[n,j] * y[(n,j)][h] in j order.
+//       down rows of each item (one 8 KiB copy each, issued before it waits for the gate/up
+//       grid: a programmatic dependent launch), computes y[q][h] for the item's members into
+//       shared memory and ends with out[n][h] = sum_j w[n,j] * y[(n,j)][h] in j order. From 3
+//       rows an item is a run of at most 2-4 of a distinct expert's members (down_items), below
+//       it a whole distinct expert.
 // The weight copies carry an L2 evict-first hint: each weight is read once per call, and the
 // activations written by gate/up and read by down should stay in L2.
 // Not used with the expert cache (its misses are read over the bus through mapped host memory,
@@ -72,6 +74,8 @@ struct StreamPlan {
   int stage_bytes;     // gate/up: bytes per stage (2 F rows)
   int x_stride;        // gate/up on tensor cores: bytes per f16 x row in shared memory
   int scale_off;       // gate/up on tensor cores: each x row's 2^s_n (floats) in shared memory
+  int items_off;       // down: the item tables (down_items) in shared memory
+  int group;           // down: members per item at most
 };
 
 // Features per gate/up item: F rows of CPL chunks per lane fill one 8 KiB copy.
@@ -128,6 +132,66 @@ __device__ __forceinline__ void for_members(const int* ids_s, int P, int s0, int
       m &= m - 1;
     }
   }
+}
+
+// The down kernel's items: each distinct expert's members in runs of at most sp.group, one item
+// per run (its own stage: the expert's rows copied again, from L2, for each run after the
+// first), an expert's runs together, experts in leader order. Why: a warp takes an item's
+// members one after another while its stage holds the ring, so an expert of many members (the
+// folded shared expert has every row) was one warp's long chain at 16 rows. A member's sums do
+// not depend on which item holds it, so the bits are those of one item per expert. Tables at
+// sp.items_off, P ints each: memb (the pairs, item by item; within an expert in arrival
+// order), span (an item's members: memb[lo, hi), lo | hi << 16), eid (its expert), cnt
+// (scratch). Overwrites the first-pair table with each expert's distinct index. Returns the
+// item count.
+__device__ __forceinline__ int down_items(uint8_t* smem, const MoeParams& p, const StreamPlan& sp,
+                                          int distinct) {
+  const int* ids_s = (const int*)(smem + ST_OFF_IDS);
+  const int* lead_s = (const int*)(smem + ST_OFF_LEAD);
+  int* index_s = (int*)(smem + ST_OFF_FIRST);
+  int* memb = (int*)(smem + sp.items_off);
+  int* span = memb + p.P;
+  int* eid = span + p.P;
+  int* cnt = eid + p.P;
+  const int tid = threadIdx.x, G = sp.group;
+  if (tid < distinct) {
+    index_s[ids_s[lead_s[tid]]] = tid;
+    cnt[tid] = 0;
+  }
+  __syncthreads();
+  int d = 0, ord = 0;
+  if (tid < p.P) {
+    d = index_s[ids_s[tid]];
+    ord = atomicAdd(cnt + d, 1);
+  }
+  __syncthreads();
+  const int c = tid < distinct ? cnt[tid] : 0, runs = (c + G - 1) / G;
+  int total;
+  const int start = block_exclusive_scan<ST_THREADS>(c | (runs << 16), (int*)(smem + ST_OFF_WTOT),
+                                                     &total);
+  if (tid < distinct) {
+    const int m0 = start & 0xffff, i0 = start >> 16, e = ids_s[lead_s[tid]];
+    cnt[tid] = m0;
+    for (int r = 0; r < runs; ++r) {
+      const int lo = m0 + r * G, hi = lo + G < m0 + c ? lo + G : m0 + c;
+      span[i0 + r] = lo | (hi << 16);
+      eid[i0 + r] = e;
+    }
+  }
+  __syncthreads();
+  if (tid < p.P) memb[cnt[d] + ord] = tid;
+  __syncthreads();
+  return total >> 16;
+}
+
+// The first pair after q of expert e (-1 if none), the same on every lane.
+__device__ __forceinline__ int next_member(const int* ids_s, int P, int q, int e, int lane) {
+  for (int base = (q + 1) & ~31; base < P; base += 32) {
+    const int r = base + lane;
+    const unsigned m = __ballot_sync(0xffffffffu, r > q && r < P && ids_s[r] == e);
+    if (m) return base + __ffs(m) - 1;
+  }
+  return -1;
 }
 
 // x in shared memory, by 16-byte pieces: piece pc of weight chunk c of row n sits at piece
@@ -502,11 +566,17 @@ __global__ void __launch_bounds__(ST_THREADS, 1) moe_down_stream(MoeParams p, St
   constexpr int EPC = C::EPC;
   extern __shared__ __align__(128) uint8_t smem[];
   // The ids come from the router, before the gate/up launch: visible without waiting for it.
+  // sp.group 0: one item per expert, its members found by ballots (no tables: at 1-2 rows the
+  // tables' barriers cost more than splitting saves)
   const int distinct = stream_start(smem, p, sp);
+  const int items = sp.group ? down_items(smem, p, sp, distinct) : distinct;
   uint64_t* full = (uint64_t*)smem;
   uint64_t* empty = full + ST_MAX_STAGES;
   const int* ids_s = (const int*)(smem + ST_OFF_IDS);
   const int* lead_s = (const int*)(smem + ST_OFF_LEAD);
+  const int* memb = (const int*)(smem + sp.items_off);
+  const int* span = memb + p.P;
+  const int* eid = span + p.P;
   float* y_s = (float*)(smem + sp.data_off);
   uint8_t* ring = smem + sp.ring_off;
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
@@ -518,12 +588,12 @@ __global__ void __launch_bounds__(ST_THREADS, 1) moe_down_stream(MoeParams p, St
     if (lane == 0) {
       const uint64_t pol = l2_evict_first();
       const uint32_t piece = (uint32_t)(T * row_bytes);
-      for (int li = 0; li < distinct; ++li) {
+      for (int li = 0; li < items; ++li) {
         const int stage = li % S, round = li / S;
         if (round) mbar_wait(empty + stage, (round - 1) & 1);
         mbar_expect_tx(full + stage, piece);
-        bulk::load(ring + stage * ST_DOWN_STAGE,
-                   expert_down(p, ids_s[lead_s[li]]) + (int64_t)h0 * row_bytes, piece,
+        const int e = sp.group ? eid[li] : ids_s[lead_s[li]];
+        bulk::load(ring + stage * ST_DOWN_STAGE, expert_down(p, e) + (int64_t)h0 * row_bytes, piece,
                    full + stage, pol);
       }
     }
@@ -535,9 +605,19 @@ __global__ void __launch_bounds__(ST_THREADS, 1) moe_down_stream(MoeParams p, St
     int col[CPL];
 #pragma unroll
     for (int j = 0; j < CPL; ++j) col[j] = ((lane + 32 * j) * EPC) / p.bi;
-    for (int li = warp; li < distinct; li += sp.warps) {
+    // a member's act row: lane l's chunks l, l + 32, ...
+    auto load_row = [&](int q, float (&xf)[CPL][EPC]) {
+      const float* arow = p.act + (int64_t)q * p.I;
+#pragma unroll
+      for (int j = 0; j < CPL; ++j)
+        if (lane + 32 * j < nch)
+          load_act<EPC>(arow, STRATA_DTYPE_F32, (int64_t)(lane + 32 * j) * EPC, xf[j]);
+    };
+    for (int li = warp; li < items; li += sp.warps) {
       const int stage = li % S;
-      const int s0 = lead_s[li], e = ids_s[s0];
+      // members: memb[lo, hi) with tables, else the pairs of expert e from its leader on
+      const int lo = sp.group ? span[li] & 0xffff : 0, hi = sp.group ? span[li] >> 16 : 0;
+      const int e = sp.group ? eid[li] : ids_s[lead_s[li]];
       const uint8_t* rows = ring + stage * ST_DOWN_STAGE;
       // the T rows share one block row of scales (bo % T == 0), loaded while the stage lands
       float sc[CPL];
@@ -547,14 +627,19 @@ __global__ void __launch_bounds__(ST_THREADS, 1) moe_down_stream(MoeParams p, St
         if (C::scaled && lane + 32 * j < nch)
           sc[j] = __ldg(expert_down_scale(p, e) + (h0 / p.bo) * p.ncb_i + col[j]);
       }
+      // each member's act row loaded while the stage lands or the member before it computes
+      // (one member ahead only at one chunk a lane: at two, ptxas spills)
+      constexpr bool AHEAD = CPL == 1;
+      float xf[CPL][EPC];
+      int q = sp.group ? memb[lo] : lead_s[li];
+      load_row(q, xf);
       mbar_wait(full + stage, (li / S) & 1);
-      for_members(ids_s, p.P, s0, lane, [&](int q) {
-        const float* arow = p.act + (int64_t)q * p.I;
-        float xf[CPL][EPC];
-#pragma unroll
-        for (int j = 0; j < CPL; ++j)
-          if (lane + 32 * j < nch)
-            load_act<EPC>(arow, STRATA_DTYPE_F32, (int64_t)(lane + 32 * j) * EPC, xf[j]);
+      for (int i = lo;; ++i) {
+        const int q_next = sp.group ? (i + 1 < hi ? memb[i + 1] : -1)
+                                    : next_member(ids_s, p.P, q, e, lane);
+        float xn[CPL][EPC];
+        if (AHEAD && q_next >= 0) load_row(q_next, xn);
+        if (!AHEAD && i > lo) load_row(q, xf);
         // every row's dot product, then their butterflies side by side: the same sums as
         // one row at a time, with T chains in flight rather than one (Nsight Compute on an
         // H200 had this loop at 15 cycles per instruction, a warp's members one long chain)
@@ -575,7 +660,15 @@ __global__ void __launch_bounds__(ST_THREADS, 1) moe_down_stream(MoeParams p, St
           for (int r = 0; r < T; r += 4)
             *(float4*)(y_s + q * T + r) = make_float4(acc[r], acc[r + 1], acc[r + 2], acc[r + 3]);
         }
-      });
+        if (q_next < 0) break;
+        if (AHEAD) {
+#pragma unroll
+          for (int j = 0; j < CPL; ++j)
+#pragma unroll
+            for (int t = 0; t < EPC; ++t) xf[j][t] = xn[j][t];
+        }
+        q = q_next;
+      }
       __syncwarp();
       if (lane == 0) mbar_arrive(empty + stage);
     }
@@ -710,8 +803,12 @@ int launch_stream(const MoeParams& p, const DeviceFacts& dev, bool pdl, bool eve
   }
   size_ring(gu, dev.smem_optin - gu.ring_off, gu.stage_bytes);
   StreamPlan dn = {};
-  dn.data_off = meta;
-  dn.ring_off = align128(meta + p.P * T * 4);
+  dn.items_off = meta;
+  // STRATA_MOE_DOWN_SPLIT: members per down item (down_items; the same bits at any count)
+  // (0: no tables, one item per expert; below 3 rows the tables cost more than they save)
+  dn.group = !(options & STRATA_MOE_DOWN_SPLIT) || p.n <= 2 ? 0 : p.n <= 8 ? 2 : 4;
+  dn.data_off = align128(meta + (dn.group ? 16 * p.P : 0));
+  dn.ring_off = align128(dn.data_off + p.P * T * 4);
   size_ring(dn, dev.smem_optin - dn.ring_off, ST_DOWN_STAGE);
   if (gu.warps < 4 || dn.warps < 4) return 0;
   *launched = true;

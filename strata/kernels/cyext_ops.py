@@ -533,7 +533,7 @@ def moe_launch_options(pdl=None, early=None, wide=None, db=None, xsmem=None, str
                        stream_all=None, linear_stream=None, linear_pipe=None,
                        stream_miss=None, gate_up_pdl=None, linear_split=None,
                        linear_split_depth=None, linear_split_pair=None,
-                       linear_f16=None, gate_up_mma=None) -> dict:
+                       linear_f16=None, gate_up_mma=None, down_split=None) -> dict:
     """Read or set moe_experts' launch switches on the GPU extension (process-wide; each gives
     the same bits unless it says otherwise): `stream` (on by default), the streamed kernels on
     sm_90+ without the expert cache, or with one (see `stream_miss` for a cache that can miss),
@@ -567,12 +567,16 @@ def moe_launch_options(pdl=None, early=None, wide=None, db=None, xsmem=None, str
     row by a power of two into f16, the sums in MMAs), for every FP8 window of up to 32 rows:
     other bits than the CUDA-core kernels (the per-block ones, which an expert cache with
     `stream_miss` off runs, and the C++ twin), a row's result still the same bits in any launch.
+    `down_split` (on): the streamed down kernel takes an expert's members in runs of at most 1-4
+    (by the window's rows), each run an item with its own copy of the expert's rows, so that an
+    expert of many members (the folded shared expert) is not one warp's chain; the same bits.
     None leaves a switch as it is. Returns the switches now in force."""
     flags = _gpu.moe_set_options(-1)
     for bit, on in ((1, pdl), (2, early), (4, wide), (8, db), (16, xsmem), (32, stream),
                     (64, stream_all), (128, linear_stream), (256, linear_pipe),
                     (1024, stream_miss), (4096, gate_up_pdl), (8192, linear_split),
-                    (16384, linear_split_pair), (32768, linear_f16), (1 << 20, gate_up_mma)):
+                    (16384, linear_split_pair), (32768, linear_f16), (1 << 20, gate_up_mma),
+                    (1 << 21, down_split)):
         if on is not None:
             flags = (flags | bit) if on else (flags & ~bit)
     if linear_split_depth is not None:
@@ -588,7 +592,7 @@ def moe_launch_options(pdl=None, early=None, wide=None, db=None, xsmem=None, str
             "gate_up_pdl": bool(flags & 4096), "linear_split": bool(flags & 8192),
             "linear_split_depth": (flags >> 16) & 15,
             "linear_split_pair": bool(flags & 16384), "linear_f16": bool(flags & 32768),
-            "gate_up_mma": bool(flags & (1 << 20))}
+            "gate_up_mma": bool(flags & (1 << 20)), "down_split": bool(flags & (1 << 21))}
 
 
 def conv_launch_options(serial=None) -> dict:
