@@ -359,6 +359,28 @@ def test_gpu_moe_down_split_same_bits(N, wdtype):
 
 
 @_gpu
+@pytest.mark.parametrize("N", [17, 40, 64])
+def test_gpu_moe_fp8_launches_of_16_rows_same_bits(N):
+    """FP8 weights launch 16 rows at a time (fp8_launch16), 32 without: rows are independent, so
+    a prompt chunk's rows are the same bits either way, eager and captured."""
+    E, H, I, k = 513, 2048, 512, 11
+    weights = experts(E, H, I, FP8, (128, 128), device="cuda")
+    w, ids = routing(N, k, E, hot=[512], device="cuda")
+    x = torch.randn(N, H, generator=torch.Generator().manual_seed(3)).to("cuda", torch.bfloat16)
+    saved = C.moe_launch_options()
+    try:
+        outs = []
+        for on in (True, False):
+            assert C.moe_launch_options(fp8_launch16=on)["fp8_launch16"] is on
+            outs.append(C.gpu_moe_experts(x, *weights[:2], w, ids, *weights[2:], (128, 128)))
+            outs.append(_replay_with_new_ids(x, weights, w.clone(), ids.clone(), (128, 128), 6))
+    finally:
+        C.moe_launch_options(**saved)
+    assert torch.equal(outs[0], outs[2]) and torch.equal(outs[1], outs[3])
+    assert rel_err(outs[0], call_reference(x, weights, w, ids, (128, 128))) < 2e-2
+
+
+@_gpu
 @pytest.mark.parametrize("N", [1, 2, 16])
 def test_gpu_router_then_experts_with_gate_up_pdl(N):
     """The router kernel then the streamed experts, captured together as in a decode window:

@@ -502,6 +502,12 @@ def gpu_commit_accepted(accept, group_slot, group_pos, rec_snaps, conv_snaps, re
 
 #: Shapes the GPU routed-expert kernel takes (cyext/src/strata_moe.cu); others use the reference.
 MOE_MAX_ROWS = 32
+#: Rows per moe_experts launch for FP8 weights without the expert cache (moe_launch_options(
+#: fp8_launch16=)): 16, since the streamed kernels stage x beside their ring and at 32 rows keep
+#: too few stages (two launches of 16 rows measured 16% faster than one of 32 on an H200, though
+#: they read more experts). bf16 keeps 32, and so does the cache, whose misses are read over the
+#: bus once per launch (the simulator's experts.call_rows).
+_moe_fp8_launch_rows = 16
 MOE_MAX_PAIRS = 512
 MOE_MAX_ROW_BYTES = 8192
 #: Rows the skinny linear kernel takes; more rows use the reference (dequantise + matmul).
@@ -513,8 +519,8 @@ def _aligned(t: torch.Tensor) -> torch.Tensor:
 
 
 def moe_kernel_supported(x, w_gate_up, k: int, block=None) -> bool:
-    """True when gpu_moe_experts runs these shapes on the kernel (rows beyond 32 are split into
-    chunks of 32 rows, which changes no row's result), False when it falls back to the
+    """True when gpu_moe_experts runs these shapes on the kernel (rows beyond 32, or 16 for FP8,
+    are split into launches of that many rows, which changes no row's result), False when it falls back to the
     reference: H or I not a multiple of 16, a weight row over 8 KiB, top-k over 16, or FP8
     with a scale block whose columns are not a multiple of 16."""
     hidden = x.shape[-1]
@@ -533,7 +539,8 @@ def moe_launch_options(pdl=None, early=None, wide=None, db=None, xsmem=None, str
                        stream_all=None, linear_stream=None, linear_pipe=None,
                        stream_miss=None, gate_up_pdl=None, linear_split=None,
                        linear_split_depth=None, linear_split_pair=None,
-                       linear_f16=None, gate_up_mma=None, down_split=None) -> dict:
+                       linear_f16=None, gate_up_mma=None, down_split=None,
+                       fp8_launch16=None) -> dict:
     """Read or set moe_experts' launch switches on the GPU extension (process-wide; each gives
     the same bits unless it says otherwise): `stream` (on by default), the streamed kernels on
     sm_90+ without the expert cache, or with one (see `stream_miss` for a cache that can miss),
@@ -570,6 +577,8 @@ def moe_launch_options(pdl=None, early=None, wide=None, db=None, xsmem=None, str
     `down_split` (on): the streamed down kernel takes an expert's members in runs of at most 1-4
     (by the window's rows), each run an item with its own copy of the expert's rows, so that an
     expert of many members (the folded shared expert) is not one warp's chain; the same bits.
+    `fp8_launch16` (on; this module's, not the extension's): gpu_moe_experts launches FP8 weights
+    without the expert cache 16 rows at a time (off: 32), rows being independent; the same bits.
     None leaves a switch as it is. Returns the switches now in force."""
     flags = _gpu.moe_set_options(-1)
     for bit, on in ((1, pdl), (2, early), (4, wide), (8, db), (16, xsmem), (32, stream),
@@ -585,6 +594,9 @@ def moe_launch_options(pdl=None, early=None, wide=None, db=None, xsmem=None, str
             raise ValueError(f"linear_split_depth: {linear_split_depth!r} is not in 0..15")
         flags = (flags & ~(15 << 16)) | (depth << 16)
     _gpu.moe_set_options(flags)
+    global _moe_fp8_launch_rows
+    if fp8_launch16 is not None:
+        _moe_fp8_launch_rows = 16 if fp8_launch16 else MOE_MAX_ROWS
     return {"pdl": bool(flags & 1), "early": bool(flags & 2), "wide": bool(flags & 4),
             "db": bool(flags & 8), "xsmem": bool(flags & 16), "stream": bool(flags & 32),
             "stream_all": bool(flags & 64), "linear_stream": bool(flags & 128),
@@ -592,7 +604,8 @@ def moe_launch_options(pdl=None, early=None, wide=None, db=None, xsmem=None, str
             "gate_up_pdl": bool(flags & 4096), "linear_split": bool(flags & 8192),
             "linear_split_depth": (flags >> 16) & 15,
             "linear_split_pair": bool(flags & 16384), "linear_f16": bool(flags & 32768),
-            "gate_up_mma": bool(flags & (1 << 20)), "down_split": bool(flags & (1 << 21))}
+            "gate_up_mma": bool(flags & (1 << 20)), "down_split": bool(flags & (1 << 21)),
+            "fp8_launch16": _moe_fp8_launch_rows == 16}
 
 
 def conv_launch_options(serial=None) -> dict:
@@ -625,10 +638,10 @@ def gpu_moe_experts(x, w_gate_up, w_down, topk_weight, topk_ids, gu_scale=None,
                     host_gu_scale=None, host_down_scale=None, routed_counts=None,
                     window_state=None, count_layer=None, *, out=None, workspace=None):
     """Routed experts on the GPU, grouped by expert on the device: each distinct expert's
-    gate/up and down weights are read once for all of its rows (two launches per 32 rows, fixed
-    grids, no host sync: capturable). Rows are independent: a row's result is bit-identical
-    whatever rows share the call. Shapes the kernel does not take (moe_kernel_supported) run
-    the reference. workspace: optional float32 scratch of moe_workspace_numel(N, k, I).
+    gate/up and down weights are read once for all of its rows (two kernels per launch of up to
+    32 rows, 16 for FP8; fixed grids, no host sync: capturable). Rows are independent: a row's
+    result is bit-identical whatever rows share the call. Shapes the kernel does not take
+    (moe_kernel_supported) run the reference. workspace: optional float32 scratch of moe_workspace_numel(N, k, I).
     With the expert cache (slot_of and the host store, reference.moe_experts), missing
     experts are read from pinned host memory inside the kernel: still capturable; with its
     counting tensors (routed_counts, window_state, count_layer) the gate/up kernel also counts."""
@@ -661,8 +674,9 @@ def gpu_moe_experts(x, w_gate_up, w_down, topk_weight, topk_ids, gu_scale=None,
     if gu_scale is not None:
         gu_scale, down_scale = gu_scale.float().contiguous(), down_scale.float().contiguous()
     stream = _stream(x)
-    for r0 in range(0, n, MOE_MAX_ROWS):  # rows are independent: chunks change no result
-        r1 = min(n, r0 + MOE_MAX_ROWS)
+    step = _moe_fp8_launch_rows if gu_scale is not None and not cache else MOE_MAX_ROWS
+    for r0 in range(0, n, step):  # rows are independent: launches of fewer change no result
+        r1 = min(n, r0 + step)
         o = out if (r0 == 0 and r1 == n) else out[r0:r1]
         _gpu.moe_experts(x[r0:r1], w_gate_up, w_down, topk_weight[r0:r1], topk_ids[r0:r1],
                          gu_scale, down_scale, bo, bi, o, workspace, stream, **cache)

@@ -216,8 +216,8 @@ class Experts(nn.Module):
             index = torch.cat([index, torch.full_like(index[:, :1], self.shared_id)], dim=1)
             weights = torch.cat([weights, shared_weight.float()], dim=1)
         # Grouped by expert: each distinct expert's weights are read once for all its rows. The
-        # kernels take any row count (32 rows per launch, which changes no row's result), so a
-        # prompt chunk is one call and its compiled region does not depend on the chunk's
+        # kernels take any row count (launches of 16 or 32 rows, which change no row's result),
+        # so a prompt chunk is one call and its compiled region does not depend on the chunk's
         # length; the torch reference gathers every row's experts, so it gets static slices.
         if ops.moe_experts is not reference.moe_experts:
             return ops.moe_experts(x, wgu, wd, weights, index, gus, ds, self.block, *cache_args,
