@@ -334,7 +334,8 @@ def test_gpu_moe_launch_variants_same_bits(wdtype, block, N):
 
 
 @_gpu
-@pytest.mark.parametrize("N,wdtype", [(2, FP8), (3, FP8), (16, FP8), (32, FP8), (16, torch.bfloat16)])
+@pytest.mark.parametrize("N,wdtype",
+                         [(2, FP8), (3, FP8), (16, FP8), (32, FP8), (16, torch.bfloat16)])
 def test_gpu_moe_down_split_same_bits(N, wdtype):
     """The streamed down kernel's items of at most a few members each (down_split) compute
     every member's sums as one item per expert does: the same bits with hot experts (every row

@@ -160,10 +160,10 @@ int64_t strata_gpu_moe_workspace(int64_t n, int64_t k, int64_t inter);
 // CUDA-core kernels (the per-block ones and the C++ twin); a row's act is still the same bits in
 // any launch, and it takes every FP8 window of up to 32 rows where x fits (H = 2048: all).
 #define STRATA_MOE_GU_MMA (1 << 20)
-// STRATA_MOE_DOWN_SPLIT (on): the streamed down kernel takes an expert's members in runs of at
-// most 1-4 (by the window's rows), each run an item of its own (its stage copied again, from
-// L2), so that an expert of many members (the folded shared expert) is not one warp's chain
-// while its stage holds the ring. The same bits.
+// STRATA_MOE_DOWN_SPLIT (on): from 3 rows the streamed down kernel takes an expert's members in
+// runs of at most 2 (up to 8 rows) or 4, each run an item of its own (its stage copied again,
+// from L2), so that an expert of many members (the folded shared expert) is not one warp's
+// chain while its stage holds the ring. The same bits.
 #define STRATA_MOE_DOWN_SPLIT (1 << 21)
 int strata_gpu_moe_set_options(int flags);
 int strata_gpu_moe_experts(const void* x, int x_dtype, const void* w_gate_up, const void* w_down,

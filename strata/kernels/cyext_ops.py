@@ -519,10 +519,11 @@ def _aligned(t: torch.Tensor) -> torch.Tensor:
 
 
 def moe_kernel_supported(x, w_gate_up, k: int, block=None) -> bool:
-    """True when gpu_moe_experts runs these shapes on the kernel (rows beyond 32, or 16 for FP8,
-    are split into launches of that many rows, which changes no row's result), False when it falls back to the
-    reference: H or I not a multiple of 16, a weight row over 8 KiB, top-k over 16, or FP8
-    with a scale block whose columns are not a multiple of 16."""
+    """True when gpu_moe_experts runs these shapes on the kernel (rows beyond 32, or beyond 16
+    for FP8 without the expert cache, are split into launches of that many rows, which changes
+    no row's result), False when it falls back to the reference: H or I not a multiple of 16, a
+    weight row over 8 KiB, top-k over 16, or FP8 with a scale block whose columns are not a
+    multiple of 16."""
     hidden = x.shape[-1]
     inter = w_gate_up.shape[-2] // 2
     esz = w_gate_up.element_size()
@@ -574,9 +575,10 @@ def moe_launch_options(pdl=None, early=None, wide=None, db=None, xsmem=None, str
     row by a power of two into f16, the sums in MMAs), for every FP8 window of up to 32 rows:
     other bits than the CUDA-core kernels (the per-block ones, which an expert cache with
     `stream_miss` off runs, and the C++ twin), a row's result still the same bits in any launch.
-    `down_split` (on): the streamed down kernel takes an expert's members in runs of at most 1-4
-    (by the window's rows), each run an item with its own copy of the expert's rows, so that an
-    expert of many members (the folded shared expert) is not one warp's chain; the same bits.
+    `down_split` (on): from 3 rows the streamed down kernel takes an expert's members in runs
+    of at most 2 (up to 8 rows) or 4, each run an item with its own copy of the expert's rows,
+    so that an expert of many members (the folded shared expert) is not one warp's chain; the
+    same bits.
     `fp8_launch16` (on; this module's, not the extension's): gpu_moe_experts launches FP8 weights
     without the expert cache 16 rows at a time (off: 32), rows being independent; the same bits.
     None leaves a switch as it is. Returns the switches now in force."""
@@ -641,7 +643,8 @@ def gpu_moe_experts(x, w_gate_up, w_down, topk_weight, topk_ids, gu_scale=None,
     gate/up and down weights are read once for all of its rows (two kernels per launch of up to
     32 rows, 16 for FP8; fixed grids, no host sync: capturable). Rows are independent: a row's
     result is bit-identical whatever rows share the call. Shapes the kernel does not take
-    (moe_kernel_supported) run the reference. workspace: optional float32 scratch of moe_workspace_numel(N, k, I).
+    (moe_kernel_supported) run the reference. workspace: optional float32 scratch of
+    moe_workspace_numel(N, k, I).
     With the expert cache (slot_of and the host store, reference.moe_experts), missing
     experts are read from pinned host memory inside the kernel: still capturable; with its
     counting tensors (routed_counts, window_state, count_layer) the gate/up kernel also counts."""
