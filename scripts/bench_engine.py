@@ -333,20 +333,24 @@ def hf_generate(path, device, prompts, max_tokens, dtype, dummy_args=None) -> fl
     return tps
 
 
+#: --kernel-options that take a count (0..15) rather than 0|1
+COUNT_OPTIONS = ("linear_split_depth", "down_split_runs")
+
+
 def set_kernel_options(spec: str) -> dict:
-    """Apply --kernel-options (NAME=0|1,..., linear_split_depth=0..15) to the GPU extension's
-    launch switches; returns the switches in force (empty without the extension and without
-    options)."""
+    """Apply --kernel-options (NAME=0|1,..., linear_split_depth=0..15, down_split_runs=0..15)
+    to the GPU extension's launch switches; returns the switches in force (empty without the
+    extension and without options)."""
     wanted = {}
     for item in filter(None, (t.strip() for t in spec.split(","))):
         name, sep, value = item.partition("=")
-        if not sep or not value.isdigit() or (name != "linear_split_depth"
+        if not sep or not value.isdigit() or (name not in COUNT_OPTIONS
                                               and value not in ("0", "1")):
             raise SystemExit(f"error: --kernel-options: {item!r} is not NAME=0 or NAME=1 "
-                             "(linear_split_depth=0..15)")
-        if name == "linear_split_depth" and int(value) > 15:
-            raise SystemExit(f"error: --kernel-options: {item!r}: linear_split_depth is 0..15")
-        wanted[name] = int(value) if name == "linear_split_depth" else value == "1"
+                             "(linear_split_depth=0..15, down_split_runs=0..15)")
+        if name in COUNT_OPTIONS and int(value) > 15:
+            raise SystemExit(f"error: --kernel-options: {item!r}: {name} is 0..15")
+        wanted[name] = int(value) if name in COUNT_OPTIONS else value == "1"
     try:
         from strata.kernels import cyext_ops
         if cyext_ops.gpu_platform() is None:
@@ -434,7 +438,7 @@ def main() -> None:
     ap.add_argument("--kernel-options", default="",
                     help="GPU kernel launch switches for this run, NAME=0|1 comma-separated "
                          "(cyext_ops.moe_launch_options, e.g. gate_up_pdl=1; "
-                         "linear_split_depth=0..15): an A/B of one "
+                         "linear_split_depth=0..15, down_split_runs=0..15): an A/B of one "
                          "extension in two processes")
     ap.add_argument("--json")
     ap.add_argument("--md")

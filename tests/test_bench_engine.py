@@ -71,9 +71,11 @@ def test_kernel_options_are_checked():
     with pytest.raises(SystemExit, match="'pdl=yes' is not NAME=0 or NAME=1"):
         bench_engine.set_kernel_options("pdl=yes")
     with pytest.raises(SystemExit, match="'pdl=2' is not NAME=0 or NAME=1"):
-        bench_engine.set_kernel_options("pdl=2")  # only linear_split_depth takes 0..15
+        bench_engine.set_kernel_options("pdl=2")  # only the counts take 0..15
     with pytest.raises(SystemExit, match="linear_split_depth is 0..15"):
         bench_engine.set_kernel_options("linear_split_depth=16")
+    with pytest.raises(SystemExit, match="down_split_runs is 0..15"):
+        bench_engine.set_kernel_options("down_split_runs=16")
     from strata.kernels import cyext_ops
     if cyext_ops.gpu_platform() is None:
         assert bench_engine.set_kernel_options("") == {}
@@ -87,5 +89,6 @@ def test_kernel_options_are_checked():
         got = bench_engine.set_kernel_options("gate_up_pdl=1, pdl=0")
         assert got["gate_up_pdl"] and not got["pdl"]
         assert bench_engine.set_kernel_options("linear_split_depth=4")["linear_split_depth"] == 4
+        assert bench_engine.set_kernel_options("down_split_runs=8")["down_split_runs"] == 8
     finally:
         cyext_ops.moe_launch_options(**saved)

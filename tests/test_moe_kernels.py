@@ -337,9 +337,10 @@ def test_gpu_moe_launch_variants_same_bits(wdtype, block, N):
 @pytest.mark.parametrize("N,wdtype",
                          [(2, FP8), (3, FP8), (16, FP8), (32, FP8), (16, torch.bfloat16)])
 def test_gpu_moe_down_split_same_bits(N, wdtype):
-    """The streamed down kernel's items of at most a few members each (down_split) compute
-    every member's sums as one item per expert does: the same bits with hot experts (every row
-    a member) and ids repeated within rows, and in a graph replayed with new ids."""
+    """The streamed down kernel's items of at most a few members each (down_split, at its
+    default run length and at 1, 3 and 8 members a run) compute every member's sums as one item
+    per expert does: the same bits with hot experts (every row a member) and ids repeated
+    within rows, and in a graph replayed with new ids."""
     E, H, I, k = 513, 2048, 512, 11
     block = (128, 128) if wdtype == FP8 else None
     weights = experts(E, H, I, wdtype, (128, 128), device="cuda")
@@ -349,13 +350,15 @@ def test_gpu_moe_down_split_same_bits(N, wdtype):
     saved = C.moe_launch_options()
     try:
         outs = []
-        for split in (False, True):
-            C.moe_launch_options(stream=True, stream_all=True, down_split=split)
+        for split, runs in ((False, 0), (True, 0), (True, 1), (True, 3), (True, 8)):
+            C.moe_launch_options(stream=True, stream_all=True, down_split=split,
+                                 down_split_runs=runs)
             outs.append(C.gpu_moe_experts(x, *weights[:2], w, ids, *weights[2:], block))
             outs.append(_replay_with_new_ids(x, weights, w.clone(), ids.clone(), block, seed=4))
     finally:
         C.moe_launch_options(**saved)
-    assert torch.equal(outs[0], outs[2]) and torch.equal(outs[1], outs[3])
+    assert all(torch.equal(outs[0], o) for o in outs[2::2])
+    assert all(torch.equal(outs[1], o) for o in outs[3::2])
     assert rel_err(outs[0], call_reference(x, weights, w, ids, block)) < 2e-2
 
 

@@ -541,7 +541,7 @@ def moe_launch_options(pdl=None, early=None, wide=None, db=None, xsmem=None, str
                        stream_miss=None, gate_up_pdl=None, linear_split=None,
                        linear_split_depth=None, linear_split_pair=None,
                        linear_f16=None, gate_up_mma=None, down_split=None,
-                       fp8_launch16=None) -> dict:
+                       down_split_runs=None, fp8_launch16=None) -> dict:
     """Read or set moe_experts' launch switches on the GPU extension (process-wide; each gives
     the same bits unless it says otherwise): `stream` (on by default), the streamed kernels on
     sm_90+ without the expert cache, or with one (see `stream_miss` for a cache that can miss),
@@ -578,7 +578,7 @@ def moe_launch_options(pdl=None, early=None, wide=None, db=None, xsmem=None, str
     `down_split` (on): from 3 rows the streamed down kernel takes an expert's members in runs
     of at most 2 (up to 8 rows) or 4, each run an item with its own copy of the expert's rows,
     so that an expert of many members (the folded shared expert) is not one warp's chain; the
-    same bits.
+    same bits. `down_split_runs` (0: that rule), 1-15 members per run instead (the same bits).
     `fp8_launch16` (on; this module's, not the extension's): gpu_moe_experts launches FP8 weights
     without the expert cache 16 rows at a time (off: 32), rows being independent; the same bits.
     None leaves a switch as it is. Returns the switches now in force."""
@@ -595,6 +595,11 @@ def moe_launch_options(pdl=None, early=None, wide=None, db=None, xsmem=None, str
         if not 0 <= depth <= 15:
             raise ValueError(f"linear_split_depth: {linear_split_depth!r} is not in 0..15")
         flags = (flags & ~(15 << 16)) | (depth << 16)
+    if down_split_runs is not None:
+        runs = int(down_split_runs)
+        if not 0 <= runs <= 15:
+            raise ValueError(f"down_split_runs: {down_split_runs!r} is not in 0..15")
+        flags = (flags & ~(15 << 22)) | (runs << 22)
     _gpu.moe_set_options(flags)
     global _moe_fp8_launch_rows
     if fp8_launch16 is not None:
@@ -607,6 +612,7 @@ def moe_launch_options(pdl=None, early=None, wide=None, db=None, xsmem=None, str
             "linear_split_depth": (flags >> 16) & 15,
             "linear_split_pair": bool(flags & 16384), "linear_f16": bool(flags & 32768),
             "gate_up_mma": bool(flags & (1 << 20)), "down_split": bool(flags & (1 << 21)),
+            "down_split_runs": (flags >> 22) & 15,
             "fp8_launch16": _moe_fp8_launch_rows == 16}
 
 
