@@ -112,6 +112,18 @@ def cpu_engine_config(model_dir, max_context: int = 256, **engine_knobs):
     return cfg
 
 
+def run_cohort(eng, requests, max_steps: int) -> None:
+    """Add the requests to the engine and step it until it has no work (at most max_steps
+    steps); fail if it has not finished them."""
+    for r in requests:
+        eng.add_request(r)
+    for _ in range(max_steps):
+        if not eng.has_work():
+            break
+        eng.step()
+    assert not eng.has_work(), "engine did not finish the cohort"
+
+
 def checkpoint_error(path, *needles, **load_kw) -> str:
     """Load `path`, expect one clear CheckpointError (no chained traceback) whose message holds
     every needle; returns the message."""

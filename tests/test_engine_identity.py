@@ -21,6 +21,7 @@ import random
 
 import pytest
 import torch
+from conftest import run_cohort
 from omegaconf import OmegaConf
 
 from strata.config import StrataConfig
@@ -145,13 +146,7 @@ def engine_for(model_dir, mode: str, graphs: str = "off", slots: int = 4, window
 
 def run(model_dir, mode: str, requests: list[Request], **kw):
     eng = engine_for(model_dir, mode, **kw)
-    for r in requests:
-        eng.add_request(r)
-    for _ in range(2000):
-        if not eng.has_work():
-            break
-        eng.step()
-    assert not eng.has_work(), "engine did not finish the cohort"
+    run_cohort(eng, requests, 2000)
     outs = {rid: (list(rs.emitted), rs.reason) for rid, rs in eng.requests.items()}
     return outs, eng
 

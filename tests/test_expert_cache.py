@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import cpu_engine_config
+from conftest import cpu_engine_config, run_cohort
 
 from strata.config import ConfigError
 from strata.engine.expert_cache import (DECAY, ExpertCache, plan_expert_cache, top_experts)
@@ -106,13 +106,7 @@ def run(path, mode: str, audit=None, sampled: bool = False, **knobs):
                             prefill_chunk=4, **knobs)
     cfg.model.moe_dense_experts = 0
     eng = Engine.from_config(cfg, log=lambda s: None)
-    for r in cohort(sampled):
-        eng.add_request(r)
-    for _ in range(500):
-        if not eng.has_work():
-            break
-        eng.step()
-    assert not eng.has_work()
+    run_cohort(eng, cohort(sampled), 500)
     assert all(rs.reason == "length" for rs in eng.requests.values())
     return {rid: list(rs.emitted) for rid, rs in eng.requests.items()}, eng
 

@@ -13,7 +13,7 @@ import random
 import pytest
 import torch
 
-from conftest import cpu_engine_config
+from conftest import cpu_engine_config, run_cohort
 
 from strata.engine.llm_engine import Engine
 from strata.engine.request import Request, SamplingParams
@@ -45,13 +45,7 @@ def run(path, mode: str, graphs: bool, device: str = "cpu", dtype: str | None = 
         cfg.model.dtype = dtype
     eng = Engine.from_config(cfg, log=lambda s: None)
     try:
-        for r in cohort():
-            eng.add_request(r)
-        for _ in range(1000):
-            if not eng.has_work():
-                break
-            eng.step()
-        assert not eng.has_work()
+        run_cohort(eng, cohort(), 1000)
         rows = [len(ev["layout"]) for ev in eng.trace.events if ev["ev"] == "window"]
         assert max(rows) * 4 < 64  # the routed-experts path
         return {rid: list(rs.emitted) for rid, rs in eng.requests.items()}

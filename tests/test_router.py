@@ -198,7 +198,7 @@ def test_gpu_modes_give_the_same_tokens_with_the_router_kernel(tmp_path, monkeyp
     emit the same greedy tokens."""
     import random
 
-    from conftest import cpu_engine_config
+    from conftest import cpu_engine_config, run_cohort
 
     from strata.engine.llm_engine import Engine
     from strata.engine.request import Request, SamplingParams
@@ -221,15 +221,9 @@ def test_gpu_modes_give_the_same_tokens_with_the_router_kernel(tmp_path, monkeyp
         try:
             assert ops.implementations()["moe_route"] == "cuda"
             rng = random.Random(11)
-            for i in range(3):
-                eng.add_request(Request(f"r{i}", [rng.randrange(1, 512) for _ in range(2 + 5 * i)],
-                                        SamplingParams(max_tokens=10 + 2 * i, stop_at_eos=False),
-                                        arrival_step=i))
-            for _ in range(1000):
-                if not eng.has_work():
-                    break
-                eng.step()
-            assert not eng.has_work()
+            run_cohort(eng, [Request(f"r{i}", [rng.randrange(1, 512) for _ in range(2 + 5 * i)],
+                                     SamplingParams(max_tokens=10 + 2 * i, stop_at_eos=False),
+                                     arrival_step=i) for i in range(3)], 1000)
             return {rid: list(rs.emitted) for rid, rs in eng.requests.items()}
         finally:
             eng.close()

@@ -15,7 +15,7 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from conftest import cpu_engine_config
+from conftest import cpu_engine_config, run_cohort
 
 from strata.config import ConfigError, EngineConfig, StrataConfig, validate_engine
 from strata.engine.llm_engine import Engine
@@ -90,13 +90,7 @@ def run(model_dir, mode: str, graphs: bool, p: float = 0.8, logs=None):
                             batch_mtp=mode == "batch_mtp", slots=4, window_rows=8, spec=4,
                             graphs=graphs, synthetic_acceptance=p)
     eng = Engine.from_config(cfg, log=(logs.append if logs is not None else lambda s: None))
-    for r in requests():
-        eng.add_request(r)
-    for _ in range(2000):
-        if not eng.has_work():
-            break
-        eng.step()
-    assert not eng.has_work()
+    run_cohort(eng, requests(), 2000)
     return eng
 
 
