@@ -128,6 +128,27 @@ def test_gpu_route_ties_go_to_the_lower_id():
 
 
 @_gpu
+@pytest.mark.parametrize("m", [1, 3, 16])
+def test_gpu_route_one_lanes_experts_take_every_pick(m):
+    """The kernel's warp keeps each lane's best three experts (lane l owns experts l, l + 32,
+    ...) and rescans a lane's experts only when its three are taken: here lane 5's experts are
+    the top 16 (logits 30, 29, 28, 28, 27, ... by id, one tie), so all ten picks come from one
+    lane, through three rescans; the ids, ties and weights are the reference's."""
+    dev = torch.device("cuda")
+    H, E, k = 2048, 512, 10
+    x = torch.ones(m, H, dtype=torch.bfloat16, device=dev)
+    logit = torch.zeros(E + 1)
+    for c in range(16):
+        logit[5 + 32 * c] = 30 - c + (c >= 3)  # c = 2 and 3 tie at 28: the lower id first
+    w = (logit / H)[:, None].expand(E + 1, H).to(torch.bfloat16).to(dev)  # x . w = the logit
+    got_w, got_i = C.gpu_moe_route(x, w, E, k, True, None, E)
+    want_w, want_i = R.moe_route(x, w, E, k, True, None, E)
+    assert got_i[0, :k].tolist() == [5 + 32 * c for c in range(k)]
+    assert torch.equal(got_i, want_i)
+    assert torch.allclose(got_w, want_w, rtol=2e-6, atol=1e-7)
+
+
+@_gpu
 def test_gpu_route_rows_are_independent():
     """A row's ids and weights are the same bits alone, in a window, at any row count."""
     dev = torch.device("cuda")

@@ -19,7 +19,8 @@
 // bf16-rounded logit goes to a float32 scratch (m, R). Phase 2: the CTA that finishes last (a
 // ticket counted with atomics; it resets the ticket to zero, so the next launch finds it so)
 // runs the softmax and top-k, one warp per row: lane l owns experts l, l + 32, ... in shared
-// memory, and k rounds of a warp argmax (redux.sync on sm_80+) pick the experts. At most 128 KiB
+// memory and keeps its best three in registers, and k rounds of a warp argmax (redux.sync on
+// sm_80+) over the lanes' best pick the experts. At most 128 KiB
 // of x per launch (16 rows at H = 2048; more rows take several launches, the later ones plain
 // rather than programmatic so that none overlap on the ticket).
 // No other kernel, no host sync: capturable.
@@ -34,6 +35,45 @@ using namespace strata;
 using namespace strata::moe;
 
 namespace {
+
+// Probe hooks (scripts/probe_router_stamps.cu defines STRATA_ROUTER_STAMPS and includes this
+// file): clock64 stamps of the last CTA's phase 2 and each CTA's start and ticket in
+// globaltimer ns. Nothing in the extension's build.
+#ifdef STRATA_ROUTER_STAMPS
+__device__ long long router_stamps[64];
+__device__ unsigned long long router_cta_ns[2 * 1024];
+#define ROUTER_STAMP(i)                                         \
+  do {                                                          \
+    if (threadIdx.x == 0) router_stamps[i] = clock64();         \
+  } while (0)
+__device__ __forceinline__ unsigned long long router_now_ns() {
+  unsigned long long t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  return t;
+}
+#define ROUTER_CTA_NS(i)                                                            \
+  do {                                                                              \
+    if (threadIdx.x == 0) router_cta_ns[2 * blockIdx.x + (i)] = router_now_ns();    \
+  } while (0)
+#define ROUTER_CLOCK(v) const long long v = clock64()
+#define ROUTER_SAVE(i, v)                        \
+  do {                                           \
+    if (threadIdx.x == 0) router_stamps[i] = v;  \
+  } while (0)
+#else
+#define ROUTER_CLOCK(v) \
+  do {                  \
+  } while (0)
+#define ROUTER_SAVE(i, v) \
+  do {                    \
+  } while (0)
+#define ROUTER_STAMP(i) \
+  do {                  \
+  } while (0)
+#define ROUTER_CTA_NS(i) \
+  do {                   \
+  } while (0)
+#endif
 
 // Weight rows per CTA in phase 1, each split over WARPS / RT_ROWS_PER_CTA warps (a share of its
 // chunks each); WARPS is 8, or 16 for more than 8 rows, so that phase 2 (one warp per row, about
@@ -68,14 +108,6 @@ __device__ __forceinline__ float bf16_round(float f) {
   return __uint_as_float(u & 0xffff0000u);
 }
 
-// The larger of (v, i) and (ov, oi): the greater value, ties to the lower id; NaN never wins.
-__device__ __forceinline__ void arg_better(float& v, int& i, float ov, int oi) {
-  if (ov > v || (ov == v && oi < i)) {
-    v = ov;
-    i = oi;
-  }
-}
-
 // A float the other CTAs wrote in this launch (after their fence): from L2, never a stale L1.
 __device__ __forceinline__ float load_l2(const float* p) {
 #if STRATA_PLATFORM_HIP
@@ -85,10 +117,65 @@ __device__ __forceinline__ float load_l2(const float* p) {
 #endif
 }
 
-// Phase 2 for row r, in one warp: lane l owns experts l, l + 32, ... in shared memory (ps); the
-// loops stay rolled (a launch fetches the kernel's code cold into the SM, and unrolled bodies
-// measured microseconds longer). Holding the row in registers instead (all the logits loaded at
-// once, a tree over the lane's registers each round) measured about 1 us slower per launch.
+// The warp's max and min of an unsigned (redux.sync on sm_80+, a butterfly elsewhere).
+__device__ __forceinline__ unsigned warp_max_u32(unsigned v) {
+#if !STRATA_PLATFORM_HIP && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  return __reduce_max_sync(0xffffffffu, v);
+#else
+#pragma unroll
+  for (int s = 16; s >= 1; s >>= 1) v = max(v, (unsigned)STRATA_SHFL_XOR((int)v, s, 32));
+  return v;
+#endif
+}
+__device__ __forceinline__ unsigned warp_min_u32(unsigned v) {
+#if !STRATA_PLATFORM_HIP && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  return __reduce_min_sync(0xffffffffu, v);
+#else
+#pragma unroll
+  for (int s = 16; s >= 1; s >>= 1) v = min(v, (unsigned)STRATA_SHFL_XOR((int)v, s, 32));
+  return v;
+#endif
+}
+
+// A lane's best three untaken experts, best first (ties to the lower id: the experts arrive in
+// id order and only a strictly greater probability moves ahead; a NaN never enters).
+struct Best3 {
+  float v0, v1, v2;
+  int i0, i1, i2;
+  __device__ __forceinline__ void clear() {
+    v0 = v1 = v2 = -INFINITY;
+    i0 = i1 = i2 = 0x7fffffff;
+  }
+  // by selects, not branches, so that the lanes' different paths do not run one after another
+  // (with branches the probabilities' pass measured 0.92 us against 0.34 without the insertion)
+  __device__ __forceinline__ void offer(float v, int i) {
+    const bool c0 = v > v0, c1 = v > v1, c2 = v > v2;  // c0 implies c1 implies c2
+    v2 = c1 ? v1 : (c2 ? v : v2);
+    i2 = c1 ? i1 : (c2 ? i : i2);
+    v1 = c0 ? v0 : (c1 ? v : v1);
+    i1 = c0 ? i0 : (c1 ? i : i1);
+    v0 = c0 ? v : v0;
+    i0 = c0 ? i : i0;
+  }
+  __device__ __forceinline__ void pop() {
+    v0 = v1;
+    i0 = i1;
+    v1 = v2;
+    i1 = i2;
+    v2 = -INFINITY;
+    i2 = 0x7fffffff;
+  }
+};
+
+// Phase 2 for row r, in one warp: lane l owns experts l, l + 32, ... in shared memory (ps). Phase
+// 2 runs once per launch on one SM, so its code is fetched cold: an instruction executed once
+// costs about 4 ns there (an unrolled load of the row in registers took 3.7 us where these
+// rolled loops take 1.3, and a sorting network 2.4 us), while a loop's body is fetched once.
+// The k rounds of a warp argmax were 0.42 us each (4.2 of phase 2's 7.6 us at k = 10 and one
+// row) while the winning lane rescanned its experts in shared memory; now each lane keeps its
+// best three in registers, built in the probabilities' pass, so a round is two warp reductions
+// and a pop, and a lane rescans (skipping the taken, marked in ps) only once its three are
+// taken. The same picks, weights and bits as the rescans.
 __device__ __forceinline__ void route_row(const RouteParams& p, int r, int lane, float* ps) {
   const float* lrow = p.logits + (int64_t)r * p.R;
   float mx = -INFINITY;
@@ -100,6 +187,7 @@ __device__ __forceinline__ void route_row(const RouteParams& p, int r, int lane,
   }
 #pragma unroll
   for (int s = 16; s >= 1; s >>= 1) mx = fmaxf(mx, STRATA_SHFL_XOR(mx, s, 32));
+  ROUTER_STAMP(3);
   float sum = 0.f;
 #pragma unroll 4
   for (int j = lane; j < p.E; j += 32) {
@@ -108,45 +196,34 @@ __device__ __forceinline__ void route_row(const RouteParams& p, int r, int lane,
     sum += ex;
   }
   const float inv = 1.f / warp_sum(sum);
-  // this lane's best (the greatest probability, ties to the lower id)
-  float bv = -INFINITY;
-  int bi = 0x7fffffff;
-#pragma unroll 4
+  ROUTER_STAMP(4);
+  Best3 best;
+  best.clear();
+#pragma unroll 2
   for (int j = lane; j < p.E; j += 32) {
     const float pr = ps[j] * inv;
     ps[j] = pr;
-    arg_better(bv, bi, pr, j);
+    best.offer(pr, j);
   }
-  // k rounds of a warp argmax over each lane's best untaken expert; only the lane that gave
-  // the winner marks it taken (-inf) and looks for its next best.
+  ROUTER_STAMP(5);
   float pick_v = 0.f;
   int pick_i = 0;
   float total = 0.f;
 #pragma unroll 1
   for (int t = 0; t < p.k; ++t) {
-    float wv_ = bv;
-    int wi = bi;
-#if !STRATA_PLATFORM_HIP && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
     // Probabilities are >= 0, so their bits order as unsigned ints (+1: 0 is "none left").
-    const unsigned key = bv >= 0.f ? __float_as_uint(bv) + 1u : 0u;
-    const unsigned top = __reduce_max_sync(0xffffffffu, key);
-    wi = (int)__reduce_min_sync(0xffffffffu, key == top && top ? (unsigned)bi : 0x7fffffffu);
-    wv_ = top ? __uint_as_float(top - 1u) : -INFINITY;
-#else
-#pragma unroll
-    for (int s = 16; s >= 1; s >>= 1) {
-      const float ov = STRATA_SHFL_XOR(wv_, s, 32);
-      const int oi = STRATA_SHFL_XOR(wi, s, 32);
-      arg_better(wv_, wi, ov, oi);
-    }
-    if (!(wv_ >= 0.f)) wi = 0x7fffffff;
-#endif
-    if (wi == bi && wi != 0x7fffffff) {  // this lane's best won: its next best
-      ps[wi] = -INFINITY;
-      bv = -INFINITY;
-      bi = 0x7fffffff;
-#pragma unroll 4
-      for (int j = lane; j < p.E; j += 32) arg_better(bv, bi, ps[j], j);
+    const unsigned key = best.v0 >= 0.f ? __float_as_uint(best.v0) + 1u : 0u;
+    const unsigned top = warp_max_u32(key);
+    int wi = (int)warp_min_u32(key == top && top ? (unsigned)best.i0 : 0x7fffffffu);
+    float wv_ = top ? __uint_as_float(top - 1u) : -INFINITY;
+    if (top && wi == best.i0) {  // this lane's best won: the next of its three
+      ps[wi] = -INFINITY;        // taken, for a rescan
+      best.pop();
+      if (best.i0 == 0x7fffffff) {  // all three taken: rescan the untaken
+        best.clear();
+#pragma unroll 2
+        for (int j = lane; j < p.E; j += 32) best.offer(ps[j], j);
+      }
     }
     if (wi == 0x7fffffff) {  // fewer candidates than k (NaN logits): weight 0, any id
       wi = t;
@@ -157,6 +234,7 @@ __device__ __forceinline__ void route_row(const RouteParams& p, int r, int lane,
       pick_i = wi;
     }
     total += wv_;
+    ROUTER_STAMP(8 + t);
   }
   if (p.norm) pick_v = pick_v / total;
   if (lane < p.k) {
@@ -168,6 +246,7 @@ __device__ __forceinline__ void route_row(const RouteParams& p, int r, int lane,
     p.weights[(int64_t)r * p.cols + p.k] = 1.f / (1.f + expf(-sg));
     p.ids[(int64_t)r * p.cols + p.k] = p.shared_id;
   }
+  ROUTER_STAMP(6);
 }
 
 // Rows in groups of RT_GROUP: each group's MR chains run together, the groups one after
@@ -184,6 +263,8 @@ __global__ void __launch_bounds__(32 * WARPS, 1) moe_route_kernel(RouteParams p)
   extern __shared__ float4 x_s[];
   __shared__ float part_s[RT_ROWS_PER_CTA][RT_SHARES][RT_MAX_ROWS];  // the shares' sums
   __shared__ int last;
+  ROUTER_CTA_NS(0);
+  ROUTER_CLOCK(t_entry);
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int er = warp / SPLIT, e = (int)blockIdx.x * RT_ROWS_PER_CTA + er;
   const int nch = p.H / 8;
@@ -280,13 +361,19 @@ __global__ void __launch_bounds__(32 * WARPS, 1) moe_route_kernel(RouteParams p)
     for (int j = 1; j < RT_SHARES; ++j) sum += part_s[rr][j][r];
     p.logits[(int64_t)r * p.R + ee] = bf16_round(sum);
   }
+  ROUTER_CLOCK(t_phase1);
   __threadfence();
   __syncthreads();
   if (threadIdx.x == 0) last = atomicAdd(p.ticket, 1u) == gridDim.x - 1;
   __syncthreads();
+  ROUTER_CTA_NS(1);
   if (!last) return;
+  ROUTER_SAVE(0, t_entry);
+  ROUTER_SAVE(7, t_phase1);
+  ROUTER_STAMP(1);
   __threadfence();
   if (threadIdx.x == 0) *p.ticket = 0u;
+  ROUTER_STAMP(2);
 
   // Phase 2, one warp per row.
 #pragma unroll 1
