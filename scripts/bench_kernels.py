@@ -400,13 +400,17 @@ def _moe_weights(fp8: bool, E: int = MOE_SHAPE["E"]):
 #: moe_experts launch switches compared by --moe-variants (cyext_ops.moe_launch_options):
 #: the streamed kernels (sm_90+) with the gate/up on CUDA cores ("stream") and on tensor cores
 #: ("stream-mma": FP8's default, other bits; "-nosplit": the down kernel's items whole
-#: experts), then the per-block kernels' switches.
+#: experts; "-runsG": its member runs G long at every row count from 3), then the per-block
+#: kernels' switches.
 MOE_VARIANTS = {"stream": dict(pdl=True, stream=True, stream_all=True, gate_up_mma=False),
                 "stream-mma": dict(pdl=True, stream=True, stream_all=True, gate_up_mma=True),
                 "stream-nopdl": dict(pdl=False, stream=True, stream_all=True, gate_up_mma=False),
                 "stream-mma-nopdl": dict(pdl=False, stream=True, stream_all=True, gate_up_mma=True),
                 "stream-mma-nosplit": dict(pdl=True, stream=True, stream_all=True, gate_up_mma=True,
                                            down_split=False),
+                **{f"stream-mma-runs{g}": dict(pdl=True, stream=True, stream_all=True,
+                                               gate_up_mma=True, down_split_runs=g)
+                   for g in (1, 2, 4, 8)},
                 "plain": dict(pdl=False, early=False, wide=False, db=False, xsmem=False, stream=False,
                               gate_up_mma=False),
                 "pdl+early": dict(pdl=True, early=True, wide=False, db=False, xsmem=False, stream=False),

@@ -161,12 +161,12 @@ int64_t strata_gpu_moe_workspace(int64_t n, int64_t k, int64_t inter);
 // any launch, and it takes every FP8 window of up to 32 rows where x fits (H = 2048: all).
 #define STRATA_MOE_GU_MMA (1 << 20)
 // STRATA_MOE_DOWN_SPLIT (on): from 3 rows the streamed down kernel takes an expert's members in
-// runs of at most 2 (up to 8 rows) or 4, each run an item of its own (its stage copied again,
+// runs of at most 2, each run an item of its own (its stage copied again,
 // from L2), so that an expert of many members (the folded shared expert) is not one warp's
 // chain while its stage holds the ring. The same bits.
 #define STRATA_MOE_DOWN_SPLIT (1 << 21)
 // Bits 22-25 of the switches: with STRATA_MOE_DOWN_SPLIT, the members per run at 3 rows and more
-// (1-15; 0: 2 up to 8 rows, 4 above), for measuring what run length pays. The same bits at any.
+// (1-15; 0: 2), for measuring what run length pays. The same bits at any.
 #define STRATA_MOE_DOWN_RUNS_SHIFT 22
 int strata_gpu_moe_set_options(int flags);
 int strata_gpu_moe_experts(const void* x, int x_dtype, const void* w_gate_up, const void* w_down,

@@ -805,9 +805,11 @@ int launch_stream(const MoeParams& p, const DeviceFacts& dev, bool pdl, bool eve
   StreamPlan dn = {};
   dn.items_off = meta;
   // STRATA_MOE_DOWN_SPLIT: members per down item (down_items; the same bits at any count)
-  // (0: no tables, one item per expert; below 3 rows the tables cost more than they save)
+  // (0: no tables, one item per expert; below 3 rows the tables cost more than they save). Runs
+  // of 2 measured best at 16 and 32 rows too (FP8 139.4 / 280.0 us against 142-143 / 284-285
+  // for runs of 4, 144 / 288 for 1, 148 / 296 for 8; KERNELS.md).
   const int runs = (options >> STRATA_MOE_DOWN_RUNS_SHIFT) & 15;
-  dn.group = !(options & STRATA_MOE_DOWN_SPLIT) || p.n <= 2 ? 0 : runs ? runs : p.n <= 8 ? 2 : 4;
+  dn.group = !(options & STRATA_MOE_DOWN_SPLIT) || p.n <= 2 ? 0 : runs ? runs : 2;
   dn.data_off = align128(meta + (dn.group ? 16 * p.P : 0));
   dn.ring_off = align128(dn.data_off + p.P * T * 4);
   size_ring(dn, dev.smem_optin - dn.ring_off, ST_DOWN_STAGE);

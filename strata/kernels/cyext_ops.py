@@ -576,7 +576,7 @@ def moe_launch_options(pdl=None, early=None, wide=None, db=None, xsmem=None, str
     other bits than the CUDA-core kernels (the per-block ones, which an expert cache with
     `stream_miss` off runs, and the C++ twin), a row's result still the same bits in any launch.
     `down_split` (on): from 3 rows the streamed down kernel takes an expert's members in runs
-    of at most 2 (up to 8 rows) or 4, each run an item with its own copy of the expert's rows,
+    of at most 2, each run an item with its own copy of the expert's rows,
     so that an expert of many members (the folded shared expert) is not one warp's chain; the
     same bits. `down_split_runs` (0: that rule), 1-15 members per run instead (the same bits).
     `fp8_launch16` (on; this module's, not the extension's): gpu_moe_experts launches FP8 weights
