@@ -47,7 +47,9 @@ from provenance import commit_id  # noqa: E402
 
 
 def code_prompts(tokenizer, n: int, prompt_tokens: int) -> list[list[int]]:
-    """Distinct prompts cut from standard-library files (deterministic)."""
+    """Distinct prompts cut from standard-library files: deterministic for one interpreter, but
+    another Python version's files give other prompts (and another acceptance), so compare runs
+    made with the same Python."""
     import sysconfig
 
     lib = Path(sysconfig.get_paths()["stdlib"])
