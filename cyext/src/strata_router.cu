@@ -117,22 +117,17 @@ __device__ __forceinline__ float load_l2(const float* p) {
 #endif
 }
 
-// The warp's max and min of an unsigned (redux.sync on sm_80+, a butterfly elsewhere).
-__device__ __forceinline__ unsigned warp_max_u32(unsigned v) {
+// The warp's max (MAX) or min of an unsigned (redux.sync on sm_80+, a butterfly elsewhere).
+template <bool MAX>
+__device__ __forceinline__ unsigned warp_reduce_u32(unsigned v) {
 #if !STRATA_PLATFORM_HIP && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  return __reduce_max_sync(0xffffffffu, v);
+  return MAX ? __reduce_max_sync(0xffffffffu, v) : __reduce_min_sync(0xffffffffu, v);
 #else
 #pragma unroll
-  for (int s = 16; s >= 1; s >>= 1) v = max(v, (unsigned)STRATA_SHFL_XOR((int)v, s, 32));
-  return v;
-#endif
-}
-__device__ __forceinline__ unsigned warp_min_u32(unsigned v) {
-#if !STRATA_PLATFORM_HIP && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  return __reduce_min_sync(0xffffffffu, v);
-#else
-#pragma unroll
-  for (int s = 16; s >= 1; s >>= 1) v = min(v, (unsigned)STRATA_SHFL_XOR((int)v, s, 32));
+  for (int s = 16; s >= 1; s >>= 1) {
+    const unsigned o = (unsigned)STRATA_SHFL_XOR((int)v, s, 32);
+    v = MAX ? max(v, o) : min(v, o);
+  }
   return v;
 #endif
 }
@@ -213,8 +208,8 @@ __device__ __forceinline__ void route_row(const RouteParams& p, int r, int lane,
   for (int t = 0; t < p.k; ++t) {
     // Probabilities are >= 0, so their bits order as unsigned ints (+1: 0 is "none left").
     const unsigned key = best.v0 >= 0.f ? __float_as_uint(best.v0) + 1u : 0u;
-    const unsigned top = warp_max_u32(key);
-    int wi = (int)warp_min_u32(key == top && top ? (unsigned)best.i0 : 0x7fffffffu);
+    const unsigned top = warp_reduce_u32<true>(key);
+    int wi = (int)warp_reduce_u32<false>(key == top && top ? (unsigned)best.i0 : 0x7fffffffu);
     float wv_ = top ? __uint_as_float(top - 1u) : -INFINITY;
     if (top && wi == best.i0) {  // this lane's best won: the next of its three
       ps[wi] = -INFINITY;        // taken, for a rescan
