@@ -536,6 +536,16 @@ def moe_kernel_supported(x, w_gate_up, k: int, block=None) -> bool:
     return True
 
 
+def _count_field(flags: int, name: str, value, shift: int) -> int:
+    """flags with the 4-bit count `name` at bit `shift` set to value (0..15; None: as it is)."""
+    if value is None:
+        return flags
+    count = int(value)
+    if not 0 <= count <= 15:
+        raise ValueError(f"{name}: {value!r} is not in 0..15")
+    return (flags & ~(15 << shift)) | (count << shift)
+
+
 def moe_launch_options(pdl=None, early=None, wide=None, db=None, xsmem=None, stream=None,
                        stream_all=None, linear_stream=None, linear_pipe=None,
                        stream_miss=None, gate_up_pdl=None, linear_split=None,
@@ -590,16 +600,8 @@ def moe_launch_options(pdl=None, early=None, wide=None, db=None, xsmem=None, str
                     (1 << 21, down_split)):
         if on is not None:
             flags = (flags | bit) if on else (flags & ~bit)
-    if linear_split_depth is not None:
-        depth = int(linear_split_depth)
-        if not 0 <= depth <= 15:
-            raise ValueError(f"linear_split_depth: {linear_split_depth!r} is not in 0..15")
-        flags = (flags & ~(15 << 16)) | (depth << 16)
-    if down_split_runs is not None:
-        runs = int(down_split_runs)
-        if not 0 <= runs <= 15:
-            raise ValueError(f"down_split_runs: {down_split_runs!r} is not in 0..15")
-        flags = (flags & ~(15 << 22)) | (runs << 22)
+    flags = _count_field(flags, "linear_split_depth", linear_split_depth, 16)
+    flags = _count_field(flags, "down_split_runs", down_split_runs, 22)
     _gpu.moe_set_options(flags)
     global _moe_fp8_launch_rows
     if fp8_launch16 is not None:
