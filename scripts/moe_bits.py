@@ -1,7 +1,7 @@
 """The routed experts' outputs on fixed random inputs, saved for a bit-for-bit comparison across
-trees (each run with its own tree's extension on PYTHONPATH): FP8 block-128 and bf16 weights of
-the 80B-A3B expert shapes with a folded shared expert (513 experts, top-10 plus the shared
-one), 1-32 rows, plain ids and ids repeated within a row (one expert with many members).
+trees (each run with its own tree's extension on PYTHONPATH): bench_kernels.py's FP8 block-128
+and bf16 expert weights at the 80B-A3B shapes with a folded shared expert (513 experts, top-10
+plus the shared one), 1-32 rows, plain ids and ids repeated within a row (one expert with many members).
 Needs a GPU and the cyext GPU extension.
 
     python scripts/moe_bits.py save OUT.pt             # in each tree
@@ -24,33 +24,26 @@ def save(path: str) -> int:
     if not torch.cuda.is_available() or C.gpu_platform() is None:
         print("moe_bits: needs a GPU and the cyext GPU extension", file=sys.stderr)
         return 2
-    dev = "cuda"
-    g = torch.Generator(device=dev).manual_seed(0)
-    E, k, H, I = 513, 11, 2048, 512
+    from bench_kernels import FP8_BLOCK, MOE_SHAPE, _moe_weights
 
-    def fp8w(shape):
-        w = (torch.randn(*shape, device=dev, generator=g) * 40).clamp(-440, 440)
-        s = torch.rand(*shape[:-2], shape[-2] // 128, shape[-1] // 128, device=dev,
-                       generator=g) * 1e-3
-        return w.to(torch.float8_e4m3fn), s
-
-    wgu, gs = fp8w((E, 2 * I, H))
-    wd, ds = fp8w((E, H, I))
-    bgu = (torch.randn(E, 2 * I, H, device=dev, generator=g) / 45).to(torch.bfloat16)
-    bd = (torch.randn(E, H, I, device=dev, generator=g) / 22).to(torch.bfloat16)
+    torch.manual_seed(0)  # _moe_weights' bf16 weights draw from the global generator
+    E, k, H = MOE_SHAPE["E"] + 1, MOE_SHAPE["k"] + 1, MOE_SHAPE["H"]  # + the shared expert
+    fp8, bf16 = _moe_weights(True, E), _moe_weights(False, E)
+    g = torch.Generator(device="cuda").manual_seed(0)
     out = {}
     for n in ROWS:
-        idx = torch.stack([torch.randperm(E - 1, device=dev, generator=g)[:k - 1]
+        idx = torch.stack([torch.randperm(E - 1, device="cuda", generator=g)[:k - 1]
                            for _ in range(n)])
         idx = torch.cat([idx, torch.full_like(idx[:, :1], E - 1)], 1)  # the shared expert last
         rep = idx.clone()
         rep[:, 1:4] = rep[:, :1]
-        w = torch.rand(n, k, device=dev, generator=g)
+        w = torch.rand(n, k, device="cuda", generator=g)
         w = w / w.sum(-1, keepdim=True)
-        x = torch.randn(n, H, device=dev, generator=g).to(torch.bfloat16)
+        x = torch.randn(n, H, device="cuda", generator=g).to(torch.bfloat16)
         for name, ids in (("plain", idx), ("repeat", rep)):
-            out[(n, name, "fp8")] = C.gpu_moe_experts(x, wgu, wd, w, ids, gs, ds, (128, 128)).cpu()
-            out[(n, name, "bf16")] = C.gpu_moe_experts(x, bgu, bd, w, ids, None, None, None).cpu()
+            for wname, (wgu, wd, gs, ds, block) in (("fp8", fp8), ("bf16", bf16)):
+                out[(n, name, wname)] = C.gpu_moe_experts(x, wgu, wd, w, ids, gs, ds,
+                                                          block).cpu()
     torch.save(out, path)
     print(f"moe_bits: saved {len(out)} outputs to {path}")
     return 0
