@@ -31,7 +31,6 @@ import socket
 import statistics
 import subprocess
 import sys
-import sysconfig
 import time
 from pathlib import Path
 from typing import Any, Optional
@@ -55,15 +54,20 @@ ALL_CONFIGS = ["solo", "batch", "batch_mtp", "hf"]
 
 # ------------------------------------------------------------------------------------- prompts
 
+#: Prompt material shipped with the repository (scripts/bench_engine.py cuts its prompts from it too).
+CODE_PROMPTS = Path(__file__).resolve().parent / "data" / "code_prompts.json"
+
 def corpus_ids(tokenizer: Any, need: int) -> list[int]:
-    """Token ids of standard-library sources (always present, deterministic), at least `need`."""
-    lib = Path(sysconfig.get_paths()["stdlib"])
+    """Token ids of the shipped prompt material (scripts/data/code_prompts.json: standard-library
+    source excerpts, the same on every machine), at least `need`."""
+    texts = json.loads(CODE_PROMPTS.read_text(encoding="utf-8"))["prompts"]
     ids: list[int] = []
-    for f in sorted(lib.glob("*.py")):
-        ids.extend(tokenizer.encode(f.read_text(encoding="utf-8", errors="replace")))
+    for t in texts:
+        ids.extend(tokenizer.encode(t["text"]))
         if len(ids) >= need:
             return ids
-    raise SystemExit(f"not enough prompt material ({len(ids)} of {need} tokens)")
+    raise SystemExit(f"error: not enough prompt material in {CODE_PROMPTS.name} "
+                     f"({len(ids)} of {need} tokens)")
 
 
 def make_prompts(tokenizer: Any, n_max: int, p_max: int, eos: set[int]) -> list[list[int]]:

@@ -46,22 +46,25 @@ from strata.runner import run_requests  # noqa: E402
 from provenance import commit_id  # noqa: E402
 
 
-def code_prompts(tokenizer, n: int, prompt_tokens: int) -> list[list[int]]:
-    """Distinct prompts cut from standard-library files: deterministic for one interpreter, but
-    another Python version's files give other prompts (and another acceptance), so compare runs
-    made with the same Python."""
-    import sysconfig
+#: Prompt material shipped with the repository (standard-library source excerpts), so that every
+#: machine and Python version cuts the same prompts.
+CODE_PROMPTS = Path(__file__).resolve().parent / "data" / "code_prompts.json"
 
-    lib = Path(sysconfig.get_paths()["stdlib"])
-    files = sorted(p for p in lib.glob("*.py"))[5:]
+
+def code_prompts(tokenizer, n: int, prompt_tokens: int) -> list[list[int]]:
+    """n distinct prompts of prompt_tokens tokens: the first texts of CODE_PROMPTS, in order,
+    that are long enough (at least prompt_tokens + 10 tokens), each cut to its first
+    prompt_tokens tokens."""
+    texts = [p["text"] for p in json.loads(CODE_PROMPTS.read_text(encoding="utf-8"))["prompts"]]
     out = []
-    for f in files:
-        ids = tokenizer.encode(f.read_text(encoding="utf-8", errors="replace"))
+    for text in texts:
+        ids = tokenizer.encode(text)
         if len(ids) >= prompt_tokens + 10:
             out.append(ids[:prompt_tokens])
         if len(out) == n:
             return out
-    raise SystemExit("not enough prompt material")
+    raise SystemExit(f"error: {CODE_PROMPTS.name} holds {len(out)} prompts of at least "
+                     f"{prompt_tokens + 10} tokens; {n} were asked for")
 
 
 def token_prompts(vocab: int, n: int, prompt_tokens: int, seed: int = 0) -> list[list[int]]:

@@ -3,6 +3,7 @@ window times beside their byte floors."""
 
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 
@@ -92,3 +93,18 @@ def test_kernel_options_are_checked():
         assert bench_engine.set_kernel_options("down_split_runs=8")["down_split_runs"] == 8
     finally:
         cyext_ops.moe_launch_options(**saved)
+
+
+def test_code_prompts_come_from_the_shipped_set():
+    """The prompts are cut from scripts/data/code_prompts.json, not the running Python's
+    standard library, so every machine benchmarks the same prompts; too many asked for is a clear
+    error."""
+    from strata.model.tokenizer import Tokenizer
+    tok = Tokenizer.from_dir(Path(__file__).resolve().parents[1] / "strata/assets/tiny-qwen3-next")
+    texts = [p["text"] for p in json.loads(bench_engine.CODE_PROMPTS.read_text())["prompts"]]
+    got = bench_engine.code_prompts(tok, 8, 64)
+    assert len(got) == 8 and all(len(p) == 64 for p in got)
+    assert len({tuple(p) for p in got}) == 8
+    assert got[0] == tok.encode(texts[0])[:64]
+    with pytest.raises(SystemExit, match="code_prompts.json holds"):
+        bench_engine.code_prompts(tok, 10_000, 64)

@@ -1,7 +1,8 @@
 """Acceptance learned from 8 requests of a CPU engine run holds on the rest of the workload.
 
 The data are real CPU engine runs of the embedded tiny model (float32, greedy) on code prompts
-(scripts/bench_engine.py's `code_prompts`: distinct standard-library files), each a closed loop
+(scripts/bench_engine.py's `code_prompts` when they were recorded: distinct standard-library files of
+Python 3.11; it now cuts them from the shipped scripts/data/code_prompts.json), each a closed loop
 at `max_context` 1024 (docs/SIMULATOR.md, "Acceptance from your own prompts", gives the
 commands):
 
