@@ -58,10 +58,9 @@ H200 = "h200_80b_a3b_fp8"
 H200_SKEW = 0.9
 BEGIN, END = "<!-- expert-cache-study -->", "<!-- /expert-cache-study -->"
 #: The engine's full-depth FP8 runs the bytes model is fitted to (docs/BENCHMARKS.md "Realistic
-#: scale"): N=1 and 2 at 3c1097e (1 x 3 and 1 x 4 windows), N=2 with the router kernel, N=8
-#: with programmatic launches (4d04753).
-BENCH = [REPO / "docs/bench/s13/call8_fp8_full.json", REPO / "docs/bench/s14/fp8_full.json",
-         REPO / "docs/bench/s15/fp8_n8.json"]
+#: scale", docs/bench/s28): batch_mtp W16 and batch at N=8 (1 x 1 .. 8 x 1 and 1 x 2 .. 8 x 2
+#: windows), solo spec 2 and spec 4 at N=1 (1 x 2 and 1 x 4).
+BENCH = [REPO / "docs/bench/s28/fp8_n8.json", REPO / "docs/bench/s28/fp8_solo.json"]
 
 #: The seed's reported numbers (docs: /work/shared/seed/batch-mtp-discussion.txt and
 #: REAL_SCALE_NOTES.md), each as (comparison, N, reported ratio, what it is).
@@ -607,21 +606,21 @@ def engine_check(args) -> str:
 # --- the all-resident end against the engine's measured cohorts ------------------------------
 
 #: The engine's aggregate tok/s of the BENCH runs (full depth, FP8 dummy weights, random
-#: routers, 64-token prompts and outputs, synthetic acceptance 0.8, engine.overlap on).
-BENCH_TPS = {("batch_mtp", 1): 291, ("batch", 1): 291, ("solo_spec2", 1): 257,
-             ("batch_mtp", 2): 337, ("batch", 2): 277, ("solo_spec2", 2): 256,
-             ("batch_mtp_w16", 8): 431, ("batch", 8): 426}
+#: routers, 64-token prompts, synthetic acceptance 0.8, engine.overlap on), keyed by
+#: (configuration, N, output tokens).
+BENCH_TPS = {("batch_mtp_w16", 8, 64): 661.8, ("batch", 8, 64): 611.0,
+             ("solo_spec2", 1, 256): 389.6, ("solo_spec4", 1, 256): 456.1}
 
 
 def bench_cells(args, extra: list[str] = ()) -> list[tuple[str, int, float, float]]:
     """(config, N, engine tok/s, simulated tok/s) of every BENCH_TPS cohort, every expert
     resident, uniform routing, `extra` simulator overrides."""
-    args.prompt_tokens = args.max_tokens = 64
     out = []
-    for (name, n), tps in BENCH_TPS.items():
+    for (name, n, max_tokens), tps in BENCH_TPS.items():
+        args.prompt_tokens, args.max_tokens = 64, max_tokens
         mode, over = name, ["engine.expert_cache_mib=0", "experts.skew=0", *extra]
-        if name == "solo_spec2":
-            mode, over = "solo", over + ["engine.spec=2"]
+        if name.startswith("solo_spec"):
+            mode, over = "solo", over + [f"engine.spec={name.removeprefix('solo_spec')}"]
         if name == "batch_mtp_w16":
             mode, over = "batch_mtp", over + ["engine.window_rows=16"]
         out.append((name, n, tps, predict(H200, mode, n, over, 1, args)["tps"]))
