@@ -69,7 +69,9 @@ cdef extern from "strata_kernels.h" nogil:
                           const int64_t* rec_strides, void* conv_state, int state_dtype,
                           const int64_t* conv_strides, int64_t nslots, int64_t* slot_pos,
                           int device, uintptr_t stream)
-    int64_t strata_gpu_moe_workspace(int64_t n, int64_t k, int64_t inter)
+    int64_t strata_gpu_moe_workspace(int64_t n, int64_t k, int64_t inter, int64_t hidden)
+    int strata_gpu_moe_wide_takes(int64_t n, int64_t k, int64_t E, int64_t H, int64_t I,
+                                  int64_t bo, int64_t bi, int w_dtype, int x_dtype, int device)
     int strata_gpu_moe_set_options(int flags)
     int strata_gpu_conv_set_options(int flags)
     int strata_gpu_moe_experts(const void* x, int x_dtype, const void* w_gate_up,
@@ -426,9 +428,18 @@ def moe_set_options(int flags=-1):
     return strata_gpu_moe_set_options(flags)
 
 
-def moe_workspace_numel(int64_t n, int64_t k, int64_t inter):
-    """float32 elements of scratch that moe_experts needs for n rows, top-k and I = inter."""
-    return strata_gpu_moe_workspace(n, k, inter)
+def moe_workspace_numel(int64_t n, int64_t k, int64_t inter, int64_t hidden=0):
+    """float32 elements of scratch that moe_experts needs for n rows, top-k, I = inter and
+    H = hidden (from 17 rows a wide launch stages x there; 0 leaves that out)."""
+    return strata_gpu_moe_workspace(n, k, inter, hidden)
+
+
+def moe_wide_takes(int64_t n, int64_t k, int64_t e, int64_t hidden, int64_t inter, int64_t bo,
+                   int64_t bi, int device):
+    """Whether a moe_experts launch of n rows (17-64) of FP8 weights (no expert cache) with
+    bf16 x runs wide on this device (the wide option on, the streamed tensor-core kernels)."""
+    return strata_gpu_moe_wide_takes(n, k, e, hidden, inter, bo, bi, DTYPE_FP8, DTYPE_BF16,
+                                     device) == 1
 
 
 def moe_experts(x, w_gate_up, w_down, topk_weight, topk_ids, gu_scale, down_scale, int64_t bo,
@@ -449,7 +460,7 @@ def moe_experts(x, w_gate_up, w_down, topk_weight, topk_ids, gu_scale, down_scal
     _check_tensor(op, "workspace", workspace, workspace.dim())
     _dtype_code(op, "workspace", workspace, (0,))
     _check_contiguous(op, "workspace", workspace)
-    cdef int64_t need = strata_gpu_moe_workspace(n, k, inter)
+    cdef int64_t need = strata_gpu_moe_workspace(n, k, inter, hidden)
     if workspace.numel() < need:
         raise ValueError(f"{op}: workspace has {workspace.numel()} elements, needs {need}")
     named = [("x", x), ("w_gate_up", w_gate_up), ("w_down", w_down),

@@ -385,6 +385,45 @@ def test_gpu_moe_fp8_launches_of_16_rows_same_bits(N):
 
 
 @_gpu
+@pytest.mark.parametrize("N,E,k", [(17, 513, 11), (40, 513, 11), (64, 513, 11), (100, 513, 11),
+                                   (64, 1024, 16)])
+def test_gpu_moe_fp8_wide_launches_same_bits(N, E, k):
+    """fp8_wide launches up to 64 rows at once, x staged in global memory: every row the same
+    bits as in 16-row launches, eager and captured with new ids, with an expert every row routes
+    to (the folded shared expert) and, at 1,024 pairs over 1,024 experts, more distinct experts
+    than the kernels' threads (two per thread in the scans)."""
+    H, I = 2048, 512
+    weights = experts(E, H, I, FP8, (128, 128), device="cuda")
+    w, ids = routing(N, k, E, hot=[E - 1], device="cuda")
+    x = torch.randn(N, H, generator=torch.Generator().manual_seed(5)).to("cuda", torch.bfloat16)
+    saved = C.moe_launch_options()
+    try:
+        C.moe_launch_options(fp8_wide=False, fp8_launch16=True)
+        want = C.gpu_moe_experts(x, *weights[:2], w, ids, *weights[2:], (128, 128))
+        want_replay = _replay_with_new_ids(x, weights, w.clone(), ids.clone(), (128, 128), 8)
+        assert C.moe_launch_options(fp8_wide=True)["fp8_wide"]
+        assert C._gpu.moe_wide_takes(min(N, 64), k, E, H, I, 128, 128, 0)
+        got = C.gpu_moe_experts(x, *weights[:2], w, ids, *weights[2:], (128, 128))
+        got_replay = _replay_with_new_ids(x, weights, w.clone(), ids.clone(), (128, 128), 8)
+    finally:
+        C.moe_launch_options(**saved)
+    assert torch.equal(got, want) and torch.equal(got_replay, want_replay)
+    assert rel_err(got, call_reference(x, weights, w, ids, (128, 128))) < 2e-2
+
+
+@_gpu
+def test_gpu_moe_more_than_32_rows_without_the_wide_path_is_a_clear_error():
+    E, H, I, k = 64, 256, 128, 4
+    weights = experts(E, H, I, torch.bfloat16, None, device="cuda")
+    w, ids = routing(40, k, E, device="cuda")
+    x = torch.randn(40, H, device="cuda", dtype=torch.bfloat16)
+    out = torch.empty_like(x)
+    ws = torch.empty(C.moe_workspace_numel(40, k, I, H) * 4, device="cuda")
+    with pytest.raises((RuntimeError, ValueError), match="moe_experts"):
+        C._gpu.moe_experts(x, *weights[:2], w, ids, None, None, 1, 1, out, ws, 0)
+
+
+@_gpu
 @pytest.mark.parametrize("N", [1, 2, 16])
 def test_gpu_router_then_experts_with_gate_up_pdl(N):
     """The router kernel then the streamed experts, captured together as in a decode window:
@@ -427,7 +466,7 @@ def _replay_with_new_ids(x, weights, w, ids, block, seed):
     (`seed`) and the graph replayed: its output."""
     (N, k), E = ids.shape, weights[0].shape[0]
     out = torch.full_like(x, float("nan"))
-    ws = torch.empty(C.moe_workspace_numel(N, k, weights[1].shape[2]), device="cuda")
+    ws = torch.empty(C.moe_workspace_numel(N, k, weights[1].shape[2], x.shape[-1]), device="cuda")
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         C.gpu_moe_experts(x, *weights[:2], w, ids, *weights[2:], block, out=out, workspace=ws)

@@ -95,13 +95,17 @@ int strata_gpu_commit(const int64_t* accept, const int64_t* group_slot, const in
 // STRATA_DTYPE_FP8 with gu_scale (E, 2*ceil(I/bo), ceil(H/bi)) and down_scale
 // (E, ceil(H/bo), ceil(I/bi)) float32, bi % 16 == 0); topk_weight (n, k) float32, topk_ids (n, k)
 // int64 (out-of-range ids are clamped); out (n, H) in x_dtype. workspace: float32, at least
-// strata_gpu_moe_workspace(n, k, I) elements, 16-byte aligned, owned by the caller (no
+// strata_gpu_moe_workspace(n, k, I, H) elements, 16-byte aligned, owned by the caller (no
 // initialisation needed). Limits: n <= 32, n * k <= 512, H and I multiples of 16, a weight row
 // at most 8 KiB. Two launches, grids fixed by the shapes. cache: NULL, or the expert cache
 // (strata_expert_cache.h): the stacks are its device slots, E ids, misses read from the
 // device-visible host store; the struct is copied at launch (the caller may free it after).
 // With its counting pointers set, the gate/up kernel also counts (strata_expert_cache.h).
-int64_t strata_gpu_moe_workspace(int64_t n, int64_t k, int64_t inter);
+int64_t strata_gpu_moe_workspace(int64_t n, int64_t k, int64_t inter, int64_t hidden);
+// 1 when a moe_experts launch of n rows (17-64) of these shapes runs wide (STRATA_MOE_X_GLOBAL
+// on, FP8 weights on the streamed tensor-core kernels, no expert cache), else 0.
+int strata_gpu_moe_wide_takes(int64_t n, int64_t k, int64_t E, int64_t H, int64_t I, int64_t bo,
+                              int64_t bi, int w_dtype, int x_dtype, int device);
 // Launch switches of moe_experts, process-wide (PDL, EARLY, DB, XSMEM and STREAM on by default):
 // STRATA_MOE_PDL launches the down kernel as a programmatic dependent of the gate/up kernel
 // (sm_90+; its first down rows load while gate/up finishes), STRATA_MOE_EARLY has gate/up blocks
@@ -168,6 +172,11 @@ int64_t strata_gpu_moe_workspace(int64_t n, int64_t k, int64_t inter);
 // Bits 22-25 of the switches: with STRATA_MOE_DOWN_SPLIT, the members per run at 3 rows and more
 // (1-15; 0: 2), for measuring what run length pays. The same bits at any.
 #define STRATA_MOE_DOWN_RUNS_SHIFT 22
+// STRATA_MOE_X_GLOBAL (off): FP8 launches of 17-64 rows on the tensor-core gate/up stage x in
+// global memory (a small kernel before it, the rows in the workspace) instead of shared memory,
+// so that the ring keeps the whole shared memory and a prompt chunk of 64 tokens reads its
+// experts in one launch rather than four of 16 rows. The same bits.
+#define STRATA_MOE_X_GLOBAL (1 << 26)
 int strata_gpu_moe_set_options(int flags);
 int strata_gpu_moe_experts(const void* x, int x_dtype, const void* w_gate_up, const void* w_down,
                            int w_dtype, const float* gu_scale, const float* down_scale,

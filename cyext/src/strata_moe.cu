@@ -581,9 +581,41 @@ int strata_gpu_moe_set_options(int flags) {
   return old;
 }
 
-int64_t strata_gpu_moe_workspace(int64_t n, int64_t k, int64_t inter) {
+// The per-block kernels' tables, then (from 17 rows, when hidden is given) a wide launch's
+// staged x: n rows of 2H + 16 bytes and n row scales (strata_moe_stream.cu, moe_stage_x).
+static int64_t moe_x_stage_offset(int64_t n, int64_t k, int64_t inter) {
   const int64_t P = n * k;
-  return P * inter + P + P * P;
+  return (P * inter + P + P * P + 3) & ~(int64_t)3;  // 16-byte aligned
+}
+static int64_t moe_x_stage_floats(int64_t n, int64_t hidden) {
+  return n > 16 && hidden > 0 ? n * (2 * hidden + 16) / 4 + n : 0;
+}
+
+int64_t strata_gpu_moe_workspace(int64_t n, int64_t k, int64_t inter, int64_t hidden) {
+  return moe_x_stage_offset(n, k, inter) + moe_x_stage_floats(n, hidden);
+}
+
+int strata_gpu_moe_wide_takes(int64_t n, int64_t k, int64_t E, int64_t H, int64_t I, int64_t bo,
+                              int64_t bi, int w_dtype, int x_dtype, int device) {
+#if STRATA_PLATFORM_HIP
+  (void)n; (void)k; (void)E; (void)H; (void)I; (void)bo; (void)bi; (void)w_dtype;
+  (void)x_dtype; (void)device;
+  return 0;
+#else
+  if (gpu_use_device(device) || !device_has_pdl(device)) return 0;
+  if (!(g_moe_options & STRATA_MOE_X_GLOBAL) || !(g_moe_options & STRATA_MOE_STREAM) ||
+      w_dtype != STRATA_DTYPE_FP8 || n < 17 || n > 64 || n * k > 1024 || bo < 1 || bi < 1)
+    return 0;
+  MoeParams p = {};
+  static uint8_t stage_marker;  // non-null: the plan sees a staging buffer
+  p.x_stage = &stage_marker;
+  p.all_resident = 1;
+  p.n = (int)n; p.k = (int)k; p.P = (int)(n * k); p.E = (int)E; p.H = (int)H; p.I = (int)I;
+  p.bo = (int)bo; p.bi = (int)bi; p.x_dtype = x_dtype;
+  bool takes = false;
+  launch_moe_stream(p, w_dtype, device, false, false, nullptr, &takes, true);
+  return takes ? 1 : 0;
+#endif
 }
 
 int strata_gpu_moe_experts(const void* x, int x_dtype, const void* w_gate_up, const void* w_down,
@@ -597,8 +629,13 @@ int strata_gpu_moe_experts(const void* x, int x_dtype, const void* w_gate_up, co
   if (n == 0 || H == 0) return 0;
   const int64_t P = n * k;
   const int esz = dtype_size(w_dtype);
-  if (n > MOE_MAX_ROWS || P > MOE_MAX_PAIRS || k < 1 || E < 1 || I < 1)
-    return invalid("moe_experts (needs 1 <= N <= 32 rows and N * k <= 512)");
+  // Wide launches (STRATA_MOE_X_GLOBAL): FP8 weights without the expert cache on the streamed
+  // tensor-core kernels, up to 64 rows and 1,024 pairs, x staged in the workspace.
+  const bool wide_ok = (g_moe_options & STRATA_MOE_X_GLOBAL) && w_dtype == STRATA_DTYPE_FP8 &&
+                       !cache && n <= 64 && P <= 1024;
+  if ((!wide_ok && (n > MOE_MAX_ROWS || P > MOE_MAX_PAIRS)) || k < 1 || E < 1 || I < 1)
+    return invalid("moe_experts (needs 1 <= N <= 32 rows and N * k <= 512; with the wide "
+                   "option, FP8 weights and no expert cache, N <= 64 and N * k <= 1024)");
   if (H % 16 || I % 16 || !chunks_per_lane(H * esz / 16) || !chunks_per_lane(I * esz / 16))
     return invalid("moe_experts (H and I must be multiples of 16, rows at most 8 KiB)");
   if (!aligned16(x) || !aligned16(w_gate_up) || !aligned16(w_down) || !aligned16(workspace))
@@ -639,6 +676,8 @@ int strata_gpu_moe_experts(const void* x, int x_dtype, const void* w_gate_up, co
   p.act = workspace;
   p.counts = (int*)(workspace + P * I);
   p.members = p.counts + P;
+  p.x_stage = n > 16 ? (uint8_t*)(workspace + moe_x_stage_offset(n, k, I)) : nullptr;
+  p.x_unscale = n > 16 ? (float*)(p.x_stage + n * (2 * H + 16)) : nullptr;
   p.gu_expert_bytes = 2 * I * H * esz;
   p.down_expert_bytes = H * I * esz;
   p.n = (int)n;
@@ -665,6 +704,9 @@ int strata_gpu_moe_experts(const void* x, int x_dtype, const void* w_gate_up, co
                            (g_moe_options & STRATA_MOE_STREAM_ALL) != 0, st, &launched);
     if (launched || rc) return rc;
   }
+  if (n > MOE_MAX_ROWS || P > MOE_MAX_PAIRS)  // only the streamed kernels take these
+    return invalid("moe_experts (more than 32 rows or 512 pairs need the streamed tensor-core "
+                   "kernels: sm_90+, FP8 in 128-column blocks, H a multiple of 128 up to 4096)");
   switch (w_dtype) {
     case STRATA_DTYPE_F32: return launch_moe<F32>(p, device, st);
     case STRATA_DTYPE_BF16: return launch_moe<BF16>(p, device, st);

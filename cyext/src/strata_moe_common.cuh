@@ -258,6 +258,10 @@ struct MoeParams {
   const float* topk_w;
   const int64_t* topk_ids;
   float* act;    // (P, I) float32
+  // Wide launches (strata_moe_stream.cu, moe_stage_x): x as scaled f16 rows of 2H + 16 bytes
+  // and each row's unscale, in the workspace past the per-block kernels' tables.
+  uint8_t* x_stage;
+  float* x_unscale;
   int* counts;   // (P,) members of pair s's expert when s is its leader, else 0
   int* members;  // (P, P) member pairs of each leader, in pair order
   int64_t gu_expert_bytes, down_expert_bytes;     // stride between experts' weights
@@ -339,9 +343,10 @@ void launch_maybe_pdl(void (*kernel)(Params...), dim3 grid, dim3 block, int smem
 // they take the call (FP8 or bf16 weights, bf16 x, shapes within their limits, and unless
 // every_size, the row counts where they measured faster), else leaves it false and the caller
 // runs the per-block kernels. The caller decides whether an expert cache that can miss may run
-// them (strata_moe.cu). Returns 0 or a CUDA error code.
+// them (strata_moe.cu). plan_only: only whether they would take it. Returns 0 or a CUDA error
+// code.
 int launch_moe_stream(const MoeParams& p, int w_dtype, int device, bool pdl, bool every_size,
-                      cudaStream_t st, bool* launched);
+                      cudaStream_t st, bool* launched, bool plan_only = false);
 
 // The streamed FP8 linear on tensor cores (strata_linear_stream.cu, sm_90+): whether it takes
 // an (m, in) x (o, in) product with (bo, bi) blocks (any m: launches of 16 rows), and its

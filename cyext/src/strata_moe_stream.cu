@@ -55,13 +55,16 @@ constexpr int ST_DOWN_STAGE = ST_COPY_BYTES;
 constexpr int ST_MAX_EXPERTS = 4096;                 // the first-pair table in shared memory
 constexpr int ST_X_F32_MAX_BYTES = 32768;            // x staged as float32 up to this size
 constexpr int ST_X_MAX_BYTES = 131072;               // else as bfloat16 words up to this
+// Wide launches (STRATA_MOE_X_GLOBAL: FP8 on tensor cores, 17-64 rows): x staged in global
+// memory by moe_stage_x, up to this many pairs, two per thread in the block scans.
+constexpr int ST_WIDE_MAX_ROWS = 64;
+constexpr int ST_WIDE_MAX_PAIRS = 1024;
+static_assert(ST_WIDE_MAX_PAIRS <= 2 * ST_THREADS, "two pairs per thread in the scans");
 
 // Shared memory: barriers, ids, leaders, scan scratch, first-pair table, then x (gate/up) or
-// y (down), then the stages.
+// y (down), then the stages. The ids and leaders hold sp.pair_cap pairs each (MOE_MAX_PAIRS,
+// or ST_WIDE_MAX_PAIRS in a wide launch), so launches of up to 32 rows keep their layout.
 constexpr int ST_OFF_IDS = 2 * ST_MAX_STAGES * 8;
-constexpr int ST_OFF_LEAD = ST_OFF_IDS + MOE_MAX_PAIRS * 4;
-constexpr int ST_OFF_WTOT = ST_OFF_LEAD + MOE_MAX_PAIRS * 4;
-constexpr int ST_OFF_FIRST = ST_OFF_WTOT + 128;
 
 inline int align128(int v) { return (v + 127) & ~127; }
 
@@ -75,8 +78,14 @@ struct StreamPlan {
   int x_stride;        // gate/up on tensor cores: bytes per f16 x row in shared memory
   int scale_off;       // gate/up on tensor cores: each x row's 2^s_n (floats) in shared memory
   int items_off;       // down: the item tables (down_items) in shared memory
-  int group;           // down: members per item at most
+  int group;           // down: members per item at most; gate/up: nonzero = member tables
+  int pair_cap;        // pairs the ids and leaders hold (the shared-memory layout)
+  int x_global;        // gate/up on tensor cores: x and its row scales staged in global memory
 };
+
+__host__ __device__ inline int st_off_lead(const StreamPlan& sp) { return ST_OFF_IDS + 4 * sp.pair_cap; }
+__host__ __device__ inline int st_off_wtot(const StreamPlan& sp) { return st_off_lead(sp) + 4 * sp.pair_cap; }
+__host__ __device__ inline int st_off_first(const StreamPlan& sp) { return st_off_wtot(sp) + 128; }
 
 // Features per gate/up item: F rows of CPL chunks per lane fill one 8 KiB copy.
 __host__ __device__ constexpr int gate_up_features(int cpl) { return 16 / cpl > 8 ? 8 : 16 / cpl; }
@@ -86,18 +95,25 @@ using namespace strata::bulk;
 
 // The window's pairs grouped by expert, in shared memory: ids_s[q] (clamped), lead_s[d] = the
 // first pair of the d-th distinct expert (leaders in pair order). Returns the distinct count.
+// A thread takes pairs q0 = per * tid .. + per - 1 (per = 2 past ST_THREADS pairs): consecutive,
+// so the scan keeps the leaders in pair order.
 __device__ __forceinline__ int group_pairs(const MoeParams& p, int* ids_s, int* first_s,
                                            int* lead_s, int* warp_tot) {
-  const int tid = threadIdx.x;
-  if (tid < p.P) ids_s[tid] = clamp_expert(p.topk_ids[tid], p.E);
-  for (int e = tid; e < p.E; e += ST_THREADS) first_s[e] = 0x7fffffff;
+  const int per = p.P > ST_THREADS ? 2 : 1, q0 = per * (int)threadIdx.x;
+  for (int j = 0; j < per; ++j)
+    if (q0 + j < p.P) ids_s[q0 + j] = clamp_expert(p.topk_ids[q0 + j], p.E);
+  for (int e = threadIdx.x; e < p.E; e += ST_THREADS) first_s[e] = 0x7fffffff;
   __syncthreads();
-  if (tid < p.P) atomicMin(first_s + ids_s[tid], tid);
+  for (int j = 0; j < per; ++j)
+    if (q0 + j < p.P) atomicMin(first_s + ids_s[q0 + j], q0 + j);
   __syncthreads();
-  const int lead = (tid < p.P && first_s[ids_s[tid]] == tid) ? 1 : 0;
+  int lead[2] = {0, 0};
+  for (int j = 0; j < per; ++j)
+    lead[j] = (q0 + j < p.P && first_s[ids_s[q0 + j]] == q0 + j) ? 1 : 0;
   int distinct;
-  const int pos = block_exclusive_scan<ST_THREADS>(lead, warp_tot, &distinct);
-  if (lead) lead_s[pos] = tid;
+  const int pos = block_exclusive_scan<ST_THREADS>(lead[0] + lead[1], warp_tot, &distinct);
+  if (lead[0]) lead_s[pos] = q0;
+  if (lead[1]) lead_s[pos + lead[0]] = q0 + 1;
   __syncthreads();
   return distinct;
 }
@@ -115,8 +131,8 @@ __device__ __forceinline__ int stream_start(uint8_t* smem, const MoeParams& p,
     }
     mbar_init_fence();
   }
-  return group_pairs(p, (int*)(smem + ST_OFF_IDS), (int*)(smem + ST_OFF_FIRST),
-                     (int*)(smem + ST_OFF_LEAD), (int*)(smem + ST_OFF_WTOT));
+  return group_pairs(p, (int*)(smem + ST_OFF_IDS), (int*)(smem + st_off_first(sp)),
+                     (int*)(smem + st_off_lead(sp)), (int*)(smem + st_off_wtot(sp)));
 }
 
 // The members of the expert led by pair s0 (pairs q >= s0 with its id, in pair order), a warp
@@ -147,39 +163,55 @@ __device__ __forceinline__ void for_members(const int* ids_s, int P, int s0, int
 __device__ __forceinline__ int down_items(uint8_t* smem, const MoeParams& p, const StreamPlan& sp,
                                           int distinct) {
   const int* ids_s = (const int*)(smem + ST_OFF_IDS);
-  const int* lead_s = (const int*)(smem + ST_OFF_LEAD);
-  int* index_s = (int*)(smem + ST_OFF_FIRST);
+  const int* lead_s = (const int*)(smem + st_off_lead(sp));
+  int* index_s = (int*)(smem + st_off_first(sp));
   int* memb = (int*)(smem + sp.items_off);
   int* span = memb + p.P;
   int* eid = span + p.P;
   int* cnt = eid + p.P;
-  const int tid = threadIdx.x, G = sp.group;
-  if (tid < distinct) {
-    index_s[ids_s[lead_s[tid]]] = tid;
-    cnt[tid] = 0;
-  }
-  __syncthreads();
-  int d = 0, ord = 0;
-  if (tid < p.P) {
-    d = index_s[ids_s[tid]];
-    ord = atomicAdd(cnt + d, 1);
-  }
-  __syncthreads();
-  const int c = tid < distinct ? cnt[tid] : 0, runs = (c + G - 1) / G;
-  int total;
-  const int start = block_exclusive_scan<ST_THREADS>(c | (runs << 16), (int*)(smem + ST_OFF_WTOT),
-                                                     &total);
-  if (tid < distinct) {
-    const int m0 = start & 0xffff, i0 = start >> 16, e = ids_s[lead_s[tid]];
-    cnt[tid] = m0;
-    for (int r = 0; r < runs; ++r) {
-      const int lo = m0 + r * G, hi = lo + G < m0 + c ? lo + G : m0 + c;
-      span[i0 + r] = lo | (hi << 16);
-      eid[i0 + r] = e;
+  const int G = sp.group;
+  // pairs and distinct experts, up to two per thread each, consecutive (as group_pairs)
+  const int per = p.P > ST_THREADS ? 2 : 1, q0 = per * (int)threadIdx.x;
+  const int dper = distinct > ST_THREADS ? 2 : 1, d0 = dper * (int)threadIdx.x;
+  for (int j = 0; j < dper; ++j)
+    if (d0 + j < distinct) {
+      index_s[ids_s[lead_s[d0 + j]]] = d0 + j;
+      cnt[d0 + j] = 0;
     }
+  __syncthreads();
+  int d[2] = {0, 0}, ord[2] = {0, 0};
+  for (int j = 0; j < per; ++j)
+    if (q0 + j < p.P) {
+      d[j] = index_s[ids_s[q0 + j]];
+      ord[j] = atomicAdd(cnt + d[j], 1);
+    }
+  __syncthreads();
+  int c[2] = {0, 0}, runs[2] = {0, 0};
+  for (int j = 0; j < dper; ++j)
+    if (d0 + j < distinct) {
+      c[j] = cnt[d0 + j];
+      runs[j] = (c[j] + G - 1) / G;
+    }
+  int total;
+  const int start = block_exclusive_scan<ST_THREADS>((c[0] + c[1]) | ((runs[0] + runs[1]) << 16),
+                                                     (int*)(smem + st_off_wtot(sp)), &total);
+  int m0 = start & 0xffff, i0 = start >> 16;
+  for (int j = 0; j < dper; ++j) {
+    if (d0 + j < distinct) {
+      const int e = ids_s[lead_s[d0 + j]];
+      cnt[d0 + j] = m0;
+      for (int r = 0; r < runs[j]; ++r) {
+        const int lo = m0 + r * G, hi = lo + G < m0 + c[j] ? lo + G : m0 + c[j];
+        span[i0 + r] = lo | (hi << 16);
+        eid[i0 + r] = e;
+      }
+    }
+    m0 += c[j];
+    i0 += runs[j];
   }
   __syncthreads();
-  if (tid < p.P) memb[cnt[d] + ord] = tid;
+  for (int j = 0; j < per; ++j)
+    if (q0 + j < p.P) memb[cnt[d[j]] + ord[j]] = q0 + j;
   __syncthreads();
   return total >> 16;
 }
@@ -213,7 +245,7 @@ __device__ __forceinline__ int gate_up_start(uint8_t* smem, const MoeParams& p,
   const int distinct = stream_start(smem, p, sp);
   if (p.routed_counts && blockIdx.x == 0) {
     const int* ids_s = (const int*)(smem + ST_OFF_IDS);
-    const int* lead_s = (const int*)(smem + ST_OFF_LEAD);
+    const int* lead_s = (const int*)(smem + st_off_lead(sp));
     for (int d = threadIdx.x; d < distinct; d += ST_THREADS) {
       const int s0 = lead_s[d], e = ids_s[s0];
       int members = 0;
@@ -297,6 +329,47 @@ __device__ __forceinline__ void gate_up_mma_blocks(float (&acc)[4], const uint8_
     for (int i = 0; i < 4; ++i) acc[i] = fmaf(scale, part[0][i] + part[1][i], acc[i]);
   }
 }
+// Row n of x as f16 scaled by a power of two (f16_row_scale), into xs (2H bytes), and the
+// power that undoes it into *unscale, by one warp: the row's 16-byte pieces are held in
+// registers (8 per lane up to H = 2048) for its largest magnitude, then converted.
+__device__ __forceinline__ void stage_x_row_f16(const uint16_t* xr, uint8_t* xs, float* unscale,
+                                                int H, int lane) {
+  constexpr int XR = 8;
+  uint4 v[XR];
+  uint32_t mx = 0;
+  for (int c0 = 0; c0 < H / 8; c0 += 32 * XR) {
+#pragma unroll
+    for (int r = 0; r < XR; ++r) {
+      const int c = c0 + lane + 32 * r;
+      v[r] = c < H / 8 ? ldg16(xr + 8 * c) : make_uint4(0, 0, 0, 0);
+    }
+#pragma unroll
+    for (int r = 0; r < XR; ++r) {
+      const uint32_t wd[4] = {v[r].x, v[r].y, v[r].z, v[r].w};
+#pragma unroll
+      for (int i = 0; i < 4; ++i) mx = max(mx, bf16x2_abs_max_bits(wd[i]));
+    }
+  }
+  asm("redux.sync.max.u32 %0, %0, 0xffffffff;" : "+r"(mx));
+  float sc, un;
+  f16_row_scale(mx, sc, un);
+  if (lane == 0) *unscale = un;
+  for (int c0 = 0; c0 < H / 8; c0 += 32 * XR) {
+    if (H / 8 > 32 * XR) {  // rows past 2048: read again (the registers hold the last part)
+#pragma unroll
+      for (int r = 0; r < XR; ++r) {
+        const int c = c0 + lane + 32 * r;
+        if (c < H / 8) v[r] = ldg16(xr + 8 * c);
+      }
+    }
+#pragma unroll
+    for (int r = 0; r < XR; ++r) {
+      const int c = c0 + lane + 32 * r;
+      if (c >= H / 8) break;
+      *(uint4*)(xs + 16 * c) = bf16x8_scaled_to_f16x8(v[r], sc);
+    }
+  }
+}
 #endif  // __CUDA_ARCH__ >= 900
 
 // CPL: 16-byte chunks per lane of a weight row (unrolled); XF32: x staged as float32, else as
@@ -313,7 +386,7 @@ __global__ void __launch_bounds__(ST_THREADS, 1)
   uint64_t* full = (uint64_t*)smem;
   uint64_t* empty = full + ST_MAX_STAGES;
   const int* ids_s = (const int*)(smem + ST_OFF_IDS);
-  const int* lead_s = (const int*)(smem + ST_OFF_LEAD);
+  const int* lead_s = (const int*)(smem + st_off_lead(sp));
   uint4* x_s = (uint4*)(smem + sp.data_off);
   uint8_t* ring = smem + sp.ring_off;
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
@@ -435,12 +508,17 @@ __global__ void __launch_bounds__(ST_THREADS, 1) moe_gate_up_mma(MoeParams p, St
   constexpr int F = 4;
   extern __shared__ __align__(128) uint8_t smem[];
   const int distinct = gate_up_start(smem, p, sp);
+  // member tables (down_items, one item per expert: sp.group >= the rows), so that an item
+  // finds its members without a ballot over every pair (wide launches: up to 1,024 pairs)
+  if (sp.group) down_items(smem, p, sp, distinct);
+  const int* memb = (const int*)(smem + sp.items_off);
+  const int* span = memb + p.P;
   uint64_t* full = (uint64_t*)smem;
   uint64_t* empty = full + ST_MAX_STAGES;
   const int* ids_s = (const int*)(smem + ST_OFF_IDS);
-  const int* lead_s = (const int*)(smem + ST_OFF_LEAD);
-  uint8_t* x_s = smem + sp.data_off;
-  float* unscale_s = (float*)(smem + sp.scale_off);  // 2^s_n per x row
+  const int* lead_s = (const int*)(smem + st_off_lead(sp));
+  uint8_t* x_s = sp.x_global ? p.x_stage : smem + sp.data_off;
+  float* unscale_s = sp.x_global ? p.x_unscale : (float*)(smem + sp.scale_off);  // 2^s_n per row
   uint8_t* ring = smem + sp.ring_off;
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
   const int n_local = gate_up_items(distinct, sp);
@@ -453,47 +531,12 @@ __global__ void __launch_bounds__(ST_THREADS, 1) moe_gate_up_mma(MoeParams p, St
   }
   if (warp >= sp.warps) return;
 
-  // x as scaled f16, one warp per row, while the first stages land: a row's 16-byte pieces are
-  // held in registers (8 per lane up to H = 2048) for its largest magnitude, then converted
-  constexpr int XR = 8;
-  for (int n = warp; n < p.n; n += sp.warps) {
-    const uint16_t* xr = (const uint16_t*)p.x + (int64_t)n * H;
-    uint8_t* xs = x_s + (int64_t)n * sp.x_stride;
-    uint4 v[XR];
-    uint32_t mx = 0;
-    for (int c0 = 0; c0 < H / 8; c0 += 32 * XR) {
-#pragma unroll
-      for (int r = 0; r < XR; ++r) {
-        const int c = c0 + lane + 32 * r;
-        v[r] = c < H / 8 ? ldg16(xr + 8 * c) : make_uint4(0, 0, 0, 0);
-      }
-#pragma unroll
-      for (int r = 0; r < XR; ++r) {
-        const uint32_t wd[4] = {v[r].x, v[r].y, v[r].z, v[r].w};
-#pragma unroll
-        for (int i = 0; i < 4; ++i) mx = max(mx, bf16x2_abs_max_bits(wd[i]));
-      }
-    }
-    asm("redux.sync.max.u32 %0, %0, 0xffffffff;" : "+r"(mx));
-    float sc, unscale;
-    f16_row_scale(mx, sc, unscale);
-    if (lane == 0) unscale_s[n] = unscale;
-    for (int c0 = 0; c0 < H / 8; c0 += 32 * XR) {
-      if (H / 8 > 32 * XR) {  // rows past 2048: read again (the registers hold the last part)
-#pragma unroll
-        for (int r = 0; r < XR; ++r) {
-          const int c = c0 + lane + 32 * r;
-          if (c < H / 8) v[r] = ldg16(xr + 8 * c);
-        }
-      }
-#pragma unroll
-      for (int r = 0; r < XR; ++r) {
-        const int c = c0 + lane + 32 * r;
-        if (c >= H / 8) break;
-        *(uint4*)(xs + 16 * c) = bf16x8_scaled_to_f16x8(v[r], sc);
-      }
-    }
-  }
+  // x as scaled f16, one warp per row, while the first stages land (a wide launch reads the
+  // rows moe_stage_x staged in global memory instead)
+  if (!sp.x_global)
+    for (int n = warp; n < p.n; n += sp.warps)
+      stage_x_row_f16((const uint16_t*)p.x + (int64_t)n * H, x_s + (int64_t)n * sp.x_stride,
+                      unscale_s + n, H, lane);
   sync_threads(sp.warps * 32);
 
   const int g = lane >> 2, t = lane & 3;
@@ -515,12 +558,18 @@ __global__ void __launch_bounds__(ST_THREADS, 1) moe_gate_up_mma(MoeParams p, St
     // lane j holds member w0 + j
     for (int w0 = 0;; w0 += 32) {
       int my_q = -1, M = 0;
-      for (int base = s0 & ~31; base < p.P; base += 32) {
-        const int q = base + lane;
-        const unsigned m = __ballot_sync(0xffffffffu, q >= s0 && q < p.P && ids_s[q] == e);
-        const int c = __popc(m), j = w0 + lane - M;
-        if (j >= 0 && j < c) my_q = base + (int)__fns(m, 0, j + 1);
-        M += c;
+      if (sp.group) {  // the tables: expert d's members are memb[lo, hi)
+        const int lo = span[d] & 0xffff;
+        M = (span[d] >> 16) - lo;
+        if (w0 + lane < M) my_q = memb[lo + w0 + lane];
+      } else {
+        for (int base = s0 & ~31; base < p.P; base += 32) {
+          const int q = base + lane;
+          const unsigned m = __ballot_sync(0xffffffffu, q >= s0 && q < p.P && ids_s[q] == e);
+          const int c = __popc(m), j = w0 + lane - M;
+          if (j >= 0 && j < c) my_q = base + (int)__fns(m, 0, j + 1);
+          M += c;
+        }
       }
       const int Mw = M - w0 < 32 ? M - w0 : 32;
       for (int m0 = 0; m0 < Mw; m0 += 16) {
@@ -558,6 +607,21 @@ __global__ void __launch_bounds__(ST_THREADS, 1) moe_gate_up_mma(MoeParams p, St
 #endif
 }
 
+// A wide launch's x (17-64 rows do not fit beside a ring in shared memory): every row staged
+// once into global memory as the tensor-core gate/up reads it (stage_x_row_f16), one warp per
+// row, before the gate/up grid, which then reads its A fragments from L2. The same f16 values
+// and scales as a launch that stages x in shared memory: the same bits.
+__global__ void __launch_bounds__(32) moe_stage_x(MoeParams p, int x_stride) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  pdl_wait_primary();  // x comes from the kernel before
+  stage_x_row_f16((const uint16_t*)p.x + (int64_t)blockIdx.x * p.H,
+                  p.x_stage + (int64_t)blockIdx.x * x_stride, p.x_unscale + blockIdx.x, p.H,
+                  threadIdx.x);
+  __threadfence();
+  pdl_launch_dependents();
+#endif
+}
+
 // T output features per CTA, CPL 16-byte chunks per lane of a down row (both unrolled).
 template <typename W, int T, int CPL>
 __global__ void __launch_bounds__(ST_THREADS, 1) moe_down_stream(MoeParams p, StreamPlan sp) {
@@ -573,7 +637,7 @@ __global__ void __launch_bounds__(ST_THREADS, 1) moe_down_stream(MoeParams p, St
   uint64_t* full = (uint64_t*)smem;
   uint64_t* empty = full + ST_MAX_STAGES;
   const int* ids_s = (const int*)(smem + ST_OFF_IDS);
-  const int* lead_s = (const int*)(smem + ST_OFF_LEAD);
+  const int* lead_s = (const int*)(smem + st_off_lead(sp));
   const int* memb = (const int*)(smem + sp.items_off);
   const int* span = memb + p.P;
   const int* eid = span + p.P;
@@ -701,6 +765,11 @@ int launch_gate_up_mma(const MoeParams& p, const StreamPlan& sp, int grid, int s
                        cudaStream_t st) {
   static int allowed = 0;
   const char* name = "moe_experts: moe_gate_up_mma";
+  if (sp.x_global) {
+    launch_maybe_pdl(moe_stage_x, dim3((unsigned)p.n), dim3(32), 0, st, pdl, p, sp.x_stride);
+    if (int rc = take_launch_error("moe_experts: moe_stage_x")) return rc;
+    pdl = true;  // gate/up waits for the staging grid (pdl_wait_primary) before reading x
+  }
   if (int rc = allow_smem(moe_gate_up_mma, smem, allowed, name)) return rc;
   launch_maybe_pdl(moe_gate_up_mma, dim3((unsigned)grid), dim3(ST_THREADS), smem, st, pdl, p, sp);
   return take_launch_error(name);
@@ -753,7 +822,7 @@ inline void size_ring(StreamPlan& sp, int bytes, int stage) {
 
 template <typename W>
 int launch_stream(const MoeParams& p, const DeviceFacts& dev, bool pdl, bool every_size,
-                  cudaStream_t st, bool* launched) {
+                  cudaStream_t st, bool* launched, bool plan_only) {
   typedef WChunk<W> C;
   const int esz = (int)sizeof(typename W::storage);
   const int64_t gu_row = (int64_t)p.H * esz, down_row = (int64_t)p.I * esz;
@@ -774,18 +843,33 @@ int launch_stream(const MoeParams& p, const DeviceFacts& dev, bool pdl, bool eve
   // gate/up on tensor cores (FP8 in 128-k blocks, 4 features per item, x as f16 rows): every
   // FP8 window of up to 32 rows, so that a row's bits never depend on the window's size (the
   // per-block kernels sum in another order)
+  // STRATA_MOE_X_GLOBAL: from 17 rows (up to 64) x is staged in global memory (moe_stage_x),
+  // so that the ring keeps the whole shared memory; the caller's workspace holds it.
+  const bool x_global = fp8 && (options & STRATA_MOE_X_GLOBAL) && p.n > 16 && p.x_stage;
   const bool mma = fp8 && (options & STRATA_MOE_GU_MMA) && p.bi == 128 && p.bo % 4 == 0 &&
-                   p.I % 4 == 0 && p.H % 128 == 0 && p.H <= 4096 && p.n <= 32;
+                   p.I % 4 == 0 && p.H % 128 == 0 && p.H <= 4096 &&
+                   p.n <= (x_global ? ST_WIDE_MAX_ROWS : 32);
   if (!every_size && !mma && (fp8 ? p.n > 16 : (p.n < 2 || p.n > 8))) return 0;
   const bool gu_ok = mma || (cpl && F * gu_row <= ST_COPY_BYTES && p.I % F == 0 &&
                              !(fp8 && p.bo % F));
   if (!gu_ok || !cpl_dn || T * down_row > ST_COPY_BYTES || p.H % T || (fp8 && p.bo % T) ||
-      p.E > ST_MAX_EXPERTS || p.P > ST_THREADS || p.x_dtype != STRATA_DTYPE_BF16)
+      p.E > ST_MAX_EXPERTS || p.P > (mma && x_global ? ST_WIDE_MAX_PAIRS : ST_THREADS) ||
+      p.x_dtype != STRATA_DTYPE_BF16)
     return 0;
-  const int meta = align128(ST_OFF_FIRST + 4 * p.E);
+  const int pair_cap = p.P > MOE_MAX_PAIRS ? ST_WIDE_MAX_PAIRS : MOE_MAX_PAIRS;
   StreamPlan gu = {};
+  gu.pair_cap = pair_cap;
+  const int meta = align128(st_off_first(gu) + 4 * p.E);
   bool x_f32 = false;
-  if (mma) {
+  if (mma && x_global) {
+    gu.tiles = p.I / 4;
+    gu.x_global = 1;
+    gu.x_stride = 2 * p.H + 16;
+    gu.group = ST_WIDE_MAX_ROWS;  // one item per expert: its members in the tables
+    gu.items_off = meta;
+    gu.ring_off = align128(meta + 16 * p.P);
+    gu.stage_bytes = 8 * p.H;
+  } else if (mma) {
     gu.tiles = p.I / 4;
     gu.data_off = meta;
     gu.x_stride = 2 * p.H + 16;
@@ -803,6 +887,7 @@ int launch_stream(const MoeParams& p, const DeviceFacts& dev, bool pdl, bool eve
   }
   size_ring(gu, dev.smem_optin - gu.ring_off, gu.stage_bytes);
   StreamPlan dn = {};
+  dn.pair_cap = pair_cap;
   dn.items_off = meta;
   // STRATA_MOE_DOWN_SPLIT: members per down item (down_items; the same bits at any count)
   // (0: no tables, one item per expert; below 3 rows the tables cost more than they save). Runs
@@ -815,6 +900,7 @@ int launch_stream(const MoeParams& p, const DeviceFacts& dev, bool pdl, bool eve
   size_ring(dn, dev.smem_optin - dn.ring_off, ST_DOWN_STAGE);
   if (gu.warps < 4 || dn.warps < 4) return 0;
   *launched = true;
+  if (plan_only) return 0;
   const int gu_smem = gu.ring_off + gu.stages * gu.stage_bytes;
   const int dn_smem = dn.ring_off + dn.stages * ST_DOWN_STAGE;
   // STRATA_MOE_GU_PDL: gate/up as a programmatic dependent of the kernel before it (the
@@ -833,21 +919,22 @@ int launch_stream(const MoeParams& p, const DeviceFacts& dev, bool pdl, bool eve
 }  // namespace
 
 int launch_moe_stream(const MoeParams& p, int w_dtype, int device, bool pdl, bool every_size,
-                      cudaStream_t st, bool* launched) {
+                      cudaStream_t st, bool* launched, bool plan_only) {
   *launched = false;
   if (p.n < 1) return 0;
   const DeviceFacts dev = device_facts(device);
   if (dev.sms < 1) return 0;
   if (w_dtype == STRATA_DTYPE_FP8)
-    return launch_stream<FP8W>(p, dev, pdl, every_size, st, launched);
+    return launch_stream<FP8W>(p, dev, pdl, every_size, st, launched, plan_only);
   if (w_dtype == STRATA_DTYPE_BF16)
-    return launch_stream<BF16>(p, dev, pdl, every_size, st, launched);
+    return launch_stream<BF16>(p, dev, pdl, every_size, st, launched, plan_only);
   return 0;
 }
 
 #else  // HIP: no bulk copy engine; strata_moe.cu's per-block kernels run instead.
 
-int launch_moe_stream(const MoeParams&, int, int, bool, bool, cudaStream_t, bool* launched) {
+int launch_moe_stream(const MoeParams&, int, int, bool, bool, cudaStream_t, bool* launched,
+                      bool) {
   *launched = false;
   return 0;
 }

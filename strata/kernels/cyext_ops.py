@@ -509,6 +509,8 @@ MOE_MAX_ROWS = 32
 #: bus once per launch (the simulator's experts.call_rows).
 _moe_fp8_launch_rows = 16
 MOE_MAX_PAIRS = 512
+#: Rows of a wide FP8 launch (moe_launch_options(fp8_wide=)).
+MOE_WIDE_ROWS = 64
 MOE_MAX_ROW_BYTES = 8192
 #: Rows the skinny linear kernel takes; more rows use the reference (dequantise + matmul).
 LINEAR_SKINNY_MAX_ROWS = 32
@@ -551,7 +553,7 @@ def moe_launch_options(pdl=None, early=None, wide=None, db=None, xsmem=None, str
                        stream_miss=None, gate_up_pdl=None, linear_split=None,
                        linear_split_depth=None, linear_split_pair=None,
                        linear_f16=None, gate_up_mma=None, down_split=None,
-                       down_split_runs=None, fp8_launch16=None) -> dict:
+                       down_split_runs=None, fp8_launch16=None, fp8_wide=None) -> dict:
     """Read or set moe_experts' launch switches on the GPU extension (process-wide; each gives
     the same bits unless it says otherwise): `stream` (on by default), the streamed kernels on
     sm_90+ without the expert cache, or with one (see `stream_miss` for a cache that can miss),
@@ -591,13 +593,18 @@ def moe_launch_options(pdl=None, early=None, wide=None, db=None, xsmem=None, str
     same bits. `down_split_runs` (0: that rule), 1-15 members per run instead (the same bits).
     `fp8_launch16` (on; this module's, not the extension's): gpu_moe_experts launches FP8 weights
     without the expert cache 16 rows at a time (off: 32), rows being independent; the same bits.
+    `fp8_wide` (off): such weights launch up to 64 rows at a time where the extension takes them
+    wide (moe_wide_takes: sm_90+, the tensor-core gate/up), x staged in global memory by a small
+    kernel so that the ring keeps the whole shared memory: a 64-token prompt chunk reads its
+    distinct experts once instead of in four 16-row launches; windows of up to 16 rows are
+    unchanged. The same bits.
     None leaves a switch as it is. Returns the switches now in force."""
     flags = _gpu.moe_set_options(-1)
     for bit, on in ((1, pdl), (2, early), (4, wide), (8, db), (16, xsmem), (32, stream),
                     (64, stream_all), (128, linear_stream), (256, linear_pipe),
                     (1024, stream_miss), (4096, gate_up_pdl), (8192, linear_split),
                     (16384, linear_split_pair), (32768, linear_f16), (1 << 20, gate_up_mma),
-                    (1 << 21, down_split)):
+                    (1 << 21, down_split), (1 << 26, fp8_wide)):
         if on is not None:
             flags = (flags | bit) if on else (flags & ~bit)
     flags = _count_field(flags, "linear_split_depth", linear_split_depth, 16)
@@ -606,6 +613,8 @@ def moe_launch_options(pdl=None, early=None, wide=None, db=None, xsmem=None, str
     global _moe_fp8_launch_rows
     if fp8_launch16 is not None:
         _moe_fp8_launch_rows = 16 if fp8_launch16 else MOE_MAX_ROWS
+    if fp8_wide is not None:
+        _moe_fp8_launch_rows = MOE_WIDE_ROWS if fp8_wide else 16
     return {"pdl": bool(flags & 1), "early": bool(flags & 2), "wide": bool(flags & 4),
             "db": bool(flags & 8), "xsmem": bool(flags & 16), "stream": bool(flags & 32),
             "stream_all": bool(flags & 64), "linear_stream": bool(flags & 128),
@@ -615,7 +624,8 @@ def moe_launch_options(pdl=None, early=None, wide=None, db=None, xsmem=None, str
             "linear_split_pair": bool(flags & 16384), "linear_f16": bool(flags & 32768),
             "gate_up_mma": bool(flags & (1 << 20)), "down_split": bool(flags & (1 << 21)),
             "down_split_runs": (flags >> 22) & 15,
-            "fp8_launch16": _moe_fp8_launch_rows == 16}
+            "fp8_launch16": _moe_fp8_launch_rows == 16,
+            "fp8_wide": bool(flags & (1 << 26)) and _moe_fp8_launch_rows == MOE_WIDE_ROWS}
 
 
 def conv_launch_options(serial=None) -> dict:
@@ -630,9 +640,11 @@ def conv_launch_options(serial=None) -> dict:
     return {"serial": bool(flags & 1)}
 
 
-def moe_workspace_numel(rows: int, k: int, inter: int) -> int:
-    """float32 scratch elements gpu_moe_experts needs for up to `rows` rows (<= 32 per launch)."""
-    return _gpu.moe_workspace_numel(min(int(rows), MOE_MAX_ROWS), int(k), int(inter))
+def moe_workspace_numel(rows: int, k: int, inter: int, hidden: int = 0) -> int:
+    """float32 scratch elements gpu_moe_experts needs for up to `rows` rows per launch (at most
+    32, or MOE_WIDE_ROWS for a wide launch, whose staged x needs `hidden`)."""
+    return _gpu.moe_workspace_numel(min(int(rows), MOE_WIDE_ROWS if hidden else MOE_MAX_ROWS),
+                                    int(k), int(inter), int(hidden))
 
 
 def _validate_ids(op: str, ids: torch.Tensor, num_experts: int) -> None:
@@ -678,14 +690,18 @@ def gpu_moe_experts(x, w_gate_up, w_down, topk_weight, topk_ids, gu_scale=None,
     inter = w_gate_up.shape[1] // 2
     if out is None:
         out = torch.empty_like(x)
-    need = _gpu.moe_workspace_numel(min(n, MOE_MAX_ROWS), k, inter)
+    step = _moe_fp8_launch_rows if gu_scale is not None and not cache else MOE_MAX_ROWS
+    if step == MOE_WIDE_ROWS and not (n > 16 and _gpu.moe_wide_takes(
+            min(n, MOE_WIDE_ROWS), k, w_gate_up.shape[0], x.shape[-1], inter, bo, bi,
+            x.device.index)):
+        step = 16  # windows of up to 16 rows, or shapes the wide launch does not take
+    need = _gpu.moe_workspace_numel(min(n, step), k, inter, x.shape[-1])
     if workspace is None or workspace.numel() < need or workspace.data_ptr() % 16:
         workspace = torch.empty(need, dtype=torch.float32, device=x.device)
     w_gate_up, w_down = w_gate_up.contiguous(), w_down.contiguous()
     if gu_scale is not None:
         gu_scale, down_scale = gu_scale.float().contiguous(), down_scale.float().contiguous()
     stream = _stream(x)
-    step = _moe_fp8_launch_rows if gu_scale is not None and not cache else MOE_MAX_ROWS
     for r0 in range(0, n, step):  # rows are independent: launches of fewer change no result
         r1 = min(n, r0 + step)
         o = out if (r0 == 0 and r1 == n) else out[r0:r1]
