@@ -191,6 +191,28 @@ cdef tuple _args_causal_conv(str op, x, conv_state, weight, group_slot, out, sna
     return xdt, sdt, wdt, nslots, ng, g, c, kw
 
 
+cdef tuple _args_conv_ba(str op, x, x_normed, w_ba, ba):
+    """causal_conv_window_qkvz_ba's b/a projection: x_normed (NG, G, H) and w_ba (2 nv, H) in
+    x's dtype (the qkvz columns'), ba (NG, G, 2 nv) too; all three contiguous. -> (H, 2 nv)"""
+    for name, t, nd in (("x_normed", x_normed, 3), ("w_ba", w_ba, 2), ("ba", ba, 3)):
+        _check_tensor(op, name, t, nd)
+        _dtype_code(op, name, t)
+        if t.dtype != x.dtype:
+            raise TypeError(f"{op}: {name} has dtype {t.dtype}; expected x's {x.dtype}")
+    ng, g, hidden = x_normed.shape
+    if ng != x.shape[0] or g != x.shape[1]:
+        raise ValueError(f"{op}: x_normed must have shape ({x.shape[0]}, {x.shape[1]}, H) as x's "
+                         f"window, got {tuple(x_normed.shape)}")
+    nba = w_ba.shape[0]
+    if w_ba.shape[1] != hidden or nba < 1 or hidden < 1:
+        raise ValueError(f"{op}: w_ba must have shape (2 nv, H={hidden}) as x_normed's H, got "
+                         f"{tuple(w_ba.shape)}")
+    _check_shape(op, "ba", ba, (ng, g, nba))
+    for name, t in (("x_normed", x_normed), ("w_ba", w_ba), ("ba", ba)):
+        _check_contiguous(op, name, t)
+    return hidden, nba
+
+
 cdef tuple _args_gated_delta(str op, q, k, v, g, beta, rec_state, group_slot, out, snaps,
                              bint final_only=False):
     """-> (q, k, v, g, beta dtypes, nslots, ng, rows, h, dk, dv). `final_only`: snaps is

@@ -46,6 +46,14 @@ cdef extern from "strata_kernels.h" nogil:
                                     const void* weight, int w_dtype, const int64_t* group_slot,
                                     int64_t ng, int64_t g, int64_t kw, void* out, void* snaps,
                                     int device, uintptr_t stream)
+    int strata_gpu_causal_conv_qkvz_ba(const void* x, int x_dtype, int64_t x_row, int64_t nk,
+                                       int64_t dk, int64_t vpk, const void* conv_state,
+                                       int state_dtype, int64_t state_slot_stride,
+                                       int64_t nslots, const void* weight, int w_dtype,
+                                       const int64_t* group_slot, int64_t ng, int64_t g,
+                                       int64_t kw, void* out, void* snaps, const void* xn,
+                                       int64_t xn_row, const void* w_ba, int64_t h, int64_t nba,
+                                       void* ba, int device, uintptr_t stream)
     int strata_gpu_gated_delta(const void* q, int q_dtype, const void* k, int k_dtype,
                                const void* v, int v_dtype, const void* gate, int g_dtype,
                                const void* beta, int b_dtype, const float* rec_state,
@@ -274,6 +282,49 @@ def causal_conv_window_qkvz(x, conv_state, weight, group_slot, out, snaps, int64
     with nogil:
         rc = strata_gpu_causal_conv_qkvz(xp, xdt, x_row, nk, dk, vpk, sp, sdt, sss, nslots, wp,
                                          wdt, gs, ng, g, kw, outp, snp, dev, stream)
+    _raise(op, rc)
+
+
+def causal_conv_window_qkvz_ba(x, conv_state, weight, group_slot, out, snaps, int64_t nk,
+                               int64_t dk, int64_t vpk, x_normed, w_ba, ba, uintptr_t stream):
+    """causal_conv_window_qkvz and, in the same launch, ba (NG, G, 2 nv) = x_normed (NG, G, H)
+    . w_ba (2 nv, H)^T, all three in x's dtype and contiguous: float32 sums in an order that
+    depends on H alone, so a row's ba is the same bits in any window."""
+    op = "causal_conv_window_qkvz_ba"
+    if nk < 1 or dk < 1 or vpk < 1:
+        raise ValueError(f"{op}: nk, dk and vpk must be >= 1, got {nk}, {dk}, {vpk}")
+    _check_tensor(op, "x", x, 3)
+    if x.shape[2] < nk * (2 * dk + 2 * vpk):
+        raise ValueError(f"{op}: x has {x.shape[2]} columns, fewer than the {nk} key heads' "
+                         f"{nk * (2 * dk + 2 * vpk)}")
+    cdef int xdt, sdt, wdt
+    cdef int64_t nslots, ng, g, c, kw, h, nba
+    xdt, sdt, wdt, nslots, ng, g, c, kw = _args_causal_conv(op, x, conv_state, weight, group_slot,
+                                                            out, snaps, 2 * nk * dk + nk * vpk)
+    if kw > 16:
+        raise ValueError(f"{op}: weight kernel width {kw} must be in [2, 16] for the GPU kernel")
+    h, nba = _args_conv_ba(op, x, x_normed, w_ba, ba)
+    if h >= 2 ** 31 or nba >= 2 ** 31:
+        raise ValueError(f"{op}: w_ba's shape {tuple(w_ba.shape)} must be below 2**31 each")
+    cdef int64_t x_row = _row_stride(op, "x", x)
+    cdef int dev = _device_of(op, [("x", x), ("conv_state", conv_state), ("weight", weight),
+                                   ("out", out), ("snaps", snaps), ("group_slot", group_slot),
+                                   ("x_normed", x_normed), ("w_ba", w_ba), ("ba", ba)])
+    cdef void* xp = _ptr(x)
+    cdef void* sp = _ptr(conv_state)
+    cdef void* wp = _ptr(weight)
+    cdef void* outp = _ptr(out)
+    cdef void* snp = _ptr(snaps)
+    cdef int64_t* gs = <int64_t*>_ptr(group_slot)
+    cdef void* xnp = _ptr(x_normed)
+    cdef void* wbp = _ptr(w_ba)
+    cdef void* bap = _ptr(ba)
+    cdef int64_t sss = conv_state.stride(0)
+    cdef int rc
+    with nogil:
+        rc = strata_gpu_causal_conv_qkvz_ba(xp, xdt, x_row, nk, dk, vpk, sp, sdt, sss, nslots,
+                                            wp, wdt, gs, ng, g, kw, outp, snp, xnp, h, wbp, h,
+                                            nba, bap, dev, stream)
     _raise(op, rc)
 
 

@@ -560,6 +560,59 @@ def test_window_gathers_the_conv_input_where_the_backend_can(monkeypatch):
     assert calls
     for a, b in zip(got, want):
         assert torch.equal(a, b)
+def _fp8_qkvz_layer(dtype: str = "float32"):
+    """_prep_layer's layer with its in_proj_qkvz in FP8 (block 16) beside the float in_proj_ba,
+    unfused, as an FP8 checkpoint with model.fp8_dense=fp8 leaves it."""
+    from strata.model.fp8 import to_fp8_linear
+    from strata.model.quantize import quantize_block
+
+    layer, inputs = _prep_layer(dtype)
+    w = layer.in_proj_qkvz.weight.detach()
+    fp8 = to_fp8_linear(layer, "in_proj_qkvz", (16, 16))
+    fp8.weight.data, fp8.weight_scale_inv.data = quantize_block(w, (16, 16))
+    layer.w_in = None
+    return layer, inputs
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_conv_qkvz_ba_reference_is_the_layers_projection(dtype):
+    """reference.causal_conv_window_qkvz_ba is the gathering conv's reference plus the layer's
+    own in_proj_ba on the same rows, bit for bit."""
+    layer, (x, conv, rec, gs) = _fp8_qkvz_layer(dtype)
+    qkvz, _, ba = layer._project_qkvz(x)
+    w = layer.conv1d.weight[:, 0, :]
+    args = (qkvz, conv, w, gs, layer.nk, layer.dk, layer.vpk)
+    got = R.causal_conv_window_qkvz_ba(*args, x, layer.in_proj_ba.weight)
+    want = R.causal_conv_window_qkvz(*args) + (ba,)
+    assert len(got) == 3 and all(torch.equal(a, b) for a, b in zip(got, want))
+
+
+def test_window_projects_ba_in_the_conv_for_fp8_qkvz(monkeypatch):
+    """With an FP8 in_proj_qkvz and a float in_proj_ba, GatedDeltaNet.forward_window has the
+    conv's launch project b/a where the backend runs causal_conv_window_qkvz_ba natively (no
+    in_proj_ba call of its own), with the result of the separate projection; float layers
+    keep their path."""
+    layer, (x, conv, rec, gs) = _fp8_qkvz_layer()
+    calls, ba_calls = [], []
+
+    def conv_qkvz_ba(*a, **kw):
+        calls.append(1)
+        return R.causal_conv_window_qkvz_ba(*a, **kw)
+
+    want = layer.forward_window(x, conv, rec, gs)
+    assert not calls
+    monkeypatch.setattr(ops, "causal_conv_window_qkvz_ba", conv_qkvz_ba)
+    monkeypatch.setitem(ops._IMPL, "causal_conv_window_qkvz_ba", "cuda")
+    layer.in_proj_ba.register_forward_hook(lambda *_: ba_calls.append(1))
+    got = layer.forward_window(x, conv, rec, gs)
+    assert calls and not ba_calls
+    for a, b in zip(got, want):
+        assert torch.equal(a, b)
+    float_layer, _ = _prep_layer()
+    float_layer.forward_window(x, conv, rec, gs)
+    assert len(calls) == 1  # fused float projections: one GEMM already
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_dense_route_is_the_scatter_into_zeros(dtype):
     """qwen3_next.dense_route (selects, which a compiled region folds into the kernel using it)

@@ -219,6 +219,124 @@ def test_causal_conv_qkvz_bad_arguments():
         C.gpu_causal_conv_window_qkvz(x, cs, w[:-1], gs, 2, 8, 16)
 
 
+def conv_ba_case(ng, g, nk, dk, vpk, kw, hidden, nba, dtype, seed=1):
+    """causal_conv_window_qkvz's inputs (x a row-strided view of a wider projection output)
+    and the b/a projection's: x_normed (NG, G, H), w_ba (nba, H)."""
+    gen = torch.Generator(device="cpu").manual_seed(seed)
+    w_qkvz = nk * (2 * dk + 2 * vpk)
+    c = 2 * nk * dk + nk * vpk
+    proj = torch.randn(ng, g, w_qkvz + 9, generator=gen).to(DEV, dtype)
+    cs = torch.randn(5, c, kw - 1, generator=gen).to(DEV, dtype)
+    w = torch.randn(c, kw, generator=gen).to(DEV, dtype)
+    gs = (torch.arange(ng, device=DEV) * 3 + 1) % 5
+    xn = torch.randn(ng, g, hidden, generator=gen).to(DEV, dtype)
+    w_ba = (torch.randn(nba, hidden, generator=gen) * hidden ** -0.5).to(DEV, dtype)
+    return proj[..., :w_qkvz], cs, w, gs, xn, w_ba
+
+
+CONV_BA_CASES = [
+    # ng, g, nk, dk, vpk, kw, H, 2 nv
+    (1, 1, 16, 128, 256, 4, 2048, 64),   # the 80B layer at one row
+    (1, 2, 16, 128, 256, 4, 2048, 64),
+    (8, 2, 16, 128, 256, 4, 2048, 64),
+    (2, 3, 2, 16, 32, 4, 4096, 64),
+    (3, 4, 2, 64, 128, 4, 64, 8),        # tiny shapes
+    (2, 3, 3, 20, 33, 3, 100, 6),        # H not a multiple of 8: scalar loads, a short chunk
+]
+
+
+def _ba_close(got, xn, w_ba):
+    """Within about one ulp of the exact product rounded once to the dtype."""
+    want = (xn.double() @ w_ba.double().T).to(xn.dtype)
+    tol = dict(rtol=1e-5, atol=1e-5) if xn.dtype == torch.float32 else dict(rtol=2 ** -7,
+                                                                             atol=1e-3)
+    torch.testing.assert_close(got.float(), want.float(), **tol)
+
+
+@pytest.mark.parametrize("case", CONV_BA_CASES)
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_causal_conv_qkvz_ba_parity(case, dtype):
+    """The conv's outputs and snapshots are causal_conv_window_qkvz's bits; ba is the float32
+    product rounded once (within an ulp: another summation order than the reference's)."""
+    ng, g, nk, dk, vpk, kw, hidden, nba = case
+    x, cs, w, gs, xn, w_ba = conv_ba_case(*case, dtype)
+    want_o, want_s = C.gpu_causal_conv_window_qkvz(x, cs, w, gs, nk, dk, vpk)
+    got_o, got_s, ba = C.gpu_causal_conv_window_qkvz_ba(x, cs, w, gs, nk, dk, vpk, xn, w_ba)
+    torch.cuda.synchronize()
+    assert torch.equal(got_o, want_o) and torch.equal(got_s, want_s)
+    assert ba.shape == (ng, g, nba) and ba.dtype == dtype
+    _ba_close(ba, xn, w_ba)
+    # misaligned rows (scalar loads) sum in the same order as the 16-byte loads
+    buf = torch.empty(xn.numel() + 1, device=DEV, dtype=dtype)
+    xn_off = buf[1:].view_as(xn)
+    xn_off.copy_(xn)
+    assert torch.equal(C.gpu_causal_conv_window_qkvz_ba(x, cs, w, gs, nk, dk, vpk, xn_off,
+                                                        w_ba)[2], ba)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_causal_conv_qkvz_ba_rows_are_batch_invariant(dtype):
+    """A row's ba is the same bits in every window shape that holds it (its sum's order is
+    fixed by H alone): NG=8, G=2 against NG=1, G=2 and against one-row windows."""
+    nk, dk, vpk = 16, 128, 256
+    x, cs, w, gs, xn, w_ba = conv_ba_case(8, 2, nk, dk, vpk, 4, 2048, 64, dtype)
+    o8, s8, ba8 = C.gpu_causal_conv_window_qkvz_ba(x, cs, w, gs, nk, dk, vpk, xn, w_ba)
+    for n in (0, 3, 7):
+        o1, s1, ba1 = C.gpu_causal_conv_window_qkvz_ba(x[n:n + 1], cs, w, gs[n:n + 1], nk, dk,
+                                                       vpk, xn[n:n + 1], w_ba)
+        assert torch.equal(ba1, ba8[n:n + 1]) and torch.equal(o1, o8[n:n + 1])
+        assert torch.equal(s1, s8[n:n + 1])
+    rows = xn.reshape(16, 1, -1)
+    ba_rows = C.gpu_causal_conv_window_qkvz_ba(x.reshape(16, 1, -1), cs, w, gs.repeat_interleave(2),
+                                               nk, dk, vpk, rows, w_ba)[2]
+    torch.cuda.synchronize()
+    assert torch.equal(ba_rows.reshape(8, 2, -1), ba8)
+
+
+def test_graph_causal_conv_qkvz_ba():
+    x, cs, w, gs, xn, w_ba = conv_ba_case(2, 2, 16, 128, 256, 4, 2048, 64, torch.bfloat16)
+    _graph_equal(lambda: C.gpu_causal_conv_window_qkvz_ba(x, cs, w, gs, 16, 128, 256, xn, w_ba),
+                 lambda o: list(o))
+
+
+def test_compile_conv_qkvz_ba_gpu():
+    """Under torch.compile causal_conv_window_qkvz_ba is a custom op (no graph break)."""
+    x, cs, w, gs, xn, w_ba = conv_ba_case(2, 2, 2, 16, 32, 4, 64, 8, torch.bfloat16)
+    try:
+        ops.set_backend(C.gpu_platform(), "cuda")
+        eager = ops.causal_conv_window_qkvz_ba(x, cs, w, gs, 2, 16, 32, xn, w_ba)
+        compiled = torch.compile(lambda *a: ops.causal_conv_window_qkvz_ba(*a), fullgraph=True,
+                                 backend="aot_eager")
+        got = compiled(x, cs, w, gs, 2, 16, 32, xn, w_ba)
+        assert all(torch.equal(a, b) for a, b in zip(got, eager))
+    finally:
+        ops.set_backend("torch", "cpu")
+
+
+def test_causal_conv_qkvz_ba_bad_arguments():
+    nk, dk, vpk = 2, 8, 16
+    x, cs, w, gs, xn, w_ba = conv_ba_case(2, 2, nk, dk, vpk, 4, 64, 8, torch.bfloat16)
+    op = C.gpu_causal_conv_window_qkvz_ba
+    with pytest.raises(TypeError, match="causal_conv_window_qkvz_ba: w_ba has dtype"):
+        op(x, cs, w, gs, nk, dk, vpk, xn, w_ba.float())
+    with pytest.raises(TypeError, match="causal_conv_window_qkvz_ba: x_normed has dtype"):
+        op(x, cs, w, gs, nk, dk, vpk, xn.half(), w_ba)
+    with pytest.raises(ValueError, match=r"w_ba must have shape \(2 nv, H=64\)"):
+        op(x, cs, w, gs, nk, dk, vpk, xn, w_ba[:, :32].contiguous())
+    with pytest.raises(ValueError, match="x_normed must have shape"):
+        op(x, cs, w, gs, nk, dk, vpk, xn[:1], w_ba)
+    with pytest.raises(ValueError, match="w_ba must have 2 dimensions"):
+        op(x, cs, w, gs, nk, dk, vpk, xn, w_ba[None])
+    with pytest.raises(ValueError, match="x_normed must be contiguous"):
+        op(x, cs, w, gs, nk, dk, vpk, torch.cat([xn, xn], -1)[..., ::2], w_ba)
+    with pytest.raises(ValueError, match="w_ba must be contiguous"):
+        op(x, cs, w, gs, nk, dk, vpk, xn, torch.cat([w_ba, w_ba], 0)[::2])
+    with pytest.raises(ValueError, match="causal_conv_window_qkvz_ba: weight must have shape"):
+        op(x, cs, w[:-1], gs, nk, dk, vpk, xn, w_ba)
+    with pytest.raises(ValueError, match="x_normed is on cpu"):
+        op(x, cs, w, gs, nk, dk, vpk, xn.cpu(), w_ba)
+
+
 def test_graph_gated_delta_prep():
     x, ba, neg_a, dt_bias, st, gs = gdn_prep_case(2, 2, 16, 32, 128, 128, 3, torch.bfloat16)
     _graph_equal(lambda: C.gpu_gated_delta_window_prep(x, ba, neg_a, dt_bias, st, gs, 16, 128,

@@ -17,6 +17,7 @@ from conftest import cpu_engine_config, run_cohort
 
 from strata.engine.llm_engine import Engine
 from strata.engine.request import Request, SamplingParams
+from strata.model.qwen3_next import GatedDeltaNet
 from strata.model.tiny import make_tiny_random
 
 torch.set_num_threads(1)
@@ -36,15 +37,19 @@ def cohort() -> list[Request]:
 
 
 def run(path, mode: str, graphs: bool, device: str = "cpu", dtype: str | None = None,
-        **knobs) -> dict:
+        fp8_dense: str = "auto", **knobs) -> dict:
     cfg = cpu_engine_config(path, 128, mode="solo" if mode == "solo" else "batch",
                             batch_mtp=mode == "batch_mtp", slots=3, window_rows=6, spec=3,
                             prefill_chunk=4, graphs=graphs, **knobs)
     cfg.device = device
+    cfg.model.fp8_dense = fp8_dense
     if dtype:
         cfg.model.dtype = dtype
     eng = Engine.from_config(cfg, log=lambda s: None)
     try:
+        if fp8_dense == "fp8" and device == "cuda":  # FP8 qkvz: windows project b/a in the conv
+            assert all(m.ba_in_conv(eng.model.dtype) for m in eng.model.modules()
+                       if isinstance(m, GatedDeltaNet))
         run_cohort(eng, cohort(), 1000)
         rows = [len(ev["layout"]) for ev in eng.trace.events if ev["ev"] == "window"]
         assert max(rows) * 4 < 64  # the routed-experts path
@@ -62,13 +67,20 @@ def test_greedy_tokens_identical_in_every_mode(many_experts):
             assert run(many_experts, mode, graphs) == ref, (mode, graphs)
 
 
-@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=[
-    pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")])])
-def test_greedy_tokens_identical_in_every_mode_fp8_bf16(tmp_path, device):
+_GPU = [pytest.mark.gpu,
+        pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
+
+
+@pytest.mark.parametrize("device,fp8_dense", [("cpu", "auto"),
+                                              pytest.param("cuda", "auto", marks=_GPU),
+                                              pytest.param("cuda", "fp8", marks=_GPU)])
+def test_greedy_tokens_identical_in_every_mode_fp8_bf16(tmp_path, device, fp8_dense):
     """The same with FP8 block-128 weights in bfloat16 (hidden 256, 64 experts of 128 features,
     top-4), solo, plain batch and batch_mtp, graphs off and on; on the GPU through the GPU
     extension's grouped kernels (on sm_90+ the streamed ones, their gate/up on tensor cores).
-    Regions run uncompiled, so this takes seconds."""
+    fp8_dense=fp8 keeps every dense projection FP8: the DeltaNet windows then take b/a from
+    causal_conv_window_qkvz_ba (in_proj_ba stays bfloat16). Regions run uncompiled, so this
+    takes seconds."""
     from strata.kernels import cyext_ops, ops
     from strata.model.quantize import quantize_checkpoint
 
@@ -79,7 +91,8 @@ def test_greedy_tokens_identical_in_every_mode_fp8_bf16(tmp_path, device):
     path = quantize_checkpoint(src, tmp_path / "fp8", (128, 128), log=lambda _m: None)
 
     def run_on(mode: str, graphs: bool) -> dict:
-        return run(path, mode, graphs, device=device, dtype="bfloat16", compile="off")
+        return run(path, mode, graphs, device=device, dtype="bfloat16", fp8_dense=fp8_dense,
+                   compile="off")
 
     try:
         ref = run_on("solo", False)

@@ -18,7 +18,8 @@
 //                            group); the state slice lives in registers; one snapshot per row,
 //                            or (final_only, prompt chunks) the state after the last row.
 //   conv_kernel              depthwise causal conv + SiLU, one thread per (channel, row), with
-//                            snapshots (conv_serial_kernel: the earlier walk over the rows).
+//                            snapshots (conv_serial_kernel: the earlier walk over the rows);
+//                            with ba blocks past the conv's, also DeltaNet's b/a projection.
 //   commit_kernel            copies each group's accepted snapshot into its slot, advances pos.
 //   moe_* / linear_skinny_*  routed experts and the skinny FP8/bf16 linear: strata_moe.cu.
 
@@ -29,6 +30,8 @@
 
 #include <math.h>
 #include <stdint.h>
+
+#include <type_traits>
 
 using namespace strata;
 
@@ -945,6 +948,14 @@ struct ConvParams {
   // gathered in the kernel rather than concatenated by a kernel of their own.
   int64_t x_row;
   int gnk, gdk, gvpk;
+  // causal_conv_window_qkvz_ba: blocks conv_bx.. of grid x compute ba = xn . w_ba^T for their
+  // row (blockIdx.y) instead of conv channels (ConvBa); xn rows xn_row elements apart, w_ba
+  // (ba_n, ba_h) contiguous, ba (NG, G, ba_n) contiguous, all three in x's dtype.
+  const void* xn;
+  const void* w_ba;
+  void* ba;
+  int64_t xn_row;
+  int conv_bx, ba_h, ba_n, ba_vec;
 };
 
 // The column of x that conv channel ch reads (see ConvParams).
@@ -965,8 +976,85 @@ __device__ __forceinline__ int64_t conv_column(const ConvParams& p, int ch) {
 // known at compile time (4, Qwen3-Next's), else 0 (read from p.kw).
 constexpr int CONV_THREADS = 128;
 
-template <int KW>
+// ba in the conv's launch (causal_conv_window_qkvz_ba): each warp of a ba block computes one
+// output o of its row, a dot of length ba_h in float32. Lane l takes the 8-element chunks
+// l, l + 32, ... of the row in order, one fma per element, and the lanes' sums meet in a fixed
+// xor butterfly, so a row's ba is the same bits in every window shape (no split depends on the
+// rows). ba_vec: 16-byte loads (aligned rows, ba_h % 8 == 0), the same arithmetic as scalar ones.
+constexpr int BA_WARPS = CONV_THREADS / 32;
+constexpr int BA_CHUNK = 8;
+
+// The 8 elements of a chunk as floats: one 16-byte load (two for float32), or n <= 8 scalar ones.
+template <typename T>
+__device__ __forceinline__ void load_chunk_vec(const typename T::storage* src, float* v) {
+  if constexpr (sizeof(typename T::storage) == 2) {
+    const uint4 u = *(const uint4*)src;
+    const uint32_t w[4] = {u.x, u.y, u.z, u.w};
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      v[2 * e] = to_f<T>((typename T::storage)(w[e] & 0xffffu));
+      v[2 * e + 1] = to_f<T>((typename T::storage)(w[e] >> 16));
+    }
+  } else {
+    const float4 a = *(const float4*)src, b = *(const float4*)(src + 4);
+    v[0] = a.x; v[1] = a.y; v[2] = a.z; v[3] = a.w;
+    v[4] = b.x; v[5] = b.y; v[6] = b.z; v[7] = b.w;
+  }
+}
+
+template <typename T>
+__device__ __forceinline__ void load_chunk_scalar(const typename T::storage* src, int n,
+                                                  float* v) {
+#pragma unroll
+  for (int e = 0; e < BA_CHUNK; ++e) v[e] = e < n ? to_f<T>(src[e]) : 0.f;
+}
+
+template <typename T>
+__device__ __forceinline__ void conv_ba_block(const ConvParams& p) {
+  typedef typename T::storage S;
+  const int lane = threadIdx.x % 32;
+  const int o = (blockIdx.x - p.conv_bx) * BA_WARPS + threadIdx.x / 32;
+  if (o >= p.ba_n) return;  // the whole warp
+  const int64_t row = blockIdx.y;
+  const S* xr = (const S*)p.xn + row * p.xn_row;
+  const S* wr = (const S*)p.w_ba + (int64_t)o * p.ba_h;
+  float acc = 0.f;
+  float xv[BA_CHUNK], wv[BA_CHUNK];
+  if (p.ba_vec) {
+    // unrolled so that a lane's loads (8 chunks at H = 2048) are in flight together: the weight
+    // comes from DRAM once a window, and one latency rather than eight bounds the block
+#pragma unroll 8
+    for (int i = lane * BA_CHUNK; i < p.ba_h; i += 32 * BA_CHUNK) {
+      load_chunk_vec<T>(xr + i, xv);
+      load_chunk_vec<T>(wr + i, wv);
+#pragma unroll
+      for (int e = 0; e < BA_CHUNK; ++e) acc = fmaf(xv[e], wv[e], acc);
+    }
+  } else {
+    for (int i = lane * BA_CHUNK; i < p.ba_h; i += 32 * BA_CHUNK) {
+      const int n = p.ba_h - i < BA_CHUNK ? p.ba_h - i : BA_CHUNK;
+      load_chunk_scalar<T>(xr + i, n, xv);
+      load_chunk_scalar<T>(wr + i, n, wv);
+#pragma unroll
+      for (int e = 0; e < BA_CHUNK; ++e)
+        if (e < n) acc = fmaf(xv[e], wv[e], acc);
+    }
+  }
+#pragma unroll
+  for (int m = 16; m >= 1; m >>= 1) acc += STRATA_SHFL_XOR(acc, m, 32);
+  if (lane == 0) ((S*)p.ba)[row * p.ba_n + o] = from_f<T>(acc);
+}
+
+// BT: void (the conv alone), or F32 / BF16 / F16, x's type, for the ba blocks past conv_bx;
+// the conv blocks run the same code either way (the same bits).
+template <int KW, typename BT = void>
 __global__ void __launch_bounds__(CONV_THREADS) conv_kernel(ConvParams p) {
+  if constexpr (!std::is_void<BT>::value) {
+    if ((int)blockIdx.x >= p.conv_bx) {
+      conv_ba_block<BT>(p);
+      return;
+    }
+  }
   const int ch = blockIdx.x * CONV_THREADS + threadIdx.x;
   const int n = blockIdx.y / p.g, j = blockIdx.y % p.g;
   if (ch >= p.c) return;
@@ -1186,13 +1274,28 @@ GdnParams gdn_params(const float* rec_state, int64_t sss, int64_t nslots, const 
   return p;
 }
 
-// Both conv entry points: gnk = 0 reads x's channels in place (the earlier serial kernel may
-// stand in, STRATA_CONV_SERIAL), else gathers them (ConvParams).
+// The ba projection computed by causal_conv_window_qkvz_ba's extra blocks (ConvParams).
+struct ConvBa {
+  const void* xn;
+  const void* w_ba;
+  void* ba;
+  int64_t xn_row, h, n;
+};
+
+template <int KW>
+void launch_conv_ba(const ConvParams& p, int x_dtype, dim3 grid, cudaStream_t st) {
+  if (x_dtype == STRATA_DTYPE_BF16) conv_kernel<KW, BF16><<<grid, CONV_THREADS, 0, st>>>(p);
+  else if (x_dtype == STRATA_DTYPE_F16) conv_kernel<KW, F16><<<grid, CONV_THREADS, 0, st>>>(p);
+  else conv_kernel<KW, F32><<<grid, CONV_THREADS, 0, st>>>(p);
+}
+
+// The conv entry points: gnk = 0 reads x's channels in place (the earlier serial kernel may
+// stand in, STRATA_CONV_SERIAL), else gathers them (ConvParams); ba non-null adds its blocks.
 int launch_conv(const void* x, int x_dtype, int64_t x_row, int gnk, int gdk, int gvpk,
                 const void* conv_state, int state_dtype, int64_t sss, int64_t nslots,
                 const void* weight, int w_dtype, const int64_t* group_slot, int64_t ng, int64_t g,
                 int64_t c, int64_t kw, void* out, void* snaps, uintptr_t stream,
-                const char* what) {
+                const char* what, const ConvBa* ba = nullptr) {
   ConvParams p;
   p.x = x;
   p.state = conv_state;
@@ -1212,12 +1315,31 @@ int launch_conv(const void* x, int x_dtype, int64_t x_row, int gnk, int gdk, int
   p.gnk = gnk;
   p.gdk = gdk;
   p.gvpk = gvpk;
+  p.xn = p.w_ba = nullptr;
+  p.ba = nullptr;
+  p.xn_row = 0;
+  p.conv_bx = (int)ceil_div_u(c, CONV_THREADS);
+  p.ba_h = p.ba_n = p.ba_vec = 0;
   cudaStream_t st = (cudaStream_t)stream;
   if (gnk == 0 && (g_conv_options & STRATA_CONV_SERIAL)) {
     conv_serial_kernel<<<dim3(ceil_div_u(c, 128), (unsigned)ng), 128, 0, st>>>(p);
     return take_launch_error("causal_conv_window: conv_serial_kernel");
   }
-  const dim3 grid(ceil_div_u(c, CONV_THREADS), (unsigned)(ng * g));
+  if (ba != nullptr) {
+    p.xn = ba->xn;
+    p.w_ba = ba->w_ba;
+    p.ba = ba->ba;
+    p.xn_row = ba->xn_row;
+    p.ba_h = (int)ba->h;
+    p.ba_n = (int)ba->n;
+    p.ba_vec = aligned16(ba->xn) && aligned16(ba->w_ba) && ba->h % BA_CHUNK == 0 &&
+               ba->xn_row % BA_CHUNK == 0;
+    const dim3 grid(p.conv_bx + ceil_div_u(ba->n, BA_WARPS), (unsigned)(ng * g));
+    if (kw == 4) launch_conv_ba<4>(p, x_dtype, grid, st);
+    else launch_conv_ba<0>(p, x_dtype, grid, st);
+    return take_launch_error(what);
+  }
+  const dim3 grid(p.conv_bx, (unsigned)(ng * g));
   if (kw == 4) conv_kernel<4><<<grid, CONV_THREADS, 0, st>>>(p);
   else conv_kernel<0><<<grid, CONV_THREADS, 0, st>>>(p);
   return take_launch_error(what);
@@ -1409,6 +1531,29 @@ int strata_gpu_causal_conv_qkvz(const void* x, int x_dtype, int64_t x_row, int64
   return launch_conv(x, x_dtype, x_row, (int)nk, (int)dk, (int)vpk, conv_state, state_dtype, sss,
                      nslots, weight, w_dtype, group_slot, ng, g, c, kw, out, snaps, stream,
                      "causal_conv_window_qkvz: conv_kernel");
+}
+
+int strata_gpu_causal_conv_qkvz_ba(const void* x, int x_dtype, int64_t x_row, int64_t nk,
+                                   int64_t dk, int64_t vpk, const void* conv_state,
+                                   int state_dtype, int64_t sss, int64_t nslots,
+                                   const void* weight, int w_dtype, const int64_t* group_slot,
+                                   int64_t ng, int64_t g, int64_t kw, void* out, void* snaps,
+                                   const void* xn, int64_t xn_row, const void* w_ba, int64_t h,
+                                   int64_t nba, void* ba, int device, uintptr_t stream) {
+  int rc = use_device(device);
+  if (rc) return rc;
+  const int64_t c = 2 * nk * dk + nk * vpk;
+  if (ng * g * c == 0) return 0;
+  if (kw < 2 || kw > CONV_MAX_K || nk < 1 || dk < 1 || vpk < 1 || h < 1 || nba < 1 ||
+      h > INT32_MAX || nba > INT32_MAX) {
+    g_last_kernel = "causal_conv_window_qkvz_ba (kernel width in [2, 16], heads, widths and "
+                    "the ba projection's sizes >= 1)";
+    return (int)cudaErrorInvalidValue;
+  }
+  const ConvBa cb{xn, w_ba, ba, xn_row, h, nba};
+  return launch_conv(x, x_dtype, x_row, (int)nk, (int)dk, (int)vpk, conv_state, state_dtype, sss,
+                     nslots, weight, w_dtype, group_slot, ng, g, c, kw, out, snaps, stream,
+                     "causal_conv_window_qkvz_ba: conv_kernel", &cb);
 }
 
 int strata_gpu_gated_delta(const void* q, int q_dtype, const void* k, int k_dtype, const void* v,

@@ -65,6 +65,19 @@ int strata_gpu_causal_conv_qkvz(const void* x, int x_dtype, int64_t x_row, int64
                                 int w_dtype, const int64_t* group_slot, int64_t ng, int64_t g,
                                 int64_t kw, void* out, void* snaps, int device, uintptr_t stream);
 
+// causal_conv_window_qkvz and, in the same launch (blocks past the conv's), the b/a projection
+// ba (NG, G, nba) = xn (NG, G, h; rows xn_row elements apart) . w_ba (nba, h)^T, xn, w_ba and ba
+// in x_dtype, w_ba and ba contiguous; float32 sums in an order fixed by h alone (a row's ba is
+// the same bits in any window), rounded once. For FP8 in_proj_qkvz layers whose in_proj_ba stays
+// float: no GEMM launch of its own for ba.
+int strata_gpu_causal_conv_qkvz_ba(const void* x, int x_dtype, int64_t x_row, int64_t nk,
+                                   int64_t dk, int64_t vpk, const void* conv_state,
+                                   int state_dtype, int64_t state_slot_stride, int64_t nslots,
+                                   const void* weight, int w_dtype, const int64_t* group_slot,
+                                   int64_t ng, int64_t g, int64_t kw, void* out, void* snaps,
+                                   const void* xn, int64_t xn_row, const void* w_ba, int64_t h,
+                                   int64_t nba, void* ba, int device, uintptr_t stream);
+
 int strata_gpu_gated_delta(const void* q, int q_dtype, const void* k, int k_dtype, const void* v,
                            int v_dtype, const void* gate, int g_dtype, const void* beta,
                            int b_dtype, const float* rec_state, int64_t state_slot_stride,

@@ -435,6 +435,27 @@ def gpu_causal_conv_window_qkvz(x, conv_state, weight, group_slot, nk, dk, vpk):
     return out, snaps
 
 
+def gpu_causal_conv_window_qkvz_ba(x, conv_state, weight, group_slot, nk, dk, vpk, x_normed,
+                                   w_ba):
+    """reference.causal_conv_window_qkvz_ba in one launch: the gathering conv's blocks and, past
+    them, blocks that compute ba = x_normed . w_ba^T (float32 sums in an order fixed by H, so a
+    row's ba is the same bits in any window). For FP8 in_proj_qkvz layers whose in_proj_ba stays
+    float, which would otherwise launch a GEMM of 2 nv outputs for ba alone."""
+    if _compiling():
+        return torch.ops.strata.causal_conv_window_qkvz_ba(x, conv_state, weight, group_slot, nk,
+                                                           dk, vpk, x_normed, w_ba)
+    ng, g = x.shape[:2]
+    c, kw = weight.shape
+    group_slot = _index(group_slot)
+    _validate_slots("causal_conv_window_qkvz_ba", group_slot, conv_state.shape[0])
+    out = torch.empty(ng, g, c, dtype=x.dtype, device=x.device)
+    snaps = torch.empty(ng, g, c, kw - 1, dtype=x.dtype, device=x.device)
+    ba = torch.empty(ng, g, w_ba.shape[0], dtype=x.dtype, device=x.device)
+    _gpu.causal_conv_window_qkvz_ba(x, conv_state, weight.contiguous(), group_slot, out, snaps,
+                                    int(nk), int(dk), int(vpk), x_normed, w_ba, ba, _stream(x))
+    return out, snaps, ba
+
+
 def gpu_gated_delta_window(q, k, v, g, beta, rec_state, group_slot, *, out=None, snaps=None):
     if _compiling() and out is None and snaps is None:
         return torch.ops.strata.gated_delta_window(q, k, v, g, beta, rec_state, group_slot)
@@ -821,6 +842,7 @@ GPU_OPS = {
     "grouped_window_attention": gpu_grouped_window_attention,
     "causal_conv_window": gpu_causal_conv_window,
     "causal_conv_window_qkvz": gpu_causal_conv_window_qkvz,
+    "causal_conv_window_qkvz_ba": gpu_causal_conv_window_qkvz_ba,
     "gated_delta_window": gpu_gated_delta_window,
     "gated_delta_window_prep": gpu_gated_delta_window_prep,
     "commit_accepted": gpu_commit_accepted,
@@ -889,6 +911,20 @@ def _register_custom_ops() -> None:
         ng, g = x.shape[:2]
         c, kw = weight.shape
         return x.new_empty(ng, g, c), x.new_empty(ng, g, c, kw - 1)
+
+    @torch.library.custom_op("strata::causal_conv_window_qkvz_ba", mutates_args=())
+    def _conv_qkvz_ba(x: Tensor, conv_state: Tensor, weight: Tensor, group_slot: Tensor, nk: int,
+                      dk: int, vpk: int, x_normed: Tensor,
+                      w_ba: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        return _eager("causal_conv_window_qkvz_ba", x.device)(x, conv_state, weight, group_slot,
+                                                              nk, dk, vpk, x_normed, w_ba)
+
+    @_conv_qkvz_ba.register_fake
+    def _(x, conv_state, weight, group_slot, nk, dk, vpk, x_normed, w_ba):
+        ng, g = x.shape[:2]
+        c, kw = weight.shape
+        return (x.new_empty(ng, g, c), x.new_empty(ng, g, c, kw - 1),
+                x.new_empty(ng, g, w_ba.shape[0]))
 
     @torch.library.custom_op("strata::gated_delta_window", mutates_args=())
     def _gdn(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, rec_state: Tensor,

@@ -96,6 +96,17 @@ def causal_conv_window_qkvz(x: torch.Tensor, conv_state: torch.Tensor, weight: t
     return causal_conv_window(qkvz_mixed(x, nk, dk, vpk), conv_state, weight, group_slot)
 
 
+def causal_conv_window_qkvz_ba(x: torch.Tensor, conv_state: torch.Tensor, weight: torch.Tensor,
+                               group_slot: torch.Tensor, nk: int, dk: int, vpk: int,
+                               x_normed: torch.Tensor, w_ba: torch.Tensor
+                               ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """causal_conv_window_qkvz and the b/a projection of the same window: x_normed (NG, G, H),
+    the layer's input, times w_ba (2 nv, H)^T, in x_normed's dtype (what the layer's float
+    in_proj_ba gives). Returns out, snapshots and ba (NG, G, 2 nv)."""
+    out, snaps = causal_conv_window_qkvz(x, conv_state, weight, group_slot, nk, dk, vpk)
+    return out, snaps, F.linear(x_normed, w_ba)
+
+
 def gated_delta_window(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor,
                        beta: torch.Tensor, rec_state: torch.Tensor, group_slot: torch.Tensor,
                        *, snaps: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, torch.Tensor]:

@@ -23,7 +23,7 @@ import torch.nn.functional as F
 from strata.kernels import ops, reference
 from strata.kernels.reference import topk_by_argmax  # noqa: F401 - re-exported
 from strata.model.config import ModelArgs
-from strata.model.fp8 import FP8_DTYPE, fuse_projections, linear
+from strata.model.fp8 import FP8_DTYPE, Fp8Linear, fuse_projections, linear
 from strata.model.state import DecodeState
 
 
@@ -468,17 +468,27 @@ class GatedDeltaNet(nn.Module):
             self.neg_a = -self.A_log.detach().float().exp()
             self.dt_bias_f = self.dt_bias.detach().float().contiguous()
 
-    def _project_qkvz(self, x: torch.Tensor):
+    def _project_qkvz(self, x: torch.Tensor, with_ba: bool = True):
         """(qkvz, z, ba): the in_proj's qkvz columns in the checkpoint's per-key-head interleaved
         order ([q | k | v | z] per key head), z per value head, and the raw b/a columns (per key
-        head [b | a])."""
+        head [b | a]); ba None when not with_ba (unfused projections only)."""
         lead = x.shape[:-1]
         if self.w_in is not None:
             qkvz, ba = linear(x, self.w_in, self.s_in, self.in_block).split([2 * self.key_dim + 2 * self.value_dim, 2 * self.nv], -1)
         else:
-            qkvz, ba = self.in_proj_qkvz(x), self.in_proj_ba(x)
+            qkvz, ba = self.in_proj_qkvz(x), (self.in_proj_ba(x) if with_ba else None)
         z = qkvz.view(*lead, self.nk, 2 * self.dk + 2 * self.vpk)[..., 2 * self.dk + self.vpk:]
         return qkvz, z.reshape(*lead, self.nv, self.dv), ba
+
+    def ba_in_conv(self, dtype: torch.dtype) -> bool:
+        """Whether windows compute ba inside the conv's launch (causal_conv_window_qkvz_ba): an
+        FP8 in_proj_qkvz beside a float in_proj_ba (not fused, as the FP8 checkpoints keep it)
+        would otherwise cost a GEMM launch of 2 nv outputs for ba alone, about what the FP8
+        projection saves at decode sizes. Every window shape takes the same path."""
+        ba = self.in_proj_ba
+        return (self.w_in is None and isinstance(self.in_proj_qkvz, Fp8Linear)
+                and isinstance(ba, nn.Linear) and ba.bias is None and ba.weight.dtype == dtype
+                and ops.native("causal_conv_window_qkvz_ba"))
 
     def _project_raw(self, x: torch.Tensor):
         """(mixed, z, ba): as _project_qkvz, with the conv's input [q | k | v] gathered."""
@@ -539,7 +549,12 @@ class GatedDeltaNet(nn.Module):
         rec_out: where the per-row state snapshots go (this layer's slice of the window's
         stacked snapshots, so that they are written once and never copied); None allocates."""
         weight = self.conv1d.weight[:, 0, :]
-        if ops.native("causal_conv_window_qkvz"):  # the conv gathers q, k, v: no concatenation
+        if self.ba_in_conv(x.dtype):  # the conv gathers q, k, v and its extra blocks project b/a
+            qkvz, z, _ = self._project_qkvz(x, with_ba=False)
+            mixed, conv_snaps, ba = ops.causal_conv_window_qkvz_ba(
+                qkvz, conv_state, weight, group_slot, self.nk, self.dk, self.vpk, x,
+                self.in_proj_ba.weight)
+        elif ops.native("causal_conv_window_qkvz"):  # the conv gathers q, k, v: no concatenation
             qkvz, z, ba = self._project_qkvz(x)
             mixed, conv_snaps = ops.causal_conv_window_qkvz(
                 qkvz, conv_state, weight, group_slot, self.nk, self.dk, self.vpk)
