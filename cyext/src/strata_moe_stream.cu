@@ -100,16 +100,20 @@ using namespace strata::bulk;
 __device__ __forceinline__ int group_pairs(const MoeParams& p, int* ids_s, int* first_s,
                                            int* lead_s, int* warp_tot) {
   const int per = p.P > ST_THREADS ? 2 : 1, q0 = per * (int)threadIdx.x;
-  for (int j = 0; j < per; ++j)
-    if (q0 + j < p.P) ids_s[q0 + j] = clamp_expert(p.topk_ids[q0 + j], p.E);
+#pragma unroll
+  for (int j = 0; j < 2; ++j)
+    if (j < per && q0 + j < p.P) ids_s[q0 + j] = clamp_expert(p.topk_ids[q0 + j], p.E);
   for (int e = threadIdx.x; e < p.E; e += ST_THREADS) first_s[e] = 0x7fffffff;
   __syncthreads();
-  for (int j = 0; j < per; ++j)
-    if (q0 + j < p.P) atomicMin(first_s + ids_s[q0 + j], q0 + j);
+#pragma unroll
+  for (int j = 0; j < 2; ++j)
+    if (j < per && q0 + j < p.P) atomicMin(first_s + ids_s[q0 + j], q0 + j);
   __syncthreads();
   int lead[2] = {0, 0};
-  for (int j = 0; j < per; ++j)
-    lead[j] = (q0 + j < p.P && first_s[ids_s[q0 + j]] == q0 + j) ? 1 : 0;
+#pragma unroll
+  for (int j = 0; j < 2; ++j)
+    if (j < per)
+      lead[j] = (q0 + j < p.P && first_s[ids_s[q0 + j]] == q0 + j) ? 1 : 0;
   int distinct;
   const int pos = block_exclusive_scan<ST_THREADS>(lead[0] + lead[1], warp_tot, &distinct);
   if (lead[0]) lead_s[pos] = q0;
@@ -173,22 +177,25 @@ __device__ __forceinline__ int down_items(uint8_t* smem, const MoeParams& p, con
   // pairs and distinct experts, up to two per thread each, consecutive (as group_pairs)
   const int per = p.P > ST_THREADS ? 2 : 1, q0 = per * (int)threadIdx.x;
   const int dper = distinct > ST_THREADS ? 2 : 1, d0 = dper * (int)threadIdx.x;
-  for (int j = 0; j < dper; ++j)
-    if (d0 + j < distinct) {
+#pragma unroll
+  for (int j = 0; j < 2; ++j)
+    if (j < dper && d0 + j < distinct) {
       index_s[ids_s[lead_s[d0 + j]]] = d0 + j;
       cnt[d0 + j] = 0;
     }
   __syncthreads();
   int d[2] = {0, 0}, ord[2] = {0, 0};
-  for (int j = 0; j < per; ++j)
-    if (q0 + j < p.P) {
+#pragma unroll
+  for (int j = 0; j < 2; ++j)
+    if (j < per && q0 + j < p.P) {
       d[j] = index_s[ids_s[q0 + j]];
       ord[j] = atomicAdd(cnt + d[j], 1);
     }
   __syncthreads();
   int c[2] = {0, 0}, runs[2] = {0, 0};
-  for (int j = 0; j < dper; ++j)
-    if (d0 + j < distinct) {
+#pragma unroll
+  for (int j = 0; j < 2; ++j)
+    if (j < dper && d0 + j < distinct) {
       c[j] = cnt[d0 + j];
       runs[j] = (c[j] + G - 1) / G;
     }
@@ -196,7 +203,9 @@ __device__ __forceinline__ int down_items(uint8_t* smem, const MoeParams& p, con
   const int start = block_exclusive_scan<ST_THREADS>((c[0] + c[1]) | ((runs[0] + runs[1]) << 16),
                                                      (int*)(smem + st_off_wtot(sp)), &total);
   int m0 = start & 0xffff, i0 = start >> 16;
-  for (int j = 0; j < dper; ++j) {
+#pragma unroll
+  for (int j = 0; j < 2; ++j) {
+    if (j >= dper) break;
     if (d0 + j < distinct) {
       const int e = ids_s[lead_s[d0 + j]];
       cnt[d0 + j] = m0;
@@ -210,8 +219,9 @@ __device__ __forceinline__ int down_items(uint8_t* smem, const MoeParams& p, con
     i0 += runs[j];
   }
   __syncthreads();
-  for (int j = 0; j < per; ++j)
-    if (q0 + j < p.P) memb[cnt[d[j]] + ord[j]] = q0 + j;
+#pragma unroll
+  for (int j = 0; j < 2; ++j)
+    if (j < per && q0 + j < p.P) memb[cnt[d[j]] + ord[j]] = q0 + j;
   __syncthreads();
   return total >> 16;
 }
@@ -503,6 +513,9 @@ __global__ void __launch_bounds__(ST_THREADS, 1)
 // weight rows 2t, 2t + 1: gate features 2t, 2t + 1 for t < 2, the same up features for t >= 2,
 // brought to lane t - 2 by one shuffle. A member's act is the same bits whatever other members
 // or rows share the launch (each MMA output depends only on its own row of A and column of B).
+// WIDE: a wide launch (sp.x_global, member tables); its own instance, so that the windows' kernel
+// keeps its registers (the tables and the second x source cost it spills).
+template <bool WIDE>
 __global__ void __launch_bounds__(ST_THREADS, 1) moe_gate_up_mma(MoeParams p, StreamPlan sp) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   constexpr int F = 4;
@@ -510,15 +523,15 @@ __global__ void __launch_bounds__(ST_THREADS, 1) moe_gate_up_mma(MoeParams p, St
   const int distinct = gate_up_start(smem, p, sp);
   // member tables (down_items, one item per expert: sp.group >= the rows), so that an item
   // finds its members without a ballot over every pair (wide launches: up to 1,024 pairs)
-  if (sp.group) down_items(smem, p, sp, distinct);
+  if (WIDE) down_items(smem, p, sp, distinct);
   const int* memb = (const int*)(smem + sp.items_off);
   const int* span = memb + p.P;
   uint64_t* full = (uint64_t*)smem;
   uint64_t* empty = full + ST_MAX_STAGES;
   const int* ids_s = (const int*)(smem + ST_OFF_IDS);
   const int* lead_s = (const int*)(smem + st_off_lead(sp));
-  uint8_t* x_s = sp.x_global ? p.x_stage : smem + sp.data_off;
-  float* unscale_s = sp.x_global ? p.x_unscale : (float*)(smem + sp.scale_off);  // 2^s_n per row
+  uint8_t* x_s = WIDE ? p.x_stage : smem + sp.data_off;
+  float* unscale_s = WIDE ? p.x_unscale : (float*)(smem + sp.scale_off);  // 2^s_n per row
   uint8_t* ring = smem + sp.ring_off;
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
   const int n_local = gate_up_items(distinct, sp);
@@ -533,7 +546,7 @@ __global__ void __launch_bounds__(ST_THREADS, 1) moe_gate_up_mma(MoeParams p, St
 
   // x as scaled f16, one warp per row, while the first stages land (a wide launch reads the
   // rows moe_stage_x staged in global memory instead)
-  if (!sp.x_global)
+  if (!WIDE)
     for (int n = warp; n < p.n; n += sp.warps)
       stage_x_row_f16((const uint16_t*)p.x + (int64_t)n * H, x_s + (int64_t)n * sp.x_stride,
                       unscale_s + n, H, lane);
@@ -558,7 +571,7 @@ __global__ void __launch_bounds__(ST_THREADS, 1) moe_gate_up_mma(MoeParams p, St
     // lane j holds member w0 + j
     for (int w0 = 0;; w0 += 32) {
       int my_q = -1, M = 0;
-      if (sp.group) {  // the tables: expert d's members are memb[lo, hi)
+      if (WIDE) {  // the tables: expert d's members are memb[lo, hi)
         const int lo = span[d] & 0xffff;
         M = (span[d] >> 16) - lo;
         if (w0 + lane < M) my_q = memb[lo + w0 + lane];
@@ -766,12 +779,19 @@ int launch_gate_up_mma(const MoeParams& p, const StreamPlan& sp, int grid, int s
   static int allowed = 0;
   const char* name = "moe_experts: moe_gate_up_mma";
   if (sp.x_global) {
+    static int allowed_wide = 0;
     launch_maybe_pdl(moe_stage_x, dim3((unsigned)p.n), dim3(32), 0, st, pdl, p, sp.x_stride);
     if (int rc = take_launch_error("moe_experts: moe_stage_x")) return rc;
-    pdl = true;  // gate/up waits for the staging grid (pdl_wait_primary) before reading x
+    if (int rc = allow_smem(moe_gate_up_mma<true>, smem, allowed_wide, name)) return rc;
+    // a programmatic dependent of the staging grid: it waits for it (pdl_wait_primary) before
+    // reading x
+    launch_maybe_pdl(moe_gate_up_mma<true>, dim3((unsigned)grid), dim3(ST_THREADS), smem, st,
+                     true, p, sp);
+    return take_launch_error(name);
   }
-  if (int rc = allow_smem(moe_gate_up_mma, smem, allowed, name)) return rc;
-  launch_maybe_pdl(moe_gate_up_mma, dim3((unsigned)grid), dim3(ST_THREADS), smem, st, pdl, p, sp);
+  if (int rc = allow_smem(moe_gate_up_mma<false>, smem, allowed, name)) return rc;
+  launch_maybe_pdl(moe_gate_up_mma<false>, dim3((unsigned)grid), dim3(ST_THREADS), smem, st, pdl,
+                   p, sp);
   return take_launch_error(name);
 }
 
