@@ -185,8 +185,8 @@ int strata_gpu_moe_wide_takes(int64_t n, int64_t k, int64_t E, int64_t H, int64_
 // Bits 22-25 of the switches: with STRATA_MOE_DOWN_SPLIT, the members per run at 3 rows and more
 // (1-15; 0: 2), for measuring what run length pays. The same bits at any.
 #define STRATA_MOE_DOWN_RUNS_SHIFT 22
-// STRATA_MOE_X_GLOBAL (off): FP8 launches of 17-64 rows on the tensor-core gate/up stage x in
-// global memory (a small kernel before it, the rows in the workspace) instead of shared memory,
+// STRATA_MOE_X_GLOBAL (on): FP8 launches of 17-64 rows without the expert cache on the
+// tensor-core gate/up stage x in global memory (a small kernel before it, the rows in the workspace) instead of shared memory,
 // so that the ring keeps the whole shared memory and a prompt chunk of 64 tokens reads its
 // experts in one launch rather than four of 16 rows. The same bits.
 #define STRATA_MOE_X_GLOBAL (1 << 26)

@@ -377,11 +377,13 @@ __global__ void __launch_bounds__(MOE_DOWN_THREADS, 2) moe_down_kernel(MoeParams
 // one at every shape and row count measured (12288, 9216 x 2048 and 2048 x 4096 at 1-32 rows);
 // its f16 operands (LINEAR_F16) are off: faster at 1-2 rows, slower from 4 (x's conversion).
 // GU_MMA is on: the streamed gate/up on tensor cores took the FP8 experts from 53% to 66% of the
-// copy ceiling at 16 rows and 39% to 49% at 32 (docs/KERNELS.md).
+// copy ceiling at 16 rows and 39% to 49% at 32 (docs/KERNELS.md). X_GLOBAL is on: 64 rows in one
+// launch 469 against 553 us for four of 16, a 64-token prompt chunk 36.0 against 41.0 ms at
+// full depth (docs/KERNELS.md "Wide launches").
 int g_moe_options = STRATA_MOE_PDL | STRATA_MOE_EARLY | STRATA_MOE_DB | STRATA_MOE_XSMEM |
                     STRATA_MOE_STREAM | STRATA_LINEAR_STREAM | STRATA_MOE_STREAM_MISS |
                     STRATA_LINEAR_SPLIT | STRATA_LINEAR_SPLIT_PAIR | STRATA_MOE_GU_MMA |
-                    STRATA_MOE_DOWN_SPLIT;
+                    STRATA_MOE_DOWN_SPLIT | STRATA_MOE_X_GLOBAL;
 
 // Whether the device runs programmatic dependent launches (sm_90+), cached per device.
 bool device_has_pdl(int device) {

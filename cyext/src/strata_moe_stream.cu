@@ -865,7 +865,8 @@ int launch_stream(const MoeParams& p, const DeviceFacts& dev, bool pdl, bool eve
   // per-block kernels sum in another order)
   // STRATA_MOE_X_GLOBAL: from 17 rows (up to 64) x is staged in global memory (moe_stage_x),
   // so that the ring keeps the whole shared memory; the caller's workspace holds it.
-  const bool x_global = fp8 && (options & STRATA_MOE_X_GLOBAL) && p.n > 16 && p.x_stage;
+  const bool x_global = fp8 && (options & STRATA_MOE_X_GLOBAL) && p.n > 16 && p.x_stage &&
+                        !p.slot_of;  // (the cache's launches keep their measured form)
   const bool mma = fp8 && (options & STRATA_MOE_GU_MMA) && p.bi == 128 && p.bo % 4 == 0 &&
                    p.I % 4 == 0 && p.H % 128 == 0 && p.H <= 4096 &&
                    p.n <= (x_global ? ST_WIDE_MAX_ROWS : 32);

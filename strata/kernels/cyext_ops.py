@@ -523,15 +523,17 @@ def gpu_commit_accepted(accept, group_slot, group_pos, rec_snaps, conv_snaps, re
 
 #: Shapes the GPU routed-expert kernel takes (cyext/src/strata_moe.cu); others use the reference.
 MOE_MAX_ROWS = 32
-#: Rows per moe_experts launch for FP8 weights without the expert cache (moe_launch_options(
-#: fp8_launch16=)): 16, since the streamed kernels stage x beside their ring and at 32 rows keep
-#: too few stages (two launches of 16 rows measured 16% faster than one of 32 on an H200, though
-#: they read more experts). bf16 keeps 32, and so does the cache, whose misses are read over the
-#: bus once per launch (the simulator's experts.call_rows).
-_moe_fp8_launch_rows = 16
 MOE_MAX_PAIRS = 512
 #: Rows of a wide FP8 launch (moe_launch_options(fp8_wide=)).
 MOE_WIDE_ROWS = 64
+#: Rows per moe_experts launch for FP8 weights without the expert cache (moe_launch_options(
+#: fp8_wide=, fp8_launch16=)): MOE_WIDE_ROWS where the extension takes the launch wide (x staged
+#: in global memory: one launch of 64 rows measured 469 us against 553 for four of 16 on an
+#: H200), else 16, since the streamed kernels stage x beside their ring and at 32 rows keep too
+#: few stages (two launches of 16 rows measured 16% faster than one of 32, though they read more
+#: experts). bf16 keeps 32, and so does the cache, whose misses are read over the bus once per
+#: launch (the simulator's experts.call_rows).
+_moe_fp8_launch_rows = MOE_WIDE_ROWS
 MOE_MAX_ROW_BYTES = 8192
 #: Rows the skinny linear kernel takes; more rows use the reference (dequantise + matmul).
 LINEAR_SKINNY_MAX_ROWS = 32
@@ -542,9 +544,9 @@ def _aligned(t: torch.Tensor) -> torch.Tensor:
 
 
 def moe_kernel_supported(x, w_gate_up, k: int, block=None) -> bool:
-    """True when gpu_moe_experts runs these shapes on the kernel (rows beyond 32, or beyond 16
-    for FP8 without the expert cache, are split into launches of that many rows, which changes
-    no row's result), False when it falls back to the reference: H or I not a multiple of 16, a
+    """True when gpu_moe_experts runs these shapes on the kernel (rows beyond 32, or for FP8
+    without the expert cache beyond 64 where the launch runs wide and 16 where it does not, are
+    split into launches of that many rows, which changes no row's result), False when it falls back to the reference: H or I not a multiple of 16, a
     weight row over 8 KiB, top-k over 16, or FP8 with a scale block whose columns are not a
     multiple of 16."""
     hidden = x.shape[-1]
@@ -614,7 +616,7 @@ def moe_launch_options(pdl=None, early=None, wide=None, db=None, xsmem=None, str
     same bits. `down_split_runs` (0: that rule), 1-15 members per run instead (the same bits).
     `fp8_launch16` (on; this module's, not the extension's): gpu_moe_experts launches FP8 weights
     without the expert cache 16 rows at a time (off: 32), rows being independent; the same bits.
-    `fp8_wide` (off): such weights launch up to 64 rows at a time where the extension takes them
+    `fp8_wide` (on): such weights launch up to 64 rows at a time where the extension takes them
     wide (moe_wide_takes: sm_90+, the tensor-core gate/up), x staged in global memory by a small
     kernel so that the ring keeps the whole shared memory: a 64-token prompt chunk reads its
     distinct experts once instead of in four 16-row launches; windows of up to 16 rows are
@@ -682,7 +684,7 @@ def gpu_moe_experts(x, w_gate_up, w_down, topk_weight, topk_ids, gu_scale=None,
                     window_state=None, count_layer=None, *, out=None, workspace=None):
     """Routed experts on the GPU, grouped by expert on the device: each distinct expert's
     gate/up and down weights are read once for all of its rows (two kernels per launch of up to
-    32 rows, 16 for FP8; fixed grids, no host sync: capturable). Rows are independent: a row's
+    32 rows; FP8 64 where the launch runs wide, else 16; fixed grids, no host sync: capturable). Rows are independent: a row's
     result is bit-identical whatever rows share the call. Shapes the kernel does not take
     (moe_kernel_supported) run the reference. workspace: optional float32 scratch of
     moe_workspace_numel(N, k, I).
