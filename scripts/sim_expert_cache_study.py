@@ -605,11 +605,11 @@ def engine_check(args) -> str:
 
 # --- the all-resident end against the engine's measured cohorts ------------------------------
 
-#: The engine's aggregate tok/s of the BENCH runs (full depth, FP8 dummy weights, random
-#: routers, 64-token prompts, synthetic acceptance 0.8, engine.overlap on), keyed by
-#: (configuration, N, output tokens).
-BENCH_TPS = {("batch_mtp_w16", 8, 64): 661.8, ("batch", 8, 64): 611.0,
-             ("solo_spec2", 1, 256): 389.6, ("solo_spec4", 1, 256): 456.1}
+#: The engine's aggregate tok/s at full depth (FP8 dummy weights, random routers, 64-token
+#: prompts, synthetic acceptance 0.8, engine.overlap on, FP8 routed experts launched wide:
+#: docs/bench/s28/call2_n8_wide.json, call3_solo_wide.json), keyed by (configuration, N, output
+#: tokens); experts.prefill_scale is fitted to them.
+BENCH_TPS = {("batch_mtp_w16", 8, 64): 701.8, ("solo_spec2", 1, 256): 390.4}
 
 
 def bench_cells(args, extra: list[str] = ()) -> list[tuple[str, int, float, float]]:
@@ -704,8 +704,8 @@ requests, {args.prompt_tokens}-token prompts, {args.max_tokens} output tokens, s
 time (spec 4), batch and batch_mtp on N slots.
 
 Window cost: the bytes model fitted to the engine's full-depth FP8 windows on the H200
-(docs/bench/s13/call8_fp8_full.json, s14/fp8_full.json, s15/fp8_n8.json: 1.37 ms fixed + bytes /
-1.71 TB/s, the shapes seen in 19-70 windows within 4%, 8x1 +6.6%, lone first windows 4-11% low),
+(docs/bench/s28/fp8_n8.json and fp8_solo.json: 2.03 ms fixed + bytes / 2.76 TB/s, every shape
+within 3.5%),
 a prompt chunk {compose_cfg([f"hardware={H200}"]).experts.prefill_scale:g}x its 1-group window
 (`experts.prefill_scale`, fitted to the same runs' cohorts); a missed expert adds, per read (one per 32-row MoE kernel call), its bytes
 over the bus ({compose_cfg([f"hardware={H200}"]).memory.bus_gb_s:g} GB/s on the H200) plus
