@@ -249,6 +249,16 @@ def causal_conv_window(x, conv_state, weight, group_slot, out, snaps, uintptr_t 
     _raise(op, rc)
 
 
+def _check_qkvz_columns(str op, x, int64_t nk, int64_t dk, int64_t vpk):
+    """The gathering convs' x: (NG, G, >= nk (2 dk + 2 vpk)) columns, the heads' widths >= 1."""
+    if nk < 1 or dk < 1 or vpk < 1:
+        raise ValueError(f"{op}: nk, dk and vpk must be >= 1, got {nk}, {dk}, {vpk}")
+    _check_tensor(op, "x", x, 3)
+    if x.shape[2] < nk * (2 * dk + 2 * vpk):
+        raise ValueError(f"{op}: x has {x.shape[2]} columns, fewer than the {nk} key heads' "
+                         f"{nk * (2 * dk + 2 * vpk)}")
+
+
 def causal_conv_window_qkvz(x, conv_state, weight, group_slot, out, snaps, int64_t nk,
                             int64_t dk, int64_t vpk, uintptr_t stream):
     """causal_conv_window over channels [q | k | v] gathered from x (NG, G, >= nk W), the
@@ -256,12 +266,7 @@ def causal_conv_window_qkvz(x, conv_state, weight, group_slot, out, snaps, int64
     2 vpk): C = 2 nk dk + nk vpk channels; out (NG, G, C) and snaps (NG, G, C, K-1) as
     causal_conv_window's."""
     op = "causal_conv_window_qkvz"
-    if nk < 1 or dk < 1 or vpk < 1:
-        raise ValueError(f"{op}: nk, dk and vpk must be >= 1, got {nk}, {dk}, {vpk}")
-    _check_tensor(op, "x", x, 3)
-    if x.shape[2] < nk * (2 * dk + 2 * vpk):
-        raise ValueError(f"{op}: x has {x.shape[2]} columns, fewer than the {nk} key heads' "
-                         f"{nk * (2 * dk + 2 * vpk)}")
+    _check_qkvz_columns(op, x, nk, dk, vpk)
     cdef int xdt, sdt, wdt
     cdef int64_t nslots, ng, g, c, kw
     xdt, sdt, wdt, nslots, ng, g, c, kw = _args_causal_conv(op, x, conv_state, weight, group_slot,
@@ -291,12 +296,7 @@ def causal_conv_window_qkvz_ba(x, conv_state, weight, group_slot, out, snaps, in
     . w_ba (2 nv, H)^T, all three in x's dtype and contiguous: float32 sums in an order that
     depends on H alone, so a row's ba is the same bits in any window."""
     op = "causal_conv_window_qkvz_ba"
-    if nk < 1 or dk < 1 or vpk < 1:
-        raise ValueError(f"{op}: nk, dk and vpk must be >= 1, got {nk}, {dk}, {vpk}")
-    _check_tensor(op, "x", x, 3)
-    if x.shape[2] < nk * (2 * dk + 2 * vpk):
-        raise ValueError(f"{op}: x has {x.shape[2]} columns, fewer than the {nk} key heads' "
-                         f"{nk * (2 * dk + 2 * vpk)}")
+    _check_qkvz_columns(op, x, nk, dk, vpk)
     cdef int xdt, sdt, wdt
     cdef int64_t nslots, ng, g, c, kw, h, nba
     xdt, sdt, wdt, nslots, ng, g, c, kw = _args_causal_conv(op, x, conv_state, weight, group_slot,

@@ -418,18 +418,24 @@ def gpu_causal_conv_window(x, conv_state, weight, group_slot, *, out=None, snaps
     return out, snaps
 
 
+def _conv_outputs(op: str, x, conv_state, weight, group_slot):
+    """The gathering convs' checked slot ids and their outputs: the conv (NG, G, C) and its
+    snapshots (NG, G, C, K-1), in x's dtype."""
+    (ng, g), (c, kw) = x.shape[:2], weight.shape
+    group_slot = _index(group_slot)
+    _validate_slots(op, group_slot, conv_state.shape[0])
+    return (group_slot, torch.empty(ng, g, c, dtype=x.dtype, device=x.device),
+            torch.empty(ng, g, c, kw - 1, dtype=x.dtype, device=x.device))
+
+
 def gpu_causal_conv_window_qkvz(x, conv_state, weight, group_slot, nk, dk, vpk):
     """reference.causal_conv_window_qkvz in one kernel: the conv gathers its q, k and v channels
     from the in_proj's interleaved columns (a row-strided view is read in place)."""
     if _compiling():
         return torch.ops.strata.causal_conv_window_qkvz(x, conv_state, weight, group_slot, nk, dk,
                                                         vpk)
-    ng, g = x.shape[:2]
-    c, kw = weight.shape
-    group_slot = _index(group_slot)
-    _validate_slots("causal_conv_window_qkvz", group_slot, conv_state.shape[0])
-    out = torch.empty(ng, g, c, dtype=x.dtype, device=x.device)
-    snaps = torch.empty(ng, g, c, kw - 1, dtype=x.dtype, device=x.device)
+    group_slot, out, snaps = _conv_outputs("causal_conv_window_qkvz", x, conv_state, weight,
+                                           group_slot)
     _gpu.causal_conv_window_qkvz(x, conv_state, weight.contiguous(), group_slot, out, snaps,
                                  int(nk), int(dk), int(vpk), _stream(x))
     return out, snaps
@@ -444,13 +450,9 @@ def gpu_causal_conv_window_qkvz_ba(x, conv_state, weight, group_slot, nk, dk, vp
     if _compiling():
         return torch.ops.strata.causal_conv_window_qkvz_ba(x, conv_state, weight, group_slot, nk,
                                                            dk, vpk, x_normed, w_ba)
-    ng, g = x.shape[:2]
-    c, kw = weight.shape
-    group_slot = _index(group_slot)
-    _validate_slots("causal_conv_window_qkvz_ba", group_slot, conv_state.shape[0])
-    out = torch.empty(ng, g, c, dtype=x.dtype, device=x.device)
-    snaps = torch.empty(ng, g, c, kw - 1, dtype=x.dtype, device=x.device)
-    ba = torch.empty(ng, g, w_ba.shape[0], dtype=x.dtype, device=x.device)
+    group_slot, out, snaps = _conv_outputs("causal_conv_window_qkvz_ba", x, conv_state, weight,
+                                           group_slot)
+    ba = torch.empty(*x.shape[:2], w_ba.shape[0], dtype=x.dtype, device=x.device)
     _gpu.causal_conv_window_qkvz_ba(x, conv_state, weight.contiguous(), group_slot, out, snaps,
                                     int(nk), int(dk), int(vpk), x_normed, w_ba, ba, _stream(x))
     return out, snaps, ba
