@@ -162,6 +162,38 @@ def test_gpu_route_rows_are_independent():
 
 
 @_gpu
+@pytest.mark.parametrize("rows", [33, 64, 100])
+def test_gpu_route_chunks_on_the_kernel(rows):
+    """route_chunks: a prompt chunk's rows route on the kernel, 32 a launch, each row the bits
+    it has in a window of its own (rows are independent), eager and captured; off, the
+    reference (exact inputs: the same ids and weights either way)."""
+    dev = torch.device("cuda")
+    x, w = router_case(rows, 2048, 512, True, seed=rows, device=dev, exact=False)
+    saved = C.moe_launch_options()
+    try:
+        assert C.moe_launch_options(route_chunks=True)["route_chunks"]
+        got_w, got_i = C.gpu_moe_route(x, w, 512, 10, True, None, 512)
+        for r0 in range(0, rows, 32):
+            part_w, part_i = C.gpu_moe_route(x[r0:r0 + 32].clone(), w, 512, 10, True, None, 512)
+            assert torch.equal(got_w[r0:r0 + 32], part_w) and torch.equal(got_i[r0:r0 + 32], part_i)
+        static = x.clone()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            gw, gi = C.gpu_moe_route(static, w, 512, 10, True, None, 512)
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(gw, got_w) and torch.equal(gi, got_i)
+        assert int(C._route_ticket(w).item()) == 0
+        xe, we = router_case(rows, 256, 60, True, seed=3, device=dev)
+        on = C.gpu_moe_route(xe, we, 60, 4, True, None, 60)
+        C.moe_launch_options(route_chunks=False)
+        off = C.gpu_moe_route(xe, we, 60, 4, True, None, 60)
+    finally:
+        C.moe_launch_options(**saved)
+    assert torch.equal(on[1], off[1]) and torch.allclose(on[0], off[0], rtol=2e-6, atol=1e-7)
+
+
+@_gpu
 def test_gpu_route_in_a_graph():
     """Captured once, replayed with new x: the results follow x and match eager calls."""
     dev = torch.device("cuda")

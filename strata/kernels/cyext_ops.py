@@ -578,7 +578,8 @@ def moe_launch_options(pdl=None, early=None, wide=None, db=None, xsmem=None, str
                        stream_miss=None, gate_up_pdl=None, linear_split=None,
                        linear_split_depth=None, linear_split_pair=None,
                        linear_f16=None, gate_up_mma=None, down_split=None,
-                       down_split_runs=None, fp8_launch16=None, fp8_wide=None) -> dict:
+                       down_split_runs=None, fp8_launch16=None, fp8_wide=None,
+                       route_chunks=None) -> dict:
     """Read or set moe_experts' launch switches on the GPU extension (process-wide; each gives
     the same bits unless it says otherwise): `stream` (on by default), the streamed kernels on
     sm_90+ without the expert cache, or with one (see `stream_miss` for a cache that can miss),
@@ -623,6 +624,11 @@ def moe_launch_options(pdl=None, early=None, wide=None, db=None, xsmem=None, str
     kernel so that the ring keeps the whole shared memory: a 64-token prompt chunk reads its
     distinct experts once instead of in four 16-row launches; windows of up to 16 rows are
     unchanged. The same bits.
+    `route_chunks` (off; this module's): gpu_moe_route runs more than ROUTE_MAX_ROWS rows (prompt
+    chunks) on the router kernel, ROUTE_MAX_ROWS rows a launch (rows are independent), instead
+    of the reference, whose top-k by argmax is about 40 small kernels a layer (84 us of a 64-token
+    chunk's layer on an H200). Other bits than the reference (the kernel's logits may differ in
+    their last bf16 bit): a prompt chunk then routes as the windows do.
     None leaves a switch as it is. Returns the switches now in force."""
     flags = _gpu.moe_set_options(-1)
     for bit, on in ((1, pdl), (2, early), (4, wide), (8, db), (16, xsmem), (32, stream),
@@ -640,6 +646,9 @@ def moe_launch_options(pdl=None, early=None, wide=None, db=None, xsmem=None, str
         _moe_fp8_launch_rows = 16 if fp8_launch16 else MOE_MAX_ROWS
     if fp8_wide is not None:
         _moe_fp8_launch_rows = MOE_WIDE_ROWS if fp8_wide else 16
+    global _route_chunks
+    if route_chunks is not None:
+        _route_chunks = bool(route_chunks)
     return {"pdl": bool(flags & 1), "early": bool(flags & 2), "wide": bool(flags & 4),
             "db": bool(flags & 8), "xsmem": bool(flags & 16), "stream": bool(flags & 32),
             "stream_all": bool(flags & 64), "linear_stream": bool(flags & 128),
@@ -650,7 +659,8 @@ def moe_launch_options(pdl=None, early=None, wide=None, db=None, xsmem=None, str
             "gate_up_mma": bool(flags & (1 << 20)), "down_split": bool(flags & (1 << 21)),
             "down_split_runs": (flags >> 22) & 15,
             "fp8_launch16": _moe_fp8_launch_rows == 16,
-            "fp8_wide": bool(flags & (1 << 26)) and _moe_fp8_launch_rows == MOE_WIDE_ROWS}
+            "fp8_wide": bool(flags & (1 << 26)) and _moe_fp8_launch_rows == MOE_WIDE_ROWS,
+            "route_chunks": _route_chunks}
 
 
 def conv_launch_options(serial=None) -> dict:
@@ -797,8 +807,10 @@ def gpu_linear_bf16_skinny(x, weight, *, out=None):
 #: One int32 ticket per router weight (a MoE layer), zero between launches: the router kernel's
 #: last CTA finds itself by it (cyext/src/strata_router.cu).
 _ROUTE_TICKETS: dict[tuple[int, int], torch.Tensor] = {}
-#: Rows the router kernel takes per launch; more rows (prompt chunks) run the reference.
+#: Rows the router kernel takes per launch; more rows (prompt chunks) run the reference, or with
+#: moe_launch_options(route_chunks=) the kernel in launches of this many.
 ROUTE_MAX_ROWS = 32
+_route_chunks = False
 
 
 def route_kernel_supported(x, w_router, num_experts: int, top_k: int) -> bool:
@@ -826,18 +838,24 @@ def gpu_moe_route(x, w_router, num_experts, top_k, norm_topk, routing_bias=None,
     if _compiling():
         return torch.ops.strata.moe_route(x, w_router, int(num_experts), int(top_k),
                                           bool(norm_topk), routing_bias, int(shared_id))
-    if not route_kernel_supported(x, w_router, int(num_experts), int(top_k)):
+    rows = x.numel() // x.shape[-1] if x.shape[-1] else 0
+    first = x.reshape(-1, x.shape[-1])[:ROUTE_MAX_ROWS] if _route_chunks else x
+    if not route_kernel_supported(first, w_router, int(num_experts), int(top_k)):
         return reference.moe_route(x, w_router, num_experts, top_k, norm_topk, routing_bias,
                                    shared_id)
-    x2 = _aligned(x.reshape(-1, x.shape[-1]).contiguous())
+    x2 = x.reshape(-1, x.shape[-1]).contiguous()
     w = _aligned(w_router.contiguous())
-    m, cols = x2.shape[0], int(top_k) + (1 if shared_id >= 0 else 0)
-    weights = torch.empty(m, cols, dtype=torch.float32, device=x.device)
-    ids = torch.empty(m, cols, dtype=torch.int64, device=x.device)
-    logits = torch.empty(m * (int(num_experts) + 1), dtype=torch.float32, device=x.device)
+    cols = int(top_k) + (1 if shared_id >= 0 else 0)
+    weights = torch.empty(rows, cols, dtype=torch.float32, device=x.device)
+    ids = torch.empty(rows, cols, dtype=torch.int64, device=x.device)
+    step = min(rows, ROUTE_MAX_ROWS)
+    logits = torch.empty(step * (int(num_experts) + 1), dtype=torch.float32, device=x.device)
     bias = None if routing_bias is None else routing_bias.float().contiguous()
-    _gpu.moe_route(x2, w, int(num_experts), int(top_k), bool(norm_topk), bias, int(shared_id),
-                   logits, weights, ids, _route_ticket(w_router), _stream(x))
+    for r0 in range(0, rows, step):  # one launch at a time: they share the ticket
+        r1 = min(rows, r0 + step)
+        _gpu.moe_route(_aligned(x2[r0:r1]), w, int(num_experts), int(top_k), bool(norm_topk),
+                       bias, int(shared_id), logits, weights[r0:r1], ids[r0:r1],
+                       _route_ticket(w_router), _stream(x))
     return weights, ids
 
 
