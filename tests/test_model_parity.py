@@ -368,6 +368,19 @@ def bf16_parity(name, tiny_ckpts, hf, device):
 
 
 @pytest.mark.parametrize("k", [1, 2, 4, 10])
+def test_topk_by_sort_is_topk_by_argmax(k):
+    """The eager router's top-k (one stable sort) gives topk_by_argmax's values and ids, ties to
+    the lower index included."""
+    from strata.kernels.reference import topk_by_argmax, topk_by_sort
+
+    g = torch.Generator().manual_seed(k)
+    x = torch.softmax(torch.randn(37, 512, generator=g), -1)
+    ties = torch.softmax(torch.randint(0, 3, (37, 512), generator=g).float(), -1)  # many ties
+    for probs in (x, ties, torch.zeros(3, 16)):
+        assert all(torch.equal(a, b) for a, b in zip(topk_by_sort(probs, k), topk_by_argmax(probs, k)))
+
+
+@pytest.mark.parametrize("k", [1, 2, 4, 10])
 def test_topk_by_argmax_matches_torch_topk(k):
     from strata.model.qwen3_next import topk_by_argmax
 

@@ -57,6 +57,19 @@ def test_reference_ties_go_to_the_lower_id():
     assert torch.allclose(weights, torch.full((2, 4), 0.25))
 
 
+def test_reference_routes_alike_with_either_topk():
+    """gpu_moe_route's eager fallback (prompt chunks) takes the top-k by one sort: the same ids
+    and weights as the k rounds of max."""
+    for m, E, k, shared, bias in ((40, 60, 4, True, False), (64, 512, 10, True, True),
+                                  (33, 16, 16, False, False)):
+        x, w = router_case(m, 256, E, shared, seed=m + E, exact=False)
+        b = torch.linspace(-2, 0, E) if bias else None
+        sid = E if shared else -1
+        want = R.moe_route(x, w, E, k, True, b, sid)
+        got = R.moe_route(x, w, E, k, True, b, sid, topk=R.topk_by_sort)
+        assert all(torch.equal(a, c) for a, c in zip(got, want))
+
+
 def test_custom_op_fake_shapes():
     if not hasattr(torch.ops, "strata") or not hasattr(torch.ops.strata, "moe_route"):
         pytest.skip("custom ops not registered on this torch")

@@ -841,8 +841,9 @@ def gpu_moe_route(x, w_router, num_experts, top_k, norm_topk, routing_bias=None,
     rows = x.numel() // x.shape[-1] if x.shape[-1] else 0
     first = x.reshape(-1, x.shape[-1])[:ROUTE_MAX_ROWS] if _route_chunks else x
     if not route_kernel_supported(first, w_router, int(num_experts), int(top_k)):
+        # eager here (an opaque op under compile): the top-k by one sort, not 4k small kernels
         return reference.moe_route(x, w_router, num_experts, top_k, norm_topk, routing_bias,
-                                   shared_id)
+                                   shared_id, topk=reference.topk_by_sort)
     x2 = x.reshape(-1, x.shape[-1]).contiguous()
     w = _aligned(w_router.contiguous())
     cols = int(top_k) + (1 if shared_id >= 0 else 0)

@@ -386,23 +386,33 @@ def topk_by_argmax(x: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]
     return torch.cat(vals, -1), torch.cat(idxs, -1)
 
 
+def topk_by_sort(x: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """topk_by_argmax's result (descending, ties to the lower index) by one stable sort of the
+    last dim, for x without NaNs or negative zeros (softmax probabilities). Run eagerly (a
+    prompt chunk's router past the router kernel's rows, inside an opaque op), k rounds of max
+    are 4k small kernels; the sort is one."""
+    vals, idxs = torch.sort(x, dim=-1, descending=True, stable=True)
+    return vals[..., :k], idxs[..., :k]
+
+
 def moe_route(x: torch.Tensor, w_router: torch.Tensor, num_experts: int, top_k: int,
               norm_topk: bool, routing_bias: Optional[torch.Tensor] = None,
-              shared_id: int = -1) -> tuple[torch.Tensor, torch.Tensor]:
+              shared_id: int = -1, topk=topk_by_argmax) -> tuple[torch.Tensor, torch.Tensor]:
     """The MoE router: the top_k experts of softmax(x @ w_router[:E]^T + routing_bias) over the
     E = num_experts experts (logits in x's dtype, the softmax in float32; descending, ties to
     the lower id), renormalised to sum 1 when norm_topk. With shared_id >= 0, w_router's row E
     is the shared expert's gate and the result has one more column: id shared_id with weight
     sigmoid(its logit) (the shared expert folded into the routed ones).
 
-    x (N, H); w_router (R, H), R >= E (+1), rows past those unused. Returns weights (N, C)
-    float32 and ids (N, C) int64, C = top_k (+1)."""
+    x (N, H); w_router (R, H), R >= E (+1), rows past those unused. topk: topk_by_argmax (which
+    compiles into the softmax's kernel) or topk_by_sort (eager: the same result in one kernel).
+    Returns weights (N, C) float32 and ids (N, C) int64, C = top_k (+1)."""
     y = F.linear(x, w_router)
     logits = y[:, :num_experts]
     if routing_bias is not None:
         logits = logits.float() + routing_bias
     probs = torch.softmax(logits.float(), dim=-1)
-    weights, index = topk_by_argmax(probs, top_k)
+    weights, index = topk(probs, top_k)
     if norm_topk:
         weights = weights / weights.sum(-1, keepdim=True)
     if shared_id >= 0:
