@@ -726,10 +726,11 @@ def gpu_moe_experts(x, w_gate_up, w_down, topk_weight, topk_ids, gu_scale=None,
     if out is None:
         out = torch.empty_like(x)
     step = _moe_fp8_launch_rows if gu_scale is not None and not cache else MOE_MAX_ROWS
-    if step == MOE_WIDE_ROWS and not (n > 16 and _gpu.moe_wide_takes(
-            min(n, MOE_WIDE_ROWS), k, w_gate_up.shape[0], x.shape[-1], inter, bo, bi,
-            x.device.index)):
-        step = 16  # windows of up to 16 rows, or shapes the wide launch does not take
+    wide = (step == MOE_WIDE_ROWS and n > 16 and x.dtype == torch.bfloat16
+            and _gpu.moe_wide_takes(min(n, MOE_WIDE_ROWS), k, w_gate_up.shape[0], x.shape[-1],
+                                    inter, bo, bi, x.device.index))
+    if step == MOE_WIDE_ROWS and not wide:
+        step = 16  # windows of up to 16 rows, or shapes or x the wide launch does not take
     need = _gpu.moe_workspace_numel(min(n, step), k, inter, x.shape[-1])
     if workspace is None or workspace.numel() < need or workspace.data_ptr() % 16:
         workspace = torch.empty(need, dtype=torch.float32, device=x.device)
