@@ -43,6 +43,7 @@ sys.path.insert(0, str(ROOT))
 from strata.config import EMBEDDED_MODEL_DIR  # noqa: E402
 from strata.metrics import RequestTimes, ratio  # noqa: E402
 from strata.metrics import request_metrics as metrics_of  # noqa: E402
+from prompt_material import CODE_PROMPTS, prompt_texts  # noqa: E402
 
 SERVER_CONFIGS = {
     "solo": ["engine.mode=solo", "engine.batch_mtp=false"],
@@ -54,16 +55,12 @@ ALL_CONFIGS = ["solo", "batch", "batch_mtp", "hf"]
 
 # ------------------------------------------------------------------------------------- prompts
 
-#: Prompt material shipped with the repository (scripts/bench_engine.py cuts its prompts from it too).
-CODE_PROMPTS = Path(__file__).resolve().parent / "data" / "code_prompts.json"
-
 def corpus_ids(tokenizer: Any, need: int) -> list[int]:
-    """Token ids of the shipped prompt material (scripts/data/code_prompts.json: standard-library
+    """Token ids of the shipped prompt material (scripts/prompt_material.py: standard-library
     source excerpts, the same on every machine), at least `need`."""
-    texts = json.loads(CODE_PROMPTS.read_text(encoding="utf-8"))["prompts"]
     ids: list[int] = []
-    for t in texts:
-        ids.extend(tokenizer.encode(t["text"]))
+    for text in prompt_texts():
+        ids.extend(tokenizer.encode(text))
         if len(ids) >= need:
             return ids
     raise SystemExit(f"error: not enough prompt material in {CODE_PROMPTS.name} "

@@ -43,21 +43,16 @@ from strata.engine.request import Request, SamplingParams  # noqa: E402
 from strata.kernels import ops  # noqa: E402
 from strata.model.loader import FP8_DENSE, load_model  # noqa: E402
 from strata.runner import run_requests  # noqa: E402
+from prompt_material import CODE_PROMPTS, prompt_texts  # noqa: E402
 from provenance import commit_id  # noqa: E402
-
-
-#: Prompt material shipped with the repository (standard-library source excerpts), so that every
-#: machine and Python version cuts the same prompts.
-CODE_PROMPTS = Path(__file__).resolve().parent / "data" / "code_prompts.json"
 
 
 def code_prompts(tokenizer, n: int, prompt_tokens: int) -> list[list[int]]:
     """n distinct prompts of prompt_tokens tokens: the first texts of CODE_PROMPTS, in order,
     that are long enough (at least prompt_tokens + 10 tokens), each cut to its first
     prompt_tokens tokens."""
-    texts = [p["text"] for p in json.loads(CODE_PROMPTS.read_text(encoding="utf-8"))["prompts"]]
     out = []
-    for text in texts:
+    for text in prompt_texts():
         ids = tokenizer.encode(text)
         if len(ids) >= prompt_tokens + 10:
             out.append(ids[:prompt_tokens])

@@ -597,6 +597,13 @@ int64_t strata_gpu_moe_workspace(int64_t n, int64_t k, int64_t inter, int64_t hi
   return moe_x_stage_offset(n, k, inter) + moe_x_stage_floats(n, hidden);
 }
 
+// Whether a launch may run wide (STRATA_MOE_X_GLOBAL): FP8 weights without the expert cache, up
+// to 64 rows and 1,024 pairs; the streamed kernels' plan then decides (launch_moe_stream).
+static bool moe_wide_allowed(int w_dtype, bool cached, int64_t n, int64_t P) {
+  return (g_moe_options & STRATA_MOE_X_GLOBAL) && w_dtype == STRATA_DTYPE_FP8 && !cached &&
+         n <= 64 && P <= 1024;
+}
+
 int strata_gpu_moe_wide_takes(int64_t n, int64_t k, int64_t E, int64_t H, int64_t I, int64_t bo,
                               int64_t bi, int w_dtype, int x_dtype, int device) {
 #if STRATA_PLATFORM_HIP
@@ -605,8 +612,8 @@ int strata_gpu_moe_wide_takes(int64_t n, int64_t k, int64_t E, int64_t H, int64_
   return 0;
 #else
   if (gpu_use_device(device) || !device_has_pdl(device)) return 0;
-  if (!(g_moe_options & STRATA_MOE_X_GLOBAL) || !(g_moe_options & STRATA_MOE_STREAM) ||
-      w_dtype != STRATA_DTYPE_FP8 || n < 17 || n > 64 || n * k > 1024 || bo < 1 || bi < 1)
+  if (!moe_wide_allowed(w_dtype, false, n, n * k) || !(g_moe_options & STRATA_MOE_STREAM) ||
+      n < 17 || bo < 1 || bi < 1)
     return 0;
   MoeParams p = {};
   static uint8_t stage_marker;  // non-null: the plan sees a staging buffer
@@ -631,10 +638,8 @@ int strata_gpu_moe_experts(const void* x, int x_dtype, const void* w_gate_up, co
   if (n == 0 || H == 0) return 0;
   const int64_t P = n * k;
   const int esz = dtype_size(w_dtype);
-  // Wide launches (STRATA_MOE_X_GLOBAL): FP8 weights without the expert cache on the streamed
-  // tensor-core kernels, up to 64 rows and 1,024 pairs, x staged in the workspace.
-  const bool wide_ok = (g_moe_options & STRATA_MOE_X_GLOBAL) && w_dtype == STRATA_DTYPE_FP8 &&
-                       !cache && n <= 64 && P <= 1024;
+  // (wide launches: x staged in the workspace, on the streamed tensor-core kernels)
+  const bool wide_ok = moe_wide_allowed(w_dtype, cache != nullptr, n, P);
   if ((!wide_ok && (n > MOE_MAX_ROWS || P > MOE_MAX_PAIRS)) || k < 1 || E < 1 || I < 1)
     return invalid("moe_experts (needs 1 <= N <= 32 rows and N * k <= 512; with the wide "
                    "option, FP8 weights and no expert cache, N <= 64 and N * k <= 1024)");

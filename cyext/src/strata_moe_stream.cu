@@ -83,8 +83,12 @@ struct StreamPlan {
   int x_global;        // gate/up on tensor cores: x and its row scales staged in global memory
 };
 
-__host__ __device__ inline int st_off_lead(const StreamPlan& sp) { return ST_OFF_IDS + 4 * sp.pair_cap; }
-__host__ __device__ inline int st_off_wtot(const StreamPlan& sp) { return st_off_lead(sp) + 4 * sp.pair_cap; }
+__host__ __device__ inline int st_off_lead(const StreamPlan& sp) {
+  return ST_OFF_IDS + 4 * sp.pair_cap;
+}
+__host__ __device__ inline int st_off_wtot(const StreamPlan& sp) {
+  return st_off_lead(sp) + 4 * sp.pair_cap;
+}
 __host__ __device__ inline int st_off_first(const StreamPlan& sp) { return st_off_wtot(sp) + 128; }
 
 // Features per gate/up item: F rows of CPL chunks per lane fill one 8 KiB copy.

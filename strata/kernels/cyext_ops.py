@@ -548,9 +548,9 @@ def _aligned(t: torch.Tensor) -> torch.Tensor:
 def moe_kernel_supported(x, w_gate_up, k: int, block=None) -> bool:
     """True when gpu_moe_experts runs these shapes on the kernel (rows beyond 32, or for FP8
     without the expert cache beyond 64 where the launch runs wide and 16 where it does not, are
-    split into launches of that many rows, which changes no row's result), False when it falls back to the reference: H or I not a multiple of 16, a
-    weight row over 8 KiB, top-k over 16, or FP8 with a scale block whose columns are not a
-    multiple of 16."""
+    split into launches of that many rows, which changes no row's result), False when it falls
+    back to the reference: H or I not a multiple of 16, a weight row over 8 KiB, top-k over 16,
+    or FP8 with a scale block whose columns are not a multiple of 16."""
     hidden = x.shape[-1]
     inter = w_gate_up.shape[-2] // 2
     esz = w_gate_up.element_size()

@@ -11,9 +11,10 @@ taken at import), and `set_backend` rebinds them once at engine start:
     hip    the same module built with STRATA_BACKEND=hip (AMD GPU, ROCm build of torch)
 
 Ops a backend does not implement fall back to the torch reference (today: moe_route,
-causal_conv_window_qkvz, causal_conv_window_qkvz_ba and gated_delta_window_prep on the CPU, where
-the model then gathers the conv's input, projects b/a and prepares the rule's inputs itself; chunk_gated_delta, the prefill path,
-runs the decode kernel's recurrence on cpu, cuda and hip, and the chunked reference on torch).
+causal_conv_window_qkvz, causal_conv_window_qkvz_ba and gated_delta_window_prep on the CPU,
+where the model then gathers the conv's input, projects b/a and prepares the rule's inputs
+itself; chunk_gated_delta, the prefill path, runs the decode kernel's recurrence on cpu, cuda and
+hip, and the chunked reference on torch).
 `implementations()` tells which is in use for each op, `native(op)` whether one runs on the
 backend's own kernel. All ops keep the reference signatures and return values.
 """
@@ -26,8 +27,8 @@ from strata.kernels import cyext_ops, reference
 
 _BACKEND = "torch"
 OPS = ("write_kv", "grouped_window_attention", "causal_conv_window", "causal_conv_window_qkvz",
-       "causal_conv_window_qkvz_ba", "gated_delta_window", "gated_delta_window_prep", "commit_accepted", "chunk_gated_delta",
-       "moe_experts", "linear_fp8", "moe_route")
+       "causal_conv_window_qkvz_ba", "gated_delta_window", "gated_delta_window_prep",
+       "commit_accepted", "chunk_gated_delta", "moe_experts", "linear_fp8", "moe_route")
 _IMPL: dict[str, str] = {name: "torch" for name in OPS}
 
 write_kv = reference.write_kv
