@@ -571,6 +571,66 @@ def test_gpu_moe_gate_up_mma_expert_of_many_members():
     assert rel_err(got, call_reference(x, weights, w, ids, block)) < 1e-2
 
 
+#: E, H, I, N, k for the tensor-core down kernel: launches of 33-64 rows (wide)
+DOWN_MMA_CASES = [(513, 2048, 512, 64, 11), (512, 2048, 512, 40, 10), (64, 1024, 192, 33, 8),
+                  (64, 4096, 256, 48, 6)]
+
+
+@_gpu
+@pytest.mark.skipif(not _stream_capable(), reason="needs sm_90+ (CUDA)")
+@pytest.mark.parametrize("E,H,I,N,k", DOWN_MMA_CASES)
+@pytest.mark.parametrize("split", [True, False])
+def test_gpu_moe_down_mma(E, H, I, N, k, split):
+    """The down kernel on tensor cores (down_mma) in wide launches of more than 32 rows: within
+    the reference's tolerance, other bits than the CUDA-core down kernel (so the switch did
+    take it), every row the same bits in the whole launch, in its last 33 rows alone and inside a
+    captured graph with new ids; launches of up to 32 rows keep the CUDA-core bits. `split`:
+    items from the member tables (runs of 16), else whole experts found by ballots."""
+    block = (128, 128)
+    weights = experts(E, H, I, FP8, block, device="cuda")
+    w, ids = routing(N, k, E, hot=[1, 2], device="cuda")
+    x = torch.randn(N, H, generator=torch.Generator().manual_seed(8)).to("cuda", torch.bfloat16)
+    x[0, :7] *= 300.0  # a row whose largest elements lie far above the rest
+    w0, ids0 = w.clone(), ids.clone()
+    run = lambda a, ww, ii: C.gpu_moe_experts(a, *weights[:2], ww, ii, *weights[2:], block)
+    with _launch_options(fp8_wide=True, down_split=split, down_mma=False):
+        assert C._gpu.moe_wide_takes(N, k, E, H, I, 128, 128, 0)
+        cuda_cores = run(x, w, ids)
+        small = run(x[:32], w[:32], ids[:32])
+    with _launch_options(fp8_wide=True, down_split=split, down_mma=True):
+        got = run(x, w, ids)
+        lo = N - 33  # the last 33 rows: a launch of more than 32 rows too
+        assert torch.equal(run(x[lo:], w[lo:], ids[lo:]), got[lo:])
+        assert torch.equal(run(x[:32], w[:32], ids[:32]), small)  # up to 32 rows: unchanged
+        out = _replay_with_new_ids(x, weights, w, ids, block, seed=9)
+        again = run(x, w, ids)
+    assert rel_err(got, call_reference(x, weights, w0, ids0, block)) < 1e-2
+    assert torch.equal(out, again)
+    assert rel_err(again, call_reference(x, weights, w, ids, block)) < 1e-2
+    assert not torch.equal(got, cuda_cores)
+    assert rel_err(got, cuda_cores) < 2e-3
+
+
+@_gpu
+@pytest.mark.skipif(not _stream_capable(), reason="needs sm_90+ (CUDA)")
+def test_gpu_moe_down_mma_expert_of_many_members():
+    """An expert chosen twice by some rows (53 members in 40 rows), so the tensor-core down
+    kernel takes it in four items of up to 16: within the reference's tolerance, and each row
+    the same bits in a 33-row slice. (A wide launch's gate/up finds an expert's members in one
+    table run of at most 64.)"""
+    E, H, I, N, k, block = 64, 2048, 512, 40, 12, (128, 128)
+    weights = experts(E, H, I, FP8, block, device="cuda")
+    w, ids = routing(N, k, E, device="cuda")
+    ids[:, 0] = 5
+    ids[:13, 1] = 5
+    x = torch.randn(N, H, generator=torch.Generator().manual_seed(2)).to("cuda", torch.bfloat16)
+    with _launch_options(fp8_wide=True, down_mma=True):
+        got = C.gpu_moe_experts(x, *weights[:2], w, ids, *weights[2:], block)
+        some = C.gpu_moe_experts(x[5:38], *weights[:2], w[5:38], ids[5:38], *weights[2:], block)
+    assert torch.equal(some, got[5:38])
+    assert rel_err(got, call_reference(x, weights, w, ids, block)) < 1e-2
+
+
 LINEAR_CASES = [
     # rows, O, I, block
     (1, 1024, 2048, (128, 128)),

@@ -190,6 +190,12 @@ int strata_gpu_moe_wide_takes(int64_t n, int64_t k, int64_t E, int64_t H, int64_
 // so that the ring keeps the whole shared memory and a prompt chunk of 64 tokens reads its
 // experts in one launch rather than four of 16 rows. The same bits.
 #define STRATA_MOE_X_GLOBAL (1 << 26)
+// STRATA_MOE_DOWN_MMA (on): wide launches of more than 32 rows (prompt chunks)
+// run the streamed down kernel on tensor cores: each expert's down rows decode to f16 once per
+// 16 members, the members' act chunks (64 k) are scaled by a power of two into f16, the sums
+// run in MMAs. Other bits than the CUDA-core down kernel (act rounds to f16), which launches of
+// up to 32 rows keep; a row's result does not depend on the other rows of its launch.
+#define STRATA_MOE_DOWN_MMA (1 << 27)
 int strata_gpu_moe_set_options(int flags);
 int strata_gpu_moe_experts(const void* x, int x_dtype, const void* w_gate_up, const void* w_down,
                            int w_dtype, const float* gu_scale, const float* down_scale,

@@ -59,6 +59,9 @@ constexpr int ST_X_MAX_BYTES = 131072;               // else as bfloat16 words u
 // memory by moe_stage_x, up to this many pairs, two per thread in the block scans.
 constexpr int ST_WIDE_MAX_ROWS = 64;
 constexpr int ST_WIDE_MAX_PAIRS = 1024;
+// Launches of more rows than this take the down kernel on tensor cores (STRATA_MOE_DOWN_MMA)
+// and one ring stage per down warp.
+constexpr int ST_DOWN_MMA_MAX_CUDA_ROWS = 32;
 static_assert(ST_WIDE_MAX_PAIRS <= 2 * ST_THREADS, "two pairs per thread in the scans");
 
 // Shared memory: barriers, ids, leaders, scan scratch, first-pair table, then x (gate/up) or
@@ -639,8 +642,96 @@ __global__ void __launch_bounds__(32) moe_stage_x(MoeParams p, int x_stride) {
 #endif
 }
 
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+// The down kernel on tensor cores (STRATA_MOE_DOWN_MMA). Lane (g, t) reads act k0 + 16 t .. + 15
+// of its member in each 64-k chunk k0 (the MMA's k order of gate_up_mma_blocks), so the four lanes
+// of group g hold the whole chunk.
+__device__ __forceinline__ void act_chunk_load(const float* arow, int k0, int t, float (&v)[16]) {
+  const float4* src = (const float4*)(arow + k0 + 16 * t);
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const float4 a = __ldg(src + i);
+    v[4 * i] = a.x; v[4 * i + 1] = a.y; v[4 * i + 2] = a.z; v[4 * i + 3] = a.w;
+  }
+}
+// A chunk's sixteen values as eight f16x2 A words, scaled by the chunk's power of two 2^s (its
+// largest magnitude over the four lanes, two shuffles, f16_row_scale); returns 2^-s, which
+// undoes it on the chunk's sums. Why per chunk: act is float32, so its f16 needs a scale, and a
+// chunk is what the four lanes hold at once (a whole row would be a second pass over it).
+__device__ __forceinline__ float act_chunk_f16(const float (&v)[16], uint32_t (&w)[8]) {
+  uint32_t mx = 0;
+#pragma unroll
+  for (int e = 0; e < 16; ++e) mx = max(mx, __float_as_uint(v[e]) & 0x7fffffffu);
+  mx = max(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+  mx = max(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+  float sc, un;
+  f16_row_scale(mx, sc, un);
+#pragma unroll
+  for (int i = 0; i < 8; ++i)
+    asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(w[i]) : "f"(v[2 * i + 1] * sc), "f"(v[2 * i] * sc));
+  return un;
+}
+
+// One pass of the down kernel on tensor cores over up to 16 members of an item: D (16 members x
+// 16 output rows, as two m16n8 tiles: rows 0-7 and 8-15 of the stage) summed over the I / 64
+// chunks in order, each chunk's chains of four MMAs from zero, then acc = fma(part, block scale
+// x the member's 2^-s, acc). wrow: the stage's row g at byte 16 t; arow_a / arow_b: the act rows
+// of A's rows g and g + 8 (TWO: rows 8-15 are members, else they repeat rows 0-7 and are
+// dropped). sdn: lane l < ncb holds block l's scale. The act loads run a chunk ahead, the first
+// before the wait for the stage (full, parity). A member's sums depend on its own act and the
+// weights only.
+template <bool TWO>
+__device__ __forceinline__ void down_mma_pass(float (&acc)[2][4], const uint8_t* wrow,
+                                              const float* arow_a, const float* arow_b, int I,
+                                              int row_bytes, float sdn, int t, uint64_t* full,
+                                              int parity) {
+  float va[16], vb[16];
+  act_chunk_load(arow_a, 0, t, va);
+  if (TWO) act_chunk_load(arow_b, 0, t, vb);
+  mbar_wait(full, parity);
+#pragma unroll 1
+  for (int c = 0; c < I / 64; ++c) {
+    const int k0 = c * 64;
+    uint32_t xa[8], xb[8];
+    const float ua = act_chunk_f16(va, xa);
+    float ub = ua;
+    if (TWO) ub = act_chunk_f16(vb, xb);
+    if (c + 1 < I / 64) {  // the next chunk's act while this one computes
+      act_chunk_load(arow_a, k0 + 64, t, va);
+      if (TWO) act_chunk_load(arow_b, k0 + 64, t, vb);
+    }
+    const uint4 w0 = *(const uint4*)(wrow + k0), w1 = *(const uint4*)(wrow + 8 * row_bytes + k0);
+    const uint32_t wj[2][4] = {{w0.x, w0.y, w0.z, w0.w}, {w1.x, w1.y, w1.z, w1.w}};
+    float part[2][4];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      part[h][0] = part[h][1] = part[h][2] = part[h][3] = 0.f;
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        uint32_t b0, b1;
+        fp8x4_to_f16x4(wj[h][j], b0, b1);
+        if (TWO)
+          mma_m16n8k16<true>(part[h], xa[2 * j], xb[2 * j], xa[2 * j + 1], xb[2 * j + 1], b0, b1);
+        else
+          mma_m16n8k16<true>(part[h], xa[2 * j], xa[2 * j], xa[2 * j + 1], xa[2 * j + 1], b0, b1);
+      }
+    }
+    const float s = __shfl_sync(0xffffffffu, sdn, c >> 1);  // 128-k scale blocks
+    const float sa = s * ua, sb = s * ub;
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      acc[h][0] = fmaf(part[h][0], sa, acc[h][0]);
+      acc[h][1] = fmaf(part[h][1], sa, acc[h][1]);
+      acc[h][2] = fmaf(part[h][2], sb, acc[h][2]);
+      acc[h][3] = fmaf(part[h][3], sb, acc[h][3]);
+    }
+  }
+}
+#endif  // __CUDA_ARCH__ >= 900
+
 // T output features per CTA, CPL 16-byte chunks per lane of a down row (both unrolled).
-template <typename W, int T, int CPL>
+// MMA: on tensor cores (FP8 in 128-k blocks, T = 16: down_mma_pass), items of up to 16 members.
+template <typename W, int T, int CPL, bool MMA = false>
 __global__ void __launch_bounds__(ST_THREADS, 1) moe_down_stream(MoeParams p, StreamPlan sp) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   typedef WChunk<W> C;
@@ -680,7 +771,63 @@ __global__ void __launch_bounds__(ST_THREADS, 1) moe_down_stream(MoeParams p, St
     }
     return;
   }
-  if (warp < sp.warps) {  // (idle warps go straight to the combine's barrier)
+  if (MMA && warp < sp.warps) {
+    pdl_wait_primary();  // the gate/up grid has finished and its act writes are visible
+    const int g = lane >> 2, t = lane & 3;
+    const int ncb = (p.I + p.bi - 1) / p.bi;
+    for (int li = warp; li < items; li += sp.warps) {
+      const int stage = li % S;
+      const int e = sp.group ? eid[li] : ids_s[lead_s[li]];
+      const float sdn = lane < ncb ? __ldg(expert_down_scale(p, e) + (h0 / p.bo) * p.ncb_i + lane) : 0.f;
+      // (the stage is waited for inside the first pass, after its first act loads)
+      const uint8_t* wrow = ring + stage * ST_DOWN_STAGE + g * row_bytes + 16 * t;
+      // the item's members, 32 at a time: lane j holds member w0 + j (the tables' run, or the
+      // expert's pairs from its leader by ballots)
+      const int s0 = sp.group ? 0 : lead_s[li];
+      for (int w0 = 0;; w0 += 32) {
+        int my_q = -1, M = 0;
+        if (sp.group) {
+          const int lo = span[li] & 0xffff;
+          M = (span[li] >> 16) - lo;
+          if (w0 + lane < M) my_q = memb[lo + w0 + lane];
+        } else {
+          for (int base = s0 & ~31; base < p.P; base += 32) {
+            const int q = base + lane;
+            const unsigned m = __ballot_sync(0xffffffffu, q >= s0 && q < p.P && ids_s[q] == e);
+            const int c = __popc(m), j = w0 + lane - M;
+            if (j >= 0 && j < c) my_q = base + (int)__fns(m, 0, j + 1);
+            M += c;
+          }
+        }
+        const int Mw = M - w0 < 32 ? M - w0 : 32;
+        for (int m0 = 0; m0 < Mw; m0 += 16) {
+          const int ma = m0 + g < Mw ? m0 + g : m0, mb = m0 + g + 8 < Mw ? m0 + g + 8 : m0;
+          const int qa = __shfl_sync(0xffffffffu, my_q, ma), qb = __shfl_sync(0xffffffffu, my_q, mb);
+          float acc[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
+          const float* arow_a = p.act + (int64_t)qa * p.I;
+          const float* arow_b = p.act + (int64_t)qb * p.I;
+          if (Mw - m0 > 8)
+            down_mma_pass<true>(acc, wrow, arow_a, arow_b, p.I, row_bytes, sdn, t, full + stage,
+                                (li / S) & 1);
+          else
+            down_mma_pass<false>(acc, wrow, arow_a, arow_b, p.I, row_bytes, sdn, t, full + stage,
+                                 (li / S) & 1);
+          // lane (g, t): members g and g + 8 at output rows 2t, 2t + 1 of each half
+          if (m0 + g < Mw) {
+            *(float2*)(y_s + qa * T + 2 * t) = make_float2(acc[0][0], acc[0][1]);
+            *(float2*)(y_s + qa * T + 8 + 2 * t) = make_float2(acc[1][0], acc[1][1]);
+          }
+          if (m0 + g + 8 < Mw) {
+            *(float2*)(y_s + qb * T + 2 * t) = make_float2(acc[0][2], acc[0][3]);
+            *(float2*)(y_s + qb * T + 8 + 2 * t) = make_float2(acc[1][2], acc[1][3]);
+          }
+        }
+        if (w0 + 32 >= M) break;
+      }
+      __syncwarp();
+      if (lane == 0) mbar_arrive(empty + stage);
+    }
+  } else if (!MMA && warp < sp.warps) {  // (idle warps go straight to the combine's barrier)
     pdl_wait_primary();  // the gate/up grid has finished and its act writes are visible
     const int nch = p.I / EPC;
     int col[CPL];
@@ -799,13 +946,13 @@ int launch_gate_up_mma(const MoeParams& p, const StreamPlan& sp, int grid, int s
   return take_launch_error(name);
 }
 
-template <typename W, int T, int CPL>
+template <typename W, int T, int CPL, bool MMA = false>
 int launch_down(const MoeParams& p, const StreamPlan& sp, int smem, bool pdl, cudaStream_t st) {
   static int allowed = 0;
   const char* name = "moe_experts: moe_down_stream";
-  if (int rc = allow_smem(moe_down_stream<W, T, CPL>, smem, allowed, name)) return rc;
-  launch_maybe_pdl(moe_down_stream<W, T, CPL>, dim3((unsigned)(p.H / T)), dim3(ST_THREADS), smem,
-                   st, pdl, p, sp);
+  if (int rc = allow_smem(moe_down_stream<W, T, CPL, MMA>, smem, allowed, name)) return rc;
+  launch_maybe_pdl(moe_down_stream<W, T, CPL, MMA>, dim3((unsigned)(p.H / T)), dim3(ST_THREADS),
+                   smem, st, pdl, p, sp);
   return take_launch_error(name);
 }
 
@@ -834,12 +981,12 @@ int dispatch_down(const MoeParams& p, const StreamPlan& sp, int T, int cpl, int 
 }
 
 // Consumer warps and stages for a ring of `stage`-byte stages in `bytes` of shared memory:
-// two stages per warp where that still gives 8 warps, else one (each stage has one consumer
-// warp, so it is filled and drained in order).
-inline void size_ring(StreamPlan& sp, int bytes, int stage) {
+// two stages per warp where that still gives 8 warps, else (or one_per_warp) one (each stage
+// has one consumer warp, so it is filled and drained in order).
+inline void size_ring(StreamPlan& sp, int bytes, int stage, bool one_per_warp = false) {
   int stages = bytes / stage;
   stages = stages > ST_MAX_STAGES ? ST_MAX_STAGES : stages;
-  const int per_warp = stages >= 2 * 8 ? 2 : 1;
+  const int per_warp = stages >= 2 * 8 && !one_per_warp ? 2 : 1;
   sp.warps = stages / per_warp > ST_MAX_WARPS ? ST_MAX_WARPS : stages / per_warp;
   sp.stages = sp.warps * per_warp;
 }
@@ -919,10 +1066,20 @@ int launch_stream(const MoeParams& p, const DeviceFacts& dev, bool pdl, bool eve
   // of 2 measured best at 16 and 32 rows too (FP8 139.4 / 280.0 us against 142-143 / 284-285
   // for runs of 4, 144 / 288 for 1, 148 / 296 for 8; KERNELS.md).
   const int runs = (options >> STRATA_MOE_DOWN_RUNS_SHIFT) & 15;
-  dn.group = !(options & STRATA_MOE_DOWN_SPLIT) || p.n <= 2 ? 0 : runs ? runs : 2;
+  // STRATA_MOE_DOWN_MMA: launches of more than 32 rows (wide ones: prompt chunks) run the down
+  // kernel on tensor cores (items of up to 16 members: one MMA pass). Below that the CUDA-core
+  // kernel was faster (H200, 80B shapes: +13% at 1 row, level at 32, -6% at 64 rows), so a
+  // row's bits depend on which side of 32 rows its launch is, never on the other rows.
+  const bool down_mma = mma && x_global && p.n > ST_DOWN_MMA_MAX_CUDA_ROWS &&
+                        (options & STRATA_MOE_DOWN_MMA) && T == 16 && cpl_dn == 1 &&
+                        p.I % 64 == 0;
+  dn.group = !(options & STRATA_MOE_DOWN_SPLIT) || p.n <= 2 ? 0
+             : down_mma ? 16 : runs ? runs : 2;
   dn.data_off = align128(meta + (dn.group ? 16 * p.P : 0));
   dn.ring_off = align128(dn.data_off + p.P * T * 4);
-  size_ring(dn, dev.smem_optin - dn.ring_off, ST_DOWN_STAGE);
+  // above 32 rows one stage per warp: 16 warps rather than 10 with two (the y table takes 45
+  // KiB at 64 rows), measured 6% faster at 64 rows and 2% slower at 32 (the same bits)
+  size_ring(dn, dev.smem_optin - dn.ring_off, ST_DOWN_STAGE, p.n > ST_DOWN_MMA_MAX_CUDA_ROWS);
   if (gu.warps < 4 || dn.warps < 4) return 0;
   *launched = true;
   if (plan_only) return 0;
@@ -938,6 +1095,7 @@ int launch_stream(const MoeParams& p, const DeviceFacts& dev, bool pdl, bool eve
            : x_f32 ? dispatch_gate_up<W, true>(p, gu, cpl, gu_grid, gu_smem, gu_pdl, st)
                    : dispatch_gate_up<W, false>(p, gu, cpl, gu_grid, gu_smem, gu_pdl, st);
   if (rc) return rc;
+  if (down_mma) return launch_down<FP8W, 16, 1, true>(p, dn, dn_smem, pdl, st);
   return dispatch_down<W>(p, dn, T, cpl_dn, dn_smem, pdl, st);
 }
 

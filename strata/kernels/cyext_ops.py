@@ -579,7 +579,7 @@ def moe_launch_options(pdl=None, early=None, wide=None, db=None, xsmem=None, str
                        linear_split_depth=None, linear_split_pair=None,
                        linear_f16=None, gate_up_mma=None, down_split=None,
                        down_split_runs=None, fp8_launch16=None, fp8_wide=None,
-                       route_chunks=None) -> dict:
+                       route_chunks=None, down_mma=None) -> dict:
     """Read or set moe_experts' launch switches on the GPU extension (process-wide; each gives
     the same bits unless it says otherwise): `stream` (on by default), the streamed kernels on
     sm_90+ without the expert cache, or with one (see `stream_miss` for a cache that can miss),
@@ -624,6 +624,12 @@ def moe_launch_options(pdl=None, early=None, wide=None, db=None, xsmem=None, str
     kernel so that the ring keeps the whole shared memory: a 64-token prompt chunk reads its
     distinct experts once instead of in four 16-row launches; windows of up to 16 rows are
     unchanged. The same bits.
+    `down_mma` (on): wide launches of more than 32 rows (prompt chunks) run
+    the streamed down kernel on tensor cores: each expert's down rows decode to f16 once per 16
+    members instead of once per member, each member's act is scaled by a power of two per 64-k
+    chunk into f16, the sums run in MMAs. Other bits than the CUDA-core down kernel, which
+    launches of up to 32 rows keep (act rounds to f16: relative 2^-12); a row's result does not
+    depend on the other rows of its launch.
     `route_chunks` (off; this module's): gpu_moe_route runs more than ROUTE_MAX_ROWS rows (prompt
     chunks) on the router kernel, ROUTE_MAX_ROWS rows a launch (rows are independent), instead
     of the reference, whose top-k by argmax is about 40 small kernels a layer (84 us of a 64-token
@@ -635,7 +641,7 @@ def moe_launch_options(pdl=None, early=None, wide=None, db=None, xsmem=None, str
                     (64, stream_all), (128, linear_stream), (256, linear_pipe),
                     (1024, stream_miss), (4096, gate_up_pdl), (8192, linear_split),
                     (16384, linear_split_pair), (32768, linear_f16), (1 << 20, gate_up_mma),
-                    (1 << 21, down_split), (1 << 26, fp8_wide)):
+                    (1 << 21, down_split), (1 << 26, fp8_wide), (1 << 27, down_mma)):
         if on is not None:
             flags = (flags | bit) if on else (flags & ~bit)
     flags = _count_field(flags, "linear_split_depth", linear_split_depth, 16)
@@ -660,7 +666,7 @@ def moe_launch_options(pdl=None, early=None, wide=None, db=None, xsmem=None, str
             "down_split_runs": (flags >> 22) & 15,
             "fp8_launch16": _moe_fp8_launch_rows == 16,
             "fp8_wide": bool(flags & (1 << 26)) and _moe_fp8_launch_rows == MOE_WIDE_ROWS,
-            "route_chunks": _route_chunks}
+            "route_chunks": _route_chunks, "down_mma": bool(flags & (1 << 27))}
 
 
 def conv_launch_options(serial=None) -> dict:
