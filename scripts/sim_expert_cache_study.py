@@ -606,13 +606,15 @@ def engine_check(args) -> str:
 # --- the all-resident end against the engine's measured cohorts ------------------------------
 
 #: The engine's aggregate tok/s at full depth (FP8 dummy weights, random routers, 64-token
-#: prompts, synthetic acceptance 0.8, engine.overlap on, FP8 routed experts launched wide:
-#: docs/bench/s28/call2_n8_wide.json, call3_solo_wide.json), keyed by (configuration, N, output
-#: tokens); experts.prefill_scale is fitted to them.
-BENCH_TPS = {("batch_mtp_w16", 8, 64): 701.8, ("solo_spec2", 1, 256): 390.4}
-#: Cohorts of the same engine that nothing is fitted to (docs/bench/s28/call5_batch8.json,
-#: call4_solo4.json): --bench-check lists them as held out.
-BENCH_HELD_OUT = {("batch", 8, 64): 634.1, ("solo_spec4", 1, 256): 459.1}
+#: prompts, synthetic acceptance 0.8, engine.overlap on, FP8 routed experts launched wide, the
+#: router's sort fallback, the down kernel on tensor cores above 32 rows:
+#: docs/bench/s29/call6_n8_mma.json; solo spec 2 before that last change, which moves its one
+#: prompt chunk only: call2_solo2.json), keyed by (configuration, N, output tokens);
+#: experts.prefill_scale is fitted to them.
+BENCH_TPS = {("batch_mtp_w16", 8, 64): 748.6, ("solo_spec2", 1, 256): 392.3}
+#: Cohorts of the same engine that nothing is fitted to (docs/bench/s29/call2_solo4.json):
+#: --bench-check lists them as held out.
+BENCH_HELD_OUT = {("solo_spec4", 1, 256): 462.3}
 
 
 def bench_cells(args, extra: list[str] = (), cells: Optional[dict] = None
