@@ -401,7 +401,8 @@ def test_gpu_moe_fp8_wide_launches_same_bits(N, E, k):
         C.moe_launch_options(fp8_wide=False, fp8_launch16=True)
         want = C.gpu_moe_experts(x, *weights[:2], w, ids, *weights[2:], (128, 128))
         want_replay = _replay_with_new_ids(x, weights, w.clone(), ids.clone(), (128, 128), 8)
-        assert C.moe_launch_options(fp8_wide=True)["fp8_wide"]
+        # (the CUDA-core down kernel: above 32 rows down_mma, on by default, has its own bits)
+        assert C.moe_launch_options(fp8_wide=True, down_mma=False)["fp8_wide"]
         assert C._gpu.moe_wide_takes(min(N, 64), k, E, H, I, 128, 128, 0)
         got = C.gpu_moe_experts(x, *weights[:2], w, ids, *weights[2:], (128, 128))
         got_replay = _replay_with_new_ids(x, weights, w.clone(), ids.clone(), (128, 128), 8)
@@ -409,6 +410,26 @@ def test_gpu_moe_fp8_wide_launches_same_bits(N, E, k):
         C.moe_launch_options(**saved)
     assert torch.equal(got, want) and torch.equal(got_replay, want_replay)
     assert rel_err(got, call_reference(x, weights, w, ids, (128, 128))) < 2e-2
+
+
+@_gpu
+def test_gpu_moe_fp8_wide_launch_expert_of_more_members_than_rows():
+    """A wide launch whose rows repeat an id (three picks of expert 5 in each of 40 rows: 120
+    members) finds all of that expert's members in one table run: the bits of 16-row launches
+    (the CUDA-core down kernel in both) and within the reference's tolerance."""
+    E, H, I, N, k, block = 64, 2048, 512, 40, 12, (128, 128)
+    weights = experts(E, H, I, FP8, block, device="cuda")
+    w, ids = routing(N, k, E, device="cuda")
+    ids[:, :3] = 5
+    x = torch.randn(N, H, generator=torch.Generator().manual_seed(4)).to("cuda", torch.bfloat16)
+    run = lambda: C.gpu_moe_experts(x, *weights[:2], w, ids, *weights[2:], block)  # noqa: E731
+    with _launch_options(fp8_wide=False, fp8_launch16=True):
+        want = run()
+    with _launch_options(fp8_wide=True, down_mma=False):
+        assert C._gpu.moe_wide_takes(N, k, E, H, I, 128, 128, 0)
+        got = run()
+    assert torch.equal(got, want)
+    assert rel_err(got, call_reference(x, weights, w, ids, block)) < 2e-2
 
 
 @_gpu

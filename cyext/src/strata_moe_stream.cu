@@ -1037,7 +1037,9 @@ int launch_stream(const MoeParams& p, const DeviceFacts& dev, bool pdl, bool eve
     gu.tiles = p.I / 4;
     gu.x_global = 1;
     gu.x_stride = 2 * p.H + 16;
-    gu.group = ST_WIDE_MAX_ROWS;  // one item per expert: its members in the tables
+    // one item per expert: its members in the tables, however many (a row may repeat an id,
+    // so an expert can have more members than the launch has rows)
+    gu.group = ST_WIDE_MAX_PAIRS;
     gu.items_off = meta;
     gu.ring_off = align128(meta + 16 * p.P);
     gu.stage_bytes = 8 * p.H;
