@@ -714,7 +714,7 @@ Window cost: the bytes model fitted to the engine's full-depth FP8 windows on th
 (docs/bench/s28/fp8_n8.json and fp8_solo.json: 2.03 ms fixed + bytes / 2.76 TB/s, every shape
 within 3.5%),
 a prompt chunk {compose_cfg([f"hardware={H200}"]).experts.prefill_scale:g}x its 1-group window
-(`experts.prefill_scale`, fitted to the same runs' cohorts); a missed expert adds, per read (one per 32-row MoE kernel call), its bytes
+(`experts.prefill_scale`, fitted to the engine's later cohorts, the script's BENCH_TPS); a missed expert adds, per read (one per 32-row MoE kernel call), its bytes
 over the bus ({compose_cfg([f"hardware={H200}"]).memory.bus_gb_s:g} GB/s on the H200) plus
 {compose_cfg([f"hardware={H200}"]).experts.miss_s * 1e6:g} us, both fitted on the engine study's 25% budget. Routing: Zipf popularity of exponent
 {H200_SKEW} (trained routers' skew, see conf/sim/experts/qwen3_next_80b_a3b_iq3_s.yaml), rows of one
