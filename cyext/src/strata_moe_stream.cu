@@ -26,7 +26,8 @@
 //       grid: a programmatic dependent launch), computes y[q][h] for the item's members into
 //       shared memory and ends with out[n][h] = sum_j w[n,j] * y[(n,j)][h] in j order. From 3
 //       rows an item is a run of at most 2-4 of a distinct expert's members (down_items), below
-//       it a whole distinct expert.
+//       it a whole distinct expert. Above 32 rows (STRATA_MOE_DOWN_MMA) an item is a run of up
+//       to 16 members, one tensor-core pass (down_mma_pass).
 // The weight copies carry an L2 evict-first hint: each weight is read once per call, and the
 // activations written by gate/up and read by down should stay in L2.
 // Not used with the expert cache (its misses are read over the bus through mapped host memory,

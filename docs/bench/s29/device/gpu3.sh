@@ -1,0 +1,10 @@
+#!/usr/bin/env bash
+# session 29, call 3: the wide launch's rings (experiment-only STRATA_EXP_DN / STRATA_EXP_GU)
+set -u
+R=$OUT/r; mkdir -p $R
+export PYTHONUNBUFFERED=1 TORCHINDUCTOR_CACHE_DIR=/tmp/strata_inductor
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
+unxz -c .dev/s29/${SO:-exp}_cuda.so.xz > strata/kernels/strata_cuda.cpython-312-x86_64-linux-gnu.so || exit 1
+st() { local n=$1 l=$2; shift 2; local t0=$SECONDS; timeout $l "$@" > $R/$n.log 2>&1; echo "== $n rc=$? $((SECONDS-t0)) s"; grep -v -i -E "warn|^$" $R/$n.log | tail -n ${TAIL:-6}; tar czf $OUT/r.tgz -C $OUT r; }
+export PYTHONPATH=/tmp/site:$PWD
+TAIL=40 st wide_ring 150 python3 docs/bench/s29/device/wide_ring.py
