@@ -305,6 +305,30 @@ __device__ __forceinline__ void gate_up_produce(const MoeParams& p, const Stream
   }
 }
 
+// The members of a tensor-core item, 32 at a time: lane j gets member w0 + j in *my_q (-1 past
+// the last); returns the item's member count M. With tables (`span_word`, down_items) they are
+// memb[lo, hi); without, the pairs of expert e from its leader s0, in pair order, by ballots
+// (more than 32 only where a row repeats an id).
+__device__ __forceinline__ int item_members(bool tables, const int* memb, int span_word,
+                                            const int* ids_s, int P, int s0, int e, int w0,
+                                            int lane, int* my_q) {
+  *my_q = -1;
+  if (tables) {
+    const int lo = span_word & 0xffff, M = (span_word >> 16) - lo;
+    if (w0 + lane < M) *my_q = memb[lo + w0 + lane];
+    return M;
+  }
+  int M = 0;
+  for (int base = s0 & ~31; base < P; base += 32) {
+    const int q = base + lane;
+    const unsigned m = __ballot_sync(0xffffffffu, q >= s0 && q < P && ids_s[q] == e);
+    const int c = __popc(m), j = w0 + lane - M;
+    if (j >= 0 && j < c) *my_q = base + (int)__fns(m, 0, j + 1);
+    M += c;
+  }
+  return M;
+}
+
 // One pass of moe_gate_up_mma over an item's 128-k blocks: acc (lane (g, t): A rows g, g + 8 at
 // B columns 2t, 2t + 1) = sum over blocks kb in order of scale_kb * (chunk 0 + chunk 1), each
 // chunk a chain of four MMAs from zero. wrow: the lane's weight row g at byte 16 t; xa / xb: the
@@ -575,23 +599,12 @@ __global__ void __launch_bounds__(ST_THREADS, 1) moe_gate_up_mma(MoeParams p, St
     }
     mbar_wait(full + stage, (li / S) & 1);
     const uint8_t* wrow = ring + stage * sp.stage_bytes + g * H + 16 * t;
-    // the expert's members in pair order, 32 at a time (more only where a row repeats an id):
-    // lane j holds member w0 + j
+    // the expert's members, 32 at a time: lane j holds member w0 + j (a wide launch's tables
+    // hold expert d's members; else ballots from its leader)
     for (int w0 = 0;; w0 += 32) {
-      int my_q = -1, M = 0;
-      if (WIDE) {  // the tables: expert d's members are memb[lo, hi)
-        const int lo = span[d] & 0xffff;
-        M = (span[d] >> 16) - lo;
-        if (w0 + lane < M) my_q = memb[lo + w0 + lane];
-      } else {
-        for (int base = s0 & ~31; base < p.P; base += 32) {
-          const int q = base + lane;
-          const unsigned m = __ballot_sync(0xffffffffu, q >= s0 && q < p.P && ids_s[q] == e);
-          const int c = __popc(m), j = w0 + lane - M;
-          if (j >= 0 && j < c) my_q = base + (int)__fns(m, 0, j + 1);
-          M += c;
-        }
-      }
+      int my_q;
+      const int M = item_members(WIDE, memb, WIDE ? span[d] : 0, ids_s, p.P, s0, e, w0, lane,
+                                 &my_q);
       const int Mw = M - w0 < 32 ? M - w0 : 32;
       for (int m0 = 0; m0 < Mw; m0 += 16) {
         // A's rows g and g + 8: members m0 + g and m0 + g + 8 (past the last: the first)
@@ -786,20 +799,9 @@ __global__ void __launch_bounds__(ST_THREADS, 1) moe_down_stream(MoeParams p, St
       // expert's pairs from its leader by ballots)
       const int s0 = sp.group ? 0 : lead_s[li];
       for (int w0 = 0;; w0 += 32) {
-        int my_q = -1, M = 0;
-        if (sp.group) {
-          const int lo = span[li] & 0xffff;
-          M = (span[li] >> 16) - lo;
-          if (w0 + lane < M) my_q = memb[lo + w0 + lane];
-        } else {
-          for (int base = s0 & ~31; base < p.P; base += 32) {
-            const int q = base + lane;
-            const unsigned m = __ballot_sync(0xffffffffu, q >= s0 && q < p.P && ids_s[q] == e);
-            const int c = __popc(m), j = w0 + lane - M;
-            if (j >= 0 && j < c) my_q = base + (int)__fns(m, 0, j + 1);
-            M += c;
-          }
-        }
+        int my_q;
+        const int M = item_members(sp.group != 0, memb, sp.group ? span[li] : 0, ids_s, p.P, s0,
+                                   e, w0, lane, &my_q);
         const int Mw = M - w0 < 32 ? M - w0 : 32;
         for (int m0 = 0; m0 < Mw; m0 += 16) {
           const int ma = m0 + g < Mw ? m0 + g : m0, mb = m0 + g + 8 < Mw ? m0 + g + 8 : m0;
