@@ -125,7 +125,9 @@ class WindowTimes:
 
     def __init__(self):
         self.times: dict[tuple[int, int, int], list[float]] = {}
-        self.prefills: dict[int, list[float]] = {}
+        #: prompt chunks' durations by (segments, tokens of the first segment): a chunk of
+        #: several slots (engine.prefill_slots) writes one event per slot, counted once here
+        self.prefills: dict[tuple[int, int], list[float]] = {}
         #: Device seconds of the windows and prompt chunks since the last reset (a cohort's:
         #: its wall time less this is the host time the device did not hide).
         self.busy_s = 0.0
@@ -133,6 +135,7 @@ class WindowTimes:
         #: chunks as (tokens, seconds): where a cohort's time went (cohort_summary).
         self.cohort_windows: list[tuple[int, int, Optional[int], float]] = []
         self.cohort_prefills: list[tuple[int, float]] = []
+        self._segment = 0  # the place of the last prefill event in its chunk (0: its last)
         self.on = False
 
     def start_cohort(self) -> None:
@@ -158,18 +161,24 @@ class WindowTimes:
         if not self.on or ev not in ("prefill", "window"):
             return
         dur = float(fields["dur"])
-        self.busy_s += dur
         if ev == "prefill":
-            self.prefills.setdefault(int(fields["tokens"]), []).append(dur)
+            segs = int(fields.get("segments", 1))
+            self._segment = 0 if self._segment + 1 >= segs else self._segment + 1
+            if segs > 1 and self._segment != 1:
+                return  # the chunk's later slots: counted with its first
+            self.busy_s += dur
+            self.prefills.setdefault((segs, int(fields["tokens"])), []).append(dur)
             self.cohort_prefills.append((int(fields["tokens"]), dur))
             return
+        self.busy_s += dur
         groups, rows = window_grid(fields)
         self.times.setdefault((groups, rows, int(fields["ctx"])), []).append(dur)
         self.cohort_windows.append((groups, rows, fields.get("misses"), dur))
 
     def prefill_table(self) -> list[dict]:
-        return [{"tokens": t, "chunks": len(d), "mean_ms": statistics.fmean(d) * 1e3}
-                for t, d in sorted(self.prefills.items())]
+        return [{"tokens": t, **({"segments": g} if g > 1 else {}), "chunks": len(d),
+                 "mean_ms": statistics.fmean(d) * 1e3}
+                for (g, t), d in sorted(self.prefills.items())]
 
     def table(self, args, fmt, drafting: bool, bandwidth: float) -> list[dict]:
         out = []
@@ -233,6 +242,7 @@ def engine_cfg(base: dict, name: str, n: int, args) -> object:
     cfg.max_context = args.max_context
     cfg.window_rows = args.window_rows
     cfg.spec = args.spec
+    cfg.prefill_slots = args.prefill_slots
     cfg.vram_every = 0
     cfg.synthetic_acceptance = args.synthetic_acceptance
     for k, v in base.items():
@@ -425,6 +435,8 @@ def main() -> None:
     ap.add_argument("--max-context", type=int, default=1024)
     ap.add_argument("--spec", type=int, default=4)
     ap.add_argument("--window-rows", type=int, default=8)
+    ap.add_argument("--prefill-slots", type=int, default=1,
+                    help="engine.prefill_slots: the prefilling slots one prompt chunk may hold")
     ap.add_argument("--synthetic-acceptance", type=float, default=None,
                     help="engine.synthetic_acceptance: accept each draft with this probability")
     ap.add_argument("--bandwidth", type=float, default=H200_COPY_BYTES_PER_S,
@@ -487,7 +499,8 @@ def main() -> None:
             chunks = eng.window_times.prefill_table()
             results.setdefault("prefills", {})[f"{name}@{n}"] = chunks
             for c in chunks:
-                print(f"N={n} {name:<16} prompt chunk of {c['tokens']} tokens: "
+                slots = f" x {c['segments']} slots" if "segments" in c else ""
+                print(f"N={n} {name:<16} prompt chunk of {c['tokens']} tokens{slots}: "
                       f"{c['mean_ms']:.3f} ms over {c['chunks']}", flush=True)
             eng.close()
         del engines

@@ -586,7 +586,9 @@ def fit_profile(traces: Iterable[list[dict[str, Any]]],
                                   device, e["step"] - 1 in chunk_steps))
                 if split and e["graph"] == "hit":
                     launch.append(max(0.0, float(e["dur"]) - device))
-            elif e["ev"] == "prefill" and "dur" in e:
+            elif e["ev"] == "prefill" and "dur" in e and e.get("segments", 1) == 1:
+                # (a chunk of several slots, engine.prefill_slots, is not a chunk of its own
+                # tokens: its events carry the whole chunk's time, so they stay out of the fit)
                 tokens, tier = _prefill_key(e, knobs)
                 pre_by[n].append((graph_chunks, tokens, tier, float(e["dur"])))
             elif e["ev"] == "commit":

@@ -204,7 +204,7 @@ class SimEngine:
         elif kind == "decode":
             yield from self._decode(prefilling_exists=bool(prefilling))
         elif kind == "prefill":
-            yield from self._prefill(min(prefilling, key=lambda s: s.admitted_seq))
+            yield from self._prefill(self._prefill_pick(prefilling))
         else:
             yield from self._idle()
 
@@ -228,7 +228,7 @@ class SimEngine:
         if prev is not None:
             yield from self._land(prev)
         if kind == "prefill":
-            yield from self._prefill(min(prefilling, key=lambda s: s.admitted_seq))
+            yield from self._prefill(self._prefill_pick(prefilling))
         elif prev is None:
             yield from self._idle()
 
@@ -254,12 +254,12 @@ class SimEngine:
             kind = "idle"  # every decoding slot waits for a window in flight
         if not self._pipe:
             if kind == "prefill":
-                yield from self._prefill(min(prefilling, key=lambda s: s.admitted_seq))
+                yield from self._prefill(self._prefill_pick(prefilling))
             else:
                 yield from self._idle()
         elif kind == "prefill":
             yield from self._land_all()
-            yield from self._prefill(min(prefilling, key=lambda s: s.admitted_seq))
+            yield from self._prefill(self._prefill_pick(prefilling))
         else:
             yield from self._land(self._pipe.popleft())
 
@@ -382,51 +382,64 @@ class SimEngine:
 
     # --- prefill ---------------------------------------------------------------------------
 
-    def _prefill(self, st: SlotState):
+    def _prefill_pick(self, prefilling: list[SlotState]) -> list[SlotState]:
+        """The slots the next prompt chunk holds: the earliest admitted, up to
+        engine.prefill_slots of them."""
+        if self.knobs.prefill_slots <= 1:
+            return [min(prefilling, key=lambda s: s.admitted_seq)]
+        return sorted(prefilling, key=lambda s: s.admitted_seq)[:self.knobs.prefill_slots]
+
+    def _prefill(self, sts: list[SlotState]):
+        """One prompt chunk: each slot's next chunk, padded to the bucket of the longest and
+        priced as one chunk of all their rows; then each slot's commit in order."""
         k = self.knobs
-        tokens = min(k.prefill_chunk, st.req.prompt_tokens - st.prompt_done)
+        chunks = [min(k.prefill_chunk, st.req.prompt_tokens - st.prompt_done) for st in sts]
         if self.external.faulted(self.step):
-            yield from self._fault([st])
+            yield from self._fault(list(sts))
             return
-        padded = prefill_bucket(tokens, k.prefill_buckets)
+        padded = prefill_bucket(max(chunks), k.prefill_buckets)
         # The engine pads the chunk to its bucket, and its attention reads the tier holding
         # the padded chunk.
-        tier = context_tier(st.prompt_done + padded, k.context_tier_min, k.max_context)
-        dur = self.costs.prefill_time(padded, tier)
+        tier = context_tier(max(st.prompt_done for st in sts) + padded, k.context_tier_min,
+                            k.max_context)
+        dur = self.costs.prefill_time(padded * len(sts), tier)
         host = self._host()
         if self.experts is not None:
-            x = self.experts.prefill(self.step, tokens)
+            x = self.experts.prefill(self.step, sum(chunks))
             if self.expert_costs is not None:
-                dur = (self.expert_costs.prefill_s(x, tokens, dur)
+                dur = (self.expert_costs.prefill_s(x, sum(chunks), dur)
                        + self.expert_costs.wait_for_copy(host, self.overlap))
         yield self.env.timeout(host + dur)
-        st.prompt_done += tokens
-        rec = self.records[st.req.id]
-        rec.prefill_device_s += dur
-        self.stats.prefills += 1
-        # `ctx` as the engine writes it: the positions the chunk covers (start + tokens).
-        self.trace.emit("prefill", req=st.req.id, slot=st.slot, tokens=tokens,
-                        dur=round(dur, TRACE_DUR_DIGITS), ctx=st.prompt_done)
-        if st.prompt_done < st.req.prompt_tokens:
-            yield from self._tail(after_prefill=True)
-            return
-        # Prompt done: the slot samples and emits its first token.
-        st.pos = st.req.prompt_tokens
-        st.emitted = 1
-        rec.first_token_s = rec.last_token_s = self.env.now
-        reason = None
-        if st.req.stop_at_prefill:
-            reason = "stop"
-            st.emitted = st.req.stop_after_tokens or 0
-        elif st.left <= 0 or st.pos >= k.max_context:
-            reason = "length"
-        if reason is None:
-            st.decoding = True
-            self.ring.join(st.slot)
-        else:
-            self._finish(st, reason)
-            self._release(st)
-        yield from self._tail(finishes=reason is not None, after_prefill=True)
+        extra = {"segments": len(sts)} if len(sts) > 1 else {}
+        finishes = 0
+        for st, tokens in zip(sts, chunks):
+            st.prompt_done += tokens
+            rec = self.records[st.req.id]
+            rec.prefill_device_s += dur
+            self.stats.prefills += 1
+            # `ctx` as the engine writes it: the positions the chunk covers (start + tokens).
+            self.trace.emit("prefill", req=st.req.id, slot=st.slot, tokens=tokens,
+                            dur=round(dur, TRACE_DUR_DIGITS), ctx=st.prompt_done, **extra)
+            if st.prompt_done < st.req.prompt_tokens:
+                continue
+            # Prompt done: the slot samples and emits its first token.
+            st.pos = st.req.prompt_tokens
+            st.emitted = 1
+            rec.first_token_s = rec.last_token_s = self.env.now
+            reason = None
+            if st.req.stop_at_prefill:
+                reason = "stop"
+                st.emitted = st.req.stop_after_tokens or 0
+            elif st.left <= 0 or st.pos >= k.max_context:
+                reason = "length"
+            if reason is None:
+                st.decoding = True
+                self.ring.join(st.slot)
+            else:
+                self._finish(st, reason)
+                self._release(st)
+                finishes += 1
+        yield from self._tail(finishes=finishes, after_prefill=True)
 
     # --- decode ----------------------------------------------------------------------------
 

@@ -80,6 +80,10 @@ class EngineConfig:
     decode_share: float = field(default=0.5, metadata=TRACED)
     #: Prompt tokens per prefill iteration.
     prefill_chunk: int = field(default=256, metadata=TRACED)
+    #: Prefilling slots one prompt chunk may hold (each its next `prefill_chunk` tokens, padded
+    #: to the bucket of the longest), so that a burst of prompts reads the weights once per
+    #: chunk rather than once per prompt; 1 = one slot per chunk. One device only.
+    prefill_slots: int = 1
     #: Lengths a prompt chunk is padded to (ascending), so prefill runs a few static shapes that
     #: are captured as graphs once; a chunk longer than the last runs unpadded and eagerly.
     prefill_buckets: list[int] = field(default_factory=lambda: [16, 32, 64, 128, 256])
@@ -365,6 +369,8 @@ def validate_engine(e: Any, error: type[ValueError] = ConfigError) -> None:
         bad("decode_share", f"must be in (0, 1], got {e.decode_share}")
     if e.prefill_chunk < 1:
         bad("prefill_chunk", f"must be >= 1, got {e.prefill_chunk}")
+    if e.prefill_slots < 1:
+        bad("prefill_slots", f"must be >= 1, got {e.prefill_slots}")
     if not e.prefill_buckets or list(e.prefill_buckets) != sorted(set(e.prefill_buckets)) \
             or e.prefill_buckets[0] < 1:
         bad("prefill_buckets", f"must be ascending distinct positive ints, got {list(e.prefill_buckets)}")
@@ -386,6 +392,9 @@ def validate_engine(e: Any, error: type[ValueError] = ConfigError) -> None:
             bad(key, f"must be >= 0, got {getattr(e, key)}")
     if e.stages < 1:
         bad("stages", f"must be >= 1, got {e.stages}")
+    if e.stages > 1 and e.prefill_slots > 1:
+        bad("prefill_slots", f"prompt chunks of several slots run on one device; "
+                             f"engine.stages={e.stages} needs engine.prefill_slots=1")
     if e.stages > 1 and e.expert_cache_mib:
         bad("expert_cache_mib", f"the expert cache runs on one device; engine.stages={e.stages} "
                                 f"needs engine.expert_cache_mib=0")

@@ -25,7 +25,9 @@ Traces written before it existed lack it; readers take a missing field from FIEL
 
 Events may carry extra fields: `window` and `prefill` carry `dur` (seconds of device work of
 that iteration) and `ctx` (for a window its context tier, for a prefill chunk the positions it
-covers) so that a cost profile can be fitted from traces.
+covers) so that a cost profile can be fitted from traces. A prompt chunk that held several
+slots' chunks (engine.prefill_slots) writes one `prefill` per slot, in admission order, each
+with `segments` (their count) and the whole chunk's `dur`.
 A capture's `window` event carries `mib` (the device memory it measured): a replay needs it
 when the engine measures captures (CUDA) rather than charging a fixed size (`graph_mib`).
 With the expert cache (engine.expert_cache_mib > 0) a `window` carries `hits`, `misses` (each

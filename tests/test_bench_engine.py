@@ -52,6 +52,25 @@ def test_window_times_keep_the_prompt_chunks_by_length():
                                   {"tokens": 64, "chunks": 2, "mean_ms": pytest.approx(70.0)}]
 
 
+def test_window_times_count_a_chunk_of_several_slots_once():
+    """engine.prefill_slots: a chunk of three slots writes three events with the chunk's whole
+    time; the device was busy for it once, and it is one chunk of its segment count."""
+    wt = bench_engine.WindowTimes()
+    wt.on = True
+    for slot, tokens in enumerate((64, 40, 64)):
+        wt("prefill", {"req": f"r{slot}", "slot": slot, "tokens": tokens, "dur": 0.09,
+                       "ctx": tokens, "segments": 3})
+    wt("prefill", {"req": "r3", "slot": 3, "tokens": 64, "dur": 0.05, "ctx": 64})
+    for slot in (0, 1):
+        wt("prefill", {"req": f"r{slot}", "slot": slot, "tokens": 16, "dur": 0.03, "ctx": 80,
+                       "segments": 2})
+    assert wt.busy_s == pytest.approx(0.17)
+    assert wt.prefill_table() == [
+        {"tokens": 64, "chunks": 1, "mean_ms": pytest.approx(50.0)},
+        {"tokens": 16, "segments": 2, "chunks": 1, "mean_ms": pytest.approx(30.0)},
+        {"tokens": 64, "segments": 3, "chunks": 1, "mean_ms": pytest.approx(90.0)}]
+
+
 def test_overlap_both_puts_each_configuration_beside_its_overlapped_twin():
     assert bench_engine.with_overlap(["solo", "batch_mtp"], "both") == [
         "solo", "solo+overlap", "batch_mtp", "batch_mtp+overlap"]

@@ -152,6 +152,7 @@ BAD_ENGINE = [
     ("decode_share", 1.5),
     ("decode_share", -0.5),
     ("prefill_chunk", 0),
+    ("prefill_slots", 0),
     ("graph_limit", -1),
     ("vram_reserve_mib", -1),
     ("max_context", 1),
@@ -183,6 +184,16 @@ def test_validate_engine_spec_and_window_rows():
     e.spec = 8
     validate_engine(e)
     e.spec, e.window_rows = 1, 1
+    validate_engine(e)
+
+
+def test_validate_engine_prefill_slots_on_one_device_only():
+    e = OmegaConf.structured(EngineConfig)
+    e.stages, e.overlap, e.prefill_slots = 2, False, 4
+    with pytest.raises(ConfigError) as exc:
+        validate_engine(e)
+    assert str(exc.value).startswith("engine.prefill_slots:") and "engine.stages=2" in str(exc.value)
+    e.prefill_slots = 1
     validate_engine(e)
 
 

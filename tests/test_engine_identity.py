@@ -127,7 +127,7 @@ def pool_requests(n: int, sampled: bool, vocab: int = 512) -> list[Request]:
 
 
 def engine_for(model_dir, mode: str, graphs: str = "off", slots: int = 4, window_rows: int = 8,
-               spec: int = 4, overlap: bool | None = None) -> Engine:
+               spec: int = 4, overlap: bool | None = None, prefill_slots: int = 1) -> Engine:
     cfg = OmegaConf.structured(StrataConfig)
     cfg.device = "cpu"
     cfg.model.path = str(model_dir)
@@ -137,6 +137,7 @@ def engine_for(model_dir, mode: str, graphs: str = "off", slots: int = 4, window
     e.slots, e.window_rows, e.spec = slots, window_rows, spec
     e.max_context = MAX_CONTEXT
     e.prefill_chunk = PREFILL_CHUNK
+    e.prefill_slots = prefill_slots
     e.graphs = graphs != "off"
     e.overlap = overlap
     if graphs != "off":
@@ -211,6 +212,42 @@ def test_greedy_identity_random_model(random_model, n, slots, w, graphs):
             assert "capture" in actions
             keys = {ev["key"] for ev in eng.trace.events if ev["ev"] == "window"}
             assert all(k.startswith(graphs + ":") for k in keys)
+
+
+def assert_shared_chunks(eng):
+    """Some prompt chunk held several slots' chunks (engine.prefill_slots), and its events say
+    so, one per slot of the chunk."""
+    by_step: dict = {}
+    for ev in eng.trace.events:
+        if ev["ev"] == "prefill":
+            by_step.setdefault(ev["step"], []).append(ev)
+    shared = [evs for evs in by_step.values() if len(evs) > 1]
+    assert shared, "no prompt chunk held two slots"
+    for evs in by_step.values():
+        assert all(ev.get("segments", 1) == len(evs) for ev in evs)
+        assert len({ev["slot"] for ev in evs}) == len(evs)
+
+
+@pytest.mark.parametrize("sampled", [False, True])
+def test_prefill_slots_identity(random_model, sampled):
+    """Prompt chunks holding up to three slots' chunks (engine.prefill_slots=3, prompts of 1-17
+    tokens in chunks of 5, staggered arrivals) give every request the tokens it gets alone."""
+    ref, _ = solo_reference(random_model, sampled=sampled)
+    for mode in ("batch", "batch_mtp"):
+        outs, eng = run(random_model, mode, pool_requests(len(POOL), sampled), slots=8,
+                        window_rows=6, prefill_slots=3)
+        assert_same(outs, ref, len(POOL))
+        assert_shared_chunks(eng)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("graphs,overlap", [("shape", True), ("layout", False)])
+def test_prefill_slots_identity_graphs(random_model, graphs, overlap):
+    ref, _ = solo_reference(random_model, sampled=False)
+    outs, eng = run(random_model, "batch_mtp", pool_requests(len(POOL), False), graphs=graphs,
+                    slots=3, window_rows=4, overlap=overlap, prefill_slots=8)
+    assert_same(outs, ref, len(POOL))
+    assert_shared_chunks(eng)
 
 
 @pytest.mark.parametrize("graphs", ["shape", "layout"])

@@ -36,9 +36,11 @@ RUN_TIMEOUT_S = 180
 
 def random_overrides(rng: random.Random, i: int) -> list[str]:
     # Every fifth run is solo; graph_limit stays small so the LRU evicts often. Every fourth
-    # overlaps its windows (engine.overlap; not drawn, so the drawn values stay as they were).
+    # overlaps its windows (engine.overlap) and every third shares prompt chunks among up to
+    # three slots (engine.prefill_slots); neither is drawn, so the drawn values stay as they were.
     mode = "solo" if i % 5 == 4 else "batch"
     return [f"engine.overlap={'true' if i % 4 == 1 else 'false'}",
+        f"engine.prefill_slots={3 if i % 3 == 2 else 1}",
         "workload=synthetic",
         f"workload.requests={rng.randint(1, 9)}",
         f"workload.prompt_tokens={rng.randint(4, 40)}",
@@ -109,7 +111,7 @@ def test_engine_traces_replay_identically(tmp_path):
 
     failures = []
     seen = {"evict": 0, "solo": 0, "layout": 0, "finish": 0, "filtered_key": 0, "plain_key": 0,
-            "overlap": 0}
+            "overlap": 0, "shared_chunk": 0}
     for (overrides, run_dir), proc in zip(runs, procs):
         cmd = "python -m strata " + " ".join(overrides)
         if proc.returncode != 0:
@@ -127,6 +129,7 @@ def test_engine_traces_replay_identically(tmp_path):
         seen["solo"] += "engine.mode=solo" in overrides
         seen["layout"] += "engine.graph_key=layout" in overrides
         seen["overlap"] += "engine.overlap=true" in overrides
+        seen["shared_chunk"] += sum(e.get("segments", 1) > 1 for e in events if e["ev"] == "prefill")
         if "workload=file" in overrides:  # keys with and without the filtered suffix
             keys = [e["key"] for e in events if e["ev"] == "window" and e["key"] != "eager"]
             seen["filtered_key"] += sum(k.endswith("+f") for k in keys)

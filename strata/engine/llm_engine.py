@@ -127,7 +127,8 @@ class Engine:
                                    window_rows=ecfg.window_rows, decode_share=ecfg.decode_share,
                                    prefill_chunk=ecfg.prefill_chunk, max_context=self.max_context,
                                    trace=self.trace, batch_invariant=ecfg.batch_invariant,
-                                   pipeline=ecfg.stages if ecfg.pipeline_groups else 0)
+                                   pipeline=ecfg.stages if ecfg.pipeline_groups else 0,
+                                   prefill_slots=ecfg.prefill_slots)
         self.runner = ModelRunner.for_engine(self.verifier, ecfg, device, self.budget,
                                              self.trace, log)
         self.cache = self.runner.cache
@@ -249,7 +250,8 @@ class Engine:
             elif wait := self.next_arrival_in():
                 time.sleep(min(wait, 0.05))
         except Exception as e:  # an engine fault fails the requests it touched, never hangs
-            touched = [plan.slot] if plan.kind == PlanKind.PREFILL else [s for s, _ in plan.groups]
+            touched = [s for s, _ in (plan.prefill_segments if plan.kind == PlanKind.PREFILL
+                                      else plan.groups)]
             fail_touched(self, plan.kind, e, [(s, s.req) for s in touched], outs)
 
     def _schedule(self, outs: dict) -> Plan:
@@ -277,6 +279,8 @@ class Engine:
         return self.scheduler.plan()
 
     def _run_prefill(self, plan: Plan, outs: dict) -> None:
+        if plan.segments:
+            return self._run_prefill_segments(plan.segments, outs)
         slot, rs = plan.slot, plan.slot.req
         start, n = slot.prefilled, plan.tokens
         final = start + n == rs.prompt_len
@@ -287,6 +291,26 @@ class Engine:
         first = int(token[0]) if final else None  # one sync per finished prompt
         self._sync()
         commit_prompt(self, slot, n, first, time.perf_counter() - t0, outs)
+
+    def _run_prefill_segments(self, segments: list, outs: dict) -> None:
+        """One prompt chunk holding the next chunk of several slots (engine.prefill_slots):
+        then each slot's prompt commit in order, as if each had run alone."""
+        chunks, finals = [], []
+        for slot, n in segments:
+            rs = slot.req
+            start = slot.prefilled
+            finals.append(start + n == rs.prompt_len)
+            chunks.append((slot.id, rs.prompt_tensor, start, n,
+                           None if finals[-1] else rs.req.prompt_ids[start + n]))
+        filtered = any(s.req.req.params.filtered for s, _ in segments)
+        t0 = time.perf_counter()
+        _, tokens = self.runner.prefill_segments(chunks, self._tier, filtered)
+        firsts = tokens.tolist() if any(finals) else None  # one sync for the chunk
+        self._sync()
+        dur = time.perf_counter() - t0
+        for i, (slot, n) in enumerate(segments):
+            commit_prompt(self, slot, n, firsts[i] if finals[i] else None, dur, outs,
+                          segments=len(segments))
 
     def _run_decode(self, plan: Plan, outs: dict) -> None:
         w = window_shape(plan.groups, plan.layout, self.cfg, self._tier, self.cache is not None)

@@ -74,7 +74,12 @@ class ModelRunner:
         self.p_host = torch.zeros(4, dtype=torch.long, pin_memory=pin)
         self.p_backend = prefill_graphs
         self.budget = budget
-        self.p_graphs: dict[tuple[int, int], Any] = {}  # (bucket, ctx) -> captured handle
+        self.p_graphs: dict[tuple, Any] = {}  # ([segments,] bucket, ctx, filtered) -> handle
+        # engine.prefill_slots: token, meta and pinned meta buffers by segment count
+        self.p_seg_tokens: dict[int, torch.Tensor] = {}
+        self.p_seg_meta: dict[int, torch.Tensor] = {}
+        self.p_seg_host: dict[int, torch.Tensor] = {}
+        self.pin = pin
         self.p_graphs_mib = 0.0
         self._p_failed = False
         #: A layer split (the verifier can launch and land apart): whether the window being
@@ -151,9 +156,49 @@ class ModelRunner:
         if b > self.p_tokens.shape[0]:
             self.p_tokens = torch.zeros(b, dtype=torch.long, device=self.device)
         self.p_tokens[:n].copy_(prompt[start:start + n])
-        self._set_meta(lane, start, n, next_token)
+        set_meta = lambda: self._set_meta(lane, start, n, next_token)  # noqa: E731
+        set_meta()
         run = lambda: self.verifier.prefill(self.p_tokens[:b], self.p_meta, ctx, filtered)  # noqa: E731
-        key = (b, ctx, filtered)
+        return self._run_chunk((b, ctx, filtered), b, run, set_meta,
+                               lambda: self._set_meta(self.scratch, 0, 1, None))
+
+    def prefill_segments(self, chunks: list, tier: Callable[[int], int],
+                         filtered: bool = True) -> tuple[str, torch.Tensor]:
+        """One prompt chunk of several lanes (engine.prefill_slots): `chunks` holds (lane, prompt,
+        start, n, next token) for each, every segment padded to the bucket of the longest;
+        returns (graph action, (S,) device tokens, one per segment as `prefill` returns).
+        Graphs are keyed by the segment count too."""
+        segs = len(chunks)
+        b = prefill_bucket(max(c[3] for c in chunks), self.buckets)
+        ctx = tier(max(c[2] for c in chunks) + b)
+        buf = self.p_seg_tokens.get(segs)
+        if buf is None or b > buf.shape[1]:
+            width = max(b, max(self.buckets, default=1))
+            buf = self.p_seg_tokens[segs] = torch.zeros(segs, width, dtype=torch.long,
+                                                        device=self.device)
+            self.p_seg_meta[segs] = torch.zeros(segs, 4, dtype=torch.long, device=self.device)
+            self.p_seg_host[segs] = torch.zeros(segs, 4, dtype=torch.long, pin_memory=self.pin)
+        meta, host = self.p_seg_meta[segs], self.p_seg_host[segs]
+        for i, (_, prompt, start, n, _) in enumerate(chunks):
+            buf[i, :n].copy_(prompt[start:start + n])
+
+        def set_meta(rows) -> None:
+            for i, (lane, start, n, nxt) in enumerate(rows):
+                host[i, 0], host[i, 1], host[i, 2], host[i, 3] = lane, start, n, \
+                    -1 if nxt is None else nxt
+            meta.copy_(host)  # blocking: host is reused at once
+
+        real = [(lane, start, n, nxt) for lane, _, start, n, nxt in chunks]
+        set_meta(real)
+        run = lambda: self.verifier.prefill(buf[:, :b], meta, ctx, filtered)  # noqa: E731
+        # (warmed on the scratch lane alone: every segment's writes land there)
+        return self._run_chunk((segs, b, ctx, filtered), b, run, lambda: set_meta(real),
+                               lambda: set_meta([(self.scratch, 0, 1, None)] * segs))
+
+    def _run_chunk(self, key: tuple, b: int, run: Callable, set_meta: Callable,
+                   set_scratch: Callable) -> tuple[str, torch.Tensor]:
+        """A prompt chunk whose inputs are in place (`set_meta` puts them back): eagerly, or its
+        captured graph (captured first, warmed on the scratch lane by `set_scratch`)."""
         if self.p_backend is None or b not in self.buckets or self._p_failed:
             return GraphAction.EAGER, run()
         handle = self.p_graphs.get(key)
@@ -164,23 +209,23 @@ class ModelRunner:
             return GraphAction.EAGER, run()
         try:
             # Warm on the scratch lane first: lazy initialisation must not happen in a capture.
-            self._set_meta(self.scratch, 0, 1, None)
+            set_scratch()
             run()
             handle, mib = self.p_backend.capture(run)
         except Exception as e:  # a CUDA error in capture: prompt chunks run eagerly from now on
             self._p_failed = True
-            self.log(f"WARNING: prefill graph capture failed for bucket {b} ctx {ctx} "
+            self.log(f"WARNING: prefill graph capture failed for {key} "
                      f"({type(e).__name__}: {e}); prompt chunks run eagerly")
-            self._set_meta(lane, start, n, next_token)
+            set_meta()
             return GraphAction.EAGER, run()
         self.p_graphs[key] = handle
         self.p_graphs_mib += mib
         if self.budget is not None:
             self.budget.fixed_graphs_mib += mib
         if len(self.p_graphs) == 1:
-            self.log(f"INFO prefill graphs: captured bucket {b} ctx {ctx} ({mib:.1f} MiB); one per "
+            self.log(f"INFO prefill graphs: captured {key} ({mib:.1f} MiB); one per "
                      f"(bucket, context tier) as prompts need them, charged to the memory budget")
-        self._set_meta(lane, start, n, next_token)
+        set_meta()
         return GraphAction.CAPTURE, self.p_backend.replay(handle)
 
     def release_prefill_graphs(self) -> None:

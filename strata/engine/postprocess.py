@@ -83,15 +83,18 @@ def record_finish(eng: "Engine", rs: RequestState, out: Optional[RequestOutput] 
 
 
 def commit_prompt(eng: "Engine", slot: Slot, n: int, first: Optional[int], dur: float,
-                  outs: dict) -> None:
+                  outs: dict, segments: int = 1) -> None:
     """A prompt chunk of `n` tokens ran in `dur` s; `first`: the request's first output token
-    when the chunk ended its prompt (else None). A finished prompt emits it and starts decoding."""
+    when the chunk ended its prompt (else None). A finished prompt emits it and starts decoding.
+    `segments` > 1: the chunk held that many slots' chunks (engine.prefill_slots), each
+    committed by its own call; `dur` is the whole chunk's, and its event says so."""
     rs = slot.req
     slot.prefilled += n
     rs.prefill_s += dur
     eng.prefills += 1
+    extra = {"segments": segments} if segments > 1 else {}
     eng.trace.emit("prefill", req=rs.id, slot=slot.id, tokens=n, dur=round(dur, 6),
-                   ctx=slot.prefilled)
+                   ctx=slot.prefilled, **extra)
     if first is None:
         return
     slot.pos = rs.prompt_len

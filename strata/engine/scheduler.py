@@ -20,9 +20,16 @@ _DECODE_PLAN = PlanKind.DECODE  # (an enum member read through its class costs a
 @dataclass
 class Plan:
     kind: PlanKind
-    slot: Optional[Slot] = None  # prefill: the slot
-    tokens: int = 0  # prefill: prompt tokens this chunk
+    slot: Optional[Slot] = None  # prefill: the (first) slot
+    tokens: int = 0  # prefill: its prompt tokens this chunk
     groups: list[tuple[Slot, int]] = field(default_factory=list)  # decode: (slot, rows)
+    #: prefill with engine.prefill_slots > 1: (slot, tokens) of each lane the chunk holds, in
+    #: admission order (the first is `slot`, `tokens`); empty: that one slot alone.
+    segments: list[tuple[Slot, int]] = field(default_factory=list)
+
+    @property
+    def prefill_segments(self) -> list[tuple[Slot, int]]:
+        return self.segments or [(self.slot, self.tokens)]
 
     @property
     def layout(self) -> tuple[int, ...]:
@@ -32,9 +39,11 @@ class Plan:
 class Scheduler:
     def __init__(self, n_slots: int, *, mode: str, batch_mtp: bool, drafting: bool, spec: int,
                  window_rows: int, decode_share: float, prefill_chunk: int, max_context: int,
-                 trace: TraceWriter, batch_invariant: bool = False, pipeline: int = 0):
+                 trace: TraceWriter, batch_invariant: bool = False, pipeline: int = 0,
+                 prefill_slots: int = 1):
         """`pipeline` (engine.pipeline_groups): the stages, whose windows of different slots
-        are in flight at once (0: off)."""
+        are in flight at once (0: off); `prefill_slots` (engine.prefill_slots): the prefilling
+        slots one prompt chunk may hold."""
         self.slots = [Slot(i) for i in range(n_slots)]
         self.queue: deque[RequestState] = deque()
         self.ring = RotationRing()
@@ -43,6 +52,7 @@ class Scheduler:
         self.batch_invariant = batch_invariant
         self.pipeline = pipeline
         self.decode_share, self.prefill_chunk = decode_share, prefill_chunk
+        self.prefill_slots = prefill_slots
         self.max_context = max_context
         self.trace = trace
         self.mixed_iters = 0
@@ -114,6 +124,11 @@ class Scheduler:
         else:
             return Plan(PlanKind.IDLE)
         if not decode:
+            if self.prefill_slots > 1:  # the earliest admitted prefilling slots, one chunk each
+                segs = [(s, min(self.prefill_chunk, s.req.prompt_len - s.prefilled))
+                        for s in sorted(prefilling, key=lambda s: s.admit_seq)[:self.prefill_slots]]
+                return Plan(PlanKind.PREFILL, slot=segs[0][0], tokens=segs[0][1],
+                            segments=segs if len(segs) > 1 else [])
             slot = min(prefilling, key=lambda s: s.admit_seq)
             tokens = min(self.prefill_chunk, slot.req.prompt_len - slot.prefilled)
             return Plan(PlanKind.PREFILL, slot=slot, tokens=tokens)

@@ -81,8 +81,10 @@ class LastStageModel:
         return hidden, logits, rec, conv
 
     def prefill(self, tokens, lane, start, state, length=None, ctx=None):
-        x = self._hidden(1, tokens.shape[0], like=tokens)
-        return self._model.p_norm(self._model.prefill_layers(x, lane, start, state, length, ctx))[0]
+        grid = tokens.dim() == 2  # (1, L) from Verifier.prefill (one slot a chunk on a split)
+        x = self._hidden(tokens.shape[0] if grid else 1, tokens.shape[-1], like=tokens)
+        out = self._model.p_norm(self._model.prefill_layers(x, lane, start, state, length, ctx))
+        return out if grid else out[0]
 
 
 class PendingCommits:

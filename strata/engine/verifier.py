@@ -209,25 +209,29 @@ class Verifier:
         for a final chunk, else the next prompt token. `filtered`: the request filters
         (`SamplingParams.filtered`), as a window's flag: the sorting sampler, else the plain
         one, which gives a request that does not filter the same tokens in a fraction of the
-        kernels (at the tiny model's sizes two sorting samplers were over a quarter of a chunk)."""
+        kernels (at the tiny model's sizes two sorting samplers were over a quarter of a chunk).
+        Several lanes' chunks at once (engine.prefill_slots): tokens (S, B) and meta (S, 4),
+        one segment a row; returns (S,)."""
         model, state, bufs = self.model, self.state, self.bufs
-        n = tokens.shape[0]
-        lane, start, length, given = meta[0:1], meta[1:2], meta[2:3], meta[3:4]
-        hidden = model.prefill(tokens, lane, start, state, length=length, ctx=ctx)
+        if tokens.dim() == 1:
+            tokens, meta = tokens[None], meta[None]
+        segs, n = tokens.shape
+        lane, start, length, given = meta[:, 0], meta[:, 1], meta[:, 2], meta[:, 3]
+        hidden = model.prefill(tokens, lane, start, state, length=length, ctx=ctx)  # (S, B, H)
         last = length - 1
-        first = self._sample(model.logits(hidden.index_select(0, last)), lane, start + length, 1, 0,
-                             filtered)
+        seg = torch.arange(segs, device=tokens.device)
+        first = self._sample(model.logits(hidden[seg, last]), lane, start + length, 1, 0, filtered)
         nxt = torch.where(given < 0, first, given)
         bufs.pending.index_copy_(0, lane, nxt)
         bufs.pos.index_copy_(0, lane, start + length)
         if self.drafting:
             # MTP row i combines h[i] with the token after it: the prompt's next token, and at
             # the last real row the token that follows the chunk.
-            rows = torch.arange(n, device=tokens.device)
-            next_tokens = torch.where(rows == last, nxt, tokens.roll(-1))
-            mh = model.mtp_window(hidden[None], next_tokens[None], lane, start, ctx, state,
-                                  with_logits=False, variant="prefill")[0][0]
-            h_last = mh.index_select(0, last)
+            rows = torch.arange(n, device=tokens.device)[None]
+            next_tokens = torch.where(rows == last[:, None], nxt[:, None], tokens.roll(-1, dims=1))
+            mh = model.mtp_window(hidden, next_tokens, lane, start, ctx, state,
+                                  with_logits=False, variant="prefill")[0]
+            h_last = mh[seg, last]
             bufs.draft.index_copy_(0, lane, self._draft(model.logits(h_last), lane, start + length + 1,
                                                         filtered))
             bufs.mtp_h.index_copy_(0, lane, h_last)

@@ -758,21 +758,29 @@ class Qwen3Next(nn.Module):
         from device buffers). With `length` ((1,) int64), only the first `length` tokens are the
         prompt and the rest padding: their K/V rows land past the prompt, where decoding writes
         before it reads, and they leave the DeltaNet state alone. `ctx` (attention positions
-        read) defaults to start + L and must cover the real tokens."""
-        x = self.embed_tokens(tokens)[None]  # (1, L, H): a window grid of one group
-        return self.p_norm(self.prefill_layers(x, lane, start, state, length, ctx))[0]
+        read) defaults to start + L and must cover the real tokens.
+
+        Several lanes' chunks at once (engine.prefill_slots): tokens (S, L) and lane, start,
+        length (S,) tensors of distinct lanes, each row a segment as above; returns (S, L, H).
+        Only the row-wise parts (projections, MoE) see all S L rows together."""
+        grid = tokens.dim() == 2
+        x = self.embed_tokens(tokens if grid else tokens[None])  # (S, L, H): a window grid
+        out = self.p_norm(self.prefill_layers(x, lane, start, state, length, ctx))
+        return out if grid else out[0]
 
     def prefill_layers(self, x: torch.Tensor, lane, start, state: DecodeState,
                        length: Optional[torch.Tensor] = None, ctx: Optional[int] = None) -> torch.Tensor:
-        """The decoder layers of `prefill` over embedded (or handed-over) x (1, L, H): what a
-        pipeline stage runs for its layer range. Returns x after the last layer, before the norm."""
+        """The decoder layers of `prefill` over embedded (or handed-over) x (S, L, H), S = 1 but
+        for several lanes' chunks: what a pipeline stage runs for its layer range. Returns x
+        after the last layer, before the norm."""
         n = x.shape[1]
         dev = x.device
-        lane_t = torch.as_tensor(lane, dtype=torch.long, device=dev).reshape(1)
-        start_t = torch.as_tensor(start, dtype=torch.long, device=dev).reshape(1)
+        lane_t = torch.as_tensor(lane, dtype=torch.long, device=dev).reshape(-1)
+        start_t = torch.as_tensor(start, dtype=torch.long, device=dev).reshape(-1)
         cos, sin = self.p_rope(start_t, n)
-        ctx = int(start) + n if ctx is None else ctx
-        valid = None if length is None else (torch.arange(n, device=dev) < length)[None]
+        ctx = int(start_t.max()) + n if ctx is None else ctx
+        valid = None if length is None else \
+            torch.arange(n, device=dev)[None] < length.reshape(-1, 1)
         for i, layer in enumerate(self.layers):
             j = self.state_index[i]
             if layer.kind == "linear_attention":
