@@ -170,3 +170,33 @@ def test_traced_serial_windows_carry_their_device_seconds(model_dir, tmp_path):
             assert all("dev" not in e for e in wins)
         else:
             assert all(0 < e["dev"] <= e["dur"] for e in wins)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available() or cyext_ops.gpu_platform() is None,
+                    reason="needs CUDA and the cyext GPU extension")
+@pytest.mark.parametrize("prefill_slots", [1, 3])
+def test_gpu_prompt_chunks_past_the_last_bucket_leave_the_captured_chunks_their_buffer(
+        model_dir, prefill_slots):
+    """A chunk longer than the last prefill bucket runs eagerly on tokens of its own: the
+    bucketed chunks captured before it (warm-up) still read the buffer the runner writes, so
+    prompts after it get the tokens they get with graphs off (one and several slots a chunk)."""
+    outs = {}
+    for graphs in (False, True):
+        cfg = OmegaConf.structured(StrataConfig)
+        cfg.device, cfg.model.path, cfg.model.dtype = "cuda", str(model_dir), "float32"
+        e = cfg.engine
+        e.mode, e.batch_mtp, e.max_context, e.slots, e.compile = "batch", True, 256, 3, "off"
+        e.graphs, e.warmup = graphs, "on"
+        e.prefill_buckets, e.prefill_chunk, e.prefill_slots = [8, 16], 40, prefill_slots
+        eng = Engine.from_config(cfg, log=lambda s: None)
+        g = torch.Generator().manual_seed(1)
+        for i, (plen, arrival) in enumerate(((40, 0), (35, 0), (7, 6), (12, 6), (5, 6))):
+            ids = torch.randint(1, 500, (plen,), generator=g).tolist()
+            eng.add_request(Request(f"r{i}", ids, SamplingParams(max_tokens=6, stop_at_eos=False),
+                                    arrival_step=arrival, stream_text=False))
+        while eng.has_work():
+            eng.step()
+        outs[graphs] = {k: v.emitted for k, v in eng.requests.items()}
+        eng.close()
+    assert outs[True] == outs[False]

@@ -153,11 +153,14 @@ class ModelRunner:
         `filtered` picks the chunk's sampler (Verifier.prefill), so it is part of the graph's key."""
         b = prefill_bucket(n, self.buckets)  # past the last bucket: unpadded
         ctx = tier(start + b)
-        if b > self.p_tokens.shape[0]:
-            self.p_tokens = torch.zeros(b, dtype=torch.long, device=self.device)
-        self.p_tokens[:n].copy_(prompt[start:start + n])
         set_meta = lambda: self._set_meta(lane, start, n, next_token)  # noqa: E731
         set_meta()
+        if b > self.p_tokens.shape[0]:
+            # past the last bucket: eagerly, on tokens of its own (captured chunks read
+            # p_tokens, so it keeps its storage)
+            return GraphAction.EAGER, self.verifier.prefill(
+                prompt[start:start + n].to(self.device), self.p_meta, ctx, filtered)
+        self.p_tokens[:n].copy_(prompt[start:start + n])
         run = lambda: self.verifier.prefill(self.p_tokens[:b], self.p_meta, ctx, filtered)  # noqa: E731
         return self._run_chunk((b, ctx, filtered), b, run, set_meta,
                                lambda: self._set_meta(self.scratch, 0, 1, None))
@@ -171,14 +174,14 @@ class ModelRunner:
         segs = len(chunks)
         b = prefill_bucket(max(c[3] for c in chunks), self.buckets)
         ctx = tier(max(c[2] for c in chunks) + b)
-        buf = self.p_seg_tokens.get(segs)
-        if buf is None or b > buf.shape[1]:
-            width = max(b, max(self.buckets, default=1))
-            buf = self.p_seg_tokens[segs] = torch.zeros(segs, width, dtype=torch.long,
-                                                        device=self.device)
+        if segs not in self.p_seg_tokens:
+            self.p_seg_tokens[segs] = torch.zeros(segs, max(self.buckets, default=1),
+                                                  dtype=torch.long, device=self.device)
             self.p_seg_meta[segs] = torch.zeros(segs, 4, dtype=torch.long, device=self.device)
             self.p_seg_host[segs] = torch.zeros(segs, 4, dtype=torch.long, pin_memory=self.pin)
-        meta, host = self.p_seg_meta[segs], self.p_seg_host[segs]
+        buf, meta, host = self.p_seg_tokens[segs], self.p_seg_meta[segs], self.p_seg_host[segs]
+        if b > buf.shape[1]:  # past the last bucket: eagerly, on tokens of its own (as prefill)
+            buf = torch.zeros(segs, b, dtype=torch.long, device=self.device)
         for i, (_, prompt, start, n, _) in enumerate(chunks):
             buf[i, :n].copy_(prompt[start:start + n])
 
