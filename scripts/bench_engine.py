@@ -242,7 +242,7 @@ def engine_cfg(base: dict, name: str, n: int, args) -> object:
     cfg.max_context = args.max_context
     cfg.window_rows = args.window_rows
     cfg.spec = args.spec
-    cfg.prefill_slots = args.prefill_slots
+    cfg.prefill_slots = getattr(args, "prefill_slots", 1)  # (bench_expert_cache has none)
     cfg.vram_every = 0
     cfg.synthetic_acceptance = args.synthetic_acceptance
     for k, v in base.items():

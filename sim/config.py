@@ -221,6 +221,11 @@ class SimExpertsConfig:
     #: Rows of one MoE kernel call (strata's MOE_MAX_ROWS): a forward of more rows runs
     #: several calls, and each reads a missed expert it routes to over the bus (0 = one call).
     call_rows: int = 32
+    #: Without the expert cache: rows of one routed-expert launch in a prompt chunk (strata's
+    #: FP8 wide launches: 64); a chunk of more rows (a long prompt's, or several slots' with
+    #: engine.prefill_slots) reads each launch's distinct experts, not the chunk's once (0 =
+    #: one launch a chunk).
+    prefill_launch_rows: int = 0
     #: profile: the cost profile's window plus each miss's bus time less its HBM time;
     #: bytes: the real-scale bytes model below (sim/expert_costs.py).
     cost: str = "profile"

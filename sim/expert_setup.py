@@ -64,7 +64,8 @@ def build_expert_inputs(cfg: Any, streams: RandomStreams,
                 f"{x.moe_layers * x.expert_bytes / MIB:.1f} MiB")
         model = ExpertCacheModel(routing, slots, e.expert_adapt_every, x.decay, x.swap_limit,
                                  x.expert_bytes, streams.stream("experts.routing"),
-                                 cache_on=cache_on, call_rows=x.call_rows)
+                                 cache_on=cache_on, call_rows=x.call_rows,
+                                 prefill_launch_rows=x.prefill_launch_rows)
     except ExpertModelError as err:
         raise SimConfigError(str(err)) from None
     hbm = m.hbm_gb_s * 1e9 * x.hbm_efficiency

@@ -232,13 +232,18 @@ class ExpertCacheModel:
 
     def __init__(self, routing: RoutingModel, slots: int, adapt_every: int, decay: float,
                  swap_limit: int, expert_bytes: int, rng: np.random.Generator,
-                 cache_on: bool = True, call_rows: int = 0):
+                 cache_on: bool = True, call_rows: int = 0, prefill_launch_rows: int = 0):
         if slots < 0:
             raise ExpertModelError(f"expert slots must be >= 0, got {slots}")
         if call_rows < 0:
             raise ExpertModelError(f"experts.call_rows: must be >= 0, got {call_rows}")
         #: Rows of one MoE kernel call (strata's MOE_MAX_ROWS; 0 = a forward is one call).
         self.call_rows = int(call_rows)
+        if prefill_launch_rows < 0:
+            raise ExpertModelError(f"experts.prefill_launch_rows: must be >= 0, got "
+                                   f"{prefill_launch_rows}")
+        #: Without the cache: rows of one routed-expert launch in a prompt chunk (0: one).
+        self.prefill_launch_rows = int(prefill_launch_rows)
         if not 0.0 < decay <= 1.0:
             raise ExpertModelError(f"experts.decay: must be in (0, 1], got {decay}")
         self.routing = routing
@@ -285,8 +290,15 @@ class ExpertCacheModel:
 
     def prefill(self, step: int, tokens: int) -> WindowExperts:
         """A prompt chunk routes its tokens through the same cache (its misses cost bus
-        time too); the engine counts only decode windows, so it adds no counts."""
-        return self._forward([tokens])[0]
+        time too); the engine counts only decode windows, so it adds no counts. Without the
+        cache a chunk of more than `prefill_launch_rows` rows runs several launches, each
+        reading the distinct experts of its own rows: their hits add up."""
+        rows = self.prefill_launch_rows
+        if self.cache_on or not rows or tokens <= rows:
+            return self._forward([tokens])[0]
+        parts = [self._forward([min(rows, tokens - s)])[0] for s in range(0, tokens, rows)]
+        return WindowExperts(sum(x.hits for x in parts), sum(x.misses for x in parts),
+                             sum(x.reads for x in parts))
 
     def after_window(self, step: int) -> Optional[ExpertSwap]:
         """The read of the oldest unread window: its picks count, and when it ends an adapt

@@ -518,3 +518,23 @@ def test_engine_written_expert_traces_replay(name):
               if e["ev"] == "expert_swap"]
     assert engine and [(e["step"], e["experts"]) for e in result.sim_events
                        if e["ev"] == "expert_swap"] == [(e["step"], e["experts"]) for e in engine]
+
+
+def test_a_long_prompt_chunk_without_the_cache_reads_each_launch_experts():
+    """Without the cache strata launches a prompt chunk's routed experts `prefill_launch_rows`
+    at a time (FP8 wide launches: 64), each launch reading its own rows' experts: a 256-token
+    chunk's hits are the sum of four launches' distinct experts, more than the chunk's distinct
+    experts once; a chunk of one launch is unchanged, and the cache's launches are not split."""
+    routing = RoutingModel.zipf(2, 512, 10, 0.0)
+
+    def model(rows, cache_on=False):
+        return ExpertCacheModel(routing, 512, 0, 0.75, 1, 1, np.random.default_rng(7),
+                                cache_on=cache_on, prefill_launch_rows=rows)
+
+    once, per_launch = model(0).prefill(0, 256), model(64).prefill(0, 256)
+    assert per_launch.misses == once.misses == 0
+    assert 2 * 512 >= once.hits and per_launch.hits > 1.4 * once.hits
+    assert model(64).prefill(0, 64).hits == model(0).prefill(0, 64).hits
+    assert model(64, cache_on=True).prefill(0, 256).hits == once.hits
+    with pytest.raises(ExpertModelError, match="experts.prefill_launch_rows"):
+        model(-1)
