@@ -240,6 +240,30 @@ def test_prefill_slots_identity(random_model, sampled):
         assert_shared_chunks(eng)
 
 
+def test_prefill_slots_near_the_end_of_the_context(random_model):
+    """A chunk's segments are padded to the bucket of the longest, so a short segment near the
+    end of the context pads past it (its K/V padding rows are clamped there): a 60-token prompt
+    of a 64-position context in chunks of 24 (buckets 8 and 32) beside shorter prompts gives
+    every request the tokens it gets with one slot a chunk."""
+    outs = {}
+    for slots in (1, 3):
+        cfg = OmegaConf.structured(StrataConfig)
+        cfg.device, cfg.model.path = "cpu", str(random_model)
+        e = cfg.engine
+        e.mode, e.batch_mtp, e.slots, e.max_context = "batch", True, 3, 64
+        e.prefill_chunk, e.prefill_buckets, e.prefill_slots = 24, [8, 32], slots
+        eng = Engine.from_config(cfg, log=lambda s: None)
+        rng = random.Random(9)
+        reqs = [Request(f"r{i}", [rng.randrange(1, 512) for _ in range(plen)],
+                        SamplingParams(max_tokens=3), arrival_step=arrival)
+                for i, (plen, arrival) in enumerate(((60, 0), (20, 0), (10, 1), (9, 2)))]
+        run_cohort(eng, reqs, 200)
+        outs[slots] = {rid: (list(rs.emitted), rs.reason) for rid, rs in eng.requests.items()}
+        if slots > 1:
+            assert_shared_chunks(eng)
+    assert outs[3] == outs[1]
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("graphs,overlap", [("shape", True), ("layout", False)])
 def test_prefill_slots_identity_graphs(random_model, graphs, overlap):
