@@ -135,7 +135,7 @@ class WindowTimes:
         #: chunks as (tokens, seconds): where a cohort's time went (cohort_summary).
         self.cohort_windows: list[tuple[int, int, Optional[int], float]] = []
         self.cohort_prefills: list[tuple[int, float]] = []
-        self._segment = 0  # the place of the last prefill event in its chunk (0: its last)
+        self._chunk_left = 0  # events still to come of a chunk of several slots
         self.on = False
 
     def start_cohort(self) -> None:
@@ -162,10 +162,11 @@ class WindowTimes:
             return
         dur = float(fields["dur"])
         if ev == "prefill":
+            if self._chunk_left:  # a later slot of a chunk: counted with its first
+                self._chunk_left -= 1
+                return
             segs = int(fields.get("segments", 1))
-            self._segment = 0 if self._segment + 1 >= segs else self._segment + 1
-            if segs > 1 and self._segment != 1:
-                return  # the chunk's later slots: counted with its first
+            self._chunk_left = segs - 1
             self.busy_s += dur
             self.prefills.setdefault((segs, int(fields["tokens"])), []).append(dur)
             self.cohort_prefills.append((int(fields["tokens"]), dur))

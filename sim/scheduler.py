@@ -385,9 +385,7 @@ class SimEngine:
     def _prefill_pick(self, prefilling: list[SlotState]) -> list[SlotState]:
         """The slots the next prompt chunk holds: the earliest admitted, up to
         engine.prefill_slots of them."""
-        if self.knobs.prefill_slots <= 1:
-            return [min(prefilling, key=lambda s: s.admitted_seq)]
-        return sorted(prefilling, key=lambda s: s.admitted_seq)[:self.knobs.prefill_slots]
+        return sorted(prefilling, key=lambda s: s.admitted_seq)[:max(1, self.knobs.prefill_slots)]
 
     def _prefill(self, sts: list[SlotState]):
         """One prompt chunk: each slot's next chunk, padded to the bucket of the longest and

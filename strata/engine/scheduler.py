@@ -123,15 +123,11 @@ class Scheduler:
             decode = False
         else:
             return Plan(PlanKind.IDLE)
-        if not decode:
-            if self.prefill_slots > 1:  # the earliest admitted prefilling slots, one chunk each
-                segs = [(s, min(self.prefill_chunk, s.req.prompt_len - s.prefilled))
-                        for s in sorted(prefilling, key=lambda s: s.admit_seq)[:self.prefill_slots]]
-                return Plan(PlanKind.PREFILL, slot=segs[0][0], tokens=segs[0][1],
-                            segments=segs if len(segs) > 1 else [])
-            slot = min(prefilling, key=lambda s: s.admit_seq)
-            tokens = min(self.prefill_chunk, slot.req.prompt_len - slot.prefilled)
-            return Plan(PlanKind.PREFILL, slot=slot, tokens=tokens)
+        if not decode:  # the earliest admitted prefilling slots (prefill_slots), a chunk each
+            segs = [(s, min(self.prefill_chunk, s.req.prompt_len - s.prefilled))
+                    for s in sorted(prefilling, key=lambda s: s.admit_seq)[:self.prefill_slots]]
+            return Plan(PlanKind.PREFILL, slot=segs[0][0], tokens=segs[0][1],
+                        segments=segs if len(segs) > 1 else [])
         lone = len(decoding) == 1 and not prefilling
         rows = {sid: self.rows_for(self.slots[sid], lone) for sid in decoding}
         cap = -(-len(decoding) // self.pipeline) if self.pipeline else None
