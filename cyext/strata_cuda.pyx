@@ -88,7 +88,7 @@ cdef extern from "strata_kernels.h" nogil:
                                const float* topk_weight, const int64_t* topk_ids, int64_t n,
                                int64_t k, int64_t E, int64_t H, int64_t I,
                                const StrataExpertCache* cache, void* out,
-                               float* workspace, int device, uintptr_t stream)
+                               float* workspace, int prompt, int device, uintptr_t stream)
     int strata_gpu_linear_stream_takes(int64_t m, int64_t fin, int64_t o, int64_t bo,
                                        int64_t bi, int w_dtype, int x_dtype, int device)
     int strata_gpu_linear_skinny(const void* x, int x_dtype, int64_t m, int64_t fin,
@@ -496,13 +496,16 @@ def moe_wide_takes(int64_t n, int64_t k, int64_t e, int64_t hidden, int64_t inte
 def moe_experts(x, w_gate_up, w_down, topk_weight, topk_ids, gu_scale, down_scale, int64_t bo,
                 int64_t bi, out, workspace, uintptr_t stream, slot_of=None, host_gate_up=None,
                 host_down=None, host_gu_scale=None, host_down_scale=None, routed_counts=None,
-                window_state=None, count_layer=None):
+                window_state=None, count_layer=None, bint prompt=False):
     """Routed experts grouped by expert on the device (two launches, no allocation, no sync).
     workspace: float32, at least moe_workspace_numel(N, k, I) elements, 16-byte aligned.
     With slot_of (on the device), the stacks are the expert cache's slots and misses read the
     host store: pinned CPU tensors (read through their device-visible address) or tensors on
     the same GPU. With routed_counts, window_state and count_layer (on the device) the gate/up
-    kernel also counts the routing and the window's hits and misses (strata_expert_cache.h)."""
+    kernel also counts the routing and the window's hits and misses (strata_expert_cache.h).
+    prompt: the rows are a prompt chunk's, else a decode window's; FP8 prompt rows take the down
+    kernel on tensor cores where the switch is on (other bits; each kind's bits never depend on
+    the other rows of the launch)."""
     op = "moe_experts"
     cdef int xdt, wdt
     cdef int64_t n, k, e, hidden, inter
@@ -554,7 +557,8 @@ def moe_experts(x, w_gate_up, w_down, topk_weight, topk_ids, gu_scale, down_scal
     cdef int rc
     with nogil:
         rc = strata_gpu_moe_experts(xp, xdt, wgu, wd, wdt, gsp, dsp, bo, bi, twp, tip, n, k, e,
-                                    hidden, inter, cp, outp, wsp, dev, stream)
+                                    hidden, inter, cp, outp, wsp, 1 if prompt else 0, dev,
+                                    stream)
     _raise(op, rc)
 
 

@@ -33,7 +33,8 @@ class ModelConfig:
     #: every expert as dense matmuls instead of grouping rows by expert: faster prefill at large
     #: chunks, but other rounding than the grouped path that decode windows and the expert
     #: cache take, so with it on a run with engine.expert_cache_mib > 0 is not bit-identical to
-    #: one without. Off: one expert path at every size (FP8 experts always group).
+    #: one without. Off: one expert path at every size (FP8 experts always group). Decode
+    #: windows never take it; it needs engine.prefill_slots=1 (the chunk's rows decide it).
     moe_dense_prefill: bool = False
     #: auto: the safetensors weights (a directory without them is an error that says to pass
     #: dummy); safetensors: the same; dummy: seeded random weights built on the device from
@@ -395,6 +396,10 @@ def validate_engine(e: Any, error: type[ValueError] = ConfigError) -> None:
     if e.stages > 1 and e.prefill_slots > 1:
         bad("prefill_slots", f"prompt chunks of several slots run on one device; "
                              f"engine.stages={e.stages} needs engine.prefill_slots=1")
+    if e.batch_invariant and e.prefill_slots > 1:
+        bad("prefill_slots", f"engine.batch_invariant=true fixes every matmul's row count; "
+                             f"prompt chunks of several slots change theirs: it needs "
+                             f"engine.prefill_slots=1, got {e.prefill_slots}")
     if e.stages > 1 and e.expert_cache_mib:
         bad("expert_cache_mib", f"the expert cache runs on one device; engine.stages={e.stages} "
                                 f"needs engine.expert_cache_mib=0")

@@ -197,6 +197,16 @@ def test_validate_engine_prefill_slots_on_one_device_only():
     validate_engine(e)
 
 
+def test_validate_engine_prefill_slots_not_with_batch_invariant():
+    """batch_invariant fixes every matmul's row count; several slots' chunks change it."""
+    e = OmegaConf.structured(EngineConfig)
+    e.batch_invariant, e.prefill_slots = True, 2
+    with pytest.raises(ConfigError, match=r"^engine.prefill_slots: .*batch_invariant"):
+        validate_engine(e)
+    e.prefill_slots = 1
+    validate_engine(e)
+
+
 def test_validate_engine_accepts_edges():
     e = OmegaConf.structured(EngineConfig)
     e.decode_share, e.graph_limit, e.vram_reserve_mib, e.max_context = 1.0, 0, 0, 2

@@ -67,13 +67,15 @@ class Audit:
             Experts.forward, ExpertCache.begin_window, ExpertCache.end_window,
             ExpertCache.plan_swaps)
 
-        def forward(experts, x, weights, index, shared_weight=None, shared_in_index=False):
+        def forward(experts, x, weights, index, shared_weight=None, shared_in_index=False,
+                    prompt=False):
             if experts.cache is not None and audit.in_window:
                 routed = index[:, :-1] if shared_in_index else index  # not the shared expert
                 ids = routed.reshape(-1).tolist()
                 audit.seen.setdefault(id(experts.cache), set()).update(ids)
                 np.add.at(audit.window_routed[audit.layer_of[id(experts.cache)]], ids, 1)
-            return orig_forward(experts, x, weights, index, shared_weight, shared_in_index)
+            return orig_forward(experts, x, weights, index, shared_weight, shared_in_index,
+                                prompt)
 
         def begin_window(cache):
             audit.seen, audit.in_window = {}, True
@@ -578,16 +580,17 @@ def test_prompt_chunk_bits_do_not_depend_on_the_cache(cached_model, rows):
     loaded = _loaded(cached_model)
     moe = next(m for m in loaded.model.modules() if isinstance(m, SparseMoe))
     x = torch.randn(rows, moe.experts.w_gate_up.shape[2], generator=torch.Generator().manual_seed(rows))
-    assert not moe.experts.dense_input(rows, moe.top_k)  # the default: grouped at every size
-    plain = moe(x)
+    assert not moe.experts.dense_input(rows, moe.top_k, True)  # the default: grouped at every size
+    plain = moe(x, prompt=True)
     moe.experts.dense_prefill = True
-    assert moe.experts.dense_input(rows, moe.top_k)
-    dense = moe(x)
+    assert moe.experts.dense_input(rows, moe.top_k, True)
+    assert not moe.experts.dense_input(rows, moe.top_k, False)  # windows: grouped
+    dense = moe(x, prompt=True)
     moe.experts.dense_prefill = False
     torch.testing.assert_close(dense, plain, rtol=1e-4, atol=1e-5)  # the same function
     ExpertCache(loaded.model, plan_expert_cache(loaded.model, 1), torch.device("cpu"))
-    assert moe.experts.cache is not None and not moe.experts.dense_input(rows, moe.top_k)
-    assert torch.equal(moe(x), plain)
+    assert moe.experts.cache is not None and not moe.experts.dense_input(rows, moe.top_k, True)
+    assert torch.equal(moe(x, prompt=True), plain)
 
 
 def test_dense_prefill_is_a_model_setting(cached_model):
@@ -602,3 +605,14 @@ def test_dense_prefill_is_a_model_setting(cached_model):
         mcfg.moe_dense_prefill = on
         model = load_model(mcfg, "cpu", log=lambda s: None).model
         assert {m.dense_prefill for m in model.modules() if isinstance(m, Experts)} == {on}
+
+
+def test_dense_prefill_with_prompt_chunks_of_several_slots_is_a_clear_error(cached_model):
+    """The dense prompt path is chosen by the chunk's rows, which engine.prefill_slots > 1
+    changes with the other slots' chunks: the engine refuses the pair, naming both keys."""
+    cfg = cpu_engine_config(cached_model, 128, prefill_slots=2)
+    cfg.model.moe_dense_experts, cfg.model.moe_dense_prefill = 0, True
+    with pytest.raises(ConfigError, match="moe_dense_prefill.*prefill_slots=1"):
+        Engine.from_config(cfg, log=lambda s: None)
+    cfg.engine.prefill_slots = 1
+    Engine.from_config(cfg, log=lambda s: None).close()

@@ -37,10 +37,11 @@ def cohort() -> list[Request]:
 
 
 def run(path, mode: str, graphs: bool, device: str = "cpu", dtype: str | None = None,
-        fp8_dense: str = "auto", **knobs) -> dict:
+        fp8_dense: str = "auto", requests=cohort, **knobs) -> dict:
+    knobs.setdefault("prefill_chunk", 4)
     cfg = cpu_engine_config(path, 128, mode="solo" if mode == "solo" else "batch",
                             batch_mtp=mode == "batch_mtp", slots=3, window_rows=6, spec=3,
-                            prefill_chunk=4, graphs=graphs, **knobs)
+                            graphs=graphs, **knobs)
     cfg.device = device
     cfg.model.fp8_dense = fp8_dense
     if dtype:
@@ -50,7 +51,7 @@ def run(path, mode: str, graphs: bool, device: str = "cpu", dtype: str | None = 
         if fp8_dense == "fp8" and device == "cuda":  # FP8 qkvz: windows project b/a in the conv
             assert all(m.ba_in_conv(eng.model.dtype) for m in eng.model.modules()
                        if isinstance(m, GatedDeltaNet))
-        run_cohort(eng, cohort(), 1000)
+        run_cohort(eng, requests(), 1000)
         rows = [len(ev["layout"]) for ev in eng.trace.events if ev["ev"] == "window"]
         assert max(rows) * 4 < 64  # the routed-experts path
         return {rid: list(rs.emitted) for rid, rs in eng.requests.items()}
@@ -100,5 +101,66 @@ def test_greedy_tokens_identical_in_every_mode_fp8_bf16(tmp_path, device, fp8_de
             for graphs in (False, True):
                 if (mode, graphs) != ("solo", False):
                     assert run_on(mode, graphs) == ref, (mode, graphs)
+        if device == "cuda":
+            return  # (other row counts: cuBLAS may round the dense projections otherwise)
+        # prompt chunks of several slots (prefill_slots 3, 16-token chunks): launches of up to
+        # 48 rows against solo's 16
+        def shared_chunks(mode: str, slots: int, graphs: bool = False) -> dict:
+            return run(path, mode, graphs, device=device, dtype="bfloat16", fp8_dense=fp8_dense,
+                       compile="off", requests=long_prompts, prefill_chunk=16,
+                       prefill_slots=slots)
+        want = shared_chunks("solo", 1)
+        for mode, graphs in (("batch", False), ("batch_mtp", False), ("batch_mtp", True)):
+            assert shared_chunks(mode, 3, graphs) == want, (mode, graphs)
     finally:
         ops.set_backend("torch", "cpu")
+
+
+def long_prompts() -> list[Request]:
+    """Three prompts of 21-40 tokens arriving together: with prefill_chunk 16 and
+    prefill_slots 3 their chunks share prompt launches of up to 48 rows, where solo's are 16."""
+    rng = random.Random(12)
+    return [Request(f"p{i}", [rng.randrange(1, 512) for _ in range(21 + 9 * i + i % 2)],
+                    SamplingParams(max_tokens=8, stop_at_eos=False)) for i in range(3)]
+
+
+def test_moe_calls_say_whether_their_rows_are_a_prompt_chunk(many_experts, monkeypatch):
+    """ops.moe_experts hears prompt=True for every call of a prompt chunk (the main model's and
+    the MTP layer's, several slots' chunks at once) and False for every decode window's: the
+    GPU kernels give the two kinds different bits, each independent of the launch's rows."""
+    from strata.kernels import ops
+    from strata.model.qwen3_next import Qwen3Next
+
+    where = {"prompt": 0}
+    calls = []
+
+    def marked(fn, is_prompt):
+        def wrapper(self, *a, **kw):
+            inside = is_prompt(a, kw)
+            where["prompt"] += inside
+            try:
+                return fn(self, *a, **kw)
+            finally:
+                where["prompt"] -= inside
+        return wrapper
+
+    monkeypatch.setattr(Qwen3Next, "prefill", marked(Qwen3Next.prefill, lambda a, kw: True))
+    monkeypatch.setattr(Qwen3Next, "mtp_window", marked(
+        Qwen3Next.mtp_window, lambda a, kw: kw.get("variant", "window") == "prefill"))
+    cfg = cpu_engine_config(many_experts, 128, mode="batch", batch_mtp=True, slots=3,
+                            window_rows=6, spec=3, prefill_chunk=16, prefill_slots=3)
+    eng = Engine.from_config(cfg, log=lambda s: None)
+    inner = ops.moe_experts
+
+    def spy(*a, prompt=False, **kw):
+        calls.append((where["prompt"] > 0, prompt, a[0].shape[0]))
+        return inner(*a, prompt=prompt, **kw)
+
+    monkeypatch.setattr(ops, "moe_experts", spy)
+    try:
+        run_cohort(eng, long_prompts(), 1000)
+    finally:
+        eng.close()
+    assert all(inside == prompt for inside, prompt, _ in calls), calls
+    assert any(p and rows > 16 for _, p, rows in calls)  # a chunk of several slots
+    assert any(not p for _, p, _ in calls)

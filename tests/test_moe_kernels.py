@@ -248,23 +248,25 @@ def test_gpu_moe_matches_reference(E, H, I, N, k, wdtype, xdtype, block):
 
 @_gpu
 @pytest.mark.parametrize("wdtype,block", [(torch.bfloat16, None), (FP8, (128, 128))])
-def test_gpu_moe_row_independence(wdtype, block):
+@pytest.mark.parametrize("prompt", [False, True], ids=["window", "prompt"])
+def test_gpu_moe_row_independence(wdtype, block, prompt):
+    """A row's result is the same bits whatever rows share its call and however many: alone,
+    in 8, 32, 35 (launches of 32 or one wide launch) and 400 rows (several wide launches), for
+    a decode window's rows and for a prompt chunk's (FP8 prompt rows take the tensor-core down
+    kernel on sm_90+, at every row count)."""
     E, H, I, k = 512, 2048, 512, 10
     weights = experts(E, H, I, wdtype, block or (32, 32), device="cuda")
-    w, ids = routing(32, k, E, hot=[5, 6, 7], device="cuda")
-    x = torch.randn(32, H, generator=torch.Generator().manual_seed(3)).to("cuda", torch.bfloat16)
-    full = C.gpu_moe_experts(x, *weights[:2], w, ids, *weights[2:], block)
+    w, ids = routing(400, k, E, hot=[5, 6, 7], device="cuda")
+    x = torch.randn(400, H, generator=torch.Generator().manual_seed(3)).to("cuda", torch.bfloat16)
+    run = lambda a, b: C.gpu_moe_experts(x[a:b], *weights[:2], w[a:b], ids[a:b], *weights[2:],  # noqa: E731
+                                         block, prompt=prompt)
+    full = run(0, 32)
     for r in (0, 11, 31):
-        alone = C.gpu_moe_experts(x[r:r + 1], *weights[:2], w[r:r + 1], ids[r:r + 1],
-                                  *weights[2:], block)
-        assert torch.equal(alone[0], full[r])
-    part = C.gpu_moe_experts(x[4:12], *weights[:2], w[4:12], ids[4:12], *weights[2:], block)
-    assert torch.equal(part, full[4:12])
-    # more than 32 rows: chunks of 32, still row-independent
-    x2 = torch.cat([x, x[:3]])
-    big = C.gpu_moe_experts(x2, *weights[:2], torch.cat([w, w[:3]]), torch.cat([ids, ids[:3]]),
-                            *weights[2:], block)
-    assert torch.equal(big[:32], full) and torch.equal(big[32:], full[:3])
+        assert torch.equal(run(r, r + 1)[0], full[r])
+    assert torch.equal(run(4, 12), full[4:12])
+    assert torch.equal(run(0, 35)[:32], full)
+    many = run(0, 400)
+    assert torch.equal(many[:32], full) and torch.equal(many[200:216], run(200, 216))
 
 
 @_gpu
@@ -399,16 +401,18 @@ def test_gpu_moe_fp8_wide_launches_same_bits(N, E, k):
     saved = C.moe_launch_options()
     try:
         C.moe_launch_options(fp8_wide=False, fp8_launch16=True)
-        want = C.gpu_moe_experts(x, *weights[:2], w, ids, *weights[2:], (128, 128))
+        run = lambda prompt: C.gpu_moe_experts(x, *weights[:2], w, ids, *weights[2:],  # noqa: E731
+                                               (128, 128), prompt=prompt)
+        want, want_prompt = run(False), run(True)
         want_replay = _replay_with_new_ids(x, weights, w.clone(), ids.clone(), (128, 128), 8)
-        # (the CUDA-core down kernel: above 32 rows down_mma, on by default, has its own bits)
-        assert C.moe_launch_options(fp8_wide=True, down_mma=False)["fp8_wide"]
+        assert C.moe_launch_options(fp8_wide=True)["fp8_wide"]
         assert C._gpu.moe_wide_takes(min(N, 64), k, E, H, I, 128, 128, 0)
-        got = C.gpu_moe_experts(x, *weights[:2], w, ids, *weights[2:], (128, 128))
+        got, got_prompt = run(False), run(True)
         got_replay = _replay_with_new_ids(x, weights, w.clone(), ids.clone(), (128, 128), 8)
     finally:
         C.moe_launch_options(**saved)
     assert torch.equal(got, want) and torch.equal(got_replay, want_replay)
+    assert torch.equal(got_prompt, want_prompt)  # a prompt chunk's rows too
     assert rel_err(got, call_reference(x, weights, w, ids, (128, 128))) < 2e-2
 
 
@@ -482,7 +486,7 @@ def test_gpu_router_then_experts_with_gate_up_pdl(N):
         C.moe_launch_options(**saved)
 
 
-def _replay_with_new_ids(x, weights, w, ids, block, seed):
+def _replay_with_new_ids(x, weights, w, ids, block, seed, prompt=False):
     """moe_experts captured in a graph, then w and ids replaced in place by another routing
     (`seed`) and the graph replayed: its output."""
     (N, k), E = ids.shape, weights[0].shape[0]
@@ -490,7 +494,8 @@ def _replay_with_new_ids(x, weights, w, ids, block, seed):
     ws = torch.empty(C.moe_workspace_numel(N, k, weights[1].shape[2], x.shape[-1]), device="cuda")
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        C.gpu_moe_experts(x, *weights[:2], w, ids, *weights[2:], block, out=out, workspace=ws)
+        C.gpu_moe_experts(x, *weights[:2], w, ids, *weights[2:], block, out=out, workspace=ws,
+                          prompt=prompt)
     w2, ids2 = routing(N, k, E, seed=seed, device="cuda")
     w.copy_(w2)
     ids.copy_(ids2)
@@ -592,9 +597,11 @@ def test_gpu_moe_gate_up_mma_expert_of_many_members():
     assert rel_err(got, call_reference(x, weights, w, ids, block)) < 1e-2
 
 
-#: E, H, I, N, k for the tensor-core down kernel: launches of 33-64 rows (wide)
+#: E, H, I, N, k for the tensor-core down kernel (a prompt chunk's rows): wide launches of
+#: 33-64 rows, and 1, 2 and 16 rows (not wide)
 DOWN_MMA_CASES = [(513, 2048, 512, 64, 11), (512, 2048, 512, 40, 10), (64, 1024, 192, 33, 8),
-                  (64, 4096, 256, 48, 6)]
+                  (64, 4096, 256, 48, 6), (513, 2048, 512, 16, 11), (64, 1024, 192, 2, 8),
+                  (513, 2048, 512, 1, 11)]
 
 
 @_gpu
@@ -602,28 +609,28 @@ DOWN_MMA_CASES = [(513, 2048, 512, 64, 11), (512, 2048, 512, 40, 10), (64, 1024,
 @pytest.mark.parametrize("E,H,I,N,k", DOWN_MMA_CASES)
 @pytest.mark.parametrize("split", [True, False])
 def test_gpu_moe_down_mma(E, H, I, N, k, split):
-    """The down kernel on tensor cores (down_mma) in wide launches of more than 32 rows: within
-    the reference's tolerance, other bits than the CUDA-core down kernel (so the switch did
-    take it), every row the same bits in the whole launch, in its last 33 rows alone and inside a
-    captured graph with new ids; launches of up to 32 rows keep the CUDA-core bits. `split`:
-    items from the member tables (runs of 16), else whole experts found by ballots."""
+    """The down kernel on tensor cores (down_mma) for a prompt chunk's rows: within the
+    reference's tolerance, other bits than the CUDA-core down kernel (so the switch did take
+    it), every row the same bits in the whole launch, in its last rows alone and inside a
+    captured graph with new ids; a decode window's rows keep the CUDA-core bits at any size.
+    `split`: items from the member tables (runs of 16), else whole experts found by ballots."""
     block = (128, 128)
     weights = experts(E, H, I, FP8, block, device="cuda")
-    w, ids = routing(N, k, E, hot=[1, 2], device="cuda")
+    w, ids = routing(N, k, E, hot=[1, 2] if N > 1 else None, device="cuda")
     x = torch.randn(N, H, generator=torch.Generator().manual_seed(8)).to("cuda", torch.bfloat16)
     x[0, :7] *= 300.0  # a row whose largest elements lie far above the rest
     w0, ids0 = w.clone(), ids.clone()
-    run = lambda a, ww, ii: C.gpu_moe_experts(a, *weights[:2], ww, ii, *weights[2:], block)
+    run = lambda a, ww, ii, prompt=True: C.gpu_moe_experts(  # noqa: E731
+        a, *weights[:2], ww, ii, *weights[2:], block, prompt=prompt)
     with _launch_options(fp8_wide=True, down_split=split, down_mma=False):
-        assert C._gpu.moe_wide_takes(N, k, E, H, I, 128, 128, 0)
+        assert N <= 16 or C._gpu.moe_wide_takes(N, k, E, H, I, 128, 128, 0)
         cuda_cores = run(x, w, ids)
-        small = run(x[:32], w[:32], ids[:32])
     with _launch_options(fp8_wide=True, down_split=split, down_mma=True):
         got = run(x, w, ids)
-        lo = N - 33  # the last 33 rows: a launch of more than 32 rows too
+        lo = N // 2  # the last rows alone
         assert torch.equal(run(x[lo:], w[lo:], ids[lo:]), got[lo:])
-        assert torch.equal(run(x[:32], w[:32], ids[:32]), small)  # up to 32 rows: unchanged
-        out = _replay_with_new_ids(x, weights, w, ids, block, seed=9)
+        assert torch.equal(run(x, w, ids, prompt=False), cuda_cores)  # a window's rows
+        out = _replay_with_new_ids(x, weights, w, ids, block, seed=9, prompt=True)
         again = run(x, w, ids)
     assert rel_err(got, call_reference(x, weights, w0, ids0, block)) < 1e-2
     assert torch.equal(out, again)
@@ -637,8 +644,8 @@ def test_gpu_moe_down_mma(E, H, I, N, k, split):
 def test_gpu_moe_down_mma_expert_of_many_members():
     """An expert chosen twice by some rows (53 members in 40 rows), so the tensor-core down
     kernel takes it in four items of up to 16: within the reference's tolerance, and each row
-    the same bits in a 33-row slice. (A wide launch's gate/up finds an expert's members in one
-    table run of at most 64.)"""
+    the same bits in a 33-row slice (a prompt chunk's rows). (A wide launch's gate/up finds an
+    expert's members in one table run however many.)"""
     E, H, I, N, k, block = 64, 2048, 512, 40, 12, (128, 128)
     weights = experts(E, H, I, FP8, block, device="cuda")
     w, ids = routing(N, k, E, device="cuda")
@@ -646,8 +653,9 @@ def test_gpu_moe_down_mma_expert_of_many_members():
     ids[:13, 1] = 5
     x = torch.randn(N, H, generator=torch.Generator().manual_seed(2)).to("cuda", torch.bfloat16)
     with _launch_options(fp8_wide=True, down_mma=True):
-        got = C.gpu_moe_experts(x, *weights[:2], w, ids, *weights[2:], block)
-        some = C.gpu_moe_experts(x[5:38], *weights[:2], w[5:38], ids[5:38], *weights[2:], block)
+        got = C.gpu_moe_experts(x, *weights[:2], w, ids, *weights[2:], block, prompt=True)
+        some = C.gpu_moe_experts(x[5:38], *weights[:2], w[5:38], ids[5:38], *weights[2:], block,
+                                 prompt=True)
     assert torch.equal(some, got[5:38])
     assert rel_err(got, call_reference(x, weights, w, ids, block)) < 1e-2
 

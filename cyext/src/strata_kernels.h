@@ -190,11 +190,12 @@ int strata_gpu_moe_wide_takes(int64_t n, int64_t k, int64_t E, int64_t H, int64_
 // so that the ring keeps the whole shared memory and a prompt chunk of 64 tokens reads its
 // experts in one launch rather than four of 16 rows. The same bits.
 #define STRATA_MOE_X_GLOBAL (1 << 26)
-// STRATA_MOE_DOWN_MMA (on): wide launches of more than 32 rows (prompt chunks)
-// run the streamed down kernel on tensor cores: each expert's down rows decode to f16 once per
-// 16 members, the members' act chunks (64 k) are scaled by a power of two into f16, the sums
-// run in MMAs. Other bits than the CUDA-core down kernel (act rounds to f16), which launches of
-// up to 32 rows keep; a row's result does not depend on the other rows of its launch.
+// STRATA_MOE_DOWN_MMA (on): FP8 launches of a prompt chunk's rows (the `prompt` argument of
+// strata_gpu_moe_experts) run the streamed down kernel on tensor cores: each expert's down rows
+// decode to f16 once per 16 members, the members' act chunks (64 k) are scaled by a power of
+// two into f16, the sums run in MMAs. Other bits than the CUDA-core down kernel (act rounds to
+// f16), which decode windows keep; a row's result does not depend on the other rows of its
+// launch, nor on their count.
 #define STRATA_MOE_DOWN_MMA (1 << 27)
 int strata_gpu_moe_set_options(int flags);
 int strata_gpu_moe_experts(const void* x, int x_dtype, const void* w_gate_up, const void* w_down,
@@ -202,7 +203,7 @@ int strata_gpu_moe_experts(const void* x, int x_dtype, const void* w_gate_up, co
                            int64_t bo, int64_t bi, const float* topk_weight,
                            const int64_t* topk_ids, int64_t n, int64_t k, int64_t E, int64_t H,
                            int64_t I, const StrataExpertCache* cache, void* out,
-                           float* workspace, int device, uintptr_t stream);
+                           float* workspace, int prompt, int device, uintptr_t stream);
 
 // 1 when linear_skinny would run (m, in) x (o, in) on the streamed FP8 kernel (which takes any
 // m), else 0.

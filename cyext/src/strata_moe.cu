@@ -632,7 +632,7 @@ int strata_gpu_moe_experts(const void* x, int x_dtype, const void* w_gate_up, co
                            int64_t bo, int64_t bi, const float* topk_weight,
                            const int64_t* topk_ids, int64_t n, int64_t k, int64_t E, int64_t H,
                            int64_t I, const StrataExpertCache* cache, void* out,
-                           float* workspace, int device, uintptr_t stream) {
+                           float* workspace, int prompt, int device, uintptr_t stream) {
   int rc = gpu_use_device(device);
   if (rc) return rc;
   if (n == 0 || H == 0) return 0;
@@ -696,6 +696,7 @@ int strata_gpu_moe_experts(const void* x, int x_dtype, const void* w_gate_up, co
   p.bo = fp8 ? (int)bo : 1;
   p.bi = fp8 ? (int)bi : 1;
   p.x_dtype = x_dtype;
+  p.prompt = prompt ? 1 : 0;
   p.nbg = (int)((I + p.bo - 1) / p.bo);
   p.ncb_h = (int)((H + p.bi - 1) / p.bi);
   p.ncb_i = (int)((I + p.bi - 1) / p.bi);

@@ -279,6 +279,9 @@ struct MoeParams {
   int n_host, n_layers;
   int all_resident;  // every expert id has a device slot (no slot_of, or a cache that holds all)
   int n, k, P, E, H, I, bo, bi, x_dtype;
+  // The rows are a prompt chunk's (else a decode window's): which down kernel runs
+  // (STRATA_MOE_DOWN_MMA), so that a row's bits never depend on how many rows share its launch.
+  int prompt;
   int nbg;           // ceil(I / bo): scale rows of the gate half (the up half follows)
   int ncb_h, ncb_i;  // scale columns of gate/up (over H) and of down (over I)
 };

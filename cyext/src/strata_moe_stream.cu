@@ -26,8 +26,8 @@
 //       grid: a programmatic dependent launch), computes y[q][h] for the item's members into
 //       shared memory and ends with out[n][h] = sum_j w[n,j] * y[(n,j)][h] in j order. From 3
 //       rows an item is a run of at most 2-4 of a distinct expert's members (down_items), below
-//       it a whole distinct expert. Above 32 rows (STRATA_MOE_DOWN_MMA) an item is a run of up
-//       to 16 members, one tensor-core pass (down_mma_pass).
+//       it a whole distinct expert. In a prompt chunk's launches (STRATA_MOE_DOWN_MMA) an item
+//       is a run of up to 16 members, one tensor-core pass (down_mma_pass).
 // The weight copies carry an L2 evict-first hint: each weight is read once per call, and the
 // activations written by gate/up and read by down should stay in L2.
 // Not used with the expert cache (its misses are read over the bus through mapped host memory,
@@ -60,9 +60,8 @@ constexpr int ST_X_MAX_BYTES = 131072;               // else as bfloat16 words u
 // memory by moe_stage_x, up to this many pairs, two per thread in the block scans.
 constexpr int ST_WIDE_MAX_ROWS = 64;
 constexpr int ST_WIDE_MAX_PAIRS = 1024;
-// Launches of more rows than this take the down kernel on tensor cores (STRATA_MOE_DOWN_MMA)
-// and one ring stage per down warp.
-constexpr int ST_DOWN_MMA_MAX_CUDA_ROWS = 32;
+// Launches of more rows than this take one ring stage per down warp.
+constexpr int ST_DOWN_ONE_STAGE_ROWS = 32;
 static_assert(ST_WIDE_MAX_PAIRS <= 2 * ST_THREADS, "two pairs per thread in the scans");
 
 // Shared memory: barriers, ids, leaders, scan scratch, first-pair table, then x (gate/up) or
@@ -1071,20 +1070,21 @@ int launch_stream(const MoeParams& p, const DeviceFacts& dev, bool pdl, bool eve
   // of 2 measured best at 16 and 32 rows too (FP8 139.4 / 280.0 us against 142-143 / 284-285
   // for runs of 4, 144 / 288 for 1, 148 / 296 for 8; KERNELS.md).
   const int runs = (options >> STRATA_MOE_DOWN_RUNS_SHIFT) & 15;
-  // STRATA_MOE_DOWN_MMA: launches of more than 32 rows (wide ones: prompt chunks) run the down
-  // kernel on tensor cores (items of up to 16 members: one MMA pass). Below that the CUDA-core
-  // kernel was faster (H200, 80B shapes: +13% at 1 row, level at 32, -6% at 64 rows), so a
-  // row's bits depend on which side of 32 rows its launch is, never on the other rows.
-  const bool down_mma = mma && x_global && p.n > ST_DOWN_MMA_MAX_CUDA_ROWS &&
-                        (options & STRATA_MOE_DOWN_MMA) && T == 16 && cpl_dn == 1 &&
-                        p.I % 64 == 0;
+  // STRATA_MOE_DOWN_MMA: a prompt chunk's launches (p.prompt) run the down kernel on tensor
+  // cores (items of up to 16 members: one MMA pass), a decode window's on CUDA cores. Decided
+  // by the kind of rows, not their count, because the two kernels' bits differ and a prompt
+  // row shares its launch with other slots' rows under engine.prefill_slots: each row keeps
+  // one set of bits in every mode. Tensor cores pay from about 32 rows (H200, 80B shapes: -6%
+  // at 64 rows, level at 32, +13% at 1 row), where prompt chunks are and windows are not.
+  const bool down_mma = mma && p.prompt && (options & STRATA_MOE_DOWN_MMA) && T == 16 &&
+                        cpl_dn == 1 && p.I % 64 == 0;
   dn.group = !(options & STRATA_MOE_DOWN_SPLIT) || p.n <= 2 ? 0
              : down_mma ? 16 : runs ? runs : 2;
   dn.data_off = align128(meta + (dn.group ? 16 * p.P : 0));
   dn.ring_off = align128(dn.data_off + p.P * T * 4);
   // above 32 rows one stage per warp: 16 warps rather than 10 with two (the y table takes 45
   // KiB at 64 rows), measured 6% faster at 64 rows and 2% slower at 32 (the same bits)
-  size_ring(dn, dev.smem_optin - dn.ring_off, ST_DOWN_STAGE, p.n > ST_DOWN_MMA_MAX_CUDA_ROWS);
+  size_ring(dn, dev.smem_optin - dn.ring_off, ST_DOWN_STAGE, p.n > ST_DOWN_ONE_STAGE_ROWS);
   if (gu.warps < 4 || dn.warps < 4) return 0;
   *launched = true;
   if (plan_only) return 0;

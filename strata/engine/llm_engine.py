@@ -75,6 +75,13 @@ class Engine:
         self.log, self.device, self.loaded = log, device, loaded
         self.model, self.args, self.tokenizer = loaded.model, loaded.args, loaded.tokenizer
         self.model_name = loaded.path.name
+        if ecfg.prefill_slots > 1 and any(getattr(m, "dense_prefill", False)
+                                          for m in self.model.modules()):
+            # the dense path is chosen by the chunk's rows, which other slots' chunks change
+            raise ConfigError(f"model.moe_dense_prefill=true runs a prompt chunk's experts dense "
+                              f"by its row count, which engine.prefill_slots="
+                              f"{ecfg.prefill_slots} changes (other bits than one slot a "
+                              f"chunk): use engine.prefill_slots=1 with it")
         self.max_context = min(int(ecfg.max_context), self.args.max_position_embeddings)
         if self.max_context < ecfg.max_context:
             log(f"INFO engine.max_context={ecfg.max_context} exceeds the model's "

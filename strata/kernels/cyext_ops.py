@@ -207,7 +207,7 @@ def _cache_kwargs(slot_of, host_gate_up, host_down, host_gu_scale, host_down_sca
 
 def _moe_op(x, w_gate_up, w_down, topk_weight, topk_ids, gu_scale, down_scale, block, slot_of,
             host_gate_up, host_down, host_gu_scale, host_down_scale, routed_counts,
-            window_state, count_layer):
+            window_state, count_layer, prompt=False):
     """moe_experts as the custom op torch.compile sees: `strata::moe_experts_counted` (its
     counting tensors mutated) with the cache's counting, else `strata::moe_experts` (a mutable
     argument that is None breaks inductor's lowering)."""
@@ -216,25 +216,26 @@ def _moe_op(x, w_gate_up, w_down, topk_weight, topk_ids, gu_scale, down_scale, b
         return torch.ops.strata.moe_experts_counted(
             x, w_gate_up, w_down, topk_weight, topk_ids, gu_scale, down_scale, blk, slot_of,
             host_gate_up, host_down, host_gu_scale, host_down_scale, routed_counts,
-            window_state, count_layer)
+            window_state, count_layer, prompt)
     return torch.ops.strata.moe_experts(x, w_gate_up, w_down, topk_weight, topk_ids, gu_scale,
                                         down_scale, blk, slot_of, host_gate_up, host_down,
-                                        host_gu_scale, host_down_scale)
+                                        host_gu_scale, host_down_scale, prompt)
 
 
 def cpu_moe_experts(x, w_gate_up, w_down, topk_weight, topk_ids, gu_scale=None, down_scale=None,
                     block=None, slot_of=None, host_gate_up=None, host_down=None,
                     host_gu_scale=None, host_down_scale=None, routed_counts=None,
-                    window_state=None, count_layer=None, *, out=None):
+                    window_state=None, count_layer=None, *, out=None, prompt=False):
     """Routed experts on the CPU, grouped by expert: each distinct expert's rows are decoded
     once for all the rows routed to it (reference.moe_experts semantics, the expert cache's
-    slots, host store and counting included)."""
+    slots, host store and counting included). `prompt` changes nothing here: one set of bits
+    for every row."""
     cache = _cache_kwargs(slot_of, host_gate_up, host_down, host_gu_scale, host_down_scale,
                           routed_counts, window_state, count_layer)
     if _compiling() and out is None:
         return _moe_op(x, w_gate_up, w_down, topk_weight, topk_ids, gu_scale, down_scale, block,
                        slot_of, host_gate_up, host_down, host_gu_scale, host_down_scale,
-                       routed_counts, window_state, count_layer)
+                       routed_counts, window_state, count_layer, prompt)
     bo, bi = _block_args("moe_experts", w_gate_up, gu_scale, block)
     x, topk_weight, topk_ids = _moe_inputs(x, topk_weight, topk_ids)
     if out is None:
@@ -624,12 +625,13 @@ def moe_launch_options(pdl=None, early=None, wide=None, db=None, xsmem=None, str
     kernel so that the ring keeps the whole shared memory: a 64-token prompt chunk reads its
     distinct experts once instead of in four 16-row launches; windows of up to 16 rows are
     unchanged. The same bits.
-    `down_mma` (on): wide launches of more than 32 rows (prompt chunks) run
-    the streamed down kernel on tensor cores: each expert's down rows decode to f16 once per 16
-    members instead of once per member, each member's act is scaled by a power of two per 64-k
-    chunk into f16, the sums run in MMAs. Other bits than the CUDA-core down kernel, which
-    launches of up to 32 rows keep (act rounds to f16: relative 2^-12); a row's result does not
-    depend on the other rows of its launch.
+    `down_mma` (on): a prompt chunk's rows (gpu_moe_experts(prompt=True)) run the streamed
+    down kernel on tensor cores: each expert's down rows decode to f16 once per 16 members
+    instead of once per member, each member's act is scaled by a power of two per 64-k chunk
+    into f16, the sums run in MMAs. Other bits than the CUDA-core down kernel, which decode
+    windows keep (act rounds to f16: relative 2^-12). Chosen by the rows' kind, not their
+    count, so a row's result depends neither on the other rows of its launch nor on how many
+    there are (engine.prefill_slots puts several slots' chunks in one launch).
     `route_chunks` (off; this module's): gpu_moe_route runs more than ROUTE_MAX_ROWS rows (prompt
     chunks) on the router kernel, ROUTE_MAX_ROWS rows a launch (rows are independent), instead
     of the reference, whose top-k is one stable sort (19 us of a 64-token chunk's layer on an
@@ -699,11 +701,15 @@ def _validate_ids(op: str, ids: torch.Tensor, num_experts: int) -> None:
 def gpu_moe_experts(x, w_gate_up, w_down, topk_weight, topk_ids, gu_scale=None,
                     down_scale=None, block=None, slot_of=None, host_gate_up=None, host_down=None,
                     host_gu_scale=None, host_down_scale=None, routed_counts=None,
-                    window_state=None, count_layer=None, *, out=None, workspace=None):
+                    window_state=None, count_layer=None, *, out=None, workspace=None,
+                    prompt=False):
     """Routed experts on the GPU, grouped by expert on the device: each distinct expert's
     gate/up and down weights are read once for all of its rows (two kernels per launch of up to
     32 rows; FP8 64 where the launch runs wide, else 16; fixed grids, no host sync: capturable). Rows are independent: a row's
-    result is bit-identical whatever rows share the call. Shapes the kernel does not take
+    result is bit-identical whatever rows share the call, and however many. `prompt`: the rows
+    are a prompt chunk's (else a decode window's); FP8 prompt rows take the down kernel on
+    tensor cores (moe_launch_options(down_mma=)), with other bits than a window's, so that a
+    row's bits follow its kind, never the launch's size. Shapes the kernel does not take
     (moe_kernel_supported) run the reference. workspace: optional float32 scratch of
     moe_workspace_numel(N, k, I).
     With the expert cache (slot_of and the host store, reference.moe_experts), missing
@@ -714,7 +720,7 @@ def gpu_moe_experts(x, w_gate_up, w_down, topk_weight, topk_ids, gu_scale=None,
     if _compiling() and out is None and workspace is None:
         return _moe_op(x, w_gate_up, w_down, topk_weight, topk_ids, gu_scale, down_scale, block,
                        slot_of, host_gate_up, host_down, host_gu_scale, host_down_scale,
-                       routed_counts, window_state, count_layer)
+                       routed_counts, window_state, count_layer, prompt)
     k = topk_ids.shape[-1]
     if not moe_kernel_supported(x, w_gate_up, k, block):
         res = reference.moe_experts(x, w_gate_up, w_down, topk_weight, topk_ids, gu_scale,
@@ -748,7 +754,8 @@ def gpu_moe_experts(x, w_gate_up, w_down, topk_weight, topk_ids, gu_scale=None,
         r1 = min(n, r0 + step)
         o = out if (r0 == 0 and r1 == n) else out[r0:r1]
         _gpu.moe_experts(x[r0:r1], w_gate_up, w_down, topk_weight[r0:r1], topk_ids[r0:r1],
-                         gu_scale, down_scale, bo, bi, o, workspace, stream, **cache)
+                         gu_scale, down_scale, bo, bi, o, workspace, stream, **cache,
+                         prompt=prompt)
     return out
 
 
@@ -1018,16 +1025,17 @@ def _register_custom_ops() -> None:
              topk_ids: Tensor, gu_scale: Tensor | None, down_scale: Tensor | None,
              block: list[int] | None, slot_of: Tensor | None = None,
              host_gate_up: Tensor | None = None, host_down: Tensor | None = None,
-             host_gu_scale: Tensor | None = None, host_down_scale: Tensor | None = None) -> Tensor:
+             host_gu_scale: Tensor | None = None, host_down_scale: Tensor | None = None,
+             prompt: bool = False) -> Tensor:
         return _eager("moe_experts", x.device)(x, w_gate_up, w_down, topk_weight, topk_ids,
                                                 gu_scale, down_scale, block, slot_of,
                                                 host_gate_up, host_down, host_gu_scale,
-                                                host_down_scale)
+                                                host_down_scale, prompt=prompt)
 
     @_moe.register_fake
     def _(x, w_gate_up, w_down, topk_weight, topk_ids, gu_scale, down_scale, block,
           slot_of=None, host_gate_up=None, host_down=None, host_gu_scale=None,
-          host_down_scale=None):
+          host_down_scale=None, prompt=False):
         return torch.empty_like(x, memory_format=torch.contiguous_format)
 
     # The expert cache's counting: its tensors are mutated (required, not optional, arguments).
@@ -1038,17 +1046,17 @@ def _register_custom_ops() -> None:
                      block: list[int] | None, slot_of: Tensor, host_gate_up: Tensor,
                      host_down: Tensor, host_gu_scale: Tensor | None,
                      host_down_scale: Tensor | None, routed_counts: Tensor,
-                     window_state: Tensor, count_layer: Tensor) -> Tensor:
+                     window_state: Tensor, count_layer: Tensor, prompt: bool = False) -> Tensor:
         return _eager("moe_experts", x.device)(x, w_gate_up, w_down, topk_weight, topk_ids,
                                                 gu_scale, down_scale, block, slot_of,
                                                 host_gate_up, host_down, host_gu_scale,
                                                 host_down_scale, routed_counts, window_state,
-                                                count_layer)
+                                                count_layer, prompt=prompt)
 
     @_moe_counted.register_fake
     def _(x, w_gate_up, w_down, topk_weight, topk_ids, gu_scale, down_scale, block, slot_of,
           host_gate_up, host_down, host_gu_scale, host_down_scale, routed_counts, window_state,
-          count_layer):
+          count_layer, prompt=False):
         return torch.empty_like(x, memory_format=torch.contiguous_format)
 
     # The router kernel's ticket (a per-layer int32, cyext_ops._route_ticket) is left as found:

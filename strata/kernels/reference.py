@@ -280,7 +280,7 @@ def moe_experts(x: torch.Tensor, w_gate_up: torch.Tensor, w_down: torch.Tensor,
                 host_down_scale: torch.Tensor | None = None,
                 routed_counts: torch.Tensor | None = None,
                 window_state: torch.Tensor | None = None,
-                count_layer: torch.Tensor | None = None) -> torch.Tensor:
+                count_layer: torch.Tensor | None = None, *, prompt: bool = False) -> torch.Tensor:
     """Routed experts: out[n] = sum_j topk_weight[n, j] * E_e(x[n]) with e = topk_ids[n, j] and
     E_e(x) = W_down[e] @ (silu(W_gate[e] @ x) * (W_up[e] @ x)).
 
@@ -302,7 +302,11 @@ def moe_experts(x: torch.Tensor, w_gate_up: torch.Tensor, w_down: torch.Tensor,
     every (layer, expert)) and `count_layer` (1,) int32 holding this call's layer l, the call
     adds each routed expert e < E_h's (row, expert) pairs to routed_counts[l, e] and, for each
     distinct e whose seen flag was 0, sets it and adds 1 to window_state[0] (slot_of[e] >= 0, a
-    hit) or window_state[1] (a miss). The kernels do it inside the gate/up kernel."""
+    hit) or window_state[1] (a miss). The kernels do it inside the gate/up kernel.
+
+    `prompt`: the rows are a prompt chunk's, else a decode window's. The GPU kernels run the two
+    kinds on different down kernels (other bits, each independent of the launch's other rows);
+    here it changes nothing."""
     if slot_of is not None:
         if host_gate_up is None or host_down is None:
             raise ValueError("moe_experts: slot_of needs the host store (host_gate_up, host_down)")

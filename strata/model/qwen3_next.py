@@ -106,7 +106,8 @@ class MLP(nn.Module):
         self.up_proj = nn.Linear(hidden, inter, bias=False)
         self.down_proj = nn.Linear(inter, hidden, bias=False)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, prompt: bool = False) -> torch.Tensor:
+        # (prompt: as SparseMoe's; a dense MLP runs every row alike)
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
 
 
@@ -131,8 +132,9 @@ class Experts(nn.Module):
         self.shared_modules: tuple = ()  # the folded shared expert's gate, up, down
         #: The expert cache's view of this layer (strata/engine/expert_cache.py), or None.
         self.cache = None
-        #: model.moe_dense_prefill: inputs of rows x top-k >= E (prompt chunks) run every
-        #: expert densely (unquantised, uncached weights only); other bits than the grouped path.
+        #: model.moe_dense_prefill: prompt chunks of rows x top-k >= E run every expert densely
+        #: (unquantised, uncached weights only); other bits than the grouped path, so a chunk's
+        #: rows must be the same in every mode (engine.prefill_slots 1) and windows never take it.
         self.dense_prefill = False
 
     def to_fp8(self, block: tuple[int, int]) -> None:
@@ -173,20 +175,22 @@ class Experts(nn.Module):
         self.shared_modules = (g, u, d)
         return True
 
-    def dense_input(self, rows: int, top_k: int) -> bool:
+    def dense_input(self, rows: int, top_k: int, prompt: bool) -> bool:
         """Whether `rows` rows of top_k routed experts run every expert densely."""
-        return (self.dense_prefill and self.cache is None and self.gu_scale is None
+        return (prompt and self.dense_prefill and self.cache is None and self.gu_scale is None
                 and rows * top_k >= self.w_gate_up.shape[0])
 
     def forward(self, x: torch.Tensor, weights: torch.Tensor, index: torch.Tensor,
                 shared_weight: Optional[torch.Tensor] = None,
-                shared_in_index: bool = False) -> torch.Tensor:
+                shared_in_index: bool = False, prompt: bool = False) -> torch.Tensor:
         """x (N, H); weights (N, k) float32, index (N, k); shared_weight (N, 1): the folded
         shared expert's gate (only after fold_shared); or shared_in_index, when the last
         column of weights and index already is the folded shared expert (ops.moe_route).
+        prompt: the rows are a prompt chunk's, else a decode window's (the kernels run the two
+        kinds with different bits, each the same whatever rows share the call).
         Static shapes: no data-dependent control flow."""
         routed_k = index.shape[1] - int(shared_in_index)
-        if self.dense_input(index.shape[0], routed_k):
+        if self.dense_input(index.shape[0], routed_k, prompt):
             assert shared_weight is None and not shared_in_index, \
                 "the dense path runs the shared expert apart"
             n_exp = self.w_gate_up.shape[0]
@@ -221,10 +225,10 @@ class Experts(nn.Module):
         # length; the torch reference gathers every row's experts, so it gets static slices.
         if ops.moe_experts is not reference.moe_experts:
             return ops.moe_experts(x, wgu, wd, weights, index, gus, ds, self.block, *cache_args,
-                                   **counting)
+                                   **counting, prompt=prompt)
         step = self.MAX_ROWS
         outs = [ops.moe_experts(x[s:s + step], wgu, wd, weights[s:s + step], index[s:s + step],
-                                gus, ds, self.block, *cache_args, **counting)
+                                gus, ds, self.block, *cache_args, **counting, prompt=prompt)
                 for s in range(0, x.shape[0], step)]
         return outs[0] if len(outs) == 1 else torch.cat(outs)
 
@@ -289,13 +293,14 @@ class SparseMoe(nn.Module):
             weights = weights / weights.sum(-1, keepdim=True)
         return weights, index
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, prompt: bool = False) -> torch.Tensor:
+        """prompt: x holds a prompt chunk's rows, else a decode window's (Experts.forward)."""
         shape = x.shape
         x = x.reshape(-1, shape[-1])
         n_exp = self.experts.w_gate_up.shape[0]
         if self.w_in is not None and (n_exp <= self.dense_experts or x.shape[0] * self.top_k >= n_exp):
             return self._forward_fused(x).reshape(shape)
-        dense = self.experts.dense_input(x.shape[0], self.top_k)
+        dense = self.experts.dense_input(x.shape[0], self.top_k, prompt)
         if self.w_router is not None:
             # One op for the router, the softmax and top-k and the shared expert's gate (its
             # last column; one kernel on the GPU at decode sizes, reference.moe_route), on every
@@ -304,17 +309,20 @@ class SparseMoe(nn.Module):
             weights, index = ops.moe_route(x, self.w_router, n_exp, self.top_k, self.norm_topk,
                                            self.routing_bias, n_exp if shared_id is None else shared_id)
             if shared_id is not None and not dense:  # the folded shared expert is expert E
-                return self.experts(x, weights, index, shared_in_index=True).reshape(shape)
+                return self.experts(x, weights, index, shared_in_index=True,
+                                    prompt=prompt).reshape(shape)
             k = self.top_k
-            out = (self.experts(x, weights[:, :k], index[:, :k])
+            out = (self.experts(x, weights[:, :k], index[:, :k], prompt=prompt)
                    + weights[:, k:].to(x.dtype) * self.shared_expert(x))
             return out.reshape(shape)
         logits, sgate = self.gate(x), self.shared_expert_gate(x)
         weights, index = self._route(logits)
         if self.experts.shared_id is not None and not dense:
-            out = self.experts(x, weights, index, shared_weight=torch.sigmoid(sgate.float()))
+            out = self.experts(x, weights, index, shared_weight=torch.sigmoid(sgate.float()),
+                               prompt=prompt)
         else:
-            out = self.experts(x, weights, index) + torch.sigmoid(sgate) * self.shared_expert(x)
+            out = (self.experts(x, weights, index, prompt=prompt)
+                   + torch.sigmoid(sgate) * self.shared_expert(x))
         return out.reshape(shape)
 
     def _forward_fused(self, x: torch.Tensor) -> torch.Tensor:
@@ -589,8 +597,8 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(args.hidden_size, args.rms_norm_eps)
         self.compile_regions(None)
 
-    def _ffn(self, x: torch.Tensor) -> torch.Tensor:
-        return x + self.mlp(self.post_attention_layernorm(x))
+    def _ffn(self, x: torch.Tensor, prompt: bool = False) -> torch.Tensor:
+        return x + self.mlp(self.post_attention_layernorm(x), prompt)
 
     # Pure regions of a window step (no state is written inside them), so each can be compiled
     # into a few fused kernels; the K/V write between attn_pre and attn_post stays outside.
@@ -603,16 +611,16 @@ class DecoderLayer(nn.Module):
         return self.self_attn._qkv(self.input_layernorm(x), cos, sin)
 
     def window_attn_post(self, x, q, gate, k_cache, v_cache, group_slot, group_pos, ctx: int,
-                         split_keys: int = 0):
+                         split_keys: int = 0, prompt: bool = False):
         a = self.self_attn
         o = ops.grouped_window_attention(q, k_cache, v_cache, group_slot, group_pos, ctx, a.scale,
                                          split_keys=split_keys)
         o = a.o_proj(a.gated(o.reshape(*x.shape[:-1], a.hq, a.d), gate))
-        return self._ffn(x + o)
+        return self._ffn(x + o, prompt)
 
     def prefill_linear(self, x, conv_init, rec_init, valid=None):
         h, conv, rec = self.linear_attn.forward_seq(self.input_layernorm(x), conv_init, rec_init, valid)
-        return self._ffn(x + h), conv, rec
+        return self._ffn(x + h, prompt=True), conv, rec
 
     def window_attention(self, x, cos, sin, k_cache, v_cache, group_slot, group_pos, ctx: int,
                          variant: str = "window", split_keys: int = 0):
@@ -622,7 +630,8 @@ class DecoderLayer(nn.Module):
             (self.p_attn_pre, self.p_attn_post)
         q, k, v, gate = pre(x, cos, sin)
         ops.write_kv(k_cache, v_cache, k, v, group_slot, group_pos)
-        return post(x, q, gate, k_cache, v_cache, group_slot, group_pos, ctx, split_keys)
+        return post(x, q, gate, k_cache, v_cache, group_slot, group_pos, ctx, split_keys,
+                    variant == "prefill")
 
     #: The pure regions of each layer kind: (attribute, method, variant).
     REGIONS = {"linear_attention": (("c_linear", "window_linear", "window"),
