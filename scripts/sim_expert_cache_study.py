@@ -609,9 +609,11 @@ def engine_check(args) -> str:
 #: prompts, synthetic acceptance 0.8, engine.overlap on, FP8 routed experts launched wide, the
 #: router's sort fallback, the down kernel on tensor cores above 32 rows:
 #: docs/bench/s29/call6_n8_mma.json; solo spec 2 before that last change, which moves its one
-#: prompt chunk only: call2_solo2.json), keyed by (configuration, N, output tokens);
-#: experts.prefill_scale is fitted to them.
-BENCH_TPS = {("batch_mtp_w16", 8, 64): 748.6, ("solo_spec2", 1, 256): 392.3}
+#: prompt chunk only: call2_solo2.json; `_ps8`: engine.prefill_slots=8, one chunk for the eight
+#: prompts, docs/bench/s30/call1_n8_ps8.json), keyed by (configuration, N, output tokens);
+#: experts.prefill_scale and prefill_expert_scale are fitted to them.
+BENCH_TPS = {("batch_mtp_w16", 8, 64): 748.6, ("solo_spec2", 1, 256): 392.3,
+             ("batch_mtp_w16_ps8", 8, 64): 871.7}
 #: Cohorts of the same engine that nothing is fitted to (docs/bench/s29/call2_solo4.json):
 #: --bench-check lists them as held out.
 BENCH_HELD_OUT = {("solo_spec4", 1, 256): 462.3}
@@ -621,7 +623,7 @@ BENCH_HELD_OUT = {("solo_spec4", 1, 256): 462.3}
 #: draft gives 0.651 in expectation), and that decides how many windows it takes: the cohorts
 #: are simulated at their realized rate, as the --engine check does.
 BENCH_ACCEPTANCE = {("batch_mtp_w16", 8, 64): 0.8, ("solo_spec2", 1, 256): 0.7958,
-                    ("solo_spec4", 1, 256): 0.6360}
+                    ("solo_spec4", 1, 256): 0.6360, ("batch_mtp_w16_ps8", 8, 64): 0.8}
 
 
 def bench_cells(args, extra: list[str] = (), cells: Optional[dict] = None
@@ -630,26 +632,30 @@ def bench_cells(args, extra: list[str] = (), cells: Optional[dict] = None
     expert resident, uniform routing, `extra` simulator overrides."""
     out = []
     set_rate = args.acceptance
-    for (name, n, max_tokens), tps in (BENCH_TPS if cells is None else cells).items():
+    for (label, n, max_tokens), tps in (BENCH_TPS if cells is None else cells).items():
         args.prompt_tokens, args.max_tokens = 64, max_tokens
+        name = label
         mode, over = name, ["engine.expert_cache_mib=0", "experts.skew=0", *extra]
         drafts = 0  # drafts per window of a group: spec - 1 solo, 1 in batch_mtp's 2-row groups
         if name.startswith("solo_spec"):
             spec = int(name.removeprefix("solo_spec"))
             mode, over, drafts = "solo", over + [f"engine.spec={spec}"], spec - 1
+        name, _, slots = name.partition("_ps")  # _psP: engine.prefill_slots=P
+        if slots:
+            over = over + [f"engine.prefill_slots={int(slots)}"]
         if name == "batch_mtp_w16":
             mode, over, drafts = "batch_mtp", over + ["engine.window_rows=16"], 1
-        realized = BENCH_ACCEPTANCE.get((name, n, max_tokens))
+        realized = BENCH_ACCEPTANCE.get((label, n, max_tokens))
         args.acceptance = round(realized_acceptance(realized, drafts), 4) \
             if realized is not None and drafts else set_rate
-        out.append((name, n, tps, predict(H200, mode, n, over, 1, args)["tps"]))
+        out.append((label, n, tps, predict(H200, mode, n, over, 1, args)["tps"]))
     args.acceptance = set_rate
     return out
 
 
 def bench_check(args) -> str:
     """The preset (every expert resident, uniform routing) against the cohorts whose windows
-    the bytes model was fitted to (their prompt chunks priced by experts.prefill_scale)."""
+    the bytes model was fitted to (their prompt chunks priced by the prefill scales)."""
     rows = ["| config | N | engine tok/s | simulated tok/s | error | |", "|---|---|---|---|---|---|"]
     for cells, role in ((BENCH_TPS, "fitted"), (BENCH_HELD_OUT, "held out")):
         for name, n, tps, sim in bench_cells(args, cells=cells):
@@ -657,13 +663,8 @@ def bench_check(args) -> str:
     return "\n".join(rows)
 
 
-def fit_prefill_scale(args, lo: float = 0.5, hi: float = 4.0, iters: int = 14) -> tuple[float, float]:
-    """experts.prefill_scale that brings the all-resident cohorts closest to the engine's (least
-    squares of the log errors, golden-section search: the error falls, then rises, in the
-    scale); returns it and the largest error left."""
-    def loss(f: float) -> float:
-        return sum(math.log(sim / tps) ** 2
-                   for _, _, tps, sim in bench_cells(args, [f"experts.prefill_scale={f}"]))
+def _golden(loss, lo: float, hi: float, iters: int) -> float:
+    """The minimum of a loss that falls, then rises, on [lo, hi] (golden-section search)."""
     g = (math.sqrt(5) - 1) / 2
     a, b = lo, hi
     c, d = b - g * (b - a), a + g * (b - a)
@@ -677,10 +678,25 @@ def fit_prefill_scale(args, lo: float = 0.5, hi: float = 4.0, iters: int = 14) -
             a, c, fc = c, d, fd
             d = a + g * (b - a)
             fd = loss(d)
-    f = round((a + b) / 2, 3)
-    worst = max(abs(sim / tps - 1)
-                for _, _, tps, sim in bench_cells(args, [f"experts.prefill_scale={f}"]))
-    return f, worst
+    return round((a + b) / 2, 3)
+
+
+def fit_prefill_scales(args, lo: float = 0.5, hi: float = 4.0, iters: int = 12,
+                       rounds: int = 3) -> tuple[float, float, float]:
+    """experts.prefill_scale (a prompt chunk's fixed part and other bytes) and
+    experts.prefill_expert_scale (its expert bytes) that bring the all-resident cohorts of
+    BENCH_TPS closest to the engine's (least squares of the log errors), by turns: each a
+    golden-section search with the other held. Cohorts whose chunks hold one launch and several
+    (engine.prefill_slots) tell the two apart. Returns both and the largest error left."""
+    def errors(f: float, fe: float) -> list[float]:
+        return [math.log(sim / tps) for _, _, tps, sim in bench_cells(
+            args, [f"experts.prefill_scale={f}", f"experts.prefill_expert_scale={fe}"])]
+
+    f = fe = 1.0
+    for _ in range(rounds):
+        f = _golden(lambda v: sum(e * e for e in errors(v, fe)), lo, hi, iters)
+        fe = _golden(lambda v: sum(e * e for e in errors(f, v)), lo, hi, iters)
+    return f, fe, max(abs(math.expm1(e)) for e in errors(f, fe))
 
 
 # --- the bytes model's fit -------------------------------------------------------------------
@@ -727,15 +743,17 @@ time (spec 4), batch and batch_mtp on N slots.
 Window cost: the bytes model fitted to the engine's full-depth FP8 windows on the H200
 (docs/bench/s28/fp8_n8.json and fp8_solo.json: 2.03 ms fixed + bytes / 2.76 TB/s, every shape
 within 3.5%),
-a prompt chunk {compose_cfg([f"hardware={H200}"]).experts.prefill_scale:g}x its 1-group window
-(`experts.prefill_scale`, fitted to the engine's later cohorts, the script's BENCH_TPS); a missed expert adds, per read (one per 32-row MoE kernel call), its bytes
+a prompt chunk its 1-group window's fixed part and other bytes times
+{compose_cfg([f"hardware={H200}"]).experts.prefill_scale:g} (`experts.prefill_scale`) and its expert bytes times
+{compose_cfg([f"hardware={H200}"]).experts.prefill_expert_scale:g} (`experts.prefill_expert_scale`), both fitted to the
+engine's later cohorts, the script's BENCH_TPS, with chunks of one slot and of eight; a missed expert adds, per read (one per 32-row MoE kernel call), its bytes
 over the bus ({compose_cfg([f"hardware={H200}"]).memory.bus_gb_s:g} GB/s on the H200) plus
 {compose_cfg([f"hardware={H200}"]).experts.miss_s * 1e6:g} us, both fitted on the engine study's 25% budget. Routing: Zipf popularity of exponent
 {H200_SKEW} (trained routers' skew, see conf/sim/experts/qwen3_next_80b_a3b_iq3_s.yaml), rows of one
 request routed independently on the H200 (random dummy routers); the cards' presets assume trained
 routers repeat half of a token's experts on the next token (`experts.row_overlap=0.5`).
 With every expert resident the preset holds the engine's measured full-depth cohorts within 4%
-(`--bench-check`, docs/SIMULATOR.md; in sample: they fitted `experts.prefill_scale`); the ratios
+(`--bench-check`, docs/SIMULATOR.md; in sample: they fitted the prefill scales); the ratios
 and signs are what this study is for. How far the expert model itself holds:
 `python scripts/sim_expert_cache_study.py --engine docs/bench/s18/expert_study.json` checks it
 against the engine's measured budget study on the H200 (BENCHMARKS.md, "Expert cache study").
@@ -809,9 +827,10 @@ def main(argv: Optional[list[str]] = None) -> int:
     register_configs()
     if args.fit:
         print(fit_report())
-        f, worst = fit_prefill_scale(args)
-        print(f"\nexperts.prefill_scale {f} (the all-resident cohorts of BENCH_TPS within "
-              f"{worst:.1%} with it; --bench-check lists them)")
+        f, fe, worst = fit_prefill_scales(args)
+        print(f"\nexperts.prefill_scale {f}, experts.prefill_expert_scale {fe} (the "
+              f"all-resident cohorts of BENCH_TPS within {worst:.1%} with them; --bench-check "
+              f"lists them)")
         return 0
     if args.bench_check:
         print(bench_check(args))

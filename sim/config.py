@@ -248,6 +248,11 @@ class SimExpertsConfig:
     #: prefill (MoE calls of 32 rows each reading their experts, the chunked delta rule),
     #: fitted to the engine's measured cohorts (scripts/sim_expert_cache_study.py --fit).
     prefill_scale: float = 1.0
+    #: bytes model: the same factor for a prompt chunk's expert bytes alone (null: prefill_scale),
+    #: where prefill_scale then prices the rest (the fixed per-layer part and the other bytes).
+    #: A chunk of several launches (engine.prefill_slots, long prompts) repeats the expert part
+    #: only, so the two are told apart by chunks of one launch and of several.
+    prefill_expert_scale: Optional[float] = None
     #: Either cost model: fixed seconds per read of a missed expert on top of its bytes over
     #: memory.bus_gb_s.
     miss_s: float = 2e-6
@@ -408,6 +413,8 @@ def validate_experts(x: Any, engine: Any, memory: Any) -> None:
         bad("hbm_efficiency", f"must be in (0, 1], got {x.hbm_efficiency}")
     if not x.prefill_scale > 0.0:
         bad("prefill_scale", f"must be > 0, got {x.prefill_scale}")
+    if x.prefill_expert_scale is not None and not x.prefill_expert_scale > 0.0:
+        bad("prefill_expert_scale", f"must be null or > 0, got {x.prefill_expert_scale}")
     if memory.hbm_gb_s <= 0:
         raise SimConfigError("memory.hbm_gb_s: the expert model needs the card's memory "
                              "bandwidth (GB/s), got 0")

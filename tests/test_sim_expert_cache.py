@@ -189,16 +189,28 @@ def test_bad_expert_settings_are_errors_naming_the_key():
         run_predict(cfg_of(*SMALL_EXPERTS, "experts.prefill_scale=0", *COHORT))
 
 
-def test_prefill_scale_prices_prompt_chunks_only():
-    """experts.prefill_scale multiplies a prompt chunk's bytes-model time, not a window's."""
+def test_prefill_scales_price_prompt_chunks_only():
+    """experts.prefill_scale multiplies a prompt chunk's fixed part and other bytes,
+    experts.prefill_expert_scale its expert bytes (null: prefill_scale for both); a window's
+    time moves with neither."""
     common = ("hardware=h200_80b_a3b_fp8", "workload=cohort", "workload.requests=1",
               "workload.prompt_tokens=64", "workload.max_tokens=16", "spread.enabled=false")
-    runs = {f: run_predict(cfg_of(*common, f"experts.prefill_scale={f}")).run.events
-            for f in (1.0, 2.0)}
-    pre = {f: [e["dur"] for e in ev if e["ev"] == "prefill"] for f, ev in runs.items()}
-    win = {f: [e["dur"] for e in ev if e["ev"] == "window"] for f, ev in runs.items()}
-    assert pre[1.0] and pre[2.0] == pytest.approx([2 * d for d in pre[1.0]])
-    assert win[1.0] and win[2.0] == pytest.approx(win[1.0])
+
+    def durations(f, fe):
+        ev = run_predict(cfg_of(*common, f"experts.prefill_scale={f}",
+                                f"experts.prefill_expert_scale={fe}")).run.events
+        return ([e["dur"] for e in ev if e["ev"] == "prefill"],
+                [e["dur"] for e in ev if e["ev"] == "window"])
+
+    (pre, win) = durations(1.0, 1.0)
+    assert pre and win
+    for f, fe in ((2.0, 2.0), (2.0, "null")):
+        p, w = durations(f, fe)
+        assert p == pytest.approx([2 * d for d in pre]) and w == pytest.approx(win)
+    fixed_twice, experts_twice = durations(2.0, 1.0)[0], durations(1.0, 2.0)[0]
+    # (2A + B) + (A + 2B) = 3 (A + B), each part counted apart
+    assert [a + b for a, b in zip(fixed_twice, experts_twice)] == pytest.approx([3 * d for d in pre])
+    assert fixed_twice != pytest.approx(experts_twice)
 
 
 def test_a_forward_longer_than_a_kernel_call_reads_a_missed_expert_once_per_call():
