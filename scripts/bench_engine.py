@@ -344,23 +344,25 @@ def hf_generate(path, device, prompts, max_tokens, dtype, dummy_args=None) -> fl
     return tps
 
 
-#: --kernel-options that take a count (0..15) rather than 0|1
-COUNT_OPTIONS = ("linear_split_depth", "down_split_runs")
+#: --kernel-options that take a count rather than 0|1, and its range
+COUNT_OPTIONS = {"linear_split_depth": (0, 15), "down_split_runs": (0, 15), "wide_rows": (17, 128)}
 
 
 def set_kernel_options(spec: str) -> dict:
-    """Apply --kernel-options (NAME=0|1,..., linear_split_depth=0..15, down_split_runs=0..15)
-    to the GPU extension's launch switches; returns the switches in force (empty without the
-    extension and without options)."""
+    """Apply --kernel-options (NAME=0|1,..., linear_split_depth=0..15, down_split_runs=0..15,
+    wide_rows=17..128) to the GPU extension's launch switches; returns the switches in force
+    (empty without the extension and without options)."""
     wanted = {}
     for item in filter(None, (t.strip() for t in spec.split(","))):
         name, sep, value = item.partition("=")
         if not sep or not value.isdigit() or (name not in COUNT_OPTIONS
                                               and value not in ("0", "1")):
             raise SystemExit(f"error: --kernel-options: {item!r} is not NAME=0 or NAME=1 "
-                             "(linear_split_depth=0..15, down_split_runs=0..15)")
-        if name in COUNT_OPTIONS and int(value) > 15:
-            raise SystemExit(f"error: --kernel-options: {item!r}: {name} is 0..15")
+                             "(linear_split_depth=0..15, down_split_runs=0..15, "
+                             "wide_rows=17..128)")
+        lo, hi = COUNT_OPTIONS.get(name, (0, 1))
+        if not lo <= int(value) <= hi:
+            raise SystemExit(f"error: --kernel-options: {item!r}: {name} is {lo}..{hi}")
         wanted[name] = int(value) if name in COUNT_OPTIONS else value == "1"
     try:
         from strata.kernels import cyext_ops

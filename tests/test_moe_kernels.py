@@ -389,7 +389,8 @@ def test_gpu_moe_fp8_launches_of_16_rows_same_bits(N):
 @_gpu
 @pytest.mark.parametrize("N,E,k", [(17, 513, 11), (40, 513, 11), (64, 513, 11), (100, 513, 11),
                                    (64, 1024, 16)])
-def test_gpu_moe_fp8_wide_launches_same_bits(N, E, k):
+@pytest.mark.parametrize("wide_rows", [64, 128])
+def test_gpu_moe_fp8_wide_launches_same_bits(N, E, k, wide_rows):
     """fp8_wide launches up to 64 rows at once, x staged in global memory: every row the same
     bits as in 16-row launches, eager and captured with new ids, with an expert every row routes
     to (the folded shared expert) and, at 1,024 pairs over 1,024 experts, more distinct experts
@@ -405,8 +406,8 @@ def test_gpu_moe_fp8_wide_launches_same_bits(N, E, k):
                                                (128, 128), prompt=prompt)
         want, want_prompt = run(False), run(True)
         want_replay = _replay_with_new_ids(x, weights, w.clone(), ids.clone(), (128, 128), 8)
-        assert C.moe_launch_options(fp8_wide=True)["fp8_wide"]
-        assert C._gpu.moe_wide_takes(min(N, 64), k, E, H, I, 128, 128, 0)
+        assert C.moe_launch_options(fp8_wide=True, wide_rows=wide_rows)["fp8_wide"]
+        assert C._gpu.moe_wide_takes(min(N, wide_rows), k, E, H, I, 128, 128, 0)
         got, got_prompt = run(False), run(True)
         got_replay = _replay_with_new_ids(x, weights, w.clone(), ids.clone(), (128, 128), 8)
     finally:
@@ -414,6 +415,33 @@ def test_gpu_moe_fp8_wide_launches_same_bits(N, E, k):
     assert torch.equal(got, want) and torch.equal(got_replay, want_replay)
     assert torch.equal(got_prompt, want_prompt)  # a prompt chunk's rows too
     assert rel_err(got, call_reference(x, weights, w, ids, (128, 128))) < 2e-2
+
+
+@_gpu
+@pytest.mark.parametrize("N,E,k", [(128, 513, 11), (300, 513, 11), (120, 1024, 13)])
+def test_gpu_moe_fp8_wide_launches_of_128_rows(N, E, k):
+    """wide_rows=128: launches of up to 128 rows (1,408 pairs at top-11: three per thread in
+    the block scans; 1,560 at top-13 over 1,024 experts, more distinct experts than threads),
+    every row the same bits as in 16-row launches, for a decode window's rows and a prompt
+    chunk's, eager and captured with new ids; the launch is taken wide."""
+    H, I = 2048, 512
+    weights = experts(E, H, I, FP8, (128, 128), device="cuda")
+    w, ids = routing(N, k, E, hot=[E - 1], device="cuda")
+    x = torch.randn(N, H, generator=torch.Generator().manual_seed(7)).to("cuda", torch.bfloat16)
+    run = lambda prompt: C.gpu_moe_experts(x, *weights[:2], w, ids, *weights[2:],  # noqa: E731
+                                           (128, 128), prompt=prompt)
+    with _launch_options(fp8_wide=False, fp8_launch16=True):
+        want = [run(False), run(True)]
+        want_replay = _replay_with_new_ids(x, weights, w.clone(), ids.clone(), (128, 128), 8,
+                                           prompt=True)
+    with _launch_options(fp8_wide=True, wide_rows=128):
+        assert C._gpu.moe_wide_takes(min(N, 128), k, E, H, I, 128, 128, 0)
+        got = [run(False), run(True)]
+        got_replay = _replay_with_new_ids(x, weights, w.clone(), ids.clone(), (128, 128), 8,
+                                          prompt=True)
+    assert all(torch.equal(a, b) for a, b in zip(got, want))
+    assert torch.equal(got_replay, want_replay)
+    assert rel_err(got[1], call_reference(x, weights, w, ids, (128, 128))) < 2e-2
 
 
 @_gpu

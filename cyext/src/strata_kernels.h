@@ -115,7 +115,7 @@ int strata_gpu_commit(const int64_t* accept, const int64_t* group_slot, const in
 // device-visible host store; the struct is copied at launch (the caller may free it after).
 // With its counting pointers set, the gate/up kernel also counts (strata_expert_cache.h).
 int64_t strata_gpu_moe_workspace(int64_t n, int64_t k, int64_t inter, int64_t hidden);
-// 1 when a moe_experts launch of n rows (17-64) of these shapes runs wide (STRATA_MOE_X_GLOBAL
+// 1 when a moe_experts launch of n rows (17-128) of these shapes runs wide (STRATA_MOE_X_GLOBAL
 // on, FP8 weights on the streamed tensor-core kernels, no expert cache), else 0.
 int strata_gpu_moe_wide_takes(int64_t n, int64_t k, int64_t E, int64_t H, int64_t I, int64_t bo,
                               int64_t bi, int w_dtype, int x_dtype, int device);
@@ -185,7 +185,7 @@ int strata_gpu_moe_wide_takes(int64_t n, int64_t k, int64_t E, int64_t H, int64_
 // Bits 22-25 of the switches: with STRATA_MOE_DOWN_SPLIT, the members per run at 3 rows and more
 // (1-15; 0: 2), for measuring what run length pays. The same bits at any.
 #define STRATA_MOE_DOWN_RUNS_SHIFT 22
-// STRATA_MOE_X_GLOBAL (on): FP8 launches of 17-64 rows without the expert cache on the
+// STRATA_MOE_X_GLOBAL (on): FP8 launches of 17-128 rows without the expert cache on the
 // tensor-core gate/up stage x in global memory (a small kernel before it, the rows in the workspace) instead of shared memory,
 // so that the ring keeps the whole shared memory and a prompt chunk of 64 tokens reads its
 // experts in one launch rather than four of 16 rows. The same bits.

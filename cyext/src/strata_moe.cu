@@ -598,10 +598,11 @@ int64_t strata_gpu_moe_workspace(int64_t n, int64_t k, int64_t inter, int64_t hi
 }
 
 // Whether a launch may run wide (STRATA_MOE_X_GLOBAL): FP8 weights without the expert cache, up
-// to 64 rows and 1,024 pairs; the streamed kernels' plan then decides (launch_moe_stream).
+// to MOE_WIDE_MAX_ROWS rows and MOE_WIDE_MAX_PAIRS pairs; the streamed kernels' plan then
+// decides (launch_moe_stream).
 static bool moe_wide_allowed(int w_dtype, bool cached, int64_t n, int64_t P) {
   return (g_moe_options & STRATA_MOE_X_GLOBAL) && w_dtype == STRATA_DTYPE_FP8 && !cached &&
-         n <= 64 && P <= 1024;
+         n <= MOE_WIDE_MAX_ROWS && P <= MOE_WIDE_MAX_PAIRS;
 }
 
 int strata_gpu_moe_wide_takes(int64_t n, int64_t k, int64_t E, int64_t H, int64_t I, int64_t bo,
@@ -642,7 +643,7 @@ int strata_gpu_moe_experts(const void* x, int x_dtype, const void* w_gate_up, co
   const bool wide_ok = moe_wide_allowed(w_dtype, cache != nullptr, n, P);
   if ((!wide_ok && (n > MOE_MAX_ROWS || P > MOE_MAX_PAIRS)) || k < 1 || E < 1 || I < 1)
     return invalid("moe_experts (needs 1 <= N <= 32 rows and N * k <= 512; with the wide "
-                   "option, FP8 weights and no expert cache, N <= 64 and N * k <= 1024)");
+                   "option, FP8 weights and no expert cache, N <= 128 and N * k <= 1632)");
   if (H % 16 || I % 16 || !chunks_per_lane(H * esz / 16) || !chunks_per_lane(I * esz / 16))
     return invalid("moe_experts (H and I must be multiples of 16, rows at most 8 KiB)");
   if (!aligned16(x) || !aligned16(w_gate_up) || !aligned16(w_down) || !aligned16(workspace))

@@ -248,6 +248,12 @@ __device__ __forceinline__ int block_exclusive_scan(int v, int* warp_tot, int* t
 // ------------------------------------------------------------------------------------------------
 // moe_experts
 
+// Wide launches (STRATA_MOE_X_GLOBAL, strata_moe_stream.cu): FP8 weights without the expert
+// cache, x staged in global memory, up to this many rows and pairs (the block scans take up to
+// three pairs per thread). Launches of up to 64 rows keep the layout they were measured with.
+constexpr int MOE_WIDE_MAX_ROWS = 128;
+constexpr int MOE_WIDE_MAX_PAIRS = 1632;
+
 struct MoeParams {
   const void* x;
   void* out;

@@ -56,17 +56,22 @@ constexpr int ST_DOWN_STAGE = ST_COPY_BYTES;
 constexpr int ST_MAX_EXPERTS = 4096;                 // the first-pair table in shared memory
 constexpr int ST_X_F32_MAX_BYTES = 32768;            // x staged as float32 up to this size
 constexpr int ST_X_MAX_BYTES = 131072;               // else as bfloat16 words up to this
-// Wide launches (STRATA_MOE_X_GLOBAL: FP8 on tensor cores, 17-64 rows): x staged in global
-// memory by moe_stage_x, up to this many pairs, two per thread in the block scans.
-constexpr int ST_WIDE_MAX_ROWS = 64;
-constexpr int ST_WIDE_MAX_PAIRS = 1024;
+// Wide launches (STRATA_MOE_X_GLOBAL: FP8 on tensor cores, 17-128 rows): x staged in global
+// memory by moe_stage_x, up to this many pairs, up to ST_PER_THREAD per thread in the block
+// scans (pairs and distinct experts alike).
+constexpr int ST_WIDE_MAX_ROWS = MOE_WIDE_MAX_ROWS;
+constexpr int ST_WIDE_MAX_PAIRS = MOE_WIDE_MAX_PAIRS;
+constexpr int ST_PER_THREAD = 3;
 // Launches of more rows than this take one ring stage per down warp.
 constexpr int ST_DOWN_ONE_STAGE_ROWS = 32;
-static_assert(ST_WIDE_MAX_PAIRS <= 2 * ST_THREADS, "two pairs per thread in the scans");
+static_assert(ST_WIDE_MAX_PAIRS <= ST_PER_THREAD * ST_THREADS, "pairs per thread in the scans");
+// Launches of up to 64 rows (1,024 pairs) keep the shared-memory layout they were measured with.
+constexpr int ST_WIDE_64_PAIRS = 1024;
 
 // Shared memory: barriers, ids, leaders, scan scratch, first-pair table, then x (gate/up) or
 // y (down), then the stages. The ids and leaders hold sp.pair_cap pairs each (MOE_MAX_PAIRS,
-// or ST_WIDE_MAX_PAIRS in a wide launch), so launches of up to 32 rows keep their layout.
+// 1,024 in a wide launch of up to 64 rows, else the launch's pairs rounded up to 32), so
+// launches of up to 32 rows keep their layout.
 constexpr int ST_OFF_IDS = 2 * ST_MAX_STAGES * 8;
 
 inline int align128(int v) { return (v + 127) & ~127; }
@@ -100,31 +105,40 @@ __host__ __device__ constexpr int gate_up_features(int cpl) { return 16 / cpl > 
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
 using namespace strata::bulk;
 
+// Items per thread when a block's threads take `count` of them in consecutive runs (1 up to
+// ST_THREADS, then 2, then 3: wide launches of more than 1,088 pairs).
+__device__ __forceinline__ int per_thread(int count) {
+  const int per = (count + ST_THREADS - 1) / ST_THREADS;
+  return per > 1 ? per : 1;
+}
+
 // The window's pairs grouped by expert, in shared memory: ids_s[q] (clamped), lead_s[d] = the
 // first pair of the d-th distinct expert (leaders in pair order). Returns the distinct count.
-// A thread takes pairs q0 = per * tid .. + per - 1 (per = 2 past ST_THREADS pairs): consecutive,
-// so the scan keeps the leaders in pair order.
+// A thread takes pairs q0 = per * tid .. + per - 1 (per_thread: up to ST_PER_THREAD):
+// consecutive, so the scan keeps the leaders in pair order.
 __device__ __forceinline__ int group_pairs(const MoeParams& p, int* ids_s, int* first_s,
                                            int* lead_s, int* warp_tot) {
-  const int per = p.P > ST_THREADS ? 2 : 1, q0 = per * (int)threadIdx.x;
+  const int per = per_thread(p.P), q0 = per * (int)threadIdx.x;
 #pragma unroll
-  for (int j = 0; j < 2; ++j)
+  for (int j = 0; j < ST_PER_THREAD; ++j)
     if (j < per && q0 + j < p.P) ids_s[q0 + j] = clamp_expert(p.topk_ids[q0 + j], p.E);
   for (int e = threadIdx.x; e < p.E; e += ST_THREADS) first_s[e] = 0x7fffffff;
   __syncthreads();
 #pragma unroll
-  for (int j = 0; j < 2; ++j)
+  for (int j = 0; j < ST_PER_THREAD; ++j)
     if (j < per && q0 + j < p.P) atomicMin(first_s + ids_s[q0 + j], q0 + j);
   __syncthreads();
-  int lead[2] = {0, 0};
+  int lead[ST_PER_THREAD], leads = 0;
 #pragma unroll
-  for (int j = 0; j < 2; ++j)
-    if (j < per)
-      lead[j] = (q0 + j < p.P && first_s[ids_s[q0 + j]] == q0 + j) ? 1 : 0;
+  for (int j = 0; j < ST_PER_THREAD; ++j) {
+    lead[j] = (j < per && q0 + j < p.P && first_s[ids_s[q0 + j]] == q0 + j) ? 1 : 0;
+    leads += lead[j];
+  }
   int distinct;
-  const int pos = block_exclusive_scan<ST_THREADS>(lead[0] + lead[1], warp_tot, &distinct);
-  if (lead[0]) lead_s[pos] = q0;
-  if (lead[1]) lead_s[pos + lead[0]] = q0 + 1;
+  int pos = block_exclusive_scan<ST_THREADS>(leads, warp_tot, &distinct);
+#pragma unroll
+  for (int j = 0; j < ST_PER_THREAD; ++j)
+    if (lead[j]) lead_s[pos++] = q0 + j;
   __syncthreads();
   return distinct;
 }
@@ -181,37 +195,42 @@ __device__ __forceinline__ int down_items(uint8_t* smem, const MoeParams& p, con
   int* eid = span + p.P;
   int* cnt = eid + p.P;
   const int G = sp.group;
-  // pairs and distinct experts, up to two per thread each, consecutive (as group_pairs)
-  const int per = p.P > ST_THREADS ? 2 : 1, q0 = per * (int)threadIdx.x;
-  const int dper = distinct > ST_THREADS ? 2 : 1, d0 = dper * (int)threadIdx.x;
+  // pairs and distinct experts, up to ST_PER_THREAD per thread each, consecutive (as
+  // group_pairs)
+  const int per = per_thread(p.P), q0 = per * (int)threadIdx.x;
+  const int dper = per_thread(distinct), d0 = dper * (int)threadIdx.x;
 #pragma unroll
-  for (int j = 0; j < 2; ++j)
+  for (int j = 0; j < ST_PER_THREAD; ++j)
     if (j < dper && d0 + j < distinct) {
       index_s[ids_s[lead_s[d0 + j]]] = d0 + j;
       cnt[d0 + j] = 0;
     }
   __syncthreads();
-  int d[2] = {0, 0}, ord[2] = {0, 0};
+  int d[ST_PER_THREAD], ord[ST_PER_THREAD];
 #pragma unroll
-  for (int j = 0; j < 2; ++j)
+  for (int j = 0; j < ST_PER_THREAD; ++j) {
+    d[j] = ord[j] = 0;
     if (j < per && q0 + j < p.P) {
       d[j] = index_s[ids_s[q0 + j]];
       ord[j] = atomicAdd(cnt + d[j], 1);
     }
+  }
   __syncthreads();
-  int c[2] = {0, 0}, runs[2] = {0, 0};
+  int c[ST_PER_THREAD], runs[ST_PER_THREAD], mine = 0;
 #pragma unroll
-  for (int j = 0; j < 2; ++j)
+  for (int j = 0; j < ST_PER_THREAD; ++j) {
+    c[j] = runs[j] = 0;
     if (j < dper && d0 + j < distinct) {
       c[j] = cnt[d0 + j];
       runs[j] = (c[j] + G - 1) / G;
     }
+    mine += c[j] | (runs[j] << 16);  // (members and items stay below 2^16: at most 1,632 pairs)
+  }
   int total;
-  const int start = block_exclusive_scan<ST_THREADS>((c[0] + c[1]) | ((runs[0] + runs[1]) << 16),
-                                                     (int*)(smem + st_off_wtot(sp)), &total);
+  const int start = block_exclusive_scan<ST_THREADS>(mine, (int*)(smem + st_off_wtot(sp)), &total);
   int m0 = start & 0xffff, i0 = start >> 16;
 #pragma unroll
-  for (int j = 0; j < 2; ++j) {
+  for (int j = 0; j < ST_PER_THREAD; ++j) {
     if (j >= dper) break;
     if (d0 + j < distinct) {
       const int e = ids_s[lead_s[d0 + j]];
@@ -227,7 +246,7 @@ __device__ __forceinline__ int down_items(uint8_t* smem, const MoeParams& p, con
   }
   __syncthreads();
 #pragma unroll
-  for (int j = 0; j < 2; ++j)
+  for (int j = 0; j < ST_PER_THREAD; ++j)
     if (j < per && q0 + j < p.P) memb[cnt[d[j]] + ord[j]] = q0 + j;
   __syncthreads();
   return total >> 16;
@@ -553,7 +572,7 @@ __global__ void __launch_bounds__(ST_THREADS, 1) moe_gate_up_mma(MoeParams p, St
   extern __shared__ __align__(128) uint8_t smem[];
   const int distinct = gate_up_start(smem, p, sp);
   // member tables (down_items, one item per expert: sp.group >= the rows), so that an item
-  // finds its members without a ballot over every pair (wide launches: up to 1,024 pairs)
+  // finds its members without a ballot over every pair (wide launches: up to 1,632 pairs)
   if (WIDE) down_items(smem, p, sp, distinct);
   const int* memb = (const int*)(smem + sp.items_off);
   const int* span = memb + p.P;
@@ -640,7 +659,7 @@ __global__ void __launch_bounds__(ST_THREADS, 1) moe_gate_up_mma(MoeParams p, St
 #endif
 }
 
-// A wide launch's x (17-64 rows do not fit beside a ring in shared memory): every row staged
+// A wide launch's x (17-128 rows do not fit beside a ring in shared memory): every row staged
 // once into global memory as the tensor-core gate/up reads it (stage_x_row_f16), one warp per
 // row, before the gate/up grid, which then reads its A fragments from L2. The same f16 values
 // and scales as a launch that stages x in shared memory: the same bits.
@@ -1016,7 +1035,7 @@ int launch_stream(const MoeParams& p, const DeviceFacts& dev, bool pdl, bool eve
   // gate/up on tensor cores (FP8 in 128-k blocks, 4 features per item, x as f16 rows): every
   // FP8 window of up to 32 rows, so that a row's bits never depend on the window's size (the
   // per-block kernels sum in another order)
-  // STRATA_MOE_X_GLOBAL: from 17 rows (up to 64) x is staged in global memory (moe_stage_x),
+  // STRATA_MOE_X_GLOBAL: from 17 rows (up to 128) x is staged in global memory (moe_stage_x),
   // so that the ring keeps the whole shared memory; the caller's workspace holds it.
   const bool x_global = fp8 && (options & STRATA_MOE_X_GLOBAL) && p.n > 16 && p.x_stage &&
                         !p.slot_of;  // (the cache's launches keep their measured form)
@@ -1030,7 +1049,8 @@ int launch_stream(const MoeParams& p, const DeviceFacts& dev, bool pdl, bool eve
       p.E > ST_MAX_EXPERTS || p.P > (mma && x_global ? ST_WIDE_MAX_PAIRS : ST_THREADS) ||
       p.x_dtype != STRATA_DTYPE_BF16)
     return 0;
-  const int pair_cap = p.P > MOE_MAX_PAIRS ? ST_WIDE_MAX_PAIRS : MOE_MAX_PAIRS;
+  const int pair_cap = p.P <= MOE_MAX_PAIRS ? MOE_MAX_PAIRS
+                       : p.P <= ST_WIDE_64_PAIRS ? ST_WIDE_64_PAIRS : (p.P + 31) & ~31;
   StreamPlan gu = {};
   gu.pair_cap = pair_cap;
   const int meta = align128(st_off_first(gu) + 4 * p.E);

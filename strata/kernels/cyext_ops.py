@@ -527,8 +527,12 @@ def gpu_commit_accepted(accept, group_slot, group_pos, rec_snaps, conv_snaps, re
 #: Shapes the GPU routed-expert kernel takes (cyext/src/strata_moe.cu); others use the reference.
 MOE_MAX_ROWS = 32
 MOE_MAX_PAIRS = 512
-#: Rows of a wide FP8 launch (moe_launch_options(fp8_wide=)).
+#: Rows of a wide FP8 launch (moe_launch_options(fp8_wide=)) by default, and the most the
+#: extension takes (moe_launch_options(wide_rows=): a prompt chunk of several slots' chunks,
+#: engine.prefill_slots, reads each expert once per launch).
 MOE_WIDE_ROWS = 64
+MOE_WIDE_MAX_ROWS = 128
+_moe_wide_rows = MOE_WIDE_ROWS
 #: Rows per moe_experts launch for FP8 weights without the expert cache (moe_launch_options(
 #: fp8_wide=, fp8_launch16=)): MOE_WIDE_ROWS where the extension takes the launch wide (x staged
 #: in global memory: one launch of 64 rows measured 469 us against 553 for four of 16 on an
@@ -548,7 +552,8 @@ def _aligned(t: torch.Tensor) -> torch.Tensor:
 
 def moe_kernel_supported(x, w_gate_up, k: int, block=None) -> bool:
     """True when gpu_moe_experts runs these shapes on the kernel (rows beyond 32, or for FP8
-    without the expert cache beyond 64 where the launch runs wide and 16 where it does not, are
+    without the expert cache beyond 64 (wide_rows) where the launch runs wide and 16 where it
+    does not, are
     split into launches of that many rows, which changes no row's result), False when it falls
     back to the reference: H or I not a multiple of 16, a weight row over 8 KiB, top-k over 16,
     or FP8 with a scale block whose columns are not a multiple of 16."""
@@ -580,7 +585,7 @@ def moe_launch_options(pdl=None, early=None, wide=None, db=None, xsmem=None, str
                        linear_split_depth=None, linear_split_pair=None,
                        linear_f16=None, gate_up_mma=None, down_split=None,
                        down_split_runs=None, fp8_launch16=None, fp8_wide=None,
-                       route_chunks=None, down_mma=None) -> dict:
+                       route_chunks=None, down_mma=None, wide_rows=None) -> dict:
     """Read or set moe_experts' launch switches on the GPU extension (process-wide; each gives
     the same bits unless it says otherwise): `stream` (on by default), the streamed kernels on
     sm_90+ without the expert cache, or with one (see `stream_miss` for a cache that can miss),
@@ -637,7 +642,14 @@ def moe_launch_options(pdl=None, early=None, wide=None, db=None, xsmem=None, str
     of the reference, whose top-k is one stable sort (19 us of a 64-token chunk's layer on an
     H200; the kernel measured level with it). Other bits than the reference (the kernel's
     logits may differ in their last bf16 bit): a prompt chunk then routes as the windows do.
+    `wide_rows` (64; this module's): rows of a wide launch, 17 to MOE_WIDE_MAX_ROWS (128),
+    where the extension takes that many (else 64): a prompt chunk of several slots' chunks
+    (engine.prefill_slots) reads each distinct expert once per launch, so larger launches read
+    fewer expert bytes (the simulator's experts.prefill_launch_rows); the same bits.
     None leaves a switch as it is. Returns the switches now in force."""
+    if wide_rows is not None and not (isinstance(wide_rows, int) and not isinstance(wide_rows, bool)
+                                      and 17 <= wide_rows <= MOE_WIDE_MAX_ROWS):
+        raise ValueError(f"wide_rows: {wide_rows!r} is not a row count in 17..{MOE_WIDE_MAX_ROWS}")
     flags = _gpu.moe_set_options(-1)
     for bit, on in ((1, pdl), (2, early), (4, wide), (8, db), (16, xsmem), (32, stream),
                     (64, stream_all), (128, linear_stream), (256, linear_pipe),
@@ -654,9 +666,11 @@ def moe_launch_options(pdl=None, early=None, wide=None, db=None, xsmem=None, str
         _moe_fp8_launch_rows = 16 if fp8_launch16 else MOE_MAX_ROWS
     if fp8_wide is not None:
         _moe_fp8_launch_rows = MOE_WIDE_ROWS if fp8_wide else 16
-    global _route_chunks
+    global _route_chunks, _moe_wide_rows
     if route_chunks is not None:
         _route_chunks = bool(route_chunks)
+    if wide_rows is not None:
+        _moe_wide_rows = wide_rows
     return {"pdl": bool(flags & 1), "early": bool(flags & 2), "wide": bool(flags & 4),
             "db": bool(flags & 8), "xsmem": bool(flags & 16), "stream": bool(flags & 32),
             "stream_all": bool(flags & 64), "linear_stream": bool(flags & 128),
@@ -668,7 +682,8 @@ def moe_launch_options(pdl=None, early=None, wide=None, db=None, xsmem=None, str
             "down_split_runs": (flags >> 22) & 15,
             "fp8_launch16": _moe_fp8_launch_rows == 16,
             "fp8_wide": bool(flags & (1 << 26)) and _moe_fp8_launch_rows == MOE_WIDE_ROWS,
-            "route_chunks": _route_chunks, "down_mma": bool(flags & (1 << 27))}
+            "route_chunks": _route_chunks, "down_mma": bool(flags & (1 << 27)),
+            "wide_rows": _moe_wide_rows}
 
 
 def conv_launch_options(serial=None) -> dict:
@@ -685,8 +700,8 @@ def conv_launch_options(serial=None) -> dict:
 
 def moe_workspace_numel(rows: int, k: int, inter: int, hidden: int = 0) -> int:
     """float32 scratch elements gpu_moe_experts needs for up to `rows` rows per launch (at most
-    32, or MOE_WIDE_ROWS for a wide launch, whose staged x needs `hidden`)."""
-    return _gpu.moe_workspace_numel(min(int(rows), MOE_WIDE_ROWS if hidden else MOE_MAX_ROWS),
+    32, or MOE_WIDE_MAX_ROWS for a wide launch, whose staged x needs `hidden`)."""
+    return _gpu.moe_workspace_numel(min(int(rows), MOE_WIDE_MAX_ROWS if hidden else MOE_MAX_ROWS),
                                     int(k), int(inter), int(hidden))
 
 
@@ -705,7 +720,8 @@ def gpu_moe_experts(x, w_gate_up, w_down, topk_weight, topk_ids, gu_scale=None,
                     prompt=False):
     """Routed experts on the GPU, grouped by expert on the device: each distinct expert's
     gate/up and down weights are read once for all of its rows (two kernels per launch of up to
-    32 rows; FP8 64 where the launch runs wide, else 16; fixed grids, no host sync: capturable). Rows are independent: a row's
+    32 rows; FP8 64, or moe_launch_options(wide_rows=), where the launch runs wide, else 16;
+    fixed grids, no host sync: capturable). Rows are independent: a row's
     result is bit-identical whatever rows share the call, and however many. `prompt`: the rows
     are a prompt chunk's (else a decode window's); FP8 prompt rows take the down kernel on
     tensor cores (moe_launch_options(down_mma=)), with other bits than a window's, so that a
@@ -738,11 +754,14 @@ def gpu_moe_experts(x, w_gate_up, w_down, topk_weight, topk_ids, gu_scale=None,
     if out is None:
         out = torch.empty_like(x)
     step = _moe_fp8_launch_rows if gu_scale is not None and not cache else MOE_MAX_ROWS
-    wide = (step == MOE_WIDE_ROWS and n > 16 and x.dtype == torch.bfloat16
-            and _gpu.moe_wide_takes(min(n, MOE_WIDE_ROWS), k, w_gate_up.shape[0], x.shape[-1],
-                                    inter, bo, bi, x.device.index))
-    if step == MOE_WIDE_ROWS and not wide:
+    if step == MOE_WIDE_ROWS:  # wide: wide_rows rows a launch where taken, else 64, else 16
         step = 16  # windows of up to 16 rows, or shapes or x the wide launch does not take
+        if n > 16 and x.dtype == torch.bfloat16:
+            for rows in dict.fromkeys((_moe_wide_rows, MOE_WIDE_ROWS)):
+                if _gpu.moe_wide_takes(min(n, rows), k, w_gate_up.shape[0], x.shape[-1], inter,
+                                       bo, bi, x.device.index):
+                    step = rows
+                    break
     need = _gpu.moe_workspace_numel(min(n, step), k, inter, x.shape[-1])
     if workspace is None or workspace.numel() < need or workspace.data_ptr() % 16:
         workspace = torch.empty(need, dtype=torch.float32, device=x.device)
