@@ -164,3 +164,39 @@ def test_moe_calls_say_whether_their_rows_are_a_prompt_chunk(many_experts, monke
     assert all(inside == prompt for inside, prompt, _ in calls), calls
     assert any(p and rows > 16 for _, p, rows in calls)  # a chunk of several slots
     assert any(not p for _, p, _ in calls)
+
+
+def test_padding_rows_of_a_prompt_chunk_read_no_more_experts(many_experts, monkeypatch):
+    """A padded prompt chunk's padding rows are parked on one expert its real rows read anyway
+    (weight 0): its MoE calls route the padding rows nowhere else, and the real rows' outputs
+    are the same bits as without the mask."""
+    from strata.kernels import ops
+    from strata.model.loader import load_model
+    from strata.model.qwen3_next import SparseMoe
+    from omegaconf import OmegaConf
+    from strata.config import ModelConfig
+
+    mcfg = OmegaConf.structured(ModelConfig)
+    mcfg.path = str(many_experts)
+    moe = next(m for m in load_model(mcfg, "cpu", log=lambda s: None).model.modules()
+               if isinstance(m, SparseMoe))
+    x = torch.randn(2, 8, moe.experts.w_gate_up.shape[2], generator=torch.Generator().manual_seed(1))
+    valid = torch.arange(8)[None] < torch.tensor([[5], [3]])  # two segments of 5 and 3 tokens
+    seen = []
+    inner = ops.moe_experts
+
+    def spy(x_, wgu, wd, weights, index, *a, **kw):
+        seen.append((weights.clone(), index.clone()))
+        return inner(x_, wgu, wd, weights, index, *a, **kw)
+
+    monkeypatch.setattr(ops, "moe_experts", spy)
+    plain = moe(x, prompt=True)
+    parked = moe(x, prompt=True, valid=valid)
+    rows = valid.reshape(-1)
+    assert torch.equal(parked.reshape(16, -1)[rows], plain.reshape(16, -1)[rows])
+    (_, idx0), (w1, idx1) = seen[0], seen[-1]
+    assert torch.equal(idx1[rows], idx0[rows])
+    real = set(idx1[rows].flatten().tolist())
+    assert set(idx1[~rows].flatten().tolist()) <= real  # no expert beyond the real rows'
+    assert len(set(idx1[~rows].flatten().tolist())) == 1 and not w1[~rows].any()
+    assert set(idx0[~rows].flatten().tolist()) - real  # (unparked, they did add experts)

@@ -106,8 +106,9 @@ class MLP(nn.Module):
         self.up_proj = nn.Linear(hidden, inter, bias=False)
         self.down_proj = nn.Linear(inter, hidden, bias=False)
 
-    def forward(self, x: torch.Tensor, prompt: bool = False) -> torch.Tensor:
-        # (prompt: as SparseMoe's; a dense MLP runs every row alike)
+    def forward(self, x: torch.Tensor, prompt: bool = False,
+                valid: Optional[torch.Tensor] = None) -> torch.Tensor:
+        # (prompt, valid: as SparseMoe's; a dense MLP runs every row alike)
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
 
 
@@ -265,6 +266,18 @@ def dense_route(weights: torch.Tensor, index: torch.Tensor, n_exp: int) -> torch
     return route
 
 
+def park_padding(weights: torch.Tensor, index: torch.Tensor, valid: torch.Tensor, park
+                 ) -> tuple[torch.Tensor, torch.Tensor]:
+    """A padded prompt chunk's routing with its padding rows (valid False) parked: every pick on
+    expert `park` (an id, or a (1, 1) tensor: one the call reads anyway, the folded shared expert
+    or row 0's first pick) with weight 0. A padding row's output is never read, but its picks
+    would add distinct experts, whose bytes are most of a chunk's time at real scale; the real
+    rows' results are the same bits (the routed-expert kernels' rows are independent)."""
+    keep = valid.reshape(-1, 1)
+    park = torch.as_tensor(park, dtype=index.dtype, device=index.device)
+    return torch.where(keep, weights, torch.zeros_like(weights)), torch.where(keep, index, park)
+
+
 class SparseMoe(nn.Module):
     """Top-k softmax routing (optionally renormalised) plus a sigmoid-gated shared expert."""
 
@@ -293,8 +306,11 @@ class SparseMoe(nn.Module):
             weights = weights / weights.sum(-1, keepdim=True)
         return weights, index
 
-    def forward(self, x: torch.Tensor, prompt: bool = False) -> torch.Tensor:
-        """prompt: x holds a prompt chunk's rows, else a decode window's (Experts.forward)."""
+    def forward(self, x: torch.Tensor, prompt: bool = False,
+                valid: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """prompt: x holds a prompt chunk's rows, else a decode window's (Experts.forward).
+        valid (x's leading shape, bool): a padded prompt chunk's real rows; its padding rows are
+        routed to one expert the call reads anyway, with weight 0 (park_padding)."""
         shape = x.shape
         x = x.reshape(-1, shape[-1])
         n_exp = self.experts.w_gate_up.shape[0]
@@ -309,15 +325,24 @@ class SparseMoe(nn.Module):
             weights, index = ops.moe_route(x, self.w_router, n_exp, self.top_k, self.norm_topk,
                                            self.routing_bias, n_exp if shared_id is None else shared_id)
             if shared_id is not None and not dense:  # the folded shared expert is expert E
+                if valid is not None:
+                    weights, index = park_padding(weights, index, valid, shared_id)
                 return self.experts(x, weights, index, shared_in_index=True,
                                     prompt=prompt).reshape(shape)
             k = self.top_k
-            out = (self.experts(x, weights[:, :k], index[:, :k], prompt=prompt)
-                   + weights[:, k:].to(x.dtype) * self.shared_expert(x))
+            shared_w, weights, index = weights[:, k:], weights[:, :k], index[:, :k]
+            if valid is not None and not dense:
+                weights, index = park_padding(weights, index, valid, index[:1, :1])
+            out = (self.experts(x, weights, index, prompt=prompt)
+                   + shared_w.to(x.dtype) * self.shared_expert(x))
             return out.reshape(shape)
         logits, sgate = self.gate(x), self.shared_expert_gate(x)
         weights, index = self._route(logits)
-        if self.experts.shared_id is not None and not dense:
+        shared_id = self.experts.shared_id
+        if valid is not None and not dense:
+            weights, index = park_padding(weights, index, valid,
+                                          index[:1, :1] if shared_id is None else shared_id)
+        if shared_id is not None and not dense:
             out = self.experts(x, weights, index, shared_weight=torch.sigmoid(sgate.float()),
                                prompt=prompt)
         else:
@@ -597,8 +622,9 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(args.hidden_size, args.rms_norm_eps)
         self.compile_regions(None)
 
-    def _ffn(self, x: torch.Tensor, prompt: bool = False) -> torch.Tensor:
-        return x + self.mlp(self.post_attention_layernorm(x), prompt)
+    def _ffn(self, x: torch.Tensor, prompt: bool = False,
+             valid: Optional[torch.Tensor] = None) -> torch.Tensor:
+        return x + self.mlp(self.post_attention_layernorm(x), prompt, valid)
 
     # Pure regions of a window step (no state is written inside them), so each can be compiled
     # into a few fused kernels; the K/V write between attn_pre and attn_post stays outside.
@@ -611,27 +637,28 @@ class DecoderLayer(nn.Module):
         return self.self_attn._qkv(self.input_layernorm(x), cos, sin)
 
     def window_attn_post(self, x, q, gate, k_cache, v_cache, group_slot, group_pos, ctx: int,
-                         split_keys: int = 0, prompt: bool = False):
+                         split_keys: int = 0, prompt: bool = False, valid=None):
         a = self.self_attn
         o = ops.grouped_window_attention(q, k_cache, v_cache, group_slot, group_pos, ctx, a.scale,
                                          split_keys=split_keys)
         o = a.o_proj(a.gated(o.reshape(*x.shape[:-1], a.hq, a.d), gate))
-        return self._ffn(x + o, prompt)
+        return self._ffn(x + o, prompt, valid)
 
     def prefill_linear(self, x, conv_init, rec_init, valid=None):
         h, conv, rec = self.linear_attn.forward_seq(self.input_layernorm(x), conv_init, rec_init, valid)
-        return self._ffn(x + h, prompt=True), conv, rec
+        return self._ffn(x + h, prompt=True, valid=valid), conv, rec
 
     def window_attention(self, x, cos, sin, k_cache, v_cache, group_slot, group_pos, ctx: int,
-                         variant: str = "window", split_keys: int = 0):
+                         variant: str = "window", split_keys: int = 0, valid=None):
         """variant: `window` (compiled for decode windows) or `prefill` (compiled with dynamic
-        lengths for prompt chunks); split_keys: fixed split-K chunks (engine.batch_invariant)."""
+        lengths for prompt chunks); split_keys: fixed split-K chunks (engine.batch_invariant);
+        valid: a padded prompt chunk's real rows (SparseMoe parks the others)."""
         pre, post = (self.c_attn_pre, self.c_attn_post) if variant == "window" else \
             (self.p_attn_pre, self.p_attn_post)
         q, k, v, gate = pre(x, cos, sin)
         ops.write_kv(k_cache, v_cache, k, v, group_slot, group_pos)
         return post(x, q, gate, k_cache, v_cache, group_slot, group_pos, ctx, split_keys,
-                    variant == "prefill")
+                    variant == "prefill", valid)
 
     #: The pure regions of each layer kind: (attribute, method, variant).
     REGIONS = {"linear_attention": (("c_linear", "window_linear", "window"),
@@ -799,7 +826,7 @@ class Qwen3Next(nn.Module):
                 state.rec[j].index_copy_(0, lane_t, rec)
             else:
                 x = layer.window_attention(x, cos, sin, state.k[j], state.v[j], lane_t, start_t, ctx,
-                                           variant="prefill")
+                                           variant="prefill", valid=valid)
         return x
 
     # ---- the window grid ---------------------------------------------------------------------
