@@ -20,3 +20,8 @@ grep -h "prompt chunk\|rep " $R/n8_*.log
 T="--configs batch_mtp_w16 --n 8 --max-tokens 128 --repeats 3 --overlap on --no-reverse"
 TAIL=3 st tiny_ps8 120 python3 scripts/bench_engine.py $T --prefill-slots 8 --json $R/tiny_ps8.json
 TAIL=3 st tiny_ps1 120 python3 scripts/bench_engine.py $T --json $R/tiny_ps1.json
+# padding parked in the MoE layers (e5f217b): a 40-token prompt's chunk runs in the 64 bucket;
+# its 24 padding rows should read no experts (expect the chunk near 24 ms against 29.4 at 64)
+F40="--preset qwen3_next_80b_a3b_fp8 --load-format dummy --synthetic-acceptance 0.8 --overlap on --no-reverse --configs solo_spec2 --n 1 --prompt-tokens 40 --max-tokens 32 --repeats 2"
+TAIL=3 st solo_p40 150 python3 scripts/bench_engine.py $F40 --json $R/solo_p40.json
+grep -h "prompt chunk" $R/solo_p40.log
