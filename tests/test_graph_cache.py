@@ -495,6 +495,32 @@ def test_warmup_runs_every_shape_on_scratch_and_changes_nothing(model_dir):
     assert not any(line.startswith("INFO warm-up:") for line in plain.logs)  # auto = off on CPU
 
 
+def test_warmup_runs_chunks_of_several_slots_when_prefill_slots_asks(model_dir, monkeypatch):
+    """With engine.prefill_slots > 1 the warm-up also runs every bucket as a chunk of that many
+    segments (at most the slots), all on the scratch lane, so the compile of a segment count
+    past 1 happens there; requests then decode as without the warm-up."""
+    from strata.engine.verifier import Verifier
+
+    grids = []
+    inner = Verifier.prefill
+
+    def spy(self, tokens, meta, *a, **kw):
+        grids.append((tuple(tokens.shape), meta.reshape(-1, 4)[:, 0].tolist()))
+        return inner(self, tokens, meta, *a, **kw)
+
+    monkeypatch.setattr(Verifier, "prefill", spy)
+    reqs = lambda: workload(n=5, seed=4)  # noqa: E731
+    want = run(build(model_dir, slots=3, warmup="off", prefill_slots=3), reqs())
+    grids.clear()
+    warm = build(model_dir, slots=3, warmup="on", graph_key="layout", prefill_slots=8)
+    scratch = warm.runner.scratch
+    shared = [(shape, lanes) for shape, lanes in grids if len(shape) == 2]
+    assert {shape for shape, _ in shared} == {(3, b) for b in warm.cfg.prefill_buckets}
+    assert all(lanes == [scratch] * 3 for _, lanes in shared)
+    assert any("also as chunks of 3 slots" in line for line in warm.logs)
+    assert run(warm, reqs()) == want
+
+
 def test_warmup_knob_is_validated(model_dir):
     from strata.config import ConfigError
 

@@ -408,11 +408,18 @@ class ModelRunner:
                     self._fn(ng, g, ctx, filtered)()
                     done.windows += 1
                     tick(f"{done.windows} of {total} window shapes run")
+        segs = plan.prefill_segments
         for i, b in enumerate(plan.prefill_buckets):
             self.p_tokens[:b].zero_()
             self._set_meta(self.scratch, 0, 1, None)
             for filtered in (False, True):
                 self.verifier.prefill(self.p_tokens[:b], self.p_meta, tier(b), filtered)
+            if segs > 1:  # several slots' chunks, every segment on the scratch lane
+                tokens = torch.zeros(segs, b, dtype=torch.long, device=self.device)
+                meta = torch.tensor([[self.scratch, 0, 1, -1]] * segs, dtype=torch.long,
+                                    device=self.device)
+                for filtered in (False, True):
+                    self.verifier.prefill(tokens, meta, tier(b), filtered)
             tick(f"{i + 1} of {len(plan.prefill_buckets)} prompt buckets run")
         # Prompt-chunk graphs, one per (bucket, tier) a chunk can read: a capture inside a
         # request would add tens of ms to its time to first token. Those of requests that do

@@ -24,6 +24,10 @@ class WarmupPlan:
     #: (key, (groups bucket, rows, tier)) of the window graphs to capture, in order; None when
     #: windows are not captured ahead (no graph cache, or layout keys: too many to enumerate).
     window_keys: Optional[list[tuple[str, tuple[int, int, int]]]]
+    #: The most slots' chunks one prompt chunk holds (engine.prefill_slots, at most the slots).
+    #: Above 1, every bucket also runs once as a chunk of this many segments: a segment count
+    #: past 1 is a dimension torch.compile treats as dynamic, compiled then for every count.
+    prefill_segments: int = 1
 
 
 @dataclass
@@ -35,8 +39,10 @@ class WarmupDone:
     window_mib: list[float] = field(default_factory=list)
 
     def describe(self, plan: WarmupPlan, seconds: float) -> str:
+        slots = (f" (also as chunks of {plan.prefill_segments} slots)"
+                 if plan.prefill_segments > 1 else "")
         return (f"warm-up: {self.windows} window shapes and {len(plan.prefill_buckets)} prompt "
-                f"buckets run once, {self.prefill_graphs} prompt-chunk graphs and "
+                f"buckets{slots} run once, {self.prefill_graphs} prompt-chunk graphs and "
                 f"{len(self.window_keys)} window graphs captured, in {seconds:.1f} s (compiling "
                 f"and capturing happen here, not in requests)")
 
@@ -67,4 +73,5 @@ def plan_warmup(ecfg: EngineConfig, n_slots: int, most_rows: int, max_context: i
         # a second context length makes torch.compile treat it as dynamic
         window_tiers=every_tier[:2],
         prefill_buckets=[b for b in ecfg.prefill_buckets if b <= max_context],
-        every_tier=every_tier, max_context=max_context, window_keys=keys)
+        every_tier=every_tier, max_context=max_context, window_keys=keys,
+        prefill_segments=max(1, min(ecfg.prefill_slots, n_slots)))

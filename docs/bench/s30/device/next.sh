@@ -2,8 +2,8 @@
 # For the session after the thirtieth (GPU_RUNBOOK step 1): the down kernel chosen by the rows'
 # kind (f895b5f) and wide launches of up to 128 rows (moe_launch_options(wide_rows=), off), both
 # untested on a GPU. Build this tree's extension for Python 3.12, carry it xz-compressed as
-# .dev/s31/main_cuda.so.xz with .whl, then: bash docs/bench/s30/device/next.sh (about 560 s
-# with a cold compile cache; the last two steps may go to a second call).
+# .dev/s31/main_cuda.so.xz with .whl, then: bash docs/bench/s30/device/next.sh (about 700 s
+# with a cold compile cache; the tiny and 40-token steps may go to a second call).
 set -u
 R=$OUT/r; mkdir -p $R
 export PYTHONUNBUFFERED=1 TORCHINDUCTOR_CACHE_DIR=/tmp/strata_inductor
@@ -14,7 +14,7 @@ export PYTHONPATH=/tmp/site:$PWD
 TAIL=8 st tests 200 python3 -m pytest -q -p no:warnings -rf -m gpu tests/test_moe_kernels.py tests/test_many_experts_identity.py tests/test_expert_cache_gpu.py
 TAIL=6 st row_bits 40 python3 docs/bench/s30/device/row_bits.py
 F="--preset qwen3_next_80b_a3b_fp8 --load-format dummy --synthetic-acceptance 0.8 --overlap on --no-reverse --configs batch_mtp_w16 --n 8 --max-tokens 64 --repeats 2 --prefill-slots 8"
-TAIL=4 st n8_ps8_w128 200 python3 scripts/bench_engine.py $F --kernel-options wide_rows=128 --json $R/n8_ps8_w128.json
+TAIL=4 st n8_ps8_w128 260 python3 scripts/bench_engine.py $F --kernel-options wide_rows=128 --json $R/n8_ps8_w128.json
 TAIL=4 st n8_ps8_w64 110 python3 scripts/bench_engine.py $F --json $R/n8_ps8_w64.json
 grep -h "prompt chunk\|rep " $R/n8_*.log
 T="--configs batch_mtp_w16 --n 8 --max-tokens 128 --repeats 3 --overlap on --no-reverse"
