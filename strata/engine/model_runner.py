@@ -142,10 +142,27 @@ class ModelRunner:
             off += k                                # until its last request ends
 
     # ---- prompt chunks ------------------------------------------------------------------------
+    @staticmethod
+    def _write_meta(host: torch.Tensor, meta: torch.Tensor, rows) -> None:
+        """(lane, start, n, next token or None) of each segment into the pinned `host` rows,
+        then one copy to the device `meta` (blocking: host is reused at once)."""
+        h = host.view(-1, 4)
+        for i, (lane, start, n, nxt) in enumerate(rows):
+            h[i, 0], h[i, 1], h[i, 2], h[i, 3] = lane, start, n, -1 if nxt is None else nxt
+        meta.copy_(host)
+
     def _set_meta(self, lane: int, start: int, n: int, next_token: Optional[int]) -> None:
-        h = self.p_host
-        h[0], h[1], h[2], h[3] = lane, start, n, -1 if next_token is None else next_token
-        self.p_meta.copy_(h)  # blocking: h is reused at once
+        self._write_meta(self.p_host, self.p_meta, [(lane, start, n, next_token)])
+
+    def _segment_buffers(self, segs: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Tokens (segs, the last bucket), device meta (segs, 4) and its pinned host copy for
+        chunks of `segs` segments, made on first use and kept: captured chunks read them."""
+        if segs not in self.p_seg_tokens:
+            self.p_seg_tokens[segs] = torch.zeros(segs, max(self.buckets, default=1),
+                                                  dtype=torch.long, device=self.device)
+            self.p_seg_meta[segs] = torch.zeros(segs, 4, dtype=torch.long, device=self.device)
+            self.p_seg_host[segs] = torch.zeros(segs, 4, dtype=torch.long, pin_memory=self.pin)
+        return self.p_seg_tokens[segs], self.p_seg_meta[segs], self.p_seg_host[segs]
 
     def prefill(self, lane: int, prompt: torch.Tensor, start: int, n: int, next_token: Optional[int],
                 tier: Callable[[int], int], filtered: bool = True) -> tuple[str, torch.Tensor]:
@@ -174,22 +191,14 @@ class ModelRunner:
         segs = len(chunks)
         b = prefill_bucket(max(c[3] for c in chunks), self.buckets)
         ctx = tier(max(c[2] for c in chunks) + b)
-        if segs not in self.p_seg_tokens:
-            self.p_seg_tokens[segs] = torch.zeros(segs, max(self.buckets, default=1),
-                                                  dtype=torch.long, device=self.device)
-            self.p_seg_meta[segs] = torch.zeros(segs, 4, dtype=torch.long, device=self.device)
-            self.p_seg_host[segs] = torch.zeros(segs, 4, dtype=torch.long, pin_memory=self.pin)
-        buf, meta, host = self.p_seg_tokens[segs], self.p_seg_meta[segs], self.p_seg_host[segs]
+        buf, meta, host = self._segment_buffers(segs)
         if b > buf.shape[1]:  # past the last bucket: eagerly, on tokens of its own (as prefill)
             buf = torch.zeros(segs, b, dtype=torch.long, device=self.device)
         for i, (_, prompt, start, n, _) in enumerate(chunks):
             buf[i, :n].copy_(prompt[start:start + n])
 
         def set_meta(rows) -> None:
-            for i, (lane, start, n, nxt) in enumerate(rows):
-                host[i, 0], host[i, 1], host[i, 2], host[i, 3] = lane, start, n, \
-                    -1 if nxt is None else nxt
-            meta.copy_(host)  # blocking: host is reused at once
+            self._write_meta(host, meta, rows)
 
         real = [(lane, start, n, nxt) for lane, _, start, n, nxt in chunks]
         set_meta(real)
@@ -415,11 +424,11 @@ class ModelRunner:
             for filtered in (False, True):
                 self.verifier.prefill(self.p_tokens[:b], self.p_meta, tier(b), filtered)
             if segs > 1:  # several slots' chunks, every segment on the scratch lane
-                tokens = torch.zeros(segs, b, dtype=torch.long, device=self.device)
-                meta = torch.tensor([[self.scratch, 0, 1, -1]] * segs, dtype=torch.long,
-                                    device=self.device)
+                buf, meta, host = self._segment_buffers(segs)
+                buf[:, :b].zero_()
+                self._write_meta(host, meta, [(self.scratch, 0, 1, None)] * segs)
                 for filtered in (False, True):
-                    self.verifier.prefill(tokens, meta, tier(b), filtered)
+                    self.verifier.prefill(buf[:, :b], meta, tier(b), filtered)
             tick(f"{i + 1} of {len(plan.prefill_buckets)} prompt buckets run")
         # Prompt-chunk graphs, one per (bucket, tier) a chunk can read: a capture inside a
         # request would add tens of ms to its time to first token. Those of requests that do
