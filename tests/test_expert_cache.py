@@ -68,14 +68,14 @@ class Audit:
             ExpertCache.plan_swaps)
 
         def forward(experts, x, weights, index, shared_weight=None, shared_in_index=False,
-                    prompt=False):
+                    prompt=False, valid=None):
             if experts.cache is not None and audit.in_window:
                 routed = index[:, :-1] if shared_in_index else index  # not the shared expert
                 ids = routed.reshape(-1).tolist()
                 audit.seen.setdefault(id(experts.cache), set()).update(ids)
                 np.add.at(audit.window_routed[audit.layer_of[id(experts.cache)]], ids, 1)
             return orig_forward(experts, x, weights, index, shared_weight, shared_in_index,
-                                prompt)
+                                prompt, valid)
 
         def begin_window(cache):
             audit.seen, audit.in_window = {}, True

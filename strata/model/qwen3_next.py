@@ -112,6 +112,18 @@ class MLP(nn.Module):
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
 
 
+def park_padding(weights: torch.Tensor, index: torch.Tensor, valid: torch.Tensor, park
+                 ) -> tuple[torch.Tensor, torch.Tensor]:
+    """A padded prompt chunk's routing with its padding rows (valid False) parked: every pick on
+    expert `park` (an id, or a (1, 1) tensor: one the call reads anyway, the folded shared expert
+    or row 0's first pick) with weight 0. A padding row's output is never read, but its picks
+    would add distinct experts, whose bytes are most of a chunk's time at real scale; the real
+    rows' results are the same bits (the routed-expert kernels' rows are independent)."""
+    keep = valid.reshape(-1, 1)
+    park = torch.as_tensor(park, dtype=index.dtype, device=index.device)
+    return torch.where(keep, weights, torch.zeros_like(weights)), torch.where(keep, index, park)
+
+
 class Experts(nn.Module):
     """Routed experts stored stacked: w_gate_up (E, 2I, H) and w_down (E, H, I), in the model
     dtype or, after `to_fp8`, in FP8 with block scales gu_scale / down_scale."""
@@ -183,12 +195,15 @@ class Experts(nn.Module):
 
     def forward(self, x: torch.Tensor, weights: torch.Tensor, index: torch.Tensor,
                 shared_weight: Optional[torch.Tensor] = None,
-                shared_in_index: bool = False, prompt: bool = False) -> torch.Tensor:
+                shared_in_index: bool = False, prompt: bool = False,
+                valid: Optional[torch.Tensor] = None) -> torch.Tensor:
         """x (N, H); weights (N, k) float32, index (N, k); shared_weight (N, 1): the folded
         shared expert's gate (only after fold_shared); or shared_in_index, when the last
         column of weights and index already is the folded shared expert (ops.moe_route).
         prompt: the rows are a prompt chunk's, else a decode window's (the kernels run the two
-        kinds with different bits, each the same whatever rows share the call).
+        kinds with different bits, each the same whatever rows share the call). valid (N,
+        bool): a padded prompt chunk's real rows; the others are parked (park_padding) on the
+        folded shared expert, or on row 0's first pick.
         Static shapes: no data-dependent control flow."""
         routed_k = index.shape[1] - int(shared_in_index)
         if self.dense_input(index.shape[0], routed_k, prompt):
@@ -203,6 +218,10 @@ class Experts(nn.Module):
             gate, up = gu.split(self.inter, dim=-1)
             out = torch.einsum("eni,ehi->enh", F.silu(gate) * up, self.w_down)
             return torch.einsum("enh,ne->nh", out, route.to(out.dtype))
+        if valid is not None:
+            folded = shared_in_index or shared_weight is not None
+            weights, index = park_padding(weights, index, valid,
+                                          self.shared_id if folded else index[:1, :1])
         cache_args, counting = (), {}
         if self.cache is not None:
             # Through the expert cache: residents from their device slots, misses from the host
@@ -266,18 +285,6 @@ def dense_route(weights: torch.Tensor, index: torch.Tensor, n_exp: int) -> torch
     return route
 
 
-def park_padding(weights: torch.Tensor, index: torch.Tensor, valid: torch.Tensor, park
-                 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """A padded prompt chunk's routing with its padding rows (valid False) parked: every pick on
-    expert `park` (an id, or a (1, 1) tensor: one the call reads anyway, the folded shared expert
-    or row 0's first pick) with weight 0. A padding row's output is never read, but its picks
-    would add distinct experts, whose bytes are most of a chunk's time at real scale; the real
-    rows' results are the same bits (the routed-expert kernels' rows are independent)."""
-    keep = valid.reshape(-1, 1)
-    park = torch.as_tensor(park, dtype=index.dtype, device=index.device)
-    return torch.where(keep, weights, torch.zeros_like(weights)), torch.where(keep, index, park)
-
-
 class SparseMoe(nn.Module):
     """Top-k softmax routing (optionally renormalised) plus a sigmoid-gated shared expert."""
 
@@ -310,7 +317,7 @@ class SparseMoe(nn.Module):
                 valid: Optional[torch.Tensor] = None) -> torch.Tensor:
         """prompt: x holds a prompt chunk's rows, else a decode window's (Experts.forward).
         valid (x's leading shape, bool): a padded prompt chunk's real rows; its padding rows are
-        routed to one expert the call reads anyway, with weight 0 (park_padding)."""
+        routed to one expert the call reads anyway, with weight 0 (Experts.forward)."""
         shape = x.shape
         x = x.reshape(-1, shape[-1])
         n_exp = self.experts.w_gate_up.shape[0]
@@ -325,28 +332,19 @@ class SparseMoe(nn.Module):
             weights, index = ops.moe_route(x, self.w_router, n_exp, self.top_k, self.norm_topk,
                                            self.routing_bias, n_exp if shared_id is None else shared_id)
             if shared_id is not None and not dense:  # the folded shared expert is expert E
-                if valid is not None:
-                    weights, index = park_padding(weights, index, valid, shared_id)
-                return self.experts(x, weights, index, shared_in_index=True,
-                                    prompt=prompt).reshape(shape)
+                return self.experts(x, weights, index, shared_in_index=True, prompt=prompt,
+                                    valid=valid).reshape(shape)
             k = self.top_k
-            shared_w, weights, index = weights[:, k:], weights[:, :k], index[:, :k]
-            if valid is not None and not dense:
-                weights, index = park_padding(weights, index, valid, index[:1, :1])
-            out = (self.experts(x, weights, index, prompt=prompt)
-                   + shared_w.to(x.dtype) * self.shared_expert(x))
+            out = (self.experts(x, weights[:, :k], index[:, :k], prompt=prompt, valid=valid)
+                   + weights[:, k:].to(x.dtype) * self.shared_expert(x))
             return out.reshape(shape)
         logits, sgate = self.gate(x), self.shared_expert_gate(x)
         weights, index = self._route(logits)
-        shared_id = self.experts.shared_id
-        if valid is not None and not dense:
-            weights, index = park_padding(weights, index, valid,
-                                          index[:1, :1] if shared_id is None else shared_id)
-        if shared_id is not None and not dense:
+        if self.experts.shared_id is not None and not dense:
             out = self.experts(x, weights, index, shared_weight=torch.sigmoid(sgate.float()),
-                               prompt=prompt)
+                               prompt=prompt, valid=valid)
         else:
-            out = (self.experts(x, weights, index, prompt=prompt)
+            out = (self.experts(x, weights, index, prompt=prompt, valid=valid)
                    + torch.sigmoid(sgate) * self.shared_expert(x))
         return out.reshape(shape)
 
