@@ -38,6 +38,7 @@ from strata.byte_floor import (H200_COPY_BYTES_PER_S, floor_seconds, weight_form
                                window_bytes)
 from strata.config import StrataConfig, check_known_keys, register_configs  # noqa: E402
 from strata.engine.compiling import inductor_pdl  # noqa: E402
+from strata.kernels.cyext_ops import MOE_WIDE_MAX_ROWS  # noqa: E402
 from strata.engine.llm_engine import Engine  # noqa: E402
 from strata.engine.request import Request, SamplingParams  # noqa: E402
 from strata.kernels import ops  # noqa: E402
@@ -345,21 +346,22 @@ def hf_generate(path, device, prompts, max_tokens, dtype, dummy_args=None) -> fl
 
 
 #: --kernel-options that take a count rather than 0|1, and its range
-COUNT_OPTIONS = {"linear_split_depth": (0, 15), "down_split_runs": (0, 15), "wide_rows": (17, 128)}
+COUNT_OPTIONS = {"linear_split_depth": (0, 15), "down_split_runs": (0, 15),
+                 "wide_rows": (17, MOE_WIDE_MAX_ROWS)}
 
 
 def set_kernel_options(spec: str) -> dict:
-    """Apply --kernel-options (NAME=0|1,..., linear_split_depth=0..15, down_split_runs=0..15,
-    wide_rows=17..128) to the GPU extension's launch switches; returns the switches in force
-    (empty without the extension and without options)."""
+    """Apply --kernel-options (NAME=0|1,..., or a count in its COUNT_OPTIONS range) to the GPU
+    extension's launch switches; returns the switches in force (empty without the extension
+    and without options)."""
     wanted = {}
     for item in filter(None, (t.strip() for t in spec.split(","))):
         name, sep, value = item.partition("=")
         if not sep or not value.isdigit() or (name not in COUNT_OPTIONS
                                               and value not in ("0", "1")):
+            counts = ", ".join(f"{k}={lo}..{hi}" for k, (lo, hi) in COUNT_OPTIONS.items())
             raise SystemExit(f"error: --kernel-options: {item!r} is not NAME=0 or NAME=1 "
-                             "(linear_split_depth=0..15, down_split_runs=0..15, "
-                             "wide_rows=17..128)")
+                             f"({counts})")
         lo, hi = COUNT_OPTIONS.get(name, (0, 1))
         if not lo <= int(value) <= hi:
             raise SystemExit(f"error: --kernel-options: {item!r}: {name} is {lo}..{hi}")
