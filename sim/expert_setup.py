@@ -71,12 +71,12 @@ def build_expert_inputs(cfg: Any, streams: RandomStreams,
     hbm = m.hbm_gb_s * 1e9 * x.hbm_efficiency
     bus = m.bus_gb_s * 1e9 if m.bus_gb_s > 0 else float("inf")
     prefill = float((scale or {}).get("prefill", 1.0))
-    experts = x.prefill_scale if x.prefill_expert_scale is None else x.prefill_expert_scale
     costs = ExpertCosts(x.cost, MissCost(float(x.expert_bytes), bus, float(x.miss_s)), hbm,
                         bytes_model_from_config(x, m) if x.cost == "bytes" else None,
                         window_scale=float((scale or {}).get("window", 1.0)),
                         prefill_scale=prefill * float(x.prefill_scale),
-                        prefill_expert_scale=prefill * float(experts))
+                        prefill_expert_scale=None if x.prefill_expert_scale is None
+                        else prefill * float(x.prefill_expert_scale))
     fields = ({"expert_slots": slots, "experts": x.experts, "expert_bytes": int(x.expert_bytes),
                "moe_layers": x.moe_layers} if cache_on else {})
     return ExpertInputs(model, costs, fields)
