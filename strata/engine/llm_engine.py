@@ -286,22 +286,9 @@ class Engine:
         return self.scheduler.plan()
 
     def _run_prefill(self, plan: Plan, outs: dict) -> None:
-        if plan.segments:
-            return self._run_prefill_segments(plan.segments, outs)
-        slot, rs = plan.slot, plan.slot.req
-        start, n = slot.prefilled, plan.tokens
-        final = start + n == rs.prompt_len
-        next_token = None if final else rs.req.prompt_ids[start + n]
-        t0 = time.perf_counter()
-        _, token = self.runner.prefill(slot.id, rs.prompt_tensor, start, n, next_token, self._tier,
-                                       rs.req.params.filtered)
-        first = int(token[0]) if final else None  # one sync per finished prompt
-        self._sync()
-        commit_prompt(self, slot, n, first, time.perf_counter() - t0, outs)
-
-    def _run_prefill_segments(self, segments: list, outs: dict) -> None:
-        """One prompt chunk holding the next chunk of several slots (engine.prefill_slots):
-        then each slot's prompt commit in order, as if each had run alone."""
+        """One prompt chunk: the next chunk of one slot, or of several (engine.prefill_slots,
+        one launch for all); then each slot's prompt commit in order, as if each had run alone."""
+        segments = plan.prefill_segments
         chunks, finals = [], []
         for slot, n in segments:
             rs = slot.req
@@ -311,8 +298,11 @@ class Engine:
                            None if finals[-1] else rs.req.prompt_ids[start + n]))
         filtered = any(s.req.req.params.filtered for s, _ in segments)
         t0 = time.perf_counter()
-        _, tokens = self.runner.prefill_segments(chunks, self._tier, filtered)
-        firsts = tokens.tolist() if any(finals) else None  # one sync for the chunk
+        if len(chunks) == 1:
+            _, tokens = self.runner.prefill(*chunks[0], self._tier, filtered)
+        else:
+            _, tokens = self.runner.prefill_segments(chunks, self._tier, filtered)
+        firsts = tokens.tolist() if any(finals) else None  # one sync per chunk ending a prompt
         self._sync()
         dur = time.perf_counter() - t0
         for i, (slot, n) in enumerate(segments):
