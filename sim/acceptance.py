@@ -29,6 +29,10 @@ A draft after the first rejected one is never judged: the models draw nothing fo
   where the traces put it). Without it every request would see the same rates, and the spread
   of requests' lengths in windows, hence the E2E tail, would come out too narrow.
 - `RecordedAcceptance`: the engine's own per-commit `accepted`, for replay.
+- `SyntheticAcceptance`: engine.synthetic_acceptance itself: the engine's decisions, a hash of
+  the request's seed and the draft's position (strata.engine.sampling.synthetic_prefix), so a
+  prediction of a synthetic benchmark takes the windows the engine takes (requests of one seed
+  and prompt length accept alike and finish together), where `fixed` would draw them apart.
 
 Random models draw from one stream per request (same seed, same request: same outcomes, however
 the scheduler interleaves requests).
@@ -78,6 +82,29 @@ class FixedRateAcceptance(AcceptanceModel):
         while a < drafted and gen.random() < self.rate:
             a += 1
         return a
+
+
+class SyntheticAcceptance(AcceptanceModel):
+    """engine.synthetic_acceptance=rate: a group's drafts at positions pos0 + 1 .. pos0 +
+    drafted are accepted while the engine's hash of (request seed, position) stays under `rate`.
+    pos0, the group's first row, is the request's last emitted token: prompt + emitted - 1."""
+
+    def __init__(self, rate: float):
+        if not 0.0 <= rate <= 1.0:
+            raise ValueError(f"engine.synthetic_acceptance must be in [0, 1], got {rate}")
+        import torch  # (only this model needs it: the engine's own decision function)
+
+        from strata.engine.sampling import synthetic_prefix
+        self.rate = rate
+        self._torch, self._prefix = torch, synthetic_prefix
+
+    def accepted(self, req: Any, drafted: int, position: int = 0) -> int:
+        if drafted <= 0:
+            return 0
+        t = self._torch
+        pos0 = req.prompt_tokens + position - 1
+        return int(self._prefix(t.tensor([drafted + 1]), t.tensor([req.seed]), t.tensor([pos0]),
+                                drafted + 1, self.rate)[0])
 
 
 def _rates(what: str, rates: list[float]) -> list[float]:

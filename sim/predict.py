@@ -18,7 +18,7 @@ from omegaconf import DictConfig, OmegaConf
 from strata.config import overlap_on
 from strata.trace import shape_key, warm_window_keys
 
-from .acceptance import build_acceptance
+from .acceptance import SyntheticAcceptance, build_acceptance
 from .config import NOMINAL_PROFILE, SimConfig, SimConfigError, validate
 from .costs import CostProfile
 from .expert_setup import build_expert_inputs
@@ -106,7 +106,9 @@ def build_scenario(cfg: Any, profile: Optional[CostProfile] = None,
     scenario = Scenario(
         knobs=e, memory=memory, slots=slots,
         requests=build_workload(cfg.workload, streams),
-        acceptance=build_acceptance(acc_cfg, streams, acc_fit),
+        # engine.synthetic_acceptance replaces the model's drafts' acceptance, as in the engine
+        acceptance=(build_acceptance(acc_cfg, streams, acc_fit) if e.synthetic_acceptance is None
+                    else SyntheticAcceptance(float(e.synthetic_acceptance))),
         costs=profile.for_slots(slots),  # (window times depend on the slot count: sim/costs.py)
         measure_capture=measure_capture,
         config_engine={**asdict(e),  # overlap resolved, as the engine's

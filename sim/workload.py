@@ -41,6 +41,9 @@ class SimRequest:
     #: Instead of an arrival step or second: a closed loop's request, which arrives in the
     #: iteration after an earlier request finishes (ArrivalSource.request_finished).
     after_finish: bool = False
+    #: The request's sampling seed (the engine's default, 0, unless a request names one): with
+    #: engine.synthetic_acceptance it keys the accept decisions, as in the engine.
+    seed: int = 0
 
     def __post_init__(self):
         if (self.arrival_step is not None) + (self.arrival_s is not None) + self.after_finish != 1:

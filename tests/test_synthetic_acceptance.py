@@ -159,3 +159,63 @@ def test_simulator_replays_a_synthetic_trace(tmp_path):
     assert sum(e["accepted"] for e in events if e["ev"] == "commit") > 0
     result = replay_trace(events, lines, name=str(tmp_path / "trace.jsonl"))
     assert result.ok, result.first_divergence
+
+
+def test_simulator_takes_the_engines_decisions(model_dir):
+    """sim.acceptance.SyntheticAcceptance, given a request's prompt length, seed and tokens
+    emitted, accepts what the engine accepted at every commit of a batch_mtp run."""
+    from sim.acceptance import SyntheticAcceptance
+    from sim.workload import SimRequest
+
+    eng = run(model_dir, "batch_mtp", False, 0.8)
+    model = SyntheticAcceptance(0.8)
+    sims = {r.id: SimRequest(id=r.id, index=i, prompt_tokens=len(r.prompt_ids), max_tokens=40,
+                             arrival_step=0, seed=r.params.seed)
+            for i, r in enumerate(requests())}
+    emitted = {rid: 1 for rid in sims}  # the prompt chunk's token
+    judged = 0
+    for ev in eng.trace.events:
+        if ev["ev"] != "commit":
+            continue
+        rid = ev["req"]
+        assert model.accepted(sims[rid], ev["drafted"], emitted[rid]) == ev["accepted"], ev
+        emitted[rid] += ev["emitted"]
+        judged += ev["drafted"] > 0
+    assert judged > 10
+
+
+@pytest.mark.parametrize("mode", ["solo", "batch_mtp"])
+def test_prediction_of_a_synthetic_run_takes_the_engines_windows(model_dir, mode):
+    """With engine.synthetic_acceptance the simulator's prediction (not a replay: nothing of
+    the trace is read) runs the engine's windows and commits, in order, accept counts included:
+    requests of one seed and prompt length accept alike, as in the engine."""
+    from sim.config import register_configs
+    from sim.predict import run_predict
+    from hydra import compose, initialize_config_dir
+    from sim.config import SIM_CONF_DIR
+
+    n, prompt, out = 3, 6, 24
+    knobs = dict(mode="solo" if mode == "solo" else "batch", batch_mtp=mode == "batch_mtp",
+                 slots=n if mode != "solo" else 1, window_rows=8, spec=4, graphs=False,
+                 synthetic_acceptance=0.8)
+    eng = Engine.from_config(cpu_engine_config(model_dir, 128, **knobs), log=lambda s: None)
+    rng = random.Random(3)
+    run_cohort(eng, [Request(f"r{i}", [rng.randrange(1, 512) for _ in range(prompt)],
+                             SamplingParams(max_tokens=out, stop_at_eos=False), arrival_step=0)
+                     for i in range(n)], 2000)
+    register_configs()
+    with initialize_config_dir(config_dir=SIM_CONF_DIR, version_base="1.3"):
+        cfg = compose(config_name="config", overrides=[
+            "workload=cohort", f"workload.requests={n}", f"workload.prompt_tokens={prompt}",
+            f"workload.max_tokens={out}", "spread.enabled=false", "engine.max_context=128",
+            *(f"engine.{k}={str(v).lower() if isinstance(v, bool) else v}"
+              for k, v in knobs.items())])
+    sim = run_predict(cfg).run
+
+    def schedule(events):
+        return [(e["ev"], e.get("layout"), e.get("req"), e.get("accepted"))
+                for e in events if e["ev"] in ("window", "commit", "prefill")]
+
+    engine_events = schedule(eng.trace.events)
+    assert sum(1 for e in engine_events if e[0] == "commit" and e[3]) > 3
+    assert schedule(sim.events) == engine_events
