@@ -28,7 +28,6 @@ from __future__ import annotations
 import argparse
 import functools
 import json
-import math
 import statistics
 import sys
 import time
@@ -102,9 +101,9 @@ def mode_overrides(mode: str, n: int) -> list[str]:
 
 def predict(preset: str, mode: str, n: int, extra: list[str], seeds: int,
             args) -> dict[str, Any]:
-    """Mean aggregate tok/s, expert hit rate and decode-window misses of one cell over `seeds`
-    routing seeds."""
-    tps, hits, misses = [], [], []
+    """Mean aggregate tok/s, acceptance, expert hit rate and decode-window misses of one cell
+    over `seeds` routing seeds."""
+    tps, hits, misses, acceptance = [], [], [], []
     for seed in range(seeds):
         cfg = compose_cfg([f"hardware={preset}", "workload=cohort", f"workload.requests={n}",
                            f"workload.prompt_tokens={args.prompt_tokens}",
@@ -113,10 +112,14 @@ def predict(preset: str, mode: str, n: int, extra: list[str], seeds: int,
                            f"seed={seed}", *mode_overrides(mode, n), *extra])
         m = run_predict(cfg).metrics
         tps.append(m["aggregate_tps"])
+        if m["acceptance"] is not None:  # (None: no drafts)
+            acceptance.append(m["acceptance"])
         if m["expert_hit_rate"] is not None:
             hits.append(m["expert_hit_rate"])
             misses.append(m["sim"]["expert_misses"])
-    return {"tps": statistics.mean(tps), "hit_rate": statistics.mean(hits) if hits else None,
+    return {"tps": statistics.mean(tps),
+            "acceptance": statistics.mean(acceptance) if acceptance else None,
+            "hit_rate": statistics.mean(hits) if hits else None,
             "misses": statistics.mean(misses) if misses else None}
 
 
@@ -470,38 +473,17 @@ def protocol_note(meta: dict) -> str:
     return f"Engine protocol: {cache}, {per}; {fill}."
 
 
-def realized_acceptance(measured: float, drafts: int) -> float:
-    """The per-draft rate p whose solo windows (`drafts` drafts, each accepted with p when the
-    ones before it were) accept `measured` of their drafts: (p + p^2 + .. + p^drafts) / drafts
-    = measured, by bisection."""
-    lo, hi = 0.0, 1.0
-    for _ in range(60):
-        mid = (lo + hi) / 2
-        if sum(mid ** j for j in range(1, drafts + 1)) / drafts < measured:
-            lo = mid
-        else:
-            hi = mid
-    return (lo + hi) / 2
-
-
 def engine_check(args) -> str:
     eng, meta = engine_cells(args.engine)
     extra = engine_overrides(meta, args) + list(getattr(args, "set", None) or [])
     x = compose_cfg([f"hardware={H200}", *extra]).experts
     fit_in = [float(b) for b in args.fit_budgets.split(",")]
     full, low = max(fit_in), min(fit_in)
-    # The engine's synthetic acceptance is a hash of (seed, position): every request and
-    # budget accepts at the same positions, so its realized rate, not the set one, decides how
-    # many windows (and misses) a request takes. The all-resident solo cells measure it.
-    spec = int((meta.get("args") or meta).get("spec") or 0)
-    solo = [c["acceptance"] for (f, _, mode), c in eng.items()
-            if f == full and mode == "solo" and c.get("acceptance")]
-    acceptance_note = f"the set synthetic acceptance, {args.acceptance:g}"
-    if solo and spec > 1:
-        measured = statistics.mean(solo)
-        args.acceptance = round(realized_acceptance(measured, spec - 1), 4)
-        acceptance_note = (f"the synthetic acceptance as realized, {args.acceptance:g} per draft "
-                           f"(the solo cells' measured {measured:.3f} of drafts)")
+    # The engine's synthetic acceptance is a hash of (seed, position): the simulator takes the
+    # same decisions (engine.synthetic_acceptance), so its cohorts run the engine's windows.
+    extra.append(f"engine.synthetic_acceptance={args.acceptance}")
+    acceptance_note = (f"the engine's synthetic acceptance decisions at {args.acceptance:g} "
+                       f"(engine.synthetic_acceptance)")
     # The engine's all-resident time per token of each (mode, N), and the simulator's: a
     # prediction is the engine's all-resident time plus the time the simulator adds at the
     # budget (its misses over the bus, the swaps' copies), paired by seed. The miss time is
@@ -607,96 +589,111 @@ def engine_check(args) -> str:
 
 #: The engine's aggregate tok/s at full depth (FP8 dummy weights, random routers, 64-token
 #: prompts, synthetic acceptance 0.8, engine.overlap on, FP8 routed experts launched wide, the
-#: router's sort fallback, the down kernel on tensor cores above 32 rows:
-#: docs/bench/s29/call6_n8_mma.json; solo spec 2 before that last change, which moves its one
-#: prompt chunk only: call2_solo2.json; `_ps8`: engine.prefill_slots=8, one chunk for the eight
-#: prompts, docs/bench/s30/call1_n8_ps8.json), keyed by (configuration, N, output tokens);
-#: experts.prefill_scale and prefill_expert_scale are fitted to them.
-BENCH_TPS = {("batch_mtp_w16", 8, 64): 748.6, ("solo_spec2", 1, 256): 392.3,
-             ("batch_mtp_w16_ps8", 8, 64): 871.7}
+#: router's sort fallback, the down kernel on tensor cores above 32 rows; the median of each
+#: JSON's repeats): batch_mtp W16 at N=8 with one slot a chunk and, `_ps8`,
+#: engine.prefill_slots=8 (one chunk for the eight prompts), in one call:
+#: docs/bench/s30/call1_n8_ps1.json and call1_n8_ps8.json; solo spec 2 before the down kernel's
+#: last change, which moves its one prompt chunk only: docs/bench/s29/call2_solo2.json. Keyed by
+#: (configuration, N, output tokens). Nothing is fitted to them (the prefill scales are fitted
+#: to the chunk times, BENCH_CHUNKS): --bench-check compares.
+BENCH_TPS = {("batch_mtp_w16", 8, 64): 756.8, ("solo_spec2", 1, 256): 392.3,
+             ("batch_mtp_w16_ps8", 8, 64): 870.9}
 #: Cohorts of the same engine that nothing is fitted to (docs/bench/s29/call2_solo4.json):
 #: --bench-check lists them as held out.
 BENCH_HELD_OUT = {("solo_spec4", 1, 256): 462.3}
 #: The fraction of drafts each of those cohorts accepted (the JSONs' `acceptance`). The
-#: engine's synthetic acceptance is a hash of (seed, position), so one cohort of 256 tokens
-#: realizes a rate a few points from the set one (solo spec 4: 0.636 of drafts, where 0.8 per
-#: draft gives 0.651 in expectation), and that decides how many windows it takes: the cohorts
-#: are simulated at their realized rate, as the --engine check does.
+#: simulator runs them with engine.synthetic_acceptance, the engine's own decisions (a hash of
+#: the request's seed and the draft's position: the eight requests of 64-token prompts and seed
+#: 0 accept alike), so it realizes these rates itself: --bench-check prints both.
 BENCH_ACCEPTANCE = {("batch_mtp_w16", 8, 64): 0.8, ("solo_spec2", 1, 256): 0.7958,
                     ("solo_spec4", 1, 256): 0.6360, ("batch_mtp_w16_ps8", 8, 64): 0.8}
 
 
 def bench_cells(args, extra: list[str] = (), cells: Optional[dict] = None
-                ) -> list[tuple[str, int, float, float]]:
-    """(config, N, engine tok/s, simulated tok/s) of every cohort of `cells` (BENCH_TPS), every
-    expert resident, uniform routing, `extra` simulator overrides."""
+                ) -> list[tuple[str, int, float, dict]]:
+    """(config, N, engine tok/s, the simulation's predict() result) of every cohort of `cells`
+    (BENCH_TPS), every expert resident, uniform routing, the engine's synthetic acceptance at
+    args.acceptance, `extra` simulator overrides."""
     out = []
-    set_rate = args.acceptance
     for (label, n, max_tokens), tps in (BENCH_TPS if cells is None else cells).items():
         args.prompt_tokens, args.max_tokens = 64, max_tokens
         name = label
-        mode, over = name, ["engine.expert_cache_mib=0", "experts.skew=0", *extra]
-        drafts = 0  # drafts per window of a group: spec - 1 solo, 1 in batch_mtp's 2-row groups
+        mode, over = name, ["engine.expert_cache_mib=0", "experts.skew=0",
+                            f"engine.synthetic_acceptance={args.acceptance}", *extra]
         if name.startswith("solo_spec"):
             spec = int(name.removeprefix("solo_spec"))
-            mode, over, drafts = "solo", over + [f"engine.spec={spec}"], spec - 1
+            mode, over = "solo", over + [f"engine.spec={spec}"]
         name, _, slots = name.partition("_ps")  # _psP: engine.prefill_slots=P
         if slots:
             over = over + [f"engine.prefill_slots={int(slots)}"]
         if name == "batch_mtp_w16":
-            mode, over, drafts = "batch_mtp", over + ["engine.window_rows=16"], 1
-        realized = BENCH_ACCEPTANCE.get((label, n, max_tokens))
-        args.acceptance = round(realized_acceptance(realized, drafts), 4) \
-            if realized is not None and drafts else set_rate
-        out.append((label, n, tps, predict(H200, mode, n, over, 1, args)["tps"]))
-    args.acceptance = set_rate
+            mode, over = "batch_mtp", over + ["engine.window_rows=16"]
+        out.append((label, n, tps, predict(H200, mode, n, over, 1, args)))
     return out
 
 
 def bench_check(args) -> str:
     """The preset (every expert resident, uniform routing) against the cohorts whose windows
     the bytes model was fitted to (their prompt chunks priced by the prefill scales)."""
-    rows = ["| config | N | engine tok/s | simulated tok/s | error | |", "|---|---|---|---|---|---|"]
-    for cells, role in ((BENCH_TPS, "fitted"), (BENCH_HELD_OUT, "held out")):
+    rows = ["| config | N | engine tok/s | simulated tok/s | error | acceptance: engine / "
+            "simulated | |", "|---|---|---|---|---|---|---|"]
+    for cells, role in ((BENCH_TPS, "chunks fitted"), (BENCH_HELD_OUT, "held out")):
         for name, n, tps, sim in bench_cells(args, cells=cells):
-            rows.append(f"| {name} | {n} | {tps} | {sim:.0f} | {sim / tps - 1:+.1%} | {role} |")
+            key = next(k for k in cells if k[0] == name and k[1] == n)
+            rows.append(f"| {name} | {n} | {tps} | {sim['tps']:.0f} | {sim['tps'] / tps - 1:+.1%} "
+                        f"| {BENCH_ACCEPTANCE[key]:.4f} / {sim['acceptance']:.4f} | {role} |")
     return "\n".join(rows)
 
 
-def _golden(loss, lo: float, hi: float, iters: int) -> float:
-    """The minimum of a loss that falls, then rises, on [lo, hi] (golden-section search)."""
-    g = (math.sqrt(5) - 1) / 2
-    a, b = lo, hi
-    c, d = b - g * (b - a), a + g * (b - a)
-    fc, fd = loss(c), loss(d)
-    for _ in range(iters):
-        if fc < fd:
-            b, d, fd = d, c, fc
-            c = b - g * (b - a)
-            fc = loss(c)
-        else:
-            a, c, fc = c, d, fd
-            d = a + g * (b - a)
-            fd = loss(d)
-    return round((a + b) / 2, 3)
+#: The engine's measured prompt chunks the two prefill scales are fitted to: one call's chunks
+#: of one slot and of eight (docs/bench/s30/call1_n8_ps1.json and call1_n8_ps8.json, `prefills`:
+#: 64 tokens a slot), so that the fixed part and the expert part are told apart.
+BENCH_CHUNKS = [REPO / "docs/bench/s30/call1_n8_ps1.json", REPO / "docs/bench/s30/call1_n8_ps8.json"]
 
 
-def fit_prefill_scales(args, lo: float = 0.5, hi: float = 4.0, iters: int = 12,
-                       rounds: int = 3) -> tuple[float, float, float]:
+def bench_chunks(paths=BENCH_CHUNKS) -> list[dict]:
+    """The measured prompt chunks of bench_engine.py JSONs: tokens a slot, slots, mean ms."""
+    out = []
+    for p in paths:
+        d = json.loads(Path(p).read_text(encoding="utf-8"))
+        for cell in d["summary"].values():
+            for c in cell.get("prefills", []):
+                out.append({"tokens": int(c["tokens"]), "slots": int(c.get("segments", 1)),
+                            "ms": float(c["mean_ms"]), "chunks": int(c["chunks"])})
+    if not out:
+        raise SystemExit(f"error: no prompt chunks in {[str(p) for p in paths]}")
+    return out
+
+
+def chunk_parts(x, memory, tokens: int, slots: int) -> tuple[float, float]:
+    """(fixed and other-bytes seconds, expert seconds) of a prompt chunk of `slots` slots'
+    `tokens` tokens as the simulator prices it before the two scales (ExpertCosts.prefill_s):
+    a 1-group window's fixed part and other bytes, and the expected distinct experts of each
+    launch of experts.prefill_launch_rows rows over the HBM bandwidth."""
+    model = bytes_model_from_config(x, memory)
+    rows, launch = tokens * slots, int(x.prefill_launch_rows) or tokens * slots
+    hits = sum(expected_distinct_uniform(x.experts, x.top_k, min(launch, rows - s))
+               for s in range(0, rows, launch)) * x.moe_layers
+    return model.resident_s(1, 1, 0), hits * model.expert_bytes / model.hbm_bytes_per_s
+
+
+def fit_prefill_scales(chunks: Optional[list[dict]] = None) -> tuple[float, float, list[dict]]:
     """experts.prefill_scale (a prompt chunk's fixed part and other bytes) and
-    experts.prefill_expert_scale (its expert bytes) that bring the all-resident cohorts of
-    BENCH_TPS closest to the engine's (least squares of the log errors), by turns: each a
-    golden-section search with the other held. Cohorts whose chunks hold one launch and several
-    (engine.prefill_slots) tell the two apart. Returns both and the largest error left."""
-    def errors(f: float, fe: float) -> list[float]:
-        return [math.log(sim / tps) for _, _, tps, sim in bench_cells(
-            args, [f"experts.prefill_scale={f}", f"experts.prefill_expert_scale={fe}"])]
+    experts.prefill_expert_scale (its expert bytes): least squares of the measured chunk times
+    on the two parts (chunks of one launch and of several tell them apart). Returns both and
+    each chunk's measured and fitted ms."""
+    import numpy as np
 
-    f = fe = 1.0
-    for _ in range(rounds):
-        f = _golden(lambda v: sum(e * e for e in errors(v, fe)), lo, hi, iters)
-        fe = _golden(lambda v: sum(e * e for e in errors(f, v)), lo, hi, iters)
-    return f, fe, max(abs(math.expm1(e)) for e in errors(f, fe))
+    x = compose_cfg([f"hardware={H200}"])
+    chunks = bench_chunks() if chunks is None else chunks
+    parts = np.array([chunk_parts(x.experts, x.memory, c["tokens"], c["slots"]) for c in chunks])
+    t = np.array([c["ms"] / 1e3 for c in chunks])
+    (f, fe), *_ = np.linalg.lstsq(parts, t, rcond=None)
+    if f <= 0 or fe <= 0:
+        raise SystemExit(f"error: the prefill fit is not physical: scale {f}, expert scale {fe}")
+    f, fe = round(float(f), 3), round(float(fe), 3)
+    rows = [{**c, "model_ms": (a * f + b * fe) * 1e3} for c, (a, b) in zip(chunks, parts)]
+    return f, fe, rows
 
 
 # --- the bytes model's fit -------------------------------------------------------------------
@@ -746,7 +743,8 @@ within 3.5%),
 a prompt chunk its 1-group window's fixed part and other bytes times
 {compose_cfg([f"hardware={H200}"]).experts.prefill_scale:g} (`experts.prefill_scale`) and its expert bytes times
 {compose_cfg([f"hardware={H200}"]).experts.prefill_expert_scale:g} (`experts.prefill_expert_scale`), both fitted to the
-engine's later cohorts, the script's BENCH_TPS, with chunks of one slot and of eight; a missed expert adds, per read (one per 32-row MoE kernel call), its bytes
+engine's measured prompt chunks of one slot and of eight (the script's BENCH_CHUNKS); every row a
+window runs routes, padding included, as in the engine; a missed expert adds, per read (one per 32-row MoE kernel call), its bytes
 over the bus ({compose_cfg([f"hardware={H200}"]).memory.bus_gb_s:g} GB/s on the H200) plus
 {compose_cfg([f"hardware={H200}"]).experts.miss_s * 1e6:g} us, both fitted on the engine study's 25% budget. Routing: Zipf popularity of exponent
 {H200_SKEW} (trained routers' skew, see conf/sim/experts/qwen3_next_80b_a3b_iq3_s.yaml), rows of one
@@ -827,10 +825,14 @@ def main(argv: Optional[list[str]] = None) -> int:
     register_configs()
     if args.fit:
         print(fit_report())
-        f, fe, worst = fit_prefill_scales(args)
-        print(f"\nexperts.prefill_scale {f}, experts.prefill_expert_scale {fe} (the "
-              f"all-resident cohorts of BENCH_TPS within {worst:.1%} with them; --bench-check "
-              f"lists them)")
+        f, fe, rows = fit_prefill_scales()
+        print(f"\nexperts.prefill_scale {f}, experts.prefill_expert_scale {fe}, fitted to the "
+              f"measured prompt chunks (BENCH_CHUNKS):\n")
+        print("| slots x tokens | chunks | measured ms | model ms | error |\n|---|---|---|---|---|")
+        for r in rows:
+            print(f"| {r['slots']} x {r['tokens']} | {r['chunks']} | {r['ms']:.2f} | "
+                  f"{r['model_ms']:.2f} | {r['model_ms'] / r['ms'] - 1:+.1%} |")
+        print("\n--bench-check: the cohorts' tok/s with them")
         return 0
     if args.bench_check:
         print(bench_check(args))

@@ -37,6 +37,14 @@ class SimulationError(RuntimeError):
     pass
 
 
+def routed_groups(real: int, run_groups: int, run_rows: int) -> list[int]:
+    """Rows per group whose routed experts a window of `real` groups reads when the engine
+    runs it as `run_groups` groups of `run_rows` rows: every row it runs routes, a real group's
+    rows past its own too (a stored draft, a chained one), and the padding groups, which all run
+    the same rows of the scratch lane, route as one more group."""
+    return [run_rows] * real + ([run_rows] if run_groups > real else [])
+
+
 #: The `key` a window reports when graphs are off (no cache, so no key is computed).
 NO_GRAPH_KEY = "eager"
 #: Decimal places of `dur` in the trace (microseconds, as the engine writes it).
@@ -544,8 +552,7 @@ class SimEngine:
         if self.experts is not None:
             shape = self._window_shape(groups)
             rows = shape[0] * shape[1] if self.knobs.batch_invariant else len(layout)
-            # Only the real rows route (a padded group's rows are not a request's tokens).
-            x = self.experts.window(self.step, [r for _, r in groups])
+            x = self.experts.window(self.step, routed_groups(len(groups), *shape))
             if self.experts.cache_on:
                 expert_fields = window_fields(x, self.experts.expert_bytes)
                 self.stats.expert_hits += x.hits

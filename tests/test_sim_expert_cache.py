@@ -275,6 +275,12 @@ def test_bytes_model_fits_the_measured_full_depth_fp8_windows():
 
 # --- predict and replay ----------------------------------------------------------------------
 
+def shape_rows(window: dict) -> int:
+    """Rows a window event's shape key runs: groups x rows per group."""
+    groups, rows = map(int, window["key"].split(":")[1].split("@")[0].split("x"))
+    return groups * rows
+
+
 def test_predicted_expert_trace_carries_the_contract_fields_and_replays():
     cfg = cfg_of(*SMALL_EXPERTS, "engine.expert_cache_mib=64", "engine.expert_adapt_every=2",
                  "experts.skew=1.0", *COHORT)
@@ -284,7 +290,8 @@ def test_predicted_expert_trace_carries_the_contract_fields_and_replays():
     assert mem["expert_slots"] == 16 and mem["experts"] == 64 and mem["moe_layers"] == 4
     windows = [e for e in events if e["ev"] == "window"]
     assert windows and all(e["bus_bytes"] == e["misses"] * (1 << 20) for e in windows)
-    assert all(e["hits"] + e["misses"] <= 4 * min(64, e["rows"] * 4) for e in windows)
+    # (every row the window runs routes: its shape's groups x rows at most)
+    assert all(e["hits"] + e["misses"] <= 4 * min(64, shape_rows(e) * 4) for e in windows)
     swaps = [e for e in events if e["ev"] == "expert_swap"]
     assert swaps and all(e["bytes"] == e["experts"] * (1 << 20) for e in swaps)
     m = run.metrics
@@ -298,6 +305,36 @@ def test_predicted_expert_trace_carries_the_contract_fields_and_replays():
     bad[i]["step"] = later["step"]
     result = replay_trace(bad)
     assert not result.ok and result.first_divergence.engine[0] == "expert_swap"
+
+
+def test_a_window_routes_every_row_the_engine_runs(monkeypatch):
+    """The engine runs a window as its shape: a real group's rows past its own route too (a
+    stored draft), and the padding groups up to the shape bucket run the scratch lane's same
+    rows, one more group's picks. The simulator's draw follows (three requests in 4-group
+    windows of 2 rows route four groups of 2)."""
+    from sim.scheduler import routed_groups
+
+    assert routed_groups(3, 4, 2) == [2, 2, 2, 2]
+    assert routed_groups(2, 2, 4) == [4, 4]
+    assert routed_groups(5, 8, 2) == [2] * 6
+    drawn = []
+    window = ExpertCacheModel.window
+
+    def spy(self, step, groups):
+        drawn.append(list(groups))
+        return window(self, step, groups)
+
+    monkeypatch.setattr(ExpertCacheModel, "window", spy)
+    run = run_predict(cfg_of(*SMALL_EXPERTS, "engine.expert_cache_mib=0", "engine.batch_mtp=true",
+                             "workload=cohort", "workload.requests=3", "workload.prompt_tokens=16",
+                             "workload.max_tokens=24", "engine.slots=3", "spread.enabled=false"))
+    windows = [e for e in run.run.events if e["ev"] == "window"]
+    assert len(drawn) == len(windows)
+    for groups, e in zip(drawn, windows):
+        run_groups, run_rows = map(int, e["key"].split(":")[1].split("@")[0].split("x"))
+        real = len(set(e["layout"]))
+        assert groups == [run_rows] * real + ([run_rows] if run_groups > real else []), e
+    assert any(len(set(e["layout"])) == 3 and e["key"].startswith("shape:4x2") for e in windows)
 
 
 def test_cache_off_has_no_expert_fields_and_a_null_hit_rate():
@@ -483,10 +520,31 @@ def test_study_pools_the_all_resident_measurements_of_the_same_work():
     assert base[(2, "batch")] == pytest.approx((0.005 + 0.01) / 2)
     assert study.same_work_spread(eng) == pytest.approx(1.0)  # 100 against 50 at the full budget
     assert study.same_work_spread(eng, 0.5) == pytest.approx(0.1)  # one budget's own: 44 / 40
-    # the synthetic acceptance's realized rate from the solo cells' accepted share of drafts
-    assert study.realized_acceptance(0.8, 1) == pytest.approx(0.8)
-    p = study.realized_acceptance(0.677, 3)
-    assert (p + p ** 2 + p ** 3) / 3 == pytest.approx(0.677) and 0.81 < p < 0.82
+
+
+def test_prefill_scales_are_fitted_to_the_chunk_times():
+    """fit_prefill_scales recovers the two prefill scales from chunks of one launch and of
+    eight (which tell the fixed part from the expert part), and the FP8 preset holds the fit to
+    the engine's measured chunks (BENCH_CHUNKS)."""
+    from sim.config import register_configs
+
+    study = study_module()
+    register_configs()
+    x = study.compose_cfg([f"hardware={study.H200}"])
+    chunks = []
+    for slots in (1, 8):
+        fixed, experts = study.chunk_parts(x.experts, x.memory, 64, slots)
+        chunks.append({"tokens": 64, "slots": slots, "chunks": 1,
+                       "ms": (fixed * 2.5 + experts * 1.2) * 1e3})
+    f, fe, rows = study.fit_prefill_scales(chunks)
+    assert (f, fe) == (2.5, 1.2)
+    assert all(r["model_ms"] == pytest.approx(r["ms"]) for r in rows)
+    # eight slots' chunk reads each 64-row launch's experts: about 8x one slot's expert part
+    assert study.chunk_parts(x.experts, x.memory, 64, 8)[1] == pytest.approx(
+        8 * study.chunk_parts(x.experts, x.memory, 64, 1)[1])
+    f, fe, rows = study.fit_prefill_scales()
+    assert (f, fe) == (x.experts.prefill_scale, x.experts.prefill_expert_scale)
+    assert all(abs(r["model_ms"] / r["ms"] - 1) < 0.01 for r in rows)
 
 
 @pytest.mark.slow
