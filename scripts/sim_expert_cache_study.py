@@ -750,8 +750,8 @@ over the bus ({compose_cfg([f"hardware={H200}"]).memory.bus_gb_s:g} GB/s on the 
 {H200_SKEW} (trained routers' skew, see conf/sim/experts/qwen3_next_80b_a3b_iq3_s.yaml), rows of one
 request routed independently on the H200 (random dummy routers); the cards' presets assume trained
 routers repeat half of a token's experts on the next token (`experts.row_overlap=0.5`).
-With every expert resident the preset holds the engine's measured full-depth cohorts within 4%
-(`--bench-check`, docs/SIMULATOR.md; in sample: they fitted the prefill scales); the ratios
+With every expert resident the preset holds the engine's measured full-depth cohorts within 2.5%
+(`--bench-check`, docs/SIMULATOR.md; nothing is fitted to their tok/s); the ratios
 and signs are what this study is for. How far the expert model itself holds:
 `python scripts/sim_expert_cache_study.py --engine docs/bench/s18/expert_study.json` checks it
 against the engine's measured budget study on the H200 (BENCHMARKS.md, "Expert cache study").
