@@ -19,7 +19,7 @@ by default), synthetic acceptance 0.8 per judged draft, averaged over --seeds ro
 
     python scripts/sim_expert_cache_study.py                       # writes docs/SIM_STUDIES.md (d)
     python scripts/sim_expert_cache_study.py --engine study.json --md-out cmp.md
-    python scripts/sim_expert_cache_study.py --fit                 # the bytes model's fit
+    python scripts/sim_expert_cache_study.py --fit                 # the bytes and prefill fits
     python scripts/sim_expert_cache_study.py --bench-check         # all resident vs the engine
 """
 
@@ -38,6 +38,7 @@ from typing import Any, Optional
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+import numpy as np  # noqa: E402
 from hydra import compose, initialize_config_dir  # noqa: E402
 
 from sim.config import SIM_CONF_DIR, register_configs  # noqa: E402
@@ -610,10 +611,10 @@ BENCH_ACCEPTANCE = {("batch_mtp_w16", 8, 64): 0.8, ("solo_spec2", 1, 256): 0.795
 
 
 def bench_cells(args, extra: list[str] = (), cells: Optional[dict] = None
-                ) -> list[tuple[str, int, float, dict]]:
-    """(config, N, engine tok/s, the simulation's predict() result) of every cohort of `cells`
-    (BENCH_TPS), every expert resident, uniform routing, the engine's synthetic acceptance at
-    args.acceptance, `extra` simulator overrides."""
+                ) -> list[tuple[tuple[str, int, int], float, dict]]:
+    """((config, N, output tokens), engine tok/s, the simulation's predict() result) of every
+    cohort of `cells` (BENCH_TPS), every expert resident, uniform routing, the engine's synthetic
+    acceptance at args.acceptance, `extra` simulator overrides."""
     out = []
     for (label, n, max_tokens), tps in (BENCH_TPS if cells is None else cells).items():
         args.prompt_tokens, args.max_tokens = 64, max_tokens
@@ -628,20 +629,20 @@ def bench_cells(args, extra: list[str] = (), cells: Optional[dict] = None
             over = over + [f"engine.prefill_slots={int(slots)}"]
         if name == "batch_mtp_w16":
             mode, over = "batch_mtp", over + ["engine.window_rows=16"]
-        out.append((label, n, tps, predict(H200, mode, n, over, 1, args)))
+        out.append(((label, n, max_tokens), tps, predict(H200, mode, n, over, 1, args)))
     return out
 
 
 def bench_check(args) -> str:
-    """The preset (every expert resident, uniform routing) against the cohorts whose windows
-    the bytes model was fitted to (their prompt chunks priced by the prefill scales)."""
+    """The preset (every expert resident, uniform routing) against the engine's measured
+    cohorts (BENCH_TPS, BENCH_HELD_OUT), with the share of drafts each accepted."""
     rows = ["| config | N | engine tok/s | simulated tok/s | error | acceptance: engine / "
             "simulated | |", "|---|---|---|---|---|---|---|"]
     for cells, role in ((BENCH_TPS, "chunks fitted"), (BENCH_HELD_OUT, "held out")):
-        for name, n, tps, sim in bench_cells(args, cells=cells):
-            key = next(k for k in cells if k[0] == name and k[1] == n)
+        for (name, n, max_tokens), tps, sim in bench_cells(args, cells=cells):
             rows.append(f"| {name} | {n} | {tps} | {sim['tps']:.0f} | {sim['tps'] / tps - 1:+.1%} "
-                        f"| {BENCH_ACCEPTANCE[key]:.4f} / {sim['acceptance']:.4f} | {role} |")
+                        f"| {BENCH_ACCEPTANCE[name, n, max_tokens]:.4f} / "
+                        f"{sim['acceptance']:.4f} | {role} |")
     return "\n".join(rows)
 
 
@@ -682,8 +683,6 @@ def fit_prefill_scales(chunks: Optional[list[dict]] = None) -> tuple[float, floa
     experts.prefill_expert_scale (its expert bytes): least squares of the measured chunk times
     on the two parts (chunks of one launch and of several tell them apart). Returns both and
     each chunk's measured and fitted ms."""
-    import numpy as np
-
     x = compose_cfg([f"hardware={H200}"])
     chunks = bench_chunks() if chunks is None else chunks
     parts = np.array([chunk_parts(x.experts, x.memory, c["tokens"], c["slots"]) for c in chunks])
@@ -832,7 +831,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         for r in rows:
             print(f"| {r['slots']} x {r['tokens']} | {r['chunks']} | {r['ms']:.2f} | "
                   f"{r['model_ms']:.2f} | {r['model_ms'] / r['ms'] - 1:+.1%} |")
-        print("\n--bench-check: the cohorts' tok/s with them")
+        print("\n(--bench-check compares the cohorts' tok/s with these scales)")
         return 0
     if args.bench_check:
         print(bench_check(args))
