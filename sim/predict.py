@@ -89,6 +89,9 @@ def build_scenario(cfg: Any, profile: Optional[CostProfile] = None,
     streams = RandomStreams(cfg.seed)
     e, m = cfg.engine, cfg.memory
     slots, info = slots_that_fit(cfg)
+    if e.synthetic_acceptance is not None:
+        info += (f"; acceptance: the engine's synthetic decisions at {e.synthetic_acceptance:g} "
+                 f"(engine.synthetic_acceptance; the acceptance group is unused)")
     capture_gen = streams.stream("graph.capture_mib")
 
     def measure_capture() -> float:

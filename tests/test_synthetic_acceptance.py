@@ -210,7 +210,9 @@ def test_prediction_of_a_synthetic_run_takes_the_engines_windows(model_dir, mode
             f"workload.max_tokens={out}", "spread.enabled=false", "engine.max_context=128",
             *(f"engine.{k}={str(v).lower() if isinstance(v, bool) else v}"
               for k, v in knobs.items())])
-    sim = run_predict(cfg).run
+    result = run_predict(cfg)
+    sim = result.run
+    assert "synthetic decisions at 0.8" in result.info
 
     def schedule(events):
         return [(e["ev"], e.get("layout"), e.get("req"), e.get("accepted"))
