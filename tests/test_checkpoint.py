@@ -132,6 +132,40 @@ def test_unsupported_model_type(ckpt_copy):
     checkpoint_error(ckpt_copy, ckpt_copy / "config.json", "model_type", "'llama'")
 
 
+@pytest.mark.parametrize("key,value,needle", [
+    ("hidden_size", -4, "hidden_size must be an integer >= 1, got -4"),
+    ("vocab_size", "big", "vocab_size must be an integer >= 1, got 'big'"),
+    ("num_hidden_layers", 2.5, "num_hidden_layers must be an integer >= 1, got 2.5"),
+    ("num_attention_heads", 0, "num_attention_heads must be an integer >= 1, got 0"),
+    ("num_experts_per_tok", True, "num_experts_per_tok must be an integer >= 1, got True"),
+    ("num_experts_per_tok", 99, "num_experts_per_tok (99) must be at most num_experts"),
+    ("max_position_embeddings", 0, "max_position_embeddings must be an integer >= 1"),
+    ("rms_norm_eps", -1, "rms_norm_eps must be a finite number > 0, got -1"),
+    ("norm_topk_prob", "yes", "norm_topk_prob must be true or false, got 'yes'"),
+    ("mlp_only_layers", [0, 7], "mlp_only_layers must list layer indices in [0, 4), got [7]"),
+    ("eos_token_id", -1, "eos_token_id must be token ids in [0, "),
+    ("rope_parameters", {"rope_type": "default", "rope_theta": "x"}, "rope_theta must be a number"),
+    ("rope_parameters", {"rope_type": "default", "rope_theta": 1e4, "partial_rotary_factor": 2.0},
+     "partial_rotary_factor 2.0"),
+])
+def test_config_value_out_of_range(ckpt_copy, key, value, needle):
+    """A malformed config.json value is one CheckpointError naming the key and the value, not a
+    failure deep inside the model's construction."""
+    cfg = json.loads((ckpt_copy / "config.json").read_text())
+    assert cfg["num_hidden_layers"] == 4
+    cfg[key] = value
+    (ckpt_copy / "config.json").write_text(json.dumps(cfg))
+    checkpoint_error(ckpt_copy, needle)
+
+
+def test_config_without_layer_types_needs_a_positive_interval(ckpt_copy):
+    cfg = json.loads((ckpt_copy / "config.json").read_text())
+    del cfg["layer_types"]
+    cfg["full_attention_interval"] = 0
+    (ckpt_copy / "config.json").write_text(json.dumps(cfg))
+    checkpoint_error(ckpt_copy, "full_attention_interval must be an integer >= 1, got 0")
+
+
 def test_config_missing_required_key(ckpt_copy):
     cfg = json.loads((ckpt_copy / "config.json").read_text())
     del cfg["linear_num_value_heads"]

@@ -87,7 +87,62 @@ def _rope(cfg: dict[str, Any]) -> tuple[float, float]:
     rtype = rp.get("rope_type", rp.get("type", "default"))
     if rtype not in ("default", None):
         raise CheckpointError(f"config.json: rope type {rtype!r} is not supported (default only)")
+    for key, v in (("rope_theta", theta), ("partial_rotary_factor", factor)):
+        if isinstance(v, bool) or not isinstance(v, (int, float)):
+            raise CheckpointError(f"config.json: {key} must be a number, got {v!r}")
     return float(theta), float(factor)
+
+
+#: ModelArgs' integer fields and the least value each may take.
+_INT_MINIMUMS = {"vocab_size": 1, "hidden_size": 1, "num_hidden_layers": 1,
+                 "num_attention_heads": 1, "num_key_value_heads": 1, "head_dim": 1,
+                 "intermediate_size": 1, "linear_num_key_heads": 1, "linear_num_value_heads": 1,
+                 "linear_key_head_dim": 1, "linear_value_head_dim": 1, "linear_conv_kernel_dim": 1,
+                 "num_experts": 0, "num_experts_per_tok": 1, "moe_intermediate_size": 0,
+                 "shared_expert_intermediate_size": 0, "decoder_sparse_step": 1,
+                 "max_position_embeddings": 1, "num_nextn_predict_layers": 0}
+
+
+def _check_int(cfg_path: Path, key: str, value: Any, least: int) -> None:
+    # (bool is an int to Python, never to a config)
+    if not isinstance(value, int) or isinstance(value, bool) or value < least:
+        raise CheckpointError(f"{cfg_path}: {key} must be an integer >= {least}, got {value!r}")
+
+
+def _check_values(cfg_path: Path, args: ModelArgs) -> None:
+    """Every value of a parsed config.json in its range, so that a malformed one is an error
+    naming the key instead of a failure deep inside the model's construction."""
+    for key, least in _INT_MINIMUMS.items():
+        _check_int(cfg_path, key, getattr(args, key), least)
+    for key in ("norm_topk_prob", "tie_word_embeddings"):
+        if not isinstance(getattr(args, key), bool):
+            raise CheckpointError(f"{cfg_path}: {key} must be true or false, "
+                                  f"got {getattr(args, key)!r}")
+    for key in ("rms_norm_eps", "rope_theta"):
+        v = getattr(args, key)
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 < v < float("inf"):
+            raise CheckpointError(f"{cfg_path}: {key} must be a finite number > 0, got {v!r}")
+    if not 0 < args.partial_rotary_factor <= 1 or args.rotary_dim < 2 or args.rotary_dim % 2:
+        raise CheckpointError(
+            f"{cfg_path}: partial_rotary_factor {args.partial_rotary_factor!r} of head_dim "
+            f"{args.head_dim} must give an even rotary dimension of at least 2, within head_dim")
+    if args.num_experts:
+        if args.num_experts_per_tok > args.num_experts:
+            raise CheckpointError(f"{cfg_path}: num_experts_per_tok ({args.num_experts_per_tok}) "
+                                  f"must be at most num_experts ({args.num_experts})")
+        if args.moe_intermediate_size < 1:
+            raise CheckpointError(f"{cfg_path}: moe_intermediate_size must be >= 1 with "
+                                  f"num_experts > 0, got {args.moe_intermediate_size!r}")
+    bad = [i for i in args.mlp_only_layers if isinstance(i, bool) or not isinstance(i, int)
+           or not 0 <= i < args.num_hidden_layers]
+    if bad:
+        raise CheckpointError(f"{cfg_path}: mlp_only_layers must list layer indices in "
+                              f"[0, {args.num_hidden_layers}), got {bad}")
+    bad = [t for t in args.eos_token_id if isinstance(t, bool) or not isinstance(t, int)
+           or not 0 <= t < args.vocab_size]
+    if bad:
+        raise CheckpointError(f"{cfg_path}: eos_token_id must be token ids in "
+                              f"[0, {args.vocab_size}), got {bad}")
 
 
 def load_model_args(path: str | Path) -> ModelArgs:
@@ -112,9 +167,11 @@ def load_model_args(path: str | Path) -> ModelArgs:
     if missing:
         raise CheckpointError(f"{cfg_path}: missing keys {missing}")
     n = cfg["num_hidden_layers"]
+    _check_int(cfg_path, "num_hidden_layers", n, 1)
     layer_types = cfg.get("layer_types")
     if layer_types is None:
         interval = cfg.get("full_attention_interval", 4)
+        _check_int(cfg_path, "full_attention_interval", interval, 1)
         layer_types = ["linear_attention" if (i + 1) % interval else "full_attention" for i in range(n)]
     if len(layer_types) != n or any(t not in ("linear_attention", "full_attention") for t in layer_types):
         raise CheckpointError(f"{cfg_path}: layer_types must list {n} of linear_attention/full_attention")
@@ -146,6 +203,7 @@ def load_model_args(path: str | Path) -> ModelArgs:
         eos_token_id=eos_list, bos_token_id=cfg.get("bos_token_id"),
         num_nextn_predict_layers=cfg.get("num_nextn_predict_layers", 1),
     )
+    _check_values(cfg_path, args)
     if args.hidden_act != "silu":
         raise CheckpointError(f"{cfg_path}: hidden_act {args.hidden_act!r} is not supported (silu)")
     if args.num_attention_heads % args.num_key_value_heads:
