@@ -200,3 +200,48 @@ def test_padding_rows_of_a_prompt_chunk_read_no_more_experts(many_experts, monke
     assert set(idx1[~rows].flatten().tolist()) <= real  # no expert beyond the real rows'
     assert len(set(idx1[~rows].flatten().tolist())) == 1 and not w1[~rows].any()
     assert set(idx0[~rows].flatten().tolist()) - real  # (unparked, they did add experts)
+
+
+def test_padding_groups_of_a_window_route_alike(many_experts, monkeypatch):
+    """A decode window padded up to its shape bucket runs its padding groups on the scratch lane
+    at position 0, all alike: their rows pick the same experts, so together they read one
+    group's experts, which is how the simulator prices a padded window
+    (sim.scheduler.routed_groups)."""
+    from strata.kernels import ops
+    from strata.model.qwen3_next import Qwen3Next
+
+    cfg = cpu_engine_config(many_experts, 128, mode="batch", batch_mtp=True, slots=5,
+                            window_rows=10, spec=3)
+    eng = Engine.from_config(cfg, log=lambda s: None)
+    scratch = eng.runner.scratch
+    window = {}
+    checked = []
+    inner_moe, inner_verify = ops.moe_experts, Qwen3Next.verify_window
+
+    def verify(self, tokens, group_slot, *a, **kw):
+        window["pad"] = (group_slot == scratch).tolist()
+        window["g"] = tokens.shape[1]
+        try:
+            return inner_verify(self, tokens, group_slot, *a, **kw)
+        finally:
+            window.clear()
+
+    def spy(x, wgu, wd, weights, index, *a, **kw):
+        if window and sum(window["pad"]) > 1:
+            g = window["g"]
+            rows = index.reshape(len(window["pad"]), g, -1)
+            pads = [rows[i] for i, p in enumerate(window["pad"]) if p]
+            assert all(torch.equal(p, pads[0]) for p in pads), "padding groups routed apart"
+            checked.append(len(pads))
+        return inner_moe(x, wgu, wd, weights, index, *a, **kw)
+
+    monkeypatch.setattr(Qwen3Next, "verify_window", verify)
+    monkeypatch.setattr(ops, "moe_experts", spy)
+    rng = random.Random(13)
+    try:
+        run_cohort(eng, [Request(f"q{i}", [rng.randrange(1, 512) for _ in range(6)],
+                                 SamplingParams(max_tokens=12, stop_at_eos=False))
+                         for i in range(5)], 1000)
+    finally:
+        eng.close()
+    assert checked and max(checked) == 3  # five groups in a window of eight
