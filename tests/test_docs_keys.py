@@ -1,7 +1,8 @@
-"""Every setting the docs name exists: a `group.key` in README.md or docs/*.md (the history in
-CHANGELOG.md aside) is a field of that group's schema, in strata's config (StrataConfig) or the
-simulator's (SimConfig). A renamed or removed knob then fails here instead of leaving docs that
-no longer match the code."""
+"""Every setting and script flag the docs name exists. A `group.key` in README.md or docs/*.md
+(the history in CHANGELOG.md aside) is a field of that group's schema, in strata's config
+(StrataConfig) or the simulator's (SimConfig); a `scripts/X.py --flag` there is a script whose
+source (or a module it imports from the repository) declares that flag. A renamed or removed
+knob then fails here instead of leaving docs that no longer match the code."""
 
 from __future__ import annotations
 
@@ -39,14 +40,17 @@ def stream_names() -> set[str]:
     return names
 
 
+def docs() -> list[Path]:
+    return [REPO / "README.md"] + sorted(p for p in (REPO / "docs").glob("*.md")
+                                         if p.name != "CHANGELOG.md")
+
+
 def unknown_keys() -> dict[str, list[str]]:
     groups = schema_groups()
     streams = stream_names()
     pattern = re.compile(r"(?<![\w.])(" + "|".join(groups) + r")\.([a-z_][a-z0-9_]*)")
-    docs = [REPO / "README.md"] + sorted(p for p in (REPO / "docs").glob("*.md")
-                                         if p.name != "CHANGELOG.md")
     bad: dict[str, list[str]] = {}
-    for path in docs:
+    for path in docs():
         for i, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
             for m in pattern.finditer(line):
                 name = m.group(0)
@@ -67,3 +71,40 @@ def test_every_setting_the_docs_name_exists():
     bad = unknown_keys()
     assert not bad, "docs name settings no schema has: " + "; ".join(
         f"{k} ({', '.join(v[:3])})" for k, v in sorted(bad.items()))
+
+
+def script_sources(script: Path) -> str:
+    """A script's source and that of the repository modules it imports (a thin main's tool
+    under strata/tools, the shared argument helpers of bench_engine.py)."""
+    text = script.read_text(encoding="utf-8")
+    out = [text]
+    for a, b in re.findall(r"^\s*from\s+([\w.]+)\s+import|^\s*import\s+([\w.]+)", text, re.M):
+        name = a or b
+        for cand in (REPO / "scripts" / f"{name}.py", REPO / (name.replace(".", "/") + ".py")):
+            if cand.is_file():
+                out.append(cand.read_text(encoding="utf-8"))
+    return "\n".join(out)
+
+
+def unknown_flags() -> dict[str, list[str]]:
+    bad: dict[str, list[str]] = {}
+    for path in docs():
+        # a command continued over lines with backslashes counts as one line
+        text = re.sub(r"\\\n\s*", " ", path.read_text(encoding="utf-8"))
+        for i, line in enumerate(text.splitlines(), 1):
+            for m in re.finditer(r"(scripts/\w+\.py)([^`|;]*)", line):
+                script = REPO / m.group(1)
+                if not script.is_file():
+                    bad.setdefault(m.group(1), []).append(f"{path.name} (no such script)")
+                    continue
+                src = script_sources(script)
+                for flag in re.findall(r"(?<![\w-])(--[a-z][a-z0-9-]*)", m.group(2)):
+                    if f'"{flag}"' not in src and f"'{flag}'" not in src:
+                        bad.setdefault(f"{m.group(1)} {flag}", []).append(path.name)
+    return bad
+
+
+def test_every_script_flag_the_docs_give_exists():
+    bad = unknown_flags()
+    assert not bad, "docs give script flags no script declares: " + "; ".join(
+        f"{k} ({', '.join(sorted(set(v)))})" for k, v in sorted(bad.items()))
