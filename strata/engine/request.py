@@ -43,8 +43,11 @@ class SamplingParams:
             raise RequestError("temperature", f"must be >= 0, got {self.temperature}")
         if not 0.0 < self.top_p <= 1.0:
             raise RequestError("top_p", f"must be in (0, 1], got {self.top_p}")
-        if not isinstance(self.top_k, int) or isinstance(self.top_k, bool) or self.top_k < 0:
-            raise RequestError("top_k", f"must be an integer >= 0, got {self.top_k!r}")
+        # Upper bound: top_k and seed travel to the device in an int64 buffer (model_runner).
+        if not isinstance(self.top_k, int) or isinstance(self.top_k, bool) \
+                or not 0 <= self.top_k < 2**63:
+            raise RequestError("top_k", f"must be an integer in [0, 2**63) (0 = off), "
+                                        f"got {self.top_k!r}")
         if not isinstance(self.seed, int) or isinstance(self.seed, bool) or not 0 <= self.seed < 2**63:
             raise RequestError("seed", f"must be an integer in [0, 2**63), got {self.seed!r}")
         if not isinstance(self.stop, list) or not all(isinstance(s, str) and s for s in self.stop):

@@ -117,6 +117,18 @@ def _reject_constant(name: str) -> Any:
     raise ValueError(f"{name} is not valid JSON")
 
 
+def _text(v: str, param: str) -> str:
+    """`v`, or 400 when it is not Unicode text: JSON's "\\ud800" escape decodes to an unpaired
+    surrogate, which the tokenizer and any UTF-8 encoder (an error echoing it) fail on."""
+    try:
+        v.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise bad(f"'{param}' is not valid Unicode: unpaired surrogate "
+                  f"{ascii(v[e.start])[1:-1]} at character {e.start}",
+                  param=param, code="invalid_unicode") from None
+    return v
+
+
 def _is_int(v: Any) -> bool:
     return isinstance(v, int) and not isinstance(v, bool)
 
@@ -125,12 +137,13 @@ def _is_num(v: Any) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool)
 
 
-def _opt_bool(body: dict, key: str, default: bool = False) -> bool:
+def _opt_bool(body: dict, key: str, default: bool = False, prefix: str = "") -> bool:
     v = body.get(key)
     if v is None:
         return default
     if not isinstance(v, bool):
-        raise bad(f"'{key}' must be a boolean, got {json.dumps(v)[:40]}", param=key)
+        name = prefix + key  # the field's full path, e.g. stream_options.include_usage
+        raise bad(f"'{name}' must be a boolean, got {json.dumps(v)[:40]}", param=name)
     return v
 
 
@@ -166,7 +179,7 @@ def _parse_prompt(body: dict, req: GenRequest) -> None:
     if isinstance(p, str):
         if p == "":
             raise bad("'prompt' is empty", param="prompt", code="empty_prompt")
-        req.prompt_text = p
+        req.prompt_text = _text(p, "prompt")
     elif isinstance(p, list):
         if not p:
             raise bad("'prompt' is empty", param="prompt", code="empty_prompt")
@@ -183,7 +196,7 @@ def _message_text(msg: dict, i: int) -> str:
             return ""
         raise bad(f"'{param}' is required", param=param)
     if isinstance(content, str):
-        return content
+        return _text(content, param)
     if isinstance(content, list):
         parts = []
         for j, part in enumerate(content):
@@ -191,7 +204,7 @@ def _message_text(msg: dict, i: int) -> str:
                     or not isinstance(part.get("text"), str):
                 raise bad(f"'{param}[{j}]' must be a text part {{\"type\": \"text\", \"text\": ...}};"
                           " only text is supported", param=param)
-            parts.append(part["text"])
+            parts.append(_text(part["text"], f"{param}[{j}].text"))
         return "".join(parts)
     raise bad(f"'{param}' must be a string or a list of text parts", param=param)
 
@@ -223,26 +236,33 @@ def _parse_messages(body: dict) -> str:
         if not isinstance(m, dict):
             raise bad(f"'messages[{i}]' must be an object", param=f"messages[{i}]")
         role = m.get("role")
-        if role not in _ROLE_LABEL:
+        if not isinstance(role, str) or role not in _ROLE_LABEL:  # a list/dict is unhashable
             raise bad(f"'messages[{i}].role' must be one of {sorted(_ROLE_LABEL)}, got "
                       f"{json.dumps(role)[:40]}", param=f"messages[{i}].role")
         out.append({"role": role, "text": _message_text(m, i)})
     return chat_prompt(out)
 
 
+def _neutral(*values: Any):
+    """Accepts None or one of `values`, a JSON bool only where the neutral value is one
+    (Python's True == 1 would otherwise let `"n": true` through)."""
+    return lambda v: v is None or any(v == n and isinstance(v, bool) == isinstance(n, bool)
+                                      for n in values)
+
+
 # Fields we know but do not implement: rejected when set to anything but their neutral value.
 _UNSUPPORTED = {
-    "n": lambda v: v in (None, 1),
-    "best_of": lambda v: v in (None, 1),
-    "echo": lambda v: v in (None, False),
-    "suffix": lambda v: v in (None, ""),
-    "logprobs": lambda v: v in (None, False),
-    "top_logprobs": lambda v: v in (None, 0),
-    "logit_bias": lambda v: v in (None, {}),
-    "presence_penalty": lambda v: v in (None, 0, 0.0),
-    "frequency_penalty": lambda v: v in (None, 0, 0.0),
-    "tools": lambda v: v in (None, []),
-    "functions": lambda v: v in (None, []),
+    "n": _neutral(1),
+    "best_of": _neutral(1),
+    "echo": _neutral(False),
+    "suffix": _neutral(""),
+    "logprobs": _neutral(False, 0),
+    "top_logprobs": _neutral(0),
+    "logit_bias": _neutral({}),
+    "presence_penalty": _neutral(0),
+    "frequency_penalty": _neutral(0),
+    "tools": _neutral([]),
+    "functions": _neutral([]),
     "response_format": lambda v: v is None or (isinstance(v, dict) and v.get("type") == "text"),
 }
 
@@ -252,6 +272,8 @@ def parse_request(body: dict, kind: str) -> GenRequest:
     model = body.get("model")
     if model is not None and not isinstance(model, str):
         raise bad("'model' must be a string", param="model")
+    if model is not None:
+        _text(model, "model")  # echoed in the unknown-model error
     req = GenRequest(kind=kind, model=model)
 
     for key, ok in _UNSUPPORTED.items():
@@ -300,9 +322,9 @@ def parse_request(body: dict, kind: str) -> GenRequest:
     if stop is None:
         stops: list[str] = []
     elif isinstance(stop, str):
-        stops = [stop]
+        stops = [_text(stop, "stop")]
     elif isinstance(stop, list) and all(isinstance(s, str) for s in stop):
-        stops = list(stop)
+        stops = [_text(x, f"stop[{i}]") for i, x in enumerate(stop)]
     else:
         raise bad("'stop' must be a string or a list of strings", param="stop")
     if any(s == "" for s in stops):
@@ -318,8 +340,8 @@ def parse_request(body: dict, kind: str) -> GenRequest:
     if so is not None:
         if not isinstance(so, dict):
             raise bad("'stream_options' must be an object", param="stream_options")
-        req.include_usage = _opt_bool(so, "include_usage")
-        req.continuous_usage = _opt_bool(so, "continuous_usage_stats")
+        req.include_usage = _opt_bool(so, "include_usage", prefix="stream_options.")
+        req.continuous_usage = _opt_bool(so, "continuous_usage_stats", prefix="stream_options.")
     req.ignore_eos = _opt_bool(body, "ignore_eos")
 
     # The engine's own rules, checked here too so the message names the request field.
