@@ -478,6 +478,31 @@ def test_prefill_fault_fails_only_that_request(tok_model):
     assert ("f4", 2) in admits or ("f5", 2) in admits
 
 
+@pytest.mark.parametrize("overlap", [False, True])
+def test_admission_fault_fails_only_the_admitted_requests(tok_model, overlap):
+    """A fault while binding admitted requests to their lanes (their parameters and prompts to
+    the device: out of device memory, say) fails those requests and frees their slots; the
+    requests already decoding and the later ones are served exactly, and the engine lives."""
+    ref, _, _ = fault_run(tok_model, None, overlap=overlap)
+    # the burst at step 12: f4 and f5 are bound together once two slots are free
+    eng, outs, state = fault_run(
+        tok_model, lambda e: fault_once(e.runner, "bind_lanes",
+                                        when=lambda slots: any(s.req.req.id == "f4" for s in slots)),
+        overlap=overlap)
+    assert state["fired"]
+    errs = {rid for rid, rs in eng.requests.items() if rs.reason == "error"}
+    assert "f4" in errs and errs <= {"f4", "f5"}
+    for rid in errs:
+        assert "engine fault in admission" in eng.requests[rid].error
+        assert "injected device fault" in eng.requests[rid].error
+        assert eng.requests[rid].emitted == []
+    assert {o.id for o in outs if o.finish_reason == "error"} == errs
+    for rid, rs in eng.requests.items():
+        if rid not in errs:
+            assert rs.reason == "length" and rs.emitted == ref.requests[rid].emitted, rid
+    assert not eng.has_work() and all(s.req is None for s in eng.scheduler.slots)
+
+
 def test_replay_fault_evicts_the_graph_and_keeps_serving(tok_model):
     """A fault while replaying a cached graph drops that graph (evict reason=error)."""
     def inject(e):

@@ -280,7 +280,12 @@ class Engine:
             if self.pipeline is not None:
                 self.pipeline.before_bind(admitted, outs)
             now = self.now()
-            self.runner.bind_lanes(admitted)
+            try:
+                self.runner.bind_lanes(admitted)
+            except Exception as e:  # (validated requests: a device fault, say out of memory)
+                # It fails the requests it admitted and frees their slots; the engine goes on.
+                fail_touched(self, "admission", e, [(s, s.req) for s in admitted], outs)
+                admitted = []
             for s in admitted:
                 s.req.t_admit = now
         return self.scheduler.plan()
