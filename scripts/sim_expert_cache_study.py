@@ -21,6 +21,7 @@ by default), synthetic acceptance 0.8 per judged draft, averaged over --seeds ro
     python scripts/sim_expert_cache_study.py --engine study.json --md-out cmp.md
     python scripts/sim_expert_cache_study.py --fit                 # the bytes and prefill fits
     python scripts/sim_expert_cache_study.py --bench-check         # all resident vs the engine
+    python scripts/sim_expert_cache_study.py --bench-check r/*.json  # ... vs a device call's JSONs
 """
 
 from __future__ import annotations
@@ -397,21 +398,24 @@ def non_layer_bytes() -> float:
     raise SystemExit("error: no 1x1 window in the bench JSON")
 
 
+def depth_overrides(layers: int) -> list[str]:
+    """The FP8 preset at `layers` decoder layers (a --layers run): the MoE layers, the per-layer
+    cost and the per-layer bytes scale with it; the head and MTP bytes do not."""
+    x = compose_cfg([f"hardware={H200}"]).experts
+    f = layers / x.layers
+    fixed = non_layer_bytes()
+    return [f"experts.layers={layers}", f"experts.moe_layers={layers}",
+            f"experts.other_base_bytes={fixed + (x.other_base_bytes - fixed) * f}",
+            f"experts.other_per_group_bytes={x.other_per_group_bytes * f}"]
+
+
 def engine_overrides(meta: dict, args) -> list[str]:
     """The simulator settings of the engine study, from its meta (or meta.args): its depth
     (a --layers run: MoE layers, the per-layer cost and the per-layer bytes scale with it; the
     head and MTP bytes do not), skew, context, adapt period, routing profile (the 100% run's
     counts: <json>.profile.json beside the study's JSON, as bench_expert_cache.py writes it)."""
     m = {**(meta.get("args") or {}), **{k: v for k, v in meta.items() if k != "args"}}
-    extra = []
-    if m.get("layers"):
-        x = compose_cfg([f"hardware={H200}"]).experts
-        layers = int(m["layers"])
-        f = layers / x.layers
-        fixed = non_layer_bytes()
-        extra += [f"experts.layers={layers}", f"experts.moe_layers={layers}",
-                  f"experts.other_base_bytes={fixed + (x.other_base_bytes - fixed) * f}",
-                  f"experts.other_per_group_bytes={x.other_per_group_bytes * f}"]
+    extra = depth_overrides(int(m["layers"])) if m.get("layers") else []
     skew = m.get("dummy_routing_skew", m.get("skew"))
     extra.append(f"experts.skew={args.skew if skew is None else float(skew)}")
     if m.get("max_context"):
@@ -633,6 +637,71 @@ def bench_cells(args, extra: list[str] = (), cells: Optional[dict] = None
     return out
 
 
+def bench_json_cells(path: str | Path) -> tuple[list[tuple[str, int, dict, list[str]]], list[str]]:
+    """The cells of a scripts/bench_engine.py JSON the FP8 preset can predict: (configuration,
+    N, the measured cell, simulator overrides), and a note for each cell it cannot (another
+    model or preset, no synthetic acceptance, narrow FP8 launches)."""
+    from bench_engine import OVERLAP_SUFFIX, config_of
+
+    p = Path(path)
+    try:
+        d = json.loads(p.read_text(encoding="utf-8"))
+        a, summary = d["meta"]["args"], d["summary"]
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise SystemExit(f"error: {p}: not a bench_engine.py JSON ({type(e).__name__}: {e})")
+    cells, skipped = [], []
+    why = None
+    if a.get("preset") != "qwen3_next_80b_a3b_fp8" or a.get("load_format") != "dummy":
+        why = f"preset {a.get('preset')!r} (the simulator's FP8 80B preset models dummy FP8 weights)"
+    elif a.get("synthetic_acceptance") is None:
+        why = "no synthetic acceptance (the model's own acceptance is not simulated here)"
+    elif not (a.get("kernel_options") or {}).get("fp8_wide", True):
+        why = "FP8 routed experts not launched wide"
+    for key, cell in summary.items():
+        name, _, n = key.rpartition("@")
+        if why is not None:
+            skipped.append(f"{p.name} {key}: {why}")
+            continue
+        c = config_of(name)
+        n = int(n)
+        over = ["engine.expert_cache_mib=0", "experts.skew=0",
+                f"engine.synthetic_acceptance={a['synthetic_acceptance']}",
+                f"engine.overlap={str(c['overlap']).lower()}",
+                f"engine.graphs={str(c.get('graphs', a.get('graphs', True))).lower()}",
+                f"engine.spec={c.get('spec', a['spec'])}",
+                f"engine.window_rows={c.get('window_rows', a['window_rows'])}",
+                f"engine.prefill_slots={a.get('prefill_slots', 1)}",
+                f"engine.max_context={a['max_context']}",
+                f"experts.prefill_launch_rows="
+                f"{(a.get('kernel_options') or {}).get('wide_rows', 64)}"]
+        if a.get("layers"):
+            over += depth_overrides(int(a["layers"]))
+        mode = "solo" if c["mode"] == "solo" else ("batch_mtp" if c["batch_mtp"] else "batch")
+        cells.append((name.removesuffix(OVERLAP_SUFFIX) + (OVERLAP_SUFFIX if c["overlap"] else ""),
+                      n, {**cell, "mode": mode, "prompt_tokens": a["prompt_tokens"],
+                          "max_tokens": a["max_tokens"]}, over))
+    return cells, skipped
+
+
+def bench_json_check(paths: list[str], args) -> str:
+    """Every predictable cell of bench_engine.py JSONs (a device call's output) against the
+    preset: tok/s and the share of drafts accepted, engine / simulated."""
+    rows = ["| file | config | N | engine tok/s | simulated tok/s | error | acceptance: engine / "
+            "simulated |", "|---|---|---|---|---|---|---|"]
+    notes = []
+    for path in paths:
+        cells, skipped = bench_json_cells(path)
+        notes += skipped
+        for name, n, cell, over in cells:
+            args.prompt_tokens, args.max_tokens = cell["prompt_tokens"], cell["max_tokens"]
+            sim = predict(H200, cell["mode"], n, over, 1, args)
+            fmt = lambda v: "-" if v is None else f"{v:.4f}"  # noqa: E731
+            rows.append(f"| {Path(path).name} | {name} | {n} | {cell['median_tps']:.1f} | "
+                        f"{sim['tps']:.1f} | {sim['tps'] / cell['median_tps'] - 1:+.1%} | "
+                        f"{fmt(cell.get('acceptance'))} / {fmt(sim['acceptance'])} |")
+    return "\n".join(rows + ([""] + [f"- not simulated: {x}" for x in notes] if notes else []))
+
+
 def bench_check(args) -> str:
     """The preset (every expert resident, uniform routing) against the engine's measured
     cohorts (BENCH_TPS, BENCH_HELD_OUT), with the share of drafts each accepted."""
@@ -809,8 +878,10 @@ def main(argv: Optional[list[str]] = None) -> int:
     ap.add_argument("--profile", help="with --engine: the routing profile of the engine's first "
                     "fill (default: <engine json>.profile.json when it exists)")
     ap.add_argument("--fit", action="store_true", help="print the bytes model's fit and exit")
-    ap.add_argument("--bench-check", action="store_true",
-                    help="the all-resident preset against the engine's measured FP8 cohorts")
+    ap.add_argument("--bench-check", nargs="*", metavar="BENCH_JSON",
+                    help="the all-resident preset against the engine's measured FP8 cohorts: "
+                         "the script's own (BENCH_TPS) or every cell of these bench_engine.py "
+                         "JSONs")
     ap.add_argument("--skew", type=float, default=H200_SKEW,
                     help="routing skew when the engine study's JSON does not state one")
     ap.add_argument("--seeds", type=int, default=2)
@@ -833,8 +904,8 @@ def main(argv: Optional[list[str]] = None) -> int:
                   f"{r['model_ms']:.2f} | {r['model_ms'] / r['ms'] - 1:+.1%} |")
         print("\n(--bench-check compares the cohorts' tok/s with these scales)")
         return 0
-    if args.bench_check:
-        print(bench_check(args))
+    if args.bench_check is not None:
+        print(bench_json_check(args.bench_check, args) if args.bench_check else bench_check(args))
         return 0
     if args.engine:
         table = engine_check(args)

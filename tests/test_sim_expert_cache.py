@@ -547,6 +547,41 @@ def test_prefill_scales_are_fitted_to_the_chunk_times():
     assert all(abs(r["model_ms"] / r["ms"] - 1) < 0.01 for r in rows)
 
 
+def test_bench_check_reads_a_device_calls_json(tmp_path):
+    """--bench-check FILE predicts every cell of a bench_engine.py JSON the FP8 preset models, with
+    the engine's settings of that run (configuration, N, tokens, prefill slots, launch rows,
+    depth), and says which cells it leaves out and why."""
+    import json
+
+    study = study_module()
+    register_configs()
+    meta = {"args": {"preset": "qwen3_next_80b_a3b_fp8", "load_format": "dummy", "layers": 12,
+                     "synthetic_acceptance": 0.8, "prompt_tokens": 64, "max_tokens": 64,
+                     "spec": 4, "window_rows": 8, "prefill_slots": 4, "max_context": 1024,
+                     "graphs": True, "kernel_options": {"fp8_wide": True, "wide_rows": 128}}}
+    path = tmp_path / "n8.json"
+    path.write_text(json.dumps({"meta": meta, "summary": {
+        "batch_mtp_w16+overlap@8": {"median_tps": 900.0, "acceptance": 0.8},
+        "solo_spec2@1": {"median_tps": 400.0, "acceptance": 0.79}}}))
+    cells, skipped = study.bench_json_cells(path)
+    assert not skipped
+    (w16, n8, cell, over), (solo, n1, _, solo_over) = cells
+    assert (w16, n8, cell["mode"], n1, solo) == ("batch_mtp_w16+overlap", 8, "batch_mtp", 1,
+                                                 "solo_spec2")
+    for o in ("engine.window_rows=16", "engine.prefill_slots=4", "engine.overlap=true",
+              "experts.prefill_launch_rows=128", "engine.synthetic_acceptance=0.8",
+              "experts.moe_layers=12"):
+        assert o in over, o
+    assert "engine.spec=2" in solo_over and "engine.overlap=false" in solo_over
+    meta["args"]["synthetic_acceptance"] = None
+    path.write_text(json.dumps({"meta": meta, "summary": {"solo@1": {"median_tps": 1.0}}}))
+    cells, skipped = study.bench_json_cells(path)
+    assert not cells and "no synthetic acceptance" in skipped[0]
+    path.write_text("[]")
+    with pytest.raises(SystemExit, match="not a bench_engine.py JSON"):
+        study.bench_json_cells(path)
+
+
 @pytest.mark.slow
 def test_study_reads_an_engine_study_and_reports_held_out_cells(tmp_path):
     """A small engine-study JSON made from the simulator itself, 10% faster at every budget:
