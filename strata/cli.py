@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterator, Optional
 
 from strata.config import (ConfigError, batch_mtp_from_env, check_key, check_known_keys,
-                           register_configs)
+                           register_configs, validate_engine, validate_model)
 
 CONF_DIR = str(Path(__file__).resolve().parent.parent / "conf")
 CONFIG_NAME = "config"
@@ -97,6 +97,10 @@ def check_overrides(args: list[str]) -> None:
         raise ConfigError(f"cannot parse the override: {str(e).splitlines()[0]}") from None
     lines, sweeps = [], []
     for o in overrides:
+        if not o.key_or_group:
+            raise ConfigError(f"{o.input_line}: an override needs a key before '=' (key=value)")
+        if o.key_or_group in ("hydra.run.dir", "hydra.sweep.dir"):
+            check_output_dir(o.key_or_group, o.value())
         if _is_hydra(o.key_or_group):
             continue
         if "/" not in o.key_or_group:
@@ -116,10 +120,30 @@ def check_overrides(args: list[str]) -> None:
             lines.append(values[0])  # compose takes one value; the others are checked below
         else:
             lines.append(o.input_line)
-    check_known_keys(compose_config(lines))
+    check_values(compose_config(lines))
     for i, values in sweeps:
         for v in values[1:]:
-            compose_config(lines[:i] + [v] + lines[i + 1:])
+            check_values(compose_config(lines[:i] + [v] + lines[i + 1:]))
+
+
+def check_values(cfg: Any) -> None:
+    """The checks that need no model, on one composed config: a sweep's bad value fails
+    before its first job runs, not after the jobs before it."""
+    check_known_keys(cfg)
+    validate_engine(cfg.engine)
+    validate_model(cfg.model)
+
+
+def check_output_dir(key: str, value: Any) -> None:
+    """Refuse a run or sweep directory that a file stands in the way of (Hydra makes the
+    directory before the job starts, and fails there with a traceback)."""
+    if not isinstance(value, str) or "${" in value:
+        return
+    for p in (Path(value), *Path(value).parents):
+        if p.exists():
+            if not p.is_dir():
+                raise ConfigError(f"{key}={value}: {p} is a file, not a directory")
+            return
 
 
 def compose_config(overrides: list[str]) -> Any:

@@ -7,6 +7,7 @@ default. The YAML files under conf/ only choose values; the fields and their typ
 
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import dataclass, field, fields, is_dataclass
 from pathlib import Path
@@ -382,6 +383,9 @@ def validate_engine(e: Any, error: type[ValueError] = ConfigError) -> None:
     for key in ("graph_mib_estimate", "cpu_graph_mib", "cpu_device_mib", "vram_every"):
         if getattr(e, key) < 0:
             bad(key, f"must be >= 0, got {getattr(e, key)}")
+    for key in ("graph_mib_estimate", "cpu_graph_mib"):  # nan passes `< 0`; inf breaks the plan
+        if not math.isfinite(getattr(e, key)):
+            bad(key, f"must be a finite number >= 0, got {getattr(e, key)}")
     if e.max_context < 2:
         bad("max_context", f"must be >= 2, got {e.max_context}")
     if e.context_tier_min < 1:
@@ -464,8 +468,11 @@ def validate_model(m: Any) -> None:
     load_format and num_layers against the checkpoint)."""
     if m.moe_dense_experts < 0:
         raise ConfigError(f"model.moe_dense_experts: must be >= 0, got {m.moe_dense_experts}")
-    if m.dummy_routing_skew < 0:
-        raise ConfigError(f"model.dummy_routing_skew: must be >= 0, got {m.dummy_routing_skew}")
+    if not 0 <= m.dummy_routing_skew < math.inf:  # nan or inf: NaN router logits, no text
+        raise ConfigError(f"model.dummy_routing_skew: must be a finite number >= 0, "
+                          f"got {m.dummy_routing_skew}")
+    if not str(m.path).strip():  # Path("") is the working directory
+        raise ConfigError(f"model.path: must name a checkpoint directory, got {m.path!r}")
 
 
 def plain_engine_config(ecfg: Any) -> EngineConfig:

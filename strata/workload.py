@@ -10,7 +10,7 @@ from typing import Any, Optional
 import numpy as np
 
 from strata.config import validate_workload_base
-from strata.engine.request import Request, RequestError, SamplingParams
+from strata.engine.request import Request, RequestError, SamplingParams, unpaired_surrogate
 
 #: Four distinct code prompts: the main job's default workload.
 DEFAULT_PROMPTS = [
@@ -60,8 +60,21 @@ def check_workload(w: Any) -> None:
     if w.kind not in ("default", "file", "synthetic"):
         raise WorkloadError(f"workload.kind: must be default, file or synthetic, got {w.kind!r}")
     validate_workload_base(w, WorkloadError, made_up=w.kind != "file")
+    try:  # the sampling defaults, named as the knobs they are
+        SamplingParams(max_tokens=w.max_tokens, temperature=w.temperature, top_p=w.top_p,
+                       top_k=w.top_k, seed=w.seed).validate()
+    except RequestError as e:
+        raise WorkloadError(f"workload.{e.field}: {e.message}") from None
     if w.kind == "file":
         request_file(_path(w))
+        return
+    if _path(w) is not None:  # a file the run would silently not read
+        raise WorkloadError(f"workload.path={_path(w)}: read only by workload=file, but "
+                            f"workload.kind is {w.kind}; add workload=file or drop workload.path")
+    if w.seed + w.requests - 1 >= 2**63:  # request i's seed is workload.seed + i
+        raise WorkloadError(f"workload.seed: request i samples with workload.seed + i, which must "
+                            f"stay below 2**63 for all workload.requests={w.requests}: at most "
+                            f"{2**63 - w.requests}, got {w.seed}")
 
 
 def _stderr(msg: str) -> None:
@@ -136,6 +149,15 @@ def _generated(w: Any, tokenizer, vocab_size: int) -> list[Request]:
     raise WorkloadError(f"workload.kind: {w.kind!r} is not a generated workload")
 
 
+def _check_unicode(d: dict[str, Any], where: str) -> None:
+    """Refuse a string field (or list item) that is not Unicode text (request.unpaired_surrogate)."""
+    for key, v in d.items():
+        for text in v if isinstance(v, list) else [v]:
+            problem = unpaired_surrogate(text) if isinstance(text, str) else None
+            if problem:
+                raise WorkloadError(f"{where}: {key} is not valid Unicode: {problem}")
+
+
 def load_request_file(path: Optional[str], w: Any, tokenizer, vocab_size: int) -> Workload:
     f = request_file(path)
     out: list[Request] = []
@@ -147,14 +169,20 @@ def load_request_file(path: Optional[str], w: Any, tokenizer, vocab_size: int) -
         where = f"{f}:{n}"
         try:
             d = json.loads(line)
-        except json.JSONDecodeError as e:
+        # ValueError: also an integer of over 4300 digits; RecursionError: arrays nested deep
+        except (ValueError, RecursionError) as e:
             raise WorkloadError(f"{where}: not JSON ({e})") from None
         if not isinstance(d, dict):
             raise WorkloadError(f"{where}: each line must be a JSON object")
         unknown = sorted(set(d) - FIELDS)
         if unknown:
             raise WorkloadError(f"{where}: unknown field(s) {unknown} (known: {sorted(FIELDS)})")
-        rid = str(d.get("id", f"req{len(out)}"))
+        _check_unicode(d, where)
+        rid = d.get("id", f"req{len(out)}")
+        if isinstance(rid, int) and not isinstance(rid, bool):
+            rid = str(rid)  # an integer id reads as its digits
+        if not isinstance(rid, str):
+            raise WorkloadError(f"{where}: id must be a string, got {rid!r}")
         if rid in seen:
             raise WorkloadError(f"{where}: duplicate id {rid!r}")
         seen.add(rid)
@@ -179,11 +207,15 @@ def load_request_file(path: Optional[str], w: Any, tokenizer, vocab_size: int) -
         if "arrival_step" in d and "arrival_s" in d:
             raise WorkloadError(f"{where}: give at most one of arrival_step and arrival_s")
         step = d.get("arrival_step", 0 if "arrival_s" not in d else None)
-        if step is not None and (not isinstance(step, int) or isinstance(step, bool) or step < 0):
-            raise WorkloadError(f"{where}: arrival_step must be an integer >= 0")
+        if step is not None and (not isinstance(step, int) or isinstance(step, bool)
+                                 or not 0 <= step < 2**63):
+            raise WorkloadError(f"{where}: arrival_step must be an integer in [0, 2**63), "
+                                f"got {step!r}")
         sec = d.get("arrival_s")
-        if sec is not None and (not isinstance(sec, (int, float)) or sec < 0):
-            raise WorkloadError(f"{where}: arrival_s must be a number >= 0")
+        # finite: a request due at Infinity would keep the run waiting for ever
+        if sec is not None and (not isinstance(sec, (int, float)) or isinstance(sec, bool)
+                                or not 0 <= sec <= sys.float_info.max):
+            raise WorkloadError(f"{where}: arrival_s must be a finite number >= 0, got {sec!r}")
         out.append(Request(rid, ids, _params(d, w, where), arrival_step=step,
                            arrival_s=None if sec is None else float(sec),
                            prompt_text=d.get("prompt")))

@@ -7,6 +7,25 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 
+def _finite(v: int | float) -> bool:
+    """math.isfinite, False for an int too large for a float (JSON may hold one)."""
+    try:
+        return math.isfinite(v)
+    except OverflowError:
+        return False
+
+
+def unpaired_surrogate(text: str) -> Optional[str]:
+    """Why `text` is not Unicode text, or None. JSON's "\\ud800" escape decodes to an unpaired
+    surrogate, which the tokenizer and every UTF-8 encoder (an error message echoing it) fail
+    on, and which no generated text can match."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        return f"unpaired surrogate {ascii(text[e.start])[1:-1]} at character {e.start}"
+    return None
+
+
 class RequestError(ValueError):
     """A request the engine cannot take; `field` names the offending input."""
 
@@ -37,7 +56,7 @@ class SamplingParams:
             raise RequestError("max_tokens", f"must be a positive integer, got {self.max_tokens!r}")
         for name in ("temperature", "top_p"):
             v = getattr(self, name)
-            if not isinstance(v, (int, float)) or isinstance(v, bool) or not math.isfinite(v):
+            if not isinstance(v, (int, float)) or isinstance(v, bool) or not _finite(v):
                 raise RequestError(name, f"must be a finite number, got {v!r}")
         if self.temperature < 0:
             raise RequestError("temperature", f"must be >= 0, got {self.temperature}")
@@ -82,11 +101,16 @@ class Request:
             raise RequestError("prompt", f"{len(ids)} tokens leave no room in the context of "
                                          f"{max_context} positions (at most {max_context - 1})")
         self.params.validate()
-        if self.arrival_step is not None and (not isinstance(self.arrival_step, int)
-                                              or self.arrival_step < 0):
-            raise RequestError("arrival_step", f"must be an integer >= 0, got {self.arrival_step!r}")
-        if self.arrival_s is not None and not self.arrival_s >= 0:
-            raise RequestError("arrival_s", f"must be a number >= 0, got {self.arrival_s!r}")
+        # Bounded: the arrival heaps compare them as floats, and an infinite arrival_s would
+        # keep the engine waiting for ever.
+        step = self.arrival_step
+        if step is not None and (not isinstance(step, int) or isinstance(step, bool)
+                                 or not 0 <= step < 2**63):
+            raise RequestError("arrival_step", f"must be an integer in [0, 2**63), got {step!r}")
+        sec = self.arrival_s
+        if sec is not None and (not isinstance(sec, (int, float)) or isinstance(sec, bool)
+                                or not _finite(sec) or sec < 0):
+            raise RequestError("arrival_s", f"must be a finite number >= 0, got {sec!r}")
 
 
 @dataclass

@@ -82,6 +82,9 @@ class ModelArgs:
 
 def _rope(cfg: dict[str, Any]) -> tuple[float, float]:
     rp = cfg.get("rope_parameters") or cfg.get("rope_scaling") or {}
+    if not isinstance(rp, dict):
+        key = "rope_parameters" if cfg.get("rope_parameters") else "rope_scaling"
+        raise CheckpointError(f"config.json: {key} must be an object, got {rp!r}")
     theta = rp.get("rope_theta", cfg.get("rope_theta", 10000.0))
     factor = rp.get("partial_rotary_factor", cfg.get("partial_rotary_factor", 0.25))
     rtype = rp.get("rope_type", rp.get("type", "default"))
@@ -151,10 +154,17 @@ def load_model_args(path: str | Path) -> ModelArgs:
     if not cfg_path.is_file():
         raise CheckpointError(f"{cfg_path}: missing (a checkpoint directory needs config.json)")
     try:
-        cfg = json.loads(cfg_path.read_text())
-    except json.JSONDecodeError as e:
+        cfg = json.loads(cfg_path.read_text(encoding="utf-8"))
+    except UnicodeDecodeError as e:
+        raise CheckpointError(f"{cfg_path}: not UTF-8 text ({e.reason} at byte {e.start})") from None
+    except (ValueError, RecursionError) as e:  # JSONDecodeError is a ValueError
         raise CheckpointError(f"{cfg_path}: not valid JSON: {e}") from None
+    if not isinstance(cfg, dict):
+        raise CheckpointError(f"{cfg_path}: must hold a JSON object, got {type(cfg).__name__}")
     if "text_config" in cfg and cfg.get("model_type") != "qwen3_next":
+        if not isinstance(cfg["text_config"], dict):
+            raise CheckpointError(f"{cfg_path}: text_config must be an object, "
+                                  f"got {cfg['text_config']!r}")
         cfg = {**cfg["text_config"], "model_type": cfg["text_config"].get("model_type")}
     mtype = cfg.get("model_type")
     if mtype not in SUPPORTED_MODEL_TYPES:

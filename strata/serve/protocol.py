@@ -14,7 +14,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
-from strata.engine.request import RequestError, SamplingParams
+from strata.engine.request import RequestError, SamplingParams, unpaired_surrogate
 
 #: Most stop strings a request may carry.
 MAX_STOP = 16
@@ -118,14 +118,11 @@ def _reject_constant(name: str) -> Any:
 
 
 def _text(v: str, param: str) -> str:
-    """`v`, or 400 when it is not Unicode text: JSON's "\\ud800" escape decodes to an unpaired
-    surrogate, which the tokenizer and any UTF-8 encoder (an error echoing it) fail on."""
-    try:
-        v.encode("utf-8")
-    except UnicodeEncodeError as e:
-        raise bad(f"'{param}' is not valid Unicode: unpaired surrogate "
-                  f"{ascii(v[e.start])[1:-1]} at character {e.start}",
-                  param=param, code="invalid_unicode") from None
+    """`v`, or 400 when it is not Unicode text (request.unpaired_surrogate)."""
+    problem = unpaired_surrogate(v)
+    if problem:
+        raise bad(f"'{param}' is not valid Unicode: {problem}", param=param,
+                  code="invalid_unicode")
     return v
 
 
