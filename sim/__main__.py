@@ -16,7 +16,9 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.utils import to_absolute_path
 from omegaconf import DictConfig
 
-from .config import SIM_CONF_DIR, SimConfigError, register_configs, validate
+from strata.config import ConfigError, check_known_keys
+
+from .config import SIM_CONF_DIR, SimConfig, SimConfigError, register_configs, validate
 from .costs import ProfileError
 from .predict import main_predict
 from .replay import main_replay
@@ -46,10 +48,29 @@ def main(cfg: DictConfig) -> None:
         sys.exit(rc)
 
 
+def check_overrides(args: list[str]) -> None:
+    """Compose the config once before Hydra runs, every value of a sweep included, so that an
+    override it cannot take (an unknown key, a value of the wrong type, a missing group
+    option, a syntax error) is one `error:` line and exit 2 like any bad input: Hydra prints a
+    report and exits 1, which a replay's caller reads as a divergence. strata's own check
+    (strata.cli.check_overrides) over the simulator's tree and schema."""
+    from strata.cli import check_overrides as check_tree
+
+    try:
+        check_tree(args, SIM_CONF_DIR, SimConfig, lambda cfg: check_known_keys(cfg, SimConfig))
+    except ConfigError as e:
+        raise SimConfigError(str(e)) from None
+
+
 if __name__ == "__main__":
     if len(sys.argv) > 1 and sys.argv[1] == "calibrate":
         # Not a Hydra run: it measures the engine and writes config files for later runs.
         from .calibrate import main as calibrate_main
 
         sys.exit(calibrate_main(sys.argv[2:]))
+    try:
+        check_overrides(sys.argv[1:])
+    except SimConfigError as e:
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(2)
     main()

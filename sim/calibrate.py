@@ -151,7 +151,13 @@ def parse_args(argv: list[str]) -> dict[str, Any]:
                 raise SimConfigError(f"calibrate: {key} must be an integer, got {value!r}") from None
         else:
             out[key] = value
-    dev = str(out["device"]).split(":")[0]
+    dev, _, index = str(out["device"]).partition(":")
+    if dev not in ("cpu", "cuda") or (index and not index.isdigit()):
+        raise SimConfigError(f"calibrate: device must be cpu, cuda or cuda:N, got "
+                             f"{out['device']!r}")
+    if out["threads"] < 0:
+        raise SimConfigError(f"calibrate: threads must be >= 0 (0 = torch's default), got "
+                             f"{out['threads']}")
     out["grid"] = out["grid"] or ("quick" if dev == "cuda" else "tiny")
     if out["twins"] is None:
         out["twins"] = 1 if dev == "cuda" else 0
@@ -159,6 +165,12 @@ def parse_args(argv: list[str]) -> dict[str, Any]:
         raise SimConfigError(f"calibrate: twins must be 0 or 1, got {out['twins']!r}")
     if out["grid"] not in GRIDS:
         raise SimConfigError(f"calibrate: grid must be one of {sorted(GRIDS)}, got {out['grid']!r}")
+    g = GRIDS[out["grid"]]
+    longest = max(g.long_prompt, *g.short_prompts)
+    if out["max_context"] is not None and out["max_context"] <= longest:
+        # (the engine would refuse the grid's longest prompts minutes into the calibration)
+        raise SimConfigError(f"calibrate: max_context must exceed grid {out['grid']}'s longest "
+                             f"prompt ({longest} tokens), got {out['max_context']}")
     out["name"] = out["name"] or f"calibrated_{dev}"
     if not out["name"].replace("_", "").replace("-", "").isalnum():
         raise SimConfigError(f"calibrate: name must be letters, digits, '_' or '-', got "
@@ -233,6 +245,11 @@ def calibrate(opts: dict[str, Any], log=print, runner: Any = None,
     from .replay import load_trace
     from .untraced_twins import summary as twin_summary
 
+    if runner is None and str(opts["device"]).startswith("cuda"):
+        import torch
+        if not torch.cuda.is_available():
+            raise SimConfigError(f"calibrate: device={opts['device']}: no CUDA device is "
+                                 "available (device=cpu measures this CPU)")
     t_start = time.perf_counter()
     if opts["threads"]:
         import torch
@@ -302,13 +319,17 @@ def calibrate(opts: dict[str, Any], log=print, runner: Any = None,
 
 
 def main(argv: list[str]) -> int:
+    from strata.config import ConfigError
+    from strata.model.config import CheckpointError
+
     from .profile import FitError
     from .replay import TraceError
 
     try:
         opts = parse_args(argv)
         calibrate(opts, log=lambda s: print(s, flush=True))
-    except (SimConfigError, FitError, TraceError, KeyError) as e:
+    # (ConfigError: SimConfigError's and the engine's; CheckpointError: model=, dtype=)
+    except (ConfigError, CheckpointError, FitError, TraceError, KeyError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     return 0

@@ -430,9 +430,19 @@ def validate(cfg: Any) -> None:
         raise SimConfigError("trace: mode=replay needs trace=FILE (an engine trace.jsonl)")
     if cfg.max_steps < 1:
         raise SimConfigError(f"max_steps: must be >= 1, got {cfg.max_steps}")
+    if cfg.seed < 0:
+        raise SimConfigError(f"seed: must be >= 0, got {cfg.seed}")
     validate_engine(cfg.engine)
     validate_memory(cfg.memory)
     validate_workload(cfg.workload)
+    ctx = cfg.engine.max_context
+    if cfg.mode == "predict" and cfg.workload.prompt_tokens >= ctx:
+        # The engine refuses such a request (strata/engine/request.py); simulated, every one
+        # would "finish" after one token and the prediction would count it. (A range that only
+        # reaches past the context is a warning: sim.predict.build_scenario.)
+        raise SimConfigError(f"workload.prompt_tokens: {cfg.workload.prompt_tokens} leaves no "
+                             f"room in engine.max_context={ctx} (a prompt takes at most "
+                             f"{ctx - 1})")
     validate_acceptance(cfg.acceptance)
     validate_spread(cfg.spread)
     validate_experts(cfg.experts, cfg.engine, cfg.memory)

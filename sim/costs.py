@@ -84,6 +84,12 @@ class ProfileError(ValueError):
     pass
 
 
+def _short(v: Any, width: int = 80) -> str:
+    """repr(v), cut to `width` characters (a message quotes a bad value, not a whole table)."""
+    r = repr(v)
+    return r if len(r) <= width else r[:width - 3] + "..."
+
+
 def _interp(x: float, xs: Sequence[float], ys: Sequence[float]) -> float:
     """Piecewise-linear y(x): proportional below xs[0], last-segment slope past xs[-1]."""
     if len(xs) == 1:
@@ -371,47 +377,92 @@ class CostProfile:
         def bad(msg: str) -> ProfileError:
             return ProfileError(f"{where}: {msg}")
 
+        # Each value read by its key, so that a wrong shape or type names the field and the value.
+        def need(obj: dict, key: str, name: str) -> Any:
+            if key not in obj:
+                raise bad(f"missing field {name!r}")
+            return obj[key]
+
+        def section(v: Any, name: str) -> dict:
+            if not isinstance(v, dict):
+                raise bad(f"{name} must be an object, got {_short(v)}")
+            return v
+
+        def num(v: Any, name: str) -> float:
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+                raise bad(f"{name} must be a finite number, got {_short(v)}")
+            return float(v)
+
+        def nums(v: Any, name: str) -> list[float]:
+            if not isinstance(v, list):
+                raise bad(f"{name} must be a list of numbers, got {_short(v)}")
+            return [num(x, name) for x in v]
+
+        def table(v: Any, name: str) -> list[list[float]]:
+            if not isinstance(v, list) or not all(isinstance(r, list) for r in v):
+                raise bad(f"{name} must be a list of lists of numbers, got {_short(v)}")
+            return [nums(r, name) for r in v]
+
         if not isinstance(d, dict):
             raise bad("must be a JSON object")
         if d.get("schema") != SCHEMA:
             raise bad(f"schema must be {SCHEMA!r}, got {d.get('schema')!r}")
-        try:
-            host = float(d["host_overhead_s"])
-            pre, dec = d["prefill"], d["decode"]
-            prof = cls(host_overhead_s=host,
-                       prefill_tokens=[float(x) for x in pre["tokens"]],
-                       prefill_s=[float(x) for x in pre["s"]],
-                       decode_rows=[float(x) for x in dec["rows"]],
-                       decode_tiers=[float(x) for x in dec["tiers"]],
-                       decode_s={a: [[float(x) for x in row] for row in dec[a]]
-                                 for a in GRAPH_ACTIONS},
-                       acceptance=d.get("acceptance"), source=d.get("source") or {})
-            if "table" in pre:
-                prof.prefill_tiers = [float(x) for x in pre["tiers"]]
-                prof.prefill_table = [[float(x) for x in row] for row in pre["table"]]
-            host_parts = d.get("host") or {}
-            prof.host_per_commit_s = float(host_parts.get("per_commit_s", 0.0))
-            prof.host_per_admit_s = float(host_parts.get("per_admit_s", 0.0))
-            prof.host_per_admit_burst_s = float(host_parts.get("per_admit_burst_s", 0.0))
-            prof.host_after_prefill_s = float(host_parts.get("after_prefill_s", 0.0))
-            prof.host_per_finish_s = float(host_parts.get("per_finish_s", 0.0))
-            prof.host_sync_s = float(host_parts.get("sync_s", 0.0))
-            prof.host_launch_s = float(host_parts.get("launch_s", 0.0))
-            prof.host_submit_s = float(host_parts.get("submit_s", 0.0))
-            if "shapes" in dec:
-                prof.decode_shapes = [str(x) for x in dec["shapes"]]
-                prof.decode_shape_s = {a: [[float(x) for x in row] for row in dec["shape_s"][a]]
-                                       for a in GRAPH_ACTIONS}
-                if dec.get("submit_s") is not None:
-                    prof.decode_shape_submit_s = [float(x) for x in dec["submit_s"]]
-            if dec.get("slot_scale") is not None:
-                sc = dec["slot_scale"]
-                prof.decode_slot_scale = {"slots": [int(x) for x in sc["slots"]],
-                                          "scale": [float(x) for x in sc["scale"]]}
-        except KeyError as e:
-            raise bad(f"missing field {e.args[0]!r}") from None
-        except (TypeError, ValueError) as e:
-            raise bad(f"malformed value: {e}") from None
+        pre = section(need(d, "prefill", "prefill"), "prefill")
+        dec = section(need(d, "decode", "decode"), "decode")
+        acceptance = d.get("acceptance")
+        if acceptance is not None:
+            section(acceptance, "acceptance")
+        source = section(d.get("source") or {}, "source")
+        for key in ("trace_speeds", "trace_speeds_judged", "scaled"):  # (sim/spread.py reads them)
+            if source.get(key) is not None:
+                for kind, v in section(source[key], f"source.{key}").items():
+                    if key == "scaled":
+                        num(v, f"source.scaled.{kind}")
+                    elif v is not None and not isinstance(v, list):
+                        raise bad(f"source.{key}.{kind} must be a list, got {_short(v)}")
+                    elif key == "trace_speeds" and v is not None:
+                        nums(v, f"source.trace_speeds.{kind}")
+        prof = cls(host_overhead_s=num(need(d, "host_overhead_s", "host_overhead_s"),
+                                       "host_overhead_s"),
+                   prefill_tokens=nums(need(pre, "tokens", "prefill.tokens"), "prefill.tokens"),
+                   prefill_s=nums(need(pre, "s", "prefill.s"), "prefill.s"),
+                   decode_rows=nums(need(dec, "rows", "decode.rows"), "decode.rows"),
+                   decode_tiers=nums(need(dec, "tiers", "decode.tiers"), "decode.tiers"),
+                   decode_s={a: table(need(dec, a, f"decode.{a}"), f"decode.{a}")
+                             for a in GRAPH_ACTIONS},
+                   acceptance=acceptance, source=source)
+        if "table" in pre:
+            prof.prefill_tiers = nums(need(pre, "tiers", "prefill.tiers"), "prefill.tiers")
+            prof.prefill_table = table(pre["table"], "prefill.table")
+        host_parts = section(d.get("host") or {}, "host")
+        prof.host_per_commit_s = num(host_parts.get("per_commit_s", 0.0), "host.per_commit_s")
+        prof.host_per_admit_s = num(host_parts.get("per_admit_s", 0.0), "host.per_admit_s")
+        prof.host_per_admit_burst_s = num(host_parts.get("per_admit_burst_s", 0.0),
+                                          "host.per_admit_burst_s")
+        prof.host_after_prefill_s = num(host_parts.get("after_prefill_s", 0.0),
+                                        "host.after_prefill_s")
+        prof.host_per_finish_s = num(host_parts.get("per_finish_s", 0.0), "host.per_finish_s")
+        prof.host_sync_s = num(host_parts.get("sync_s", 0.0), "host.sync_s")
+        prof.host_launch_s = num(host_parts.get("launch_s", 0.0), "host.launch_s")
+        prof.host_submit_s = num(host_parts.get("submit_s", 0.0), "host.submit_s")
+        if "shapes" in dec:
+            shapes = need(dec, "shapes", "decode.shapes")
+            if not isinstance(shapes, list):
+                raise bad(f"decode.shapes must be a list of 'NxG' shapes, got {_short(shapes)}")
+            prof.decode_shapes = [str(x) for x in shapes]
+            shape_s = section(need(dec, "shape_s", "decode.shape_s"), "decode.shape_s")
+            prof.decode_shape_s = {a: table(need(shape_s, a, f"decode.shape_s.{a}"),
+                                            f"decode.shape_s.{a}") for a in GRAPH_ACTIONS}
+            if dec.get("submit_s") is not None:
+                prof.decode_shape_submit_s = nums(dec["submit_s"], "decode.submit_s")
+        if dec.get("slot_scale") is not None:
+            sc = section(dec["slot_scale"], "decode.slot_scale")
+            slots = nums(need(sc, "slots", "decode.slot_scale.slots"), "decode.slot_scale.slots")
+            if not all(x.is_integer() for x in slots):
+                raise bad(f"decode.slot_scale.slots must be whole slot counts, got {slots}")
+            prof.decode_slot_scale = {"slots": [int(x) for x in slots],
+                                      "scale": nums(need(sc, "scale", "decode.slot_scale.scale"),
+                                                    "decode.slot_scale.scale")}
         prof._check(bad)
         return prof
 
@@ -486,6 +537,10 @@ class CostProfile:
             text = p.read_text(encoding="utf-8")
         except FileNotFoundError:
             raise ProfileError(f"{p}: cost profile not found") from None
+        except OSError as e:
+            raise ProfileError(f"{p}: cannot read the cost profile: {e.strerror}") from None
+        except UnicodeDecodeError:
+            raise ProfileError(f"{p}: cost profile is not UTF-8 text") from None
         try:
             d = json.loads(text)
         except json.JSONDecodeError as e:

@@ -38,6 +38,7 @@ window's start (a hit) or not (a miss).
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional, Protocol
@@ -201,6 +202,10 @@ def load_routing_profile(path: str | Path) -> dict[str, Any]:
         d = json.loads(p.read_text(encoding="utf-8"))
     except FileNotFoundError:
         raise ExpertModelError(f"{p}: routing profile not found") from None
+    except OSError as e:
+        raise ExpertModelError(f"{p}: cannot read the routing profile: {e.strerror}") from None
+    except UnicodeDecodeError:
+        raise ExpertModelError(f"{p}: routing profile is not UTF-8 text") from None
     except json.JSONDecodeError as e:
         raise ExpertModelError(f"{p}:{e.lineno}: routing profile is not JSON: {e.msg}") from None
     if not isinstance(d, dict):
@@ -209,18 +214,23 @@ def load_routing_profile(path: str | Path) -> dict[str, Any]:
     if missing:
         raise ExpertModelError(f"{p}: routing profile lacks {missing}")
     counts, E = d["counts"], d["experts"]
-    if not isinstance(E, int) or E < 1:
+    # (a JSON true is an int to Python; a NaN or infinite count would make the popularity NaN)
+    if isinstance(E, bool) or not isinstance(E, int) or E < 1:
         raise ExpertModelError(f"{p}: experts must be a positive int, got {E!r}")
-    if not isinstance(d["top_k"], int) or not 1 <= d["top_k"] <= E:
+    if isinstance(d["top_k"], bool) or not isinstance(d["top_k"], int) or not 1 <= d["top_k"] <= E:
         raise ExpertModelError(f"{p}: top_k must be an int in [1, experts={E}], got {d['top_k']!r}")
+    if not isinstance(d["layers"], list):
+        raise ExpertModelError(f"{p}: layers must be a list (the MoE layers' ids), got "
+                               f"{d['layers']!r}")
     if not isinstance(counts, list) or not counts or len(counts) != len(d["layers"]):
         got = len(counts) if isinstance(counts, list) else repr(counts)
         raise ExpertModelError(f"{p}: counts must hold one list per entry of layers "
                                f"({len(d['layers'])}), got {got}")
     for i, row in enumerate(counts):
         if not isinstance(row, list) or len(row) != E or any(
-                not isinstance(c, (int, float)) or c < 0 for c in row):
-            raise ExpertModelError(f"{p}: counts[{i}] must be {E} non-negative numbers")
+                isinstance(c, bool) or not isinstance(c, (int, float)) or not 0 <= c < math.inf
+                for c in row):
+            raise ExpertModelError(f"{p}: counts[{i}] must be {E} finite non-negative numbers")
     return d
 
 

@@ -23,8 +23,8 @@ from .config import NOMINAL_PROFILE, SimConfig, SimConfigError, validate
 from .costs import CostProfile
 from .expert_setup import build_expert_inputs
 from .graph_cache import MemoryFacts
-from .metrics import (compare_metrics, comparison_table, metrics_table, outputs_lines,
-                      run_metrics)
+from .metrics import (COMPARED_FIGURES, compare_metrics, comparison_table, metrics_table,
+                      outputs_lines, run_metrics)
 from .simulation import Scenario, SimRun, simulate
 from .spread import prediction_range
 from .streams import RandomStreams
@@ -92,6 +92,11 @@ def build_scenario(cfg: Any, profile: Optional[CostProfile] = None,
     if e.synthetic_acceptance is not None:
         info += (f"; acceptance: the engine's synthetic decisions at {e.synthetic_acceptance:g} "
                  f"(engine.synthetic_acceptance; the acceptance group is unused)")
+    longest = cfg.workload.prompt_tokens_max
+    if longest is not None and longest >= e.max_context:
+        info += (f"; WARNING: workload.prompt_tokens_max={longest} reaches engine.max_context="
+                 f"{e.max_context}: the engine would refuse the prompts of {e.max_context} "
+                 f"tokens or more, which this prediction runs to the context end")
     capture_gen = streams.stream("graph.capture_mib")
 
     def measure_capture() -> float:
@@ -110,7 +115,8 @@ def build_scenario(cfg: Any, profile: Optional[CostProfile] = None,
         knobs=e, memory=memory, slots=slots,
         requests=build_workload(cfg.workload, streams),
         # engine.synthetic_acceptance replaces the model's drafts' acceptance, as in the engine
-        acceptance=(build_acceptance(acc_cfg, streams, acc_fit) if e.synthetic_acceptance is None
+        acceptance=(acceptance_model(cfg, acc_cfg, streams, acc_fit)
+                    if e.synthetic_acceptance is None
                     else SyntheticAcceptance(float(e.synthetic_acceptance))),
         costs=profile.for_slots(slots),  # (window times depend on the slot count: sim/costs.py)
         measure_capture=measure_capture,
@@ -124,6 +130,22 @@ def build_scenario(cfg: Any, profile: Optional[CostProfile] = None,
         experts=experts.model if experts else None,
         expert_costs=experts.costs if experts else None)
     return scenario, info
+
+
+def acceptance_model(cfg: SimConfig, acc_cfg: Any, streams: RandomStreams,
+                     fit: Optional[dict]) -> Any:
+    """build_acceptance, whose errors are the user's: a model the profile's (or the trace's)
+    fit cannot give, or a hand-edited `acceptance` section."""
+    source = cfg.acceptance.from_trace or cfg.profile or NOMINAL_PROFILE
+    try:
+        return build_acceptance(acc_cfg, streams, fit)
+    except ValueError as e:
+        raise SimConfigError(f"{source}: {e}") from None
+    except KeyError as e:
+        raise SimConfigError(f"{source}: the `acceptance` section lacks {e.args[0]!r}") from None
+    except TypeError as e:
+        raise SimConfigError(f"{source}: the `acceptance` section has a value of the wrong "
+                             f"type ({e})") from None
 
 
 def warm_keys(e: Any, slots: int) -> list[str]:
@@ -185,11 +207,32 @@ def run_predict(cfg: Any, out_dir: Optional[str | Path] = None,
 def load_engine_metrics(path: str | Path) -> dict[str, Any]:
     p = Path(path)
     try:
-        return json.loads(p.read_text(encoding="utf-8"))
+        m = json.loads(p.read_text(encoding="utf-8"))
     except FileNotFoundError:
         raise SimConfigError(f"compare_with: {p}: not found") from None
+    except OSError as e:
+        raise SimConfigError(f"compare_with: {p}: cannot read it: {e.strerror}") from None
+    except UnicodeDecodeError:
+        raise SimConfigError(f"compare_with: {p}: not UTF-8 text") from None
     except json.JSONDecodeError as e:
         raise SimConfigError(f"compare_with: {p}:{e.lineno}: not JSON: {e.msg}") from None
+    # Another file (outputs.jsonl's line, comparison.json) would print a table of dashes.
+    if not isinstance(m, dict):
+        raise SimConfigError(f"compare_with: {p}: must be a JSON object (an engine metrics.json)")
+    found = False
+    for _, path_of in COMPARED_FIGURES:
+        v = m
+        for k in path_of:
+            v = v.get(k) if isinstance(v, dict) else None
+        if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float))):
+            raise SimConfigError(f"compare_with: {p}: {'.'.join(path_of)} must be a number, "
+                                 f"got {v!r}")
+        found = found or v is not None
+    if not found:
+        raise SimConfigError(f"compare_with: {p}: none of the compared figures ("
+                             f"{', '.join('.'.join(f) for _, f in COMPARED_FIGURES)}): not an "
+                             f"engine metrics.json?")
+    return m
 
 
 def main_predict(cfg: DictConfig, out_dir: str) -> int:

@@ -21,14 +21,19 @@ a request that never arrived cancels it before its arrival.
 from __future__ import annotations
 
 import json
+import math
 import sys
 from collections import defaultdict
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Any, Iterable, Iterator, Optional
+from typing import Callable, Any, Iterable, Iterator, Optional, get_args, get_type_hints
+
+from omegaconf import OmegaConf
+from omegaconf.errors import OmegaConfBaseException
 
 from strata.config import TRACED_ENGINE_KNOBS
-from strata.trace import EVENT_FIELDS, FIELD_DEFAULTS, REPLAY_EVENTS, REPLAY_FIELDS, replay_view
+from strata.trace import (EVENT_FIELDS, FIELD_DEFAULTS, FINISH_REASONS, REPLAY_EVENTS,
+                          REPLAY_FIELDS, replay_view)
 
 from .acceptance import RecordedAcceptance
 from .config import SimEngineConfig, validate_engine
@@ -44,6 +49,9 @@ CONTEXT_EVENTS = 4
 #: (Knobs added to the trace later take the schema's default when a trace lacks them.)
 REQUIRED_ENGINE_KNOBS = TRACED_ENGINE_KNOBS + ("drafting",)
 REQUIRED_MEMORY_FACTS = ("total_mib", "weights_mib", "slot_mib", "slots", "graph_mib")
+#: Counts a replay or an acceptance fit reads from the trace: each must be an int >= 0.
+COUNT_FIELDS = {"arrive": ("prompt_tokens", "max_tokens"),
+                "commit": ("drafted", "accepted", "emitted"), "finish": ("tokens",)}
 #: Bound on simulated iterations per replay: a few per engine event is ample.
 STEPS_PER_EVENT_BOUND = 4
 STEPS_BOUND_FLOOR = 10_000
@@ -123,13 +131,18 @@ def load_trace(path: str | Path) -> tuple[list[dict[str, Any]], list[int]]:
     p = Path(path)
     events, lines = [], []
     try:
-        f = open(p, encoding="utf-8")
+        f = open(p, "rb")  # (decoded line by line, so that bad bytes are named by their line)
     except FileNotFoundError:
         raise TraceError(f"{p}: trace file not found") from None
     except OSError as e:
         raise TraceError(f"{p}: cannot read trace: {e.strerror}") from None
     with f:
-        for n, line in enumerate(f, 1):
+        for n, raw in enumerate(f, 1):
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as e:
+                raise TraceError(f"{p}:{n}: not UTF-8 text (byte {raw[e.start]:#04x} at column "
+                                 f"{e.start + 1})") from None
             if not line.strip():
                 continue
             try:
@@ -146,29 +159,77 @@ def load_trace(path: str | Path) -> tuple[list[dict[str, Any]], list[int]]:
     return events, lines
 
 
+def _count(v: Any) -> bool:
+    """A JSON integer >= 0 (not a bool, a float or a string)."""
+    return isinstance(v, int) and not isinstance(v, bool) and v >= 0
+
+
+def _number(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
 def _event_problem(rec: Any) -> Optional[str]:
     if not isinstance(rec, dict):
         return "an event must be a JSON object"
     ev = rec.get("ev")
-    if ev not in EVENT_FIELDS:
+    if not isinstance(ev, str) or ev not in EVENT_FIELDS:
         return f"unknown event {ev!r}"
     optional = FIELD_DEFAULTS.get(ev, {})
     missing = [f for f in ("step",) + EVENT_FIELDS[ev] if f not in rec and f not in optional]
     if missing:
         return f"{ev} event lacks {missing}"
-    if not isinstance(rec["step"], int) or rec["step"] < 0:
+    if not _count(rec["step"]):
         return f"step must be a non-negative integer, got {rec['step']!r}"
+    # The fields a replay or a fit takes as inputs (the others are only compared): a wrong
+    # type would crash it, or replay something the engine never ran.
+    if "req" in rec and (isinstance(rec["req"], bool) or not isinstance(rec["req"], (str, int))):
+        return f"{ev} req must be a string, got {rec['req']!r}"
+    for f in COUNT_FIELDS.get(ev, ()):
+        if f in rec and not _count(rec[f]):
+            return f"{ev} {f} must be a non-negative integer, got {rec[f]!r}"
+    if ev == "commit" and rec["accepted"] > rec["drafted"]:
+        return f"commit accepted={rec['accepted']} exceeds drafted={rec['drafted']}"
+    if ev == "arrive" and not isinstance(rec.get("filtered", False), bool):
+        return f"arrive filtered must be true or false, got {rec['filtered']!r}"
+    if ev == "finish" and rec["reason"] not in FINISH_REASONS:
+        return f"finish reason must be one of {FINISH_REASONS}, got {rec['reason']!r}"
+    if ev == "warmup" and not (isinstance(rec["keys"], list) and isinstance(rec["mib"], list)
+                               and all(isinstance(k, str) for k in rec["keys"])
+                               and all(_number(m) for m in rec["mib"])):
+        return (f"warmup keys must be a list of graph keys and mib a list of numbers, got "
+                f"keys={rec['keys']!r}, mib={rec['mib']!r}")
+    if ev == "window" and "mib" in rec and not _number(rec["mib"]):
+        return f"window mib must be a number, got {rec['mib']!r}"
     return None
 
 
 # --- from trace to scenario ------------------------------------------------------------------
 
+def _type_name(t: Any) -> str:
+    """'int', 'list[int]', 'bool or null': a schema type as a message names it."""
+    args = get_args(t)
+    if type(None) in args:
+        return " or ".join("null" if a is type(None) else _type_name(a) for a in args)
+    return t.__name__ if isinstance(t, type) else str(t)
+
+
 def _knobs(engine: dict[str, Any], where: str) -> SimEngineConfig:
     missing = [k for k in REQUIRED_ENGINE_KNOBS if k not in engine]
     if missing:
         raise TraceError(f"{where}: config.engine lacks {missing}")
-    names = {f.name for f in fields(SimEngineConfig)}
-    knobs = SimEngineConfig(**{k: v for k, v in engine.items() if k in names})
+    hints = get_type_hints(SimEngineConfig)
+    known = {k: v for k, v in engine.items() if k in hints}
+    for k, v in known.items():
+        # (OmegaConf would read "no" as false and "4" as 4: an engine writes JSON's own types)
+        if isinstance(v, str) and hints[k] not in (str, Optional[str]):
+            raise TraceError(f"{where}: config.engine.{k}: must be {_type_name(hints[k])}, "
+                             f"got {v!r}")
+    try:  # typed by the schema, so that a mistyped knob is named, not a crash in the validator
+        node = OmegaConf.merge(OmegaConf.structured(SimEngineConfig), known)
+    except OmegaConfBaseException as e:
+        raise TraceError(f"{where}: config.engine.{e.full_key}: "
+                         f"{str(e).splitlines()[0]}") from None
+    knobs = OmegaConf.to_object(node)
     knobs.graph_policy = "counted"  # engine traces come from strata's own policy
     if engine.get("overlap") is None:
         knobs.overlap = False  # a trace from before engine.overlap (or its auto) ran serially
@@ -235,16 +296,32 @@ def scenario_from_trace(events: list[dict[str, Any]], lines: Optional[list[int]]
     missing = [k for k in REQUIRED_MEMORY_FACTS if k not in mem]
     if missing:
         raise TraceError(f"{where(0)}: config.memory lacks {missing}")
+    for k in REQUIRED_MEMORY_FACTS:
+        v = mem[k]
+        if k == "slots" and not (_count(v) and v >= 1):
+            raise TraceError(f"{where(0)}: config.memory.slots must be an integer >= 1, got {v!r}")
+        if not (_number(v) and v >= 0) and not (k == "graph_mib" and v is None):
+            raise TraceError(f"{where(0)}: config.memory.{k} must be a number >= 0, got {v!r}")
+    for i, rec in enumerate(events[1:], 1):
+        if rec["ev"] == "config":  # (two runs' traces joined: which config would apply?)
+            raise TraceError(f"{where(i)}: a second config event (a trace holds one engine "
+                             f"run; its config is on {where(0)})")
 
     requests: list[SimRequest] = []
     seen: set = set()
     accepted: dict[Any, list[int]] = defaultdict(list)
     finishes: dict[Any, tuple[int, dict]] = {}
+    first_commit: dict[Any, int] = {}
     for i, rec in enumerate(events):
         ev = rec["ev"]
         if ev == "arrive":
             if rec["req"] in seen:
                 raise TraceError(f"{where(i)}: request {rec['req']!r} arrives twice")
+            if rec["prompt_tokens"] >= knobs.max_context:  # (the engine refuses it at submit)
+                raise TraceError(f"{where(i)}: request {rec['req']!r}: prompt_tokens "
+                                 f"{rec['prompt_tokens']} leaves no room in config.engine."
+                                 f"max_context={knobs.max_context} (at most "
+                                 f"{knobs.max_context - 1})")
             seen.add(rec["req"])
             try:
                 requests.append(SimRequest(id=rec["req"], index=len(requests),
@@ -255,9 +332,16 @@ def scenario_from_trace(events: list[dict[str, Any]], lines: Optional[list[int]]
             except (TypeError, ValueError) as e:
                 raise TraceError(f"{where(i)}: {e}") from None
         elif ev == "commit":
+            if not accepted.get(rec["req"]):
+                first_commit[rec["req"]] = i
             accepted[rec["req"]].append(rec["accepted"])
         elif ev == "finish":
+            if rec["req"] in finishes:
+                raise TraceError(f"{where(i)}: request {rec['req']!r} finishes twice")
             finishes[rec["req"]] = (i, rec)
+    for req_id, i in first_commit.items():
+        if req_id not in seen:
+            raise TraceError(f"{where(i)}: commit of request {req_id!r}, which never arrived")
 
     external = ExternalEvents()
     by_id = {r.id: r for r in requests}

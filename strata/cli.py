@@ -83,8 +83,11 @@ def _is_hydra(key: str) -> bool:
     return key == "hydra" or key.startswith(("hydra.", "hydra/"))
 
 
-def check_overrides(args: list[str]) -> None:
-    """Raise ConfigError (one line, naming the key) for an override the config cannot take."""
+def check_overrides(args: list[str], conf_dir: str = CONF_DIR, root: Optional[type] = None,
+                    check: Optional[Callable[[Any], None]] = None) -> None:
+    """Raise ConfigError (one line, naming the key) for an override the config cannot take,
+    every value of a sweep included. `conf_dir`, `root` (its schema) and `check` (what a
+    composed config must pass) are strata's unless another app (the simulator) gives its own."""
     from hydra.core.override_parser.overrides_parser import OverridesParser
     from hydra.errors import OverrideParseException
 
@@ -101,10 +104,13 @@ def check_overrides(args: list[str]) -> None:
             raise ConfigError(f"{o.input_line}: an override needs a key before '=' (key=value)")
         if o.key_or_group in ("hydra.run.dir", "hydra.sweep.dir"):
             check_output_dir(o.key_or_group, o.value())
+        if o.key_or_group == "hydra.searchpath":
+            lines.append(o.input_line)  # config groups of other trees compose from it
+            continue
         if _is_hydra(o.key_or_group):
             continue
         if "/" not in o.key_or_group:
-            check_key(o.key_or_group)
+            check_key(o.key_or_group, root)
         if o.is_sweep_override():
             if not parsed.multirun:
                 raise ConfigError(f"{o.input_line}: several values need -m (a sweep, one job each); "
@@ -120,10 +126,11 @@ def check_overrides(args: list[str]) -> None:
             lines.append(values[0])  # compose takes one value; the others are checked below
         else:
             lines.append(o.input_line)
-    check_values(compose_config(lines))
+    check = check or check_values
+    check(compose_config(lines, conf_dir))
     for i, values in sweeps:
         for v in values[1:]:
-            check_values(compose_config(lines[:i] + [v] + lines[i + 1:]))
+            check(compose_config(lines[:i] + [v] + lines[i + 1:], conf_dir))
 
 
 def check_values(cfg: Any) -> None:
@@ -146,14 +153,15 @@ def check_output_dir(key: str, value: Any) -> None:
             return
 
 
-def compose_config(overrides: list[str]) -> Any:
-    """The config Hydra would compose from these overrides; ConfigError (one line) if it can't."""
+def compose_config(overrides: list[str], conf_dir: str = CONF_DIR) -> Any:
+    """The config Hydra would compose from these overrides (in `conf_dir`'s tree); ConfigError
+    (one line) if it can't."""
     from hydra import compose, initialize_config_dir
     from hydra.errors import MissingConfigException
 
     register_configs()  # the schemas the YAML files name (storing them again is harmless)
     try:
-        with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
+        with initialize_config_dir(config_dir=conf_dir, version_base="1.3"):
             return compose(config_name=CONFIG_NAME, overrides=overrides)
     except MissingConfigException as e:
         missing = str(getattr(e, "missing_cfg_file", "") or "")

@@ -303,9 +303,10 @@ def unknown_key_message(path: str, key: str, known: Any) -> str:
     return f"{path}{key}: unknown key (known: {', '.join(sorted(known))})"
 
 
-def check_key(dotted: str) -> None:
-    """Refuse a dotted key (`engine.slots`) that no schema declares, suggesting the closest."""
-    schema: Optional[type] = StrataConfig
+def check_key(dotted: str, root: type = None) -> None:
+    """Refuse a dotted key (`engine.slots`) that no schema declares, suggesting the closest;
+    `root`: the config's schema (StrataConfig; the simulator passes its own)."""
+    schema: Optional[type] = root or StrataConfig
     path = ""
     for part in dotted.split("."):
         if schema is None:  # below a leaf (a list index, say): the config decides
@@ -316,8 +317,9 @@ def check_key(dotted: str) -> None:
         schema, path = known[part], f"{path}{part}."
 
 
-def check_known_keys(cfg: Any) -> None:
-    """Refuse keys no schema declares (Hydra's `+group.key=...` can add them past the schema)."""
+def check_known_keys(cfg: Any, root: type = None) -> None:
+    """Refuse keys no schema declares (Hydra's `+group.key=...` can add them past the schema);
+    `root`: the config's schema (StrataConfig; the simulator passes its own)."""
     from omegaconf import DictConfig
 
     def walk(node: Any, schema: type, path: str) -> None:
@@ -329,7 +331,7 @@ def check_known_keys(cfg: Any) -> None:
             if isinstance(child, DictConfig) and known[key] is not None:
                 walk(child, known[key], f"{path}{key}.")
 
-    walk(cfg, StrataConfig, "")
+    walk(cfg, root or StrataConfig, "")
 
 
 def batch_mtp_from_env(cfg_value: bool, explicit: bool = False) -> bool:
