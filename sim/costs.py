@@ -77,6 +77,8 @@ from typing import Any, Iterable, Optional, Sequence
 
 from strata.trace import GRAPH_ACTIONS  # the trace schema is the one strata module sim/ uses
 
+from .files import read_json
+
 SCHEMA = "strata-sim-cost-profile/1"
 
 
@@ -532,17 +534,5 @@ class CostProfile:
 
     @classmethod
     def load(cls, path: str | Path) -> "CostProfile":
-        p = Path(path)
-        try:
-            text = p.read_text(encoding="utf-8")
-        except FileNotFoundError:
-            raise ProfileError(f"{p}: cost profile not found") from None
-        except OSError as e:
-            raise ProfileError(f"{p}: cannot read the cost profile: {e.strerror}") from None
-        except UnicodeDecodeError:
-            raise ProfileError(f"{p}: cost profile is not UTF-8 text") from None
-        try:
-            d = json.loads(text)
-        except json.JSONDecodeError as e:
-            raise ProfileError(f"{p}:{e.lineno}: not JSON: {e.msg}") from None
-        return cls.from_dict(d, where=str(p))
+        d = read_json(path, "cost profile", ProfileError)
+        return cls.from_dict(d, where=str(Path(path)))

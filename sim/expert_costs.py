@@ -29,7 +29,6 @@ it, so what the host time before that forward does not hide is added to it.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional, Sequence
@@ -37,6 +36,7 @@ from typing import Any, Optional, Sequence
 import numpy as np
 
 from .experts import ExpertModelError, WindowExperts
+from .files import read_json
 
 
 @dataclass
@@ -135,10 +135,7 @@ def bench_windows(paths: Sequence[str | Path], skip: Sequence[str] = ("w16",)) -
     out = []
     for path in paths:
         p = Path(path)
-        try:
-            d = json.loads(p.read_text(encoding="utf-8"))
-        except FileNotFoundError:
-            raise ExpertModelError(f"{p}: bench JSON not found") from None
+        d = read_json(p, "bench JSON", ExpertModelError)
         for name, cell in (d.get("summary") or {}).items():
             if any(s in name for s in skip):
                 continue

@@ -37,13 +37,14 @@ window's start (a hit) or not (a miss).
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional, Protocol
 
 import numpy as np
+
+from .files import read_json
 
 #: Added to every profiled count before it becomes a popularity: an expert the profile never
 #: saw routed keeps a small chance (a finite profile misses rare experts).
@@ -198,16 +199,7 @@ def load_routing_profile(path: str | Path) -> dict[str, Any]:
     """A routing profile JSON (COMMON.md): {"model", "layers", "experts", "top_k", "tokens",
     "counts": [[E ints] per MoE layer], "windows", "distinct_per_window"}; checked."""
     p = Path(path)
-    try:
-        d = json.loads(p.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise ExpertModelError(f"{p}: routing profile not found") from None
-    except OSError as e:
-        raise ExpertModelError(f"{p}: cannot read the routing profile: {e.strerror}") from None
-    except UnicodeDecodeError:
-        raise ExpertModelError(f"{p}: routing profile is not UTF-8 text") from None
-    except json.JSONDecodeError as e:
-        raise ExpertModelError(f"{p}:{e.lineno}: routing profile is not JSON: {e.msg}") from None
+    d = read_json(p, "routing profile", ExpertModelError)
     if not isinstance(d, dict):
         raise ExpertModelError(f"{p}: routing profile must be a JSON object")
     missing = [k for k in ("layers", "experts", "top_k", "counts") if k not in d]

@@ -22,6 +22,7 @@ from .acceptance import SyntheticAcceptance, build_acceptance
 from .config import NOMINAL_PROFILE, SimConfig, SimConfigError, validate
 from .costs import CostProfile
 from .expert_setup import build_expert_inputs
+from .files import read_json
 from .graph_cache import MemoryFacts
 from .metrics import (COMPARED_FIGURES, compare_metrics, comparison_table, metrics_table,
                       outputs_lines, run_metrics)
@@ -206,16 +207,7 @@ def run_predict(cfg: Any, out_dir: Optional[str | Path] = None,
 
 def load_engine_metrics(path: str | Path) -> dict[str, Any]:
     p = Path(path)
-    try:
-        m = json.loads(p.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise SimConfigError(f"compare_with: {p}: not found") from None
-    except OSError as e:
-        raise SimConfigError(f"compare_with: {p}: cannot read it: {e.strerror}") from None
-    except UnicodeDecodeError:
-        raise SimConfigError(f"compare_with: {p}: not UTF-8 text") from None
-    except json.JSONDecodeError as e:
-        raise SimConfigError(f"compare_with: {p}:{e.lineno}: not JSON: {e.msg}") from None
+    m = read_json(p, "engine metrics", SimConfigError, prefix="compare_with: ")
     # Another file (outputs.jsonl's line, comparison.json) would print a table of dashes.
     if not isinstance(m, dict):
         raise SimConfigError(f"compare_with: {p}: must be a JSON object (an engine metrics.json)")
