@@ -10,7 +10,8 @@ from typing import Any, Optional
 import numpy as np
 
 from strata.config import validate_workload_base
-from strata.engine.request import Request, RequestError, SamplingParams, unpaired_surrogate
+from strata.engine.request import (Request, RequestError, SamplingParams, check_arrival,
+                                   unpaired_surrogate)
 
 #: Four distinct code prompts: the main job's default workload.
 DEFAULT_PROMPTS = [
@@ -207,15 +208,11 @@ def load_request_file(path: Optional[str], w: Any, tokenizer, vocab_size: int) -
         if "arrival_step" in d and "arrival_s" in d:
             raise WorkloadError(f"{where}: give at most one of arrival_step and arrival_s")
         step = d.get("arrival_step", 0 if "arrival_s" not in d else None)
-        if step is not None and (not isinstance(step, int) or isinstance(step, bool)
-                                 or not 0 <= step < 2**63):
-            raise WorkloadError(f"{where}: arrival_step must be an integer in [0, 2**63), "
-                                f"got {step!r}")
         sec = d.get("arrival_s")
-        # finite: a request due at Infinity would keep the run waiting for ever
-        if sec is not None and (not isinstance(sec, (int, float)) or isinstance(sec, bool)
-                                or not 0 <= sec <= sys.float_info.max):
-            raise WorkloadError(f"{where}: arrival_s must be a finite number >= 0, got {sec!r}")
+        try:
+            check_arrival(step, sec)
+        except RequestError as e:
+            raise WorkloadError(f"{where}: {e.field} {e.message}") from None
         out.append(Request(rid, ids, _params(d, w, where), arrival_step=step,
                            arrival_s=None if sec is None else float(sec),
                            prompt_text=d.get("prompt")))

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Any, Optional
 
 
 def _finite(v: int | float) -> bool:
@@ -101,16 +101,18 @@ class Request:
             raise RequestError("prompt", f"{len(ids)} tokens leave no room in the context of "
                                          f"{max_context} positions (at most {max_context - 1})")
         self.params.validate()
-        # Bounded: the arrival heaps compare them as floats, and an infinite arrival_s would
-        # keep the engine waiting for ever.
-        step = self.arrival_step
-        if step is not None and (not isinstance(step, int) or isinstance(step, bool)
-                                 or not 0 <= step < 2**63):
-            raise RequestError("arrival_step", f"must be an integer in [0, 2**63), got {step!r}")
-        sec = self.arrival_s
-        if sec is not None and (not isinstance(sec, (int, float)) or isinstance(sec, bool)
-                                or not _finite(sec) or sec < 0):
-            raise RequestError("arrival_s", f"must be a finite number >= 0, got {sec!r}")
+        check_arrival(self.arrival_step, self.arrival_s)
+
+
+def check_arrival(step: Any, sec: Any) -> None:
+    """RequestError for an arrival the engine cannot wait for. Bounded: the arrival heaps
+    compare them as floats, and an infinite arrival_s would keep the engine waiting for ever."""
+    if step is not None and (not isinstance(step, int) or isinstance(step, bool)
+                             or not 0 <= step < 2**63):
+        raise RequestError("arrival_step", f"must be an integer in [0, 2**63), got {step!r}")
+    if sec is not None and (not isinstance(sec, (int, float)) or isinstance(sec, bool)
+                            or not _finite(sec) or sec < 0):
+        raise RequestError("arrival_s", f"must be a finite number >= 0, got {sec!r}")
 
 
 @dataclass
