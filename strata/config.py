@@ -303,7 +303,7 @@ def unknown_key_message(path: str, key: str, known: Any) -> str:
     return f"{path}{key}: unknown key (known: {', '.join(sorted(known))})"
 
 
-def check_key(dotted: str, root: type = None) -> None:
+def check_key(dotted: str, root: Optional[type] = None) -> None:
     """Refuse a dotted key (`engine.slots`) that no schema declares, suggesting the closest;
     `root`: the config's schema (StrataConfig; the simulator passes its own)."""
     schema: Optional[type] = root or StrataConfig
@@ -317,7 +317,7 @@ def check_key(dotted: str, root: type = None) -> None:
         schema, path = known[part], f"{path}{part}."
 
 
-def check_known_keys(cfg: Any, root: type = None) -> None:
+def check_known_keys(cfg: Any, root: Optional[type] = None) -> None:
     """Refuse keys no schema declares (Hydra's `+group.key=...` can add them past the schema);
     `root`: the config's schema (StrataConfig; the simulator passes its own)."""
     from omegaconf import DictConfig

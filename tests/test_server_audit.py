@@ -14,7 +14,7 @@ import pytest
 
 from strata.engine.request import RequestError, SamplingParams
 from strata.serve import protocol as P
-from test_server import ServerProc, post
+from test_server import post, server  # noqa: F401 (server: the module's own live server)
 
 MSG = [{"role": "user", "content": "hi"}]
 
@@ -104,19 +104,8 @@ def test_stream_options_errors_name_the_full_field():
 # ---- end to end: the same inputs against a real server, which keeps its engine and serves on
 
 
-@pytest.fixture(scope="module")
-def audit_server(tmp_path_factory):
-    s = ServerProc(tmp_path_factory.mktemp("serve_audit"))
-    try:
-        s.wait_ready()
-        yield s
-    finally:
-        s.stop()
-    s.assert_clean_log()     # no handler traceback, no engine crash
-
-
-def test_bad_input_is_400_and_the_engine_survives(audit_server):
-    s = audit_server
+def test_bad_input_is_400_and_the_engine_survives(server):
+    s = server
     before = s.health().json()
     cases = [
         ("/v1/completions", {"prompt": "x", "model": "\udc00"}, "model"),
