@@ -264,6 +264,13 @@ def main() -> None:
     lanes = max(g for g, _ in shapes)
     state = DecodeState(lm.args, lanes, 2048, lm.dtype, dev, lm.has_mtp, spare_rows=16)
     bufs = SlotBuffers(lanes, lm.args.hidden_size, lm.dtype, dev)
+    # distinct tokens and MTP states per lane, so that the groups of a window route to different
+    # experts as the engine's requests do (zeroed buffers gave every group the same inputs, the
+    # same routes, and a MoE layer reading one group's experts)
+    gen = torch.Generator(device=dev).manual_seed(0)
+    bufs.pending[:lanes] = torch.randint(1, lm.args.vocab_size, (lanes,), device=dev, generator=gen)
+    bufs.draft[:lanes] = torch.randint(1, lm.args.vocab_size, (lanes,), device=dev, generator=gen)
+    bufs.mtp_h[:lanes] = torch.randn(lanes, lm.args.hidden_size, device=dev, generator=gen).to(lm.dtype)
     functions = None
     if a.compile:
         from strata.engine.compiling import compiled_functions
