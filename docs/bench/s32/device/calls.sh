@@ -3,7 +3,7 @@
 # under the 600 s limit: `bash docs/bench/s32/device/calls.sh a` (the GPU tests and full depth
 # N=8 W16 with 8-slot chunks at 128-row against 64-row launches, the second warm from the first's
 # compile cache) and `... b` (row_bits, the tiny model's 8-slot chunks against 1, a 40-token
-# prompt's chunk at full depth). Carry .whl and .dev/s31 (this tree's CUDA extension, xz).
+# prompt's chunk at full depth), `... c` (an 8-layer window profile). Carry .whl and .dev/s31 (this tree's CUDA extension, xz).
 set -u
 R=$OUT/r; mkdir -p $R
 export PYTHONUNBUFFERED=1 TORCHINDUCTOR_CACHE_DIR=/tmp/strata_inductor
@@ -27,4 +27,8 @@ b)
   # padding parked in the MoE layers (e5f217b): expect the 40-token chunk near 24 ms, not 29.4
   TAIL=3 st solo_p40 220 python3 scripts/bench_engine.py $F40 --json $R/solo_p40.json
   grep -h "prompt chunk" $R/solo_p40.log ;;
+c)
+  # where the windows' time goes, the groups now routed apart (profile_window.py's lanes hold
+  # distinct tokens): 8 layers compiled, graph replay
+  TAIL=40 st profile8 300 python3 scripts/profile_window.py --model qwen3-next-80b-a3b-fp8 --load-format dummy --layers 8 --backend auto --compile --shapes 1x2,8x2 --iters 50 --top 25 --json $R/profile8.json ;;
 esac
