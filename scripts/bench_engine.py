@@ -245,6 +245,7 @@ def engine_cfg(base: dict, name: str, n: int, args) -> object:
     cfg.window_rows = args.window_rows
     cfg.spec = args.spec
     cfg.prefill_slots = getattr(args, "prefill_slots", 1)  # (bench_expert_cache has none)
+    cfg.compile_specialize_one = getattr(args, "specialize_one", "on") == "on"
     cfg.vram_every = 0
     cfg.synthetic_acceptance = args.synthetic_acceptance
     for k, v in base.items():
@@ -444,6 +445,8 @@ def main() -> None:
                     help="engine.prefill_slots: the prefilling slots one prompt chunk may hold")
     ap.add_argument("--synthetic-acceptance", type=float, default=None,
                     help="engine.synthetic_acceptance: accept each draft with this probability")
+    ap.add_argument("--specialize-one", choices=("on", "off"), default="on",
+                    help="engine.compile_specialize_one: a group or row count of 1 compiled apart")
     ap.add_argument("--bandwidth", type=float, default=H200_COPY_BYTES_PER_S,
                     help="bytes/s of the byte floor (default: the H200's measured copy rate)")
     ap.add_argument("--graphs", type=lambda s: s.lower() in ("1", "true", "yes"), default=True)

@@ -124,6 +124,10 @@ class EngineConfig:
     vram_every: int = 64
     #: torch.compile the pure regions of a window step: auto (on CUDA), on, off.
     compile: str = "auto"
+    #: Compiled regions give a group or row count of 1 graphs of their own (torch.compile's
+    #: 0/1 specialisation; true), or compile one graph for every count (false: fewer graphs
+    #: to compile, so a shorter warm-up, and the 1-row kernels generic). Process-wide.
+    compile_specialize_one: bool = True
     #: Run every window and prompt-chunk shape once on the scratch lane at start, so compiling
     #: happens before the first request, not during it: auto (when compiling), on, off.
     warmup: str = "auto"

@@ -14,12 +14,16 @@ from __future__ import annotations
 import pytest
 import torch
 import torch._dynamo
+from omegaconf import OmegaConf
 from torch._dynamo.utils import counters
 
+from strata.config import StrataConfig
+from strata.engine.llm_engine import Engine
+from strata.engine.request import Request, SamplingParams
 from strata.kernels import ops
 from strata.model.qwen3_next import Qwen3Next
 from strata.model.state import DecodeState
-from strata.model.tiny import init_random, tiny_args
+from strata.model.tiny import init_random, make_tiny_random, tiny_args
 
 torch.set_num_threads(1)
 
@@ -117,3 +121,67 @@ def test_programmatic_launches_only_where_graphs_replay_on_hopper(monkeypatch):
     compiling.compiled_functions(model, torch.device("cpu"))
     assert compiling.inductor_pdl()
     model.compile_regions(None, None)
+
+
+def specialize_one_run(model_path: str, one_apart: bool, device: str) -> tuple[int, int, dict]:
+    """An engine (batch_mtp, two slots, compiled, warmed up) with engine.compile_specialize_one
+    set: the graphs dynamo traced by the end of its warm-up and of three requests, and their
+    tokens (one greedy, two sampled)."""
+    torch._dynamo.reset()
+    counters.clear()
+    cfg = OmegaConf.structured(StrataConfig)
+    cfg.device, cfg.model.path = device, model_path
+    cfg.engine.mode, cfg.engine.batch_mtp, cfg.engine.max_context = "batch", True, 256
+    cfg.engine.slots, cfg.engine.compile, cfg.engine.prefill_buckets = 2, "on", [16, 32]
+    cfg.engine.compile_specialize_one = one_apart
+    eng = Engine.from_config(cfg, log=lambda s: None)
+    warm = counters["stats"]["unique_graphs"]
+    for i in range(3):
+        eng.add_request(Request(f"r{i}", [5 + i, 9, 11 + i, 3, 7], SamplingParams(
+            max_tokens=16, temperature=0.8 if i else 0.0, seed=i, stop_at_eos=False),
+            arrival_step=i, stream_text=False))
+    while eng.has_work():
+        eng.step()
+    tokens = {k: v.emitted for k, v in eng.requests.items()}
+    eng.close()
+    return warm, counters["stats"]["unique_graphs"], tokens
+
+
+@pytest.mark.slow
+def test_compile_specialize_one_off_compiles_fewer_graphs_for_the_same_tokens(monkeypatch,
+                                                                                tmp_path):
+    """engine.compile_specialize_one=false: a group or row count of 1 compiles no graphs of its
+    own, so the warm-up traces fewer graphs (backend "eager": tracing, not code generation);
+    the requests then trace none the warm-up did not, and emit the same tokens."""
+    from strata.engine.compiling import specialize_one
+
+    make_tiny_random(tmp_path, seed=0)
+    compile_ = torch.compile
+    monkeypatch.setattr(torch, "compile", lambda f=None, **kw: compile_(f, **{**kw, "backend": "eager"}))
+    try:
+        runs = {one: specialize_one_run(str(tmp_path), one, "cpu") for one in (True, False)}
+    finally:
+        specialize_one(True)  # process-wide: leave torch's default for the other tests
+        ops.set_backend("auto", "cpu")
+    (warm_on, end_on, tok_on), (warm_off, end_off, tok_off) = runs[True], runs[False]
+    assert warm_off < warm_on, runs
+    assert (end_on, end_off) == (warm_on, warm_off), "requests compiled what the warm-up did not"
+    assert tok_off == tok_on
+
+
+@pytest.mark.gpu
+@pytest.mark.slow
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+def test_compile_specialize_one_off_changes_no_token_on_the_gpu(tmp_path):
+    """The same with inductor's kernels and graphs on the GPU: generic 1-row kernels give the
+    tokens the specialised ones give, and fewer graphs are compiled."""
+    from strata.engine.compiling import specialize_one
+
+    make_tiny_random(tmp_path, seed=0)
+    try:
+        runs = {one: specialize_one_run(str(tmp_path), one, "cuda") for one in (True, False)}
+    finally:
+        specialize_one(True)
+        ops.set_backend("auto", "cpu")
+    assert runs[False][0] < runs[True][0], runs
+    assert runs[False][2] == runs[True][2]

@@ -33,13 +33,30 @@ def inductor_pdl() -> bool:
     return bool(getattr(inductor_config.triton, "enable_pdl", False))
 
 
+def specialize_one(on: bool) -> None:
+    """engine.compile_specialize_one: whether regions compiled from now on give a size of 1
+    graphs of their own (torch's default) or treat it as any other size of a dynamic dimension
+    (backed_size_oblivious). Process-wide, read when a region traces."""
+    import torch.fx.experimental._config as fx_config
+
+    if not hasattr(fx_config, "backed_size_oblivious"):
+        if not on:
+            raise RuntimeError(f"engine.compile_specialize_one=false needs a torch with "
+                               f"backed_size_oblivious; torch {torch.__version__} has none")
+        return
+    fx_config.backed_size_oblivious = not on
+
+
 def compiled_functions(model, device: torch.device | None = None,
-                       graphs: bool = True) -> dict[str, Callable]:
+                       graphs: bool = True, one_apart: bool = True) -> dict[str, Callable]:
     """Compile the model's regions (`model.compile_regions`) and the verifier's pure functions;
     returns the latter, by name, for the Verifier to be built with. `device` and `graphs` (the
-    engine replays CUDA graphs) choose whether the regions' kernels launch programmatically."""
+    engine replays CUDA graphs) choose whether the regions' kernels launch programmatically;
+    `one_apart` is engine.compile_specialize_one."""
     import torch._dynamo
     import torch._inductor.config as inductor_config
+
+    specialize_one(one_apart)
 
     torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 64)
     # A region that fails to compile runs eagerly (logged by torch) instead of failing requests.

@@ -115,8 +115,8 @@ class Engine:
                                  self.drafting, spare_rows=ecfg.window_rows + 1)
         self.bufs = SlotBuffers(n_slots, self.args.hidden_size, loaded.dtype, device)
         split_keys = ecfg.invariant_split_keys if ecfg.batch_invariant else 0
-        functions = (compiled_functions(self.model, device, ecfg.graphs) if self.compiling
-                     else None)
+        functions = (compiled_functions(self.model, device, ecfg.graphs,
+                                        ecfg.compile_specialize_one) if self.compiling else None)
         self.verifier = Verifier(self.model, self.state, self.bufs, self.drafting,
                                  split_keys=split_keys, functions=functions,
                                  synthetic_acceptance=ecfg.synthetic_acceptance,

@@ -281,7 +281,8 @@ def serve(rank: int, world: int, stage: StageSlice, cfg: Any, loaded: Any, devic
         return
     compiling = ecfg.compile == "on" or (ecfg.compile == "auto" and device.type == "cuda")
     # CUDA stages replay graphs only with engine.stage_graphs=true (null is off there)
-    functions = (compiled_functions(model, device, bool(ecfg.graphs and ecfg.stage_graphs))
+    functions = (compiled_functions(model, device, bool(ecfg.graphs and ecfg.stage_graphs),
+                                    ecfg.compile_specialize_one)
                  if compiling else None)
     split_keys = ecfg.invariant_split_keys if ecfg.batch_invariant else 0
     graphs = StageGraphs.for_stage(ecfg, device, _stage_budget(loaded, ecfg, device, n_slots,
