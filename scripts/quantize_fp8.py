@@ -24,7 +24,7 @@ def main() -> None:
     a = ap.parse_args()
     try:
         quantize_checkpoint(a.src, a.dst, a.block, a.not_convert)
-    except CheckpointError as e:
+    except (CheckpointError, OSError) as e:  # OSError: DST not writable, disk full
         print(f"error: {e}", file=sys.stderr)
         sys.exit(2)
 

@@ -247,8 +247,10 @@ def chunk_gated_delta(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torc
 def dequant_fp8_block(w: torch.Tensor, scale_inv: torch.Tensor, block: tuple[int, int],
                       dtype: torch.dtype = torch.float32) -> torch.Tensor:
     """(..., O, I) FP8 weight times its (..., ceil(O/bo), ceil(I/bi)) block scales, as `dtype`."""
-    bo, bi = int(block[0]), int(block[1])
     o, i = w.shape[-2:]
+    # a block beyond the weight is one block: expanding its scale to the block first could
+    # ask for terabytes (weight_block_size is the checkpoint's word)
+    bo, bi = min(int(block[0]), o), min(int(block[1]), i)
     s = scale_inv.float().repeat_interleave(bo, -2)[..., :o, :].repeat_interleave(bi, -1)[..., :i]
     return (w.float() * s).to(dtype)
 

@@ -58,6 +58,11 @@ def parse_quant_config(cfg: dict, where: str | Path) -> Optional[QuantConfig]:
     fmt = q.get("fmt", "e4m3")
     if fmt != "e4m3":
         raise CheckpointError(f"{where}: quantization_config.fmt {fmt!r} is not supported (e4m3 only)")
+    # static: per-layer activation scales (input_scale tensors) that strata would not apply
+    scheme = q.get("activation_scheme", "dynamic")
+    if scheme != "dynamic":
+        raise CheckpointError(f"{where}: quantization_config.activation_scheme {scheme!r} is not "
+                              f"supported (dynamic only)")
     block = q.get("weight_block_size")
     if (not isinstance(block, (list, tuple)) or len(block) != 2
             or not all(isinstance(b, int) and not isinstance(b, bool) and b > 0 for b in block)):

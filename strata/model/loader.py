@@ -31,6 +31,8 @@ LOAD_FORMATS = ("auto", "safetensors", "dummy")
 #: Config directories shipped with the package (model presets name them).
 ASSETS_DIR = Path(__file__).resolve().parent.parent / "assets"
 FP8_SAFETENSORS = "F8_E4M3"  # safetensors' name for float8_e4m3fn
+#: safetensors' names of the float dtypes a checkpoint's other tensors may have (DTYPES').
+FLOAT_SAFETENSORS = ("F32", "BF16", "F16")
 
 
 @dataclass
@@ -58,21 +60,29 @@ def resolve_dtype(name: str, args: ModelArgs, device: torch.device) -> torch.dty
     return DTYPES[name]
 
 
-def _shard_files(path: Path) -> list[Path]:
+def _shard_files(path: Path) -> tuple[list[Path], dict[str, Path]]:
+    """The weight files, and for a sharded checkpoint the index's tensor -> shard map."""
     single = path / "model.safetensors"
     index = path / "model.safetensors.index.json"
     if single.is_file():
-        return [single]
+        return [single], {}
     if index.is_file():
         try:
-            weight_map = json.loads(index.read_text())["weight_map"]
+            weight_map = json.loads(index.read_text(encoding="utf-8"))["weight_map"]
             files = sorted(set(weight_map.values()))
-        except (json.JSONDecodeError, KeyError, TypeError, AttributeError) as e:
+        # (UnicodeDecodeError and JSONDecodeError are ValueErrors)
+        except (ValueError, RecursionError, KeyError, TypeError, AttributeError) as e:
             raise CheckpointError(f"{index}: malformed shard index ({type(e).__name__}: {e})") from None
         for f in files:
+            # a plain file name: "" would be the directory itself, "../x" a file elsewhere
+            # (scripts/quantize_fp8.py writes each shard under its name)
+            if not isinstance(f, str) or f in ("", ".", "..") or Path(f).name != f:
+                key = next(k for k, v in weight_map.items() if v == f)
+                raise CheckpointError(f"{index}: weight_map must name shard files in {path}, "
+                                      f"got {f!r} for tensor {key!r}")
             if not (path / f).is_file():
                 raise CheckpointError(f"{path / f}: missing shard named in {index.name}")
-        return [path / f for f in files]
+        return [path / f for f in files], {k: path / v for k, v in weight_map.items()}
     raise CheckpointError(f"{path}: has no weights (no model.safetensors or "
                           f"model.safetensors.index.json); use model.load_format=dummy for "
                           f"random weights")
@@ -109,22 +119,49 @@ def _scan(files: list[Path]) -> dict[str, _Entry]:
     for f in files:
         try:
             with safe_open(str(f), framework="pt") as sf:
+                found = {}
                 for k in sf.keys():
                     sl = sf.get_slice(k)
-                    out[k] = _Entry(f, sl.get_dtype(), tuple(sl.get_shape()))
+                    found[k] = (sl.get_dtype(), tuple(sl.get_shape()))
         except Exception as e:  # safetensors raises its own SafetensorError (or OSError)
             raise CheckpointError(f"{f}: not a readable safetensors file ({e})") from None
+        for k, (dtype, shape) in found.items():
+            if k in out:  # which copy would win is an accident of file order
+                raise CheckpointError(f"{f}: tensor {k!r} is also in {out[k].file.name} (two "
+                                      f"shards define it)")
+            out[k] = _Entry(f, dtype, shape)
     return out
 
 
-def _check_fp8(entries: dict[str, _Entry], quant: Optional[QuantConfig], path: Path) -> set[str]:
-    """The FP8 weight keys, each checked against its scale and the quantization_config."""
+def read_entries(path: Path) -> dict[str, _Entry]:
+    """Every tensor of a checkpoint directory's weight files, from their headers, each in one
+    file only and, for a sharded checkpoint, in the shard its index names."""
+    files, weight_map = _shard_files(path)
+    entries = _scan(files)
+    for key, shard in weight_map.items():
+        e = entries.get(key)
+        if e is None or e.file != shard:  # a stale index or a shard of another checkpoint
+            where = f"it is in {e.file.name}" if e is not None else "no shard has it"
+            raise CheckpointError(f"{path / 'model.safetensors.index.json'}: maps tensor {key!r} "
+                                  f"to {shard.name}, which does not hold it ({where})")
+    return entries
+
+
+def check_entries(entries: dict[str, _Entry], quant: Optional[QuantConfig], path: Path) -> set[str]:
+    """The FP8 weight keys, each checked against its scale and the quantization_config; every
+    other tensor must be of a float dtype (the loader casts those to the model's dtype)."""
     fp8 = set()
     for key, e in entries.items():
         if e.dtype.startswith("F8") and e.dtype != FP8_SAFETENSORS:
             raise CheckpointError(f"{e.file}: tensor {key!r} has dtype {e.dtype}: FP8 weights "
                                   f"must be float8_e4m3fn ({FP8_SAFETENSORS})")
         if e.dtype != FP8_SAFETENSORS:
+            # an integer or bool tensor cast to float would load as wrong numbers; no
+            # qwen3_next checkpoint stores float64, so it is a conversion mistake too
+            if e.dtype not in FLOAT_SAFETENSORS:
+                raise CheckpointError(f"{e.file}: tensor {key!r} has dtype {e.dtype}, not one "
+                                      f"strata loads ({', '.join(FLOAT_SAFETENSORS)}, or "
+                                      f"{FP8_SAFETENSORS} for FP8 weights)")
             continue
         if quant is None:
             raise CheckpointError(f"{e.file}: tensor {key!r} is float8_e4m3fn but "
@@ -134,10 +171,16 @@ def _check_fp8(entries: dict[str, _Entry], quant: Optional[QuantConfig], path: P
         if not quant.converts(key[: -len(".weight")]):
             raise CheckpointError(f"{e.file}: tensor {key!r} is FP8 but its module is in "
                                   f"quantization_config.modules_to_not_convert")
+        if len(e.shape) != 2:  # HF's format quantises linear layers (and each expert's) only
+            raise CheckpointError(f"{e.file}: FP8 tensor {key!r} has shape {e.shape}: FP8 "
+                                  f"weights must be 2-D (a linear layer's or one expert's)")
         skey = key + "_scale_inv"
         s = entries.get(skey)
         if s is None:
             raise CheckpointError(f"{e.file}: FP8 tensor {key!r} has no block scales {skey!r}")
+        if s.dtype not in FLOAT_SAFETENSORS:
+            raise CheckpointError(f"{s.file}: tensor {skey!r} has dtype {s.dtype}: block scales "
+                                  f"must be {', '.join(FLOAT_SAFETENSORS)}")
         want = scale_shape(e.shape, quant.block)
         if s.shape != want:
             raise CheckpointError(f"{s.file}: tensor {skey!r} has shape {s.shape}, expected {want} "
@@ -256,8 +299,8 @@ def load_checkpoint(path: str | Path, dtype: str = "auto", device: str | torch.d
     if load_format == "dummy":
         with_mtp = args.num_nextn_predict_layers > 0
     else:
-        entries = _scan(_shard_files(path))
-        fp8_keys = _check_fp8(entries, quant, path)
+        entries = read_entries(path)
+        fp8_keys = check_entries(entries, quant, path)
         with_mtp = any(k.startswith("mtp.") for k in entries)
     with torch.device("meta"):
         model = Qwen3Next(args, with_mtp=with_mtp and (stage is None or stage.last)).to(tdtype)
@@ -317,10 +360,28 @@ def load_checkpoint(path: str | Path, dtype: str = "auto", device: str | torch.d
         model.fuse_for_inference(moe_dense_experts, moe_dense_prefill)
     if not with_mtp:
         log("INFO: checkpoint has no mtp.* weights: running without speculation")
-    tok = Tokenizer.from_dir(path) if (path / "tokenizer.json").is_file() else None
+    tok = _tokenizer(path, args.vocab_size) if (path / "tokenizer.json").is_file() else None
     if tok is not None and not args.eos_token_id:
         args.eos_token_id = tok.eos_ids
     return LoadedModel(model, args, tok, path, with_mtp, tdtype, quant, keep_fp8)
+
+
+def _tokenizer(path: Path, vocab_size: int) -> Tokenizer:
+    """The checkpoint's tokenizer, its end-of-text ids checked as config.json's are: the engine
+    stops on them and the server hands them out, so a string or an id past the vocabulary would
+    silently never end a completion."""
+    gen = path / "generation_config.json"
+    try:
+        tok = Tokenizer.from_dir(path)
+    except UnicodeDecodeError as e:  # generation_config.json (tokenizers reads its own file)
+        raise CheckpointError(f"{gen}: not UTF-8 text ({e.reason} at byte {e.start})") from None
+    bad = [t for t in tok.eos_ids if isinstance(t, bool) or not isinstance(t, int)
+           or not 0 <= t < vocab_size]
+    if bad:
+        where = gen if gen.is_file() else path / "tokenizer.json"
+        raise CheckpointError(f"{where}: eos_token_id must be token ids in [0, {vocab_size}), "
+                              f"got {bad}")
+    return tok
 
 
 def _stage_entries(entries: dict[str, "_Entry"], part: nn.Module,
@@ -369,14 +430,14 @@ def _load_tensors(model: Qwen3Next, entries: dict[str, _Entry], fp8_keys: set[st
     """Copy every checkpoint tensor into its parameter (FP8 ones kept or dequantised exactly)."""
     params = dict(model.named_parameters(remove_duplicate=False))
     tied = {"lm_head.weight"} if args.tie_word_embeddings else set()
-    covered: set[tuple] = set()  # (param, expert, part) of every tensor read
+    covered: dict[tuple, str] = {}  # (param, expert, part) of every tensor read -> its key
     files = sorted({e.file for e in entries.values()})
     with ExitStack() as stack:
         handles = {f: stack.enter_context(safe_open(str(f), framework="pt", device="cpu"))
                    for f in files}
         for key, e in entries.items():
             if key.endswith(".weight_scale_inv"):
-                continue  # read with its weight (_check_fp8 paired them)
+                continue  # read with its weight (check_entries paired them)
             target = keymap.to_target(key)
             if target is None or target.param not in params or target.param in tied:
                 if key == "lm_head.weight" and tied:
@@ -390,14 +451,24 @@ def _load_tensors(model: Qwen3Next, entries: dict[str, _Entry], fp8_keys: set[st
             if e.shape != tuple(view.shape):
                 raise CheckpointError(f"{e.file}: tensor {key!r} has shape {e.shape}, "
                                       f"expected {tuple(view.shape)}")
+            other = covered.get((target.param, target.expert, target.part))
+            if other is not None:  # e.g. experts.01 and experts.1: one would silently win
+                raise CheckpointError(f"{e.file}: tensors {other!r} and {key!r} both load into "
+                                      f"{target.param}" + ("" if target.expert is None else
+                                      f" (expert {target.expert}, {target.part})"))
             t = handles[e.file].get_tensor(key)
             if key in fp8_keys:
                 skey = key + "_scale_inv"
                 s = handles[entries[skey].file].get_tensor(skey).float()
+                # a scale is its block's amax / 448: a NaN, infinite or negative one is a
+                # corrupt file and would only show as NaN logits (0 is an all-zero block)
+                if not (torch.isfinite(s).all() and (s >= 0).all()):
+                    raise CheckpointError(f"{entries[skey].file}: tensor {skey!r} holds NaN, "
+                                          f"infinite or negative block scales")
                 if keep_fp8:
                     st = keymap.to_target(skey)
                     _slice(params[st.param], st).copy_(s)
-                    covered.add((st.param, st.expert, st.part))
+                    covered[(st.param, st.expert, st.part)] = skey
                     view.copy_(t)
                 else:
                     view.copy_(dequant_fp8_block(t, s, quant.block, tdtype))
@@ -406,7 +477,7 @@ def _load_tensors(model: Qwen3Next, entries: dict[str, _Entry], fp8_keys: set[st
                     raise CheckpointError(f"{e.file}: tensor {key!r} is {t.dtype} but the other "
                                           f"experts of its layer are FP8")
                 view.copy_(t.to(tdtype))
-            covered.add((target.param, target.expert, target.part))
+            covered[(target.param, target.expert, target.part)] = key
     missing = [key for name, p in params.items() if name not in tied
                for key, tg in keymap.checkpoint_keys(name, tuple(p.shape))
                if (tg.param, tg.expert, tg.part) not in covered]

@@ -20,6 +20,7 @@ from safetensors.torch import save_file
 
 from strata.model.config import CheckpointError, load_model_args
 from strata.model.fp8 import FP8_DTYPE, FP8_MAX, QuantConfig
+from strata.model.loader import check_entries, read_entries
 
 #: Kept in high precision by default, as the Qwen3-Next FP8 release does: the head, the
 #: embedding, the routers and the DeltaNet's small b/a projection.
@@ -30,8 +31,9 @@ WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "config.jso
 
 def quantize_block(w: torch.Tensor, block: tuple[int, int]) -> tuple[torch.Tensor, torch.Tensor]:
     """(O, I) float -> (O, I) float8_e4m3fn and (ceil(O/bo), ceil(I/bi)) float32 scale_inv."""
-    bo, bi = block
     o, i = w.shape
+    # a block beyond the weight is one block either way; padding up to it could ask for TBs
+    bo, bi = min(block[0], o), min(block[1], i)
     po, pi = -(-o // bo) * bo, -(-i // bi) * bi
     wp = F.pad(w.float(), (0, pi - i, 0, po - o))
     blocks = wp.view(po // bo, bo, pi // bi, bi)
@@ -56,17 +58,26 @@ def quantize_checkpoint(src: str | Path, dst: str | Path, block: Sequence[int] =
     cfg = json.loads((src / "config.json").read_text())
     if "quantization_config" in cfg:
         raise CheckpointError(f"{src / 'config.json'}: already has a quantization_config")
-    if len(block) != 2 or any(int(b) < 1 for b in block):
+    if len(block) != 2 or not all(isinstance(b, int) and not isinstance(b, bool) and b > 0
+                                  for b in block):
         raise CheckpointError(f"--block: two positive ints, got {list(block)}")
     quant = QuantConfig((int(block[0]), int(block[1])),
                         tuple(DEFAULT_NOT_CONVERT if not_convert is None else not_convert))
+    # Before anything is written: DST = SRC would overwrite the source's weights, and a
+    # used DST would mix its old shards and index with the new checkpoint.
+    if dst.resolve() == src.resolve():
+        raise CheckpointError(f"{dst}: is the source checkpoint; write the FP8 one to a new "
+                              f"directory")
+    if dst.exists() and (not dst.is_dir() or any(dst.iterdir())):
+        raise CheckpointError(f"{dst}: exists and is not an empty directory (the FP8 checkpoint "
+                              f"goes to a new or empty one)")
+    # The loader's checks of the source's files: one clear error for a corrupt shard, a bad
+    # index, a non-float tensor or FP8 weights without a quantization_config.
+    entries = read_entries(src)
+    check_entries(entries, None, src)
     index = src / "model.safetensors.index.json"
-    if (src / "model.safetensors").is_file():
-        shards = ["model.safetensors"]
-    elif index.is_file():
-        shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
-    else:
-        raise CheckpointError(f"{src}: no model.safetensors or model.safetensors.index.json")
+    shards = (["model.safetensors"] if (src / "model.safetensors").is_file()
+              else sorted({e.file.name for e in entries.values()}))
     dst.mkdir(parents=True, exist_ok=True)
     weight_map: dict[str, str] = {}
     n_fp8 = 0
