@@ -595,14 +595,14 @@ def engine_check(args) -> str:
 #: The engine's aggregate tok/s at full depth (FP8 dummy weights, random routers, 64-token
 #: prompts, synthetic acceptance 0.8, engine.overlap on, FP8 routed experts launched wide, the
 #: router's sort fallback, the down kernel on tensor cores above 32 rows; the median of each
-#: JSON's repeats): batch_mtp W16 at N=8 with one slot a chunk and, `_ps8`,
-#: engine.prefill_slots=8 (one chunk for the eight prompts), in one call:
-#: docs/bench/s30/call1_n8_ps1.json and call1_n8_ps8.json; solo spec 2 before the down kernel's
+#: JSON's repeats): batch_mtp W16 at N=8 with one slot a chunk (docs/bench/s30/call1_n8_ps1.json)
+#: and, `_ps8`, engine.prefill_slots=8 (one chunk for the eight prompts) in 128-row launches
+#: (docs/bench/s32/call1_n8_ps8_w128.json); solo spec 2 before the down kernel's
 #: last change, which moves its one prompt chunk only: docs/bench/s29/call2_solo2.json. Keyed by
 #: (configuration, N, output tokens). Nothing is fitted to them (the prefill scales are fitted
 #: to the chunk times, BENCH_CHUNKS): --bench-check compares.
 BENCH_TPS = {("batch_mtp_w16", 8, 64): 756.8, ("solo_spec2", 1, 256): 392.3,
-             ("batch_mtp_w16_ps8", 8, 64): 870.9}
+             ("batch_mtp_w16_ps8", 8, 64): 946.4}
 #: Cohorts of the same engine that nothing is fitted to (docs/bench/s29/call2_solo4.json):
 #: --bench-check lists them as held out.
 BENCH_HELD_OUT = {("solo_spec4", 1, 256): 462.3}
@@ -715,33 +715,51 @@ def bench_check(args) -> str:
     return "\n".join(rows)
 
 
-#: The engine's measured prompt chunks the two prefill scales are fitted to: one call's chunks
-#: of one slot and of eight (docs/bench/s30/call1_n8_ps1.json and call1_n8_ps8.json, `prefills`:
-#: 64 tokens a slot), so that the fixed part and the expert part are told apart.
-BENCH_CHUNKS = [REPO / "docs/bench/s30/call1_n8_ps1.json", REPO / "docs/bench/s30/call1_n8_ps8.json"]
+#: The engine's measured prompt chunks the two prefill scales are fitted to (`prefills`), as
+#: the engine launches them by default (128-row FP8 launches): one slot's 64 tokens
+#: (docs/bench/s30/call1_n8_ps1.json: one launch, as at 64 rows) and eight slots' in one chunk
+#: (docs/bench/s32/call1_n8_ps8_w128.json), which tell the fixed part from the expert part.
+BENCH_CHUNKS = [REPO / "docs/bench/s30/call1_n8_ps1.json",
+                REPO / "docs/bench/s32/call1_n8_ps8_w128.json"]
+#: Measured chunks the fit leaves out, which --fit prices beside it: eight slots' chunks in
+#: 64-row launches (docs/bench/s30/call1_n8_ps8.json, docs/bench/s32/call1_n8_ps8_w64.json), 16-18%
+#: high with these scales (the two parts cannot hold 64- and 128-row launches together: the
+#: 128-row ones read 36% fewer expert bytes, and the chunk measured 24% faster, more than the
+#: fixed part leaves room for), and a 40-token chunk (docs/bench/s32/call1_solo_p40.json), 20%
+#: low: it runs in the
+#: 64-token bucket and measured within 2% of a 64-token chunk, though its padding rows route
+#: to no expert.
+BENCH_CHUNKS_OUT = [REPO / "docs/bench/s30/call1_n8_ps8.json",
+                    REPO / "docs/bench/s32/call1_n8_ps8_w64.json",
+                    REPO / "docs/bench/s32/call1_solo_p40.json"]
 
 
 def bench_chunks(paths=BENCH_CHUNKS) -> list[dict]:
-    """The measured prompt chunks of bench_engine.py JSONs: tokens a slot, slots, mean ms."""
+    """The measured prompt chunks of bench_engine.py JSONs: tokens a slot, slots, the rows of
+    each MoE launch (the run's `wide_rows`, 64 unless set), mean ms."""
     out = []
     for p in paths:
         d = json.loads(Path(p).read_text(encoding="utf-8"))
+        launch = int(((d["meta"].get("args") or {}).get("kernel_options") or {}).get("wide_rows", 64))
         for cell in d["summary"].values():
             for c in cell.get("prefills", []):
                 out.append({"tokens": int(c["tokens"]), "slots": int(c.get("segments", 1)),
-                            "ms": float(c["mean_ms"]), "chunks": int(c["chunks"])})
+                            "launch": launch, "ms": float(c["mean_ms"]),
+                            "chunks": int(c["chunks"]), "file": Path(p).name})
     if not out:
         raise SystemExit(f"error: no prompt chunks in {[str(p) for p in paths]}")
     return out
 
 
-def chunk_parts(x, memory, tokens: int, slots: int) -> tuple[float, float]:
+def chunk_parts(x, memory, tokens: int, slots: int, launch: Optional[int] = None
+                ) -> tuple[float, float]:
     """(fixed and other-bytes seconds, expert seconds) of a prompt chunk of `slots` slots'
     `tokens` tokens as the simulator prices it before the two scales (ExpertCosts.prefill_s):
     a 1-group window's fixed part and other bytes, and the expected distinct experts of each
-    launch of experts.prefill_launch_rows rows over the HBM bandwidth."""
+    launch of `launch` rows (experts.prefill_launch_rows unless given) over the HBM bandwidth."""
     model = bytes_model_from_config(x, memory)
-    rows, launch = tokens * slots, int(x.prefill_launch_rows) or tokens * slots
+    launch = int(x.prefill_launch_rows) if launch is None else launch
+    rows, launch = tokens * slots, launch or tokens * slots
     hits = sum(expected_distinct_uniform(x.experts, x.top_k, min(launch, rows - s))
                for s in range(0, rows, launch)) * x.moe_layers
     return model.resident_s(1, 1, 0), hits * model.expert_bytes / model.hbm_bytes_per_s
@@ -754,7 +772,8 @@ def fit_prefill_scales(chunks: Optional[list[dict]] = None) -> tuple[float, floa
     each chunk's measured and fitted ms."""
     x = compose_cfg([f"hardware={H200}"])
     chunks = bench_chunks() if chunks is None else chunks
-    parts = np.array([chunk_parts(x.experts, x.memory, c["tokens"], c["slots"]) for c in chunks])
+    parts = np.array([chunk_parts(x.experts, x.memory, c["tokens"], c["slots"], c.get("launch"))
+                      for c in chunks])
     t = np.array([c["ms"] / 1e3 for c in chunks])
     (f, fe), *_ = np.linalg.lstsq(parts, t, rcond=None)
     if f <= 0 or fe <= 0:
@@ -896,12 +915,18 @@ def main(argv: Optional[list[str]] = None) -> int:
     if args.fit:
         print(fit_report())
         f, fe, rows = fit_prefill_scales()
+        x = compose_cfg([f"hardware={H200}"])
+        for c in bench_chunks(BENCH_CHUNKS_OUT):  # priced with the fitted scales, not fitted
+            a, b = chunk_parts(x.experts, x.memory, c["tokens"], c["slots"], c["launch"])
+            rows.append({**c, "file": f"{c['file']} (left out)", "model_ms": (a * f + b * fe) * 1e3})
         print(f"\nexperts.prefill_scale {f}, experts.prefill_expert_scale {fe}, fitted to the "
               f"measured prompt chunks (BENCH_CHUNKS):\n")
-        print("| slots x tokens | chunks | measured ms | model ms | error |\n|---|---|---|---|---|")
+        print("| file | slots x tokens | launch rows | chunks | measured ms | model ms | error |\n"
+              "|---|---|---|---|---|---|---|")
         for r in rows:
-            print(f"| {r['slots']} x {r['tokens']} | {r['chunks']} | {r['ms']:.2f} | "
-                  f"{r['model_ms']:.2f} | {r['model_ms'] / r['ms'] - 1:+.1%} |")
+            print(f"| {r.get('file', '-')} | {r['slots']} x {r['tokens']} | {r.get('launch', '-')} | "
+                  f"{r['chunks']} | {r['ms']:.2f} | {r['model_ms']:.2f} | "
+                  f"{r['model_ms'] / r['ms'] - 1:+.1%} |")
         print("\n(--bench-check compares the cohorts' tok/s with these scales)")
         return 0
     if args.bench_check is not None:

@@ -539,9 +539,15 @@ def test_prefill_scales_are_fitted_to_the_chunk_times():
     f, fe, rows = study.fit_prefill_scales(chunks)
     assert (f, fe) == (2.5, 1.2)
     assert all(r["model_ms"] == pytest.approx(r["ms"]) for r in rows)
-    # eight slots' chunk reads each 64-row launch's experts: about 8x one slot's expert part
+    # eight slots' chunk reads each launch's experts: in 64-row launches 8x one slot's expert
+    # part, in 128-row ones (the engine's default) fewer
+    assert study.chunk_parts(x.experts, x.memory, 64, 8, 64)[1] == pytest.approx(
+        8 * study.chunk_parts(x.experts, x.memory, 64, 1, 64)[1])
+    assert x.experts.prefill_launch_rows == 128
     assert study.chunk_parts(x.experts, x.memory, 64, 8)[1] == pytest.approx(
-        8 * study.chunk_parts(x.experts, x.memory, 64, 1)[1])
+        4 * study.chunk_parts(x.experts, x.memory, 128, 1)[1])
+    assert study.chunk_parts(x.experts, x.memory, 64, 8)[1] < 0.7 * study.chunk_parts(
+        x.experts, x.memory, 64, 8, 64)[1]
     f, fe, rows = study.fit_prefill_scales()
     assert (f, fe) == (x.experts.prefill_scale, x.experts.prefill_expert_scale)
     assert all(abs(r["model_ms"] / r["ms"] - 1) < 0.01 for r in rows)
