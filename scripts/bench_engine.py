@@ -244,7 +244,8 @@ def engine_cfg(base: dict, name: str, n: int, args) -> object:
     cfg.max_context = args.max_context
     cfg.window_rows = args.window_rows
     cfg.spec = args.spec
-    cfg.prefill_slots = getattr(args, "prefill_slots", 1)  # (bench_expert_cache has none)
+    # bench_expert_cache.py has no --prefill-slots: one slot a chunk, as its studies ran
+    cfg.prefill_slots = getattr(args, "prefill_slots", 1)
     cfg.compile_specialize_one = getattr(args, "specialize_one", "on") == "on"
     cfg.vram_every = 0
     cfg.synthetic_acceptance = args.synthetic_acceptance
@@ -441,8 +442,9 @@ def main() -> None:
     ap.add_argument("--max-context", type=int, default=1024)
     ap.add_argument("--spec", type=int, default=4)
     ap.add_argument("--window-rows", type=int, default=8)
-    ap.add_argument("--prefill-slots", type=int, default=1,
-                    help="engine.prefill_slots: the prefilling slots one prompt chunk may hold")
+    ap.add_argument("--prefill-slots", type=int, default=None,
+                    help="engine.prefill_slots: the prefilling slots one prompt chunk may hold "
+                         "(default: the engine's, 8 on one device)")
     ap.add_argument("--synthetic-acceptance", type=float, default=None,
                     help="engine.synthetic_acceptance: accept each draft with this probability")
     ap.add_argument("--specialize-one", choices=("on", "off"), default="on",

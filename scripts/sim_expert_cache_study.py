@@ -111,7 +111,10 @@ def predict(preset: str, mode: str, n: int, extra: list[str], seeds: int,
                            f"workload.prompt_tokens={args.prompt_tokens}",
                            f"workload.max_tokens={args.max_tokens}", "acceptance=fixed",
                            f"acceptance.rate={args.acceptance}", "spread.enabled=false",
-                           f"seed={seed}", *mode_overrides(mode, n), *extra])
+                           # one slot a chunk, as the engine's measured studies and cohorts
+                           # ran, unless the cell says otherwise (`extra`)
+                           f"seed={seed}", "engine.prefill_slots=1", *mode_overrides(mode, n),
+                           *extra])
         m = run_predict(cfg).metrics
         tps.append(m["aggregate_tps"])
         if m["acceptance"] is not None:  # (None: no drafts)
@@ -670,7 +673,8 @@ def bench_json_cells(path: str | Path) -> tuple[list[tuple[str, int, dict, list[
                 f"engine.graphs={str(c.get('graphs', a.get('graphs', True))).lower()}",
                 f"engine.spec={c.get('spec', a['spec'])}",
                 f"engine.window_rows={c.get('window_rows', a['window_rows'])}",
-                f"engine.prefill_slots={a.get('prefill_slots', 1)}",
+                # (a run from before its auto set it to 1 when not given)
+                f"engine.prefill_slots={a.get('prefill_slots', 1) or 'null'}",
                 f"engine.max_context={a['max_context']}",
                 f"experts.prefill_launch_rows="
                 f"{(a.get('kernel_options') or {}).get('wide_rows', 64)}"]

@@ -15,7 +15,7 @@ from typing import Any, Optional
 
 from omegaconf import DictConfig, OmegaConf
 
-from strata.config import overlap_on
+from strata.config import overlap_on, prefill_slots_of
 from strata.trace import shape_key, warm_window_keys
 
 from .acceptance import SyntheticAcceptance, build_acceptance
@@ -121,8 +121,8 @@ def build_scenario(cfg: Any, profile: Optional[CostProfile] = None,
                     else SyntheticAcceptance(float(e.synthetic_acceptance))),
         costs=profile.for_slots(slots),  # (window times depend on the slot count: sim/costs.py)
         measure_capture=measure_capture,
-        config_engine={**asdict(e),  # overlap resolved, as the engine's
-                       "overlap": overlap_on(e)},
+        config_engine={**asdict(e),  # overlap and prefill_slots resolved, as the engine's
+                       "overlap": overlap_on(e), "prefill_slots": prefill_slots_of(e)},
         config_memory={"total_mib": m.total_mib, "weights_mib": m.weights_mib + e.expert_cache_mib,
                        "slot_mib": m.slot_mib, "slots": slots, "graph_mib": m.graph_mib,
                        **(experts.memory_fields if experts else {})},

@@ -233,6 +233,8 @@ def _knobs(engine: dict[str, Any], where: str) -> SimEngineConfig:
     knobs.graph_policy = "counted"  # engine traces come from strata's own policy
     if engine.get("overlap") is None:
         knobs.overlap = False  # a trace from before engine.overlap (or its auto) ran serially
+    if engine.get("prefill_slots") is None:
+        knobs.prefill_slots = 1  # a trace from before its auto ran one slot a chunk
     try:
         validate_engine(knobs)
     except ValueError as e:

@@ -19,7 +19,7 @@ from typing import Any, Callable, Optional
 
 import simpy
 
-from strata.config import overlap_on
+from strata.config import overlap_on, prefill_slots_of
 from strata.trace import (TraceWriter, context_tier, invariant_window_shape, layout_key,
                           prefill_bucket, shape_bucket, shape_key)
 
@@ -393,7 +393,7 @@ class SimEngine:
     def _prefill_pick(self, prefilling: list[SlotState]) -> list[SlotState]:
         """The slots the next prompt chunk holds: the earliest admitted, up to
         engine.prefill_slots of them."""
-        return sorted(prefilling, key=lambda s: s.admitted_seq)[:max(1, self.knobs.prefill_slots)]
+        return sorted(prefilling, key=lambda s: s.admitted_seq)[:prefill_slots_of(self.knobs)]
 
     def _prefill(self, sts: list[SlotState]):
         """One prompt chunk: each slot's next chunk, padded to the bucket of the longest and

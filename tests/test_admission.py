@@ -23,7 +23,9 @@ def request(i, arrival_step=0):
 
 
 def test_a_burst_binds_every_lane_and_leaves_the_others(model_dir):
-    eng = Engine.from_config(cpu_engine_config(model_dir, slots=4), log=lambda s: None)
+    # one slot a chunk, so that the first step's chunk leaves the other lanes as bound
+    eng = Engine.from_config(cpu_engine_config(model_dir, slots=4, prefill_slots=1),
+                             log=lambda s: None)
     st, bufs = eng.state, eng.bufs
     st.conv.fill_(1.0)
     st.rec.fill_(1.0)

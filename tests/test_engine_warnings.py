@@ -463,9 +463,11 @@ def test_decode_fault_fails_only_the_window_requests(tok_model, graphs):
 
 
 def test_prefill_fault_fails_only_that_request(tok_model):
-    ref, _, _ = fault_run(tok_model, None)
+    # one slot a chunk (a fault in a chunk of several fails the requests it holds)
+    ref, _, _ = fault_run(tok_model, None, prefill_slots=1)
     eng, outs, state = fault_run(
-        tok_model, lambda e: fault_once(e.verifier, "prefill", when=lambda tokens, meta, ctx, *_: int(meta[0]) == 2))
+        tok_model, lambda e: fault_once(e.verifier, "prefill", when=lambda tokens, meta, ctx, *_: int(meta[0]) == 2),
+        prefill_slots=1)
     assert state["fired"]
     errs = {rid for rid, rs in eng.requests.items() if rs.reason == "error"}
     assert errs == {"f2"}

@@ -422,7 +422,8 @@ def test_prefill_graphs_one_per_bucket_and_tier_charged_to_budget(model_dir):
                     for i, n in enumerate([3, 9, 17, 40, 12, 70])]
     plain = build(model_dir, slots=2, prefill_buckets=[1], prefill_chunk=32)  # unpadded
     want = run(plain, reqs())
-    eng = build(model_dir, slots=2, prefill_buckets=[8, 16, 32], prefill_chunk=32)
+    eng = build(model_dir, slots=2, prefill_buckets=[8, 16, 32], prefill_chunk=32,
+                prefill_slots=1)  # one slot a chunk: graphs keyed by (bucket, tier)
     eng.runner.p_backend = RecordingBackend(3.0)
     planned = eng.budget.planned_mib()
     got = run(eng, reqs())
@@ -447,7 +448,7 @@ def test_a_filtering_request_gets_its_own_prompt_chunk_graph_and_the_same_tokens
     reqs = lambda: [Request(f"f{i}", [(5 * i + j) % 400 + 1 for j in range(12)], p)  # noqa: E731
                     for i, p in enumerate(params)]
     want = run(build(model_dir, slots=2, prefill_buckets=[1], prefill_chunk=32), reqs())
-    eng = build(model_dir, slots=2, prefill_buckets=[16], prefill_chunk=32)
+    eng = build(model_dir, slots=2, prefill_buckets=[16], prefill_chunk=32, prefill_slots=1)
     eng.runner.p_backend = RecordingBackend(1.0)
     assert run(eng, reqs()) == want
     assert sorted(eng.runner.p_graphs) == [(16, 256, False), (16, 256, True)]

@@ -156,8 +156,8 @@ def test_the_overlapped_loop_takes_queued_windows_without_the_slot_scale(tmp_pat
     _, sub = _with_submit()
     f = 0.9 if slots == 4 else 1.1
     sub.decode_slot_scale = {"slots": [4, 8], "scale": [0.9, 1.1]}
-    run = run_predict(_cfg("engine.batch_mtp=true", f"engine.slots={slots}", "engine.overlap=true"),
-                      tmp_path, profile=sub)
+    run = run_predict(_cfg("engine.batch_mtp=true", f"engine.slots={slots}", "engine.overlap=true",
+                           "engine.prefill_slots=1"), tmp_path, profile=sub)
     table = sub.decode_time(8, 256, "hit", (4, 2))  # (unscaled: the runs' average engine)
     durs = {e["dur"] for e in run.run.events if e["ev"] == "window"
             and e["key"] == "shape:4x2@256" and e["graph"] == "hit"}

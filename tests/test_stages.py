@@ -121,7 +121,8 @@ def full_types() -> list[str]:
     "batch",
 ])
 def test_two_stages_give_the_one_stage_tokens(mode, single_thread):
-    one, ev1, _ = _run(**MODES[mode], overlap=False)  # a split runs serially (overlap auto)
+    # a split runs serially (overlap auto) and one slot a chunk (prefill_slots auto)
+    one, ev1, _ = _run(**MODES[mode], overlap=False, prefill_slots=1)
     two, ev2, eng = _run(**MODES[mode], stages=2, graphs=True)
     assert one == two
     assert eng.stages.graph_stats[0]["graph_hits"] > 0  # stage 0 replayed its window graphs

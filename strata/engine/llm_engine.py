@@ -17,7 +17,7 @@ from typing import Any, Callable, Optional
 import torch
 
 from strata.config import (ConfigError, batch_mtp_from_env, check_known_keys, overlap_on,
-                           plain_engine_config, validate_engine, validate_model)
+                           plain_engine_config, prefill_slots_of, validate_engine, validate_model)
 from strata.engine.arrivals import Arrivals
 from strata.engine.compiling import compiled_functions
 from strata.engine.device import resolve_device
@@ -75,8 +75,9 @@ class Engine:
         self.log, self.device, self.loaded = log, device, loaded
         self.model, self.args, self.tokenizer = loaded.model, loaded.args, loaded.tokenizer
         self.model_name = loaded.path.name
-        if ecfg.prefill_slots > 1 and any(getattr(m, "dense_prefill", False)
-                                          for m in self.model.modules()):
+        dense_prefill = any(getattr(m, "dense_prefill", False) for m in self.model.modules())
+        self.prefill_slots = prefill_slots_of(ecfg, dense_prefill)
+        if ecfg.prefill_slots is not None and ecfg.prefill_slots > 1 and dense_prefill:
             # the dense path is chosen by the chunk's rows, which other slots' chunks change
             raise ConfigError(f"model.moe_dense_prefill=true runs a prompt chunk's experts dense "
                               f"by its row count, which engine.prefill_slots="
@@ -135,7 +136,7 @@ class Engine:
                                    prefill_chunk=ecfg.prefill_chunk, max_context=self.max_context,
                                    trace=self.trace, batch_invariant=ecfg.batch_invariant,
                                    pipeline=ecfg.stages if ecfg.pipeline_groups else 0,
-                                   prefill_slots=ecfg.prefill_slots)
+                                   prefill_slots=self.prefill_slots)
         self.runner = ModelRunner.for_engine(self.verifier, ecfg, device, self.budget,
                                              self.trace, log)
         self.cache = self.runner.cache
@@ -168,7 +169,7 @@ class Engine:
         t0 = time.perf_counter()
         most_rows = max(self.cfg.spec if self.drafting else 1, 2 if self.batch_mtp else 1)
         plan = plan_warmup(self.cfg, len(self.scheduler.slots), most_rows, self.max_context,
-                           self.cache is not None)
+                           self.cache is not None, self.prefill_slots)
         done = self.runner.warmup(plan, self._tier, self.log)
         if self.expert_cache is not None:  # scratch-lane routing is not the workload's
             self.expert_cache.reset_counts()

@@ -22,7 +22,7 @@ def config_fields(eng: "Engine", cache_plan: Optional[ExpertCachePlan]) -> dict:
     ecfg = eng.cfg
     knobs = {**engine_knobs(ecfg), "batch_mtp": eng.batch_mtp, "slots": eng.budget.slots,
              "max_context": eng.max_context, "drafting": eng.drafting,
-             "overlap": eng.overlapped}
+             "overlap": eng.overlapped, "prefill_slots": eng.prefill_slots}
     memory = {**eng.budget.as_dict(),
               "graph_mib": float(ecfg.cpu_graph_mib) if eng.device.type == "cpu" else None}
     if cache_plan is not None:

@@ -48,8 +48,9 @@ class WarmupDone:
 
 
 def plan_warmup(ecfg: EngineConfig, n_slots: int, most_rows: int, max_context: int,
-                graph_cache: bool) -> WarmupPlan:
-    """`most_rows`: the deepest group a window can hold; `graph_cache`: windows replay graphs."""
+                graph_cache: bool, prefill_slots: int = 1) -> WarmupPlan:
+    """`most_rows`: the deepest group a window can hold; `graph_cache`: windows replay graphs;
+    `prefill_slots`: engine.prefill_slots as the engine resolved it (config.prefill_slots_of)."""
     every_tier = context_tiers(ecfg.context_tier_min, max_context)
     if ecfg.batch_invariant:
         shapes = set(invariant_shapes(most_rows, ecfg.window_rows))
@@ -74,4 +75,4 @@ def plan_warmup(ecfg: EngineConfig, n_slots: int, most_rows: int, max_context: i
         window_tiers=every_tier[:2],
         prefill_buckets=[b for b in ecfg.prefill_buckets if b <= max_context],
         every_tier=every_tier, max_context=max_context, window_keys=keys,
-        prefill_segments=max(1, min(ecfg.prefill_slots, n_slots)))
+        prefill_segments=max(1, min(prefill_slots, n_slots)))
