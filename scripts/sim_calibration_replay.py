@@ -240,13 +240,14 @@ def twin_check(src: Path, conf: Path, name: str, profile: Path,
     return walls, sims
 
 
-def recorded_overlap(src: Path, cell: str) -> bool:
-    """Whether the cell's engine ran overlapped: its traced run's `config` event (a trace from
-    before engine.overlap ran serially), so the prediction models the loop that was measured."""
+def recorded_knobs(src: Path, cell: str) -> dict:
+    """The cell's engine loop as its traced run's `config` event records it, so that the
+    prediction models what was measured: whether it ran overlapped (a trace from before
+    engine.overlap ran serially) and its slots a prompt chunk (one before the auto)."""
     path = src / "engine" / cell_dir(cell) / "traced" / "trace.jsonl"
     with open(path, encoding="utf-8") as f:
-        first = json.loads(f.readline())
-    return bool((first.get("engine") or {}).get("overlap"))
+        engine = json.loads(f.readline()).get("engine") or {}
+    return {"overlap": bool(engine.get("overlap")), "prefill_slots": engine.get("prefill_slots") or 1}
 
 
 def predict_cells(src: Path, conf: Path, name: str, engine: dict[str, dict],
@@ -270,7 +271,7 @@ def predict_cells(src: Path, conf: Path, name: str, engine: dict[str, dict],
         args = SimpleNamespace(prompt_tokens=e["prompt"], max_tokens=e["out"], acceptance="chain",
                                acc_trace=f"'{acc_trace.resolve()}'", conf=conf, max_context=0)
         # (quoted: the cells' directories have '=' in their names)
-        knobs = {**stc.engine_knobs(config, n, args), "overlap": recorded_overlap(src, cell)}
+        knobs = {**stc.engine_knobs(config, n, args), **recorded_knobs(src, cell)}
         over = stc.sim_overrides(knobs, n, args)
         # at its own acceptance each simulated request takes its traced twin's difficulty
         # (acceptance.pin_requests, a chain setting): the cohort's own slow request, not a new

@@ -191,6 +191,9 @@ class TraceModel:
         self.batch_mtp, self.drafting = e["batch_mtp"], e["drafting"]
         self.share, self.chunk = e["decode_share"], e["prefill_chunk"]
         self.max_context = e["max_context"]
+        # rule 5: a prompt chunk holds up to this many prefilling slots (resolved by the engine)
+        self.prefill_slots = e.get("prefill_slots") or 1
+        self.in_chunk: list[dict] = []  # the slots of the chunk whose prefill events are coming
         self.n_slots = n_slots
         self.free = set(range(n_slots))
         self.queue: list[str] = []
@@ -264,10 +267,13 @@ class TraceModel:
             r.update(phase="prefill", slot=ev["slot"], seq=self.admit_seq)
             self.by_slot[ev["slot"]] = ev["req"]
         elif kind == "prefill":
-            self._kind(decode=False)
-            first = min(self.prefilling(), key=lambda r: r["seq"])
+            if not self.in_chunk:  # a chunk's first event: the earliest admitted slots, in order
+                self._kind(decode=False)
+                self.in_chunk = sorted(self.prefilling(), key=lambda r: r["seq"])[:self.prefill_slots]
+                assert ev.get("segments", 1) == len(self.in_chunk), \
+                    "a prompt chunk did not hold the earliest admitted slots, up to prefill_slots"
             r = self.req[ev["req"]]
-            assert r is first, "prefill ran a slot other than the earliest admitted"
+            assert r is self.in_chunk.pop(0), "prefill ran a slot other than the earliest admitted"
             assert ev["slot"] == r["slot"]
             assert ev["tokens"] == min(self.chunk, r["prompt"] - r["prefilled"])
             r["prefilled"] += ev["tokens"]
