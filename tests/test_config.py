@@ -260,3 +260,22 @@ def test_appended_unknown_keys_are_refused_by_name():
             check_known_keys(cfg)
     with initialize_config_dir(config_dir=conf, version_base="1.3"):
         check_known_keys(compose("config"))  # the defaults pass
+
+
+def test_prefill_slots_auto_resolves_as_documented():
+    """engine.prefill_slots=null (the default) runs 8 slots a chunk on one device and 1 where a
+    chunk must hold one slot or with the expert cache; a set value wins; 0 is an error that
+    names null as the alternative."""
+    from strata.config import AUTO_PREFILL_SLOTS, prefill_slots_of
+
+    e = EngineConfig()
+    assert e.prefill_slots is None and prefill_slots_of(e) == AUTO_PREFILL_SLOTS == 8
+    assert prefill_slots_of(e, dense_prefill=True) == 1
+    for key, value in (("stages", 2), ("batch_invariant", True), ("expert_cache_mib", 64)):
+        assert prefill_slots_of(dataclasses.replace(e, **{key: value})) == 1, key
+        validate_engine(dataclasses.replace(e, **{key: value}))  # the auto never conflicts
+    assert prefill_slots_of(dataclasses.replace(e, prefill_slots=3)) == 3
+    with pytest.raises(ConfigError, match="must be >= 1 or null"):
+        validate_engine(dataclasses.replace(e, prefill_slots=0))
+    with pytest.raises(ConfigError, match="prefill_slots"):
+        validate_engine(dataclasses.replace(e, stages=2, prefill_slots=2))
