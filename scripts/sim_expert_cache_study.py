@@ -34,7 +34,7 @@ import sys
 import time
 from datetime import date
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Optional, Sequence
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
@@ -769,21 +769,25 @@ def chunk_parts(x, memory, tokens: int, slots: int, launch: Optional[int] = None
     return model.resident_s(1, 1, 0), hits * model.expert_bytes / model.hbm_bytes_per_s
 
 
-def fit_prefill_scales(chunks: Optional[list[dict]] = None) -> tuple[float, float, list[dict]]:
+def fit_prefill_scales(chunks: Optional[list[dict]] = None, held_out: Sequence[dict] = ()
+                       ) -> tuple[float, float, list[dict]]:
     """experts.prefill_scale (a prompt chunk's fixed part and other bytes) and
     experts.prefill_expert_scale (its expert bytes): least squares of the measured chunk times
     on the two parts (chunks of one launch and of several tell them apart). Returns both and
-    each chunk's measured and fitted ms."""
+    each chunk's measured and fitted ms, then each `held_out` chunk's, priced with the fitted
+    scales but not fitted to (its file marked "(left out)")."""
     x = compose_cfg([f"hardware={H200}"])
     chunks = bench_chunks() if chunks is None else chunks
+    held_out = [{**c, "file": f"{c.get('file', '-')} (left out)"} for c in held_out]
     parts = np.array([chunk_parts(x.experts, x.memory, c["tokens"], c["slots"], c.get("launch"))
-                      for c in chunks])
+                      for c in [*chunks, *held_out]])
     t = np.array([c["ms"] / 1e3 for c in chunks])
-    (f, fe), *_ = np.linalg.lstsq(parts, t, rcond=None)
+    (f, fe), *_ = np.linalg.lstsq(parts[:len(chunks)], t, rcond=None)
     if f <= 0 or fe <= 0:
         raise SystemExit(f"error: the prefill fit is not physical: scale {f}, expert scale {fe}")
     f, fe = round(float(f), 3), round(float(fe), 3)
-    rows = [{**c, "model_ms": (a * f + b * fe) * 1e3} for c, (a, b) in zip(chunks, parts)]
+    rows = [{**c, "model_ms": (a * f + b * fe) * 1e3}
+            for c, (a, b) in zip([*chunks, *held_out], parts)]
     return f, fe, rows
 
 
@@ -918,11 +922,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     register_configs()
     if args.fit:
         print(fit_report())
-        f, fe, rows = fit_prefill_scales()
-        x = compose_cfg([f"hardware={H200}"])
-        for c in bench_chunks(BENCH_CHUNKS_OUT):  # priced with the fitted scales, not fitted
-            a, b = chunk_parts(x.experts, x.memory, c["tokens"], c["slots"], c["launch"])
-            rows.append({**c, "file": f"{c['file']} (left out)", "model_ms": (a * f + b * fe) * 1e3})
+        f, fe, rows = fit_prefill_scales(held_out=bench_chunks(BENCH_CHUNKS_OUT))
         print(f"\nexperts.prefill_scale {f}, experts.prefill_expert_scale {fe}, fitted to the "
               f"measured prompt chunks (BENCH_CHUNKS):\n")
         print("| file | slots x tokens | launch rows | chunks | measured ms | model ms | error |\n"

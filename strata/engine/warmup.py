@@ -48,7 +48,7 @@ class WarmupDone:
 
 
 def plan_warmup(ecfg: EngineConfig, n_slots: int, most_rows: int, max_context: int,
-                graph_cache: bool, prefill_slots: int = 1) -> WarmupPlan:
+                graph_cache: bool, prefill_slots: int) -> WarmupPlan:
     """`most_rows`: the deepest group a window can hold; `graph_cache`: windows replay graphs;
     `prefill_slots`: engine.prefill_slots as the engine resolved it (config.prefill_slots_of)."""
     every_tier = context_tiers(ecfg.context_tier_min, max_context)
