@@ -141,11 +141,16 @@ def _check_values(cfg_path: Path, args: ModelArgs) -> None:
     if bad:
         raise CheckpointError(f"{cfg_path}: mlp_only_layers must list layer indices in "
                               f"[0, {args.num_hidden_layers}), got {bad}")
-    bad = [t for t in args.eos_token_id if isinstance(t, bool) or not isinstance(t, int)
-           or not 0 <= t < args.vocab_size]
+    check_eos_ids(args.eos_token_id, args.vocab_size, cfg_path)
+
+
+def check_eos_ids(ids: list, vocab_size: int, where: Any) -> None:
+    """End-of-text ids must be token ids of the vocabulary: the engine stops on them, so a
+    string or an id past the vocabulary would silently never end a completion."""
+    bad = [t for t in ids if isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < vocab_size]
     if bad:
-        raise CheckpointError(f"{cfg_path}: eos_token_id must be token ids in "
-                              f"[0, {args.vocab_size}), got {bad}")
+        raise CheckpointError(f"{where}: eos_token_id must be token ids in [0, {vocab_size}), "
+                              f"got {bad}")
 
 
 def load_model_args(path: str | Path) -> ModelArgs:

@@ -14,7 +14,7 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 
 from strata.kernels.reference import dequant_fp8_block
-from strata.model.config import CheckpointError, ModelArgs, load_model_args
+from strata.model.config import CheckpointError, ModelArgs, check_eos_ids, load_model_args
 from strata.model.dummy import apply_routing_skew, init_dummy
 from strata.model.fp8 import (FP8_DTYPE, contracting, dequantize_dense, QuantConfig, fp8_supported, load_quant_config, scale_shape,
                               to_fp8_linear)
@@ -367,20 +367,14 @@ def load_checkpoint(path: str | Path, dtype: str = "auto", device: str | torch.d
 
 
 def _tokenizer(path: Path, vocab_size: int) -> Tokenizer:
-    """The checkpoint's tokenizer, its end-of-text ids checked as config.json's are: the engine
-    stops on them and the server hands them out, so a string or an id past the vocabulary would
-    silently never end a completion."""
+    """The checkpoint's tokenizer, its end-of-text ids checked as config.json's are
+    (check_eos_ids)."""
     gen = path / "generation_config.json"
     try:
         tok = Tokenizer.from_dir(path)
     except UnicodeDecodeError as e:  # generation_config.json (tokenizers reads its own file)
         raise CheckpointError(f"{gen}: not UTF-8 text ({e.reason} at byte {e.start})") from None
-    bad = [t for t in tok.eos_ids if isinstance(t, bool) or not isinstance(t, int)
-           or not 0 <= t < vocab_size]
-    if bad:
-        where = gen if gen.is_file() else path / "tokenizer.json"
-        raise CheckpointError(f"{where}: eos_token_id must be token ids in [0, {vocab_size}), "
-                              f"got {bad}")
+    check_eos_ids(tok.eos_ids, vocab_size, gen if gen.is_file() else path / "tokenizer.json")
     return tok
 
 
