@@ -3,7 +3,7 @@
 Extensions (importable as strata.kernels.<name>):
   strata_cpu    C++ CPU kernels (cyext/src/strata_cpu.cpp) behind cyext/strata_cpu.pyx. Always.
   strata_cuda   CUDA kernels (cyext/src/strata_kernels.cu, strata_moe.cu, strata_moe_stream.cu,
-                strata_linear_stream.cu,
+                strata_linear_stream.cu, strata_router.cu, strata_prefetch.cu,
                 compiled by nvcc into objects in parallel and linked with -lcudart_static, so
                 importing it needs no libcudart) behind
                 cyext/strata_cuda.pyx. Built when nvcc is found; a failed CUDA compile only warns
@@ -35,7 +35,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 SRC = "cyext/src"
 #: GPU translation units, compiled separately (in parallel) and linked into strata_cuda.
 GPU_SOURCES = ("strata_kernels.cu", "strata_moe.cu", "strata_moe_stream.cu",
-               "strata_linear_stream.cu", "strata_router.cu")
+               "strata_linear_stream.cu", "strata_router.cu", "strata_prefetch.cu")
 DEFAULT_GENCODE = ("-gencode=arch=compute_90,code=sm_90 "
                    "-gencode=arch=compute_80,code=compute_80")
 

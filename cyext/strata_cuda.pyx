@@ -98,7 +98,9 @@ cdef extern from "strata_kernels.h" nogil:
                              int64_t E, const float* bias, int64_t k, int norm,
                              int64_t shared_id, float* logits, float* weights, int64_t* ids,
                              int* ticket, int device, uintptr_t stream)
-
+    int strata_gpu_l2_prefetch(const void* const* bases, const int64_t* nbytes,
+                               const int64_t* nrows, int n, const int64_t* ids, int64_t nids,
+                               int device, uintptr_t stream)
 
 def gpu_platform():
     """'cuda' or 'hip': the toolchain this module's kernels were built with."""
@@ -649,4 +651,45 @@ def moe_route(x, w_router, int64_t num_experts, int64_t top_k, bint norm, bias,
     with nogil:
         rc = strata_gpu_moe_route(xp, m, hidden, wp, rows, num_experts, bp, top_k, norm,
                                   shared_id, lp, owp, oip, tp, dev, stream)
+    _raise(op, rc)
+
+
+
+def l2_prefetch(tensors, ids, uintptr_t stream):
+    """Prefetch into L2 (strata_prefetch.cu) the bytes of up to 4 contiguous tensors, or with
+    ids (int64 on the device, any shape) their rows t[ids] (ids outside [0, t.shape[0])
+    skipped): a hint for the kernels that read them next; nothing is written."""
+    op = "l2_prefetch"
+    cdef int n = len(tensors)
+    if n > 4:
+        raise ValueError(f"{op}: at most 4 tensors a call, got {n}")
+    named = [(f"tensors[{j}]", t) for j, t in enumerate(tensors)]
+    for name, t in named:
+        _check_contiguous(op, name, t)
+    cdef const int64_t* ip = NULL
+    cdef int64_t nids = 0
+    if ids is not None:
+        _check_contiguous(op, "ids", ids)
+        if ids.dtype != _torch.int64:
+            raise TypeError(f"{op}: ids has dtype {ids.dtype}; expected torch.int64")
+        named.append(("ids", ids))
+        ip = <const int64_t*>_ptr(ids)
+        nids = ids.numel()
+    if not named:
+        return
+    cdef int dev = _device_of(op, named)
+    cdef const void* bases[4]
+    cdef int64_t nbytes[4]
+    cdef int64_t nrows[4]
+    for j, t in enumerate(tensors):
+        bases[j] = _ptr(t)
+        if ids is None:
+            nbytes[j] = t.numel() * t.element_size()
+            nrows[j] = 1
+        else:
+            nbytes[j] = (t.numel() // t.shape[0]) * t.element_size() if t.shape[0] else 0
+            nrows[j] = t.shape[0]
+    cdef int rc
+    with nogil:
+        rc = strata_gpu_l2_prefetch(bases, nbytes, nrows, n, ip, nids, dev, stream)
     _raise(op, rc)

@@ -349,7 +349,7 @@ def hf_generate(path, device, prompts, max_tokens, dtype, dummy_args=None) -> fl
 
 #: --kernel-options that take a count rather than 0|1, and its range
 COUNT_OPTIONS = {"linear_split_depth": (0, 15), "down_split_runs": (0, 15),
-                 "wide_rows": (17, MOE_WIDE_MAX_ROWS)}
+                 "wide_rows": (17, MOE_WIDE_MAX_ROWS), "l2_prefetch": (0, 3)}
 
 
 def set_kernel_options(spec: str) -> dict:

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Compile-only check of the HIP path of the cyext kernels (cyext/src/strata_kernels.cu,
-# strata_moe.cu, strata_moe_stream.cu, strata_linear_stream.cu and strata_router.cu, through
+# strata_moe.cu, strata_moe_stream.cu, strata_linear_stream.cu, strata_router.cu and
+# strata_prefetch.cu, through
 # cyext/src/hip_compat.h) for AMD gfx90a (MI200). Exit 0 with a message when hipcc is absent.
 #   scripts/build_hip.sh [--ext]     --ext: also build the Cython extension against it
 #                                    (STRATA_BACKEND=hip python setup.py build_ext in a temp dir)
@@ -17,7 +18,7 @@ OUT="$(mktemp -d)"
 trap 'rm -rf "$OUT"' EXIT
 export HIP_PLATFORM=amd
 start=$(date +%s)
-for src in strata_kernels strata_moe strata_moe_stream strata_linear_stream strata_router; do
+for src in strata_kernels strata_moe strata_moe_stream strata_linear_stream strata_router strata_prefetch; do
   echo "build_hip.sh: $HIPCC -x hip --offload-arch=$ARCH cyext/src/$src.cu"
   "$HIPCC" -x hip -O3 -std=c++17 -fPIC --offload-arch="$ARCH" -Icyext/src \
     -c "cyext/src/$src.cu" -o "$OUT/${src}_hip.o"

@@ -253,7 +253,13 @@ def main() -> None:
     ap.add_argument("--filtered", action="store_true",
                     help="use the top-k/top-p (sorting) sampler instead of the sort-free one")
     ap.add_argument("--top", type=int, default=25, help="kernels listed per table")
+    ap.add_argument("--kernel-options", default="",
+                    help="GPU launch switches NAME=0|1 or a count, as bench_engine.py takes them "
+                         "(e.g. l2_prefetch=2)")
     a = ap.parse_args()
+    from bench_engine import set_kernel_options
+
+    options = set_kernel_options(a.kernel_options)
     dev = torch.device(a.device)
     ops.set_backend(a.backend, dev.type)
     t0 = time.perf_counter()
@@ -279,7 +285,7 @@ def main() -> None:
     ver = Verifier(lm.model, state, bufs, lm.has_mtp, functions=functions)
     report = {"model": str(a.model), "layers": a.layers, "compile": a.compile, "ctx": a.ctx,
               "torch": torch.__version__, "shapes": [],
-              "pdl": inductor_pdl()}
+              "pdl": inductor_pdl(), "kernel_options": options}
     for groups, rows_per in shapes:
         gs = torch.arange(groups, device=dev)
         gp = torch.full((groups,), 100, device=dev)

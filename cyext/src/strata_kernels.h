@@ -229,6 +229,15 @@ int strata_gpu_moe_route(const void* x, int64_t m, int64_t H, const void* w, int
                          float* logits, float* weights, int64_t* ids, int32_t* ticket,
                          int device, uintptr_t stream);
 
+// L2 prefetch (strata_prefetch.cu): a hint that the bytes will be read soon, so they stream
+// into L2 while latency-bound kernels run; writes nothing, so it never breaks a dependency. A
+// no-op before sm_90 and on HIP. n <= 4 ranges [bases[j], bases[j] + bytes[j]), or with ids
+// the rows ids[0..nids) of n stacked tensors (row r of tensor j at bases[j] + r * bytes[j];
+// ids outside [0, nrows[j]) skipped). 16-byte aligned.
+int strata_gpu_l2_prefetch(const void* const* bases, const int64_t* bytes, const int64_t* nrows,
+                           int n, const int64_t* ids, int64_t nids, int device,
+                           uintptr_t stream);
+
 #ifdef __cplusplus
 }
 #endif

@@ -586,7 +586,8 @@ def moe_launch_options(pdl=None, early=None, wide=None, db=None, xsmem=None, str
                        linear_split_depth=None, linear_split_pair=None,
                        linear_f16=None, gate_up_mma=None, down_split=None,
                        down_split_runs=None, fp8_launch16=None, fp8_wide=None,
-                       route_chunks=None, down_mma=None, wide_rows=None) -> dict:
+                       route_chunks=None, down_mma=None, wide_rows=None,
+                       l2_prefetch=None) -> dict:
     """Read or set moe_experts' launch switches on the GPU extension (process-wide; each gives
     the same bits unless it says otherwise): `stream` (on by default), the streamed kernels on
     sm_90+ without the expert cache, or with one (see `stream_miss` for a cache that can miss),
@@ -647,6 +648,13 @@ def moe_launch_options(pdl=None, early=None, wide=None, db=None, xsmem=None, str
     where the extension takes that many (else 64): a prompt chunk of several slots' chunks
     (engine.prefill_slots) reads each distinct expert once per launch, so larger launches read
     fewer expert bytes (the simulator's experts.prefill_launch_rows); the same bits.
+    `l2_prefetch` (0, off; this module's): the model prefetches into L2 the weights its next
+    kernels read in a decode window (ops.l2_prefetch, cyext/src/strata_prefetch.cu): from 1,
+    a layer's mixer output projection and router once its input projection has run (through
+    the conv and gated delta rule, or the K/V write and attention); from 2, also the routed
+    experts' down weights once the router has chosen them (through the gate/up kernel); 3,
+    their gate/up weights too. Read when a region is compiled, so set it before the engine's
+    warm-up; the same bits.
     None leaves a switch as it is. Returns the switches now in force."""
     if wide_rows is not None and not (isinstance(wide_rows, int) and not isinstance(wide_rows, bool)
                                       and 17 <= wide_rows <= MOE_WIDE_MAX_ROWS):
@@ -667,7 +675,15 @@ def moe_launch_options(pdl=None, early=None, wide=None, db=None, xsmem=None, str
         _moe_fp8_launch_rows = 16 if fp8_launch16 else MOE_MAX_ROWS
     if fp8_wide is not None:
         _moe_fp8_launch_rows = MOE_WIDE_ROWS if fp8_wide else 16
-    global _route_chunks, _moe_wide_rows
+    global _route_chunks, _moe_wide_rows, _l2_prefetch
+    if l2_prefetch is not None:
+        if not (isinstance(l2_prefetch, int) and 0 <= int(l2_prefetch) <= L2_PREFETCH_MAX):
+            raise ValueError(f"l2_prefetch: {l2_prefetch!r} is not a level in "
+                             f"0..{L2_PREFETCH_MAX}")
+        if l2_prefetch and not hasattr(_gpu, "l2_prefetch"):
+            raise ValueError("l2_prefetch: this build of the GPU extension has no L2 prefetch "
+                             "kernel (cyext/src/strata_prefetch.cu); rebuild it")
+        _l2_prefetch = int(l2_prefetch)
     if route_chunks is not None:
         _route_chunks = bool(route_chunks)
     if wide_rows is not None:
@@ -684,7 +700,7 @@ def moe_launch_options(pdl=None, early=None, wide=None, db=None, xsmem=None, str
             "fp8_launch16": _moe_fp8_launch_rows == 16,
             "fp8_wide": bool(flags & (1 << 26)) and _moe_fp8_launch_rows == MOE_WIDE_ROWS,
             "route_chunks": _route_chunks, "down_mma": bool(flags & (1 << 27)),
-            "wide_rows": _moe_wide_rows}
+            "wide_rows": _moe_wide_rows, "l2_prefetch": _l2_prefetch}
 
 
 def conv_launch_options(serial=None) -> dict:
@@ -841,6 +857,32 @@ def gpu_linear_bf16_skinny(x, weight, *, out=None):
 #: One int32 ticket per router weight (a MoE layer), zero between launches: the router kernel's
 #: last CTA finds itself by it (cyext/src/strata_router.cu).
 _ROUTE_TICKETS: dict[tuple[int, int], torch.Tensor] = {}
+_l2_prefetch = 0  # moe_launch_options(l2_prefetch=)
+#: the levels of moe_launch_options(l2_prefetch=): 1 dense weights, 2 + experts' down, 3 + gate/up
+L2_PREFETCH_MAX = 3
+
+
+def l2_prefetch_level() -> int:
+    """moe_launch_options(l2_prefetch=), read without touching the extension."""
+    return _l2_prefetch
+
+
+def gpu_l2_prefetch(token, tensors, ids=None):
+    """reference.l2_prefetch on the GPU: one launch that prefetches into L2 the bytes of up to
+    4 tensors, or with ids (int64, any shape) their rows t[ids], ids out of range skipped
+    (strata_prefetch.cu; nothing before sm_90). Writes nothing, token included."""
+    if _compiling():
+        torch.ops.strata.l2_prefetch(token, list(tensors), ids)
+        return None
+    # (the kernel takes 16-byte aligned ranges and rows: a hint skips what it cannot take)
+    tensors = [t for t in tensors if t.numel() and t.is_contiguous() and t.data_ptr() % 16 == 0
+               and (t.numel() // t.shape[0] * t.element_size()) % 16 == 0]
+    if not tensors or not hasattr(_gpu, "l2_prefetch"):
+        return None
+    if ids is not None:
+        ids = ids.contiguous()
+    _gpu.l2_prefetch(tensors, ids, _stream(tensors[0]))
+    return None
 #: Rows the router kernel takes per launch; more rows (prompt chunks) run the reference, or with
 #: moe_launch_options(route_chunks=) the kernel in launches of this many.
 ROUTE_MAX_ROWS = 32
@@ -907,6 +949,7 @@ GPU_OPS = {
     "moe_experts": gpu_moe_experts,
     "linear_fp8": gpu_linear_fp8,
     "moe_route": gpu_moe_route,
+    "l2_prefetch": gpu_l2_prefetch,
 }
 
 
@@ -1092,6 +1135,12 @@ def _register_custom_ops() -> None:
         cols = top_k + (1 if shared_id >= 0 else 0)
         m = x.numel() // x.shape[-1]
         return (x.new_empty(m, cols, dtype=torch.float32), x.new_empty(m, cols, dtype=torch.int64))
+
+    # token: declared written (never written) so that a compiled region keeps the call: an op
+    # with no result and no mutation is dead code to it
+    @torch.library.custom_op("strata::l2_prefetch", mutates_args=("token",))
+    def _l2_prefetch(token: Tensor, tensors: list[Tensor], ids: Tensor | None) -> None:
+        _eager("l2_prefetch", token.device)(token, tensors, ids)
 
     @torch.library.custom_op("strata::linear_fp8", mutates_args=())
     def _linear_fp8(x: Tensor, weight: Tensor, scale_inv: Tensor, block: list[int]) -> Tensor:

@@ -426,3 +426,12 @@ def moe_route(x: torch.Tensor, w_router: torch.Tensor, num_experts: int, top_k: 
         index = torch.cat([index, torch.full_like(index[:, :1], shared_id)], dim=1)
         weights = torch.cat([weights, shared], dim=1)
     return weights, index
+
+
+def l2_prefetch(token: torch.Tensor, tensors: list[torch.Tensor],
+                ids: Optional[torch.Tensor] = None) -> None:
+    """A hint that `tensors` (with ids, their rows t[ids]) are read soon, so that their bytes
+    stream into L2 while latency-bound kernels run (the CUDA backend, sm_90+). Changes no
+    value anywhere: here it does nothing. token: a tensor the op is declared to write (it never
+    does), so that a compiled region keeps the call in place rather than dropping it."""
+    return None

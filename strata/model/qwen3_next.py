@@ -145,6 +145,8 @@ class Experts(nn.Module):
         self.shared_modules: tuple = ()  # the folded shared expert's gate, up, down
         #: The expert cache's view of this layer (strata/engine/expert_cache.py), or None.
         self.cache = None
+        #: what ops.l2_prefetch declares it writes (it never does): keeps the call compiled in
+        self.register_buffer("l2_token", torch.zeros(1, dtype=torch.int32), persistent=False)
         #: model.moe_dense_prefill: prompt chunks of rows x top-k >= E run every expert densely
         #: (unquantised, uncached weights only); other bits than the grouped path, so a chunk's
         #: rows must be the same in every mode (engine.prefill_slots 1) and windows never take it.
@@ -239,6 +241,11 @@ class Experts(nn.Module):
         if shared_weight is not None:  # the folded shared expert: id E, always in a slot
             index = torch.cat([index, torch.full_like(index[:, :1], self.shared_id)], dim=1)
             weights = torch.cat([weights, shared_weight.float()], dim=1)
+        level = ops.l2_prefetch_level() if not prompt and self.cache is None else 0
+        if level >= 2:
+            # the chosen experts' down weights (3: and gate/up) stream into L2 while the gate/up
+            # kernel runs, so that the down kernel reads them from there
+            ops.l2_prefetch(self.l2_token, [wgu, wd] if level >= 3 else [wd], index)
         # Grouped by expert: each distinct expert's weights are read once for all its rows. The
         # kernels take any row count (launches of 16 or 32 rows, which change no row's result),
         # so a prompt chunk is one call and its compiled region does not depend on the chunk's
@@ -575,22 +582,29 @@ class GatedDeltaNet(nn.Module):
         core, rec_final = chunk_rule(q, k, v, g, beta, rec_init)
         return self._out(core, z, x.dtype), conv_final, rec_final
 
-    def forward_window(self, x, conv_state, rec_state, group_slot, rec_out=None):
+    def forward_window(self, x, conv_state, rec_state, group_slot, rec_out=None, prefetch=None):
         """Window grid x (NG, G, H); states of this layer for all lanes (read, not written).
         rec_out: where the per-row state snapshots go (this layer's slice of the window's
-        stacked snapshots, so that they are written once and never copied); None allocates."""
+        stacked snapshots, so that they are written once and never copied); None allocates.
+        prefetch: ops.l2_prefetch's (token, tensors), issued after the input projection."""
         weight = self.conv1d.weight[:, 0, :]
         if self.ba_in_conv(x.dtype):  # the conv gathers q, k, v and its extra blocks project b/a
             qkvz, z, _ = self._project_qkvz(x, with_ba=False)
+            if prefetch is not None:
+                ops.l2_prefetch(*prefetch)
             mixed, conv_snaps, ba = ops.causal_conv_window_qkvz_ba(
                 qkvz, conv_state, weight, group_slot, self.nk, self.dk, self.vpk, x,
                 self.in_proj_ba.weight)
         elif ops.native("causal_conv_window_qkvz"):  # the conv gathers q, k, v: no concatenation
             qkvz, z, ba = self._project_qkvz(x)
+            if prefetch is not None:
+                ops.l2_prefetch(*prefetch)
             mixed, conv_snaps = ops.causal_conv_window_qkvz(
                 qkvz, conv_state, weight, group_slot, self.nk, self.dk, self.vpk)
         else:
             mixed, z, ba = self._project_raw(x)
+            if prefetch is not None:
+                ops.l2_prefetch(*prefetch)
             mixed, conv_snaps = ops.causal_conv_window(mixed, conv_state, weight, group_slot)
         if self.neg_a is not None and ops.native("gated_delta_window_prep"):
             # the norms and gates inside the rule's kernel: five fewer kernels a layer
@@ -618,7 +632,20 @@ class DecoderLayer(nn.Module):
         self.mlp = SparseMoe(args) if moe else MLP(args.hidden_size, args.intermediate_size)
         self.input_layernorm = RMSNorm(args.hidden_size, args.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(args.hidden_size, args.rms_norm_eps)
+        #: what ops.l2_prefetch declares it writes (it never does): keeps the call compiled in
+        self.register_buffer("l2_token", torch.zeros(1, dtype=torch.int32), persistent=False)
         self.compile_regions(None)
+
+    def _dense_prefetch(self):
+        """ops.l2_prefetch's arguments for the weights this layer reads after its mixer's
+        input projection (the mixer's output projection, the router), or None when the model
+        prefetches nothing (ops.l2_prefetch_level): they stream into L2 while the conv and
+        gated delta rule, or the K/V write and attention, run, kernels bound by latency."""
+        if ops.l2_prefetch_level() < 1:
+            return None
+        mixer = self.linear_attn.out_proj if self.kind == "linear_attention" else self.self_attn.o_proj
+        router = getattr(self.mlp, "w_router", None)
+        return self.l2_token, [t for t in (mixer.weight, router) if t is not None]
 
     def _ffn(self, x: torch.Tensor, prompt: bool = False,
              valid: Optional[torch.Tensor] = None) -> torch.Tensor:
@@ -628,11 +655,16 @@ class DecoderLayer(nn.Module):
     # into a few fused kernels; the K/V write between attn_pre and attn_post stays outside.
     def window_linear(self, x, conv_state, rec_state, group_slot, rec_out=None):
         h, conv_snaps, rec_snaps = self.linear_attn.forward_window(
-            self.input_layernorm(x), conv_state, rec_state, group_slot, rec_out)
+            self.input_layernorm(x), conv_state, rec_state, group_slot, rec_out,
+            self._dense_prefetch())
         return self._ffn(x + h), conv_snaps, rec_snaps
 
-    def window_attn_pre(self, x, cos, sin):
-        return self.self_attn._qkv(self.input_layernorm(x), cos, sin)
+    def window_attn_pre(self, x, cos, sin, prompt: bool = False):
+        qkv = self.self_attn._qkv(self.input_layernorm(x), cos, sin)
+        prefetch = None if prompt else self._dense_prefetch()
+        if prefetch is not None:
+            ops.l2_prefetch(*prefetch)
+        return qkv
 
     def window_attn_post(self, x, q, gate, k_cache, v_cache, group_slot, group_pos, ctx: int,
                          split_keys: int = 0, prompt: bool = False, valid=None):
@@ -653,7 +685,7 @@ class DecoderLayer(nn.Module):
         valid: a padded prompt chunk's real rows (SparseMoe parks the others)."""
         pre, post = (self.c_attn_pre, self.c_attn_post) if variant == "window" else \
             (self.p_attn_pre, self.p_attn_post)
-        q, k, v, gate = pre(x, cos, sin)
+        q, k, v, gate = pre(x, cos, sin, variant == "prefill")
         ops.write_kv(k_cache, v_cache, k, v, group_slot, group_pos)
         return post(x, q, gate, k_cache, v_cache, group_slot, group_pos, ctx, split_keys,
                     variant == "prefill", valid)

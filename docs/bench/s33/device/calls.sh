@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# The L2 prefetch's device calls (written in session 33, which was lent no device):
+#   a  the probe (scripts/probe_l2_prefetch.py: each kernel cold, prefetched, hot) and the
+#      GPU tests of the prefetch, then the 8-layer window profile at level 0 with the groups
+#      routed apart (profile_window.py now gives each lane its own inputs)
+#   b  the same profile at l2_prefetch levels 1, 2 and 3 (1 x 2 and 8 x 2 windows)
+#   c  full depth, solo spec 2 and batch_mtp W16 N=8, level 0 against the best level of b
+#      (LEVEL=n, default 2), one process each, the second warm from the first's compile cache
+# Carry .whl and .dev/s33 (this tree's CUDA extension for Python 3.12, stripped, xz).
+set -u
+R=$OUT/r; mkdir -p $R
+export PYTHONUNBUFFERED=1 TORCHINDUCTOR_CACHE_DIR=/tmp/strata_inductor
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
+unxz -c .dev/s33/new_cuda.so.xz > strata/kernels/strata_cuda.cpython-312-x86_64-linux-gnu.so || exit 1
+st() { local n=$1 l=$2; shift 2; local t0=$SECONDS; timeout $l "$@" > $R/$n.log 2>&1; echo "== $n rc=$? $((SECONDS-t0)) s"; grep -v -i -E "warn|^$" $R/$n.log | tail -n ${TAIL:-6}; tar czf $OUT/r.tgz -C $OUT r; }
+export PYTHONPATH=/tmp/site:$PWD
+P="scripts/profile_window.py --model qwen3-next-80b-a3b-fp8 --load-format dummy --layers 8 --backend auto --compile --shapes 1x2,8x2 --iters 50 --top 25"
+F="--preset qwen3_next_80b_a3b_fp8 --load-format dummy --synthetic-acceptance 0.8 --overlap on --no-reverse"
+case ${1:-a} in
+a)
+  TAIL=40 st l2_probe 150 python3 scripts/probe_l2_prefetch.py --json $R/l2_probe.json
+  TAIL=4 st l2_tests 60 python3 -m pytest -q -p no:warnings -rf -m gpu tests/test_l2_prefetch.py
+  TAIL=50 st profile8_l0 330 python3 $P --json $R/profile8_l0.json ;;
+b)
+  for L in 1 2 3; do
+    TAIL=30 st profile8_l$L 180 python3 $P --kernel-options l2_prefetch=$L --json $R/profile8_l$L.json
+  done ;;
+c)
+  L=${LEVEL:-2}
+  TAIL=4 st solo_l0 200 python3 scripts/bench_engine.py $F --configs solo_spec2 --n 1 --max-tokens 256 --repeats 2 --json $R/solo_l0.json
+  TAIL=4 st solo_l$L 150 python3 scripts/bench_engine.py $F --configs solo_spec2 --n 1 --max-tokens 256 --repeats 2 --kernel-options l2_prefetch=$L --json $R/solo_l$L.json
+  TAIL=4 st n8_l$L 200 python3 scripts/bench_engine.py $F --configs batch_mtp_w16 --n 8 --max-tokens 64 --repeats 2 --kernel-options l2_prefetch=$L --json $R/n8_l$L.json ;;
+esac
