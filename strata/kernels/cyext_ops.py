@@ -874,9 +874,12 @@ def gpu_l2_prefetch(token, tensors, ids=None):
     if _compiling():
         torch.ops.strata.l2_prefetch(token, list(tensors), ids)
         return None
-    # (the kernel takes 16-byte aligned ranges and rows: a hint skips what it cannot take)
-    tensors = [t for t in tensors if t.numel() and t.is_contiguous() and t.data_ptr() % 16 == 0
-               and (t.numel() // t.shape[0] * t.element_size()) % 16 == 0]
+    def takes(t):  # the kernel takes 16-byte aligned ranges and rows: a hint skips the rest
+        unit = t.numel() if ids is None else t.numel() // t.shape[0]
+        return (t.numel() and t.is_contiguous() and t.data_ptr() % 16 == 0
+                and unit * t.element_size() % 16 == 0)
+
+    tensors = [t for t in tensors if takes(t)]
     if not tensors or not hasattr(_gpu, "l2_prefetch"):
         return None
     if ids is not None:
