@@ -35,6 +35,7 @@ import torch.nn.functional as F
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
+from bench_kernels import time_calls  # noqa: E402
 from strata.kernels import cyext_ops as C  # noqa: E402
 
 DEV = torch.device("cuda")
@@ -47,31 +48,6 @@ def spin_cycles(us: float) -> int:
     khz = torch.cuda.get_device_properties(DEV).clock_rate if hasattr(
         torch.cuda.get_device_properties(DEV), "clock_rate") else 1_980_000
     return int(us * khz / 1000)
-
-
-def graph_time(seq, reps: int = 15) -> float:
-    """Median seconds of one pass of the closures in `seq`, replayed as one CUDA graph."""
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for c in seq:
-            c()
-    torch.cuda.current_stream().wait_stream(side)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for c in seq:
-            c()
-    g.replay()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(reps):
-        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        s.record()
-        g.replay()
-        e.record()
-        e.synchronize()
-        times.append(s.elapsed_time(e) * 1e-3)
-    return statistics.median(times)
 
 
 def fp8_weight(shape, seed):
@@ -95,7 +71,8 @@ def measure(name, copies, call, prefetch, spin, nbytes, out):
         "pf0": [f for c in copies for f in (sleep, lambda c=c: prefetch(c), lambda c=c: call(c))],
         "hot": [f for c in copies for f in (sleep, lambda: call(copies[0]))],
     }
-    t = {k: graph_time(v) / n for k, v in seqs.items()}
+    # seconds per copy: time_calls gives a closure's share of the replayed sequence
+    t = {k: time_calls(v)[0] * len(v) / n for k, v in seqs.items()}
     rec = dict(name=name, bytes=nbytes,
                cold_us=(t["cold"] - t["base"]) * 1e6,
                pf_us=(t["pf"] - t["pf_base"]) * 1e6,
