@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from strata.engine.postprocess import record_finish
 from strata.kinds import FinishReason
 
 if TYPE_CHECKING:
@@ -17,9 +18,18 @@ def fail_touched(eng: "Engine", kind: str, e: Exception, touched: list, outs: di
     msg = f"engine fault in {kind} iteration {eng.steps}: {type(e).__name__}: {e}"
     eng.log(f"ERROR: {msg}")
     for slot, rs in touched:
-        if rs is not None and slot.req is rs and not rs.finished:
+        if rs is None or slot.req is not rs:
+            continue
+        if not rs.finished:
             rs.error = msg
             eng._finish(rs, FinishReason.ERROR, outs)
+        else:
+            # It finished in the faulted commit before the commit recorded its finish and freed
+            # its slot (commit_window does both after every group's emission): do both here,
+            # or the slot stays bound to a finished request and the engine never idles.
+            if rs.t_finish is None:
+                record_finish(eng, rs, outs.get(rs.id))
+            eng.scheduler.release(slot)
     if eng.stages is not None and eng.stages.failure is not None:
         from strata.engine.stages import fail_everything
         fail_everything(eng, msg, outs)

@@ -207,6 +207,9 @@ class Engine:
         if isinstance(req.id, str) and req.id in self.requests:
             raise RequestError("id", f"duplicate request id {req.id!r}")
         req.validate(self.args.vocab_size, self.max_context)
+        if req.params.stop and self.tokenizer is None:  # (they were silently never matched)
+            raise RequestError("stop", "stop strings match the output's text, and this "
+                                       "checkpoint has no tokenizer.json to decode it")
 
     def cancel(self, req_id: str) -> None:
         rs = self.requests.get(req_id)

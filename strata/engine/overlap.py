@@ -83,8 +83,9 @@ class OverlappedWindows:
                 slot.inflight = 0
         try:
             rows, dur = eng.runner.read(launched.run.output)
+            # The commit too, as the serial step's (_run): a fault in it (the expert cache's
+            # swap, detokenizing) escaped step() here, losing the outputs of the step.
+            commit_window(eng, launched.groups, launched.layout, launched.shape, launched.run,
+                          rows, dur, outs)
         except Exception as e:
             fail_touched(eng, _DECODE, e, [(s, rs) for s, _, rs in launched.groups], outs)
-            return
-        commit_window(eng, launched.groups, launched.layout, launched.shape, launched.run, rows,
-                      dur, outs)

@@ -118,8 +118,8 @@ class PipelinedWindows:
                 slot.inflight = 0
         try:
             rows = eng.runner.land_staged(launched.run.output, len(launched.groups))
+            # The commit too, as the serial step's (_run): a fault in it escaped step() here.
+            commit_window(eng, launched.groups, launched.layout, launched.shape, launched.run,
+                          rows, time.perf_counter() - staged.t0, outs, launched=staged.step)
         except Exception as e:
             fail_touched(eng, _DECODE, e, [(s, rs) for s, _, rs in launched.groups], outs)
-            return
-        commit_window(eng, launched.groups, launched.layout, launched.shape, launched.run, rows,
-                      time.perf_counter() - staged.t0, outs, launched=staged.step)

@@ -26,6 +26,14 @@ def unpaired_surrogate(text: str) -> Optional[str]:
     return None
 
 
+#: The positive temperatures the sampler can divide float32 logits by: below TEMPERATURE_MIN,
+#: logits / T overflows to +-inf, and the sort-free sampler then picks the lowest token id of
+#: positive logit while the filtering one picks the greedy token (so the tokens depended on
+#: whether another request of the window filtered); past TEMPERATURE_MAX the float32 copy of T
+#: overflows (a numpy RuntimeWarning, then an infinite temperature).
+TEMPERATURE_MIN, TEMPERATURE_MAX = 1e-30, 1e30
+
+
 class RequestError(ValueError):
     """A request the engine cannot take; `field` names the offending input."""
 
@@ -60,6 +68,10 @@ class SamplingParams:
                 raise RequestError(name, f"must be a finite number, got {v!r}")
         if self.temperature < 0:
             raise RequestError("temperature", f"must be >= 0, got {self.temperature}")
+        if self.temperature and not TEMPERATURE_MIN <= self.temperature <= TEMPERATURE_MAX:
+            raise RequestError("temperature", f"must be 0 (greedy) or in [{TEMPERATURE_MIN:g}, "
+                                              f"{TEMPERATURE_MAX:g}] (the sampler divides "
+                                              f"float32 logits by it), got {self.temperature!r}")
         if not 0.0 < self.top_p <= 1.0:
             raise RequestError("top_p", f"must be in (0, 1], got {self.top_p}")
         # Upper bound: top_k and seed travel to the device in an int64 buffer (model_runner).
@@ -71,6 +83,9 @@ class SamplingParams:
             raise RequestError("seed", f"must be an integer in [0, 2**63), got {self.seed!r}")
         if not isinstance(self.stop, list) or not all(isinstance(s, str) and s for s in self.stop):
             raise RequestError("stop", "must be a list of non-empty strings")
+        # (a truthy string such as "false" silently meant True)
+        if not isinstance(self.stop_at_eos, bool):
+            raise RequestError("stop_at_eos", f"must be a bool, got {self.stop_at_eos!r}")
 
 
 @dataclass
@@ -92,7 +107,10 @@ class Request:
         if not isinstance(self.id, str) or not self.id:
             raise RequestError("id", "must be a non-empty string")
         ids = self.prompt_ids
-        if not isinstance(ids, list) or not ids:
+        if not isinstance(ids, list):  # (a tuple or a string was reported as "is empty")
+            raise RequestError("prompt", f"must be a list of token ids, got "
+                                         f"{type(ids).__name__}")
+        if not ids:
             raise RequestError("prompt", "is empty")
         for i, t in enumerate(ids):
             if not isinstance(t, int) or isinstance(t, bool) or not 0 <= t < vocab:
@@ -100,7 +118,12 @@ class Request:
         if len(ids) >= max_context:
             raise RequestError("prompt", f"{len(ids)} tokens leave no room in the context of "
                                          f"{max_context} positions (at most {max_context - 1})")
+        if not isinstance(self.params, SamplingParams):  # (was an AttributeError)
+            raise RequestError("params", f"must be a SamplingParams, got "
+                                         f"{type(self.params).__name__}")
         self.params.validate()
+        if not isinstance(self.stream_text, bool):
+            raise RequestError("stream_text", f"must be a bool, got {self.stream_text!r}")
         check_arrival(self.arrival_step, self.arrival_s)
 
 

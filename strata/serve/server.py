@@ -32,6 +32,9 @@ def _bind(host: str, port: int) -> socket.socket:
     raise err
 
 
+#: Longest wait a server knob may ask for (s): a year, well inside threading.TIMEOUT_MAX.
+MAX_WAIT_S = 365 * 86400.0
+
 LOG_LEVELS = ("critical", "error", "warning", "info", "debug", "trace")
 
 
@@ -43,12 +46,17 @@ def validate_server(s: Any) -> None:
         bad("port", f"must be in [0, 65535] (0 = any free port), got {s.port}")
     if int(s.max_pending) < 1:
         bad("max_pending", f"must be >= 1, got {s.max_pending}")
-    if float(s.restart_delay_s) < 0:
-        bad("restart_delay_s", f"must be >= 0, got {s.restart_delay_s}")
-    if float(s.step_timeout_s) < 0:
-        bad("step_timeout_s", f"must be >= 0 (0 = never), got {s.step_timeout_s}")
-    if float(s.queue_timeout_s) < 0:
-        bad("queue_timeout_s", f"must be >= 0 (0 = no limit), got {s.queue_timeout_s}")
+    # Finite and waitable: inf (or 1e300) passed `< 0`, then the supervisor thread died in
+    # Event.wait (OverflowError) at the first restart, and every Retry-After (/health while
+    # loading) was a 500 (int(inf)); nan passed too, and meant 0.
+    if not 0 <= float(s.restart_delay_s) <= MAX_WAIT_S:
+        bad("restart_delay_s", f"must be in [0, {MAX_WAIT_S:g}] s, got {s.restart_delay_s}")
+    if not 0 <= float(s.step_timeout_s) <= MAX_WAIT_S:
+        bad("step_timeout_s", f"must be in [0, {MAX_WAIT_S:g}] s (0 = never), got "
+                              f"{s.step_timeout_s}")
+    if not 0 <= float(s.queue_timeout_s) <= MAX_WAIT_S:
+        bad("queue_timeout_s", f"must be in [0, {MAX_WAIT_S:g}] s (0 = no limit), got "
+                               f"{s.queue_timeout_s}")
     if str(s.log_level).lower() not in LOG_LEVELS:
         bad("log_level", f"must be one of {', '.join(LOG_LEVELS)}, got {s.log_level!r}")
     if s.api_key is not None and not str(s.api_key):

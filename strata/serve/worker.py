@@ -79,6 +79,9 @@ def _submit(eng: Any, rid: str, spec: dict) -> Accepted | Rejected:
     try:
         if spec.get("prompt_ids") is not None:
             ids = list(spec["prompt_ids"])
+        elif eng.tokenizer is None:  # (was "AttributeError: 'NoneType' object has no ...")
+            return Rejected(rid, "prompt", "is text, and this checkpoint has no tokenizer.json "
+                                           "to encode it: send the prompt as token ids")
         else:
             ids = eng.tokenizer.encode(spec["prompt"])
         if not ids:
