@@ -318,3 +318,13 @@ def test_fault_in_a_shared_prompt_chunk_fails_its_requests_only(monkeypatch, ove
         assert rs.reason == "error" and rs.emitted == [] and "injected chunk fault" in rs.error
     for rid in ("r4", "r5"):  # admitted into the freed slots, served exactly
         assert eng.requests[rid].emitted == mixed_alone[rid]
+
+
+def test_cancel_and_release_name_an_id_of_the_wrong_type():
+    """(were TypeError: unhashable type, from the request table)"""
+    eng = build(mode="batch", slots=1)
+    for call in (eng.cancel, eng.release):
+        with pytest.raises(RequestError) as exc:
+            call(["x"])
+        assert exc.value.field == "id" and "list" in str(exc.value)
+    eng.cancel("unknown")  # an unknown id: nothing to do

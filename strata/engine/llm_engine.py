@@ -212,6 +212,9 @@ class Engine:
                                        "checkpoint has no tokenizer.json to decode it")
 
     def cancel(self, req_id: str) -> None:
+        """Stop a request at the next step (an unknown or finished id: nothing to do)."""
+        if not isinstance(req_id, str):
+            raise RequestError("id", f"must be a request id (str), got {type(req_id).__name__}")
         rs = self.requests.get(req_id)
         if rs is not None and not rs.finished and not rs.cancel_requested:
             rs.cancel_requested = True
@@ -219,6 +222,8 @@ class Engine:
 
     def release(self, req_id: str) -> None:
         """Forget a finished request (a long-running server calls this after its final output)."""
+        if not isinstance(req_id, str):
+            raise RequestError("id", f"must be a request id (str), got {type(req_id).__name__}")
         rs = self.requests.get(req_id)
         if rs is None:
             return
