@@ -47,6 +47,27 @@ def specialize_one(on: bool) -> None:
     fx_config.backed_size_oblivious = not on
 
 
+#: The samplers: a prompt chunk passes its lanes as a column of its meta rows (stride 4), a
+#: window as a contiguous row; dynamo guards on strides, so each would compile graphs of its own.
+SAMPLERS = ("sample", "sample_plain")
+
+
+def contiguous_lanes(sampler: Callable) -> Callable:
+    """A compiled sampler called with its `lanes` (second argument) made contiguous: a prompt
+    chunk's samples then run the window's graphs of the same shapes (one group: one row; several
+    groups: the dynamic count), and compile none of their own. A window's lanes are a
+    contiguous row already (no copy); a chunk's are S int64s, one small copy kernel,
+    graph-capturable. (Not `contiguous()`: a one-segment column is contiguous with stride 4,
+    and dynamo guards on that stride all the same.)"""
+    def call(logits, lanes, *rest):
+        if lanes.stride() != (1,):
+            lanes = lanes.clone(memory_format=torch.contiguous_format)
+        return sampler(logits, lanes, *rest)
+
+    call.compiled = sampler
+    return call
+
+
 def compiled_functions(model, device: torch.device | None = None,
                        graphs: bool = True, one_apart: bool = True) -> dict[str, Callable]:
     """Compile the model's regions (`model.compile_regions`) and the verifier's pure functions;
@@ -74,5 +95,7 @@ def compiled_functions(model, device: torch.device | None = None,
         model.compile_regions(fn, pfn)
         compiled = {name: torch.compile(f, dynamic=True if name in GLUE_FUNCTIONS else None)
                     for name, f in PURE_FUNCTIONS.items()}
+        for name in SAMPLERS:
+            compiled[name] = contiguous_lanes(compiled[name])
         model._strata_compiled = compiled
     return compiled
