@@ -94,6 +94,39 @@ def test_prompt_chunks_of_any_length_compile_once():
     assert seen[-1] == seen[1], f"graphs and recompiles after each length: {seen}"
 
 
+def _prompt_chunk_graphs(mtp_valid: bool) -> tuple[int, int]:
+    """A 4-layer model's prompt chunk (a padded one: length < its bucket) and the MTP layer
+    over it, the prompt regions compiled: (graphs traced, graph breaks)."""
+    ops.set_backend("auto", "cpu")
+    args = tiny_args(num_hidden_layers=4, num_experts=64, num_experts_per_tok=4, eos_token_id=[0])
+    model = init_random(Qwen3Next(args, with_mtp=True), seed=0).eval()
+    model.fuse_for_inference(16)
+    state = DecodeState(args, 2, 128, torch.float32, torch.device("cpu"), True)
+    torch._dynamo.reset()
+    counters.clear()
+    model.compile_regions(None, lambda f: torch.compile(f, backend="eager", dynamic=True))
+    n, length = 8, torch.tensor([6])  # 8 rows x top-4 < 64 experts: the grouped path
+    tokens, lane, start = torch.arange(n) + 1, torch.tensor([0]), torch.tensor([0])
+    with torch.no_grad():
+        hidden = model.prefill(tokens, lane, start, state, length=length, ctx=n)
+        valid = torch.arange(n)[None] < length[:, None]
+        model.mtp_window(hidden[None], tokens[None], lane, start, n, state, with_logits=False,
+                         variant="prefill", valid=valid if mtp_valid else None)
+    model.compile_regions(None, None)
+    return counters["stats"]["unique_graphs"], sum(counters["graph_break"].values())
+
+
+def test_prompt_regions_trace_whole_and_the_mtp_layer_shares_the_decoders_graphs():
+    """The chunked gated delta rule is one opaque op in the linear layers' prompt region
+    (ops.chunk_rule; a graph break around it split the region into four graphs), and the MTP
+    layer gets the chunk's real rows as the decoder layers do, so its attention region runs
+    their graph (without them it traced one of its own)."""
+    graphs, breaks = _prompt_chunk_graphs(mtp_valid=True)
+    assert breaks == 0, f"{breaks} graph breaks in the prompt regions"
+    apart, _ = _prompt_chunk_graphs(mtp_valid=False)
+    assert graphs == apart - 1, (graphs, apart)
+
+
 def test_programmatic_launches_only_where_graphs_replay_on_hopper(monkeypatch):
     """Compiled regions launch their kernels programmatically (inductor's triton.enable_pdl)
     only on CUDA sm_90+ with graphs; TORCHINDUCTOR_ENABLE_PDL wins either way, and

@@ -229,8 +229,8 @@ class Verifier:
             # the last real row the token that follows the chunk.
             rows = torch.arange(n, device=tokens.device)[None]
             next_tokens = torch.where(rows == last[:, None], nxt[:, None], tokens.roll(-1, dims=1))
-            mh = model.mtp_window(hidden, next_tokens, lane, start, ctx, state,
-                                  with_logits=False, variant="prefill")[0]
+            mh = model.mtp_window(hidden, next_tokens, lane, start, ctx, state, with_logits=False,
+                                  variant="prefill", valid=rows < length[:, None])[0]
             h_last = mh[seg, last]
             bufs.draft.index_copy_(0, lane, self._draft(model.logits(h_last), lane, start + length + 1,
                                                         filtered))

@@ -455,17 +455,6 @@ class Attention(nn.Module):
         return (o * torch.sigmoid(gate)).flatten(-2)
 
 
-@torch.compiler.disable
-def chunk_rule(q, k, v, g, beta, initial_state):
-    """The chunked gated delta rule of a prompt chunk, kept out of torch.compile: its chunk loop
-    unrolls by the prompt's length (and pads by length % 64), so a traced region recompiled,
-    MoE and all, for every prompt bucket. Around it the compiled regions take any length. The
-    output is returned as a fresh tensor: a view of the padded chunk grid would make the region
-    after it guard on the chunk count again."""
-    core, state = ops.chunk_gated_delta(q, k, v, g, beta, initial_state)
-    return core.clone(memory_format=torch.contiguous_format), state
-
-
 #: the epsilon of the gated delta rule's q/k L2 norms (the checkpoint's convention)
 L2NORM_EPS = 1e-6
 
@@ -579,7 +568,8 @@ class GatedDeltaNet(nn.Module):
             conv_final = ext.gather(-1, cols[:, None, :].expand(-1, ext.shape[1], -1))
             g = g * valid[..., None]
             beta = beta * valid[..., None]
-        core, rec_final = chunk_rule(q, k, v, g, beta, rec_init)
+        # one opaque op in the compiled region: its chunk loop would unroll by the length
+        core, rec_final = ops.chunk_rule(q, k, v, g, beta, rec_init)
         return self._out(core, z, x.dtype), conv_final, rec_final
 
     def forward_window(self, x, conv_state, rec_state, group_slot, rec_out=None, prefetch=None):
@@ -932,16 +922,19 @@ class Qwen3Next(nn.Module):
 
     def mtp_window(self, hidden: torch.Tensor, next_tokens: torch.Tensor, group_slot: torch.Tensor,
                    group_pos: torch.Tensor, ctx: int, state: DecodeState, with_logits: bool = True,
-                   variant: str = "window"):
+                   variant: str = "window", valid: Optional[torch.Tensor] = None):
         """MTP over a grid: row (g, j) at position group_pos[g]+j combines h of that row with the
         embedding of the token that follows it; writes the lane's MTP K/V rows. Returns MTP
-        hidden (NG, G, H) after mtp.norm and logits (NG, G, V) (None unless with_logits)."""
+        hidden (NG, G, H) after mtp.norm and logits (NG, G, V) (None unless with_logits).
+        valid (NG, G) bool, a padded prompt chunk's real rows (variant prefill), as the decoder
+        layers get them: the padding is parked in the MoE, and the prompt regions run one graph
+        for both (without it the MTP layer's compiled twice, once with and once without)."""
         assert self.mtp is not None
         fuse, norm = (self.c_mtp_fuse, self.c_mtp_norm) if variant == "window" else \
             (self.p_mtp_fuse, self.p_mtp_norm)
         x = fuse(hidden, self.embed_tokens(next_tokens))
         cos, sin = (self.c_rope if variant == "window" else self.p_rope)(group_pos, x.shape[1])
         x = self.mtp.layers[0].window_attention(x, cos, sin, state.mtp_k, state.mtp_v, group_slot,
-                                                group_pos, ctx, variant=variant)
+                                                group_pos, ctx, variant=variant, valid=valid)
         out = norm(x)
         return out, (self.logits(out) if with_logits else None)

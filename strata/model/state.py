@@ -32,8 +32,11 @@ class DecodeState:
                                args.linear_value_head_dim, dtype=torch.float32, device=device)
         self.with_mtp = with_mtp
         mtp_shape = kv if with_mtp else (n, 1, args.num_key_value_heads, args.head_dim)
-        self.mtp_k = torch.zeros(mtp_shape, dtype=dtype, device=device)
-        self.mtp_v = torch.zeros(mtp_shape, dtype=dtype, device=device)
+        # views into a stack of one, as self.k[j] / self.v[j] are into theirs: a compiled prompt
+        # region guards on its K/V cache's base, so the MTP layer then runs the decoder layers'
+        # graph instead of tracing one of its own
+        self.mtp_k = torch.zeros((1,) + mtp_shape, dtype=dtype, device=device)[0]
+        self.mtp_v = torch.zeros((1,) + mtp_shape, dtype=dtype, device=device)[0]
 
     def reset_lanes(self, lanes: "torch.Tensor") -> None:
         """Fresh requests in `lanes` (a device index tensor) start from zero DeltaNet state;
