@@ -633,7 +633,8 @@ class DecoderLayer(nn.Module):
         gated delta rule, or the K/V write and attention, run, kernels bound by latency."""
         if ops.l2_prefetch_level() < 1:
             return None
-        mixer = self.linear_attn.out_proj if self.kind == "linear_attention" else self.self_attn.o_proj
+        mixer = (self.linear_attn.out_proj if self.kind == "linear_attention"
+                 else self.self_attn.o_proj)
         router = getattr(self.mlp, "w_router", None)
         return self.l2_token, [t for t in (mixer.weight, router) if t is not None]
 
