@@ -328,3 +328,18 @@ def test_cancel_and_release_name_an_id_of_the_wrong_type():
             call(["x"])
         assert exc.value.field == "id" and "list" in str(exc.value)
     eng.cancel("unknown")  # an unknown id: nothing to do
+
+
+def test_a_request_changed_after_it_was_added_runs_as_added():
+    """The engine keeps its own copy of a validated prompt and stop list: an id past the
+    vocabulary written into the caller's list afterwards never reaches the device."""
+    ids = prompt(7)
+    want = alone("r", ids, SamplingParams(max_tokens=6, stop_at_eos=False))
+    eng = build(mode="batch", slots=1, overlap=False)
+    mine = list(ids)
+    params = SamplingParams(max_tokens=6, stop_at_eos=False)
+    eng.add_request(Request("r", mine, params))
+    mine[0] = 10 ** 9
+    params.stop.append("")
+    drive(eng)
+    assert eng.requests["r"].emitted == want

@@ -10,6 +10,7 @@ Single-threaded: drive it from one thread.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from pathlib import Path
 from typing import Any, Callable, Optional
@@ -198,6 +199,10 @@ class Engine:
     def add_request(self, req: Request) -> None:
         """Validate and queue a request (it arrives at its arrival_step / arrival_s, or now)."""
         self.validate_request(req)
+        # the engine's own copy of what it validated: a caller changing its prompt or stop list
+        # afterwards would otherwise reach the device unchecked
+        req = dataclasses.replace(req, prompt_ids=list(req.prompt_ids),
+                                  params=dataclasses.replace(req.params, stop=list(req.params.stop)))
         rs = self.requests[req.id] = RequestState(req, self._order)
         self._order += 1
         self.arrivals.add(rs, self.steps)
