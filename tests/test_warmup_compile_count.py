@@ -80,8 +80,12 @@ def engine_run(model_path: str) -> tuple[int, int, dict]:
     e = cfg.engine
     e.mode, e.batch_mtp, e.max_context, e.slots = "batch", True, 256, 2
     e.compile, e.prefill_buckets, e.prefill_slots = "on", [16, 32], 2
-    eng = Engine.from_config(cfg, log=lambda s: None)
+    logs: list[str] = []
+    eng = Engine.from_config(cfg, log=logs.append)
     warm = graphs()
+    # the warm-up's line says how many graphs it compiled (all of them: a fresh dynamo)
+    assert any(f"{warm} graphs compiled" in line for line in logs), [
+        line for line in logs if "warm-up:" in line]
     params = [dict(temperature=0.0), dict(temperature=0.8, seed=1),
               dict(temperature=0.9, top_k=5, seed=2), dict(temperature=0.0)]
     for i, p in enumerate(params):

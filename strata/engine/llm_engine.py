@@ -167,11 +167,16 @@ class Engine:
         """Run every shape this engine can plan once on the scratch lane and capture the graphs
         requests will use (ModelRunner.warmup), so that compiling and capturing happen now
         rather than inside the first requests."""
+        from torch._dynamo.utils import counters
+
         t0 = time.perf_counter()
+        traced = counters["stats"]["unique_graphs"]
         most_rows = max(self.cfg.spec if self.drafting else 1, 2 if self.batch_mtp else 1)
         plan = plan_warmup(self.cfg, len(self.scheduler.slots), most_rows, self.max_context,
                            self.cache is not None, self.prefill_slots)
         done = self.runner.warmup(plan, self._tier, self.log)
+        # how many graphs the warm-up compiled: what its time mostly is on a cold cache
+        done.compiled_graphs = counters["stats"]["unique_graphs"] - traced
         if self.expert_cache is not None:  # scratch-lane routing is not the workload's
             self.expert_cache.reset_counts()
         if plan.window_keys is not None:  # a replay starts from these graphs

@@ -37,12 +37,16 @@ class WarmupDone:
     #: The window graphs captured, in order, and their measured MiB (a replay starts from them).
     window_keys: list[str] = field(default_factory=list)
     window_mib: list[float] = field(default_factory=list)
+    #: Graphs torch.compile traced during the warm-up (dynamo's counter; 0: nothing compiled,
+    #: or the model's regions were compiled by an earlier engine).
+    compiled_graphs: int = 0
 
     def describe(self, plan: WarmupPlan, seconds: float) -> str:
         slots = (f" (also as chunks of {plan.prefill_segments} slots)"
                  if plan.prefill_segments > 1 else "")
+        traced = f"{self.compiled_graphs} graphs compiled, " if self.compiled_graphs else ""
         return (f"warm-up: {self.windows} window shapes and {len(plan.prefill_buckets)} prompt "
-                f"buckets{slots} run once, {self.prefill_graphs} prompt-chunk graphs and "
+                f"buckets{slots} run once, {traced}{self.prefill_graphs} prompt-chunk graphs and "
                 f"{len(self.window_keys)} window graphs captured, in {seconds:.1f} s (compiling "
                 f"and capturing happen here, not in requests)")
 
