@@ -857,35 +857,6 @@ def gpu_linear_bf16_skinny(x, weight, *, out=None):
 #: One int32 ticket per router weight (a MoE layer), zero between launches: the router kernel's
 #: last CTA finds itself by it (cyext/src/strata_router.cu).
 _ROUTE_TICKETS: dict[tuple[int, int], torch.Tensor] = {}
-_l2_prefetch = 0  # moe_launch_options(l2_prefetch=)
-#: the levels of moe_launch_options(l2_prefetch=): 1 dense weights, 2 + experts' down, 3 + gate/up
-L2_PREFETCH_MAX = 3
-
-
-def l2_prefetch_level() -> int:
-    """moe_launch_options(l2_prefetch=), read without touching the extension."""
-    return _l2_prefetch
-
-
-def gpu_l2_prefetch(token, tensors, ids=None):
-    """reference.l2_prefetch on the GPU: one launch that prefetches into L2 the bytes of up to
-    4 tensors, or with ids (int64, any shape) their rows t[ids], ids out of range skipped
-    (strata_prefetch.cu; nothing before sm_90). Writes nothing, token included."""
-    if _compiling():
-        torch.ops.strata.l2_prefetch(token, list(tensors), ids)
-        return None
-    def takes(t):  # the kernel takes 16-byte aligned ranges and rows: a hint skips the rest
-        unit = t.numel() if ids is None else t.numel() // t.shape[0]
-        return (t.numel() and t.is_contiguous() and t.data_ptr() % 16 == 0
-                and unit * t.element_size() % 16 == 0)
-
-    tensors = [t for t in tensors if takes(t)]
-    if not tensors or not hasattr(_gpu, "l2_prefetch"):
-        return None
-    if ids is not None:
-        ids = ids.contiguous()
-    _gpu.l2_prefetch(tensors, ids, _stream(tensors[0]))
-    return None
 #: Rows the router kernel takes per launch; more rows (prompt chunks) run the reference, or with
 #: moe_launch_options(route_chunks=) the kernel in launches of this many.
 ROUTE_MAX_ROWS = 32
@@ -937,6 +908,37 @@ def gpu_moe_route(x, w_router, num_experts, top_k, norm_topk, routing_bias=None,
                        bias, int(shared_id), logits, weights[r0:r1], ids[r0:r1],
                        _route_ticket(w_router), _stream(x))
     return weights, ids
+
+
+_l2_prefetch = 0  # moe_launch_options(l2_prefetch=)
+#: the levels of moe_launch_options(l2_prefetch=): 1 dense weights, 2 + experts' down, 3 + gate/up
+L2_PREFETCH_MAX = 3
+
+
+def l2_prefetch_level() -> int:
+    """moe_launch_options(l2_prefetch=), read without touching the extension."""
+    return _l2_prefetch
+
+
+def gpu_l2_prefetch(token, tensors, ids=None):
+    """reference.l2_prefetch on the GPU: one launch that prefetches into L2 the bytes of up to
+    4 tensors, or with ids (int64, any shape) their rows t[ids], ids out of range skipped
+    (strata_prefetch.cu; nothing before sm_90). Writes nothing, token included."""
+    if _compiling():
+        torch.ops.strata.l2_prefetch(token, list(tensors), ids)
+        return None
+    def takes(t):  # the kernel takes 16-byte aligned ranges and rows: a hint skips the rest
+        unit = t.numel() if ids is None else t.numel() // t.shape[0]
+        return (t.numel() and t.is_contiguous() and t.data_ptr() % 16 == 0
+                and unit * t.element_size() % 16 == 0)
+
+    tensors = [t for t in tensors if takes(t)]
+    if not tensors or not hasattr(_gpu, "l2_prefetch"):
+        return None
+    if ids is not None:
+        ids = ids.contiguous()
+    _gpu.l2_prefetch(tensors, ids, _stream(tensors[0]))
+    return None
 
 
 GPU_OPS = {
@@ -1138,6 +1140,22 @@ def _register_custom_ops() -> None:
         cols = top_k + (1 if shared_id >= 0 else 0)
         m = x.numel() // x.shape[-1]
         return (x.new_empty(m, cols, dtype=torch.float32), x.new_empty(m, cols, dtype=torch.int64))
+
+    # The chunked gated delta rule of whichever backend ops has bound (not the device's
+    # extension, as the ops above): ops.chunk_rule inside a compiled region.
+    @torch.library.custom_op("strata::chunk_rule", mutates_args=())
+    def _chunk_rule(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor,
+                    initial_state: Tensor) -> tuple[Tensor, Tensor]:
+        from strata.kernels import ops  # (ops imports this module)
+
+        return ops.chunk_rule_eager(q, k, v, g, beta, initial_state)
+
+    @_chunk_rule.register_fake
+    def _(q, k, v, g, beta, initial_state):
+        b, length, h, dk = k.shape
+        dv = v.shape[-1]
+        return (q.new_empty(b, length, h, dv, dtype=torch.float32),
+                q.new_empty(b, h, dk, dv, dtype=torch.float32))
 
     # token: declared written (never written) so that a compiled region keeps the call: an op
     # with no result and no mutation is dead code to it

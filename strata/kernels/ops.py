@@ -135,7 +135,8 @@ def implementations() -> dict[str, str]:
     return dict(_IMPL)
 
 
-def _chunk_rule_eager(q, k, v, g, beta, initial_state):
+def chunk_rule_eager(q, k, v, g, beta, initial_state):
+    """chunk_rule outside a compiled region (and the custom op's body)."""
     core, state = chunk_gated_delta(q, k, v, g, beta, initial_state)  # the backend's, bound now
     # fresh tensors (a custom op's results may not alias its inputs or each other): the
     # reference's core is a view of its padded chunk grid
@@ -153,26 +154,5 @@ def chunk_rule(q, k, v, g, beta, initial_state):
     straight to the backend (the dispatcher costs microseconds). Returns fresh (core, state)."""
     if torch.compiler.is_compiling():
         return torch.ops.strata.chunk_rule(q, k, v, g, beta, initial_state)
-    return _chunk_rule_eager(q, k, v, g, beta, initial_state)
+    return chunk_rule_eager(q, k, v, g, beta, initial_state)
 
-
-def _register_chunk_rule() -> None:
-    if not hasattr(torch, "library") or not hasattr(torch.library, "custom_op"):
-        return
-    if hasattr(torch.ops, "strata") and hasattr(torch.ops.strata, "chunk_rule"):
-        return  # registered already (module reloaded)
-
-    @torch.library.custom_op("strata::chunk_rule", mutates_args=())
-    def _op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor,
-            beta: torch.Tensor, initial_state: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        return _chunk_rule_eager(q, k, v, g, beta, initial_state)
-
-    @_op.register_fake
-    def _(q, k, v, g, beta, initial_state):
-        b, length, h, dk = k.shape
-        dv = v.shape[-1]
-        return (q.new_empty(b, length, h, dv, dtype=torch.float32),
-                q.new_empty(b, h, dk, dv, dtype=torch.float32))
-
-
-_register_chunk_rule()
