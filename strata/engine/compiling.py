@@ -64,7 +64,6 @@ def contiguous_lanes(sampler: Callable) -> Callable:
             lanes = lanes.clone(memory_format=torch.contiguous_format)
         return sampler(logits, lanes, *rest)
 
-    call.compiled = sampler
     return call
 
 

@@ -47,6 +47,13 @@ from strata.trace import TraceWriter, context_tier
 _PREFILL, _DECODE = PlanKind.PREFILL, PlanKind.DECODE
 
 
+def _check_id(req_id) -> None:
+    """A request id given to cancel or release (the request table would raise TypeError:
+    unhashable type)."""
+    if not isinstance(req_id, str):
+        raise RequestError("id", f"must be a request id (str), got {type(req_id).__name__}")
+
+
 class Engine:
     @classmethod
     def from_config(cls, cfg: Any, log: Callable[[str], None] = print,
@@ -223,8 +230,7 @@ class Engine:
 
     def cancel(self, req_id: str) -> None:
         """Stop a request at the next step (an unknown or finished id: nothing to do)."""
-        if not isinstance(req_id, str):
-            raise RequestError("id", f"must be a request id (str), got {type(req_id).__name__}")
+        _check_id(req_id)
         rs = self.requests.get(req_id)
         if rs is not None and not rs.finished and not rs.cancel_requested:
             rs.cancel_requested = True
@@ -232,8 +238,7 @@ class Engine:
 
     def release(self, req_id: str) -> None:
         """Forget a finished request (a long-running server calls this after its final output)."""
-        if not isinstance(req_id, str):
-            raise RequestError("id", f"must be a request id (str), got {type(req_id).__name__}")
+        _check_id(req_id)
         rs = self.requests.get(req_id)
         if rs is None:
             return

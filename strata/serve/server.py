@@ -49,14 +49,10 @@ def validate_server(s: Any) -> None:
     # Finite and waitable: inf (or 1e300) passed `< 0`, then the supervisor thread died in
     # Event.wait (OverflowError) at the first restart, and every Retry-After (/health while
     # loading) was a 500 (int(inf)); nan passed too, and meant 0.
-    if not 0 <= float(s.restart_delay_s) <= MAX_WAIT_S:
-        bad("restart_delay_s", f"must be in [0, {MAX_WAIT_S:g}] s, got {s.restart_delay_s}")
-    if not 0 <= float(s.step_timeout_s) <= MAX_WAIT_S:
-        bad("step_timeout_s", f"must be in [0, {MAX_WAIT_S:g}] s (0 = never), got "
-                              f"{s.step_timeout_s}")
-    if not 0 <= float(s.queue_timeout_s) <= MAX_WAIT_S:
-        bad("queue_timeout_s", f"must be in [0, {MAX_WAIT_S:g}] s (0 = no limit), got "
-                               f"{s.queue_timeout_s}")
+    for key, zero in (("restart_delay_s", ""), ("step_timeout_s", " (0 = never)"),
+                      ("queue_timeout_s", " (0 = no limit)")):
+        if not 0 <= float(getattr(s, key)) <= MAX_WAIT_S:
+            bad(key, f"must be in [0, {MAX_WAIT_S:g}] s{zero}, got {getattr(s, key)}")
     if str(s.log_level).lower() not in LOG_LEVELS:
         bad("log_level", f"must be one of {', '.join(LOG_LEVELS)}, got {s.log_level!r}")
     if s.api_key is not None and not str(s.api_key):
