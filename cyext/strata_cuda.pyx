@@ -489,7 +489,7 @@ def moe_workspace_numel(int64_t n, int64_t k, int64_t inter, int64_t hidden=0):
 
 def moe_wide_takes(int64_t n, int64_t k, int64_t e, int64_t hidden, int64_t inter, int64_t bo,
                    int64_t bi, int device):
-    """Whether a moe_experts launch of n rows (17-128) of FP8 weights (no expert cache) with
+    """Whether a moe_experts launch of n rows (17-512) of FP8 weights (no expert cache) with
     bf16 x runs wide on this device (the wide option on, the streamed tensor-core kernels)."""
     return strata_gpu_moe_wide_takes(n, k, e, hidden, inter, bo, bi, DTYPE_FP8, DTYPE_BF16,
                                      device) == 1

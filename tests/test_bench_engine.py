@@ -96,12 +96,12 @@ def test_kernel_options_are_checked():
         bench_engine.set_kernel_options("linear_split_depth=16")
     with pytest.raises(SystemExit, match="down_split_runs is 0..15"):
         bench_engine.set_kernel_options("down_split_runs=16")
-    for rows in (16, 129):
-        with pytest.raises(SystemExit, match="wide_rows is 17..128"):
+    for rows in (16, 513):
+        with pytest.raises(SystemExit, match="wide_rows is 17..512"):
             bench_engine.set_kernel_options(f"wide_rows={rows}")
     from strata.kernels import cyext_ops
-    for bad in (16, 129, True, 64.0):  # checked before the extension is asked
-        with pytest.raises(ValueError, match="wide_rows: .* is not a row count in 17..128"):
+    for bad in (16, 513, True, 64.0):  # checked before the extension is asked
+        with pytest.raises(ValueError, match="wide_rows: .* is not a row count in 17..512"):
             cyext_ops.moe_launch_options(wide_rows=bad)
     if cyext_ops.gpu_platform() is None:
         assert bench_engine.set_kernel_options("") == {}

@@ -583,18 +583,25 @@ int strata_gpu_moe_set_options(int flags) {
   return old;
 }
 
-// The per-block kernels' tables, then (from 17 rows, when hidden is given) a wide launch's
-// staged x: n rows of 2H + 16 bytes and n row scales (strata_moe_stream.cu, moe_stage_x).
+// act (P x I floats), the per-block kernels' tables (launches of up to MOE_MAX_ROWS rows: they
+// take no more), then (from 17 rows, when hidden is given) a wide launch's staged x: n rows of
+// 2H + 16 bytes and n row scales (strata_moe_stream.cu, moe_stage_x), then a big wide launch's
+// down results (more than MOE_WIDE_SMEM_PAIRS pairs: P x H floats). Each part 16-byte aligned.
+static int64_t align4(int64_t v) { return (v + 3) & ~(int64_t)3; }
 static int64_t moe_x_stage_offset(int64_t n, int64_t k, int64_t inter) {
   const int64_t P = n * k;
-  return (P * inter + P + P * P + 3) & ~(int64_t)3;  // 16-byte aligned
+  return align4(P * inter + (n <= MOE_MAX_ROWS ? P + P * P : 0));
 }
 static int64_t moe_x_stage_floats(int64_t n, int64_t hidden) {
-  return n > 16 && hidden > 0 ? n * (2 * hidden + 16) / 4 + n : 0;
+  return n > 16 && hidden > 0 ? align4(n * (2 * hidden + 16) / 4 + n) : 0;
+}
+static int64_t moe_y_stage_floats(int64_t n, int64_t k, int64_t hidden) {
+  return n > 16 && hidden > 0 && n * k > MOE_WIDE_SMEM_PAIRS ? n * k * hidden : 0;
 }
 
 int64_t strata_gpu_moe_workspace(int64_t n, int64_t k, int64_t inter, int64_t hidden) {
-  return moe_x_stage_offset(n, k, inter) + moe_x_stage_floats(n, hidden);
+  return moe_x_stage_offset(n, k, inter) + moe_x_stage_floats(n, hidden) +
+         moe_y_stage_floats(n, k, hidden);
 }
 
 // Whether a launch may run wide (STRATA_MOE_X_GLOBAL): FP8 weights without the expert cache, up
@@ -617,8 +624,9 @@ int strata_gpu_moe_wide_takes(int64_t n, int64_t k, int64_t E, int64_t H, int64_
       n < 17 || bo < 1 || bi < 1)
     return 0;
   MoeParams p = {};
-  static uint8_t stage_marker;  // non-null: the plan sees a staging buffer
+  static uint8_t stage_marker;  // non-null: the plan sees staging buffers
   p.x_stage = &stage_marker;
+  p.y_stage = (float*)&stage_marker;
   p.all_resident = 1;
   p.n = (int)n; p.k = (int)k; p.P = (int)(n * k); p.E = (int)E; p.H = (int)H; p.I = (int)I;
   p.bo = (int)bo; p.bi = (int)bi; p.x_dtype = x_dtype;
@@ -643,7 +651,7 @@ int strata_gpu_moe_experts(const void* x, int x_dtype, const void* w_gate_up, co
   const bool wide_ok = moe_wide_allowed(w_dtype, cache != nullptr, n, P);
   if ((!wide_ok && (n > MOE_MAX_ROWS || P > MOE_MAX_PAIRS)) || k < 1 || E < 1 || I < 1)
     return invalid("moe_experts (needs 1 <= N <= 32 rows and N * k <= 512; with the wide "
-                   "option, FP8 weights and no expert cache, N <= 128 and N * k <= 1632)");
+                   "option, FP8 weights and no expert cache, N <= 512 and N * k <= 5984)");
   if (H % 16 || I % 16 || !chunks_per_lane(H * esz / 16) || !chunks_per_lane(I * esz / 16))
     return invalid("moe_experts (H and I must be multiples of 16, rows at most 8 KiB)");
   if (!aligned16(x) || !aligned16(w_gate_up) || !aligned16(w_down) || !aligned16(workspace))
@@ -682,10 +690,13 @@ int strata_gpu_moe_experts(const void* x, int x_dtype, const void* w_gate_up, co
   p.topk_w = topk_weight;
   p.topk_ids = topk_ids;
   p.act = workspace;
-  p.counts = (int*)(workspace + P * I);
-  p.members = p.counts + P;
+  p.counts = n <= MOE_MAX_ROWS ? (int*)(workspace + P * I) : nullptr;
+  p.members = n <= MOE_MAX_ROWS ? p.counts + P : nullptr;
   p.x_stage = n > 16 ? (uint8_t*)(workspace + moe_x_stage_offset(n, k, I)) : nullptr;
   p.x_unscale = n > 16 ? (float*)(p.x_stage + n * (2 * H + 16)) : nullptr;
+  p.y_stage = moe_y_stage_floats(n, k, H)
+                  ? workspace + moe_x_stage_offset(n, k, I) + moe_x_stage_floats(n, H)
+                  : nullptr;
   p.gu_expert_bytes = 2 * I * H * esz;
   p.down_expert_bytes = H * I * esz;
   p.n = (int)n;

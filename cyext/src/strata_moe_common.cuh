@@ -250,9 +250,16 @@ __device__ __forceinline__ int block_exclusive_scan(int v, int* warp_tot, int* t
 
 // Wide launches (STRATA_MOE_X_GLOBAL, strata_moe_stream.cu): FP8 weights without the expert
 // cache, x staged in global memory, up to this many rows and pairs (the block scans take up to
-// three pairs per thread). Launches of up to 64 rows keep the layout they were measured with.
-constexpr int MOE_WIDE_MAX_ROWS = 128;
-constexpr int MOE_WIDE_MAX_PAIRS = 1632;
+// eleven pairs per thread). Launches of up to 64 rows keep the layout they were measured with.
+constexpr int MOE_WIDE_MAX_ROWS = 512;
+constexpr int MOE_WIDE_MAX_PAIRS = 5984;
+// Up to this many pairs (128 rows at top-11, three per thread in the scans) the down kernel keeps
+// its results (P x 16 floats) in shared memory; a launch of more pairs is "big": its results go
+// to the workspace (MoeParams::y_stage) and its scans take up to eleven pairs per thread. Why:
+// eight slots' 64-token chunks (engine.prefill_slots) are 512 rows, and every launch reads the
+// distinct experts of its rows, nearly all 512 at 128 rows, so four 128-row launches read the
+// experts about four times where one launch reads them once.
+constexpr int MOE_WIDE_SMEM_PAIRS = 1632;
 
 struct MoeParams {
   const void* x;
@@ -268,6 +275,7 @@ struct MoeParams {
   // and each row's unscale, in the workspace past the per-block kernels' tables.
   uint8_t* x_stage;
   float* x_unscale;
+  // The per-block kernels' tables (launches of up to MOE_MAX_ROWS rows; else NULL):
   int* counts;   // (P,) members of pair s's expert when s is its leader, else 0
   int* members;  // (P, P) member pairs of each leader, in pair order
   int64_t gu_expert_bytes, down_expert_bytes;     // stride between experts' weights
@@ -290,6 +298,9 @@ struct MoeParams {
   int prompt;
   int nbg;           // ceil(I / bo): scale rows of the gate half (the up half follows)
   int ncb_h, ncb_i;  // scale columns of gate/up (over H) and of down (over I)
+  // Big wide launches (more than MOE_WIDE_SMEM_PAIRS pairs): the down kernel's results, each
+  // CTA's (P, T) floats at blockIdx.x * P * T (H * P floats in all), in the workspace past x.
+  float* y_stage;
 };
 
 #if !STRATA_PLATFORM_HIP

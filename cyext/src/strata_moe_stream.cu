@@ -56,22 +56,27 @@ constexpr int ST_DOWN_STAGE = ST_COPY_BYTES;
 constexpr int ST_MAX_EXPERTS = 4096;                 // the first-pair table in shared memory
 constexpr int ST_X_F32_MAX_BYTES = 32768;            // x staged as float32 up to this size
 constexpr int ST_X_MAX_BYTES = 131072;               // else as bfloat16 words up to this
-// Wide launches (STRATA_MOE_X_GLOBAL: FP8 on tensor cores, 17-128 rows): x staged in global
+// Wide launches (STRATA_MOE_X_GLOBAL: FP8 on tensor cores, 17-512 rows): x staged in global
 // memory by moe_stage_x, up to this many pairs, up to ST_PER_THREAD per thread in the block
-// scans (pairs and distinct experts alike).
+// scans (pairs and distinct experts alike), ST_BIG_PER_THREAD in a big launch (more than
+// MOE_WIDE_SMEM_PAIRS pairs: its own kernel instances, so that the others keep their registers).
 constexpr int ST_WIDE_MAX_ROWS = MOE_WIDE_MAX_ROWS;
 constexpr int ST_WIDE_MAX_PAIRS = MOE_WIDE_MAX_PAIRS;
 constexpr int ST_PER_THREAD = 3;
+constexpr int ST_BIG_PER_THREAD = 11;
 // Launches of more rows than this take one ring stage per down warp.
 constexpr int ST_DOWN_ONE_STAGE_ROWS = 32;
-static_assert(ST_WIDE_MAX_PAIRS <= ST_PER_THREAD * ST_THREADS, "pairs per thread in the scans");
+static_assert(MOE_WIDE_SMEM_PAIRS <= ST_PER_THREAD * ST_THREADS, "pairs per thread in the scans");
+static_assert(ST_WIDE_MAX_PAIRS <= ST_BIG_PER_THREAD * ST_THREADS, "pairs per thread, big");
+static_assert(ST_WIDE_MAX_PAIRS < 65536, "down_items packs members and items in 16 bits each");
 // Launches of up to 64 rows (1,024 pairs) keep the shared-memory layout they were measured with.
 constexpr int ST_WIDE_64_PAIRS = 1024;
 
 // Shared memory: barriers, ids, leaders, scan scratch, first-pair table, then x (gate/up) or
-// y (down), then the stages. The ids and leaders hold sp.pair_cap pairs each (MOE_MAX_PAIRS,
-// 1,024 in a wide launch of up to 64 rows, else the launch's pairs rounded up to 32), so
-// launches of up to 32 rows keep their layout.
+// y (down), then the stages. The ids hold sp.pair_cap pairs (MOE_MAX_PAIRS, 1,024 in a wide
+// launch of up to 64 rows, else the launch's pairs rounded up to 32), so launches of up to 32
+// rows keep their layout; the leaders sp.lead_cap (pair_cap, or in a big launch the most
+// distinct experts it can have: at most E).
 constexpr int ST_OFF_IDS = 2 * ST_MAX_STAGES * 8;
 
 inline int align128(int v) { return (v + 127) & ~127; }
@@ -87,17 +92,25 @@ struct StreamPlan {
   int scale_off;       // gate/up on tensor cores: each x row's 2^s_n (floats) in shared memory
   int items_off;       // down: the item tables (down_items) in shared memory
   int group;           // down: members per item at most; gate/up: nonzero = member tables
-  int pair_cap;        // pairs the ids and leaders hold (the shared-memory layout)
+  int pair_cap;        // pairs the ids hold (the shared-memory layout)
   int x_global;        // gate/up on tensor cores: x and its row scales staged in global memory
+  int lead_cap;        // leaders the leader table holds (pair_cap but in big launches)
+  int item_cap;        // entries of each item table but memb (P but in big launches: down_items)
 };
 
 __host__ __device__ inline int st_off_lead(const StreamPlan& sp) {
   return ST_OFF_IDS + 4 * sp.pair_cap;
 }
+// (BIG: a big launch's leader table of sp.lead_cap; the others keep the code they were measured
+// with, pair_cap leaders)
+template <bool BIG = false>
 __host__ __device__ inline int st_off_wtot(const StreamPlan& sp) {
-  return st_off_lead(sp) + 4 * sp.pair_cap;
+  return st_off_lead(sp) + 4 * (BIG ? sp.lead_cap : sp.pair_cap);
 }
-__host__ __device__ inline int st_off_first(const StreamPlan& sp) { return st_off_wtot(sp) + 128; }
+template <bool BIG = false>
+__host__ __device__ inline int st_off_first(const StreamPlan& sp) {
+  return st_off_wtot<BIG>(sp) + 128;
+}
 
 // Features per gate/up item: F rows of CPL chunks per lane fill one 8 KiB copy.
 __host__ __device__ constexpr int gate_up_features(int cpl) { return 16 / cpl > 8 ? 8 : 16 / cpl; }
@@ -106,7 +119,7 @@ __host__ __device__ constexpr int gate_up_features(int cpl) { return 16 / cpl > 
 using namespace strata::bulk;
 
 // Items per thread when a block's threads take `count` of them in consecutive runs (1 up to
-// ST_THREADS, then 2, then 3: wide launches of more than 1,088 pairs).
+// ST_THREADS, then 2, then 3: wide launches of more than 1,088 pairs; up to 11 in big ones).
 __device__ __forceinline__ int per_thread(int count) {
   const int per = (count + ST_THREADS - 1) / ST_THREADS;
   return per > 1 ? per : 1;
@@ -114,30 +127,31 @@ __device__ __forceinline__ int per_thread(int count) {
 
 // The window's pairs grouped by expert, in shared memory: ids_s[q] (clamped), lead_s[d] = the
 // first pair of the d-th distinct expert (leaders in pair order). Returns the distinct count.
-// A thread takes pairs q0 = per * tid .. + per - 1 (per_thread: up to ST_PER_THREAD):
-// consecutive, so the scan keeps the leaders in pair order.
+// A thread takes pairs q0 = per * tid .. + per - 1 (per_thread: up to PT): consecutive, so the
+// scan keeps the leaders in pair order.
+template <int PT>
 __device__ __forceinline__ int group_pairs(const MoeParams& p, int* ids_s, int* first_s,
                                            int* lead_s, int* warp_tot) {
   const int per = per_thread(p.P), q0 = per * (int)threadIdx.x;
 #pragma unroll
-  for (int j = 0; j < ST_PER_THREAD; ++j)
+  for (int j = 0; j < PT; ++j)
     if (j < per && q0 + j < p.P) ids_s[q0 + j] = clamp_expert(p.topk_ids[q0 + j], p.E);
   for (int e = threadIdx.x; e < p.E; e += ST_THREADS) first_s[e] = 0x7fffffff;
   __syncthreads();
 #pragma unroll
-  for (int j = 0; j < ST_PER_THREAD; ++j)
+  for (int j = 0; j < PT; ++j)
     if (j < per && q0 + j < p.P) atomicMin(first_s + ids_s[q0 + j], q0 + j);
   __syncthreads();
-  int lead[ST_PER_THREAD], leads = 0;
+  int lead[PT], leads = 0;
 #pragma unroll
-  for (int j = 0; j < ST_PER_THREAD; ++j) {
+  for (int j = 0; j < PT; ++j) {
     lead[j] = (j < per && q0 + j < p.P && first_s[ids_s[q0 + j]] == q0 + j) ? 1 : 0;
     leads += lead[j];
   }
   int distinct;
   int pos = block_exclusive_scan<ST_THREADS>(leads, warp_tot, &distinct);
 #pragma unroll
-  for (int j = 0; j < ST_PER_THREAD; ++j)
+  for (int j = 0; j < PT; ++j)
     if (lead[j]) lead_s[pos++] = q0 + j;
   __syncthreads();
   return distinct;
@@ -146,6 +160,7 @@ __device__ __forceinline__ int group_pairs(const MoeParams& p, int* ids_s, int* 
 // How every CTA of both kernels starts: its stages' barriers initialised (one arrival per
 // phase: the producer's, with the bytes it expects, on "full"; the owning warp's release on
 // "empty") and the window's pairs grouped (group_pairs). Returns the distinct experts.
+template <bool BIG = false>
 __device__ __forceinline__ int stream_start(uint8_t* smem, const MoeParams& p,
                                             const StreamPlan& sp) {
   uint64_t* full = (uint64_t*)smem;
@@ -156,8 +171,9 @@ __device__ __forceinline__ int stream_start(uint8_t* smem, const MoeParams& p,
     }
     mbar_init_fence();
   }
-  return group_pairs(p, (int*)(smem + ST_OFF_IDS), (int*)(smem + st_off_first(sp)),
-                     (int*)(smem + st_off_lead(sp)), (int*)(smem + st_off_wtot(sp)));
+  return group_pairs<BIG ? ST_BIG_PER_THREAD : ST_PER_THREAD>(
+      p, (int*)(smem + ST_OFF_IDS), (int*)(smem + st_off_first<BIG>(sp)),
+      (int*)(smem + st_off_lead(sp)), (int*)(smem + st_off_wtot<BIG>(sp)));
 }
 
 // The members of the expert led by pair s0 (pairs q >= s0 with its id, in pair order), a warp
@@ -183,32 +199,34 @@ __device__ __forceinline__ void for_members(const int* ids_s, int P, int s0, int
 // not depend on which item holds it, so the bits are those of one item per expert. Tables at
 // sp.items_off, P ints each: memb (the pairs, item by item; within an expert in arrival
 // order), span (an item's members: memb[lo, hi), lo | hi << 16), eid (its expert), cnt
-// (scratch). Overwrites the first-pair table with each expert's distinct index. Returns the
-// item count.
+// (scratch); memb holds P ints, the others P too (BIG: sp.item_cap, the most items a big
+// launch can have). Overwrites the first-pair table with each expert's distinct index. Returns
+// the item count.
+template <bool BIG = false>
 __device__ __forceinline__ int down_items(uint8_t* smem, const MoeParams& p, const StreamPlan& sp,
                                           int distinct) {
+  constexpr int PT = BIG ? ST_BIG_PER_THREAD : ST_PER_THREAD;
   const int* ids_s = (const int*)(smem + ST_OFF_IDS);
   const int* lead_s = (const int*)(smem + st_off_lead(sp));
-  int* index_s = (int*)(smem + st_off_first(sp));
+  int* index_s = (int*)(smem + st_off_first<BIG>(sp));
   int* memb = (int*)(smem + sp.items_off);
   int* span = memb + p.P;
-  int* eid = span + p.P;
-  int* cnt = eid + p.P;
+  int* eid = span + (BIG ? sp.item_cap : p.P);
+  int* cnt = eid + (BIG ? sp.item_cap : p.P);
   const int G = sp.group;
-  // pairs and distinct experts, up to ST_PER_THREAD per thread each, consecutive (as
-  // group_pairs)
+  // pairs and distinct experts, up to PT per thread each, consecutive (as group_pairs)
   const int per = per_thread(p.P), q0 = per * (int)threadIdx.x;
   const int dper = per_thread(distinct), d0 = dper * (int)threadIdx.x;
 #pragma unroll
-  for (int j = 0; j < ST_PER_THREAD; ++j)
+  for (int j = 0; j < PT; ++j)
     if (j < dper && d0 + j < distinct) {
       index_s[ids_s[lead_s[d0 + j]]] = d0 + j;
       cnt[d0 + j] = 0;
     }
   __syncthreads();
-  int d[ST_PER_THREAD], ord[ST_PER_THREAD];
+  int d[PT], ord[PT];
 #pragma unroll
-  for (int j = 0; j < ST_PER_THREAD; ++j) {
+  for (int j = 0; j < PT; ++j) {
     d[j] = ord[j] = 0;
     if (j < per && q0 + j < p.P) {
       d[j] = index_s[ids_s[q0 + j]];
@@ -216,21 +234,22 @@ __device__ __forceinline__ int down_items(uint8_t* smem, const MoeParams& p, con
     }
   }
   __syncthreads();
-  int c[ST_PER_THREAD], runs[ST_PER_THREAD], mine = 0;
+  int c[PT], runs[PT], mine = 0;
 #pragma unroll
-  for (int j = 0; j < ST_PER_THREAD; ++j) {
+  for (int j = 0; j < PT; ++j) {
     c[j] = runs[j] = 0;
     if (j < dper && d0 + j < distinct) {
       c[j] = cnt[d0 + j];
       runs[j] = (c[j] + G - 1) / G;
     }
-    mine += c[j] | (runs[j] << 16);  // (members and items stay below 2^16: at most 1,632 pairs)
+    mine += c[j] | (runs[j] << 16);  // (members and items stay below 2^16: ST_WIDE_MAX_PAIRS)
   }
   int total;
-  const int start = block_exclusive_scan<ST_THREADS>(mine, (int*)(smem + st_off_wtot(sp)), &total);
+  const int start =
+      block_exclusive_scan<ST_THREADS>(mine, (int*)(smem + st_off_wtot<BIG>(sp)), &total);
   int m0 = start & 0xffff, i0 = start >> 16;
 #pragma unroll
-  for (int j = 0; j < ST_PER_THREAD; ++j) {
+  for (int j = 0; j < PT; ++j) {
     if (j >= dper) break;
     if (d0 + j < distinct) {
       const int e = ids_s[lead_s[d0 + j]];
@@ -246,7 +265,7 @@ __device__ __forceinline__ int down_items(uint8_t* smem, const MoeParams& p, con
   }
   __syncthreads();
 #pragma unroll
-  for (int j = 0; j < ST_PER_THREAD; ++j)
+  for (int j = 0; j < PT; ++j)
     if (j < per && q0 + j < p.P) memb[cnt[d[j]] + ord[j]] = q0 + j;
   __syncthreads();
   return total >> 16;
@@ -274,11 +293,12 @@ __device__ __forceinline__ int x_piece(int n, int c, int pc, int pieces_per_row,
 // dependent of the router (STRATA_MOE_GU_PDL), a CTA may start before the ids exist: it waits
 // for the router's grid before reading anything, and lets the down kernel (which reads the ids
 // without waiting) launch only after that. In a plain launch the wait returns at once.
+template <bool BIG = false>
 __device__ __forceinline__ int gate_up_start(uint8_t* smem, const MoeParams& p,
                                              const StreamPlan& sp) {
   pdl_wait_primary();
   pdl_launch_dependents();
-  const int distinct = stream_start(smem, p, sp);
+  const int distinct = stream_start<BIG>(smem, p, sp);
   if (p.routed_counts && blockIdx.x == 0) {
     const int* ids_s = (const int*)(smem + ST_OFF_IDS);
     const int* lead_s = (const int*)(smem + st_off_lead(sp));
@@ -564,16 +584,17 @@ __global__ void __launch_bounds__(ST_THREADS, 1)
 // brought to lane t - 2 by one shuffle. A member's act is the same bits whatever other members
 // or rows share the launch (each MMA output depends only on its own row of A and column of B).
 // WIDE: a wide launch (sp.x_global, member tables); its own instance, so that the windows' kernel
-// keeps its registers (the tables and the second x source cost it spills).
-template <bool WIDE>
+// keeps its registers (the tables and the second x source cost it spills). BIG: a wide launch of
+// more than MOE_WIDE_SMEM_PAIRS pairs (more pairs per thread in the scans).
+template <bool WIDE, bool BIG = false>
 __global__ void __launch_bounds__(ST_THREADS, 1) moe_gate_up_mma(MoeParams p, StreamPlan sp) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   constexpr int F = 4;
   extern __shared__ __align__(128) uint8_t smem[];
-  const int distinct = gate_up_start(smem, p, sp);
+  const int distinct = gate_up_start<BIG>(smem, p, sp);
   // member tables (down_items, one item per expert: sp.group >= the rows), so that an item
-  // finds its members without a ballot over every pair (wide launches: up to 1,632 pairs)
-  if (WIDE) down_items(smem, p, sp, distinct);
+  // finds its members without a ballot over every pair (wide launches: up to 5,984 pairs)
+  if (WIDE) down_items<BIG>(smem, p, sp, distinct);
   const int* memb = (const int*)(smem + sp.items_off);
   const int* span = memb + p.P;
   uint64_t* full = (uint64_t*)smem;
@@ -763,7 +784,11 @@ __device__ __forceinline__ void down_mma_pass(float (&acc)[2][4], const uint8_t*
 
 // T output features per CTA, CPL 16-byte chunks per lane of a down row (both unrolled).
 // MMA: on tensor cores (FP8 in 128-k blocks, T = 16: down_mma_pass), items of up to 16 members.
-template <typename W, int T, int CPL, bool MMA = false>
+// BIG: a wide launch of more than MOE_WIDE_SMEM_PAIRS pairs, whose results (P x T floats: 360
+// KiB at 512 rows) do not fit in shared memory: this CTA's go to its own part of p.y_stage, and
+// the combine reads them back after the CTA's barrier (which orders its global writes too); the
+// same values, summed in the same order, so the same bits.
+template <typename W, int T, int CPL, bool MMA = false, bool BIG = false>
 __global__ void __launch_bounds__(ST_THREADS, 1) moe_down_stream(MoeParams p, StreamPlan sp) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   typedef WChunk<W> C;
@@ -772,16 +797,16 @@ __global__ void __launch_bounds__(ST_THREADS, 1) moe_down_stream(MoeParams p, St
   // The ids come from the router, before the gate/up launch: visible without waiting for it.
   // sp.group 0: one item per expert, its members found by ballots (no tables: at 1-2 rows the
   // tables' barriers cost more than splitting saves)
-  const int distinct = stream_start(smem, p, sp);
-  const int items = sp.group ? down_items(smem, p, sp, distinct) : distinct;
+  const int distinct = stream_start<BIG>(smem, p, sp);
+  const int items = sp.group ? down_items<BIG>(smem, p, sp, distinct) : distinct;
   uint64_t* full = (uint64_t*)smem;
   uint64_t* empty = full + ST_MAX_STAGES;
   const int* ids_s = (const int*)(smem + ST_OFF_IDS);
   const int* lead_s = (const int*)(smem + st_off_lead(sp));
   const int* memb = (const int*)(smem + sp.items_off);
   const int* span = memb + p.P;
-  const int* eid = span + p.P;
-  float* y_s = (float*)(smem + sp.data_off);
+  const int* eid = span + (BIG ? sp.item_cap : p.P);
+  float* y_s = BIG ? p.y_stage + (int64_t)blockIdx.x * p.P * T : (float*)(smem + sp.data_off);
   uint8_t* ring = smem + sp.ring_off;
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
   const int h0 = blockIdx.x * T;
@@ -947,16 +972,22 @@ int launch_gate_up(const MoeParams& p, const StreamPlan& sp, int grid, int smem,
 }
 
 int launch_gate_up_mma(const MoeParams& p, const StreamPlan& sp, int grid, int smem, bool pdl,
-                       cudaStream_t st) {
+                       bool big, cudaStream_t st) {
   static int allowed = 0;
   const char* name = "moe_experts: moe_gate_up_mma";
   if (sp.x_global) {
-    static int allowed_wide = 0;
+    static int allowed_wide = 0, allowed_big = 0;
     launch_maybe_pdl(moe_stage_x, dim3((unsigned)p.n), dim3(32), 0, st, pdl, p, sp.x_stride);
     if (int rc = take_launch_error("moe_experts: moe_stage_x")) return rc;
-    if (int rc = allow_smem(moe_gate_up_mma<true>, smem, allowed_wide, name)) return rc;
     // a programmatic dependent of the staging grid: it waits for it (pdl_wait_primary) before
     // reading x
+    if (big) {
+      if (int rc = allow_smem(moe_gate_up_mma<true, true>, smem, allowed_big, name)) return rc;
+      launch_maybe_pdl(moe_gate_up_mma<true, true>, dim3((unsigned)grid), dim3(ST_THREADS), smem,
+                       st, true, p, sp);
+      return take_launch_error(name);
+    }
+    if (int rc = allow_smem(moe_gate_up_mma<true>, smem, allowed_wide, name)) return rc;
     launch_maybe_pdl(moe_gate_up_mma<true>, dim3((unsigned)grid), dim3(ST_THREADS), smem, st,
                      true, p, sp);
     return take_launch_error(name);
@@ -967,13 +998,13 @@ int launch_gate_up_mma(const MoeParams& p, const StreamPlan& sp, int grid, int s
   return take_launch_error(name);
 }
 
-template <typename W, int T, int CPL, bool MMA = false>
+template <typename W, int T, int CPL, bool MMA = false, bool BIG = false>
 int launch_down(const MoeParams& p, const StreamPlan& sp, int smem, bool pdl, cudaStream_t st) {
   static int allowed = 0;
   const char* name = "moe_experts: moe_down_stream";
-  if (int rc = allow_smem(moe_down_stream<W, T, CPL, MMA>, smem, allowed, name)) return rc;
-  launch_maybe_pdl(moe_down_stream<W, T, CPL, MMA>, dim3((unsigned)(p.H / T)), dim3(ST_THREADS),
-                   smem, st, pdl, p, sp);
+  if (int rc = allow_smem(moe_down_stream<W, T, CPL, MMA, BIG>, smem, allowed, name)) return rc;
+  launch_maybe_pdl(moe_down_stream<W, T, CPL, MMA, BIG>, dim3((unsigned)(p.H / T)),
+                   dim3(ST_THREADS), smem, st, pdl, p, sp);
   return take_launch_error(name);
 }
 
@@ -1035,7 +1066,7 @@ int launch_stream(const MoeParams& p, const DeviceFacts& dev, bool pdl, bool eve
   // gate/up on tensor cores (FP8 in 128-k blocks, 4 features per item, x as f16 rows): every
   // FP8 window of up to 32 rows, so that a row's bits never depend on the window's size (the
   // per-block kernels sum in another order)
-  // STRATA_MOE_X_GLOBAL: from 17 rows (up to 128) x is staged in global memory (moe_stage_x),
+  // STRATA_MOE_X_GLOBAL: from 17 rows (up to 512) x is staged in global memory (moe_stage_x),
   // so that the ring keeps the whole shared memory; the caller's workspace holds it.
   const bool x_global = fp8 && (options & STRATA_MOE_X_GLOBAL) && p.n > 16 && p.x_stage &&
                         !p.slot_of;  // (the cache's launches keep their measured form)
@@ -1049,11 +1080,23 @@ int launch_stream(const MoeParams& p, const DeviceFacts& dev, bool pdl, bool eve
       p.E > ST_MAX_EXPERTS || p.P > (mma && x_global ? ST_WIDE_MAX_PAIRS : ST_THREADS) ||
       p.x_dtype != STRATA_DTYPE_BF16)
     return 0;
+  // a big launch (more pairs than its down results fit in shared memory: MOE_WIDE_SMEM_PAIRS)
+  // keeps them in the workspace, and runs the FP8 down kernels of T = 16 only
+  const bool big = p.P > MOE_WIDE_SMEM_PAIRS;
+  if (big && (!mma || !x_global || !p.y_stage || T != 16 || cpl_dn != 1)) return 0;
   const int pair_cap = p.P <= MOE_MAX_PAIRS ? MOE_MAX_PAIRS
                        : p.P <= ST_WIDE_64_PAIRS ? ST_WIDE_64_PAIRS : (p.P + 31) & ~31;
   StreamPlan gu = {};
   gu.pair_cap = pair_cap;
-  const int meta = align128(st_off_first(gu) + 4 * p.E);
+  // A big launch sizes its leader and item tables by what it can hold (at most E distinct
+  // experts; items: an expert's members in runs of `group`), so that its ring keeps stages: at
+  // 512 rows, top-11, tables of P entries each would leave the gate/up 5 stages, these 10.
+  gu.lead_cap = big ? (p.E < pair_cap ? (p.E + 31) & ~31 : pair_cap) : pair_cap;
+  const int meta = align128((big ? st_off_first<true>(gu) : st_off_first(gu)) + 4 * p.E);
+  auto item_cap = [&](int group) {
+    const int most = p.E + (p.P + group - 1) / group;
+    return big && most < p.P ? most : p.P;
+  };
   bool x_f32 = false;
   if (mma && x_global) {
     gu.tiles = p.I / 4;
@@ -1062,8 +1105,9 @@ int launch_stream(const MoeParams& p, const DeviceFacts& dev, bool pdl, bool eve
     // one item per expert: its members in the tables, however many (a row may repeat an id,
     // so an expert can have more members than the launch has rows)
     gu.group = ST_WIDE_MAX_PAIRS;
+    gu.item_cap = item_cap(gu.group);
     gu.items_off = meta;
-    gu.ring_off = align128(meta + 16 * p.P);
+    gu.ring_off = align128(meta + 4 * p.P + 12 * gu.item_cap);
     gu.stage_bytes = 8 * p.H;
   } else if (mma) {
     gu.tiles = p.I / 4;
@@ -1084,6 +1128,7 @@ int launch_stream(const MoeParams& p, const DeviceFacts& dev, bool pdl, bool eve
   size_ring(gu, dev.smem_optin - gu.ring_off, gu.stage_bytes);
   StreamPlan dn = {};
   dn.pair_cap = pair_cap;
+  dn.lead_cap = gu.lead_cap;
   dn.items_off = meta;
   // STRATA_MOE_DOWN_SPLIT: members per down item (down_items; the same bits at any count)
   // (0: no tables, one item per expert; below 3 rows the tables cost more than they save). Runs
@@ -1100,8 +1145,9 @@ int launch_stream(const MoeParams& p, const DeviceFacts& dev, bool pdl, bool eve
                         cpl_dn == 1 && p.I % 64 == 0;
   dn.group = !(options & STRATA_MOE_DOWN_SPLIT) || p.n <= 2 ? 0
              : down_mma ? 16 : runs ? runs : 2;
-  dn.data_off = align128(meta + (dn.group ? 16 * p.P : 0));
-  dn.ring_off = align128(dn.data_off + p.P * T * 4);
+  dn.item_cap = dn.group ? item_cap(dn.group) : 0;
+  dn.data_off = align128(meta + (dn.group ? 4 * p.P + 12 * dn.item_cap : 0));
+  dn.ring_off = align128(dn.data_off + (big ? 0 : p.P * T * 4));
   // above 32 rows one stage per warp: 16 warps rather than 10 with two (the y table takes 45
   // KiB at 64 rows), measured 6% faster at 64 rows and 2% slower at 32 (the same bits)
   size_ring(dn, dev.smem_optin - dn.ring_off, ST_DOWN_STAGE, p.n > ST_DOWN_ONE_STAGE_ROWS);
@@ -1116,10 +1162,13 @@ int launch_stream(const MoeParams& p, const DeviceFacts& dev, bool pdl, bool eve
   // needs the whole shared memory), and that CTA would start late and finish last.
   const bool gu_pdl = (options & STRATA_MOE_GU_PDL) != 0;
   const int gu_grid = gu_pdl && dev.sms > 1 ? dev.sms - 1 : dev.sms;
-  int rc = mma     ? launch_gate_up_mma(p, gu, gu_grid, gu_smem, gu_pdl, st)
+  int rc = mma     ? launch_gate_up_mma(p, gu, gu_grid, gu_smem, gu_pdl, big, st)
            : x_f32 ? dispatch_gate_up<W, true>(p, gu, cpl, gu_grid, gu_smem, gu_pdl, st)
                    : dispatch_gate_up<W, false>(p, gu, cpl, gu_grid, gu_smem, gu_pdl, st);
   if (rc) return rc;
+  if (big)  // (T = 16, one chunk a lane: checked above)
+    return down_mma ? launch_down<FP8W, 16, 1, true, true>(p, dn, dn_smem, pdl, st)
+                    : launch_down<FP8W, 16, 1, false, true>(p, dn, dn_smem, pdl, st);
   if (down_mma) return launch_down<FP8W, 16, 1, true>(p, dn, dn_smem, pdl, st);
   return dispatch_down<W>(p, dn, T, cpl_dn, dn_smem, pdl, st);
 }

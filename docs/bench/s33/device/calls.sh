@@ -8,12 +8,13 @@
 #      figure: 184 s at ab12057, before this session's 91 -> 73 graphs), then at the best level
 #      of b (LEVEL=n, default 2) warm from the first's compile cache
 #   d  full depth, solo spec 2 at level 0 and at LEVEL
-# Carry .whl and .dev/s33 (this tree's CUDA extension for Python 3.12, stripped, xz).
+# Carry .whl and .dev/s33 (this tree's CUDA extension for Python 3.12, stripped, xz), or a later
+# build with SO=<its .so.xz>.
 set -u
 R=$OUT/r; mkdir -p $R
 export PYTHONUNBUFFERED=1 TORCHINDUCTOR_CACHE_DIR=/tmp/strata_inductor
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
-unxz -c .dev/s33/new_cuda.so.xz > strata/kernels/strata_cuda.cpython-312-x86_64-linux-gnu.so || exit 1
+unxz -c ${SO:-.dev/s33/new_cuda.so.xz} > strata/kernels/strata_cuda.cpython-312-x86_64-linux-gnu.so || exit 1
 st() { local n=$1 l=$2; shift 2; local t0=$SECONDS; timeout $l "$@" > $R/$n.log 2>&1; echo "== $n rc=$? $((SECONDS-t0)) s"; grep -v -i -E "warn|^$" $R/$n.log | tail -n ${TAIL:-6}; tar czf $OUT/r.tgz -C $OUT r; }
 export PYTHONPATH=/tmp/site:$PWD
 P="scripts/profile_window.py --model qwen3-next-80b-a3b-fp8 --load-format dummy --layers 8 --backend auto --compile --shapes 1x2,8x2 --iters 50 --top 25"

@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# Big wide launches (wide_rows 256 / 512: a prompt chunk of eight slots' chunks in one or two
+# launches instead of four), written in session 34, which was lent no device:
+#   w  the MoE GPU tests of the wide launches (the big ones among them), big_time.py (256 and
+#      512 rows in launches of 128, 256 and 512: time, % of the copy ceiling, the bits), then
+#      full depth batch_mtp W16 N=8 at wide_rows 128 (the default) and 512, one process each
+#      (the simulator says 972 -> 1,199 tok/s: scripts/sim_expert_cache_study.py --bench-check
+#      on s32's JSON with wide_rows set to 512)
+# Carry .whl and .dev/s34 (this tree's CUDA extension for Python 3.12, stripped, xz).
+set -u
+R=$OUT/r; mkdir -p $R
+export PYTHONUNBUFFERED=1 TORCHINDUCTOR_CACHE_DIR=/tmp/strata_inductor
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
+unxz -c .dev/s34/new_cuda.so.xz > strata/kernels/strata_cuda.cpython-312-x86_64-linux-gnu.so || exit 1
+st() { local n=$1 l=$2; shift 2; local t0=$SECONDS; timeout $l "$@" > $R/$n.log 2>&1; echo "== $n rc=$? $((SECONDS-t0)) s"; grep -v -i -E "warn|^$" $R/$n.log | tail -n ${TAIL:-6}; tar czf $OUT/r.tgz -C $OUT r; }
+export PYTHONPATH=/tmp/site:$PWD
+F="--preset qwen3_next_80b_a3b_fp8 --load-format dummy --synthetic-acceptance 0.8 --overlap on --no-reverse"
+case ${1:-w} in
+w)
+  TAIL=6 st wide_tests 150 python3 -m pytest -q -p no:warnings -rf -m gpu tests/test_moe_kernels.py -k "wide or big"
+  TAIL=8 st big_time 120 python3 docs/bench/s34/device/big_time.py
+  TAIL=6 st n8_w128 300 python3 scripts/bench_engine.py $F --configs batch_mtp_w16 --n 8 --max-tokens 64 --repeats 2 --json $R/n8_w128.json
+  TAIL=6 st n8_w512 240 python3 scripts/bench_engine.py $F --configs batch_mtp_w16 --n 8 --max-tokens 64 --repeats 2 --kernel-options wide_rows=512 --json $R/n8_w512.json ;;
+esac
