@@ -698,7 +698,8 @@ def bench_json_check(paths: list[str], args) -> str:
         notes += skipped
         for name, n, cell, over in cells:
             args.prompt_tokens, args.max_tokens = cell["prompt_tokens"], cell["max_tokens"]
-            sim = predict(H200, cell["mode"], n, over, 1, args)
+            # (--set after the run's own settings: what if it had run otherwise)
+            sim = predict(H200, cell["mode"], n, over + list(args.set or []), 1, args)
             fmt = lambda v: "-" if v is None else f"{v:.4f}"  # noqa: E731
             rows.append(f"| {Path(path).name} | {name} | {n} | {cell['median_tps']:.1f} | "
                         f"{sim['tps']:.1f} | {sim['tps'] / cell['median_tps'] - 1:+.1%} | "
@@ -899,9 +900,12 @@ def main(argv: Optional[list[str]] = None) -> int:
                          "mode, and its cells differed by up to 5%%)")
     ap.add_argument("--md-out", help="with --engine: write the comparison table here")
     ap.add_argument("--set", action="append", metavar="KEY=VALUE",
-                    help="with --engine: a simulator override for every cell (repeatable), e.g. "
-                         "--fit-budgets 1.0 --set memory.bus_gb_s=55.4 --set experts.miss_s=0 "
-                         "prices misses at the measured copy bandwidth with nothing fitted")
+                    help="with --engine or --bench-check: a simulator override for every cell "
+                         "(repeatable), e.g. --fit-budgets 1.0 --set memory.bus_gb_s=55.4 --set "
+                         "experts.miss_s=0 prices misses at the measured copy bandwidth with "
+                         "nothing fitted; with --bench-check it follows each run's own settings, "
+                         "so --set experts.prefill_launch_rows=512 asks what the run would have "
+                         "done in 512-row launches")
     ap.add_argument("--profile", help="with --engine: the routing profile of the engine's first "
                     "fill (default: <engine json>.profile.json when it exists)")
     ap.add_argument("--fit", action="store_true", help="print the bytes model's fit and exit")

@@ -588,6 +588,34 @@ def test_bench_check_reads_a_device_calls_json(tmp_path):
         study.bench_json_cells(path)
 
 
+def test_bench_check_set_follows_the_runs_own_settings(tmp_path):
+    """--set with --bench-check asks what a measured run would have done otherwise: it follows
+    the run's own settings, so a prompt chunk of eight slots in 512-row launches (one pass over
+    the experts) predicts more tok/s than the run's 128-row launches, and the cell without --set
+    is the run as measured."""
+    import argparse
+    import json
+
+    study = study_module()
+    register_configs()
+    meta = {"args": {"preset": "qwen3_next_80b_a3b_fp8", "load_format": "dummy", "layers": 8,
+                     "synthetic_acceptance": 0.8, "prompt_tokens": 64, "max_tokens": 16,
+                     "spec": 4, "window_rows": 16, "prefill_slots": 8, "max_context": 1024,
+                     "graphs": True, "kernel_options": {"fp8_wide": True, "wide_rows": 128}}}
+    path = tmp_path / "n8.json"
+    path.write_text(json.dumps({"meta": meta, "summary": {
+        "batch_mtp_w16+overlap@8": {"median_tps": 900.0, "acceptance": 0.8}}}))
+
+    def simulated(extra):
+        args = argparse.Namespace(prompt_tokens=64, max_tokens=16, acceptance=0.8, set=extra)
+        row = [r for r in study.bench_json_check([str(path)], args).splitlines()
+               if "n8.json" in r]
+        return float(row[0].split("|")[5])
+
+    assert simulated(["experts.prefill_launch_rows=512"]) > simulated(None) * 1.02
+    assert simulated(["experts.prefill_launch_rows=128"]) == simulated(None)
+
+
 @pytest.mark.slow
 def test_study_reads_an_engine_study_and_reports_held_out_cells(tmp_path):
     """A small engine-study JSON made from the simulator itself, 10% faster at every budget:
