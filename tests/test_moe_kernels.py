@@ -418,48 +418,24 @@ def test_gpu_moe_fp8_wide_launches_same_bits(N, E, k, wide_rows):
 
 
 @_gpu
-@pytest.mark.parametrize("N,E,k", [(128, 513, 11), (300, 513, 11), (120, 1024, 13)])
-def test_gpu_moe_fp8_wide_launches_of_128_rows(N, E, k):
-    """wide_rows=128: launches of up to 128 rows (1,408 pairs at top-11: three per thread in
-    the block scans; 1,560 at top-13 over 1,024 experts, more distinct experts than threads),
-    every row the same bits as in 16-row launches, for a decode window's rows and a prompt
-    chunk's, eager and captured with new ids; the launch is taken wide."""
+@pytest.mark.parametrize("N,E,k,wide_rows", [
+    (128, 513, 11, 128), (300, 513, 11, 128), (120, 1024, 13, 128),
+    (256, 513, 11, 256), (512, 513, 11, 512), (600, 513, 11, 512), (300, 1024, 13, 512),
+    (160, 64, 16, 256)])
+def test_gpu_moe_fp8_wide_launches_of_128_rows_and_more(N, E, k, wide_rows):
+    """Launches of up to wide_rows rows give every row the bits of 16-row launches, for a decode
+    window's rows and a prompt chunk's, eager and captured with new ids; the launch is taken
+    wide. wide_rows=128: 1,408 pairs at top-11 (three per thread in the block scans), 1,560 at
+    top-13 over 1,024 experts (more distinct experts than threads). Above 1,632 pairs a launch
+    is "big" (the down kernel's results in the workspace, up to eleven pairs per thread, leader
+    and item tables sized by the experts): 512 rows at top-11 (5,632 pairs, an eight-slot
+    prompt chunk), a launch and its remainder (600 rows), 1,024 experts at top-13, and few
+    experts of many members each (64 at top-16: 40 members an expert, runs of 16 in the down
+    kernel)."""
     H, I = 2048, 512
     weights = experts(E, H, I, FP8, (128, 128), device="cuda")
     w, ids = routing(N, k, E, hot=[E - 1], device="cuda")
     x = torch.randn(N, H, generator=torch.Generator().manual_seed(7)).to("cuda", torch.bfloat16)
-    run = lambda prompt: C.gpu_moe_experts(x, *weights[:2], w, ids, *weights[2:],  # noqa: E731
-                                           (128, 128), prompt=prompt)
-    with _launch_options(fp8_wide=False, fp8_launch16=True):
-        want = [run(False), run(True)]
-        want_replay = _replay_with_new_ids(x, weights, w.clone(), ids.clone(), (128, 128), 8,
-                                           prompt=True)
-    with _launch_options(fp8_wide=True, wide_rows=128):
-        assert C._gpu.moe_wide_takes(min(N, 128), k, E, H, I, 128, 128, 0)
-        got = [run(False), run(True)]
-        got_replay = _replay_with_new_ids(x, weights, w.clone(), ids.clone(), (128, 128), 8,
-                                          prompt=True)
-    assert all(torch.equal(a, b) for a, b in zip(got, want))
-    assert torch.equal(got_replay, want_replay)
-    assert rel_err(got[1], call_reference(x, weights, w, ids, (128, 128))) < 2e-2
-
-
-@_gpu
-@pytest.mark.parametrize("N,E,k,wide_rows", [(256, 513, 11, 256), (512, 513, 11, 512),
-                                             (600, 513, 11, 512), (300, 1024, 13, 512),
-                                             (160, 64, 16, 256)])
-def test_gpu_moe_fp8_big_wide_launches(N, E, k, wide_rows):
-    """wide_rows above 128: launches of more than 1,632 pairs ("big": the down kernel's results
-    in the workspace, up to eleven pairs per thread in the scans, leader and item tables sized
-    by the experts) give every row the bits of 16-row launches, for a decode window's rows and a
-    prompt chunk's, eager and captured with new ids. The cases: 512 rows at top-11 (5,632
-    pairs, the eight-slot chunk), a launch and its remainder (600 rows), more distinct experts
-    than in the 512-expert model (1,024 at top-13), and few experts with many members each (64
-    at top-16: 2,560 pairs, 40 members an expert on average, runs of 16 in the down kernel)."""
-    H, I = 2048, 512
-    weights = experts(E, H, I, FP8, (128, 128), device="cuda")
-    w, ids = routing(N, k, E, hot=[E - 1], device="cuda")
-    x = torch.randn(N, H, generator=torch.Generator().manual_seed(9)).to("cuda", torch.bfloat16)
     run = lambda prompt: C.gpu_moe_experts(x, *weights[:2], w, ids, *weights[2:],  # noqa: E731
                                            (128, 128), prompt=prompt)
     with _launch_options(fp8_wide=False, fp8_launch16=True):
