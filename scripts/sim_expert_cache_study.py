@@ -720,22 +720,22 @@ def bench_check(args) -> str:
     return "\n".join(rows)
 
 
-#: The engine's measured prompt chunks the two prefill scales are fitted to (`prefills`), as
-#: the engine launches them by default (128-row FP8 launches): one slot's 64 tokens
-#: (docs/bench/s30/call1_n8_ps1.json: one launch, as at 64 rows) and eight slots' in one chunk
-#: (docs/bench/s32/call1_n8_ps8_w128.json), which tell the fixed part from the expert part.
+#: The engine's measured prompt chunks the three prefill terms are fitted to (`prefills`): one
+#: slot's 64 tokens (docs/bench/s30/call1_n8_ps1.json: one launch), eight slots' in one chunk
+#: in 128-row FP8 launches (docs/bench/s32/call1_n8_ps8_w128.json, the default) and in 64-row
+#: ones (docs/bench/s32/call1_n8_ps8_w64.json): the second and third tell the expert part from
+#: the rest, the first and second the fixed part from the rows' part. (With two parts only, fitted
+#: to the first two, the 64-row launches priced 16-18% high: the rows' part had been read as
+#: expert bytes.)
 BENCH_CHUNKS = [REPO / "docs/bench/s30/call1_n8_ps1.json",
-                REPO / "docs/bench/s32/call1_n8_ps8_w128.json"]
+                REPO / "docs/bench/s32/call1_n8_ps8_w128.json",
+                REPO / "docs/bench/s32/call1_n8_ps8_w64.json"]
 #: Measured chunks the fit leaves out, which --fit prices beside it: eight slots' chunks in
-#: 64-row launches (docs/bench/s30/call1_n8_ps8.json, docs/bench/s32/call1_n8_ps8_w64.json), 16-18%
-#: high with these scales (the two parts cannot hold 64- and 128-row launches together: the
-#: 128-row ones read 36% fewer expert bytes, and the chunk measured 24% faster, more than the
-#: fixed part leaves room for), and a 40-token chunk (docs/bench/s32/call1_solo_p40.json), 20%
-#: low: it runs in the
-#: 64-token bucket and measured within 2% of a 64-token chunk, though its padding rows route
-#: to no expert.
+#: 64-row launches two sessions earlier (docs/bench/s30/call1_n8_ps8.json, 2% slower than the
+#: fitted run of the same shape), and a 40-token chunk (docs/bench/s32/call1_solo_p40.json): it
+#: runs in the 64-token bucket (64 rows computed) and measured within 2% of a 64-token chunk,
+#: though its padding rows route to no expert.
 BENCH_CHUNKS_OUT = [REPO / "docs/bench/s30/call1_n8_ps8.json",
-                    REPO / "docs/bench/s32/call1_n8_ps8_w64.json",
                     REPO / "docs/bench/s32/call1_solo_p40.json"]
 
 
@@ -757,39 +757,51 @@ def bench_chunks(paths=BENCH_CHUNKS) -> list[dict]:
 
 
 def chunk_parts(x, memory, tokens: int, slots: int, launch: Optional[int] = None
-                ) -> tuple[float, float]:
-    """(fixed and other-bytes seconds, expert seconds) of a prompt chunk of `slots` slots'
-    `tokens` tokens as the simulator prices it before the two scales (ExpertCosts.prefill_s):
-    a 1-group window's fixed part and other bytes, and the expected distinct experts of each
-    launch of `launch` rows (experts.prefill_launch_rows unless given) over the HBM bandwidth."""
+                ) -> tuple[float, float, float]:
+    """(fixed and other-bytes seconds, expert seconds, computed rows) of a prompt chunk of
+    `slots` slots' `tokens` tokens as the simulator prices it before its three terms
+    (ExpertCosts.prefill_s): a 1-group window's fixed part and other bytes, the expected
+    distinct experts of each launch of `launch` rows (experts.prefill_launch_rows unless given)
+    over the HBM bandwidth, and the rows it computes (each slot's chunk padded to the engine's
+    prompt bucket)."""
+    from strata.config import EngineConfig
+    from strata.trace import prefill_bucket
+
     model = bytes_model_from_config(x, memory)
     launch = int(x.prefill_launch_rows) if launch is None else launch
     rows, launch = tokens * slots, launch or tokens * slots
     hits = sum(expected_distinct_uniform(x.experts, x.top_k, min(launch, rows - s))
                for s in range(0, rows, launch)) * x.moe_layers
-    return model.resident_s(1, 1, 0), hits * model.expert_bytes / model.hbm_bytes_per_s
+    computed = prefill_bucket(tokens, EngineConfig().prefill_buckets) * slots
+    return (model.resident_s(1, 1, 0), hits * model.expert_bytes / model.hbm_bytes_per_s,
+            float(computed))
 
 
 def fit_prefill_scales(chunks: Optional[list[dict]] = None, held_out: Sequence[dict] = ()
-                       ) -> tuple[float, float, list[dict]]:
-    """experts.prefill_scale (a prompt chunk's fixed part and other bytes) and
-    experts.prefill_expert_scale (its expert bytes): least squares of the measured chunk times
-    on the two parts (chunks of one launch and of several tell them apart). Returns both and
+                       ) -> tuple[float, float, float, list[dict]]:
+    """experts.prefill_scale (a prompt chunk's fixed part and other bytes),
+    experts.prefill_expert_scale (its expert bytes) and experts.prefill_row_s (seconds per
+    computed row): least squares of the measured chunk times on the three parts (chunks of one
+    slot and of several, and of several launch sizes, tell them apart). Returns the three and
     each chunk's measured and fitted ms, then each `held_out` chunk's, priced with the fitted
-    scales but not fitted to (its file marked "(left out)")."""
+    terms but not fitted to (its file marked "(left out)")."""
     x = compose_cfg([f"hardware={H200}"])
     chunks = bench_chunks() if chunks is None else chunks
     held_out = [{**c, "file": f"{c.get('file', '-')} (left out)"} for c in held_out]
     parts = np.array([chunk_parts(x.experts, x.memory, c["tokens"], c["slots"], c.get("launch"))
                       for c in [*chunks, *held_out]])
     t = np.array([c["ms"] / 1e3 for c in chunks])
-    (f, fe), *_ = np.linalg.lstsq(parts[:len(chunks)], t, rcond=None)
-    if f <= 0 or fe <= 0:
-        raise SystemExit(f"error: the prefill fit is not physical: scale {f}, expert scale {fe}")
-    f, fe = round(float(f), 3), round(float(fe), 3)
-    rows = [{**c, "model_ms": (a * f + b * fe) * 1e3}
-            for c, (a, b) in zip([*chunks, *held_out], parts)]
-    return f, fe, rows
+    if np.linalg.matrix_rank(parts[:len(chunks)]) < 3:
+        raise SystemExit("error: the prefill fit needs chunks of one slot and of several, in two "
+                         "launch sizes (three independent parts)")
+    (f, fe, fr), *_ = np.linalg.lstsq(parts[:len(chunks)], t, rcond=None)
+    if f <= 0 or fe <= 0 or fr < 0:
+        raise SystemExit(f"error: the prefill fit is not physical: scale {f}, expert scale {fe}, "
+                         f"row seconds {fr}")
+    f, fe, fr = round(float(f), 3), round(float(fe), 3), float(f"{fr:.4g}")
+    rows = [{**c, "model_ms": (a * f + b * fe + r * fr) * 1e3}
+            for c, (a, b, r) in zip([*chunks, *held_out], parts)]
+    return f, fe, fr, rows
 
 
 # --- the bytes model's fit -------------------------------------------------------------------
@@ -837,9 +849,10 @@ Window cost: the bytes model fitted to the engine's full-depth FP8 windows on th
 (docs/bench/s28/fp8_n8.json and fp8_solo.json: 2.03 ms fixed + bytes / 2.76 TB/s, every shape
 within 3.5%),
 a prompt chunk its 1-group window's fixed part and other bytes times
-{compose_cfg([f"hardware={H200}"]).experts.prefill_scale:g} (`experts.prefill_scale`) and its expert bytes times
-{compose_cfg([f"hardware={H200}"]).experts.prefill_expert_scale:g} (`experts.prefill_expert_scale`), both fitted to the
-engine's measured prompt chunks of one slot and of eight (the script's BENCH_CHUNKS); every row a
+{compose_cfg([f"hardware={H200}"]).experts.prefill_scale:g} (`experts.prefill_scale`), its expert bytes times
+{compose_cfg([f"hardware={H200}"]).experts.prefill_expert_scale:g} (`experts.prefill_expert_scale`) and
+{compose_cfg([f"hardware={H200}"]).experts.prefill_row_s * 1e3:g} ms per computed row (`experts.prefill_row_s`), all fitted to the
+engine's measured prompt chunks of one slot and of eight in two launch sizes (the script's BENCH_CHUNKS); every row a
 window runs routes, padding included, as in the engine; a missed expert adds, per read (one per 32-row MoE kernel call), its bytes
 over the bus ({compose_cfg([f"hardware={H200}"]).memory.bus_gb_s:g} GB/s on the H200) plus
 {compose_cfg([f"hardware={H200}"]).experts.miss_s * 1e6:g} us, both fitted on the engine study's 25% budget. Routing: Zipf popularity of exponent
@@ -926,9 +939,10 @@ def main(argv: Optional[list[str]] = None) -> int:
     register_configs()
     if args.fit:
         print(fit_report())
-        f, fe, rows = fit_prefill_scales(held_out=bench_chunks(BENCH_CHUNKS_OUT))
-        print(f"\nexperts.prefill_scale {f}, experts.prefill_expert_scale {fe}, fitted to the "
-              f"measured prompt chunks (BENCH_CHUNKS):\n")
+        f, fe, fr, rows = fit_prefill_scales(held_out=bench_chunks(BENCH_CHUNKS_OUT))
+        print(f"\nexperts.prefill_scale {f}, experts.prefill_expert_scale {fe}, "
+              f"experts.prefill_row_s {fr:.4g}, fitted to the measured prompt chunks "
+              f"(BENCH_CHUNKS):\n")
         print("| file | slots x tokens | launch rows | chunks | measured ms | model ms | error |\n"
               "|---|---|---|---|---|---|---|")
         for r in rows:

@@ -253,6 +253,11 @@ class SimExpertsConfig:
     #: A chunk of several launches (engine.prefill_slots, long prompts) repeats the expert part
     #: only, so the two are told apart by chunks of one launch and of several.
     prefill_expert_scale: Optional[float] = None
+    #: bytes model: seconds per computed row of a prompt chunk (its slots' chunks, each padded
+    #: to the chunk's bucket), on top of the two scaled parts: the prompt work that grows with
+    #: the chunk's rows and slots (dense projections at many rows, the per-slot prompt kernels),
+    #: which the two parts priced as expert bytes. 0 keeps the two-part model.
+    prefill_row_s: float = 0.0
     #: Either cost model: fixed seconds per read of a missed expert on top of its bytes over
     #: memory.bus_gb_s.
     miss_s: float = 2e-6
@@ -415,6 +420,8 @@ def validate_experts(x: Any, engine: Any, memory: Any) -> None:
         bad("prefill_scale", f"must be > 0, got {x.prefill_scale}")
     if x.prefill_expert_scale is not None and not x.prefill_expert_scale > 0.0:
         bad("prefill_expert_scale", f"must be null or > 0, got {x.prefill_expert_scale}")
+    if not x.prefill_row_s >= 0.0:
+        bad("prefill_row_s", f"must be >= 0, got {x.prefill_row_s}")
     if memory.hbm_gb_s <= 0:
         raise SimConfigError("memory.hbm_gb_s: the expert model needs the card's memory "
                              "bandwidth (GB/s), got 0")

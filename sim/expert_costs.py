@@ -77,7 +77,8 @@ class ExpertCosts:
 
     def __init__(self, mode: str, miss: MissCost, hbm_bytes_per_s: float,
                  bytes_model: Optional[WindowBytesModel] = None, window_scale: float = 1.0,
-                 prefill_scale: float = 1.0, prefill_expert_scale: Optional[float] = None):
+                 prefill_scale: float = 1.0, prefill_expert_scale: Optional[float] = None,
+                 prefill_row_s: float = 0.0):
         if mode not in ("profile", "bytes"):
             raise ExpertModelError(f"experts.cost: must be profile or bytes, got {mode!r}")
         if mode == "bytes" and bytes_model is None:
@@ -92,6 +93,7 @@ class ExpertCosts:
         self.prefill_scale = prefill_scale
         self.prefill_expert_scale = prefill_scale if prefill_expert_scale is None \
             else prefill_expert_scale
+        self.prefill_row_s = prefill_row_s
         #: Seconds of swap copy still running when the last forward ended.
         self.pending_copy_s = 0.0
 
@@ -106,11 +108,14 @@ class ExpertCosts:
             base = profile_s - x.misses * self.miss.expert_bytes / self.hbm_bytes_per_s
         return max(0.0, base) + self.miss.seconds(x.reads)
 
-    def prefill_s(self, x: WindowExperts, tokens: int, profile_s: float) -> float:
+    def prefill_s(self, x: WindowExperts, rows: int, profile_s: float) -> float:
+        """A prompt chunk's device seconds; rows: the rows it computes (its slots' chunks, each
+        padded to the chunk's bucket)."""
         if self.mode == "bytes":
             experts_s = x.hits * self.bytes_model.expert_bytes / self.bytes_model.hbm_bytes_per_s
             return (self.bytes_model.resident_s(1, 1, 0) * self.prefill_scale
-                    + experts_s * self.prefill_expert_scale + self.miss.seconds(x.reads))
+                    + experts_s * self.prefill_expert_scale + rows * self.prefill_row_s
+                    + self.miss.seconds(x.reads))
         return max(0.0, profile_s - x.misses * self.miss.expert_bytes / self.hbm_bytes_per_s) \
             + self.miss.seconds(x.reads)
 

@@ -76,7 +76,8 @@ def build_expert_inputs(cfg: Any, streams: RandomStreams,
                         window_scale=float((scale or {}).get("window", 1.0)),
                         prefill_scale=prefill * float(x.prefill_scale),
                         prefill_expert_scale=None if x.prefill_expert_scale is None
-                        else prefill * float(x.prefill_expert_scale))
+                        else prefill * float(x.prefill_expert_scale),
+                        prefill_row_s=prefill * float(x.prefill_row_s))
     fields = ({"expert_slots": slots, "experts": x.experts, "expert_bytes": int(x.expert_bytes),
                "moe_layers": x.moe_layers} if cache_on else {})
     return ExpertInputs(model, costs, fields)

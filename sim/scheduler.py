@@ -413,7 +413,7 @@ class SimEngine:
         if self.experts is not None:
             x = self.experts.prefill(self.step, sum(chunks))
             if self.expert_costs is not None:
-                dur = (self.expert_costs.prefill_s(x, sum(chunks), dur)
+                dur = (self.expert_costs.prefill_s(x, padded * len(sts), dur)
                        + self.expert_costs.wait_for_copy(host, self.overlap))
         yield self.env.timeout(host + dur)
         extra = {"segments": len(sts)} if len(sts) > 1 else {}

@@ -187,18 +187,21 @@ def test_bad_expert_settings_are_errors_naming_the_key():
         run_predict(cfg_of(*SMALL_EXPERTS, "experts.row_overlap=1.5", *COHORT))
     with pytest.raises(SimConfigError, match="experts.prefill_scale: must be > 0"):
         run_predict(cfg_of(*SMALL_EXPERTS, "experts.prefill_scale=0", *COHORT))
+    with pytest.raises(SimConfigError, match="experts.prefill_row_s: must be >= 0"):
+        run_predict(cfg_of(*SMALL_EXPERTS, "experts.prefill_row_s=-1e-4", *COHORT))
 
 
 def test_prefill_scales_price_prompt_chunks_only():
     """experts.prefill_scale multiplies a prompt chunk's fixed part and other bytes,
-    experts.prefill_expert_scale its expert bytes (null: prefill_scale for both); a window's
-    time moves with neither."""
+    experts.prefill_expert_scale its expert bytes (null: prefill_scale for both), and
+    experts.prefill_row_s adds seconds per computed row; a window's time moves with none."""
     common = ("hardware=h200_80b_a3b_fp8", "workload=cohort", "workload.requests=1",
               "workload.prompt_tokens=64", "workload.max_tokens=16", "spread.enabled=false")
 
-    def durations(f, fe):
+    def durations(f, fe, row_s=0.0):
         ev = run_predict(cfg_of(*common, f"experts.prefill_scale={f}",
-                                f"experts.prefill_expert_scale={fe}")).run.events
+                                f"experts.prefill_expert_scale={fe}",
+                                f"experts.prefill_row_s={row_s}")).run.events
         return ([e["dur"] for e in ev if e["ev"] == "prefill"],
                 [e["dur"] for e in ev if e["ev"] == "window"])
 
@@ -211,6 +214,9 @@ def test_prefill_scales_price_prompt_chunks_only():
     # (2A + B) + (A + 2B) = 3 (A + B), each part counted apart
     assert [a + b for a, b in zip(fixed_twice, experts_twice)] == pytest.approx([3 * d for d in pre])
     assert fixed_twice != pytest.approx(experts_twice)
+    # experts.prefill_row_s: each chunk's computed rows (one 64-token chunk here) on top
+    p, w = durations(1.0, 1.0, 1e-4)
+    assert p == pytest.approx([d + 64e-4 for d in pre]) and w == pytest.approx(win)
 
 
 def test_a_forward_longer_than_a_kernel_call_reads_a_missed_expert_once_per_call():
@@ -256,6 +262,12 @@ def test_a_miss_costs_its_bytes_over_the_bus_instead_of_hbm():
         2e-3 + 1.21e-3 + 5 * 1.01e-4)
     assert costs.prefill_s(WindowExperts(10, 3, reads=5), 64, 0.5) == pytest.approx(
         2e-3 + (1e9 + 1e8 + 1e7) / 1e12 + 5 * 1.01e-4)
+    # a chunk's rows at prefill_row_s each, on top (the window's price does not move)
+    rows_costs = ExpertCosts("bytes", miss, 1e12, model, prefill_row_s=1e-5)
+    assert rows_costs.prefill_s(WindowExperts(10, 3, reads=5), 64, 0.5) == pytest.approx(
+        costs.prefill_s(WindowExperts(10, 3, reads=5), 64, 0.5) + 64e-5)
+    assert rows_costs.window_s(WindowExperts(10, 3), 2, 1, 0.5, 0.5) == pytest.approx(
+        costs.window_s(WindowExperts(10, 3), 2, 1, 0.5, 0.5))
     costs.swap_started(2e6)  # 200 us of copy; 50 us of host time hides part of it
     assert costs.wait_for_copy(5e-5) == pytest.approx(1.5e-4) and costs.wait_for_copy(0) == 0
     costs.swap_started(2e6)  # overlapped: queued behind the window in flight, waited on whole
@@ -523,22 +535,28 @@ def test_study_pools_the_all_resident_measurements_of_the_same_work():
 
 
 def test_prefill_scales_are_fitted_to_the_chunk_times():
-    """fit_prefill_scales recovers the two prefill scales from chunks of one launch and of
-    eight (which tell the fixed part from the expert part), and the FP8 preset holds the fit to
-    the engine's measured chunks (BENCH_CHUNKS)."""
+    """fit_prefill_scales recovers the three prefill terms from chunks of one slot and of eight
+    in two launch sizes (which tell the fixed part, the expert part and the rows' part apart),
+    refuses chunks that cannot, and the FP8 preset holds the fit to the engine's measured chunks
+    (BENCH_CHUNKS)."""
     from sim.config import register_configs
 
     study = study_module()
     register_configs()
     x = study.compose_cfg([f"hardware={study.H200}"])
     chunks = []
-    for slots in (1, 8):
-        fixed, experts = study.chunk_parts(x.experts, x.memory, 64, slots)
-        chunks.append({"tokens": 64, "slots": slots, "chunks": 1,
-                       "ms": (fixed * 2.5 + experts * 1.2) * 1e3})
-    f, fe, rows = study.fit_prefill_scales(chunks)
-    assert (f, fe) == (2.5, 1.2)
+    for slots, launch in ((1, 64), (8, 128), (8, 64)):
+        fixed, experts, rows = study.chunk_parts(x.experts, x.memory, 64, slots, launch)
+        chunks.append({"tokens": 64, "slots": slots, "chunks": 1, "launch": launch,
+                       "ms": (fixed * 2.5 + experts * 1.2 + rows * 1e-4) * 1e3})
+    f, fe, fr, rows = study.fit_prefill_scales(chunks)
+    assert (f, fe, fr) == (2.5, 1.2, 1e-4)
     assert all(r["model_ms"] == pytest.approx(r["ms"]) for r in rows)
+    with pytest.raises(SystemExit, match="three independent parts"):
+        study.fit_prefill_scales(chunks[:2])
+    # the rows a chunk computes: each slot's chunk padded to the engine's bucket
+    assert study.chunk_parts(x.experts, x.memory, 40, 1)[2] == 64
+    assert study.chunk_parts(x.experts, x.memory, 64, 8)[2] == 512
     # eight slots' chunk reads each launch's experts: in 64-row launches 8x one slot's expert
     # part, in 128-row ones (the engine's default) fewer
     assert study.chunk_parts(x.experts, x.memory, 64, 8, 64)[1] == pytest.approx(
@@ -548,8 +566,9 @@ def test_prefill_scales_are_fitted_to_the_chunk_times():
         4 * study.chunk_parts(x.experts, x.memory, 128, 1)[1])
     assert study.chunk_parts(x.experts, x.memory, 64, 8)[1] < 0.7 * study.chunk_parts(
         x.experts, x.memory, 64, 8, 64)[1]
-    f, fe, rows = study.fit_prefill_scales()
-    assert (f, fe) == (x.experts.prefill_scale, x.experts.prefill_expert_scale)
+    f, fe, fr, rows = study.fit_prefill_scales()
+    assert (f, fe, fr) == (x.experts.prefill_scale, x.experts.prefill_expert_scale,
+                           x.experts.prefill_row_s)
     assert all(abs(r["model_ms"] / r["ms"] - 1) < 0.01 for r in rows)
 
 

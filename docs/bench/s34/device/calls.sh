@@ -4,7 +4,7 @@
 #   w  the MoE GPU tests of the wide launches (the big ones among them), big_time.py (256 and
 #      512 rows in launches of 128, 256 and 512: time, % of the copy ceiling, the bits), then
 #      full depth batch_mtp W16 N=8 at wide_rows 128 (the default) and 512, one process each
-#      (the simulator says 972 -> 1,199 tok/s: scripts/sim_expert_cache_study.py --bench-check
+#      (the simulator says 972 -> 1,089 tok/s: scripts/sim_expert_cache_study.py --bench-check
 #      docs/bench/s32/call1_n8_ps8_w128.json --set experts.prefill_launch_rows=512)
 # Carry .whl and .dev/s34 (this tree's CUDA extension for Python 3.12, stripped, xz).
 set -u
