@@ -249,6 +249,10 @@ def main() -> None:
     ap.add_argument("--prefill", default=None,
                     help="also prompt chunks of these token counts (comma-separated, e.g. 64): "
                          "one final chunk on lane 0 from position 0, as the engine's prefill")
+    ap.add_argument("--prefill-slots", type=int, default=1,
+                    help="with --prefill: each prompt chunk holds this many slots' chunks of that "
+                         "many tokens (lanes 0..S-1, distinct tokens), as engine.prefill_slots "
+                         "puts them in one chunk")
     ap.add_argument("--json", default=None, help="write every kernel's count and time here")
     ap.add_argument("--filtered", action="store_true",
                     help="use the top-k/top-p (sorting) sampler instead of the sort-free one")
@@ -257,6 +261,8 @@ def main() -> None:
                     help="GPU launch switches NAME=0|1 or a count, as bench_engine.py takes them "
                          "(e.g. l2_prefetch=2)")
     a = ap.parse_args()
+    if a.prefill_slots < 1:
+        ap.error(f"--prefill-slots must be >= 1, got {a.prefill_slots}")
     from bench_engine import set_kernel_options
 
     options = set_kernel_options(a.kernel_options)
@@ -267,7 +273,7 @@ def main() -> None:
                          num_layers=a.layers, fp8_dense=a.fp8_dense)
     print(f"loaded in {time.perf_counter() - t0:.1f} s; backend: {ops.implementations()}")
     shapes = parse_shapes(a)
-    lanes = max(g for g, _ in shapes)
+    lanes = max(max(g for g, _ in shapes), a.prefill_slots if a.prefill else 1)
     state = DecodeState(lm.args, lanes, 2048, lm.dtype, dev, lm.has_mtp, spare_rows=16)
     bufs = SlotBuffers(lanes, lm.args.hidden_size, lm.dtype, dev)
     # distinct tokens and MTP states per lane, so that the groups of a window route to different
@@ -299,17 +305,20 @@ def main() -> None:
         report["shapes"].append(measure(fn, title, {"groups": groups, "rows": rows_per}, a, lm,
                                         ver, dev))
     for tokens in [int(t) for t in a.prefill.split(",")] if a.prefill else []:
-        chunk = torch.randint(1, lm.args.vocab_size, (tokens,), device=dev)
-        # lane 0 from position 0, every token real, the final chunk (samples and drafts)
-        meta = torch.tensor([0, 0, tokens, -1], device=dev)
+        slots = a.prefill_slots
+        chunk = torch.randint(1, lm.args.vocab_size, (slots, tokens), device=dev)
+        # lanes 0..S-1 from position 0, every token real, the final chunk (samples and drafts)
+        meta = torch.tensor([[lane, 0, tokens, -1] for lane in range(slots)], device=dev)
+        if slots == 1:  # one lane's chunk, as the engine passes it
+            chunk, meta = chunk[0], meta[0]
 
         def fn_prefill():
             return ver.prefill(chunk, meta, a.ctx, a.filtered)
 
-        title = (f"prompt chunk of {tokens} tokens (ctx {a.ctx}, compile={a.compile}, "
-                 f"filtered={a.filtered})")
+        title = (f"prompt chunk of {tokens} tokens" + (f" x {slots} slots" if slots > 1 else "")
+                 + f" (ctx {a.ctx}, compile={a.compile}, filtered={a.filtered})")
         report.setdefault("prefill", []).append(
-            measure(fn_prefill, title, {"tokens": tokens}, a, lm, ver, dev))
+            measure(fn_prefill, title, {"tokens": tokens, "slots": slots}, a, lm, ver, dev))
     if a.json:
         Path(a.json).write_text(json.dumps(report, indent=1))
 
