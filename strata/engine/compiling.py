@@ -47,6 +47,18 @@ def specialize_one(on: bool) -> None:
     fx_config.backed_size_oblivious = not on
 
 
+def duck_shape(on: bool) -> None:
+    """Whether dynamic sizes that are equal when a region traces share one symbol (torch's duck
+    shaping, its default). The engine turns it off: a prompt bucket of 16 rows was tied to a
+    size of 16 in the same inputs (the 80B's query heads, the tiny model's head dimension),
+    which the region then fixed, so the bucket of 32 recompiled the prompt regions (attention
+    and DeltaNet, MoE included). Sizes that must be equal are still guarded equal. Process-wide,
+    read when a region traces."""
+    import torch.fx.experimental._config as fx_config
+
+    fx_config.use_duck_shape = on
+
+
 #: The samplers: a prompt chunk passes its lanes as a column of its meta rows (stride 4), a
 #: window as a contiguous row; dynamo guards on strides, so each would compile graphs of its own.
 SAMPLERS = ("sample", "sample_plain")
@@ -58,10 +70,14 @@ def contiguous_lanes(sampler: Callable) -> Callable:
     groups: the dynamic count), and compile none of their own. A window's lanes are a
     contiguous row already (no copy); a chunk's are S int64s, one small copy kernel,
     graph-capturable. (Not `contiguous()`: a one-segment column is contiguous with stride 4,
-    and dynamo guards on that stride all the same.)"""
+    and dynamo guards on that stride all the same.) Logits that are a view (a window's targets,
+    reshaped) are passed detached, which copies nothing: dynamo guards on a view's base, so a
+    window's targets and its drafts (logits of their own) compiled graphs of their own."""
     def call(logits, lanes, *rest):
         if lanes.stride() != (1,):
             lanes = lanes.clone(memory_format=torch.contiguous_format)
+        if logits._base is not None:
+            logits = logits.detach()
         return sampler(logits, lanes, *rest)
 
     return call
@@ -77,6 +93,7 @@ def compiled_functions(model, device: torch.device | None = None,
     import torch._inductor.config as inductor_config
 
     specialize_one(one_apart)
+    duck_shape(False)
 
     torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 64)
     # A region that fails to compile runs eagerly (logged by torch) instead of failing requests.
