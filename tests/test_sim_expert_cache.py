@@ -572,6 +572,16 @@ def test_prefill_scales_are_fitted_to_the_chunk_times():
     assert all(abs(r["model_ms"] / r["ms"] - 1) < 0.01 for r in rows)
 
 
+def bench_meta(**args) -> dict:
+    """A bench_engine.py JSON's meta for the FP8 preset at full scale (dummy weights, synthetic
+    acceptance 0.8), `args` over its defaults."""
+    return {"args": {"preset": "qwen3_next_80b_a3b_fp8", "load_format": "dummy", "layers": 12,
+                     "synthetic_acceptance": 0.8, "prompt_tokens": 64, "max_tokens": 64,
+                     "spec": 4, "window_rows": 8, "prefill_slots": 4, "max_context": 1024,
+                     "graphs": True, "kernel_options": {"fp8_wide": True, "wide_rows": 128},
+                     **args}}
+
+
 def test_bench_check_reads_a_device_calls_json(tmp_path):
     """--bench-check FILE predicts every cell of a bench_engine.py JSON the FP8 preset models, with
     the engine's settings of that run (configuration, N, tokens, prefill slots, launch rows,
@@ -580,10 +590,7 @@ def test_bench_check_reads_a_device_calls_json(tmp_path):
 
     study = study_module()
     register_configs()
-    meta = {"args": {"preset": "qwen3_next_80b_a3b_fp8", "load_format": "dummy", "layers": 12,
-                     "synthetic_acceptance": 0.8, "prompt_tokens": 64, "max_tokens": 64,
-                     "spec": 4, "window_rows": 8, "prefill_slots": 4, "max_context": 1024,
-                     "graphs": True, "kernel_options": {"fp8_wide": True, "wide_rows": 128}}}
+    meta = bench_meta()
     path = tmp_path / "n8.json"
     path.write_text(json.dumps({"meta": meta, "summary": {
         "batch_mtp_w16+overlap@8": {"median_tps": 900.0, "acceptance": 0.8},
@@ -617,10 +624,7 @@ def test_bench_check_set_follows_the_runs_own_settings(tmp_path):
 
     study = study_module()
     register_configs()
-    meta = {"args": {"preset": "qwen3_next_80b_a3b_fp8", "load_format": "dummy", "layers": 8,
-                     "synthetic_acceptance": 0.8, "prompt_tokens": 64, "max_tokens": 16,
-                     "spec": 4, "window_rows": 16, "prefill_slots": 8, "max_context": 1024,
-                     "graphs": True, "kernel_options": {"fp8_wide": True, "wide_rows": 128}}}
+    meta = bench_meta(layers=8, max_tokens=16, window_rows=16, prefill_slots=8)
     path = tmp_path / "n8.json"
     path.write_text(json.dumps({"meta": meta, "summary": {
         "batch_mtp_w16+overlap@8": {"median_tps": 900.0, "acceptance": 0.8}}}))
