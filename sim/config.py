@@ -255,8 +255,8 @@ class SimExpertsConfig:
     prefill_expert_scale: Optional[float] = None
     #: bytes model: seconds per computed row of a prompt chunk (its slots' chunks, each padded
     #: to the chunk's bucket), on top of the two scaled parts: the prompt work that grows with
-    #: the chunk's rows and slots (dense projections at many rows, the per-slot prompt kernels),
-    #: which the two parts priced as expert bytes. 0 keeps the two-part model.
+    #: the chunk's rows (or slots: the measured chunks cannot tell them apart), which the two
+    #: parts alone priced as expert bytes. 0 keeps the two-part model.
     prefill_row_s: float = 0.0
     #: Either cost model: fixed seconds per read of a missed expert on top of its bytes over
     #: memory.bus_gb_s.
