@@ -1092,7 +1092,8 @@ int launch_stream(const MoeParams& p, const DeviceFacts& dev, bool pdl, bool eve
   // experts; items: an expert's members in runs of `group`), so that its ring keeps stages: at
   // 512 rows, top-11, tables of P entries each would leave the gate/up 5 stages, these 10.
   gu.lead_cap = big ? (p.E < pair_cap ? (p.E + 31) & ~31 : pair_cap) : pair_cap;
-  const int meta = align128((big ? st_off_first<true>(gu) : st_off_first(gu)) + 4 * p.E);
+  // (lead_cap is pair_cap but in big launches: this is the offset every kernel reads)
+  const int meta = align128(st_off_first<true>(gu) + 4 * p.E);
   auto item_cap = [&](int group) {
     const int most = p.E + (p.P + group - 1) / group;
     return big && most < p.P ? most : p.P;
