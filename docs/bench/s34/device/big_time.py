@@ -3,12 +3,13 @@
 launches of wide_rows = 128, 256 and 512 (above 128: the big launches), CUDA-graph replay
 medians per call, each kernel's own time (the profiler), % of the copy ceiling on the bytes of
 one pass over the rows' distinct experts, and whether the bits agree with 128-row launches."""
-import statistics
 import sys
 
 import torch
 
 sys.path.insert(0, "tests")
+sys.path.insert(0, "scripts")
+from bench_kernels import time_calls  # noqa: E402
 from test_moe_kernels import experts, routing  # noqa: E402
 from strata.kernels import cyext_ops as C  # noqa: E402
 
@@ -27,16 +28,7 @@ def timed(rows, wide_rows):
     ws = torch.empty(C.moe_workspace_numel(min(rows, wide_rows), k, I, H), device="cuda")
     run = lambda: C.gpu_moe_experts(x, *weights[:2], w, ids, *weights[2:], (128, 128), out=out,  # noqa: E731
                                     workspace=ws, prompt=True)
-    run()
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for _ in range(10):
-            run()
-    ts = []
-    for _ in range(10):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record(); g.replay(); b.record(); b.synchronize()
-        ts.append(a.elapsed_time(b) * 1e3 / 10)
+    t = time_calls([run], min_calls=10)[0] * 1e6  # us per call, graph-replayed
     C.moe_launch_options(pdl=False)
     run()
     torch.cuda.synchronize()
@@ -48,7 +40,7 @@ def timed(rows, wide_rows):
             for ev in prof.key_averages() if "moe_" in ev.key}
     C.moe_launch_options(pdl=True)
     distinct = len(set(ids.flatten().tolist()))
-    return statistics.median(ts), kern, out.clone(), distinct
+    return t, kern, out.clone(), distinct
 
 
 for rows in (256, 512) if len(sys.argv) < 2 else map(int, sys.argv[1].split(",")):
