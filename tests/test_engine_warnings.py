@@ -244,9 +244,9 @@ def force_drafts(eng, ref: dict):
     request's unforced output): drafts are accepted, so a whole group commits at once."""
     orig = eng.verifier._draft
 
-    def forced(logits, gs, pos, *rest):
-        out = orig(logits, gs, pos, *rest).clone()
-        for i, (lane, p) in enumerate(zip(gs.tolist(), pos.tolist())):
+    def forced(logits, gs, before, *rest):  # a draft sits at position before + 1
+        out = orig(logits, gs, before, *rest).clone()
+        for i, (lane, p) in enumerate(zip(gs.tolist(), (before + 1).tolist())):
             slot = eng.scheduler.slots[lane] if lane < len(eng.scheduler.slots) else None
             if slot is None or slot.req is None or slot.req.id not in ref:
                 continue

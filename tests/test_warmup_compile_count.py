@@ -7,7 +7,9 @@ beside the windows' graphs of the same shapes. contiguous_lanes gives the compil
 contiguous lanes (a copy only where they are not), so the chunks' samples run the windows'
 graphs: four graphs fewer (two samplers x two segment counts). It also passes a view's logits
 (a window's targets) detached: dynamo guards on a view's base, so the drafts' logits (no view)
-traced graphs of their own, two fewer (one per sampler).
+traced graphs of their own, two fewer (one per sampler). And every sampler call passes the
+offset the targets take (1), the drafts and a chunk's first token the position before theirs:
+the samplers specialise on the int, two graphs fewer.
 
 duck_shape(False): a prompt bucket of 16 rows was tied to a size of 16 (the tiny model's head
 dimension) and the bucket of 32 recompiled the prompt regions, four graphs fewer (the DeltaNet
@@ -134,6 +136,36 @@ def test_a_bucket_equal_to_a_head_size_recompiles_no_prompt_region(monkeypatch, 
     model.compile_regions(None, None)
     assert seen[0] > 0
     assert seen[1:] == seen[:1] * 2, f"graphs after each bucket: {seen}"
+
+
+def test_every_sampler_call_samples_at_offset_one(monkeypatch, tmp_path):
+    """The samplers specialise on their int offset, so the targets (offset 1: y_j at p + j + 1),
+    the drafts and a chunk's first token all pass offset 1 (the position before theirs) and
+    share the targets' graphs: two graphs fewer than drafts at offset 0. Solo spec 3 drafts a
+    chain (a draft sampled inside the window) as well as after the window and after a chunk."""
+    from strata.engine.verifier import Verifier
+
+    offsets = []
+    sample = Verifier._sample
+
+    def spy(self, logits, lanes, pos0, rows_per, offset, filtered):
+        offsets.append(offset)
+        return sample(self, logits, lanes, pos0, rows_per, offset, filtered)
+
+    monkeypatch.setattr(Verifier, "_sample", spy)
+    make_tiny_random(tmp_path, seed=0, num_experts=8, num_experts_per_tok=2)
+    cfg = OmegaConf.structured(StrataConfig)
+    cfg.device, cfg.model.path = "cpu", str(tmp_path)
+    cfg.engine.mode, cfg.engine.spec, cfg.engine.max_context = "solo", 3, 128
+    eng = Engine.from_config(cfg, log=lambda line: None)
+    eng.add_request(Request("r", [5, 9, 11, 3, 7], SamplingParams(
+        max_tokens=6, temperature=0.8, seed=1, stop_at_eos=False), arrival_step=0,
+        stream_text=False))
+    while eng.has_work():
+        eng.step()
+    assert len(eng.requests["r"].emitted) == 6
+    eng.close()
+    assert len(offsets) > 4 and set(offsets) == {1}, offsets
 
 
 def engine_run(model_path: str) -> tuple[int, int, dict]:

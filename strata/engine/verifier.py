@@ -72,10 +72,10 @@ def window_inputs(pending: torch.Tensor, draft: torch.Tensor, mtp_h: torch.Tenso
 
 
 def window_pick(mh: torch.Tensor, accept: torch.Tensor, gp: torch.Tensor):
-    """Each group's MTP hidden state at its accepted row, and the position its next draft
-    predicts (p + a + 2)."""
+    """Each group's MTP hidden state at its accepted row, and the position before the one its
+    next draft predicts (p + a + 1: the drafts sample at offset 1, see Verifier._draft)."""
     idx = torch.arange(accept.shape[0], device=accept.device)
-    return mh[idx, accept], gp + accept + 2
+    return mh[idx, accept], gp + accept + 1
 
 
 def window_store(pending: torch.Tensor, gs: torch.Tensor, y: torch.Tensor,
@@ -147,9 +147,12 @@ class Verifier:
                                b.top_p, b.seed)
         return self.sample_plain(logits, lanes, pos0, rows_per, offset, b.temperature, b.seed)
 
-    def _draft(self, logits: torch.Tensor, gs: torch.Tensor, pos: torch.Tensor,
+    def _draft(self, logits: torch.Tensor, gs: torch.Tensor, before: torch.Tensor,
                filtered: bool) -> torch.Tensor:
-        return self._sample(logits, gs, pos, 1, 0, filtered)
+        """One draft per lane at position before + 1. Every sampler call passes offset 1 (the
+        targets' y_j sits at p + j + 1), so the compiled samplers keep no graphs of their own for
+        offset 0, an int they specialise on."""
+        return self._sample(logits, gs, before, 1, 1, filtered)
 
     def window(self, gs: torch.Tensor, gp: torch.Tensor, rows: torch.Tensor, g: int, ctx: int,
                filtered: bool) -> torch.Tensor:
@@ -170,7 +173,7 @@ class Verifier:
             for k in range(2, g):  # extend the chain: MTP at position p+k-2 predicts p+k
                 mh = model.mtp_window(h[:, None], tok[:, None], gs, gp + (k - 2), ctx, state,
                                       with_logits=False)[0][:, 0]
-                tok = self._draft(model.logits(mh), gs, gp + k, filtered)
+                tok = self._draft(model.logits(mh), gs, gp + (k - 1), filtered)
                 h = mh
                 cols.append(tok)
         tokens = torch.stack(cols, 1)
@@ -188,8 +191,8 @@ class Verifier:
         ops.commit_accepted(accept, gs, gp, rec_snaps, conv_snaps, state.rec, state.conv, bufs.pos)
         if self.drafting:
             mh = model.mtp_window(hidden, y, gs, gp, ctx, state, with_logits=False)[0]
-            h_a, draft_pos = self.window_pick(mh, accept, gp)
-            draft = self._draft(model.logits(h_a), gs, draft_pos, filtered)
+            h_a, before = self.window_pick(mh, accept, gp)
+            draft = self._draft(model.logits(h_a), gs, before, filtered)
             out = self.window_store(bufs.pending, gs, y, accept, draft, bufs.draft, bufs.mtp_h,
                                     h_a)
         else:
@@ -220,10 +223,12 @@ class Verifier:
         hidden = model.prefill(tokens, lane, start, state, length=length, ctx=ctx)  # (S, B, H)
         last = length - 1
         seg = torch.arange(segs, device=tokens.device)
-        first = self._sample(model.logits(hidden[seg, last]), lane, start + length, 1, 0, filtered)
+        end = start + length
+        # the first token sits at position end (offset 1 from end - 1, as every sampler call)
+        first = self._sample(model.logits(hidden[seg, last]), lane, end - 1, 1, 1, filtered)
         nxt = torch.where(given < 0, first, given)
         bufs.pending.index_copy_(0, lane, nxt)
-        bufs.pos.index_copy_(0, lane, start + length)
+        bufs.pos.index_copy_(0, lane, end)
         if self.drafting:
             # MTP row i combines h[i] with the token after it: the prompt's next token, and at
             # the last real row the token that follows the chunk.
@@ -232,7 +237,6 @@ class Verifier:
             mh = model.mtp_window(hidden, next_tokens, lane, start, ctx, state, with_logits=False,
                                   variant="prefill", valid=rows < length[:, None])[0]
             h_last = mh[seg, last]
-            bufs.draft.index_copy_(0, lane, self._draft(model.logits(h_last), lane, start + length + 1,
-                                                        filtered))
+            bufs.draft.index_copy_(0, lane, self._draft(model.logits(h_last), lane, end, filtered))
             bufs.mtp_h.index_copy_(0, lane, h_last)
         return nxt
