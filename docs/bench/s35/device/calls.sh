@@ -1,6 +1,11 @@
 #!/usr/bin/env bash
 # Session 35's device calls, with session 34's (docs/bench/s34/device/calls.sh: the big wide
 # launches' tests and timing, then N=8 at wide_rows 128 against 512):
+#   a  the big launches' GPU tests (session 34's w, its first step), then full depth batch_mtp
+#      W16 N=8 at wide_rows 512 on a cold compile cache (its warm-up: the goal's figure after
+#      the graph cuts), about 450 s
+#   b  the same at wide_rows 128 (warm cache: the baseline in the same machine), big_time.py
+#      (256 / 512 rows in launches of 128 / 256 / 512) and t, about 450 s
 #   w  session 34's w (about 300 s), then t
 #   t  the tiny model solo at spec 4 (the default), 3 and 2, one process, 3 repeats, 256 tokens:
 #      on the CPU its drafts' acceptance is 0.70 at spec 2 against 0.47 at spec 4 (1.70 against
@@ -23,6 +28,14 @@ export PYTHONPATH=/tmp/site:$PWD
 F="--preset qwen3_next_80b_a3b_fp8 --load-format dummy --synthetic-acceptance 0.8 --overlap on --no-reverse"
 W=${WIDE:-512}
 case ${1:-x} in
+a)
+  TAIL=6 st wide_tests 150 python3 -m pytest -q -p no:warnings -rf -m gpu tests/test_moe_kernels.py -k "wide or big"
+  TAIL=6 st n8_w512 290 python3 scripts/bench_engine.py $F --configs batch_mtp_w16 --n 8 --max-tokens 64 --repeats 2 --kernel-options wide_rows=512 --json $R/n8_w512.json
+  grep -h "warm-up" $R/n8_w512.log | head -3 ;;
+b)
+  TAIL=6 st n8_w128 150 python3 scripts/bench_engine.py $F --configs batch_mtp_w16 --n 8 --max-tokens 64 --repeats 2 --kernel-options wide_rows=128 --json $R/n8_w128.json
+  TAIL=8 st big_time 100 python3 docs/bench/s34/device/big_time.py
+  bash $0 t ;;
 w)
   bash docs/bench/s34/device/calls.sh w
   bash $0 t ;;
