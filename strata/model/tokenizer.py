@@ -42,5 +42,10 @@ class Tokenizer:
     def encode(self, text: str) -> list[int]:
         return self._tok.encode(text, add_special_tokens=False).ids
 
+    def encode_nogil(self, text: str) -> list[int]:
+        """`encode`'s ids through the library's `encode_batch`, which releases the GIL while it
+        works (`encode` holds it): for a caller that encodes on a thread beside a loop."""
+        return list(self._tok.encode_batch([text], add_special_tokens=False)[0].ids)
+
     def decode(self, ids: list[int]) -> str:
         return self._tok.decode(ids, skip_special_tokens=False)

@@ -144,11 +144,20 @@ def _opt_bool(body: dict, key: str, default: bool = False, prefix: str = "") -> 
     return v
 
 
+def _finite(v: Any) -> bool:
+    try:
+        return math.isfinite(v)
+    except OverflowError:       # an int too large for a float
+        return False
+
+
 def _opt_num(body: dict, key: str, default: float) -> float:
     v = body.get(key)
     if v is None:
         return default
-    if not _is_num(v) or not math.isfinite(v):
+    # An int too large for a float (JSON allows 4300 digits) is not finite either: math.isfinite
+    # raised OverflowError on it (a 500).
+    if not _is_num(v) or not _finite(v):
         raise bad(f"'{key}' must be a finite number, got {json.dumps(v)[:40]}", param=key)
     return float(v)
 

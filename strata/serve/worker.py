@@ -27,6 +27,11 @@ from strata.serve.messages import (Accepted, Cancel, Fatal, Outputs, OutputRow, 
 
 STATS_EVERY_S = 0.25
 IDLE_POLL_S = 0.25
+#: Text prompts longer than this (characters) are encoded on a thread (_Encoder) while the
+#: loop keeps stepping. Inline, a prompt near the 32 MiB body limit held the loop for tens of
+#: seconds (about 1 s per MB on a slow CPU): every other request's stream froze, and no
+#: heartbeat went out (past server.step_timeout_s the engine was killed as hung).
+THREAD_ENCODE_CHARS = 1 << 16
 
 
 def _log(msg: str) -> None:
@@ -73,16 +78,17 @@ def _build_cfg(cfg_dict: dict) -> Any:
     return OmegaConf.merge(OmegaConf.structured(StrataConfig), cfg_dict)
 
 
-def _submit(eng: Any, rid: str, spec: dict) -> Accepted | Rejected:
+def _submit(eng: Any, rid: str, spec: dict, ids: Optional[list[int]] = None) -> Accepted | Rejected:
+    """Add a request to the engine; `ids`: its text prompt, already encoded (_Encoder)."""
     from strata.engine.request import Request, RequestError, SamplingParams
 
     try:
-        if spec.get("prompt_ids") is not None:
+        if ids is None and spec.get("prompt_ids") is not None:
             ids = list(spec["prompt_ids"])
-        elif eng.tokenizer is None:  # (was "AttributeError: 'NoneType' object has no ...")
+        elif ids is None and eng.tokenizer is None:  # (was "AttributeError: 'NoneType' ...")
             return Rejected(rid, "prompt", "is text, and this checkpoint has no tokenizer.json "
                                            "to encode it: send the prompt as token ids")
-        else:
+        elif ids is None:
             ids = eng.tokenizer.encode(spec["prompt"])
         if not ids:
             return Rejected(rid, "prompt", "prompt is empty (it encodes to no tokens)")
@@ -104,6 +110,47 @@ def _submit(eng: Any, rid: str, spec: dict) -> Accepted | Rejected:
     except Exception as e:  # a bad input the engine did not classify: still the request's fault
         return Rejected(rid, None, f"{type(e).__name__}: {e}")
     return Accepted(rid, len(ids))
+
+
+class _Encoder:
+    """Encodes long text prompts on one thread, off the step loop, with
+    `Tokenizer.encode_nogil` (the same ids as `encode`, without holding the GIL), so the loop
+    steps (and sends its heartbeat) while a long prompt is encoded."""
+
+    def __init__(self, tokenizer: Any):
+        self.tokenizer = tokenizer
+        self.pool: Optional[Any] = None
+        self.pending: dict[str, tuple[Any, dict]] = {}   # rid -> (future, spec)
+        self.cancelled: set[str] = set()
+
+    def wants(self, spec: dict) -> bool:
+        text = spec.get("prompt")
+        return (self.tokenizer is not None and spec.get("prompt_ids") is None
+                and isinstance(text, str) and len(text) > THREAD_ENCODE_CHARS)
+
+    def start(self, rid: str, spec: dict) -> None:
+        if self.pool is None:
+            from concurrent.futures import ThreadPoolExecutor
+            self.pool = ThreadPoolExecutor(1, thread_name_prefix="strata-encode")
+        self.pending[rid] = (self.pool.submit(self.tokenizer.encode_nogil, spec["prompt"]), spec)
+
+    def cancel(self, rid: str) -> bool:
+        if rid in self.pending:
+            self.cancelled.add(rid)
+            return True
+        return False
+
+    def finished(self) -> list[tuple[str, dict, Any, bool]]:
+        """(rid, spec, ids or the exception, cancelled meanwhile) of each encoding done."""
+        out = []
+        for rid, (fut, spec) in list(self.pending.items()):
+            if fut.done():
+                del self.pending[rid]
+                exc = fut.exception()
+                out.append((rid, spec, exc if exc is not None else fut.result(),
+                            rid in self.cancelled))
+                self.cancelled.discard(rid)
+        return out
 
 
 def run_worker(cfg_dict: dict, cmd_conn: Any, out_conn: Any, generation: int) -> None:
@@ -145,22 +192,28 @@ def run_worker(cfg_dict: dict, cmd_conn: Any, out_conn: Any, generation: int) ->
     send(Ready(info))
 
     live: set[str] = set()
+    encoder = _Encoder(tok)
     last_stats = 0.0
     was_busy = False
     while True:
         busy = eng.has_work()
         try:
-            if cmd_conn.poll(0 if busy else IDLE_POLL_S):
+            if cmd_conn.poll(0 if busy else (0.01 if encoder.pending else IDLE_POLL_S)):
                 while True:
                     cmd = cmd_conn.recv()
                     if isinstance(cmd, Submit):
-                        ev = _submit(eng, cmd.req_id, cmd.spec)
-                        if isinstance(ev, Accepted):
-                            live.add(cmd.req_id)
-                        send(ev)
+                        if encoder.wants(cmd.spec):
+                            encoder.start(cmd.req_id, cmd.spec)   # accepted or rejected later
+                        else:
+                            ev = _submit(eng, cmd.req_id, cmd.spec)
+                            if isinstance(ev, Accepted):
+                                live.add(cmd.req_id)
+                            send(ev)
                     elif isinstance(cmd, Cancel):
                         if cmd.req_id in live:
                             eng.cancel(cmd.req_id)
+                        else:
+                            encoder.cancel(cmd.req_id)
                     elif isinstance(cmd, Stop):
                         _log("stop requested; closing the engine")
                         try:
@@ -173,6 +226,17 @@ def run_worker(cfg_dict: dict, cmd_conn: Any, out_conn: Any, generation: int) ->
         except (EOFError, OSError):
             _log("server went away; exiting")
             os._exit(0)
+
+        for rid, spec, ids, cancelled in encoder.finished():
+            if isinstance(ids, BaseException):
+                ev = Rejected(rid, None, f"{type(ids).__name__}: {ids}")
+            else:
+                ev = _submit(eng, rid, spec, ids)
+            if isinstance(ev, Accepted):
+                live.add(rid)
+                if cancelled:          # the client left while it was encoded: ends as cancel
+                    eng.cancel(rid)
+            send(ev)
 
         busy = eng.has_work()
         if busy:
