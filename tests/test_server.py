@@ -148,6 +148,8 @@ def sse_events(lines) -> list:
 def test_health_models_metrics(server):
     h = server.health().json()
     assert h["status"] == "ok" and h["engine_pid"] > 0 and h["max_context"] == CTX
+    head = httpx.head(server.base + "/health", timeout=5)  # monitors probe with HEAD
+    assert head.status_code == 200 and head.content == b""
     models = httpx.get(server.base + "/v1/models", timeout=5).json()
     assert models["data"][0]["id"] == h["model"]
     m = server.metrics()

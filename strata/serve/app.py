@@ -174,7 +174,8 @@ def create_app(cfg_dict: dict, server_cfg: Any) -> FastAPI:
                                          "server_error", code="internal_error"), status_code=500)
 
     # ---------------------------------------------------------------- plain endpoints
-    @app.get("/health")
+    # HEAD too: load balancers and uptime monitors probe with it (the status without the body)
+    @app.api_route("/health", methods=["GET", "HEAD"])
     async def health() -> JSONResponse:
         body = {"status": "ok" if sup.ready else sup.state, "model": served_name(),
                 "engine_pid": sup.pid, "generation": sup.generation,
