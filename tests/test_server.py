@@ -109,15 +109,20 @@ class ServerProc:
             assert bad not in text, f"{bad!r} in the server log:\n{text[-6000:]}"
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory):
-    s = ServerProc(tmp_path_factory.mktemp("serve"))
+def running(tmp_path_factory, name: str, *overrides: str):
+    """A module fixture's server (yield from it): ready, then stopped, its log clean."""
+    s = ServerProc(tmp_path_factory.mktemp(name), *overrides)
     try:
         s.wait_ready()
         yield s
     finally:
         s.stop()
     s.assert_clean_log()
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    yield from running(tmp_path_factory, "serve")
 
 
 def client(server: ServerProc, key: str = "none") -> "openai.OpenAI":
@@ -398,14 +403,8 @@ def test_engine_crash_mid_stream_then_recovery(server):
 
 @pytest.fixture(scope="module")
 def keyed_server(tmp_path_factory):
-    s = ServerProc(tmp_path_factory.mktemp("serve_key"), "server.api_key=sekret-key",
-                   "server.max_pending=2", "server.model_name=tiny-test")
-    try:
-        s.wait_ready()
-        yield s
-    finally:
-        s.stop()
-    s.assert_clean_log()
+    yield from running(tmp_path_factory, "serve_key", "server.api_key=sekret-key",
+                       "server.max_pending=2", "server.model_name=tiny-test")
 
 
 @pytest.mark.slow

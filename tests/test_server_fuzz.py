@@ -18,7 +18,7 @@ import pytest
 
 from strata.serve import protocol as P
 from strata.serve.worker import THREAD_ENCODE_CHARS, _Encoder
-from test_server import ServerProc, post
+from test_server import post, running
 
 ASSETS = Path(__file__).resolve().parents[1] / "strata" / "assets" / "tiny-qwen3-next"
 
@@ -95,14 +95,8 @@ def test_thread_encoder_reports_each_prompt_once_with_its_cancel(tokenizer):
 def server(tmp_path_factory):
     # a context that fits a prompt past THREAD_ENCODE_CHARS; a heartbeat watchdog shorter than
     # the encode time of the big prompt below
-    s = ServerProc(tmp_path_factory.mktemp("serve_fuzz"), "engine.max_context=4096",
-                   "server.step_timeout_s=4")
-    try:
-        s.wait_ready()
-        yield s
-    finally:
-        s.stop()
-    s.assert_clean_log()
+    yield from running(tmp_path_factory, "serve_fuzz", "engine.max_context=4096",
+                       "server.step_timeout_s=4")
 
 
 @pytest.mark.slow
