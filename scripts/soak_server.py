@@ -418,18 +418,27 @@ class Worker(threading.Thread):
                 raise Failure("hung", f"took {dt:.1f} s")
             st.record(kind, dt)
             return text
-        except Failure as f:
-            st.record(kind, time.monotonic() - t0, f.kind, f.detail, body, hung=f.kind == "hung")
-        except httpx.TimeoutException as e:
-            st.record(kind, time.monotonic() - t0, "hung", f"{type(e).__name__} after "
-                      f"{time.monotonic() - t0:.1f} s", body, hung=True)
-            self.gave_up()
-        except httpx.HTTPError as e:
-            st.record(kind, time.monotonic() - t0, "transport", f"{type(e).__name__}: {e}", body)
-            self.gave_up()
+        except (Failure, httpx.HTTPError) as e:
+            self.failed(kind, t0, e, body)
         finally:
             st.end(tok)
         return None
+
+    def failed(self, kind: str, t0: float, e: Exception, body: dict,
+               gone_on_failure: bool = False) -> None:
+        """Record a request's failure: a Failure (the client gave the request up too where
+        `gone_on_failure`), or httpx's timeout or transport error (the client gave it up)."""
+        dt = time.monotonic() - t0
+        if isinstance(e, Failure):
+            self.stats.record(kind, dt, e.kind, e.detail, body, hung=e.kind == "hung")
+            if not gone_on_failure:
+                return
+        elif isinstance(e, httpx.TimeoutException):
+            self.stats.record(kind, dt, "hung", f"{type(e).__name__} after {dt:.1f} s", body,
+                              hung=True)
+        else:
+            self.stats.record(kind, dt, "transport", f"{type(e).__name__}: {e}", body)
+        self.gave_up()
 
     def answered(self) -> None:
         """The request got its 200: the server finishes it once (stop, length, or cancel)."""
@@ -517,15 +526,8 @@ class Worker(threading.Thread):
                             st.abandoned += 1
                     # leaving the `with` closes the connection mid-stream
                 st.record(kind, time.monotonic() - t0)
-            except Failure as f:
-                st.record(kind, time.monotonic() - t0, f.kind, f.detail, body, hung=f.kind == "hung")
-                self.gave_up()
-            except httpx.TimeoutException as e:
-                st.record(kind, time.monotonic() - t0, "hung", type(e).__name__, body, hung=True)
-                self.gave_up()
-            except httpx.HTTPError as e:
-                st.record(kind, time.monotonic() - t0, "transport", f"{type(e).__name__}: {e}", body)
-                self.gave_up()
+            except (Failure, httpx.HTTPError) as e:
+                self.failed(kind, t0, e, body, gone_on_failure=True)
             finally:
                 st.end(tok)
         else:
