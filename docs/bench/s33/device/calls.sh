@@ -11,14 +11,8 @@
 # Carry .whl and .dev/s33 (this tree's CUDA extension for Python 3.12, stripped, xz), or a later
 # build with SO=<its .so.xz>.
 set -u
-R=$OUT/r; mkdir -p $R
-export PYTHONUNBUFFERED=1 TORCHINDUCTOR_CACHE_DIR=/tmp/strata_inductor
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
-unxz -c ${SO:-.dev/s33/new_cuda.so.xz} > strata/kernels/strata_cuda.cpython-312-x86_64-linux-gnu.so || exit 1
-st() { local n=$1 l=$2; shift 2; local t0=$SECONDS; timeout $l "$@" > $R/$n.log 2>&1; echo "== $n rc=$? $((SECONDS-t0)) s"; grep -v -i -E "warn|^$" $R/$n.log | tail -n ${TAIL:-6}; tar czf $OUT/r.tgz -C $OUT r; }
-export PYTHONPATH=/tmp/site:$PWD
+. docs/bench/device_common.sh .dev/s33/new_cuda.so.xz
 P="scripts/profile_window.py --model qwen3-next-80b-a3b-fp8 --load-format dummy --layers 8 --backend auto --compile --shapes 1x2,8x2 --iters 50 --top 25"
-F="--preset qwen3_next_80b_a3b_fp8 --load-format dummy --synthetic-acceptance 0.8 --overlap on --no-reverse"
 case ${1:-a} in
 a)
   TAIL=40 st l2_probe 150 python3 scripts/probe_l2_prefetch.py --json $R/l2_probe.json

@@ -13,13 +13,7 @@
 #      wide_rows 128 and 512, and one slot's chunk beside them (about 550 s)
 # Carry .whl and .dev/s34 (this tree's CUDA extension for Python 3.12, stripped, xz).
 set -u
-R=$OUT/r; mkdir -p $R
-export PYTHONUNBUFFERED=1 TORCHINDUCTOR_CACHE_DIR=/tmp/strata_inductor
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
-unxz -c .dev/s34/new_cuda.so.xz > strata/kernels/strata_cuda.cpython-312-x86_64-linux-gnu.so || exit 1
-st() { local n=$1 l=$2; shift 2; local t0=$SECONDS; timeout $l "$@" > $R/$n.log 2>&1; echo "== $n rc=$? $((SECONDS-t0)) s"; grep -v -i -E "warn|^$" $R/$n.log | tail -n ${TAIL:-6}; tar czf $OUT/r.tgz -C $OUT r; }
-export PYTHONPATH=/tmp/site:$PWD
-F="--preset qwen3_next_80b_a3b_fp8 --load-format dummy --synthetic-acceptance 0.8 --overlap on --no-reverse"
+. docs/bench/device_common.sh .dev/s34/new_cuda.so.xz
 case ${1:-w} in
 w)
   TAIL=6 st wide_tests 150 python3 -m pytest -q -p no:warnings -rf -m gpu tests/test_moe_kernels.py -k "wide or big"

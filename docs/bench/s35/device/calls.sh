@@ -6,12 +6,10 @@
 #      the graph cuts), about 450 s
 #   b  the same at wide_rows 128 (warm cache: the baseline in the same machine), big_time.py
 #      (256 / 512 rows in launches of 128 / 256 / 512) and t, about 450 s
-#   w  session 34's w (about 300 s), then t
 #   t  the tiny model solo at spec 4 (the default), 3 and 2, one process, 3 repeats, 256 tokens:
 #      on the CPU its drafts' acceptance is 0.70 at spec 2 against 0.47 at spec 4 (1.70 against
 #      2.37 tokens a window), and the H200's 1 x 2 window replays in 211 us against 360 for
 #      1 x 4, so spec 2 may be ~20% faster there (about 150 s)
-#   n  session 34's n (about 550 s)
 #   x  full depth: batch_mtp W16 N=8 at wide_rows 512 with model.fp8_dense=fp8 (the DeltaNet
 #      input projection on the streamed FP8 kernel: 13.8 against cuBLAS's 15.6 us at 16 rows
 #      alone, KERNELS.md, but only ever measured in the engine at 1 x 2), then solo spec 2 with
@@ -19,14 +17,11 @@
 #      tok/s; its 1-row windows run generic kernels then), about 550 s on a warm compile cache
 # Carry .whl and .dev/s34 (the tree's CUDA extension for Python 3.12, stripped, xz).
 set -u
-R=$OUT/r; mkdir -p $R
-export PYTHONUNBUFFERED=1 TORCHINDUCTOR_CACHE_DIR=/tmp/strata_inductor
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
-unxz -c ${SO:-.dev/s34/new_cuda.so.xz} > strata/kernels/strata_cuda.cpython-312-x86_64-linux-gnu.so || exit 1
-st() { local n=$1 l=$2; shift 2; local t0=$SECONDS; timeout $l "$@" > $R/$n.log 2>&1; echo "== $n rc=$? $((SECONDS-t0)) s"; grep -v -i -E "warn|^$" $R/$n.log | tail -n ${TAIL:-6}; tar czf $OUT/r.tgz -C $OUT r; }
-export PYTHONPATH=/tmp/site:$PWD
-F="--preset qwen3_next_80b_a3b_fp8 --load-format dummy --synthetic-acceptance 0.8 --overlap on --no-reverse"
+. docs/bench/device_common.sh .dev/s34/new_cuda.so.xz
 W=${WIDE:-512}
+tiny_spec() {
+  TAIL=20 st tiny_spec 200 python3 scripts/bench_engine.py --configs solo,solo_spec3,solo_spec2 --n 1 --prompt-tokens 64 --max-tokens 256 --overlap on --repeats 3 --json $R/tiny_spec.json
+}
 case ${1:-x} in
 a)
   TAIL=6 st wide_tests 150 python3 -m pytest -q -p no:warnings -rf -m gpu tests/test_moe_kernels.py -k "wide or big"
@@ -35,14 +30,9 @@ a)
 b)
   TAIL=6 st n8_w128 150 python3 scripts/bench_engine.py $F --configs batch_mtp_w16 --n 8 --max-tokens 64 --repeats 2 --kernel-options wide_rows=128 --json $R/n8_w128.json
   TAIL=8 st big_time 100 python3 docs/bench/s34/device/big_time.py
-  bash $0 t ;;
-w)
-  bash docs/bench/s34/device/calls.sh w
-  bash $0 t ;;
+  tiny_spec ;;
 t)
-  TAIL=20 st tiny_spec 200 python3 scripts/bench_engine.py --configs solo,solo_spec3,solo_spec2 --n 1 --prompt-tokens 64 --max-tokens 256 --overlap on --repeats 3 --json $R/tiny_spec.json ;;
-n)
-  bash docs/bench/s34/device/calls.sh n ;;
+  tiny_spec ;;
 x)
   TAIL=6 st n8_w${W}_fp8dense 230 python3 scripts/bench_engine.py $F --configs batch_mtp_w16 --n 8 --max-tokens 64 --repeats 2 --kernel-options wide_rows=$W --fp8-dense fp8 --json $R/n8_w${W}_fp8dense.json
   TAIL=6 st solo2_one_off 170 python3 scripts/bench_engine.py $F --configs solo_spec2 --n 1 --max-tokens 256 --repeats 2 --specialize-one off --json $R/solo2_one_off.json
