@@ -76,6 +76,16 @@ def make_prompts(tokenizer: Any, n_max: int, p_max: int, eos: set[int]) -> list[
 
 # ------------------------------------------------------------------------------------- servers
 
+def parse_metrics(text: str) -> dict[str, float]:
+    """A /metrics page's samples by name and labels (`name{label="v"}`)."""
+    out = {}
+    for line in text.splitlines():
+        if line and not line.startswith("#"):
+            k, _, v = line.rpartition(" ")
+            out[k] = float(v)
+    return out
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -119,15 +129,10 @@ class Server:
         return self.log_path.read_text(errors="replace")[-3000:]
 
     def metrics(self) -> dict[str, float]:
-        out = {}
         try:
-            for line in httpx.get(self.base + "/metrics", timeout=10).text.splitlines():
-                if line and not line.startswith("#"):
-                    k, _, v = line.rpartition(" ")
-                    out[k] = float(v)
+            return parse_metrics(httpx.get(self.base + "/metrics", timeout=10).text)
         except httpx.HTTPError:
-            pass
-        return out
+            return {}
 
     def stop(self) -> None:
         if self.proc.poll() is None:

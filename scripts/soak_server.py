@@ -33,10 +33,6 @@ import argparse
 import json
 import os
 import random
-import re
-import signal
-import socket
-import subprocess
 import sys
 import tempfile
 import threading
@@ -47,29 +43,16 @@ from typing import Any, Optional
 
 import httpx
 
-ROOT = Path(__file__).resolve().parent.parent
-MATERIAL = ROOT / "scripts" / "data" / "code_prompts.json"
+from bench import Server, parse_metrics
+from prompt_material import prompt_texts
+
 FINISH_OK = {"stop", "length"}
 STOPS = ["\n", "\n\n", "def ", "return", " the", ")", ":", "self", "import", "#", "zzqx"]
 
 
 # ------------------------------------------------------------------------------ prompt text
-def load_material() -> str:
-    try:
-        d = json.loads(MATERIAL.read_text(encoding="utf-8"))
-        text = "\n\n".join(p["text"] for p in d["prompts"])
-        if len(text) > 10000:
-            return text
-    except Exception:
-        pass
-    rng = random.Random(0)
-    words = ("the of and to in is for that with on as it by this be are from at or an which "
-             "def return class import value list dict self none true false if else while data "
-             "request server token model stream time slot queue").split()
-    return " ".join(rng.choice(words) for _ in range(40000))
-
-
-MAT = load_material()
+#: the benchmarks' prompt material (scripts/data/code_prompts.json), one text to cut from
+MAT = "\n\n".join(prompt_texts())
 
 
 def prompt_text(rng: random.Random) -> str:
@@ -564,24 +547,10 @@ def headers(args: argparse.Namespace) -> dict:
     return {"Authorization": f"Bearer {key}"} if key else {}
 
 
-def metric_values(text: str) -> dict[str, float]:
-    out: dict[str, float] = {}
-    for line in text.splitlines():
-        if not line or line.startswith("#"):
-            continue
-        m = re.match(r"^(\S+?)(\{[^}]*\})?\s+(\S+)$", line)
-        if m:
-            try:
-                out[m.group(1) + (m.group(2) or "")] = float(m.group(3))
-            except ValueError:
-                pass
-    return out
-
-
 def server_state(base: str) -> dict:
     with httpx.Client(base_url=base, timeout=5.0) as c:
         h = c.get("/health")
-        m = metric_values(c.get("/metrics").text)
+        m = parse_metrics(c.get("/metrics").text)
     hj = h.json()
     finished = {k: v for k, v in m.items() if k.startswith("strata_requests_total")}
     return {"health_status": h.status_code, "in_flight": hj.get("in_flight"),
@@ -605,58 +574,6 @@ def wait_drained(base: str, limit: float) -> tuple[bool, dict, float]:
         if time.monotonic() - t0 > limit:
             return False, s, time.monotonic() - t0
         time.sleep(0.25)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def start_server(overrides: list[str], log_path: str, startup: float) -> tuple[subprocess.Popen, str]:
-    port = free_port()
-    run_dir = tempfile.mkdtemp(prefix="strata-soak-run-")
-    cmd = [sys.executable, "-m", "strata.serve", f"server.port={port}",
-           f"hydra.run.dir={run_dir}", *overrides]
-    env = dict(os.environ)
-    env["PYTHONPATH"] = str(ROOT) + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
-    log = open(log_path, "wb")
-    print(f"starting: {' '.join(cmd)}  (log {log_path})", flush=True)
-    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=str(ROOT), env=env,
-                            start_new_session=True)
-    base = f"http://127.0.0.1:{port}"
-    t0 = time.monotonic()
-    while time.monotonic() - t0 < startup:
-        if proc.poll() is not None:
-            raise SystemExit(f"error: the server exited with code {proc.returncode} "
-                             f"(log {log_path}):\n" + Path(log_path).read_text()[-2000:])
-        try:
-            if httpx.get(base + "/health", timeout=2.0).status_code == 200:
-                print(f"server ready at {base} in {time.monotonic() - t0:.1f} s", flush=True)
-                return proc, base
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.5)
-    stop_server(proc)
-    raise SystemExit(f"error: the server was not ready within {startup:g} s (log {log_path})")
-
-
-def stop_server(proc: subprocess.Popen) -> None:
-    """SIGINT the server (it stops its engine), then SIGKILL its process group if need be."""
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGINT)
-        try:
-            proc.wait(20)
-        except subprocess.TimeoutExpired:
-            pass
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)   # the engine process too, if it is left
-    except (ProcessLookupError, PermissionError):
-        pass
-    try:
-        proc.wait(5)
-    except subprocess.TimeoutExpired:
-        pass
 
 
 # ------------------------------------------------------------------------------ main
@@ -843,26 +760,33 @@ def main() -> None:
     ap.add_argument("--api-key", default=None, help="Bearer key (default $STRATA_API_KEY)")
     ap.add_argument("--startup-timeout", type=float, default=180.0,
                     help="--start: seconds to wait for /health 200")
-    ap.add_argument("--server-log", default=None, help="--start: the server's log file")
+    ap.add_argument("--server-dir", default=None,
+                    help="--start: the server's run directory (its server.log there)")
     args, extra = ap.parse_known_args()
     if extra and not args.start:
         ap.error(f"unrecognized arguments: {' '.join(extra)} (overrides need --start)")
     if args.concurrency < 1 or args.duration <= 0 or args.timeout <= 0:
         ap.error("--concurrency, --duration and --timeout must be positive")
-    proc = None
+    server = None
     if args.start:
-        log_path = args.server_log or tempfile.mktemp(prefix="strata-soak-server-", suffix=".log")
-        proc, args.base = start_server(extra, log_path, args.startup_timeout)
+        run_dir = Path(args.server_dir or tempfile.mkdtemp(prefix="strata-soak-run-"))
+        print(f"starting a server: {' '.join(extra)} (log {run_dir / 'server.log'})", flush=True)
+        try:
+            server = Server("soak", extra, run_dir, args.startup_timeout)
+        except RuntimeError as e:
+            print(f"error: {e}", file=sys.stderr)
+            sys.exit(2)
+        print(f"server ready at {server.base}", flush=True)
+        args.base = server.base
     elif args.base is None:
         args.base = "http://127.0.0.1:8000"
     args.base = args.base.rstrip("/")
     try:
         code = soak(args)
     finally:
-        if proc is not None:
-            stop_server(proc)
-            alive = proc.poll() is None
-            print(f"server stopped{' (still alive!)' if alive else ''}; log {log_path}")
+        if server is not None:
+            server.stop()
+            print(f"server stopped; log {server.log_path}")
     sys.exit(code)
 
 

@@ -20,7 +20,7 @@ def soak(tmp_path: Path, *args: str) -> tuple[int, dict, str]:
     env = {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
     p = subprocess.run([sys.executable, str(ROOT / "scripts" / "soak_server.py"), "--start",
                         "--concurrency", "2", "--seed", "0", "--progress", "60", "--json", str(out),
-                        "--server-log", str(tmp_path / "server.log"), *args],
+                        "--server-dir", str(tmp_path / "server"), *args],
                        capture_output=True, text=True, timeout=400, env=env, cwd=tmp_path)
     return p.returncode, (json.loads(out.read_text()) if out.exists() else {}), p.stdout + p.stderr
 
