@@ -961,3 +961,17 @@ def test_gpu_ops_dispatch():
         assert ops.implementations()["linear_fp8"] in ("cuda", "hip")
     finally:
         ops.set_backend("torch", "cpu")
+
+
+def test_reference_slices_a_big_launch_by_rows(monkeypatch):
+    """The reference gathers every row's expert weights, so a launch past its gather budget (an
+    eight-slot prompt chunk at the 80B's shapes would gather ~70 GB) runs in slices of rows:
+    the same result, bf16 and FP8."""
+    for wdtype, block in ((torch.float32, None), (FP8, (32, 16))):
+        weights = experts(64, 64, 48, wdtype, block or (32, 32))
+        w, ids = routing(37, 6, 64)
+        x = torch.randn(37, 64, generator=torch.Generator().manual_seed(3))
+        whole = call_reference(x, weights, w, ids, block)
+        monkeypatch.setattr(R, "_GATHER_ELEMENTS", 64 * 48 * 3 * 6 * 5)  # 5 rows a slice
+        assert torch.equal(call_reference(x, weights, w, ids, block), whole)
+        monkeypatch.undo()

@@ -322,6 +322,13 @@ def moe_experts(x: torch.Tensor, w_gate_up: torch.Tensor, w_down: torch.Tensor,
             wd = dequant_fp8_block(wd, _cached_rows(down_scale, host_down_scale, slot, topk_ids),
                                    block)
     else:
+        pair = w_gate_up[0].numel() + w_down[0].numel()
+        step = max(1, _GATHER_ELEMENTS // max(1, pair * topk_ids.shape[-1]))
+        if x.shape[0] > step:  # a big launch: the gathered weights by rows, not all at once
+            return torch.cat([moe_experts(x[r:r + step], w_gate_up, w_down,
+                                          topk_weight[r:r + step], topk_ids[r:r + step],
+                                          gu_scale, down_scale, block, prompt=prompt)
+                              for r in range(0, x.shape[0], step)])
         wgu, wd = w_gate_up[topk_ids], w_down[topk_ids]  # (N, k, 2I, H), (N, k, H, I)
         if gu_scale is not None:
             wgu = dequant_gate_up(wgu, gu_scale[topk_ids], block)
@@ -330,6 +337,12 @@ def moe_experts(x: torch.Tensor, w_gate_up: torch.Tensor, w_down: torch.Tensor,
     gate, up = gu.split(wgu.shape[-2] // 2, dim=-1)
     out = torch.einsum("nki,nkhi->nkh", F.silu(gate) * up, wd.float())
     return torch.einsum("nkh,nk->nh", out, topk_weight.float()).to(x.dtype)
+
+
+#: the most expert-weight elements moe_experts gathers at once (1 GiB in float32): each row's
+#: sum is its own, so a launch of many rows (an eight-slot prompt chunk at the 80B's shapes
+#: gathers ~70 GB at once) runs in slices of rows with the same result
+_GATHER_ELEMENTS = 1 << 28
 
 
 def count_expert_reads(topk_ids: torch.Tensor, slot_of: torch.Tensor,

@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# Session 36's device calls, for an H100 (80 GB: the full-depth FP8 80B does not fit, so the
+# full-depth steps of docs/bench/s35/device/calls.sh wait for an H200):
+#   k  the MoE kernels' GPU tests (the big wide launches of session 34 among them, never run on
+#      a GPU before: their reference now gathers in slices of rows), big_time.py (256 / 512 rows
+#      in launches of 128 / 256 / 512, one layer), the GPU identity test (~360 s at most)
+#   t  the tiny model solo at spec 4 / 3 / 2 (docs/bench/s35/device/calls.sh t), then the
+#      cyext kernels' GPU tests
+# Carry .whl and .dev/s34 (the tree's CUDA extension for Python 3.12, stripped, xz).
+set -u
+. docs/bench/device_common.sh .dev/s34/new_cuda.so.xz
+case ${1:-k} in
+k)
+  TAIL=8 st gpu_moe 200 python3 -m pytest -q -p no:warnings -rf -m gpu tests/test_moe_kernels.py tests/test_sampler_compile.py
+  TAIL=8 st big_time 100 python3 docs/bench/s34/device/big_time.py
+  TAIL=4 st gpu_identity 80 python3 -m pytest -q -p no:warnings -rf -x -m gpu tests/test_engine_backends.py ;;
+t)
+  TAIL=20 st tiny_spec 200 python3 scripts/bench_engine.py --configs solo,solo_spec3,solo_spec2 --n 1 --prompt-tokens 64 --max-tokens 256 --overlap on --repeats 3 --json $R/tiny_spec.json
+  TAIL=4 st gpu_kernels 150 python3 -m pytest -q -p no:warnings -rf -m gpu tests/test_kernels_gpu.py ;;
+esac
