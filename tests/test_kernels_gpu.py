@@ -474,8 +474,9 @@ def test_chunk_rule_by_the_recurrence_gpu(b, length, h, dk, dv, pad):
     real = length - pad
     torch.testing.assert_close(go[:, :real], ro[:, :real], rtol=1e-4, atol=5e-5)
     torch.testing.assert_close(gs, rs, rtol=1e-4, atol=5e-5)
-    torch.testing.assert_close(gs.cpu(), C.cpu_chunk_gated_delta(q, k, v, gg, beta, st)[1],
-                               rtol=1e-5, atol=1e-5)
+    if C.cpu_available():  # a device run may carry the CUDA extension alone
+        torch.testing.assert_close(gs.cpu(), C.cpu_chunk_gated_delta(q, k, v, gg, beta, st)[1],
+                                   rtol=1e-5, atol=1e-5)
 
 
 def test_set_backend_cuda_dispatch():

@@ -6,6 +6,8 @@
 #      in launches of 128 / 256 / 512, one layer), the GPU identity test (~360 s at most)
 #   t  the tiny model solo at spec 4 / 3 / 2 (docs/bench/s35/device/calls.sh t), then the
 #      cyext kernels' GPU tests
+#   i  the GPU tests of the engine (every mode's identity, overlap on and off), the cyext
+#      kernels and the expert cache, with room for a cold compile (~500 s at most)
 # Carry .whl and .dev/s34 (the tree's CUDA extension for Python 3.12, stripped, xz).
 set -u
 . docs/bench/device_common.sh .dev/s34/new_cuda.so.xz
@@ -17,4 +19,8 @@ k)
 t)
   TAIL=20 st tiny_spec 200 python3 scripts/bench_engine.py --configs solo,solo_spec3,solo_spec2 --n 1 --prompt-tokens 64 --max-tokens 256 --overlap on --repeats 3 --json $R/tiny_spec.json
   TAIL=4 st gpu_kernels 150 python3 -m pytest -q -p no:warnings -rf -m gpu tests/test_kernels_gpu.py ;;
+i)
+  TAIL=4 st gpu_identity 240 python3 -m pytest -q -p no:warnings -rf -m gpu tests/test_engine_backends.py
+  TAIL=4 st gpu_kernels 60 python3 -m pytest -q -p no:warnings -rf -m gpu tests/test_kernels_gpu.py
+  TAIL=4 st gpu_expert_cache 200 python3 -m pytest -q -p no:warnings -rf -m gpu tests/test_expert_cache_gpu.py ;;
 esac
