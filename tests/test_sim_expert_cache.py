@@ -558,14 +558,17 @@ def test_prefill_scales_are_fitted_to_the_chunk_times():
     assert study.chunk_parts(x.experts, x.memory, 40, 1)[2] == 64
     assert study.chunk_parts(x.experts, x.memory, 64, 8)[2] == 512
     # eight slots' chunk reads each launch's experts: in 64-row launches 8x one slot's expert
-    # part, in 128-row ones (the engine's default) fewer
+    # part, in 128-row ones 4x a 128-row chunk's, in one 512-row launch (the engine's default)
+    # once
     assert study.chunk_parts(x.experts, x.memory, 64, 8, 64)[1] == pytest.approx(
         8 * study.chunk_parts(x.experts, x.memory, 64, 1, 64)[1])
-    assert x.experts.prefill_launch_rows == 128
+    assert study.chunk_parts(x.experts, x.memory, 64, 8, 128)[1] == pytest.approx(
+        4 * study.chunk_parts(x.experts, x.memory, 128, 1, 128)[1])
+    assert x.experts.prefill_launch_rows == 512
     assert study.chunk_parts(x.experts, x.memory, 64, 8)[1] == pytest.approx(
-        4 * study.chunk_parts(x.experts, x.memory, 128, 1)[1])
+        study.chunk_parts(x.experts, x.memory, 512, 1)[1])
     assert study.chunk_parts(x.experts, x.memory, 64, 8)[1] < 0.7 * study.chunk_parts(
-        x.experts, x.memory, 64, 8, 64)[1]
+        x.experts, x.memory, 64, 8, 128)[1]
     f, fe, fr, rows = study.fit_prefill_scales()
     assert (f, fe, fr) == (x.experts.prefill_scale, x.experts.prefill_expert_scale,
                            x.experts.prefill_row_s)
@@ -637,6 +640,10 @@ def test_bench_check_set_follows_the_runs_own_settings(tmp_path):
 
     assert simulated(["experts.prefill_launch_rows=512"]) > simulated(None) * 1.02
     assert simulated(["experts.prefill_launch_rows=128"]) == simulated(None)
+    meta["args"]["kernel_options"]["wide_rows"] = 512  # a run at the engine's default now
+    path.write_text(json.dumps({"meta": meta, "summary": {
+        "batch_mtp_w16+overlap@8": {"median_tps": 900.0, "acceptance": 0.8}}}))
+    assert simulated(["experts.prefill_launch_rows=128"]) < simulated(None) / 1.02
 
 
 @pytest.mark.slow

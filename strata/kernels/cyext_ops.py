@@ -530,12 +530,13 @@ MOE_MAX_PAIRS = 512
 #: Rows of a wide FP8 launch where the extension takes no more (moe_launch_options(fp8_wide=)),
 #: the default (moe_launch_options(wide_rows=): a prompt chunk of several slots' chunks,
 #: engine.prefill_slots, reads each expert once per launch; eight slots' 64-token chunks measured
-#: 139 ms in 128-row launches against 182 in 64-row ones on an H200), and the most it takes
-#: (launches of more than 1,632 pairs keep the down kernel's results in the workspace: eight
-#: slots' chunks in one launch read the experts once where four 128-row launches read nearly all
-#: of them four times).
+#: 139 ms in 128-row launches against 182 in 64-row ones on an H200, and one layer's 512 rows
+#: 1.34 ms in one launch against 2.62 in four of 128 on an H100, the same bits), and the most it
+#: takes (launches of more than 1,632 pairs keep the down kernel's results in the workspace:
+#: eight slots' chunks in one launch read the experts once where four 128-row launches read
+#: nearly all of them four times).
 MOE_WIDE_ROWS = 64
-MOE_WIDE_DEFAULT_ROWS = 128
+MOE_WIDE_DEFAULT_ROWS = 512
 MOE_WIDE_MAX_ROWS = 512
 _moe_wide_rows = MOE_WIDE_DEFAULT_ROWS
 #: Rows per moe_experts launch for FP8 weights without the expert cache (moe_launch_options(
@@ -557,7 +558,7 @@ def _aligned(t: torch.Tensor) -> torch.Tensor:
 
 def moe_kernel_supported(x, w_gate_up, k: int, block=None) -> bool:
     """True when gpu_moe_experts runs these shapes on the kernel (rows beyond 32, or for FP8
-    without the expert cache beyond wide_rows (128) where the launch runs wide and 16 where it
+    without the expert cache beyond wide_rows (512) where the launch runs wide and 16 where it
     does not, are split into launches of that many rows, which changes no row's result), False
     when it falls
     back to the reference: H or I not a multiple of 16, a weight row over 8 KiB, top-k over 16,
@@ -648,7 +649,7 @@ def moe_launch_options(pdl=None, early=None, wide=None, db=None, xsmem=None, str
     of the reference, whose top-k is one stable sort (19 us of a 64-token chunk's layer on an
     H200; the kernel measured level with it). Other bits than the reference (the kernel's
     logits may differ in their last bf16 bit): a prompt chunk then routes as the windows do.
-    `wide_rows` (128; this module's): rows of a wide launch, 17 to MOE_WIDE_MAX_ROWS (512),
+    `wide_rows` (512; this module's): rows of a wide launch, 17 to MOE_WIDE_MAX_ROWS (512),
     where the extension takes that many (else 64): a prompt chunk of several slots' chunks
     (engine.prefill_slots) reads each distinct expert once per launch, so larger launches read
     fewer expert bytes (the simulator's experts.prefill_launch_rows); the same bits. Launches
@@ -743,7 +744,7 @@ def gpu_moe_experts(x, w_gate_up, w_down, topk_weight, topk_ids, gu_scale=None,
                     prompt=False):
     """Routed experts on the GPU, grouped by expert on the device: each distinct expert's
     gate/up and down weights are read once for all of its rows (two kernels per launch of up to
-    32 rows; FP8 wide_rows (128; moe_launch_options) where the launch runs wide, else 16;
+    32 rows; FP8 wide_rows (512; moe_launch_options) where the launch runs wide, else 16;
     fixed grids, no host sync: capturable). Rows are independent: a row's
     result is bit-identical whatever rows share the call, and however many. `prompt`: the rows
     are a prompt chunk's (else a decode window's); FP8 prompt rows take the down kernel on
