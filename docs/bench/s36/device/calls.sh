@@ -8,6 +8,10 @@
 #      cyext kernels' GPU tests
 #   i  the GPU tests of the engine (every mode's identity, overlap on and off), the cyext
 #      kernels and the expert cache, with room for a cold compile (~500 s at most)
+#   n  (an H200) full-depth batch_mtp W16 N=8 at the default wide_rows (512) on a cold compile
+#      cache (its warm-up: the goal's figure after the graph cuts), then at 128 (warm: the
+#      baseline on the same machine): docs/bench/s35/device/calls.sh a and b without the tests
+#      that passed on the H100 (~440 s)
 # Carry .whl and .dev/s34 (the tree's CUDA extension for Python 3.12, stripped, xz).
 set -u
 . docs/bench/device_common.sh .dev/s34/new_cuda.so.xz
@@ -23,4 +27,8 @@ i)
   TAIL=4 st gpu_identity 240 python3 -m pytest -q -p no:warnings -rf -m gpu tests/test_engine_backends.py
   TAIL=4 st gpu_kernels 60 python3 -m pytest -q -p no:warnings -rf -m gpu tests/test_kernels_gpu.py
   TAIL=4 st gpu_expert_cache 200 python3 -m pytest -q -p no:warnings -rf -m gpu tests/test_expert_cache_gpu.py ;;
+n)
+  TAIL=6 st n8_w512 290 python3 scripts/bench_engine.py $F --configs batch_mtp_w16 --n 8 --max-tokens 64 --repeats 2 --json $R/n8_w512.json
+  grep -h "warm-up" $R/n8_w512.log | head -3
+  TAIL=6 st n8_w128 150 python3 scripts/bench_engine.py $F --configs batch_mtp_w16 --n 8 --max-tokens 64 --repeats 2 --kernel-options wide_rows=128 --json $R/n8_w128.json ;;
 esac
