@@ -208,9 +208,9 @@ def _tiny_model(tmp_path):
                             dtype=torch.bfloat16)
 
 
-def _engine(path, mib: int, overlap: bool, **engine):
+def _engine(path, mib: int, overlap: bool, model: dict | None = None, **engine):
     """A CUDA engine over the tiny model: 3 slots, engine.expert_cache_mib=mib adapting every
-    2 windows, and `engine` knobs."""
+    2 windows, `model` knobs and `engine` knobs."""
     from omegaconf import OmegaConf
 
     from strata.config import StrataConfig
@@ -227,6 +227,8 @@ def _engine(path, mib: int, overlap: bool, **engine):
     cfg.engine.overlap = overlap
     for k, v in engine.items():
         setattr(cfg.engine, k, v)
+    for k, v in (model or {}).items():
+        setattr(cfg.model, k, v)
     return Engine.from_config(cfg, log=lambda s: None)
 
 
@@ -264,6 +266,41 @@ def test_engine_tokens_identical_with_a_tiny_cache(tmp_path, overlap):
     windows = [ev for ev in eng.trace.events if ev["ev"] == "window"]
     assert sum(ev["hits"] for ev in windows) == c.hits
     assert sum(ev["misses"] for ev in windows) == c.misses
+
+
+@pytest.mark.parametrize("fmt", ["safetensors", "dummy"])
+def test_routed_experts_load_into_host_memory_never_the_device(tmp_path, fmt):
+    """With the cache the loader holds the decoder's routed experts in host memory (a model
+    whose experts do not fit the card loads): the device's peak through the load stays below
+    the weights without half the routed experts, and the tokens are those of an engine without
+    the cache, for checkpoint weights and for dummy ones (drawn on the device, then copied to
+    the host)."""
+    from omegaconf import OmegaConf
+
+    from strata.config import StrataConfig
+    from strata.engine.expert_cache import moe_layers
+    from strata.model.loader import load_model
+
+    path = _tiny_model(tmp_path)
+    model = {"load_format": fmt}
+    ref_eng = _engine(path, 0, False, model)
+    weights = sum(p.numel() * p.element_size() for p in ref_eng.model.parameters())
+    routed = sum(t.numel() * t.element_size() for _, m in moe_layers(ref_eng.model)
+                 for t in (m.experts.w_gate_up, m.experts.w_down))
+    ref = _cohort(ref_eng)
+    ref_eng.close()
+    del ref_eng
+    torch.cuda.empty_cache()
+    torch.cuda.reset_peak_memory_stats()
+    base = torch.cuda.memory_allocated()
+    cfg = OmegaConf.structured(StrataConfig)
+    cfg.model.path, cfg.model.moe_dense_experts, cfg.model.load_format = str(path), 0, fmt
+    loaded = load_model(cfg.model, "cuda", lambda s: None, routed_on_host=True)
+    assert torch.cuda.max_memory_allocated() - base < weights - routed // 2
+    assert all(m.experts.w_gate_up.device.type == "cpu" for _, m in moe_layers(loaded.model))
+    del loaded
+    eng = _engine(path, 1, False, model)
+    assert _cohort(eng) == ref
 
 
 @pytest.mark.parametrize("overlap", [False, True], ids=["serial", "overlap"])

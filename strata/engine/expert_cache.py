@@ -60,19 +60,12 @@ import torch
 import torch.nn as nn
 
 from strata.config import ConfigError
+from strata.model.qwen3_next import decoder_moe_layers as moe_layers
 
 MIB = 2**20
 #: Decayed routing counts: each adaptation multiplies the old counts by this before adding the
 #: windows' since the last one, so popularity a few adaptations old fades.
 DECAY = 0.75
-
-
-def moe_layers(model) -> list[tuple[int, nn.Module]]:
-    """(decoder layer index, its SparseMoe) of every decoder MoE layer (the MTP layer's experts
-    are planned with the dense weights: always resident)."""
-    from strata.model.qwen3_next import SparseMoe
-
-    return [(i, layer.mlp) for i, layer in enumerate(model.layers) if isinstance(layer.mlp, SparseMoe)]
 
 
 def expert_bytes(experts: nn.Module) -> int:

@@ -70,7 +70,8 @@ class Engine:
         if cfg.engine.stages > 1:  # a layer split: stage processes (strata/engine/stages.py)
             from strata.engine import stages
             return stages.start(cls, cfg, device, log, trace_path)
-        loaded = load_model(cfg.model, device, log)
+        # with the expert cache the routed experts load into host memory, where it keeps them
+        loaded = load_model(cfg.model, device, log, routed_on_host=cfg.engine.expert_cache_mib > 0)
         return cls(loaded, cfg.engine, device, log=log, trace_path=trace_path)
 
     def __init__(self, loaded: LoadedModel, ecfg: Any, device: torch.device,

@@ -1,7 +1,8 @@
 """Seeded random weights for `model.load_format=dummy` (benchmarks without a checkpoint).
 
-Every parameter is filled where it lives (on the GPU for a GPU model: an 80B model is never
-built on the host) from its own generator, seeded from `seed` and the parameter's name, so the
+Every parameter is drawn on the model's device (on the GPU for a GPU model: an 80B model is
+never built on the host, though its routed experts may be held there for the expert cache) from
+its own generator, seeded from `seed` and the parameter's name, so the
 weights do not depend on the order parameters are visited in. Scales keep activations sane
 through any depth: the zero-centred RMSNorm weights are 0 (Qwen3-Next's identity, x_hat * (1 + w)),
 the DeltaNet gated norm's are 1, projections are N(0, 0.02), the router is wider so that rows
@@ -74,18 +75,25 @@ def _fill_fp8(name: str, w: torch.Tensor, scale: torch.Tensor, g: torch.Generato
 
 
 @torch.no_grad()
-def init_dummy(model: nn.Module, seed: int) -> nn.Module:
-    """Fill every parameter of `model` (already on its device) with seeded random values."""
+def init_dummy(model: nn.Module, seed: int, device: torch.device | None = None) -> nn.Module:
+    """Fill every parameter of `model` (already on its device) with seeded random values.
+    `device`: the model's device, where every value is drawn; a parameter held elsewhere (routed
+    experts the loader left in host memory for the expert cache) is drawn there in a scratch
+    copy and copied over, so that its values do not depend on where it is held."""
     params = dict(model.named_parameters())  # tied parameters once
     scales = {scale_name(n) for n, p in params.items() if p.dtype == FP8_DTYPE}
     for name, p in params.items():
         if name in scales:
             continue  # filled with its weight
-        g = torch.Generator(device=p.device).manual_seed(param_seed(seed, name))
+        at = p.device if device is None else torch.device(device)
+        g = torch.Generator(device=at).manual_seed(param_seed(seed, name))
+        w = p if p.device == at else torch.empty_like(p, device=at)
         if p.dtype == FP8_DTYPE:
-            _fill_fp8(name, p, params[scale_name(name)], g)
+            _fill_fp8(name, w, params[scale_name(name)], g)
         else:
-            _fill_float(name, p, g)
+            _fill_float(name, w, g)
+        if w is not p:
+            p.copy_(w)
     return model
 
 

@@ -131,6 +131,16 @@ def contracting(name: str, mod: nn.Module) -> bool:
             and name.rsplit(".", 1)[-1] not in FUSED_INPUT_PROJECTIONS)
 
 
+def dense_to_dequantize(model: nn.Module, keep=None) -> list[tuple[str, "Fp8Linear"]]:
+    """(name, module) of every Fp8Linear that dequantize_dense(model, dtype, keep) replaces."""
+    from strata.model.qwen3_next import SparseMoe
+
+    in_moe = {id(m) for blk in model.modules() if isinstance(blk, SparseMoe) for m in blk.modules()}
+    return [(name, mod) for name, mod in model.named_modules()
+            if isinstance(mod, Fp8Linear) and id(mod) not in in_moe
+            and not (keep is not None and keep(name, mod))]
+
+
 def dequantize_dense(model: nn.Module, dtype: torch.dtype, keep=None) -> int:
     """Replace every Fp8Linear outside the MoE blocks (attention, DeltaNet and MTP projections,
     dense MLPs) by an nn.Linear holding its exactly dequantised weight in `dtype`, except those
@@ -139,12 +149,8 @@ def dequantize_dense(model: nn.Module, dtype: torch.dtype, keep=None) -> int:
     projections (docs/KERNELS.md), so those trade memory for speed. Returns how many layers
     changed."""
     from strata.kernels.reference import dequant_fp8_block
-    from strata.model.qwen3_next import SparseMoe
 
-    in_moe = {id(m) for blk in model.modules() if isinstance(blk, SparseMoe) for m in blk.modules()}
-    todo = [(name, mod) for name, mod in model.named_modules()
-            if isinstance(mod, Fp8Linear) and id(mod) not in in_moe
-            and not (keep is not None and keep(name, mod))]
+    todo = dense_to_dequantize(model, keep)
     for name, mod in todo:
         owner_name, attr = name.rsplit(".", 1) if "." in name else ("", name)
         owner = model.get_submodule(owner_name) if owner_name else model

@@ -16,8 +16,10 @@ from safetensors.torch import save_file
 from strata.kernels.reference import dequant_fp8_block
 from strata.model.config import CheckpointError, ModelArgs, check_eos_ids, load_model_args
 from strata.model.dummy import apply_routing_skew, init_dummy
-from strata.model.fp8 import (FP8_DTYPE, contracting, dequantize_dense, QuantConfig, fp8_supported, load_quant_config, scale_shape,
-                              to_fp8_linear)
+from strata.model.fp8 import (FP8_DTYPE, contracting, dense_to_dequantize, dequantize_dense, QuantConfig,
+                              fp8_supported, load_quant_config, scale_shape, to_fp8_linear)
+from strata.model.placement import (check_weights_fit, count_weight_bytes, device_available_bytes,
+                                    host_available_bytes, host_routed_params, materialize)
 from strata.model.qwen3_next import Experts, Qwen3Next, Rotary
 from strata.model.stage_slice import StageSlice, global_view, stage_args
 from strata.model.tokenizer import Tokenizer
@@ -231,15 +233,17 @@ def _slice(dest: torch.Tensor, target) -> torch.Tensor:
 
 
 def load_model(mcfg, device: str | torch.device, log=print,
-               stage: Optional[StageSlice] = None) -> LoadedModel:
+               stage: Optional[StageSlice] = None, routed_on_host: bool = False) -> LoadedModel:
     """The model a `model` config group names (strata.config.ModelConfig: path, dtype and the
-    loading knobs); `stage`: only a pipeline stage's part of it (strata/model/stage_slice.py)."""
+    loading knobs); `stage`: only a pipeline stage's part of it (strata/model/stage_slice.py);
+    `routed_on_host`: the expert cache is on (load_checkpoint)."""
     return load_checkpoint(mcfg.path, mcfg.dtype, device, log=log,
                            moe_dense_experts=int(mcfg.moe_dense_experts),
                            moe_dense_prefill=bool(mcfg.moe_dense_prefill),
                            load_format=mcfg.load_format, dummy_seed=int(mcfg.dummy_seed),
                            num_layers=mcfg.num_layers, fp8_dense=mcfg.fp8_dense,
-                           routing_skew=float(mcfg.dummy_routing_skew), stage=stage)
+                           routing_skew=float(mcfg.dummy_routing_skew), stage=stage,
+                           routed_on_host=routed_on_host)
 
 
 def load_checkpoint(path: str | Path, dtype: str = "auto", device: str | torch.device = "cpu",
@@ -248,7 +252,8 @@ def load_checkpoint(path: str | Path, dtype: str = "auto", device: str | torch.d
                     load_format: str = "auto", dummy_seed: int = 0,
                     num_layers: Optional[int] = None, fp8: str = "auto",
                     fp8_dense: str = "auto", routing_skew: float = 0.0,
-                    stage: Optional[StageSlice] = None) -> LoadedModel:
+                    stage: Optional[StageSlice] = None,
+                    routed_on_host: bool = False) -> LoadedModel:
     """Build the model from a checkpoint directory; every problem names the file and the key.
 
     load_format: safetensors (the weights), dummy (seeded random weights from config.json
@@ -262,6 +267,10 @@ def load_checkpoint(path: str | Path, dtype: str = "auto", device: str | torch.d
     routing_skew: dummy only, model.dummy_routing_skew (synthetic skewed expert popularity).
     stage: build only this pipeline stage's layers (and the embedding, head and MTP it holds);
     the result's args are the stage's (StageSlice), its has_mtp the checkpoint's.
+    routed_on_host: on a GPU, hold the decoder's routed experts in host memory, never on the
+    device (the expert cache, engine.expert_cache_mib > 0, then takes its device slots from
+    them; strata/model/placement.py). Weights that cannot fit where they go are a ConfigError
+    before anything is allocated.
     """
     path = resolve_model_path(path)
     if load_format not in LOAD_FORMATS:
@@ -320,11 +329,24 @@ def load_checkpoint(path: str | Path, dtype: str = "auto", device: str | torch.d
                     raise CheckpointError(f"{entries[k].file}: unexpected tensor {k!r} (no such parameter)")
                 fp8_params.add(t.param)
         _to_fp8_modules(part, fp8_params, quant.block)
-    part.to_empty(device=device)
+    keep_dense = None  # the dense FP8 layers that stay FP8 (model.fp8_dense)
+    if keep_fp8 and fp8_dense == "auto":
+        from strata.kernels.cyext_ops import linear_fp8_streams
+        keep_dense = contracting if linear_fp8_streams(device) else None
+    host = (host_routed_params(part, moe_dense_experts)
+            if routed_on_host and device.type == "cuda" and stage is None else [])
+    dequantized = ([m for _, m in dense_to_dequantize(part, keep_dense)]
+                   if keep_fp8 and fp8_dense != "fp8" else [])
+    check_weights_fit(path.name, count_weight_bytes(part, tdtype, dequantized, host), device,
+                      device_available_bytes(device), host_available_bytes())
+    if host:
+        log(f"INFO: the routed experts of {len(host) // 2} MoE layers are held in host memory "
+            f"(engine.expert_cache_mib: the cache takes its device slots from them)")
+    materialize(part, device, host)
     if args.tie_word_embeddings:
         model.lm_head.weight = model.embed_tokens.weight
     if load_format == "dummy":
-        init_dummy(part, dummy_seed)
+        init_dummy(part, dummy_seed, device)
         if routing_skew:
             apply_routing_skew(part, routing_skew, dummy_seed)
             log(f"INFO: model.dummy_routing_skew={routing_skew}: the dummy routers' expert "
@@ -337,16 +359,13 @@ def load_checkpoint(path: str | Path, dtype: str = "auto", device: str | torch.d
     else:
         _load_tensors(part, entries, fp8_keys, keep_fp8, quant, tdtype, keymap, args, path)
     if keep_fp8 and fp8_dense != "fp8":
-        keep = None
-        if fp8_dense == "auto":
-            from strata.kernels.cyext_ops import linear_fp8_streams
-            keep = contracting if linear_fp8_streams(device) else None
         with torch.no_grad():
-            n = dequantize_dense(part, tdtype, keep)
+            n = dequantize_dense(part, tdtype, keep_dense)
         if n:
             log(f"INFO: {n} dense FP8 layers dequantised to {str(tdtype).replace('torch.', '')} "
                 f"(model.fp8_dense={fp8_dense}"
-                + ("; the contracting projections stay FP8 on the streamed kernel" if keep else "")
+                + ("; the contracting projections stay FP8 on the streamed kernel"
+                   if keep_dense else "")
                 + "); the experts stay FP8")
     if stage is not None:  # a top-level module the view replaced (FP8 or dequantised) is the model's
         for name in stage.owned():

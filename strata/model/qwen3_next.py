@@ -264,7 +264,9 @@ def _stack_views(experts: nn.Module, name: str, shared: list[nn.Module], attr: s
     """(E+1, ...) stack of the experts' parameter `name` and the shared expert's parts (their
     `attr`s concatenated by rows); both become views of it."""
     routed = getattr(experts, name).detach()
-    parts = [getattr(m, attr).detach() for m in shared]
+    # (routed experts the loader left in host memory for the expert cache: the stack is made
+    # there too, and the cache moves the shared expert's part back to the device)
+    parts = [getattr(m, attr).detach().to(routed.device) for m in shared]
     as_bytes = routed.dtype == FP8_DTYPE  # concatenated as bytes: not every torch build cats float8
     if as_bytes:
         routed, parts = routed.view(torch.uint8), [p.view(torch.uint8) for p in parts]
@@ -370,13 +372,20 @@ class SparseMoe(nn.Module):
         act_s = F.silu(sg) * su * torch.sigmoid(sgate)
         return F.linear(torch.cat([act_s, act_e.reshape(x.shape[0], n_exp * inter)], -1), self.w_out)
 
+    def grouped(self, dense_experts: int) -> bool:
+        """Whether fuse_for_inference(dense_experts) runs the routed experts grouped by expert
+        (ops.moe_experts), else in one dense matmul with the router and the shared expert."""
+        se = self.shared_expert
+        parts = (self.gate, self.shared_expert_gate, se.gate_proj, se.up_proj, se.down_proj)
+        return (self.experts.w_gate_up.shape[0] > dense_experts
+                or self.experts.gu_scale is not None
+                or any(not isinstance(m, nn.Linear) for m in parts))
+
     def fuse_for_inference(self, dense_experts: int = 0) -> None:
         self.dense_experts = dense_experts
         e = self.experts
         se = self.shared_expert
-        parts = (self.gate, self.shared_expert_gate, se.gate_proj, se.up_proj, se.down_proj)
-        if (e.w_gate_up.shape[0] > dense_experts or e.gu_scale is not None
-                or any(not isinstance(m, nn.Linear) for m in parts)):
+        if self.grouped(dense_experts):
             # Many experts (or FP8): routed experts through ops.moe_experts, with the shared
             # expert folded in where it has their shape, and one matmul for both gates.
             if all(isinstance(m, nn.Linear) for m in (self.gate, self.shared_expert_gate)):
@@ -402,6 +411,12 @@ class SparseMoe(nn.Module):
         e.w_down = nn.Parameter(w_out[:, shared:].view(hidden, n_exp, inter).permute(1, 0, 2),
                                 requires_grad=False)
         self.w_in, self.w_out = w_in, w_out
+
+
+def decoder_moe_layers(model) -> list[tuple[int, "SparseMoe"]]:
+    """(decoder layer index, its SparseMoe) of every decoder MoE layer: the layers whose routed
+    experts the expert cache serves (the MTP layer's stay with the dense weights)."""
+    return [(i, layer.mlp) for i, layer in enumerate(model.layers) if isinstance(layer.mlp, SparseMoe)]
 
 
 class Attention(nn.Module):
