@@ -12,6 +12,10 @@
 #      cache (its warm-up: the goal's figure after the graph cuts), then at 128 (warm: the
 #      baseline on the same machine): docs/bench/s35/device/calls.sh a and b without the tests
 #      that passed on the H100 (~440 s)
+#   c  (an H100 will do) the expert cache's GPU tests, with the routed experts loaded into host
+#      memory (new), then the full-depth FP8 80B on the H100 through the cache: 77.5 GiB of
+#      weights do not fit its 80 GB without it; eager (no compile, no warm-up) to fit the call
+#      (~380 s at most)
 # Carry .whl and .dev/s34 (the tree's CUDA extension for Python 3.12, stripped, xz).
 set -u
 . docs/bench/device_common.sh .dev/s34/new_cuda.so.xz
@@ -31,4 +35,8 @@ n)
   TAIL=6 st n8_w512 290 python3 scripts/bench_engine.py $F --configs batch_mtp_w16 --n 8 --max-tokens 64 --repeats 2 --json $R/n8_w512.json
   grep -h "warm-up" $R/n8_w512.log | head -3
   TAIL=6 st n8_w128 150 python3 scripts/bench_engine.py $F --configs batch_mtp_w16 --n 8 --max-tokens 64 --repeats 2 --kernel-options wide_rows=128 --json $R/n8_w128.json ;;
+c)
+  TAIL=6 st gpu_expert_cache 200 python3 -m pytest -q -p no:warnings -rf -m gpu tests/test_expert_cache_gpu.py
+  TAIL=12 st full_cache_h100 180 python3 -m strata model=qwen3_next_80b_a3b_fp8 model.load_format=dummy model.moe_dense_experts=0 engine.expert_cache_mib=60000 engine.synthetic_acceptance=0.8 engine.compile=off engine.warmup=off workload.kind=synthetic workload.requests=2 workload.max_tokens=16 hydra.run.dir=$R/full_cache_run
+  free -g | head -2 ;;
 esac
