@@ -303,6 +303,42 @@ def test_routed_experts_load_into_host_memory_never_the_device(tmp_path, fmt):
     assert _cohort(eng) == ref
 
 
+@pytest.mark.parametrize("mib", [0, 1], ids=["resident", "cache"])
+def test_padded_prompt_chunks_capture_uncompiled(tmp_path, mib):
+    """A padded prompt chunk parks its padding rows on the folded shared expert, an id the
+    model holds as an int: made on the device, not copied from the host, so that the chunk's
+    graph captures with compile off too (with and without the cache; a copy from unpinned host
+    memory had failed the capture, and the chunks ran eagerly). The tokens are those of graphs
+    off."""
+    from omegaconf import OmegaConf
+
+    from strata.config import StrataConfig
+    from strata.engine.llm_engine import Engine
+    from strata.engine.request import Request, SamplingParams
+
+    path = _tiny_model(tmp_path)
+    outs = {}
+    for graphs in (False, True):
+        logs: list[str] = []
+        cfg = OmegaConf.structured(StrataConfig)
+        cfg.device, cfg.model.path, cfg.model.moe_dense_experts = "cuda", str(path), 0
+        e = cfg.engine
+        e.max_context, e.slots, e.compile, e.graphs, e.warmup = 256, 2, "off", graphs, "on"
+        e.expert_cache_mib, e.prefill_buckets = mib, [16]
+        eng = Engine.from_config(cfg, log=logs.append)
+        for i, plen in enumerate((11, 5)):  # each chunk padded to the 16-row bucket
+            eng.add_request(Request(f"r{i}", list(range(3 + i, 3 + i + plen)),
+                                    SamplingParams(max_tokens=8, stop_at_eos=False)))
+        while eng.has_work():
+            eng.step()
+        outs[graphs] = {k: list(v.emitted) for k, v in eng.requests.items()}
+        assert not [m for m in logs if "capture failed" in m], logs
+        if graphs:
+            assert eng.runner.p_graphs, "no prompt chunk was captured"
+        eng.close()
+    assert outs[True] == outs[False]
+
+
 @pytest.mark.parametrize("overlap", [False, True], ids=["serial", "overlap"])
 def test_reset_then_decode_as_a_fresh_engine_with_graphs(tmp_path, overlap):
     """ExpertCache.reset on the GPU, window graphs captured (the slots and slot table change in

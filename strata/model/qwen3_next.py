@@ -120,7 +120,10 @@ def park_padding(weights: torch.Tensor, index: torch.Tensor, valid: torch.Tensor
     would add distinct experts, whose bytes are most of a chunk's time at real scale; the real
     rows' results are the same bits (the routed-expert kernels' rows are independent)."""
     keep = valid.reshape(-1, 1)
-    park = torch.as_tensor(park, dtype=index.dtype, device=index.device)
+    if not isinstance(park, torch.Tensor):
+        # a fill on the device: an int through as_tensor is a copy from unpinned host memory,
+        # which a CUDA graph capture refuses (eager prompt chunks, compile off)
+        park = index.new_full((1, 1), int(park))
     return torch.where(keep, weights, torch.zeros_like(weights)), torch.where(keep, index, park)
 
 
