@@ -74,6 +74,11 @@ def _fill_fp8(name: str, w: torch.Tensor, scale: torch.Tensor, g: torch.Generato
     scale.uniform_(0.75, 1.25, generator=g).mul_(_std(name) * 4 / FP8_MAX)
 
 
+def _on(p: torch.Tensor, device: torch.device) -> bool:
+    """Whether p is on `device` ("cuda" meaning the current CUDA device, as cuda:0 may be)."""
+    return p.device.type == device.type and device.index in (None, p.device.index)
+
+
 @torch.no_grad()
 def init_dummy(model: nn.Module, seed: int, device: torch.device | None = None) -> nn.Module:
     """Fill every parameter of `model` (already on its device) with seeded random values.
@@ -85,9 +90,9 @@ def init_dummy(model: nn.Module, seed: int, device: torch.device | None = None) 
     for name, p in params.items():
         if name in scales:
             continue  # filled with its weight
-        at = p.device if device is None else torch.device(device)
+        at = p.device if device is None or _on(p, torch.device(device)) else torch.device(device)
         g = torch.Generator(device=at).manual_seed(param_seed(seed, name))
-        w = p if p.device == at else torch.empty_like(p, device=at)
+        w = p if at == p.device else torch.empty_like(p, device=at)
         if p.dtype == FP8_DTYPE:
             _fill_fp8(name, w, params[scale_name(name)], g)
         else:
