@@ -32,7 +32,9 @@ The study runs the serial engine (engine.overlap=false, as its simulator check m
 `--overlap both` adds each configuration's overlapped twin (NAME+overlap) beside it.
 
 A study split over two GPU calls: `--budgets 100,75 --json a.json`, then `--budgets 44,25
---no-baseline --profile a.profile.json --json b.json`.
+--no-baseline --profile a.profile.json --json b.json`. A study without the baseline loads the
+routed experts into host memory (the loader's `routed_on_host`), so one whose experts do not
+fit the card runs: `--part study --layers 48 --budgets 75,44 --no-baseline` on an 80 GB GPU.
 
 Defaults: model=qwen3_next_80b_a3b_fp8 with dummy weights, synthetic acceptance 0.8. At full
 depth the warm-up alone compiles for ~120 s per engine shape, so the study defaults to
@@ -443,8 +445,12 @@ def main() -> None:
     mcfg.moe_dense_experts = 0
     mcfg.dummy_routing_skew = a.skew
     t0 = time.perf_counter()
-    loaded = load_model(mcfg, device, log=lambda s: None)
-    print(f"loaded {loaded.path.name} ({a.layers} layers, skew {a.skew}) in "
+    # every engine caching (no baseline): the experts load into host memory, so a model whose
+    # experts do not fit the card runs (the full-depth FP8 80B on an 80 GB GPU)
+    on_host = a.part == "study" and a.no_baseline
+    loaded = load_model(mcfg, device, log=lambda s: None, routed_on_host=on_host)
+    print(f"loaded {loaded.path.name} ({a.layers} layers, skew {a.skew}"
+          f"{', routed experts in host memory' if on_host else ''}) in "
           f"{time.perf_counter() - t0:.0f} s", flush=True)
     out = {"meta": {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
                     "commit": commit_id(), "date": time.strftime("%Y-%m-%d"),

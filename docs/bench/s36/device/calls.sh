@@ -16,6 +16,10 @@
 #      memory (new), then the full-depth FP8 80B on the H100 through the cache: 77.5 GiB of
 #      weights do not fit its 80 GB without it; eager (no compile, no warm-up) to fit the call
 #      (~380 s at most)
+#   h  (an H100) the expert cache's GPU tests again (the padded chunks' capture, compile off,
+#      is new), then the full-depth FP8 80B through the cache compiled: batching's gain at a
+#      75% budget on an 80 GB card (bench_expert_cache.py --no-baseline loads the experts into
+#      host memory; ~560 s at most)
 # Carry .whl and .dev/s34 (the tree's CUDA extension for Python 3.12, stripped, xz).
 set -u
 . docs/bench/device_common.sh .dev/s34/new_cuda.so.xz
@@ -39,4 +43,7 @@ c)
   TAIL=6 st gpu_expert_cache 200 python3 -m pytest -q -p no:warnings -rf -m gpu tests/test_expert_cache_gpu.py
   TAIL=12 st full_cache_h100 180 python3 -m strata model=qwen3_next_80b_a3b_fp8 model.load_format=dummy model.moe_dense_experts=0 engine.expert_cache_mib=60000 engine.synthetic_acceptance=0.8 engine.compile=off engine.warmup=off workload.kind=synthetic workload.requests=2 workload.max_tokens=16 hydra.run.dir=$R/full_cache_run
   free -g | head -2 ;;
+h)
+  TAIL=6 st gpu_expert_cache 260 python3 -m pytest -q -p no:warnings -rf -m gpu tests/test_expert_cache_gpu.py
+  TAIL=12 st study_h100_75 290 python3 scripts/bench_expert_cache.py --part study --layers 48 --budgets 75 --no-baseline --configs solo,batch_mtp --n 1,4 --repeats 1 --max-tokens 32 --json $R/study_h100_75.json ;;
 esac
