@@ -71,7 +71,9 @@ class Engine:
             from strata.engine import stages
             return stages.start(cls, cfg, device, log, trace_path)
         # with the expert cache the routed experts load into host memory, where it keeps them
+        t0 = time.perf_counter()
         loaded = load_model(cfg.model, device, log, routed_on_host=cfg.engine.expert_cache_mib > 0)
+        log(f"INFO model {loaded.path.name} loaded in {time.perf_counter() - t0:.1f} s")
         return cls(loaded, cfg.engine, device, log=log, trace_path=trace_path)
 
     def __init__(self, loaded: LoadedModel, ecfg: Any, device: torch.device,
@@ -115,9 +117,11 @@ class Engine:
         #: engine.overlap as resolved (auto: on with one stage, with or without the expert cache)
         self.overlapped = overlap_on(ecfg)
         if cache_plan is not None:
+            t0 = time.perf_counter()
             self.expert_cache = ExpertCache(self.model, cache_plan, device, ecfg.expert_profile,
                                             ecfg.expert_adapt_every)
-            log(f"INFO {cache_plan.describe(ecfg.expert_profile)}")
+            log(f"INFO {cache_plan.describe(ecfg.expert_profile)}; placed in "
+                f"{time.perf_counter() - t0:.1f} s")
 
         # ---- state, verifier, scheduler, graph cache, runner ------------------------------------
         self.compiling = ecfg.compile == "on" or (ecfg.compile == "auto" and device.type == "cuda")

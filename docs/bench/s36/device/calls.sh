@@ -20,6 +20,10 @@
 #      is new), then the full-depth FP8 80B through the cache compiled: batching's gain at a
 #      75% budget on an 80 GB card (bench_expert_cache.py --no-baseline loads the experts into
 #      host memory; ~560 s at most)
+#   s  (an H100: a machine the simulator has never seen) the transfer check, measurements only:
+#      engine cohorts of the tiny model, the acceptance run and a quick calibration; predict
+#      here afterwards (python scripts/sim_transfer_check.py --predict-from OUT), against the
+#      shipped H200 preset and the calibrated one (~480 s at most)
 # Carry .whl and .dev/s34 (the tree's CUDA extension for Python 3.12, stripped, xz).
 set -u
 . docs/bench/device_common.sh .dev/s34/new_cuda.so.xz
@@ -46,4 +50,6 @@ c)
 h)
   TAIL=6 st gpu_expert_cache 260 python3 -m pytest -q -p no:warnings -rf -m gpu tests/test_expert_cache_gpu.py
   TAIL=12 st study_h100_75 290 python3 scripts/bench_expert_cache.py --part study --layers 48 --budgets 75 --no-baseline --configs solo,batch_mtp --n 1,4 --repeats 1 --max-tokens 32 --json $R/study_h100_75.json ;;
+s)
+  TAIL=12 st transfer_h100 540 python3 scripts/sim_transfer_check.py --device cuda --no-predict --out $R/transfer_h100 ;;
 esac
