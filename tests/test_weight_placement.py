@@ -109,3 +109,17 @@ def test_the_80b_preset_on_a_cpu_names_the_host_memory_it_lacks(monkeypatch):
     with pytest.raises(ConfigError, match=r"model qwen3-next-80b-a3b-fp8: its weights need "
                                           r"\d+\.\d GiB of host memory, and 16.0 GiB is available"):
         Engine.from_config(cfg, log=lambda s: None)
+
+
+def test_load_progress_speaks_only_on_a_long_load(monkeypatch):
+    """A line at most every every_s seconds with the share, the bytes and the time so far;
+    nothing for a load done within the first interval, nor at 100%."""
+    lines: list[str] = []
+    clock = iter([0.0, 1.0, 12.0, 13.0, 30.0])
+    monkeypatch.setattr(P.time, "perf_counter", lambda: next(clock))
+    prog = P.LoadProgress(4 * GIB, lines.append, every_s=10.0)  # t0 = 0
+    prog.add(GIB)       # 1 s: too soon
+    prog.add(GIB)       # 12 s: 50%
+    prog.add(GIB)       # 13 s: too soon after the last
+    prog.add(GIB)       # 30 s: done, no line
+    assert lines == ["INFO: loading weights: 50% (2.0 GiB of 4.0 GiB, 12 s)"]

@@ -80,11 +80,13 @@ def _on(p: torch.Tensor, device: torch.device) -> bool:
 
 
 @torch.no_grad()
-def init_dummy(model: nn.Module, seed: int, device: torch.device | None = None) -> nn.Module:
+def init_dummy(model: nn.Module, seed: int, device: torch.device | None = None,
+               progress=None) -> nn.Module:
     """Fill every parameter of `model` (already on its device) with seeded random values.
     `device`: the model's device, where every value is drawn; a parameter held elsewhere (routed
     experts the loader left in host memory for the expert cache) is drawn there in a scratch
-    copy and copied over, so that its values do not depend on where it is held."""
+    copy and copied over, so that its values do not depend on where it is held. `progress`: a
+    placement.LoadProgress told each parameter's bytes."""
     params = dict(model.named_parameters())  # tied parameters once
     scales = {scale_name(n) for n, p in params.items() if p.dtype == FP8_DTYPE}
     for name, p in params.items():
@@ -99,6 +101,8 @@ def init_dummy(model: nn.Module, seed: int, device: torch.device | None = None) 
             _fill_float(name, w, g)
         if w is not p:
             p.copy_(w)
+        if progress is not None:
+            progress.add(p.numel() * p.element_size())
     return model
 
 

@@ -18,8 +18,9 @@ from strata.model.config import CheckpointError, ModelArgs, check_eos_ids, load_
 from strata.model.dummy import apply_routing_skew, init_dummy
 from strata.model.fp8 import (FP8_DTYPE, contracting, dense_to_dequantize, dequantize_dense, QuantConfig,
                               fp8_supported, load_quant_config, scale_shape, to_fp8_linear)
-from strata.model.placement import (check_weights_fit, count_weight_bytes, device_available_bytes,
-                                    host_available_bytes, host_routed_params, materialize)
+from strata.model.placement import (LoadProgress, check_weights_fit, count_weight_bytes,
+                                    device_available_bytes, host_available_bytes,
+                                    host_routed_params, materialize)
 from strata.model.qwen3_next import Experts, Qwen3Next, Rotary
 from strata.model.stage_slice import StageSlice, global_view, stage_args
 from strata.model.tokenizer import Tokenizer
@@ -337,8 +338,10 @@ def load_checkpoint(path: str | Path, dtype: str = "auto", device: str | torch.d
             if routed_on_host and device.type == "cuda" and stage is None else [])
     dequantized = ([m for _, m in dense_to_dequantize(part, keep_dense)]
                    if keep_fp8 and fp8_dense != "fp8" else [])
-    check_weights_fit(path.name, count_weight_bytes(part, tdtype, dequantized, host), device,
-                      device_available_bytes(device), host_available_bytes())
+    need = count_weight_bytes(part, tdtype, dequantized, host)
+    check_weights_fit(path.name, need, device, device_available_bytes(device),
+                      host_available_bytes())
+    progress = LoadProgress(need.device + need.host, log)
     if host:
         log(f"INFO: the routed experts of {len(host) // 2} MoE layers are held in host memory "
             f"(engine.expert_cache_mib: the cache takes its device slots from them)")
@@ -346,7 +349,7 @@ def load_checkpoint(path: str | Path, dtype: str = "auto", device: str | torch.d
     if args.tie_word_embeddings:
         model.lm_head.weight = model.embed_tokens.weight
     if load_format == "dummy":
-        init_dummy(part, dummy_seed, device)
+        init_dummy(part, dummy_seed, device, progress)
         if routing_skew:
             apply_routing_skew(part, routing_skew, dummy_seed)
             log(f"INFO: model.dummy_routing_skew={routing_skew}: the dummy routers' expert "
@@ -357,7 +360,8 @@ def load_checkpoint(path: str | Path, dtype: str = "auto", device: str | torch.d
                f", {str(tdtype).replace('torch.', '')} (the config is FP8; this device runs it "
                f"dequantised)" if quant is not None else ""))
     else:
-        _load_tensors(part, entries, fp8_keys, keep_fp8, quant, tdtype, keymap, args, path)
+        _load_tensors(part, entries, fp8_keys, keep_fp8, quant, tdtype, keymap, args, path,
+                      progress)
     if keep_fp8 and fp8_dense != "fp8":
         with torch.no_grad():
             n = dequantize_dense(part, tdtype, keep_dense)
@@ -439,8 +443,9 @@ def _dummy_fp8_params(model: Qwen3Next, quant: QuantConfig, keymap: KeyMap) -> s
 @torch.no_grad()
 def _load_tensors(model: Qwen3Next, entries: dict[str, _Entry], fp8_keys: set[str], keep_fp8: bool,
                   quant: Optional[QuantConfig], tdtype: torch.dtype, keymap: KeyMap,
-                  args: ModelArgs, path: Path) -> None:
-    """Copy every checkpoint tensor into its parameter (FP8 ones kept or dequantised exactly)."""
+                  args: ModelArgs, path: Path, progress: Optional[LoadProgress] = None) -> None:
+    """Copy every checkpoint tensor into its parameter (FP8 ones kept or dequantised exactly);
+    `progress` is told each one's bytes."""
     params = dict(model.named_parameters(remove_duplicate=False))
     tied = {"lm_head.weight"} if args.tie_word_embeddings else set()
     covered: dict[tuple, str] = {}  # (param, expert, part) of every tensor read -> its key
@@ -491,6 +496,8 @@ def _load_tensors(model: Qwen3Next, entries: dict[str, _Entry], fp8_keys: set[st
                                           f"experts of its layer are FP8")
                 view.copy_(t.to(tdtype))
             covered[(target.param, target.expert, target.part)] = key
+            if progress is not None:
+                progress.add(view.numel() * view.element_size())
     missing = [key for name, p in params.items() if name not in tied
                for key, tg in keymap.checkpoint_keys(name, tuple(p.shape))
                if (tg.param, tg.expert, tg.part) not in covered]

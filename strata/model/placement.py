@@ -14,6 +14,7 @@ the numbers and what to set, instead of an out-of-memory kill part way through t
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
@@ -146,3 +147,21 @@ def materialize(model: nn.Module, device: torch.device,
     for m, n, p in held:
         m.register_parameter(n, nn.Parameter(torch.empty(p.shape, dtype=p.dtype, device="cpu"),
                                              requires_grad=False))
+
+
+class LoadProgress:
+    """`log` a line on the bytes filled so far, at most every `every_s` seconds, for a load that
+    runs long (a full-depth model: tens of GiB drawn or read): silent for a small model."""
+
+    def __init__(self, total_bytes: int, log, every_s: float = 10.0):
+        self.total, self.log, self.every_s = max(1, int(total_bytes)), log, every_s
+        self.done = 0
+        self.t0 = self.last = time.perf_counter()
+
+    def add(self, nbytes: int) -> None:
+        self.done += int(nbytes)
+        now = time.perf_counter()
+        if now - self.last >= self.every_s and self.done < self.total:
+            self.last = now
+            self.log(f"INFO: loading weights: {100 * self.done / self.total:.0f}% "
+                     f"({_gib(self.done)} of {_gib(self.total)}, {now - self.t0:.0f} s)")
