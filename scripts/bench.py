@@ -43,6 +43,7 @@ sys.path.insert(0, str(ROOT))
 from strata.config import EMBEDDED_MODEL_DIR  # noqa: E402
 from strata.metrics import RequestTimes, ratio  # noqa: E402
 from strata.metrics import request_metrics as metrics_of  # noqa: E402
+from strata.serve.metrics import parse_metrics  # noqa: E402
 from prompt_material import CODE_PROMPTS, prompt_texts  # noqa: E402
 
 SERVER_CONFIGS = {
@@ -75,16 +76,6 @@ def make_prompts(tokenizer: Any, n_max: int, p_max: int, eos: set[int]) -> list[
 
 
 # ------------------------------------------------------------------------------------- servers
-
-def parse_metrics(text: str) -> dict[str, float]:
-    """A /metrics page's samples by name and labels (`name{label="v"}`)."""
-    out = {}
-    for line in text.splitlines():
-        if line and not line.startswith("#"):
-            k, _, v = line.rpartition(" ")
-            out[k] = float(v)
-    return out
-
 
 def free_port() -> int:
     with socket.socket() as s:

@@ -43,7 +43,8 @@ from typing import Any, Optional
 
 import httpx
 
-from bench import Server, parse_metrics
+from bench import Server
+from strata.serve.metrics import parse_metrics
 from prompt_material import prompt_texts
 
 FINISH_OK = {"stop", "length"}

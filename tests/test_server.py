@@ -23,6 +23,8 @@ import pytest
 
 openai = pytest.importorskip("openai")
 
+from strata.serve.metrics import parse_metrics  # noqa: E402
+
 ROOT = Path(__file__).resolve().parents[1]
 CTX = 256           # engine.max_context of the test servers
 START_TIMEOUT = 120
@@ -70,13 +72,7 @@ class ServerProc:
         pytest.fail(f"server not ready after {timeout} s:\n{self.logs()}")
 
     def metrics(self) -> dict[str, float]:
-        text = httpx.get(self.base + "/metrics", timeout=5).text
-        out = {}
-        for line in text.splitlines():
-            if line and not line.startswith("#"):
-                name, _, value = line.rpartition(" ")
-                out[name] = float(value)
-        return out
+        return parse_metrics(httpx.get(self.base + "/metrics", timeout=5).text)
 
     def wait_metric(self, name: str, pred, timeout: float = 20.0) -> float:
         t_end = time.monotonic() + timeout

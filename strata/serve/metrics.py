@@ -21,6 +21,17 @@ RATE_WINDOW_S = 10.0
 MIB = 1 << 20
 
 
+def parse_metrics(text: str) -> dict[str, float]:
+    """A /metrics page's samples by name and labels (`name{label="v"}`): what render() writes,
+    read back (benchmarks, the soak, the tests)."""
+    out = {}
+    for line in text.splitlines():
+        if line and not line.startswith("#"):
+            k, _, v = line.rpartition(" ")
+            out[k] = float(v)
+    return out
+
+
 class Histogram:
     def __init__(self, buckets: Iterable[float]):
         self.bounds = sorted(buckets)
