@@ -83,13 +83,15 @@ def _submit(eng: Any, rid: str, spec: dict, ids: Optional[list[int]] = None) -> 
     from strata.engine.request import Request, RequestError, SamplingParams
 
     try:
-        if ids is None and spec.get("prompt_ids") is not None:
-            ids = list(spec["prompt_ids"])
-        elif ids is None and eng.tokenizer is None:  # (was "AttributeError: 'NoneType' ...")
-            return Rejected(rid, "prompt", "is text, and this checkpoint has no tokenizer.json "
-                                           "to encode it: send the prompt as token ids")
-        elif ids is None:
-            ids = eng.tokenizer.encode(spec["prompt"])
+        if ids is None:
+            if spec.get("prompt_ids") is not None:
+                ids = list(spec["prompt_ids"])
+            elif eng.tokenizer is None:  # (was "AttributeError: 'NoneType' object has no ...")
+                return Rejected(rid, "prompt", "is text, and this checkpoint has no "
+                                               "tokenizer.json to encode it: send the prompt as "
+                                               "token ids")
+            else:
+                ids = eng.tokenizer.encode(spec["prompt"])
         if not ids:
             return Rejected(rid, "prompt", "prompt is empty (it encodes to no tokens)")
         room = int(eng.max_context) - len(ids)
