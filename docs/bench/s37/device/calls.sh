@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# Session 37's device calls (an H200; the full-depth FP8 80B does not fit an H100's 80 GB
+# without the expert cache). Each fits one call's 600 s:
+#   a  full-depth batch_mtp W16 N=8 at the default 512-row launches on a bare machine (its
+#      warm-up line is the goal's figure), then the L2 prefetch's probe and GPU tests (never
+#      run on a GPU before: KERNELS.md "L2 prefetch")
+#   b  full-depth solo spec 2 at l2_prefetch 0 and at LEVEL (default 2; the probe's best)
+#   c  full-depth batch_mtp W16 N=8 at 128-row launches (the baseline for a's 512, warm), then
+#      at 512 with l2_prefetch LEVEL
+# On an H100 instead: docs/bench/s36/device/calls.sh h and s.
+# Carry .whl and .dev/s34 (the tree's CUDA extension for Python 3.12, stripped, xz).
+set -u
+. docs/bench/device_common.sh .dev/s34/new_cuda.so.xz
+L=${LEVEL:-2}
+case ${1:-a} in
+a)
+  TAIL=6 st n8_w512 290 python3 scripts/bench_engine.py $F --configs batch_mtp_w16 --n 8 --max-tokens 64 --repeats 2 --json $R/n8_w512.json
+  grep -h "warm-up" $R/n8_w512.log | head -3
+  TAIL=40 st l2_probe 150 python3 scripts/probe_l2_prefetch.py --json $R/l2_probe.json
+  TAIL=4 st l2_tests 60 python3 -m pytest -q -p no:warnings -rf -m gpu tests/test_l2_prefetch.py ;;
+b)
+  TAIL=4 st solo_l0 250 python3 scripts/bench_engine.py $F --configs solo_spec2 --n 1 --max-tokens 256 --repeats 2 --json $R/solo_l0.json
+  TAIL=4 st solo_l$L 200 python3 scripts/bench_engine.py $F --configs solo_spec2 --n 1 --max-tokens 256 --repeats 2 --kernel-options l2_prefetch=$L --json $R/solo_l$L.json ;;
+c)
+  TAIL=6 st n8_w128 170 python3 scripts/bench_engine.py $F --configs batch_mtp_w16 --n 8 --max-tokens 64 --repeats 2 --kernel-options wide_rows=128 --json $R/n8_w128.json
+  TAIL=6 st n8_l$L 240 python3 scripts/bench_engine.py $F --configs batch_mtp_w16 --n 8 --max-tokens 64 --repeats 2 --kernel-options l2_prefetch=$L --json $R/n8_l$L.json ;;
+esac
