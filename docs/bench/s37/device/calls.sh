@@ -7,7 +7,9 @@
 #   b  full-depth solo spec 2 at l2_prefetch 0 and at LEVEL (default 2; the probe's best)
 #   c  full-depth batch_mtp W16 N=8 at 128-row launches (the baseline for a's 512, warm), then
 #      at 512 with l2_prefetch LEVEL
-# On an H100 instead: docs/bench/s36/device/calls.sh h and s.
+#   p  (an H100 will do) the L2 prefetch's probe and GPU tests, then solo spec 2 at 24 layers
+#      (what fits 80 GB) at l2_prefetch 0 and LEVEL: the prefetch's gain, not a goal figure
+# On an H100, also docs/bench/s36/device/calls.sh h and s.
 # Carry .whl and .dev/s34 (the tree's CUDA extension for Python 3.12, stripped, xz).
 set -u
 . docs/bench/device_common.sh .dev/s34/new_cuda.so.xz
@@ -24,4 +26,9 @@ b)
 c)
   TAIL=6 st n8_w128 170 python3 scripts/bench_engine.py $F --configs batch_mtp_w16 --n 8 --max-tokens 64 --repeats 2 --kernel-options wide_rows=128 --json $R/n8_w128.json
   TAIL=6 st n8_l$L 240 python3 scripts/bench_engine.py $F --configs batch_mtp_w16 --n 8 --max-tokens 64 --repeats 2 --kernel-options l2_prefetch=$L --json $R/n8_l$L.json ;;
+p)
+  TAIL=40 st l2_probe 150 python3 scripts/probe_l2_prefetch.py --json $R/l2_probe.json
+  TAIL=4 st l2_tests 60 python3 -m pytest -q -p no:warnings -rf -m gpu tests/test_l2_prefetch.py
+  TAIL=4 st solo24_l0 170 python3 scripts/bench_engine.py $F --layers 24 --configs solo_spec2 --n 1 --max-tokens 256 --repeats 2 --json $R/solo24_l0.json
+  TAIL=4 st solo24_l$L 140 python3 scripts/bench_engine.py $F --layers 24 --configs solo_spec2 --n 1 --max-tokens 256 --repeats 2 --kernel-options l2_prefetch=$L --json $R/solo24_l$L.json ;;
 esac
