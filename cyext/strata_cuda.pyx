@@ -100,7 +100,7 @@ cdef extern from "strata_kernels.h" nogil:
                              int* ticket, int device, uintptr_t stream)
     int strata_gpu_l2_prefetch(const void* const* bases, const int64_t* nbytes,
                                const int64_t* nrows, int n, const int64_t* ids, int64_t nids,
-                               int device, uintptr_t stream)
+                               int ctas, int threads, int device, uintptr_t stream)
 
 def gpu_platform():
     """'cuda' or 'hip': the toolchain this module's kernels were built with."""
@@ -655,10 +655,11 @@ def moe_route(x, w_router, int64_t num_experts, int64_t top_k, bint norm, bias,
 
 
 
-def l2_prefetch(tensors, ids, uintptr_t stream):
+def l2_prefetch(tensors, ids, uintptr_t stream, int ctas=0, int threads=0):
     """Prefetch into L2 (strata_prefetch.cu) the bytes of up to 4 contiguous tensors, or with
     ids (int64 on the device, any shape) their rows t[ids] (ids outside [0, t.shape[0])
-    skipped): a hint for the kernels that read them next; nothing is written."""
+    skipped): a hint for the kernels that read them next; nothing is written. ctas / threads:
+    the launch's grid (0: the default layout), for measuring."""
     op = "l2_prefetch"
     cdef int n = len(tensors)
     if n > 4:
@@ -691,5 +692,5 @@ def l2_prefetch(tensors, ids, uintptr_t stream):
             nrows[j] = t.shape[0]
     cdef int rc
     with nogil:
-        rc = strata_gpu_l2_prefetch(bases, nbytes, nrows, n, ip, nids, dev, stream)
+        rc = strata_gpu_l2_prefetch(bases, nbytes, nrows, n, ip, nids, ctas, threads, dev, stream)
     _raise(op, rc)

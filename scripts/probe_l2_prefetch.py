@@ -11,8 +11,12 @@ per call in CUDA-graph replays, each call preceded by a spin of --sleep-us stand
 latency-bound kernels before it:
 
   cold    weights from HBM (weight copies or routings rotate over more bytes than L2 holds)
-  pf      ops.l2_prefetch of exactly the bytes the call reads, launched before the spin
+  pack    the prefetch in the first layout (128 pieces to a CTA), launched before the spin
+  pf      ops.l2_prefetch of exactly the bytes the call reads (the default layout: one warp a
+          CTA over every SM), launched before the spin
   pf0     the prefetch launched right before the call (no spin between)
+  side    the prefetch on a side stream, forked at the spin and joined before the call: what a
+          prefetch running beside the latency-bound kernels would give
   hot     the same weights every call (in L2 where they fit): the ceiling of what a prefetch
           can give
 
@@ -41,6 +45,7 @@ from strata.kernels import cyext_ops as C  # noqa: E402
 DEV = torch.device("cuda")
 ROTATE_BYTES = 320 << 20  # several times the H200's L2
 BLOCK = (128, 128)
+PIECE = 16 * 1024  # the prefetch kernel's piece (strata_prefetch.cu)
 
 
 def spin_cycles(us: float) -> int:
@@ -58,31 +63,55 @@ def fp8_weight(shape, seed):
     return w, s
 
 
-def measure(name, copies, call, prefetch, spin, nbytes, out):
-    """copies: per-iteration inputs; call(c) runs the op on copy c; prefetch(c) prefetches what
-    call(c) reads."""
+def measure(name, copies, call, prefetch, spin, nbytes, out, pieces):
+    """copies: per-iteration inputs; call(c) runs the op on copy c; prefetch(c, ctas, threads)
+    prefetches what call(c) reads; pieces: that prefetch's 16 KiB pieces (for the packed layout)."""
     n = len(copies)
     sleep = (lambda: torch.cuda._sleep(spin)) if spin else (lambda: None)
+    main = torch.cuda.current_stream
+    side = torch.cuda.Stream()
+    packed = (-(-pieces // 128), 128)
+
+    def forked(c):
+        side.wait_stream(main())
+        with torch.cuda.stream(side):
+            prefetch(c, 0, 0)
+        sleep()
+        main().wait_stream(side)
+
+    pf = lambda c: prefetch(c, 0, 0)  # noqa: E731
+    pk = lambda c: prefetch(c, *packed)  # noqa: E731
     seqs = {
         "base": [sleep] * n,
         "cold": [f for c in copies for f in (sleep, lambda c=c: call(c))],
-        "pf_base": [f for c in copies for f in (lambda c=c: prefetch(c), sleep)],
-        "pf": [f for c in copies for f in (lambda c=c: prefetch(c), sleep, lambda c=c: call(c))],
-        "pf0": [f for c in copies for f in (sleep, lambda c=c: prefetch(c), lambda c=c: call(c))],
+        "pack_base": [f for c in copies for f in (lambda c=c: pk(c), sleep)],
+        "pack": [f for c in copies for f in (lambda c=c: pk(c), sleep, lambda c=c: call(c))],
+        "pf_base": [f for c in copies for f in (lambda c=c: pf(c), sleep)],
+        "pf": [f for c in copies for f in (lambda c=c: pf(c), sleep, lambda c=c: call(c))],
+        "pf0": [f for c in copies for f in (sleep, lambda c=c: pf(c), lambda c=c: call(c))],
+        "side_base": [lambda c=c: forked(c) for c in copies],
+        "side": [f for c in copies for f in (lambda c=c: forked(c), lambda c=c: call(c))],
         "hot": [f for c in copies for f in (sleep, lambda: call(copies[0]))],
     }
     # seconds per copy: time_calls gives a closure's share of the replayed sequence
     t = {k: time_calls(v)[0] * len(v) / n for k, v in seqs.items()}
     rec = dict(name=name, bytes=nbytes,
                cold_us=(t["cold"] - t["base"]) * 1e6,
+               pack_us=(t["pack"] - t["pack_base"]) * 1e6,
                pf_us=(t["pf"] - t["pf_base"]) * 1e6,
                pf0_us=(t["pf0"] - t["pf_base"]) * 1e6,
+               side_us=(t["side"] - t["side_base"]) * 1e6,
                hot_us=(t["hot"] - t["base"]) * 1e6,
-               spin_us=t["base"] * 1e6, prefetch_launch_us=(t["pf_base"] - t["base"]) * 1e6)
+               spin_us=t["base"] * 1e6,
+               pack_launch_us=(t["pack_base"] - t["base"]) * 1e6,
+               prefetch_launch_us=(t["pf_base"] - t["base"]) * 1e6,
+               side_launch_us=(t["side_base"] - t["base"]) * 1e6)
     out.append(rec)
-    print(f"{name:34s} {nbytes / 1e6:7.1f} MB  cold {rec['cold_us']:7.1f}  pf {rec['pf_us']:7.1f}"
-          f"  pf0 {rec['pf0_us']:7.1f}  hot {rec['hot_us']:7.1f} us   (spin {rec['spin_us']:.1f},"
-          f" prefetch adds {rec['prefetch_launch_us']:.1f})", flush=True)
+    print(f"{name:38s} {nbytes / 1e6:6.1f} MB  cold {rec['cold_us']:6.1f}  pack {rec['pack_us']:6.1f}"
+          f"  pf {rec['pf_us']:6.1f}  pf0 {rec['pf0_us']:6.1f}  side {rec['side_us']:6.1f}"
+          f"  hot {rec['hot_us']:6.1f} us  (spin {rec['spin_us']:.1f}; the prefetch adds: pack"
+          f" {rec['pack_launch_us']:.1f}, pf {rec['prefetch_launch_us']:.1f}, side"
+          f" {rec['side_launch_us']:.1f})", flush=True)
 
 
 def dense_cases(spin, out):
@@ -96,7 +125,8 @@ def dense_cases(spin, out):
             y = torch.empty(m, o, device=DEV, dtype=torch.bfloat16)
             measure(f"linear_fp8 {o}x{i} rows {m}", copies,
                     lambda c: C.gpu_linear_fp8(x, c[0], c[1], BLOCK, out=y),
-                    lambda c: gpu.l2_prefetch([c[0]], None, st()), spin, nb, out)
+                    lambda c, g, t: gpu.l2_prefetch([c[0]], None, st(), g, t), spin, nb, out,
+                    -(-nb // PIECE))
         del copies
     o, i = 12352, 2048  # the DeltaNet input projection as the engine runs it (bf16 copy)
     nb = o * i * 2
@@ -105,7 +135,8 @@ def dense_cases(spin, out):
     for m in (1, 2, 16):
         x = torch.randn(m, i, device=DEV, dtype=torch.bfloat16)
         measure(f"F.linear bf16 {o}x{i} rows {m}", copies, lambda w: F.linear(x, w),
-                lambda w: gpu.l2_prefetch([w], None, st()), spin, nb, out)
+                lambda w, g, t: gpu.l2_prefetch([w], None, st(), g, t), spin, nb, out,
+                -(-nb // PIECE))
     del copies
     E, H = 512, 2048  # the router (+ the shared expert's gate), bf16
     nb = (E + 1) * H * 2
@@ -115,7 +146,8 @@ def dense_cases(spin, out):
         x = torch.randn(m, H, device=DEV, dtype=torch.bfloat16)
         measure(f"moe_route rows {m}", copies,
                 lambda w: C.gpu_moe_route(x, w, E, 10, True, None, E),
-                lambda w: gpu.l2_prefetch([w], None, st()), spin, nb, out)
+                lambda w, g, t: gpu.l2_prefetch([w], None, st(), g, t), spin, nb, out,
+                -(-(E + 8) * H * 2 // PIECE))
     del copies
 
 
@@ -140,13 +172,15 @@ def moe_cases(spin, out, sets: int = 16):
         def call(c):
             C.gpu_moe_experts(c[0], wgu, wd, c[1], c[2], gs, ds, BLOCK, out=c[3], workspace=work)
 
-        def pf_both(c):
-            gpu.l2_prefetch([wgu, wd], c[2], st())
+        def pf_both(c, g, t):
+            gpu.l2_prefetch([wgu, wd], c[2], st(), g, t)
 
+        ids = m * (k + 1)  # the prefetch's rows, duplicates included
         measure(f"moe_experts fp8 rows {m} (gate/up+down)", cases, call, pf_both, spin,
-                int(distinct * per), out)
+                int(distinct * per), out, ids * -(-per // PIECE))
         measure(f"moe_experts fp8 rows {m} (down only)", cases, call,
-                lambda c: gpu.l2_prefetch([wd], c[2], st()), spin, int(distinct * per), out)
+                lambda c, g, t: gpu.l2_prefetch([wd], c[2], st(), g, t), spin,
+                int(distinct * per), out, ids * -(-(H * I) // PIECE))
     del wgu, wd
 
 

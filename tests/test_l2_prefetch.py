@@ -133,3 +133,23 @@ def test_gpu_prefetch_changes_no_value_and_takes_its_inputs():
     g.replay()
     torch.cuda.synchronize()
     assert torch.equal(w, before) and int(token) == 0
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+def test_gpu_prefetch_layouts_and_their_bad_grids():
+    """Every layout (the default spread, the packed one, fewer pieces than threads) runs and
+    writes nothing; a grid the kernel cannot take is a clear error."""
+    dev = torch.device("cuda")
+    w = torch.randn(4, 1 << 20, device=dev, dtype=torch.bfloat16)  # 512 pieces
+    before = w.clone()
+    ids = torch.tensor([3, 0, 9], device=dev)
+    stream = torch.cuda.current_stream().cuda_stream
+    for ctas, threads in ((0, 0), (4, 128), (200, 32), (1, 32)):
+        cyext_ops._gpu.l2_prefetch([w], None, stream, ctas, threads)
+        cyext_ops._gpu.l2_prefetch([w], ids, stream, ctas, threads)
+    torch.cuda.synchronize()
+    assert torch.equal(w, before)
+    for ctas, threads in ((-1, 0), (0, 48), (0, 256)):
+        with pytest.raises(Exception, match="l2_prefetch"):
+            cyext_ops._gpu.l2_prefetch([w], None, stream, ctas, threads)

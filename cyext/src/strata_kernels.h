@@ -233,10 +233,11 @@ int strata_gpu_moe_route(const void* x, int64_t m, int64_t H, const void* w, int
 // into L2 while latency-bound kernels run; writes nothing, so it never breaks a dependency. A
 // no-op before sm_90 and on HIP. n <= 4 ranges [bases[j], bases[j] + bytes[j]), or with ids
 // the rows ids[0..nids) of n stacked tensors (row r of tensor j at bases[j] + r * bytes[j];
-// ids outside [0, nrows[j]) skipped). 16-byte aligned.
+// ids outside [0, nrows[j]) skipped). 16-byte aligned. ctas / threads 0: the default layout
+// (one warp a CTA, up to one CTA an SM); otherwise that grid, for measuring layouts.
 int strata_gpu_l2_prefetch(const void* const* bases, const int64_t* bytes, const int64_t* nrows,
-                           int n, const int64_t* ids, int64_t nids, int device,
-                           uintptr_t stream);
+                           int n, const int64_t* ids, int64_t nids, int ctas, int threads,
+                           int device, uintptr_t stream);
 
 #ifdef __cplusplus
 }

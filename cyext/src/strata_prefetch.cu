@@ -11,6 +11,11 @@
 // device (the experts a router chose), so both stay capturable in a CUDA graph. On GPUs without
 // the bulk prefetch (before sm_90, and HIP) the kernels do nothing: a prefetch is only a hint.
 //
+// Layout: by default the pieces are spread over as many CTAs of one warp as there are SMs, not
+// packed 128 to a CTA: a CTA's bulk prefetches go through its SM's one TMA unit in turn, so a
+// launch packed onto 13 SMs took about as long as reading its bytes (25 MB, 10 us on an H100)
+// before the kernel after it could start.
+//
 // Ordering: the kernel writes nothing, so it never breaks a dependency. It is launched
 // stream-ordered (not as a programmatic dependent): a kernel after it that waits on its
 // predecessor through griddepcontrol.wait then still waits on the kernel before the prefetch.
@@ -27,7 +32,8 @@ using namespace strata;
 namespace {
 
 constexpr int64_t PF_PIECE = 16 * 1024;  // bytes per bulk prefetch
-constexpr int PF_THREADS = 128;
+constexpr int PF_THREADS = 32;      // the default layout's threads per CTA
+constexpr int PF_MAX_THREADS = 128;
 constexpr int PF_MAX_CTAS = 132;
 constexpr int PF_MAX_RANGES = 4;
 
@@ -53,10 +59,11 @@ int64_t pieces_of(int64_t bytes) { return (bytes + PF_PIECE - 1) / PF_PIECE; }
 
 // Piece i of the call from thread i of the grid, then i + grid size, ...: the ranges one after
 // another, each whole, or with ids each listed row of it (ids out of range skipped: a prefetch
-// must never touch another buffer).
-__global__ void __launch_bounds__(PF_THREADS) l2_prefetch_kernel(PrefetchParams p) {
+// must never touch another buffer). Threads are numbered CTA-fastest, so a call of fewer pieces
+// than threads still reaches every CTA's SM.
+__global__ void __launch_bounds__(PF_MAX_THREADS) l2_prefetch_kernel(PrefetchParams p) {
   const int64_t stride = (int64_t)gridDim.x * blockDim.x;
-  int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+  int64_t i = (int64_t)threadIdx.x * gridDim.x + blockIdx.x;
   int64_t first = 0;  // the first piece of range j
   for (int j = 0; j < p.n; ++j) {
     const int64_t per = (p.bytes[j] + PF_PIECE - 1) / PF_PIECE;  // a range's or a row's pieces
@@ -87,11 +94,13 @@ int invalid_call(const char* what) {
 extern "C" {
 
 int strata_gpu_l2_prefetch(const void* const* bases, const int64_t* bytes, const int64_t* nrows,
-                           int n, const int64_t* ids, int64_t nids, int device,
-                           uintptr_t stream) {
+                           int n, const int64_t* ids, int64_t nids, int ctas, int threads,
+                           int device, uintptr_t stream) {
   int rc = gpu_use_device(device);
   if (rc) return rc;
   if (n < 0 || n > PF_MAX_RANGES) return invalid_call("l2_prefetch (0 to 4 tensors a call)");
+  if (ctas < 0 || ctas > 65535 || threads < 0 || threads > PF_MAX_THREADS || threads % 32)
+    return invalid_call("l2_prefetch (ctas 0-65535, threads a multiple of 32 up to 128; 0: default)");
   PrefetchParams p = {};
   int64_t pieces = 0;
   for (int j = 0; j < n; ++j) {
@@ -106,9 +115,15 @@ int strata_gpu_l2_prefetch(const void* const* bases, const int64_t* bytes, const
   p.ids = ids;
   p.nids = ids ? nids : 0;
   if (pieces == 0) return 0;
-  int64_t ctas = (pieces + PF_THREADS - 1) / PF_THREADS;
-  ctas = ctas > PF_MAX_CTAS ? PF_MAX_CTAS : ctas;
-  l2_prefetch_kernel<<<(unsigned)ctas, PF_THREADS, 0, (cudaStream_t)stream>>>(p);
+  // default: one piece a thread while the SMs last, one warp a CTA (see the layout note above)
+  if (!threads) threads = PF_THREADS;
+  int64_t grid = ctas;
+  if (!grid) {
+    grid = (pieces + threads - 1) / threads;
+    if (grid < PF_MAX_CTAS) grid = pieces < PF_MAX_CTAS ? pieces : PF_MAX_CTAS;
+    if (grid > PF_MAX_CTAS) grid = PF_MAX_CTAS;
+  }
+  l2_prefetch_kernel<<<(unsigned)grid, (unsigned)threads, 0, (cudaStream_t)stream>>>(p);
   const cudaError_t e = cudaGetLastError();
   if (e != cudaSuccess) {
     gpu_set_last_kernel("l2_prefetch: l2_prefetch_kernel");

@@ -10,9 +10,9 @@
 #   p  (an H100 will do) the L2 prefetch's probe and GPU tests, then solo spec 2 at 24 layers
 #      (what fits 80 GB) at l2_prefetch 0 and LEVEL: the prefetch's gain, not a goal figure
 # On an H100, also docs/bench/s36/device/calls.sh h and s.
-# Carry .whl and .dev/s34 (the tree's CUDA extension for Python 3.12, stripped, xz).
+# Carry .whl and .dev/s37 (the tree's CUDA extension for Python 3.12, stripped, xz).
 set -u
-. docs/bench/device_common.sh .dev/s34/new_cuda.so.xz
+. docs/bench/device_common.sh .dev/s37/new_cuda.so.xz
 L=${LEVEL:-2}
 case ${1:-a} in
 a)
