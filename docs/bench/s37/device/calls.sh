@@ -9,6 +9,8 @@
 #      at 512 with l2_prefetch LEVEL
 #   p  (an H100 will do) the L2 prefetch's probe and GPU tests, then solo spec 2 at 24 layers
 #      (what fits 80 GB) at l2_prefetch 0 and LEVEL: the prefetch's gain, not a goal figure
+#   q  (an H100 will do) the probe and the prefetch's GPU tests, then the expert cache's GPU
+#      tests (the padded chunks' capture, compile off, never run)
 # On an H100, also docs/bench/s36/device/calls.sh h and s.
 # Carry .whl and .dev/s37 (the tree's CUDA extension for Python 3.12, stripped, xz).
 set -u
@@ -31,4 +33,8 @@ p)
   TAIL=4 st l2_tests 60 python3 -m pytest -q -p no:warnings -rf -m gpu tests/test_l2_prefetch.py
   TAIL=4 st solo24_l0 170 python3 scripts/bench_engine.py $F --layers 24 --configs solo_spec2 --n 1 --max-tokens 256 --repeats 2 --json $R/solo24_l0.json
   TAIL=4 st solo24_l$L 140 python3 scripts/bench_engine.py $F --layers 24 --configs solo_spec2 --n 1 --max-tokens 256 --repeats 2 --kernel-options l2_prefetch=$L --json $R/solo24_l$L.json ;;
+q)
+  TAIL=40 st l2_probe 150 python3 scripts/probe_l2_prefetch.py --json $R/l2_probe.json
+  TAIL=4 st l2_tests 60 python3 -m pytest -q -p no:warnings -rf -m gpu tests/test_l2_prefetch.py
+  TAIL=6 st gpu_expert_cache 260 python3 -m pytest -q -p no:warnings -rf -m gpu tests/test_expert_cache_gpu.py ;;
 esac
