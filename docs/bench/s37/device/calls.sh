@@ -11,6 +11,8 @@
 #      (what fits 80 GB) at l2_prefetch 0 and LEVEL: the prefetch's gain, not a goal figure
 #   q  (an H100 will do) the probe and the prefetch's GPU tests, then the expert cache's GPU
 #      tests (the padded chunks' capture, compile off, never run)
+#   w  (any GPU) the warm-up with inductor's pointwise autotuning on (torch's default) and off,
+#      4 layers (the same 60 window shapes and compile work as full depth), cold caches each
 # On an H100, also docs/bench/s36/device/calls.sh h and s.
 # Carry .whl and .dev/s37 (the tree's CUDA extension for Python 3.12, stripped, xz).
 set -u
@@ -37,4 +39,10 @@ q)
   TAIL=40 st l2_probe 150 python3 scripts/probe_l2_prefetch.py --json $R/l2_probe.json
   TAIL=4 st l2_tests 60 python3 -m pytest -q -p no:warnings -rf -m gpu tests/test_l2_prefetch.py
   TAIL=6 st gpu_expert_cache 260 python3 -m pytest -q -p no:warnings -rf -m gpu tests/test_expert_cache_gpu.py ;;
+w)
+  # the warm-up's compile work does not grow with depth: 4 layers, each run on cold caches
+  for AT in 1 0; do
+    TORCHINDUCTOR_CACHE_DIR=/tmp/ind_w$AT TRITON_CACHE_DIR=/tmp/ind_w$AT/triton TAIL=3 st warm4_at$AT 200 python3 docs/bench/s37/device/inductor_run.py triton.autotune_pointwise=$AT -- $F --layers 4 --configs batch_mtp_w16 --n 8 --max-tokens 64 --repeats 1 --json $R/warm4_at$AT.json
+    grep -h "warm-up: 60" $R/warm4_at$AT.log
+  done ;;
 esac
