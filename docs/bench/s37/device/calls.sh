@@ -11,6 +11,9 @@
 #      (what fits 80 GB) at l2_prefetch 0 and LEVEL: the prefetch's gain, not a goal figure
 #   q  (an H100 will do) the probe and the prefetch's GPU tests, then the expert cache's GPU
 #      tests (the padded chunks' capture, compile off, never run)
+#   h  (an H100) the probe and the prefetch's tests, then the full-depth FP8 80B through the
+#      expert cache at a 75% budget (batching's gain against the simulator's prediction in
+#      docs/SIM_STUDIES.md), then the expert cache's GPU tests as time allows
 #   w  (any GPU) the warm-up with inductor's pointwise autotuning on (torch's default) and off,
 #      4 layers (the same 60 window shapes and compile work as full depth), cold caches each
 # On an H100, also docs/bench/s36/device/calls.sh h and s.
@@ -39,6 +42,11 @@ q)
   TAIL=40 st l2_probe 150 python3 scripts/probe_l2_prefetch.py --json $R/l2_probe.json
   TAIL=4 st l2_tests 60 python3 -m pytest -q -p no:warnings -rf -m gpu tests/test_l2_prefetch.py
   TAIL=6 st gpu_expert_cache 260 python3 -m pytest -q -p no:warnings -rf -m gpu tests/test_expert_cache_gpu.py ;;
+h)
+  TAIL=30 st l2_probe 100 python3 scripts/probe_l2_prefetch.py --json $R/l2_probe.json
+  TAIL=4 st l2_tests 40 python3 -m pytest -q -p no:warnings -rf -m gpu tests/test_l2_prefetch.py
+  TAIL=12 st study_h100_75 290 python3 scripts/bench_expert_cache.py --part study --layers 48 --budgets 75 --no-baseline --configs solo,batch_mtp --n 1,4 --repeats 1 --max-tokens 32 --json $R/study_h100_75.json
+  TAIL=6 st gpu_expert_cache 130 python3 -m pytest -q -p no:warnings -rf -m gpu tests/test_expert_cache_gpu.py ;;
 w)
   # the warm-up's compile work does not grow with depth: 4 layers, each run on cold caches
   for AT in 1 0; do
