@@ -205,6 +205,10 @@ CONFIGS = {
     "batch_mtp": dict(mode="batch", batch_mtp=True),
     "batch_mtp_eager": dict(mode="batch", batch_mtp=True, graphs=False),
     "batch_mtp_w16": dict(mode="batch", batch_mtp=True, window_rows=16),
+    # engine.batch_mtp_drafts=null: up to spec - 1 drafts a group where the window has room
+    "batch_mtp_deep": dict(mode="batch", batch_mtp=True, batch_mtp_drafts=None),
+    "batch_mtp_w16_deep": dict(mode="batch", batch_mtp=True, window_rows=16, batch_mtp_drafts=None),
+    "batch_mtp_w32_deep": dict(mode="batch", batch_mtp=True, window_rows=32, batch_mtp_drafts=None),
     # engine.batch_invariant: every window runs window_rows rows. Greedy text is compared with
     # the first configuration listed, so list solo_inv first to check the invariant ones.
     "solo_inv": dict(mode="solo", batch_mtp=False, batch_invariant=True),

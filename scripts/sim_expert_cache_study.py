@@ -673,6 +673,7 @@ def bench_json_cells(path: str | Path) -> tuple[list[tuple[str, int, dict, list[
                 f"engine.graphs={str(c.get('graphs', a.get('graphs', True))).lower()}",
                 f"engine.spec={c.get('spec', a['spec'])}",
                 f"engine.window_rows={c.get('window_rows', a['window_rows'])}",
+                f"engine.batch_mtp_drafts={c.get('batch_mtp_drafts', 1) or 'null'}",
                 # (a run from before its auto set it to 1 when not given)
                 f"engine.prefill_slots={a.get('prefill_slots', 1) or 'null'}",
                 f"engine.max_context={a['max_context']}",

@@ -449,11 +449,16 @@ class SimEngine:
 
     # --- decode ----------------------------------------------------------------------------
 
-    def _base_rows(self, lone: bool) -> int:
+    def _base_rows(self, lone: bool, decoding: int = 1) -> int:
+        """A group's rows before its request's bounds; `decoding`: the slots the window may
+        hold (a batch_mtp group takes up to window_rows // decoding, engine.batch_mtp_drafts)."""
         k = self.knobs
         if k.mode == "solo" or lone:
             return k.spec if self.drafting else 1
-        return 2 if (k.batch_mtp and self.drafting) else 1
+        if not (k.batch_mtp and self.drafting):
+            return 1
+        drafts = k.spec - 1 if k.batch_mtp_drafts is None else k.batch_mtp_drafts
+        return max(2, min(1 + drafts, k.window_rows // max(1, decoding)))
 
     def _window_shape(self, groups: list[tuple[SlotState, int]]) -> tuple[int, int]:
         """(groups the engine runs, rows per group it runs): batch-invariant windows run
@@ -488,7 +493,10 @@ class SimEngine:
         may still commit `inflight` positions and emit as many tokens: the rows assume it does,
         and a slot it may take to the end of the context waits (0 rows)."""
         k = self.knobs
-        base = self._base_rows(lone=len(self.ring) == 1 and not prefilling_exists)
+        # Pipelined: at most ceil(D / S) slots, so that S windows of different slots fly.
+        cap = -(-len(self.ring) // self.pipeline) if self.pipeline else None
+        base = self._base_rows(len(self.ring) == 1 and not prefilling_exists,
+                               len(self.ring) if cap is None else min(len(self.ring), cap))
 
         def rows_of(slot: int) -> int:
             st = self.slots[slot]
@@ -497,8 +505,6 @@ class SimEngine:
             room = k.max_context - st.pos - st.inflight
             return 0 if room < 1 else max(1, min(base, st.left - st.inflight, room))
 
-        # Pipelined: at most ceil(D / S) slots, so that S windows of different slots fly.
-        cap = -(-len(self.ring) // self.pipeline) if self.pipeline else None
         taken = self.ring.build_window(rows_of, k.window_rows, k.batch_invariant, cap)
         return [(self.slots[s], rows_of(s)) for s in taken]
 

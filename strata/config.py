@@ -72,6 +72,11 @@ class EngineConfig:
     #: Grouped MTP verification in batch slots; STRATA_BATCH_MTP=0|1 replaces this default, and
     #: an explicit engine.batch_mtp=... on the command line beats the environment.
     batch_mtp: bool = field(default=True, metadata=TRACED)
+    #: Drafts a batch_mtp slot verifies per window at most: 1, the one draft of the upstream
+    #: feature; k > 1 (up to spec - 1) or null (spec - 1): as many as the window has room for,
+    #: window_rows // decoding slots rows each (never fewer than 2), so that a few slots fill
+    #: a window with deeper groups instead of leaving its rows unused.
+    batch_mtp_drafts: Optional[int] = 1
     #: Decoding lanes asked for; the engine runs what fits in memory and says so.
     slots: int = field(default=4, metadata=TRACED)
     #: Verify rows per solo step (1 = no speculation); also a lone batch slot's window.
@@ -374,6 +379,12 @@ def validate_engine(e: Any, error: type[ValueError] = ConfigError) -> None:
         bad("invariant_split_keys", f"must be >= 1, got {e.invariant_split_keys}")
     if e.spec > e.window_rows:
         bad("spec", f"engine.spec={e.spec} exceeds engine.window_rows={e.window_rows}")
+    d = e.batch_mtp_drafts
+    if d is not None and d < 1:
+        bad("batch_mtp_drafts", f"must be >= 1 or null (spec - 1), got {d}")
+    if d is not None and d > 1 and d > e.spec - 1:
+        bad("batch_mtp_drafts", f"engine.batch_mtp_drafts={d} exceeds engine.spec - 1 = "
+                                f"{e.spec - 1} (a group verifies at most engine.spec rows)")
     if not 0.0 < e.decode_share <= 1.0:
         bad("decode_share", f"must be in (0, 1], got {e.decode_share}")
     if e.prefill_chunk < 1:

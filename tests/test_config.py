@@ -162,6 +162,8 @@ BAD_ENGINE = [
     ("shape_buckets", [1, 1, 2]),
     ("shape_buckets", [0, 4]),
     ("compile", "maybe"),
+    ("batch_mtp_drafts", 0),
+    ("batch_mtp_drafts", 4),  # > spec - 1 = 3
 ]
 
 
@@ -185,6 +187,16 @@ def test_validate_engine_spec_and_window_rows():
     validate_engine(e)
     e.spec, e.window_rows = 1, 1
     validate_engine(e)
+
+
+def test_validate_engine_batch_mtp_drafts_up_to_spec_less_one():
+    e = OmegaConf.structured(EngineConfig)
+    for spec, drafts in ((4, 3), (4, None), (2, 1), (1, 1)):  # 1 stands whatever the spec
+        e.spec, e.batch_mtp_drafts = spec, drafts
+        validate_engine(e)
+    e.spec, e.batch_mtp_drafts = 2, 2
+    with pytest.raises(ConfigError, match=r"^engine.batch_mtp_drafts: .*engine.spec - 1 = 1"):
+        validate_engine(e)
 
 
 def test_validate_engine_prefill_slots_on_one_device_only():

@@ -127,7 +127,8 @@ def pool_requests(n: int, sampled: bool, vocab: int = 512) -> list[Request]:
 
 
 def engine_for(model_dir, mode: str, graphs: str = "off", slots: int = 4, window_rows: int = 8,
-               spec: int = 4, overlap: bool | None = None, prefill_slots: int = 1) -> Engine:
+               spec: int = 4, overlap: bool | None = None, prefill_slots: int = 1,
+               batch_mtp_drafts: int | None = 1) -> Engine:
     cfg = OmegaConf.structured(StrataConfig)
     cfg.device = "cpu"
     cfg.model.path = str(model_dir)
@@ -138,6 +139,7 @@ def engine_for(model_dir, mode: str, graphs: str = "off", slots: int = 4, window
     e.max_context = MAX_CONTEXT
     e.prefill_chunk = PREFILL_CHUNK
     e.prefill_slots = prefill_slots
+    e.batch_mtp_drafts = batch_mtp_drafts
     e.graphs = graphs != "off"
     e.overlap = overlap
     if graphs != "off":
@@ -294,6 +296,24 @@ def test_sampled_identity_random_model(random_model, n, slots, w):
         outs, _ = run(random_model, mode, pool_requests(n, True), graphs=graphs, slots=slots,
                       window_rows=w)
         assert_same(outs, ref, n)
+
+
+@pytest.mark.parametrize("sampled", [False, True], ids=["greedy", "sampled"])
+@pytest.mark.parametrize("n,w,graphs,overlap", [(2, 8, "off", False), (3, 12, "shape", True),
+                                                (4, 8, "layout", None)])
+def test_deeper_batch_mtp_groups_identity(random_model, sampled, n, w, graphs, overlap):
+    """engine.batch_mtp_drafts=null: slots that leave the window room verify up to spec - 1
+    drafts each in one window (W // D rows a group), and every request's tokens are still the
+    solo reference's, greedy and sampled."""
+    ref, _ = solo_reference(random_model, sampled=sampled)
+    outs, eng = run(random_model, "batch_mtp", pool_requests(n, sampled), graphs=graphs,
+                    slots=4, window_rows=w, overlap=overlap, batch_mtp_drafts=None)
+    assert_same(outs, ref, n)
+    deep = [ev for ev in eng.trace.events if ev["ev"] == "window" and len(set(ev["layout"])) > 1
+            and max(ev["layout"].count(s) for s in set(ev["layout"])) > 2]
+    assert deep, "no window held several slots' groups of more than 2 rows"
+    for ev in deep:  # never more rows a group than the window's share, nor than spec
+        assert max(ev["layout"].count(s) for s in set(ev["layout"])) <= min(4, w // 2)
 
 
 @pytest.mark.parametrize("sampled", [False, True], ids=["greedy", "sampled"])

@@ -189,6 +189,9 @@ class TraceModel:
         e = config_ev["engine"]
         self.mode, self.spec, self.w = e["mode"], e["spec"], e["window_rows"]
         self.batch_mtp, self.drafting = e["batch_mtp"], e["drafting"]
+        # rule 3: a batch_mtp group's drafts at most (null: spec - 1; a trace without it: 1)
+        d = e.get("batch_mtp_drafts", 1)
+        self.drafts = self.spec - 1 if d is None else d
         self.share, self.chunk = e["decode_share"], e["prefill_chunk"]
         self.max_context = e["max_context"]
         # rule 5: a prompt chunk holds up to this many prefilling slots (resolved by the engine)
@@ -243,7 +246,8 @@ class TraceModel:
         if self.mode == "solo" or lone:
             base = spec
         else:
-            base = 2 if (self.batch_mtp and self.drafting) else 1
+            base = (max(2, min(1 + self.drafts, self.w // len(self.members)))
+                    if self.batch_mtp and self.drafting else 1)
         return min(base, r["max_tokens"] - r["emitted"], self.max_context - r["pos"])
 
     # -- events --

@@ -64,6 +64,22 @@ def test_base_rows(mode, batch_mtp, drafting, lone, expected):
     assert eng._base_rows(lone) == expected
 
 
+@pytest.mark.parametrize("drafts,window_rows,decoding,expected", [
+    (1, 16, 2, 2),      # the default: one draft whatever the room
+    (None, 16, 2, 4),   # up to spec - 1 drafts
+    (None, 16, 5, 3),   # 16 // 5
+    (None, 8, 5, 2),    # never fewer than 2: the ring rotates the rest
+    (2, 16, 2, 3),      # at most 2 drafts
+])
+def test_base_rows_of_deeper_batch_mtp_groups(drafts, window_rows, decoding, expected):
+    """engine.batch_mtp_drafts: W // D rows a group, between 2 and 1 + the drafts."""
+    eng = SimEngine.__new__(SimEngine)
+    eng.knobs = SimEngineConfig(mode="batch", batch_mtp=True, drafting=True, spec=4,
+                                window_rows=window_rows, batch_mtp_drafts=drafts)
+    eng.drafting = True
+    assert eng._base_rows(False, decoding) == expected
+
+
 # --- graph cache -----------------------------------------------------------------------------
 
 def memory(total=10_000.0, reserve=0.0, weights=0.0, slot=0.0, slots=0, estimate=16.0,

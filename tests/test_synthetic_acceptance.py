@@ -184,7 +184,7 @@ def test_simulator_takes_the_engines_decisions(model_dir):
     assert judged > 10
 
 
-@pytest.mark.parametrize("mode", ["solo", "batch_mtp"])
+@pytest.mark.parametrize("mode", ["solo", "batch_mtp", "batch_mtp_deep"])
 def test_prediction_of_a_synthetic_run_takes_the_engines_windows(model_dir, mode):
     """With engine.synthetic_acceptance the simulator's prediction (not a replay: nothing of
     the trace is read) runs the engine's windows and commits, in order, accept counts included:
@@ -195,9 +195,11 @@ def test_prediction_of_a_synthetic_run_takes_the_engines_windows(model_dir, mode
     from sim.config import SIM_CONF_DIR
 
     n, prompt, out = 3, 6, 24
-    knobs = dict(mode="solo" if mode == "solo" else "batch", batch_mtp=mode == "batch_mtp",
+    knobs = dict(mode="solo" if mode == "solo" else "batch", batch_mtp=mode != "solo",
                  slots=n if mode != "solo" else 1, window_rows=8, spec=4, graphs=False,
                  synthetic_acceptance=0.8)
+    if mode == "batch_mtp_deep":  # 3 slots in 12 rows: groups of 4 (1 + spec - 1 drafts)
+        knobs.update(batch_mtp_drafts=3, window_rows=12)
     eng = Engine.from_config(cpu_engine_config(model_dir, 128, **knobs), log=lambda s: None)
     rng = random.Random(3)
     run_cohort(eng, [Request(f"r{i}", [rng.randrange(1, 512) for _ in range(prompt)],
@@ -220,4 +222,7 @@ def test_prediction_of_a_synthetic_run_takes_the_engines_windows(model_dir, mode
 
     engine_events = schedule(eng.trace.events)
     assert sum(1 for e in engine_events if e[0] == "commit" and e[3]) > 3
+    if mode == "batch_mtp_deep":
+        assert any(e[0] == "window" and len(set(e[1])) > 1 and len(e[1]) > 2 * len(set(e[1]))
+                   for e in engine_events), "no window of several slots' deeper groups"
     assert schedule(sim.events) == engine_events

@@ -149,7 +149,8 @@ class Engine:
                                    prefill_chunk=ecfg.prefill_chunk, max_context=self.max_context,
                                    trace=self.trace, batch_invariant=ecfg.batch_invariant,
                                    pipeline=ecfg.stages if ecfg.pipeline_groups else 0,
-                                   prefill_slots=self.prefill_slots)
+                                   prefill_slots=self.prefill_slots,
+                                   batch_mtp_drafts=ecfg.batch_mtp_drafts)
         self.runner = ModelRunner.for_engine(self.verifier, ecfg, device, self.budget,
                                              self.trace, log)
         self.cache = self.runner.cache

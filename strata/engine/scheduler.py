@@ -40,15 +40,17 @@ class Scheduler:
     def __init__(self, n_slots: int, *, mode: str, batch_mtp: bool, drafting: bool, spec: int,
                  window_rows: int, decode_share: float, prefill_chunk: int, max_context: int,
                  trace: TraceWriter, batch_invariant: bool = False, pipeline: int = 0,
-                 prefill_slots: int = 1):
+                 prefill_slots: int = 1, batch_mtp_drafts: Optional[int] = 1):
         """`pipeline` (engine.pipeline_groups): the stages, whose windows of different slots
         are in flight at once (0: off); `prefill_slots` (engine.prefill_slots): the prefilling
-        slots one prompt chunk may hold."""
+        slots one prompt chunk may hold; `batch_mtp_drafts` (engine.batch_mtp_drafts, null:
+        spec - 1): the most drafts a batch_mtp group verifies."""
         self.slots = [Slot(i) for i in range(n_slots)]
         self.queue: deque[RequestState] = deque()
         self.ring = RotationRing()
         self.mode, self.batch_mtp, self.drafting = mode, batch_mtp, drafting
         self.spec, self.window_rows = spec, window_rows
+        self.batch_mtp_drafts = spec - 1 if batch_mtp_drafts is None else batch_mtp_drafts
         self.batch_invariant = batch_invariant
         self.pipeline = pipeline
         self.decode_share, self.prefill_chunk = decode_share, prefill_chunk
@@ -93,17 +95,21 @@ class Scheduler:
     def busy(self) -> bool:
         return bool(self.queue) or any(s.phase != FREE for s in self.slots)
 
-    def rows_for(self, slot: Slot, lone: bool) -> int:
-        """Rows of the slot's group in the next window; 0: it cannot run in it. A window in
-        flight (engine.overlap) may still commit `slot.inflight` positions and emit as many
-        tokens: the bounds assume it does, so no row ever writes past the context."""
+    def rows_for(self, slot: Slot, lone: bool, decoding: int = 1) -> int:
+        """Rows of the slot's group in the next window; 0: it cannot run in it. `decoding`:
+        the slots the window may hold. A window in flight (engine.overlap) may still commit
+        `slot.inflight` positions and emit as many tokens: the bounds assume it does, so no row
+        ever writes past the context."""
         if self.pipeline and slot.inflight:
             return 0  # its window t + 1 waits for window t's accepted prefix
         spec = self.spec if self.drafting else 1
         if self.mode == "solo" or lone:
             base = spec
+        elif self.batch_mtp and self.drafting:
+            # one draft, or as many as the window has room for (engine.batch_mtp_drafts)
+            base = max(2, min(1 + self.batch_mtp_drafts, self.window_rows // max(1, decoding)))
         else:
-            base = 2 if (self.batch_mtp and self.drafting) else 1
+            base = 1
         room = self.max_context - slot.pos - slot.inflight
         if room < 1:
             return 0  # it may have reached the end of the context: wait for the window's read
@@ -129,8 +135,9 @@ class Scheduler:
             return Plan(PlanKind.PREFILL, slot=segs[0][0], tokens=segs[0][1],
                         segments=segs if len(segs) > 1 else [])
         lone = len(decoding) == 1 and not prefilling
-        rows = {sid: self.rows_for(self.slots[sid], lone) for sid in decoding}
         cap = -(-len(decoding) // self.pipeline) if self.pipeline else None
+        n = len(decoding) if cap is None else min(len(decoding), cap)
+        rows = {sid: self.rows_for(self.slots[sid], lone, n) for sid in decoding}
         taken = self.ring.build(lambda sid: rows[sid], self.window_rows, self.batch_invariant, cap)
         if not taken:  # (overlap, pipelining) every decoding slot waits for a window in flight
             return Plan(PlanKind.IDLE)

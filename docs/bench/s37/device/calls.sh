@@ -14,6 +14,8 @@
 #   h  (an H100) the probe and the prefetch's tests, then the full-depth FP8 80B through the
 #      expert cache at a 75% budget (batching's gain against the simulator's prediction in
 #      docs/SIM_STUDIES.md), then the expert cache's GPU tests as time allows
+#   d  (any GPU) deeper batch_mtp groups (engine.batch_mtp_drafts=null) against one draft at
+#      N=2 and 4, W16: the tiny model, then the FP8 80B shapes at LAYERS (48; 24 on an H100)
 #   w  (any GPU) the warm-up with inductor's pointwise autotuning on (torch's default) and off,
 #      4 layers (the same 60 window shapes and compile work as full depth), cold caches each
 # On an H100, also docs/bench/s36/device/calls.sh h and s.
@@ -47,6 +49,11 @@ h)
   TAIL=4 st l2_tests 40 python3 -m pytest -q -p no:warnings -rf -m gpu tests/test_l2_prefetch.py
   TAIL=12 st study_h100_75 290 python3 scripts/bench_expert_cache.py --part study --layers 48 --budgets 75 --no-baseline --configs solo,batch_mtp --n 1,4 --repeats 1 --max-tokens 32 --json $R/study_h100_75.json
   TAIL=6 st gpu_expert_cache 130 python3 -m pytest -q -p no:warnings -rf -m gpu tests/test_expert_cache_gpu.py ;;
+d)
+  # engine.batch_mtp_drafts=null against 1: the tiny model, then the FP8 80B shapes (LAYERS:
+  # 48 on an H200, 24 on an H100)
+  TAIL=8 st tiny_deep 200 python3 scripts/bench_engine.py --configs batch_mtp_w16,batch_mtp_w16_deep --n 2,4 --prompt-tokens 64 --max-tokens 256 --overlap on --repeats 3 --json $R/tiny_deep.json
+  TAIL=10 st fp8_deep 330 python3 scripts/bench_engine.py $F --layers ${LAYERS:-48} --configs batch_mtp_w16,batch_mtp_w16_deep --n 2,4 --max-tokens 64 --repeats 2 --json $R/fp8_deep.json ;;
 w)
   # the warm-up's compile work does not grow with depth: 4 layers, each run on cold caches
   for AT in 1 0; do
