@@ -16,6 +16,7 @@
 #      docs/SIM_STUDIES.md), then the expert cache's GPU tests as time allows
 #   d  (any GPU) deeper batch_mtp groups (engine.batch_mtp_drafts=null) against one draft at
 #      N=2 and 4, W16: the tiny model, then the FP8 80B shapes at LAYERS (48; 24 on an H100)
+#   e  d in under 300 s: the tiny model, then 24 layers at N=2
 #   w  (any GPU) the warm-up with inductor's pointwise autotuning on (torch's default) and off,
 #      4 layers (the same 60 window shapes and compile work as full depth), cold caches each
 # On an H100, also docs/bench/s36/device/calls.sh h and s.
@@ -54,6 +55,10 @@ d)
   # 48 on an H200, 24 on an H100)
   TAIL=8 st tiny_deep 200 python3 scripts/bench_engine.py --configs batch_mtp_w16,batch_mtp_w16_deep --n 2,4 --prompt-tokens 64 --max-tokens 256 --overlap on --repeats 3 --json $R/tiny_deep.json
   TAIL=10 st fp8_deep 330 python3 scripts/bench_engine.py $F --layers ${LAYERS:-48} --configs batch_mtp_w16,batch_mtp_w16_deep --n 2,4 --max-tokens 64 --repeats 2 --json $R/fp8_deep.json ;;
+e)
+  # d, shorter: the tiny model at N=2 and 4, then the FP8 shapes at 24 layers and N=2
+  TAIL=8 st tiny_deep 120 python3 scripts/bench_engine.py --configs batch_mtp_w16,batch_mtp_w16_deep --n 2,4 --prompt-tokens 64 --max-tokens 256 --overlap on --repeats 3 --json $R/tiny_deep.json
+  TAIL=8 st fp8_deep24 150 python3 scripts/bench_engine.py $F --layers 24 --configs batch_mtp_w16,batch_mtp_w16_deep --n 2 --max-tokens 64 --repeats 2 --json $R/fp8_deep24.json ;;
 w)
   # the warm-up's compile work does not grow with depth: 4 layers, each run on cold caches
   for AT in 1 0; do
