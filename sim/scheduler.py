@@ -496,7 +496,7 @@ class SimEngine:
         # Pipelined: at most ceil(D / S) slots, so that S windows of different slots fly.
         cap = -(-len(self.ring) // self.pipeline) if self.pipeline else None
         base = self._base_rows(len(self.ring) == 1 and not prefilling_exists,
-                               len(self.ring) if cap is None else min(len(self.ring), cap))
+                               len(self.ring) if cap is None else cap)
 
         def rows_of(slot: int) -> int:
             st = self.slots[slot]

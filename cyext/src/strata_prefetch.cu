@@ -115,14 +115,9 @@ int strata_gpu_l2_prefetch(const void* const* bases, const int64_t* bytes, const
   p.ids = ids;
   p.nids = ids ? nids : 0;
   if (pieces == 0) return 0;
-  // default: one piece a thread while the SMs last, one warp a CTA (see the layout note above)
+  // default: a CTA of one warp per piece, up to one per SM (see the layout note above)
   if (!threads) threads = PF_THREADS;
-  int64_t grid = ctas;
-  if (!grid) {
-    grid = (pieces + threads - 1) / threads;
-    if (grid < PF_MAX_CTAS) grid = pieces < PF_MAX_CTAS ? pieces : PF_MAX_CTAS;
-    if (grid > PF_MAX_CTAS) grid = PF_MAX_CTAS;
-  }
+  const int64_t grid = ctas ? ctas : (pieces < PF_MAX_CTAS ? pieces : PF_MAX_CTAS);
   l2_prefetch_kernel<<<(unsigned)grid, (unsigned)threads, 0, (cudaStream_t)stream>>>(p);
   const cudaError_t e = cudaGetLastError();
   if (e != cudaSuccess) {

@@ -136,7 +136,7 @@ class Scheduler:
                         segments=segs if len(segs) > 1 else [])
         lone = len(decoding) == 1 and not prefilling
         cap = -(-len(decoding) // self.pipeline) if self.pipeline else None
-        n = len(decoding) if cap is None else min(len(decoding), cap)
+        n = len(decoding) if cap is None else cap  # the slots the window may hold
         rows = {sid: self.rows_for(self.slots[sid], lone, n) for sid in decoding}
         taken = self.ring.build(lambda sid: rows[sid], self.window_rows, self.batch_invariant, cap)
         if not taken:  # (overlap, pipelining) every decoding slot waits for a window in flight
