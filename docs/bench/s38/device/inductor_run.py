@@ -15,7 +15,33 @@ from pathlib import Path
 import torch._inductor.config as inductor_config
 from torch._dynamo.utils import compile_times
 
-atexit.register(lambda: print("inductor_run: compile times\n" + compile_times(repr="str"), flush=True))
+
+def report() -> None:
+    """The compile-time table summed over graphs (its 14 largest phases) and the cache counters."""
+    from torch._dynamo.utils import counters
+
+    totals = sorted(_phase_totals(), reverse=True)
+    print("inductor_run: compile time by phase (s, calls):", flush=True)
+    for total, n, name in totals[:14]:
+        print(f"  {total:8.1f} {n:4d}  {name}", flush=True)
+    hits = {k: v for group in ("inductor", "aot_autograd") for k, v in counters[group].items()
+            if "cache" in k}
+    print(f"inductor_run: caches {hits}", flush=True)
+
+
+def _phase_totals() -> list[tuple[float, int, str]]:
+    out = []
+    for line in compile_times(repr="str").splitlines()[2:]:
+        name, *values = line.split(", ")
+        try:
+            times = [float(v) for v in values]
+        except ValueError:
+            continue
+        out.append((sum(times), len(times), name))
+    return out
+
+
+atexit.register(report)
 sep = sys.argv.index("--")
 for item in sys.argv[1:sep]:
     key, value = item.split("=", 1)
