@@ -251,6 +251,7 @@ def engine_cfg(base: dict, name: str, n: int, args) -> object:
     # bench_expert_cache.py has no --prefill-slots: one slot a chunk, as its studies ran
     cfg.prefill_slots = getattr(args, "prefill_slots", 1)
     cfg.compile_specialize_one = getattr(args, "specialize_one", "on") == "on"
+    cfg.compile_workers = getattr(args, "compile_workers", None)
     cfg.vram_every = 0
     cfg.synthetic_acceptance = args.synthetic_acceptance
     for k, v in base.items():
@@ -264,7 +265,8 @@ def make_engine(loaded, device, ecfg, prompts, max_tokens) -> Engine:
     not what the timed cohorts measure, and repeats reuse its graphs as a server would."""
     # Warm-up and warnings go to stderr: how long compiling takes is worth seeing.
     eng = Engine(loaded, ecfg, device,
-                 log=lambda s: s.startswith(("INFO warm-up", "WARNING")) and print(s, file=sys.stderr))
+                 log=lambda s: s.startswith(("INFO warm-up", "INFO compile workers", "WARNING"))
+                 and print(s, file=sys.stderr))
     eng.trace.keep = False
     eng.window_times = WindowTimes()
     eng.trace.listener = eng.window_times
@@ -453,6 +455,9 @@ def main() -> None:
                     help="engine.synthetic_acceptance: accept each draft with this probability")
     ap.add_argument("--specialize-one", choices=("on", "off"), default="on",
                     help="engine.compile_specialize_one: a group or row count of 1 compiled apart")
+    ap.add_argument("--compile-workers", type=int, default=None,
+                    help="engine.compile_workers: processes that compile the first engine's "
+                         "warm-up graphs in parallel (default: the engine's auto)")
     ap.add_argument("--bandwidth", type=float, default=H200_COPY_BYTES_PER_S,
                     help="bytes/s of the byte floor (default: the H200's measured copy rate)")
     ap.add_argument("--graphs", type=lambda s: s.lower() in ("1", "true", "yes"), default=True)

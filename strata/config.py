@@ -134,6 +134,12 @@ class EngineConfig:
     #: 0/1 specialisation; true), or compile one graph for every count (false: fewer graphs
     #: to compile, so a shorter warm-up, and the 1-row kernels generic). Process-wide.
     compile_specialize_one: bool = True
+    #: Processes that compile the warm-up's graphs in parallel before it (each over a copy of
+    #: the model cut to one layer of each kind, dummy weights, on the same device), leaving
+    #: them in torch.compile's on-disk caches for the warm-up to load: null = auto (up to 4 on
+    #: CUDA as the cores and free device memory allow, none on the CPU), 0 = off, N = N.
+    #: Not with engine.stages > 1 or the expert cache. Changes no token.
+    compile_workers: Optional[int] = None
     #: Run every window and prompt-chunk shape once on the scratch lane at start, so compiling
     #: happens before the first request, not during it: auto (when compiling), on, off.
     warmup: str = "auto"
@@ -415,6 +421,16 @@ def validate_engine(e: Any, error: type[ValueError] = ConfigError) -> None:
             bad(key, f"must be >= 0, got {getattr(e, key)}")
     if e.stages < 1:
         bad("stages", f"must be >= 1, got {e.stages}")
+    w = e.compile_workers
+    if w is not None and w < 0:
+        bad("compile_workers", f"must be >= 0 or null (auto), got {w}")
+    if w and e.stages > 1:
+        bad("compile_workers", f"engine.stages={e.stages} compiles in its stage processes: "
+                               f"use engine.compile_workers=0 or null with it")
+    if w and e.expert_cache_mib > 0:
+        bad("compile_workers", "the expert cache's graphs depend on the whole model's cache "
+                               "layout: use engine.compile_workers=0 or null with "
+                               "engine.expert_cache_mib > 0")
     if e.stages > 1 and (e.prefill_slots or 1) > 1:
         bad("prefill_slots", f"prompt chunks of several slots run on one device; "
                              f"engine.stages={e.stages} needs engine.prefill_slots=1")

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-from typing import Callable
+from typing import Callable, Optional
 
 import torch
 
@@ -84,11 +84,13 @@ def contiguous_lanes(sampler: Callable) -> Callable:
 
 
 def compiled_functions(model, device: torch.device | None = None,
-                       graphs: bool = True, one_apart: bool = True) -> dict[str, Callable]:
+                       graphs: bool = True, one_apart: bool = True,
+                       backend: Optional[Callable] = None) -> dict[str, Callable]:
     """Compile the model's regions (`model.compile_regions`) and the verifier's pure functions;
     returns the latter, by name, for the Verifier to be built with. `device` and `graphs` (the
     engine replays CUDA graphs) choose whether the regions' kernels launch programmatically;
-    `one_apart` is engine.compile_specialize_one."""
+    `one_apart` is engine.compile_specialize_one; `backend` (dynamic -> a torch.compile
+    backend; None: inductor) is a compile worker's (strata/engine/compile_workers.py)."""
     import torch._dynamo
     import torch._inductor.config as inductor_config
 
@@ -105,11 +107,13 @@ def compiled_functions(model, device: torch.device | None = None,
         inductor_config.triton.enable_pdl = pdl_default(device, graphs)
     compiled = getattr(model, "_strata_compiled", None)
     if compiled is None:
-        fn = lambda f: torch.compile(f, dynamic=None)  # noqa: E731
+        def comp(f: Callable, dynamic: Optional[bool]) -> Callable:
+            return torch.compile(f, dynamic=dynamic,
+                                 backend="inductor" if backend is None else backend(dynamic))
+
         # Prompt chunks come in many lengths: compile them with symbolic lengths.
-        pfn = lambda f: torch.compile(f, dynamic=True)  # noqa: E731
-        model.compile_regions(fn, pfn)
-        compiled = {name: torch.compile(f, dynamic=True if name in GLUE_FUNCTIONS else None)
+        model.compile_regions(lambda f: comp(f, None), lambda f: comp(f, True))
+        compiled = {name: comp(f, True if name in GLUE_FUNCTIONS else None)
                     for name, f in PURE_FUNCTIONS.items()}
         for name in SAMPLERS:
             compiled[name] = contiguous_lanes(compiled[name])

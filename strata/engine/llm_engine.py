@@ -78,9 +78,12 @@ class Engine:
 
     def __init__(self, loaded: LoadedModel, ecfg: Any, device: torch.device,
                  log: Callable[[str], None] = print, trace_path: Optional[str | Path] = None,
-                 stages: Optional[Any] = None):
+                 stages: Optional[Any] = None, compile_backend: Optional[Callable] = None,
+                 state_stacks: Optional[tuple[int, int]] = None):
         """`stages`: the stage processes of engine.stages > 1 (stages.StageGroup); `loaded`
-        is then stage 0's part of the model."""
+        is then stage 0's part of the model. `compile_backend` and `state_stacks`: a compile
+        worker's sharded inductor (dynamic -> backend; else torch's own) and the engine's state
+        stack sizes (DecodeState; strata/engine/compile_workers.py)."""
         ecfg = self.cfg = plain_engine_config(ecfg)  # attribute reads on the hot path must be cheap
         validate_engine(ecfg)
         self.log, self.device, self.loaded = log, device, loaded
@@ -126,11 +129,15 @@ class Engine:
         # ---- state, verifier, scheduler, graph cache, runner ------------------------------------
         self.compiling = ecfg.compile == "on" or (ecfg.compile == "auto" and device.type == "cuda")
         self.state = DecodeState(self.args, n_slots, self.max_context, loaded.dtype, device,
-                                 self.drafting, spare_rows=ecfg.window_rows + 1)
+                                 self.drafting, spare_rows=ecfg.window_rows + 1,
+                                 stacks=state_stacks)
         self.bufs = SlotBuffers(n_slots, self.args.hidden_size, loaded.dtype, device)
         split_keys = ecfg.invariant_split_keys if ecfg.batch_invariant else 0
+        # whether this process compiles the model's regions now (an earlier engine may have)
+        fresh = self.compiling and getattr(self.model, "_strata_compiled", None) is None
         functions = (compiled_functions(self.model, device, ecfg.graphs,
-                                        ecfg.compile_specialize_one) if self.compiling else None)
+                                        ecfg.compile_specialize_one, backend=compile_backend)
+                     if self.compiling else None)
         self.verifier = Verifier(self.model, self.state, self.bufs, self.drafting,
                                  split_keys=split_keys, functions=functions,
                                  synthetic_acceptance=ecfg.synthetic_acceptance,
@@ -161,7 +168,11 @@ class Engine:
             self.warn(f"engine.synthetic_acceptance={ecfg.synthetic_acceptance}: drafts are "
                       f"accepted at random (synthetic acceptance, for benchmarks), so the text "
                       f"is not the model's")
+        #: What the warm-up did (warmup.WarmupDone), once it ran.
+        self.warmup_done = None
         if ecfg.warmup == "on" or (ecfg.warmup == "auto" and self.compiling):
+            if fresh and compile_backend is None and stages is None and cache_plan is None:
+                self._compile_in_workers(n_slots)
             self.warmup()
             self._clock0 = time.perf_counter()  # request times count from here
             self.trace.restart_clock()
@@ -176,20 +187,45 @@ class Engine:
         self.overlap = OverlappedWindows(self) if self.overlapped else None
         self.pipeline = PipelinedWindows(self, ecfg.stages) if ecfg.pipeline_groups else None
 
-    def warmup(self) -> None:
+    def _compile_in_workers(self, n_slots: int) -> None:
+        """engine.compile_workers: fill the compile caches in parallel before the warm-up."""
+        from strata.engine.compile_workers import plan_workers, run_workers
+
+        plan = plan_workers(self.cfg.compile_workers, self.loaded, self.cfg, self.device,
+                            n_slots, self.max_context)
+        if plan.world == 0:
+            if self.cfg.compile_workers:  # asked for, and none fit
+                self.warn(f"engine.compile_workers={self.cfg.compile_workers}: none started "
+                          f"({plan.reason}); the warm-up compiles alone")
+            return
+        self.log(f"INFO compile workers: {plan.world} processes compile the warm-up's graphs "
+                 f"over the first {plan.layers} layers (dummy weights, about {plan.mib:.0f} MiB "
+                 f"each)")
+        out = run_workers(plan, self.loaded, self.cfg, self.device, ops.backend(), n_slots,
+                          self.log)
+        for why in out["failed"]:
+            self.warn(f"compile worker failed, the warm-up compiles its share itself: {why}")
+        self.log(f"INFO compile workers: {out['compiled']} graphs compiled in "
+                 f"{out['seconds']:.1f} s")
+
+    def warmup(self, capture: bool = True) -> None:
         """Run every shape this engine can plan once on the scratch lane and capture the graphs
         requests will use (ModelRunner.warmup), so that compiling and capturing happen now
-        rather than inside the first requests."""
+        rather than inside the first requests. `capture=False` (a compile worker): only run
+        the shapes."""
         from torch._dynamo.utils import counters
 
         t0 = time.perf_counter()
         traced = counters["stats"]["unique_graphs"]
+        loaded = counters["inductor"]["fxgraph_cache_hit"]
         most_rows = max(self.cfg.spec if self.drafting else 1, 2 if self.batch_mtp else 1)
         plan = plan_warmup(self.cfg, len(self.scheduler.slots), most_rows, self.max_context,
                            self.cache is not None, self.prefill_slots)
-        done = self.runner.warmup(plan, self._tier, self.log)
+        done = self.runner.warmup(plan, self._tier, self.log, capture=capture)
         # how many graphs the warm-up compiled: what its time mostly is on a cold cache
         done.compiled_graphs = counters["stats"]["unique_graphs"] - traced
+        done.cached_graphs = counters["inductor"]["fxgraph_cache_hit"] - loaded
+        self.warmup_done = done
         if self.expert_cache is not None:  # scratch-lane routing is not the workload's
             self.expert_cache.reset_counts()
         if plan.window_keys is not None:  # a replay starts from these graphs

@@ -392,12 +392,14 @@ class ModelRunner:
 
     # ---- warm-up ------------------------------------------------------------------------------
     def warmup(self, plan: WarmupPlan, tier: Callable[[int], int],
-               progress: Callable[[str], None] = lambda s: None) -> WarmupDone:
+               progress: Callable[[str], None] = lambda s: None,
+               capture: bool = True) -> WarmupDone:
         """Run every window shape and prompt-chunk bucket of `plan` once on the scratch lane
         (eagerly, no graphs), so that torch.compile's work happens now rather than inside the
-        first requests; then capture the prompt-chunk graphs and the shape-keyed window graphs
-        requests will use. Real lanes are not touched. `progress` hears how far it got, at
-        most every PROGRESS_S seconds (a full-depth model compiles for minutes)."""
+        first requests; then (unless `capture` is false) capture the prompt-chunk graphs and
+        the shape-keyed window graphs requests will use. Real lanes are not touched.
+        `progress` hears how far it got, at most every PROGRESS_S seconds (a full-depth model
+        compiles for minutes)."""
         done = WarmupDone()
         shapes = [(ng, g) for ng, g in plan.window_shapes if ng <= self.inputs.shape[1]]
         total = len(shapes) * len(plan.window_tiers) * 2
@@ -433,19 +435,30 @@ class ModelRunner:
         # Prompt-chunk graphs, one per (bucket, tier) a chunk can read: a capture inside a
         # request would add tens of ms to its time to first token. Those of requests that do
         # not filter, as for windows; a filtering request's are captured on first use.
+        # Without `capture` (a compile worker) the same compiled calls run, uncaptured, so
+        # that they compile what the captures would.
         if self.p_backend is not None:
             zeros = torch.zeros(plan.max_context, dtype=torch.long, device=self.device)
             for b in plan.prefill_buckets:
                 for ctx in plan.every_tier:
-                    if ctx >= tier(b):  # a chunk at start ctx - b reads exactly `ctx`
-                        action, _ = self.prefill(self.scratch, zeros, ctx - b, b, None, tier,
-                                                 filtered=False)
-                        done.prefill_graphs += action == GraphAction.CAPTURE
-                        tick(f"{done.prefill_graphs} prompt-chunk graphs captured")
+                    if ctx < tier(b):  # a chunk at start ctx - b reads exactly `ctx`
+                        continue
+                    if not capture:
+                        self._set_meta(self.scratch, 0, 1, None)
+                        self.verifier.prefill(self.p_tokens[:b], self.p_meta, ctx, False)
+                        continue
+                    action, _ = self.prefill(self.scratch, zeros, ctx - b, b, None, tier,
+                                             filtered=False)
+                    done.prefill_graphs += action == GraphAction.CAPTURE
+                    tick(f"{done.prefill_graphs} prompt-chunk graphs captured")
         # Window graphs (tiers ascending, deepest windows first) up to the graph limit: a
         # capture inside a request costs it 15-35 ms on the H200. Layout keys are too many to
         # enumerate: they are captured on first use.
         for key, (bucket, g, ctx) in plan.window_keys or []:
+            if not capture:
+                self._fill([], bucket, pad_all=True)
+                self._fn(bucket, g, ctx, False)()
+                continue
             if not self.cache.has_room():
                 break  # the next capture would have to evict: leave the rest to first use
             run = self.decode([], bucket, g, ctx, False, key)

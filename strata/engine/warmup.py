@@ -40,11 +40,16 @@ class WarmupDone:
     #: Graphs torch.compile traced during the warm-up (dynamo's counter; 0: nothing compiled,
     #: or the model's regions were compiled by an earlier engine).
     compiled_graphs: int = 0
+    #: Of those, the graphs inductor loaded from its on-disk cache (compile workers, or an
+    #: earlier process) instead of compiling them.
+    cached_graphs: int = 0
 
     def describe(self, plan: WarmupPlan, seconds: float) -> str:
         slots = (f" (also as chunks of {plan.prefill_segments} slots)"
                  if plan.prefill_segments > 1 else "")
-        traced = f"{self.compiled_graphs} graphs compiled, " if self.compiled_graphs else ""
+        cached = f" ({self.cached_graphs} from the compile cache)" if self.cached_graphs else ""
+        traced = (f"{self.compiled_graphs} graphs compiled{cached}, "
+                  if self.compiled_graphs else "")
         return (f"warm-up: {self.windows} window shapes and {len(plan.prefill_buckets)} prompt "
                 f"buckets{slots} run once, {traced}{self.prefill_graphs} prompt-chunk graphs and "
                 f"{len(self.window_keys)} window graphs captured, in {seconds:.1f} s (compiling "

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 from contextlib import ExitStack
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Optional
 
@@ -50,6 +50,10 @@ class LoadedModel:
     quant: Optional[QuantConfig] = None
     #: FP8 weights kept in FP8 (dequantised inside the kernels) rather than at load.
     fp8: bool = False
+    #: load_checkpoint's arguments (but the device, the log, the stage and the key map):
+    #: compile workers build the same model at another depth from them
+    #: (strata/engine/compile_workers.py). Empty: not built by load_checkpoint.
+    load_args: dict = field(default_factory=dict)
 
 
 def resolve_dtype(name: str, args: ModelArgs, device: torch.device) -> torch.dtype:
@@ -386,7 +390,12 @@ def load_checkpoint(path: str | Path, dtype: str = "auto", device: str | torch.d
     tok = _tokenizer(path, args.vocab_size) if (path / "tokenizer.json").is_file() else None
     if tok is not None and not args.eos_token_id:
         args.eos_token_id = tok.eos_ids
-    return LoadedModel(model, args, tok, path, with_mtp, tdtype, quant, keep_fp8)
+    load_args = dict(path=str(path), dtype=dtype, fuse=fuse,
+                     moe_dense_experts=moe_dense_experts, moe_dense_prefill=moe_dense_prefill,
+                     load_format=load_format, dummy_seed=dummy_seed, num_layers=num_layers,
+                     fp8=fp8, fp8_dense=fp8_dense, routing_skew=routing_skew,
+                     routed_on_host=routed_on_host) if keymap is QWEN3_NEXT else {}
+    return LoadedModel(model, args, tok, path, with_mtp, tdtype, quant, keep_fp8, load_args)
 
 
 def _tokenizer(path: Path, vocab_size: int) -> Tokenizer:

@@ -453,8 +453,13 @@ class Attention(nn.Module):
         k = apply_rotary(self.k_norm(k.view(*lead, self.hkv, self.d)), cos, sin, self.rd)
         # contiguous here, inside the compiled region, so the K/V write gets it without a copy
         v = v.view(*lead, self.hkv, self.d).contiguous()
-        # the gate stays a view (lead, hq, D) of the projection: its user multiplies per head
-        return q, k, v, gate
+        # The gate too: as a view of the projection its strides are those of the buffer the
+        # projection lands in, which inductor lays out as it likes (it fuses q/k/v into one
+        # matmul), so the attention's second region, which takes it, would trace other graphs
+        # behind a region run eagerly (a compile worker's share, strata/engine/compile_workers.py)
+        # than behind a compiled one. The copy is small (hq x D per row) and stays inside the
+        # compiled region.
+        return q, k, v, gate.contiguous()
 
     def fuse_for_inference(self) -> None:
         fused = fuse_projections([self.q_proj, self.k_proj, self.v_proj])

@@ -13,9 +13,14 @@ from strata.model.config import ModelArgs
 
 class DecodeState:
     def __init__(self, args: ModelArgs, lanes: int, max_context: int, dtype: torch.dtype,
-                 device: torch.device | str, with_mtp: bool, spare_rows: int = 0):
+                 device: torch.device | str, with_mtp: bool, spare_rows: int = 0,
+                 stacks: tuple[int, int] | None = None):
         """`spare_rows` positions past max_context take the writes of padding rows and chained
-        drafts of a slot at the end of its context, so they never land on a live row."""
+        drafts of a slot at the end of its context, so they never land on a live row.
+        `stacks`: (full-attention, linear-attention) layers the K/V and DeltaNet stacks are
+        allocated for, at least the model's: a compile worker's model is the first few layers
+        of the engine's, and compiled regions guard on the size of the stack their views come
+        from, so its state keeps the engine's stack sizes (strata/engine/compile_workers.py)."""
         self.lanes = lanes
         self.scratch = lanes
         self.max_context = max_context
@@ -23,13 +28,17 @@ class DecodeState:
         capacity = max_context + spare_rows
         n_full = len(args.full_layers)
         n_lin = len(args.linear_layers)
+        full_stack, lin_stack = stacks or (n_full, n_lin)
+        full_stack, lin_stack = max(full_stack, n_full, 1), max(lin_stack, n_lin)
         kv = (n, capacity, args.num_key_value_heads, args.head_dim)
-        self.k = torch.zeros((max(n_full, 1),) + kv, dtype=dtype, device=device)[:n_full]
-        self.v = torch.zeros((max(n_full, 1),) + kv, dtype=dtype, device=device)[:n_full]
-        self.conv = torch.zeros(n_lin, n, args.conv_dim, args.linear_conv_kernel_dim - 1,
+        self.k = torch.zeros((full_stack,) + kv, dtype=dtype, device=device)[:n_full]
+        self.v = torch.zeros((full_stack,) + kv, dtype=dtype, device=device)[:n_full]
+        self.conv = torch.zeros(lin_stack, n, args.conv_dim, args.linear_conv_kernel_dim - 1,
                                 dtype=dtype, device=device)
-        self.rec = torch.zeros(n_lin, n, args.linear_num_value_heads, args.linear_key_head_dim,
+        self.rec = torch.zeros(lin_stack, n, args.linear_num_value_heads, args.linear_key_head_dim,
                                args.linear_value_head_dim, dtype=torch.float32, device=device)
+        if lin_stack > n_lin:  # (a view only where the stack is larger: the engine's are not)
+            self.conv, self.rec = self.conv[:n_lin], self.rec[:n_lin]
         self.with_mtp = with_mtp
         mtp_shape = kv if with_mtp else (n, 1, args.num_key_value_heads, args.head_dim)
         # views into a stack of one, as self.k[j] / self.v[j] are into theirs: a compiled prompt

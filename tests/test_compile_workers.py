@@ -1,0 +1,126 @@
+"""engine.compile_workers (strata/engine/compile_workers.py): processes that fill the compile
+caches in parallel before the warm-up, each over the model cut to one layer of each kind."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+from omegaconf import OmegaConf
+
+from strata.config import ConfigError, EngineConfig, validate_engine
+from strata.engine import compile_workers as cw
+from strata.model.tiny import tiny_args
+
+
+def test_kinds_prefix_holds_every_layer_kind():
+    # the embedded model's pattern: linear, linear, full, repeated
+    assert cw.kinds_prefix(tiny_args(num_hidden_layers=6, full_attention_interval=3)) == 3
+    # Qwen3-Next-80B-A3B: three linear-attention layers, then full attention, 48 deep
+    assert cw.kinds_prefix(tiny_args(num_hidden_layers=48, full_attention_interval=4)) == 4
+    # a dense-MLP layer is a kind of its own, wherever it first appears
+    args = tiny_args(num_hidden_layers=8, full_attention_interval=4, mlp_only_layers=[5])
+    assert cw.kinds_prefix(args) == 6
+    assert cw.kinds_prefix(tiny_args(num_hidden_layers=1)) == 1
+
+
+def _graph(x):
+    return x * 2 + 1
+
+
+def test_sharded_backends_number_graphs_across_functions(monkeypatch):
+    """Every backend a worker makes shares one count of the graphs dynamo hands them; worker r
+    of W compiles those numbered r mod W (here: recorded instead of compiled) and runs the
+    others as traced, with the same results."""
+    handed = []
+
+    def fake_inductor(self, gm, example_inputs):
+        handed.append(self.rank)
+        return gm.forward
+
+    monkeypatch.setattr(torch._TorchCompileInductorWrapper, "__call__", fake_inductor)
+    torch._dynamo.reset()
+    make, made = cw.sharded_backends(rank=1, world=2)
+    f = torch.compile(lambda x: x.sin() + 1, dynamic=False, backend=make(False))
+    g = torch.compile(lambda x: x.cos() * 2, dynamic=False, backend=make(None))
+    xs = [torch.randn(n) for n in (3, 5, 7)]
+    for x in xs:  # graphs in order: f3 g3 f5 g5 f7 g7 (static shapes: one per size)
+        assert torch.equal(f(x), x.sin() + 1) and torch.equal(g(x), x.cos() * 2)
+    assert [b.compiled for b in made] == [0, 3]  # numbers 1, 3, 5: all g's
+    assert handed == [1, 1, 1]
+    torch._dynamo.reset()
+
+
+class _Loaded:
+    def __init__(self, layers: int, load_args: dict):
+        self.args = tiny_args(num_hidden_layers=layers, full_attention_interval=3)
+        from strata.model.qwen3_next import Qwen3Next
+        self.model = Qwen3Next(self.args, with_mtp=True)
+        self.dtype, self.has_mtp, self.load_args = torch.float32, True, load_args
+
+
+def test_plan_workers_auto_starts_none_on_the_cpu_and_counts_what_is_asked():
+    loaded, ecfg = _Loaded(6, {"path": "x"}), EngineConfig()
+    cpu = torch.device("cpu")
+    plan = cw.plan_workers(None, loaded, ecfg, cpu, n_slots=2, max_context=64)
+    assert plan.world == 0 and "off CUDA" in plan.reason and plan.layers == 3
+    assert cw.plan_workers(0, loaded, ecfg, cpu, 2, 64).world == 0
+    plan = cw.plan_workers(2, loaded, ecfg, cpu, 2, 64)
+    assert plan.world == 2 and plan.mib > cw.WORKER_OVERHEAD_MIB
+    # a model not built by load_checkpoint has nothing to rebuild from
+    assert cw.plan_workers(2, _Loaded(6, {}), ecfg, cpu, 2, 64).world == 0
+    # a worker's model keeps only the prefix: half the layers, less than the whole model
+    whole = sum(p.numel() * 4 for p in loaded.model.parameters()) / 2**20
+    assert plan.mib - cw.WORKER_OVERHEAD_MIB < whole
+
+
+@pytest.mark.parametrize("other", [dict(stages=2), dict(expert_cache_mib=64)])
+def test_compile_workers_refused_with_stages_and_the_expert_cache(other):
+    e = OmegaConf.structured(EngineConfig)
+    for k, v in other.items():
+        setattr(e, k, v)
+    e.compile_workers = None  # auto: starts none there, no error
+    validate_engine(e)
+    e.compile_workers = 0
+    validate_engine(e)
+    e.compile_workers = 2
+    with pytest.raises(ConfigError, match=r"^engine.compile_workers: .*compile_workers=0 or null"):
+        validate_engine(e)
+
+
+@pytest.mark.slow
+def test_workers_leave_every_warmup_graph_in_the_compile_cache(tmp_path, monkeypatch):
+    """Two workers over the first 3 of the embedded model's 6 layers compile the warm-up's
+    graphs with inductor (on the CPU: C++); the engine's own warm-up then loads every graph it
+    traces from the cache and compiles none, and the engine runs."""
+    import torch._dynamo
+    from torch._dynamo.utils import counters
+
+    from strata.config import EMBEDDED_MODEL_DIR
+    from strata.engine.llm_engine import Engine
+    from strata.engine.request import Request, SamplingParams
+    from strata.model.loader import load_checkpoint
+
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
+    torch._dynamo.reset()
+    counters.clear()
+    loaded = load_checkpoint(EMBEDDED_MODEL_DIR, load_format="dummy", log=lambda s: None)
+    ecfg = dataclasses.replace(EngineConfig(), mode="solo", spec=2, compile="on",
+                               compile_workers=2, prefill_buckets=[16], max_context=64,
+                               context_tier_min=32)
+    logs: list[str] = []
+    eng = Engine(loaded, ecfg, torch.device("cpu"), log=logs.append)
+    text = "\n".join(logs)
+    assert "compile workers: 2 processes compile the warm-up's graphs over the first 3 layers" \
+        in text, text
+    assert "WARNING" not in text, text
+    done = eng.warmup_done
+    assert done.compiled_graphs > 0 and done.cached_graphs == done.compiled_graphs, text
+    eng.add_request(Request("r", [5, 9, 11, 3, 7], SamplingParams(max_tokens=6, stop_at_eos=False),
+                            arrival_step=0, stream_text=False))
+    while eng.has_work():
+        eng.step()
+    assert len(eng.requests["r"].emitted) == 6
+    eng.close()
+    torch._dynamo.reset()
