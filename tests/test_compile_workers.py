@@ -124,3 +124,31 @@ def test_workers_leave_every_warmup_graph_in_the_compile_cache(tmp_path, monkeyp
     assert len(eng.requests["r"].emitted) == 6
     eng.close()
     torch._dynamo.reset()
+
+
+def test_a_failed_worker_is_a_warning_and_the_warmup_compiles_alone(monkeypatch):
+    """A worker that cannot build its model (here: a checkpoint path that is gone) reports why;
+    the engine warns, naming it, and its own warm-up compiles everything (here with dynamo's
+    eager backend: tracing without code generation, for speed)."""
+    import torch._dynamo
+
+    from strata.config import EMBEDDED_MODEL_DIR
+    from strata.engine.llm_engine import Engine
+    from strata.model.loader import load_checkpoint
+
+    compile_ = torch.compile
+    monkeypatch.setattr(torch, "compile", lambda f=None, **kw: compile_(f, **{**kw, "backend": "eager"}))
+    torch._dynamo.reset()
+    loaded = load_checkpoint(EMBEDDED_MODEL_DIR, load_format="dummy", log=lambda s: None)
+    loaded.load_args["path"] = "/nonexistent/strata-checkpoint"
+    ecfg = dataclasses.replace(EngineConfig(), mode="solo", spec=2, compile="on",
+                               compile_workers=1, prefill_buckets=[16], max_context=64,
+                               context_tier_min=32)
+    logs: list[str] = []
+    eng = Engine(loaded, ecfg, torch.device("cpu"), log=logs.append)
+    warnings = [line for line in logs if line.startswith("WARNING")]
+    assert len(warnings) == 1, logs
+    assert "compile worker failed" in warnings[0] and "/nonexistent/strata-checkpoint" in warnings[0]
+    assert eng.warmup_done.compiled_graphs > 0 and eng.warmup_done.cached_graphs == 0
+    eng.close()
+    torch._dynamo.reset()

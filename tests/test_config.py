@@ -164,6 +164,7 @@ BAD_ENGINE = [
     ("compile", "maybe"),
     ("batch_mtp_drafts", 0),
     ("batch_mtp_drafts", 4),  # > spec - 1 = 3
+    ("compile_workers", -1),
 ]
 
 

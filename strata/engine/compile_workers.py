@@ -157,7 +157,7 @@ def run_workers(plan: WorkerPlan, loaded: Any, ecfg: EngineConfig, device: torch
         for rank in range(plan.world):
             here, there = ctx.Pipe(duplex=False)
             p = ctx.Process(target=worker_main, args=(job, rank, plan.world, there),
-                            name=f"strata-compile-{rank}", daemon=True)
+                            name=f"strata-compile-{rank}", daemon=False)
             p.start()
             there.close()
             procs.append(p)
