@@ -136,8 +136,8 @@ class EngineConfig:
     compile_specialize_one: bool = True
     #: Processes that compile the warm-up's graphs in parallel before it (each over a copy of
     #: the model cut to one layer of each kind, dummy weights, on the same device), leaving
-    #: them in torch.compile's on-disk caches for the warm-up to load: null = auto (up to 4 on
-    #: CUDA as the cores and free device memory allow, none on the CPU), 0 = off, N = N.
+    #: them in torch.compile's on-disk caches for the warm-up to load: null = auto (on CUDA one
+    #: per 4 cores, 2 to 4, as free device memory allows; none on the CPU), 0 = off, N = N.
     #: Not with engine.stages > 1 or the expert cache. Changes no token.
     compile_workers: Optional[int] = None
     #: Run every window and prompt-chunk shape once on the scratch lane at start, so compiling

@@ -36,7 +36,7 @@ WORKER_OVERHEAD_MIB = 1536.0
 #: Most workers `auto` starts.
 AUTO_MAX = 4
 #: A worker still running after this long is stopped; the warm-up compiles what it left.
-WORKER_TIMEOUT_S = 1800.0
+WORKER_TIMEOUT_S = 900.0
 #: Seconds between the progress lines of the wait for the workers.
 PROGRESS_S = 15.0
 
@@ -95,8 +95,9 @@ class WorkerPlan:
 
 def plan_workers(asked: Optional[int], loaded: Any, ecfg: Any, device: torch.device,
                  n_slots: int, max_context: int) -> WorkerPlan:
-    """How many workers start: engine.compile_workers (null: auto, up to AUTO_MAX on CUDA, none
-    on the CPU), fewer where the device's free memory cannot hold them beside the engine."""
+    """How many workers start: engine.compile_workers (null: auto, on CUDA one per 4 cores up to
+    AUTO_MAX and at least two, none on the CPU), fewer where the device's free memory cannot
+    hold them beside the engine."""
     args = loaded.args
     layers = kinds_prefix(args)
     if asked == 0:
@@ -108,7 +109,11 @@ def plan_workers(asked: Optional[int], loaded: Any, ecfg: Any, device: torch.dev
     if layers >= args.num_hidden_layers and asked is None:
         return WorkerPlan(0, layers, 0.0, "the model is no deeper than its layer kinds")
     mib = _worker_mib(loaded, layers, n_slots, max_context + ecfg.window_rows + 1)
-    want = asked if asked is not None else max(1, min(AUTO_MAX, (os.cpu_count() or 1) // 4))
+    cores = os.cpu_count() or 1
+    want = asked if asked is not None else min(AUTO_MAX, cores // 4)
+    if want < 2 and asked is None:  # one worker would compile everything before the warm-up
+        return WorkerPlan(0, layers, 0.0, f"auto needs 4 cores a worker and two workers "
+                                          f"({cores} cores)")
     if device.type == "cuda":
         free = torch.cuda.mem_get_info(device)[0] / MIB - float(ecfg.vram_reserve_mib)
         fits = max(0, int(free // mib))
