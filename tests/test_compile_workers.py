@@ -41,13 +41,14 @@ def test_sharded_backends_number_graphs_across_functions(monkeypatch):
 
     monkeypatch.setattr(torch._TorchCompileInductorWrapper, "__call__", fake_inductor)
     torch._dynamo.reset()
-    make, made = cw.sharded_backends(rank=1, world=2)
+    told = []
+    make, tally = cw.sharded_backends(rank=1, world=2, handled=told.append)
     f = torch.compile(lambda x: x.sin() + 1, dynamic=False, backend=make(False))
     g = torch.compile(lambda x: x.cos() * 2, dynamic=False, backend=make(None))
     xs = [torch.randn(n) for n in (3, 5, 7)]
     for x in xs:  # graphs in order: f3 g3 f5 g5 f7 g7 (static shapes: one per size)
         assert torch.equal(f(x), x.sin() + 1) and torch.equal(g(x), x.cos() * 2)
-    assert [b.compiled for b in made] == [0, 3]  # numbers 1, 3, 5: all g's
+    assert tally == [3, 3] and told == [1, 2, 3]  # numbers 1, 3, 5: all g's, each reported
     assert handed == [1, 1, 1]
     torch._dynamo.reset()
 
@@ -112,8 +113,8 @@ def test_workers_leave_every_warmup_graph_in_the_compile_cache(tmp_path, monkeyp
     logs: list[str] = []
     eng = Engine(loaded, ecfg, torch.device("cpu"), log=logs.append)
     text = "\n".join(logs)
-    assert "compile workers: 2 processes compile the warm-up's graphs over the first 3 layers" \
-        in text, text
+    assert "compile workers: 2 processes compile the warm-up's graphs beside it, over the first " \
+        "3 layers" in text, text
     assert "WARNING" not in text, text
     done = eng.warmup_done
     assert done.compiled_graphs > 0 and done.cached_graphs == done.compiled_graphs, text
@@ -152,3 +153,17 @@ def test_a_failed_worker_is_a_warning_and_the_warmup_compiles_alone(monkeypatch)
     assert eng.warmup_done.compiled_graphs > 0 and eng.warmup_done.cached_graphs == 0
     eng.close()
     torch._dynamo.reset()
+
+
+def test_memory_formats_pickle_by_one_name_in_every_process():
+    """Inductor's cache keys pickle memory formats; by default pickle names one through the first
+    module in sys.modules that holds `torch`, which differs between processes. strata pickles
+    them through one function (strata/engine/compiling.py), and they load back as themselves."""
+    import pickle
+
+    import strata.engine.compiling  # noqa: F401  (registers the reducer)
+
+    for fmt in (torch.contiguous_format, torch.channels_last, torch.preserve_format):
+        data = pickle.dumps(fmt)
+        assert b"memory_format_named" in data and b"__main__" not in data
+        assert pickle.loads(data) is fmt

@@ -1,5 +1,5 @@
-"""engine.compile_workers: processes that fill torch.compile's on-disk caches in parallel, so
-that the warm-up finds its graphs compiled.
+"""engine.compile_workers: processes that compile the warm-up's graphs in parallel, leaving them
+in torch.compile's on-disk caches for the warm-up to load.
 
 Compiling costs once per layer kind (docs/ENGINE.md), and most of a cold warm-up is inductor
 lowering and compiling each graph dynamo traces, one after another in one process. Each worker
@@ -7,8 +7,9 @@ builds the same engine over a copy of the model cut to its shortest prefix that 
 layer kind (dummy weights: compiling reads shapes, not values), on the same device, and runs
 the warm-up's shapes in the warm-up's order, so dynamo traces the same graphs in the same order
 in every process. Worker r of W hands inductor the graphs numbered r, r + W, ... (inductor
-writes them to the FX graph and AOTAutograd caches) and runs the rest eagerly. The engine's own
-warm-up then traces each graph and loads it from those caches instead of compiling it.
+writes them to the FX graph and AOTAutograd caches), runs the rest eagerly, and tells the
+engine after each. The engine's warm-up runs beside them: it traces each graph, waits until the
+worker that owns it has compiled it, and loads it from the caches instead of compiling it.
 
 Nothing the engine computes depends on the workers: a graph they did not leave in the caches
 (a worker that failed, a key that differs) is compiled by the warm-up as before.
@@ -26,6 +27,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Iterator, Optional
 
 import torch
+import torch._inductor.codecache  # noqa: F401  (see below: imported here in every process)
 
 from strata.config import EngineConfig
 from strata.engine.memory import MIB
@@ -54,31 +56,51 @@ class ShardedInductor(torch._TorchCompileInductorWrapper):
     """torch.compile's inductor backend for worker `rank` of `world`: the graphs dynamo hands
     any backend sharing `counter` are numbered in order; this one compiles those numbered rank
     mod world, exactly as torch.compile(backend="inductor") does (so the caches hold what the
-    engine's warm-up will look up), and runs the rest eagerly."""
+    engine's warm-up will look up), calls `handled(k)` after its k-th (compiled or failed), and
+    runs the rest eagerly."""
 
-    def __init__(self, dynamic: Optional[bool], counter: Iterator[int], rank: int, world: int):
+    def __init__(self, dynamic: Optional[bool], counter: Iterator[int], rank: int, world: int,
+                 handled: Callable[[int], None], tally: list):
         super().__init__(None, None, dynamic)
         self.counter, self.rank, self.world = counter, rank, world
-        self.compiled = 0
+        self.handled, self.tally = handled, tally
 
     def __call__(self, gm, example_inputs):
-        if next(self.counter) % self.world == self.rank:
-            self.compiled += 1
-            return super().__call__(gm, example_inputs)
-        return gm.forward
+        if next(self.counter) % self.world != self.rank:
+            return gm.forward
+        try:
+            out = super().__call__(gm, example_inputs)
+            self.tally[1] += 1
+            return out
+        finally:
+            self.tally[0] += 1
+            self.handled(self.tally[0])
 
 
-def sharded_backends(rank: int, world: int) -> tuple[Callable[[Optional[bool]], Any], list]:
+def sharded_backends(rank: int, world: int, handled: Callable[[int], None] = lambda k: None):
     """A backend factory for `compiled_functions` (dynamic -> backend), every backend it makes
-    sharing one graph counter, and the list of those backends (their `compiled` counts)."""
-    counter = itertools.count()
-    made: list[ShardedInductor] = []
+    sharing one graph counter, and the tally [graphs handled, graphs compiled] they share."""
+    counter, tally = itertools.count(), [0, 0]
 
     def make(dynamic: Optional[bool]) -> ShardedInductor:
-        made.append(ShardedInductor(dynamic, counter, rank, world))
-        return made[-1]
+        return ShardedInductor(dynamic, counter, rank, world, handled, tally)
 
-    return make, made
+    return make, tally
+
+
+class AwaitingInductor(torch._TorchCompileInductorWrapper):
+    """The engine's inductor backend while its compile workers run: graph n (numbered as the
+    workers number theirs) waits until worker n mod W has handled it, then compiles as
+    torch.compile(backend="inductor") does, which finds it in the caches. Past the workers
+    (later shapes, or every graph once they are done) it compiles at once."""
+
+    def __init__(self, dynamic: Optional[bool], group: "WorkerGroup"):
+        super().__init__(None, None, dynamic)
+        self.group = group
+
+    def __call__(self, gm, example_inputs):
+        self.group.wait_graph(next(self.group.counter))
+        return super().__call__(gm, example_inputs)
 
 
 @dataclass
@@ -136,79 +158,116 @@ def _worker_mib(loaded: Any, layers: int, n_slots: int, lane_rows: int) -> float
     return (weights + (n_slots + 1) * (per["main"] + per["draft"])) / MIB + WORKER_OVERHEAD_MIB
 
 
-def run_workers(plan: WorkerPlan, loaded: Any, ecfg: EngineConfig, device: torch.device, backend: str,
-                n_slots: int, log: Callable[[str], None]) -> dict:
-    """Start the plan's workers and wait for them (stopping any past WORKER_TIMEOUT_S, or all
-    of them if this process is interrupted). Returns {"compiled": graphs inductor compiled in
-    them, "failed": [why, ...], "seconds": ...}; a failed worker is reported, not raised: the
-    warm-up compiles what it left."""
-    import dataclasses
-    import multiprocessing as mp
+class WorkerGroup:
+    """The plan's workers, started; the engine's warm-up waits on them graph by graph
+    (`backend`, AwaitingInductor), then `finish` collects what they did."""
 
-    ctx = mp.get_context("spawn")
-    engine = dataclasses.asdict(ecfg)
-    args = loaded.args
-    job = {"load_args": {**loaded.load_args, "num_layers": plan.layers, "load_format": "dummy"},
-           "stacks": (len(args.full_layers), len(args.linear_layers)),
-           "engine": engine, "device": str(device), "backend": backend, "slots": n_slots,
-           "has_mtp": loaded.has_mtp, "parent": os.getpid()}
-    threads = max(1, (os.cpu_count() or 1) // plan.world)
-    procs, conns = [], []
-    saved = os.environ.get("TORCHINDUCTOR_COMPILE_THREADS")
-    # Each worker's inductor compiles its kernels in a pool of its own: share the cores.
-    os.environ["TORCHINDUCTOR_COMPILE_THREADS"] = str(threads)
-    t0 = time.perf_counter()
-    try:
-        for rank in range(plan.world):
-            here, there = ctx.Pipe(duplex=False)
-            p = ctx.Process(target=worker_main, args=(job, rank, plan.world, there),
-                            name=f"strata-compile-{rank}", daemon=False)
-            p.start()
-            there.close()
-            procs.append(p)
-            conns.append(here)
-    finally:
-        if saved is None:
-            os.environ.pop("TORCHINDUCTOR_COMPILE_THREADS", None)
-        else:
-            os.environ["TORCHINDUCTOR_COMPILE_THREADS"] = saved
-    results: list[Optional[dict]] = [None] * plan.world
-    last = t0
-    try:
-        while any(r is None for r in results):
-            for rank, (p, conn) in enumerate(zip(procs, conns)):
-                if results[rank] is not None:
-                    continue
-                if conn.poll(0.2):
-                    try:
-                        results[rank] = conn.recv()
-                    except EOFError:
-                        results[rank] = {"error": f"worker {rank} exited without a result "
-                                                  f"(exit code {p.exitcode})"}
-                elif not p.is_alive() and not conn.poll(0):
-                    results[rank] = {"error": f"worker {rank} exited without a result "
-                                              f"(exit code {p.exitcode})"}
-            now = time.perf_counter()
-            if now - t0 > WORKER_TIMEOUT_S:
-                for rank, r in enumerate(results):
-                    if r is None:
-                        results[rank] = {"error": f"worker {rank} still running after "
-                                                  f"{WORKER_TIMEOUT_S:.0f} s: stopped"}
-                break
-            if now - last >= PROGRESS_S:
-                last = now
-                done = sum(r is not None for r in results)
-                log(f"INFO compile workers: {done} of {plan.world} done ({now - t0:.0f} s)")
-    finally:
-        for p in procs:
-            if p.is_alive():
-                p.terminate()
-            p.join(10)
-        for conn in conns:
-            conn.close()
-    failed = [r["error"] for r in results if r and "error" in r]
-    return {"compiled": sum(r.get("compiled", 0) for r in results if r),
-            "failed": failed, "seconds": time.perf_counter() - t0}
+    def __init__(self, plan: WorkerPlan, loaded: Any, ecfg: EngineConfig, device: torch.device,
+                 kernels: str, n_slots: int, log: Callable[[str], None]):
+        import dataclasses
+        import multiprocessing as mp
+
+        self.plan, self.log = plan, log
+        self.counter = itertools.count()
+        args = loaded.args
+        job = {"load_args": {**loaded.load_args, "num_layers": plan.layers, "load_format": "dummy"},
+               "stacks": (len(args.full_layers), len(args.linear_layers)),
+               "engine": dataclasses.asdict(ecfg), "device": str(device), "backend": kernels,
+               "slots": n_slots, "has_mtp": loaded.has_mtp, "parent": os.getpid(),
+               # inductor's CPU kernels are generated for the process's thread count, which
+               # is in their cache keys: the workers' must be the engine's
+               "threads": torch.get_num_threads()}
+        ctx = mp.get_context("spawn")
+        self.procs, self.conns = [], []
+        #: Per worker: graphs it has handled; its final report once it sent one (or died).
+        self.handled = [0] * plan.world
+        self.results: list[Optional[dict]] = [None] * plan.world
+        self.summary: Optional[dict] = None
+        saved = os.environ.get("TORCHINDUCTOR_COMPILE_THREADS")
+        # Each worker's inductor compiles its kernels in a pool of its own: share the cores.
+        os.environ["TORCHINDUCTOR_COMPILE_THREADS"] = str(max(1, (os.cpu_count() or 1) // plan.world))
+        self.t0 = self._last = time.perf_counter()
+        try:
+            for rank in range(plan.world):
+                here, there = ctx.Pipe(duplex=False)
+                p = ctx.Process(target=worker_main, args=(job, rank, plan.world, there),
+                                name=f"strata-compile-{rank}", daemon=False)
+                p.start()
+                there.close()
+                self.procs.append(p)
+                self.conns.append(here)
+        except BaseException:
+            self.finish()
+            raise
+        finally:
+            if saved is None:
+                os.environ.pop("TORCHINDUCTOR_COMPILE_THREADS", None)
+            else:
+                os.environ["TORCHINDUCTOR_COMPILE_THREADS"] = saved
+
+    def backend(self, dynamic: Optional[bool]) -> AwaitingInductor:
+        return AwaitingInductor(dynamic, self)
+
+    def _poll(self, wait_s: float) -> None:
+        """Read what the workers sent; a worker gone without its report is failed."""
+        for rank, (p, conn) in enumerate(zip(self.procs, self.conns)):
+            while self.results[rank] is None and conn.poll(wait_s):
+                wait_s = 0.0
+                try:
+                    msg = conn.recv()
+                except (EOFError, OSError):
+                    msg = {"error": f"worker {rank} exited without a result (exit code "
+                                    f"{p.exitcode})"}
+                if isinstance(msg, int):
+                    self.handled[rank] = msg
+                else:
+                    self.results[rank] = msg
+            if self.results[rank] is None and not p.is_alive() and not conn.poll(0):
+                self.results[rank] = {"error": f"worker {rank} exited without a result (exit "
+                                               f"code {p.exitcode})"}
+        now = time.perf_counter()
+        if now - self.t0 > WORKER_TIMEOUT_S:
+            for rank, r in enumerate(self.results):
+                if r is None:
+                    self.results[rank] = {"error": f"worker {rank} still running after "
+                                                   f"{WORKER_TIMEOUT_S:.0f} s: stopped"}
+        if now - self._last >= PROGRESS_S:
+            self._last = now
+            done = sum(r is not None for r in self.results)
+            self.log(f"INFO compile workers: {sum(self.handled)} graphs compiled, {done} of "
+                     f"{self.plan.world} workers done ({now - self.t0:.0f} s)")
+
+    def wait_graph(self, n: int) -> None:
+        """Until the worker that owns graph n has handled it (or is done)."""
+        rank, k = n % self.plan.world, n // self.plan.world + 1
+        while self.results[rank] is None and self.handled[rank] < k:
+            self._poll(0.05)
+
+    def finish(self) -> dict:
+        """Wait for every worker's report (stopping any past WORKER_TIMEOUT_S, or all of them if
+        this process is interrupted). Returns {"compiled": graphs inductor compiled in them,
+        "failed": [why, ...], "seconds": ...}: a failed worker is reported, not raised. Once
+        done, it returns the same at once."""
+        if self.summary is not None:
+            return self.summary
+        try:
+            while any(r is None for r in self.results[:len(self.procs)]):
+                self._poll(0.2)
+        finally:
+            for p in self.procs:
+                if p.is_alive():
+                    p.terminate()
+                p.join(10)
+            for conn in self.conns:
+                conn.close()
+        for rank, r in enumerate(self.results):  # interrupted: every wait must end
+            if r is None:
+                self.results[rank] = {"error": f"worker {rank} stopped unfinished"}
+        done = [r for r in self.results if r]
+        self.summary = {"compiled": sum(r.get("compiled", 0) for r in done),
+                        "failed": [r["error"] for r in done if "error" in r],
+                        "seconds": time.perf_counter() - self.t0}
+        return self.summary
 
 
 def _watch_parent(parent: int) -> None:
@@ -224,7 +283,7 @@ def worker_main(job: dict, rank: int, world: int, conn) -> None:
     warm-up, then run the warm-up's shapes with every world-th graph compiled by inductor."""
     threading.Thread(target=_watch_parent, args=(job["parent"],), daemon=True).start()
     try:
-        conn.send(_compile_share(job, rank, world))
+        conn.send(_compile_share(job, rank, world, conn))
     except BaseException as e:  # reported to the engine, which carries on without this share
         tail = traceback.format_exc().strip().splitlines()[-1]
         conn.send({"error": f"worker {rank}: {type(e).__name__}: {e} ({tail})"})
@@ -233,13 +292,14 @@ def worker_main(job: dict, rank: int, world: int, conn) -> None:
         sys.stdout.flush()
 
 
-def _compile_share(job: dict, rank: int, world: int) -> dict:
+def _compile_share(job: dict, rank: int, world: int, conn) -> dict:
     import dataclasses
 
     from strata.engine.llm_engine import Engine
     from strata.kernels import ops
     from strata.model.loader import load_checkpoint
 
+    torch.set_num_threads(job["threads"])
     device = torch.device(job["device"])
     if device.type == "cuda":
         torch.cuda.set_device(device)
@@ -250,8 +310,8 @@ def _compile_share(job: dict, rank: int, world: int) -> dict:
                          f"checkpoint's ({job['has_mtp']}): its graphs would not be the engine's"}
     ecfg = dataclasses.replace(EngineConfig(**job["engine"]), slots=job["slots"], warmup="off",
                                compile="on", compile_workers=0)
-    make, made = sharded_backends(rank, world)
+    make, tally = sharded_backends(rank, world, handled=conn.send)
     eng = Engine(loaded, ecfg, device, log=lambda s: None, compile_backend=make,
                  state_stacks=tuple(job["stacks"]))
     eng.warmup(capture=False)
-    return {"compiled": sum(b.compiled for b in made)}
+    return {"compiled": tally[1]}

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copyreg
 import os
 from typing import Callable, Optional
 
@@ -11,6 +12,23 @@ from strata.engine.verifier import GLUE_FUNCTIONS, PURE_FUNCTIONS
 
 #: Inductor's own switch; when the environment sets it, it wins over the default below.
 PDL_ENV = "TORCHINDUCTOR_ENABLE_PDL"
+
+
+def memory_format_named(name: str) -> torch.memory_format:
+    return getattr(torch, name)
+
+
+def _reduce_memory_format(m: torch.memory_format):
+    return memory_format_named, (str(m).rpartition(".")[2],)
+
+
+# Inductor's cache keys pickle each input's metadata, its memory format included, and a memory
+# format pickles by a dotted name that pickle resolves against the first module in sys.modules
+# holding `torch` (`torch._utils` in one process, a script's `__mp_main__` in another), so the
+# same graph got other keys in processes that had imported their modules in another order: the
+# compile workers' graphs were then never found (strata/engine/compile_workers.py). Pickled by
+# this function instead, the key is the same in every process.
+copyreg.pickle(torch.memory_format, _reduce_memory_format)
 
 
 def pdl_default(device: torch.device, graphs: bool = True) -> bool:

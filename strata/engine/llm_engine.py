@@ -133,8 +133,15 @@ class Engine:
                                  stacks=state_stacks)
         self.bufs = SlotBuffers(n_slots, self.args.hidden_size, loaded.dtype, device)
         split_keys = ecfg.invariant_split_keys if ecfg.batch_invariant else 0
-        # whether this process compiles the model's regions now (an earlier engine may have)
-        fresh = self.compiling and getattr(self.model, "_strata_compiled", None) is None
+        warming = ecfg.warmup == "on" or (ecfg.warmup == "auto" and self.compiling)
+        # compile workers, where this process compiles the model's regions now (an earlier
+        # engine may have) and the warm-up will run through them
+        workers = None
+        if (warming and self.compiling and getattr(self.model, "_strata_compiled", None) is None
+                and compile_backend is None and stages is None and cache_plan is None):
+            workers = self._start_compile_workers(n_slots)
+            if workers is not None:
+                compile_backend = workers.backend
         functions = (compiled_functions(self.model, device, ecfg.graphs,
                                         ecfg.compile_specialize_one, backend=compile_backend)
                      if self.compiling else None)
@@ -170,10 +177,8 @@ class Engine:
                       f"is not the model's")
         #: What the warm-up did (warmup.WarmupDone), once it ran.
         self.warmup_done = None
-        if ecfg.warmup == "on" or (ecfg.warmup == "auto" and self.compiling):
-            if fresh and compile_backend is None and stages is None and cache_plan is None:
-                self._compile_in_workers(n_slots)
-            self.warmup()
+        if warming:
+            self.warmup(workers=workers)
             self._clock0 = time.perf_counter()  # request times count from here
             self.trace.restart_clock()
 
@@ -187,9 +192,9 @@ class Engine:
         self.overlap = OverlappedWindows(self) if self.overlapped else None
         self.pipeline = PipelinedWindows(self, ecfg.stages) if ecfg.pipeline_groups else None
 
-    def _compile_in_workers(self, n_slots: int) -> None:
-        """engine.compile_workers: fill the compile caches in parallel before the warm-up."""
-        from strata.engine.compile_workers import plan_workers, run_workers
+    def _start_compile_workers(self, n_slots: int):
+        """engine.compile_workers: start them (compile_workers.WorkerGroup), or None."""
+        from strata.engine.compile_workers import WorkerGroup, plan_workers
 
         plan = plan_workers(self.cfg.compile_workers, self.loaded, self.cfg, self.device,
                             n_slots, self.max_context)
@@ -197,22 +202,26 @@ class Engine:
             if self.cfg.compile_workers:  # asked for, and none fit
                 self.warn(f"engine.compile_workers={self.cfg.compile_workers}: none started "
                           f"({plan.reason}); the warm-up compiles alone")
-            return
+            return None
         self.log(f"INFO compile workers: {plan.world} processes compile the warm-up's graphs "
-                 f"over the first {plan.layers} layers (dummy weights, about {plan.mib:.0f} MiB "
-                 f"each)")
-        out = run_workers(plan, self.loaded, self.cfg, self.device, ops.backend(), n_slots,
-                          self.log)
+                 f"beside it, over the first {plan.layers} layers (dummy weights, about "
+                 f"{plan.mib:.0f} MiB each)")
+        return WorkerGroup(plan, self.loaded, self.cfg, self.device, ops.backend(), n_slots,
+                           self.log)
+
+    def _finish_compile_workers(self, workers) -> None:
+        out = workers.finish()
         for why in out["failed"]:
             self.warn(f"compile worker failed, the warm-up compiles its share itself: {why}")
         self.log(f"INFO compile workers: {out['compiled']} graphs compiled in "
                  f"{out['seconds']:.1f} s")
 
-    def warmup(self, capture: bool = True) -> None:
+    def warmup(self, capture: bool = True, workers=None) -> None:
         """Run every shape this engine can plan once on the scratch lane and capture the graphs
         requests will use (ModelRunner.warmup), so that compiling and capturing happen now
         rather than inside the first requests. `capture=False` (a compile worker): only run
-        the shapes."""
+        the shapes. `workers` (compile_workers.WorkerGroup): compile workers running beside it,
+        waited for before the captures (which take the device memory they hold)."""
         from torch._dynamo.utils import counters
 
         t0 = time.perf_counter()
@@ -221,7 +230,13 @@ class Engine:
         most_rows = max(self.cfg.spec if self.drafting else 1, 2 if self.batch_mtp else 1)
         plan = plan_warmup(self.cfg, len(self.scheduler.slots), most_rows, self.max_context,
                            self.cache is not None, self.prefill_slots)
-        done = self.runner.warmup(plan, self._tier, self.log, capture=capture)
+        try:
+            done = self.runner.warmup(
+                plan, self._tier, self.log, capture=capture,
+                before_captures=(lambda: self._finish_compile_workers(workers)) if workers else None)
+        finally:
+            if workers is not None:
+                workers.finish()  # (again: returns at once) stopped even if the warm-up failed
         # how many graphs the warm-up compiled: what its time mostly is on a cold cache
         done.compiled_graphs = counters["stats"]["unique_graphs"] - traced
         done.cached_graphs = counters["inductor"]["fxgraph_cache_hit"] - loaded

@@ -393,11 +393,13 @@ class ModelRunner:
     # ---- warm-up ------------------------------------------------------------------------------
     def warmup(self, plan: WarmupPlan, tier: Callable[[int], int],
                progress: Callable[[str], None] = lambda s: None,
-               capture: bool = True) -> WarmupDone:
+               capture: bool = True,
+               before_captures: Optional[Callable[[], None]] = None) -> WarmupDone:
         """Run every window shape and prompt-chunk bucket of `plan` once on the scratch lane
         (eagerly, no graphs), so that torch.compile's work happens now rather than inside the
-        first requests; then (unless `capture` is false) capture the prompt-chunk graphs and
-        the shape-keyed window graphs requests will use. Real lanes are not touched.
+        first requests; then (after `before_captures`, and unless `capture` is false) capture
+        the prompt-chunk graphs and the shape-keyed window graphs requests will use. Real lanes
+        are not touched.
         `progress` hears how far it got, at most every PROGRESS_S seconds (a full-depth model
         compiles for minutes)."""
         done = WarmupDone()
@@ -435,6 +437,8 @@ class ModelRunner:
         # Prompt-chunk graphs, one per (bucket, tier) a chunk can read: a capture inside a
         # request would add tens of ms to its time to first token. Those of requests that do
         # not filter, as for windows; a filtering request's are captured on first use.
+        if before_captures is not None:
+            before_captures()
         # Without `capture` (a compile worker) the same compiled calls run, uncaptured, so
         # that they compile what the captures would.
         if self.p_backend is not None:
