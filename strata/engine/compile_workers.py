@@ -170,6 +170,8 @@ class WorkerGroup:
         self.plan, self.log = plan, log
         self.counter = itertools.count()
         args = loaded.args
+        if device.type == "cuda" and device.index is None:  # the workers' device is this one
+            device = torch.device("cuda", torch.cuda.current_device())
         job = {"load_args": {**loaded.load_args, "num_layers": plan.layers, "load_format": "dummy"},
                "stacks": (len(args.full_layers), len(args.linear_layers)),
                "engine": dataclasses.asdict(ecfg), "device": str(device), "backend": kernels,

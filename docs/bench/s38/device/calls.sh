@@ -5,6 +5,8 @@
 #   h  the warm-up's compile time by phase (torch's compile-time table) at 4 layers (the same
 #      graphs as full depth): cold caches, then warm ones, then cold with four compile workers;
 #      then an 8-layer profile of the current kernels at 1 x 2 and 8 x 2
+#   w  h's cold run with four compile workers again (their device fixed), then the tiny model's
+#      deeper batch_mtp groups
 #   d  the deeper batch_mtp groups on the tiny model at N=2 and 4, then at the FP8 shapes, LAYERS (24 on an H100), N=2 and 4, then
 #      the expert-cache study on the H100 (SIM_STUDIES.md's SIMULATED prediction) as time allows
 # Carry .whl and .dev/s37 (the tree's CUDA extension for Python 3.12, stripped, xz).
@@ -20,6 +22,12 @@ h)
     TORCHINDUCTOR_CACHE_DIR=$DIR TRITON_CACHE_DIR=$DIR/triton TAIL=24 st warm4_$NAME 170 python3 docs/bench/s38/device/inductor_run.py -- $W --compile-workers $CW --json $R/warm4_$NAME.json
   done
   TAIL=80 st prof8 150 python3 scripts/profile_window.py --model qwen3-next-80b-a3b-fp8 --load-format dummy --layers 8 --backend auto --compile --shapes 1x2,8x2 --iters 20 --top 24 --json $R/prof8.json ;;
+w)
+  # cold caches with four compile workers (the fix for the workers' device), then the tiny
+  # model's deeper batch_mtp groups
+  W="$F --layers 4 --configs batch_mtp_w16 --n 8 --max-tokens 64 --repeats 1"
+  TORCHINDUCTOR_CACHE_DIR=/tmp/ind_c TRITON_CACHE_DIR=/tmp/ind_c/triton TAIL=22 st warm4_cold_w4 170 python3 docs/bench/s38/device/inductor_run.py -- $W --compile-workers 4 --json $R/warm4_cold_w4.json
+  TAIL=8 st tiny_deep 110 python3 scripts/bench_engine.py --configs batch_mtp_w16,batch_mtp_w16_deep --n 2,4 --prompt-tokens 64 --max-tokens 256 --overlap on --repeats 3 --json $R/tiny_deep.json ;;
 d)
   TAIL=8 st tiny_deep 120 python3 scripts/bench_engine.py --configs batch_mtp_w16,batch_mtp_w16_deep --n 2,4 --prompt-tokens 64 --max-tokens 256 --overlap on --repeats 3 --json $R/tiny_deep.json
   TAIL=10 st fp8_deep 330 python3 scripts/bench_engine.py $F --layers ${LAYERS:-24} --configs batch_mtp_w16,batch_mtp_w16_deep --n 2,4 --max-tokens 64 --repeats 2 --json $R/fp8_deep.json
