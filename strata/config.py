@@ -134,12 +134,14 @@ class EngineConfig:
     #: 0/1 specialisation; true), or compile one graph for every count (false: fewer graphs
     #: to compile, so a shorter warm-up, and the 1-row kernels generic). Process-wide.
     compile_specialize_one: bool = True
-    #: Processes that compile the warm-up's graphs in parallel before it (each over a copy of
-    #: the model cut to one layer of each kind, dummy weights, on the same device), leaving
-    #: them in torch.compile's on-disk caches for the warm-up to load: null = auto (on CUDA one
-    #: per 4 cores, 2 to 4, as free device memory allows; none on the CPU), 0 = off, N = N.
-    #: Not with engine.stages > 1 or the expert cache. Changes no token.
-    compile_workers: Optional[int] = None
+    #: Processes that compile the warm-up's graphs beside it (each over a copy of the model cut
+    #: to one layer of each kind, dummy weights, on the same device), leaving them in
+    #: torch.compile's on-disk caches for the warm-up to load: 0 = off, N = N, null = auto (on
+    #: CUDA one per 4 cores, 2 to 4, as free device memory allows; none on the CPU). Not with
+    #: engine.stages > 1 or the expert cache. Off by default: inductor autotunes kernels by
+    #: timing them, and compiled beside busy workers a cold cache may get other kernels, so
+    #: other greedy text, than a lone warm-up's (docs/ENGINE.md "Compile workers").
+    compile_workers: Optional[int] = 0
     #: Run every window and prompt-chunk shape once on the scratch lane at start, so compiling
     #: happens before the first request, not during it: auto (when compiling), on, off.
     warmup: str = "auto"
