@@ -27,7 +27,6 @@ from dataclasses import dataclass
 from typing import Any, Callable, Iterator, Optional
 
 import torch
-import torch._inductor.codecache  # noqa: F401  (see below: imported here in every process)
 
 from strata.config import EngineConfig
 from strata.engine.memory import MIB
