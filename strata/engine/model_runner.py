@@ -399,9 +399,8 @@ class ModelRunner:
         (eagerly, no graphs), so that torch.compile's work happens now rather than inside the
         first requests; then (after `before_captures`, and unless `capture` is false) capture
         the prompt-chunk graphs and the shape-keyed window graphs requests will use. Real lanes
-        are not touched.
-        `progress` hears how far it got, at most every PROGRESS_S seconds (a full-depth model
-        compiles for minutes)."""
+        are not touched. `progress` hears how far it got, at most every PROGRESS_S seconds (a
+        full-depth model compiles for minutes)."""
         done = WarmupDone()
         shapes = [(ng, g) for ng, g in plan.window_shapes if ng <= self.inputs.shape[1]]
         total = len(shapes) * len(plan.window_tiers) * 2
@@ -434,13 +433,13 @@ class ModelRunner:
                 for filtered in (False, True):
                     self.verifier.prefill(buf[:, :b], meta, tier(b), filtered)
             tick(f"{i + 1} of {len(plan.prefill_buckets)} prompt buckets run")
-        # Prompt-chunk graphs, one per (bucket, tier) a chunk can read: a capture inside a
-        # request would add tens of ms to its time to first token. Those of requests that do
-        # not filter, as for windows; a filtering request's are captured on first use.
         if before_captures is not None:
             before_captures()
-        # Without `capture` (a compile worker) the same compiled calls run, uncaptured, so
-        # that they compile what the captures would.
+        # Prompt-chunk graphs, one per (bucket, tier) a chunk can read: a capture inside a
+        # request would add tens of ms to its time to first token. Those of requests that do
+        # not filter, as for windows; a filtering request's are captured on first use. Without
+        # `capture` (a compile worker) the same compiled calls run, uncaptured, so that they
+        # compile what the captures would.
         if self.p_backend is not None:
             zeros = torch.zeros(plan.max_context, dtype=torch.long, device=self.device)
             for b in plan.prefill_buckets:
