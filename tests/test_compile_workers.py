@@ -4,6 +4,7 @@ caches in parallel before the warm-up, each over the model cut to one layer of e
 from __future__ import annotations
 
 import dataclasses
+import os
 
 import pytest
 import torch
@@ -90,41 +91,53 @@ def test_compile_workers_refused_with_stages_and_the_expert_cache(other):
         validate_engine(e)
 
 
-@pytest.mark.slow
-def test_workers_leave_every_warmup_graph_in_the_compile_cache(tmp_path, monkeypatch):
-    """Two workers over the first 3 of the embedded model's 6 layers compile the warm-up's
-    graphs with inductor (on the CPU: C++); the engine's own warm-up then loads every graph it
-    traces from the cache and compiles none, and the engine runs."""
-    import torch._dynamo
-    from torch._dynamo.utils import counters
+WORKERS_RUN = """
+import dataclasses, json, torch
+from strata.config import EMBEDDED_MODEL_DIR, EngineConfig
+from strata.engine.llm_engine import Engine
+from strata.engine.request import Request, SamplingParams
+from strata.model.loader import load_checkpoint
 
-    from strata.config import EMBEDDED_MODEL_DIR
-    from strata.engine.llm_engine import Engine
-    from strata.engine.request import Request, SamplingParams
-    from strata.model.loader import load_checkpoint
-
-    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
-    torch._dynamo.reset()
-    counters.clear()
+if __name__ == "__main__":
     loaded = load_checkpoint(EMBEDDED_MODEL_DIR, load_format="dummy", log=lambda s: None)
     ecfg = dataclasses.replace(EngineConfig(), mode="solo", spec=2, compile="on",
                                compile_workers=2, prefill_buckets=[16], max_context=64,
                                context_tier_min=32)
-    logs: list[str] = []
+    logs = []
     eng = Engine(loaded, ecfg, torch.device("cpu"), log=logs.append)
-    text = "\n".join(logs)
-    assert "compile workers: 2 processes compile the warm-up's graphs beside it, over the first " \
-        "3 layers" in text, text
-    assert "WARNING" not in text, text
-    done = eng.warmup_done
-    assert done.compiled_graphs > 0 and done.cached_graphs == done.compiled_graphs, text
     eng.add_request(Request("r", [5, 9, 11, 3, 7], SamplingParams(max_tokens=6, stop_at_eos=False),
                             arrival_step=0, stream_text=False))
     while eng.has_work():
         eng.step()
-    assert len(eng.requests["r"].emitted) == 6
-    eng.close()
-    torch._dynamo.reset()
+    print(json.dumps({"logs": logs, "compiled": eng.warmup_done.compiled_graphs,
+                      "cached": eng.warmup_done.cached_graphs,
+                      "emitted": len(eng.requests["r"].emitted)}))
+"""
+
+
+@pytest.mark.slow
+def test_workers_leave_every_warmup_graph_in_the_compile_cache(tmp_path):
+    """Two workers over the first 3 of the embedded model's 6 layers compile the warm-up's
+    graphs with inductor (on the CPU: C++); the engine's own warm-up, beside them, then loads
+    every graph it traces from the cache and compiles none, and the engine runs. In a process
+    of its own, as an engine starts (this one's torch state is the earlier tests')."""
+    import json
+    import subprocess
+    import sys
+
+    script = tmp_path / "run.py"
+    script.write_text(WORKERS_RUN)
+    env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "inductor")}
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=env,
+                         timeout=540)
+    assert out.returncode == 0, out.stderr[-3000:]
+    got = json.loads(out.stdout.strip().splitlines()[-1])
+    text = "\n".join(got["logs"])
+    assert "compile workers: 2 processes compile the warm-up's graphs beside it, over the first " \
+        "3 layers" in text, text
+    assert "WARNING" not in text, text
+    assert got["compiled"] > 0 and got["cached"] == got["compiled"], text
+    assert got["emitted"] == 6
 
 
 def test_a_failed_worker_is_a_warning_and_the_warmup_compiles_alone(monkeypatch):
