@@ -62,7 +62,7 @@ e)
 w)
   # the warm-up's compile work does not grow with depth: 4 layers, each run on cold caches
   for AT in 1 0; do
-    TORCHINDUCTOR_CACHE_DIR=/tmp/ind_w$AT TRITON_CACHE_DIR=/tmp/ind_w$AT/triton TAIL=3 st warm4_at$AT 200 python3 docs/bench/s37/device/inductor_run.py triton.autotune_pointwise=$AT -- $F --layers 4 --configs batch_mtp_w16 --n 8 --max-tokens 64 --repeats 1 --json $R/warm4_at$AT.json
+    TORCHINDUCTOR_CACHE_DIR=/tmp/ind_w$AT TRITON_CACHE_DIR=/tmp/ind_w$AT/triton TAIL=3 st warm4_at$AT 200 python3 docs/bench/s38/device/inductor_run.py triton.autotune_pointwise=$AT -- $F --layers 4 --configs batch_mtp_w16 --n 8 --max-tokens 64 --repeats 1 --json $R/warm4_at$AT.json
     grep -h "warm-up: 60" $R/warm4_at$AT.log
   done ;;
 esac
