@@ -168,6 +168,60 @@ def test_a_failed_worker_is_a_warning_and_the_warmup_compiles_alone(monkeypatch)
     torch._dynamo.reset()
 
 
+def _engine_inputs(workers: int):
+    from strata.config import EMBEDDED_MODEL_DIR
+    from strata.model.loader import load_checkpoint
+
+    loaded = load_checkpoint(EMBEDDED_MODEL_DIR, load_format="dummy", log=lambda s: None)
+    ecfg = dataclasses.replace(EngineConfig(), mode="solo", spec=2, compile="on",
+                               compile_workers=workers, prefill_buckets=[16], max_context=64,
+                               context_tier_min=32)
+    return loaded, ecfg
+
+
+def test_an_engine_that_fails_to_build_starts_no_workers(monkeypatch):
+    """The workers start with the warm-up, not while the engine is built: when a part built
+    after the compiled functions raises, no worker process is left running."""
+    import multiprocessing
+
+    from strata.engine import llm_engine
+
+    def broken(*a, **kw):
+        raise RuntimeError("runner build failed")
+
+    monkeypatch.setattr(llm_engine.ModelRunner, "for_engine", broken)
+    loaded, ecfg = _engine_inputs(1)
+    with pytest.raises(RuntimeError, match="runner build failed"):
+        llm_engine.Engine(loaded, ecfg, torch.device("cpu"), log=lambda s: None)
+    assert not [p for p in multiprocessing.active_children() if p.name.startswith("strata-compile")]
+
+
+def test_workers_that_fail_to_start_are_a_warning_and_the_warmup_compiles_alone(monkeypatch):
+    """A start that raises (here: the process spawn) is one warning naming why; the warm-up
+    compiles every graph itself (dynamo's eager backend here, for speed)."""
+    import torch._dynamo
+
+    from strata.engine import compile_workers
+    from strata.engine.llm_engine import Engine
+
+    def no_spawn(self, *a, **kw):
+        raise OSError("no processes left")
+
+    compile_ = torch.compile
+    monkeypatch.setattr(torch, "compile", lambda f=None, **kw: compile_(f, **{**kw, "backend": "eager"}))
+    monkeypatch.setattr(compile_workers.WorkerGroup, "__init__", no_spawn)
+    torch._dynamo.reset()
+    loaded, ecfg = _engine_inputs(1)
+    logs: list[str] = []
+    eng = Engine(loaded, ecfg, torch.device("cpu"), log=logs.append)
+    warnings = [line for line in logs if line.startswith("WARNING")]
+    assert len(warnings) == 1, logs
+    assert "failed to start" in warnings[0] and "no processes left" in warnings[0]
+    assert eng.warmup_done.compiled_graphs > 0
+    eng.close()
+    torch._dynamo.reset()
+
+
 def test_memory_formats_pickle_by_one_name_in_every_process():
     """Inductor's cache keys pickle memory formats; by default pickle names one through the first
     module in sys.modules that holds `torch`, which differs between processes. strata pickles

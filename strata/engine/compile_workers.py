@@ -93,12 +93,14 @@ class AwaitingInductor(torch._TorchCompileInductorWrapper):
     torch.compile(backend="inductor") does, which finds it in the caches. Past the workers
     (later shapes, or every graph once they are done) it compiles at once."""
 
-    def __init__(self, dynamic: Optional[bool], group: "WorkerGroup"):
+    def __init__(self, dynamic: Optional[bool], workers: "PlannedWorkers"):
         super().__init__(None, None, dynamic)
-        self.group = group
+        self.workers = workers
 
     def __call__(self, gm, example_inputs):
-        self.group.wait_graph(next(self.group.counter))
+        group = self.workers.group
+        if group is not None:  # (None: not started, or their start failed)
+            group.wait_graph(next(group.counter))
         return super().__call__(gm, example_inputs)
 
 
@@ -157,6 +159,24 @@ def _worker_mib(loaded: Any, layers: int, n_slots: int, lane_rows: int) -> float
     return (weights + (n_slots + 1) * (per["main"] + per["draft"])) / MIB + WORKER_OVERHEAD_MIB
 
 
+class PlannedWorkers:
+    """The engine's compile workers between its build and its warm-up: `backend` goes to
+    compiled_functions while the engine is built, and the processes start only when the warm-up
+    does (`start`), so that an engine whose build fails leaves none running."""
+
+    def __init__(self, plan: WorkerPlan, start: Callable[[WorkerPlan], "WorkerGroup"]):
+        self.plan, self._start = plan, start
+        #: The started group (None before `start`, or when it failed).
+        self.group: Optional[WorkerGroup] = None
+
+    def backend(self, dynamic: Optional[bool]) -> AwaitingInductor:
+        return AwaitingInductor(dynamic, self)
+
+    def start(self) -> "WorkerGroup":
+        self.group = self._start(self.plan)
+        return self.group
+
+
 class WorkerGroup:
     """The plan's workers, started; the engine's warm-up waits on them graph by graph
     (`backend`, AwaitingInductor), then `finish` collects what they did."""
@@ -205,9 +225,6 @@ class WorkerGroup:
                 os.environ.pop("TORCHINDUCTOR_COMPILE_THREADS", None)
             else:
                 os.environ["TORCHINDUCTOR_COMPILE_THREADS"] = saved
-
-    def backend(self, dynamic: Optional[bool]) -> AwaitingInductor:
-        return AwaitingInductor(dynamic, self)
 
     def _poll(self, wait_s: float) -> None:
         """Read what the workers sent; a worker gone without its report is failed."""

@@ -135,11 +135,11 @@ class Engine:
         split_keys = ecfg.invariant_split_keys if ecfg.batch_invariant else 0
         warming = ecfg.warmup == "on" or (ecfg.warmup == "auto" and self.compiling)
         # compile workers, where this process compiles the model's regions now (an earlier
-        # engine may have) and the warm-up will run through them
+        # engine may have) and the warm-up will run through them; they start with the warm-up
         workers = None
         if (warming and self.compiling and getattr(self.model, "_strata_compiled", None) is None
                 and compile_backend is None and stages is None and cache_plan is None):
-            workers = self._start_compile_workers(n_slots)
+            workers = self._plan_compile_workers(n_slots)
             if workers is not None:
                 compile_backend = workers.backend
         functions = (compiled_functions(self.model, device, ecfg.graphs,
@@ -192,9 +192,10 @@ class Engine:
         self.overlap = OverlappedWindows(self) if self.overlapped else None
         self.pipeline = PipelinedWindows(self, ecfg.stages) if ecfg.pipeline_groups else None
 
-    def _start_compile_workers(self, n_slots: int):
-        """engine.compile_workers: start them (compile_workers.WorkerGroup), or None."""
-        from strata.engine.compile_workers import WorkerGroup, plan_workers
+    def _plan_compile_workers(self, n_slots: int):
+        """engine.compile_workers: how many start with the warm-up (compile_workers.
+        PlannedWorkers), or None."""
+        from strata.engine.compile_workers import PlannedWorkers, WorkerGroup, plan_workers
 
         plan = plan_workers(self.cfg.compile_workers, self.loaded, self.cfg, self.device,
                             n_slots, self.max_context)
@@ -203,11 +204,23 @@ class Engine:
                 self.warn(f"engine.compile_workers={self.cfg.compile_workers}: none started "
                           f"({plan.reason}); the warm-up compiles alone")
             return None
+        return PlannedWorkers(plan, lambda p: WorkerGroup(p, self.loaded, self.cfg, self.device,
+                                                          ops.backend(), n_slots, self.log))
+
+    def _start_compile_workers(self, workers):
+        """Start the planned workers (their WorkerGroup), or warn and return None: the warm-up
+        then compiles alone."""
+        plan = workers.plan
+        try:
+            group = workers.start()
+        except Exception as e:  # (the start's own cleanup stopped any it had started)
+            self.warn(f"compile workers failed to start, the warm-up compiles alone: "
+                      f"{type(e).__name__}: {e}")
+            return None
         self.log(f"INFO compile workers: {plan.world} processes compile the warm-up's graphs "
                  f"beside it, over the first {plan.layers} layers (dummy weights, about "
                  f"{plan.mib:.0f} MiB each)")
-        return WorkerGroup(plan, self.loaded, self.cfg, self.device, ops.backend(), n_slots,
-                           self.log)
+        return group
 
     def _finish_compile_workers(self, workers) -> None:
         out = workers.finish()
@@ -220,8 +233,9 @@ class Engine:
         """Run every shape this engine can plan once on the scratch lane and capture the graphs
         requests will use (ModelRunner.warmup), so that compiling and capturing happen now
         rather than inside the first requests. `capture=False` (a compile worker): only run
-        the shapes. `workers` (compile_workers.WorkerGroup): compile workers running beside it,
-        waited for before the captures (which take the device memory they hold)."""
+        the shapes. `workers` (compile_workers.PlannedWorkers): compile workers, started here
+        to run beside it and waited for before the captures (which take the device memory they
+        hold)."""
         from torch._dynamo.utils import counters
 
         t0 = time.perf_counter()
@@ -230,13 +244,14 @@ class Engine:
         most_rows = max(self.cfg.spec if self.drafting else 1, 2 if self.batch_mtp else 1)
         plan = plan_warmup(self.cfg, len(self.scheduler.slots), most_rows, self.max_context,
                            self.cache is not None, self.prefill_slots)
+        group = self._start_compile_workers(workers) if workers is not None else None
         try:
             done = self.runner.warmup(
                 plan, self._tier, self.log, capture=capture,
-                before_captures=(lambda: self._finish_compile_workers(workers)) if workers else None)
+                before_captures=(lambda: self._finish_compile_workers(group)) if group else None)
         finally:
-            if workers is not None:
-                workers.finish()  # (again: returns at once) stopped even if the warm-up failed
+            if group is not None:
+                group.finish()  # (again: returns at once) stopped even if the warm-up failed
         # how many graphs the warm-up compiled: what its time mostly is on a cold cache
         done.compiled_graphs = counters["stats"]["unique_graphs"] - traced
         done.cached_graphs = counters["inductor"]["fxgraph_cache_hit"] - loaded
