@@ -20,6 +20,7 @@ random token ids when there is no tokenizer):
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import platform
 import statistics
@@ -304,6 +305,9 @@ def run_cohort(eng: Engine, device, prompts, max_tokens) -> dict:
            "graph": {"hit": d["graph_hits"], "capture": d["graph_captures"],
                      "eager": d["graph_eager"], "evict": d["graph_evictions"]},
            "tokens": [eng.requests[r.id].emitted for r in reqs]}
+    # the cohort's greedy text in 16 hex digits: compared across processes (cold compile
+    # caches, compile workers) where the tokens themselves stay in this one
+    out["text_digest"] = hashlib.sha1(json.dumps(out["tokens"]).encode()).hexdigest()[:16]
     eng.requests.clear()
     return out
 
@@ -399,7 +403,8 @@ def write_results(a, ns, names, results, loaded, device, backend) -> None:
             continue
         summary[key] = {"median_tps": statistics.median(r["aggregate_tps"] for r in runs),
                         "acceptance": runs[0].get("acceptance"),
-                        "device_busy": runs[0].get("device_busy")}
+                        "device_busy": runs[0].get("device_busy"),
+                        "text_digest": runs[0].get("text_digest")}
         if key in results.get("windows", {}):
             summary[key]["windows"] = results["windows"][key]
         if key in results.get("prefills", {}):
@@ -507,7 +512,8 @@ def main() -> None:
                     print(f"N={n} {key:<22} rep {rep}: {r['aggregate_tps']:9.1f} tok/s  "
                           f"accept {r['acceptance'] if r['acceptance'] is not None else float('nan'):.3f}  "
                           f"windows {r['windows']} graph {r['graph']}  device busy "
-                          f"{r['device_busy'] or 0:.1%} of the wall", flush=True)
+                          f"{r['device_busy'] or 0:.1%} of the wall  text {r['text_digest']}",
+                          flush=True)
         for name, eng in engines.items():
             rows = eng.window_times.table(loaded.args, fmt, eng.verifier.drafting, a.bandwidth)
             results.setdefault("windows", {})[f"{name}@{n}"] = rows
