@@ -10,8 +10,9 @@ import torch
 
 from strata.engine.verifier import GLUE_FUNCTIONS, PURE_FUNCTIONS
 
-#: Inductor's own switch; when the environment sets it, it wins over the default below.
+#: Inductor's own switches; when the environment sets one, it wins over the default below.
 PDL_ENV = "TORCHINDUCTOR_ENABLE_PDL"
+DETERMINISTIC_ENV = "TORCHINDUCTOR_DETERMINISTIC"
 
 
 def memory_format_named(name: str) -> torch.memory_format:
@@ -42,6 +43,17 @@ def pdl_default(device: torch.device, graphs: bool = True) -> bool:
     if not graphs or device.type != "cuda" or not torch.cuda.is_available() or torch.version.hip:
         return False
     return torch.cuda.get_device_capability(device)[0] >= 9
+
+
+def deterministic_default() -> bool:
+    """Whether compiled regions use inductor's deterministic mode: each reduction kernel takes
+    one configuration chosen without timing it on the device. Timed, the choice (and with it a
+    reduction's order, so bf16 bits and then greedy text) could differ between two cold
+    compile caches, or between the compile workers' processes and the engine's. Pointwise
+    kernels are still timed: their configuration changes no value. On unless
+    TORCHINDUCTOR_DETERMINISTIC says otherwise."""
+    env = os.environ.get(DETERMINISTIC_ENV)
+    return env.strip() == "1" if env else True
 
 
 def inductor_pdl() -> bool:
@@ -116,6 +128,9 @@ def compiled_functions(model, device: torch.device | None = None,
     duck_shape(False)
 
     torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 64)
+    # Process-wide, read when a region compiles; in inductor's cache keys, so the workers' and
+    # the engine's agree (both come here).
+    inductor_config.deterministic = deterministic_default()
     # A region that fails to compile runs eagerly (logged by torch) instead of failing requests.
     torch._dynamo.config.suppress_errors = True
     if device is not None and hasattr(inductor_config.triton, "enable_pdl"):
