@@ -156,6 +156,27 @@ def test_programmatic_launches_only_where_graphs_replay_on_hopper(monkeypatch):
     model.compile_regions(None, None)
 
 
+def test_compiled_regions_use_inductors_deterministic_mode(monkeypatch):
+    """Reductions get one configuration, not the fastest timed on a cold cache (so bf16 text
+    cannot follow a timing): on unless TORCHINDUCTOR_DETERMINISTIC says otherwise, set
+    process-wide when the regions are compiled."""
+    import torch._inductor.config as inductor_config
+
+    from strata.engine import compiling
+
+    monkeypatch.delenv(compiling.DETERMINISTIC_ENV, raising=False)
+    assert compiling.deterministic_default()
+    for env, want in (("1", True), ("0", False)):
+        monkeypatch.setenv(compiling.DETERMINISTIC_ENV, env)
+        assert compiling.deterministic_default() == want
+    monkeypatch.setattr(inductor_config, "deterministic", False)
+    monkeypatch.delenv(compiling.DETERMINISTIC_ENV, raising=False)
+    model = init_random(Qwen3Next(tiny_args(num_hidden_layers=2), with_mtp=False), seed=0).eval()
+    compiling.compiled_functions(model, torch.device("cpu"))
+    assert inductor_config.deterministic
+    model.compile_regions(None, None)
+
+
 def specialize_one_run(model_path: str, one_apart: bool, device: str) -> tuple[int, int, dict]:
     """An engine (batch_mtp, two slots, compiled, warmed up) with engine.compile_specialize_one
     set: the graphs dynamo traced by the end of its warm-up and of three requests, and their
