@@ -440,6 +440,8 @@ class Attention(nn.Module):
         self.w_qkv: Optional[torch.Tensor] = None  # fused by fuse_for_inference()
         self.s_qkv: Optional[torch.Tensor] = None  # its FP8 block scales (None: float weights)
         self.qkv_block: Optional[tuple[int, int]] = None
+        #: Whether _qkv returns the output gate as a contiguous copy (copy_attention_gates).
+        self.gate_copy = False
 
     def _qkv(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
         lead = x.shape[:-1]
@@ -453,13 +455,7 @@ class Attention(nn.Module):
         k = apply_rotary(self.k_norm(k.view(*lead, self.hkv, self.d)), cos, sin, self.rd)
         # contiguous here, inside the compiled region, so the K/V write gets it without a copy
         v = v.view(*lead, self.hkv, self.d).contiguous()
-        # The gate too: as a view of the projection its strides are those of the buffer the
-        # projection lands in, which inductor lays out as it likes (it fuses q/k/v into one
-        # matmul), so the attention's second region, which takes it, would trace other graphs
-        # behind a region run eagerly (a compile worker's share, strata/engine/compile_workers.py)
-        # than behind a compiled one. The copy is small (hq x D per row) and stays inside the
-        # compiled region.
-        return q, k, v, gate.contiguous()
+        return q, k, v, (gate.contiguous() if self.gate_copy else gate)
 
     def fuse_for_inference(self) -> None:
         fused = fuse_projections([self.q_proj, self.k_proj, self.v_proj])
@@ -480,6 +476,20 @@ class Attention(nn.Module):
 
 #: the epsilon of the gated delta rule's q/k L2 norms (the checkpoint's convention)
 L2NORM_EPS = 1e-6
+
+
+def copy_attention_gates(model: nn.Module, on: bool = True) -> None:
+    """Whether the attention layers' first region returns its output gate as a contiguous copy
+    rather than a view of the q/k/v projection. A view's strides are those of the buffer the
+    projection lands in, which inductor lays out as it likes (it fuses q/k/v into one matmul),
+    so the second region, which takes the gate, traces other graphs behind a first region run
+    eagerly (a compile worker's share, strata/engine/compile_workers.py) than behind a compiled
+    one. The copy is a kernel per attention layer (0.6-0.7% of a window on an H100: docs/ENGINE.md),
+    so only engines with compile workers, and their workers, make it. Read when the regions
+    trace."""
+    for mod in model.modules():
+        if isinstance(mod, Attention):
+            mod.gate_copy = on
 
 
 class GatedDeltaNet(nn.Module):
