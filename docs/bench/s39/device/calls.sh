@@ -9,6 +9,9 @@
 #   g  what the attention gate's contiguous copy costs: window profiles (kernel count, replay time)
 #      with it and with the gate a view (docs/bench/s39/device/gate_view.py), the embedded model
 #      at 1 x 4 and 1 x 2, the FP8 80B shapes at 8 layers and 1 x 2
+#   p  where a deep warm-up's extra time goes: the FP8 shapes' cold warm-up at 4 and at 24
+#      layers under cProfile (the same 73 graphs; a bare H200 took 184 s at 48 layers where an
+#      H100 takes 94 s at 4), the 30 largest cumulative entries of each
 # H200 (the full-depth FP8 80B does not fit an H100's 80 GB without the expert cache):
 #   a  full-depth batch_mtp W16 N=8 at the default 512-row launches on a bare machine with four
 #      compile workers (its warm-up line is the warm-up goal's figure, its tok/s the N=8 goal's),
@@ -58,6 +61,12 @@ f)
     IFS=: read NAME DET <<< "$RUN"
     TORCHINDUCTOR_DETERMINISTIC=$DET TORCHINDUCTOR_CACHE_DIR=/tmp/ind_f$NAME TRITON_CACHE_DIR=/tmp/ind_f$NAME/triton TAIL=3 st fp8_4l_$NAME 150 python3 scripts/bench_engine.py $W --json $R/fp8_4l_$NAME.json
     grep -h "warm-up: 60\|rep " $R/fp8_4l_$NAME.log
+  done ;;
+p)
+  for L in 4 24; do
+    TORCHINDUCTOR_CACHE_DIR=/tmp/ind_p$L TRITON_CACHE_DIR=/tmp/ind_p$L/triton TAIL=3 st warm_prof$L 260 python3 -m cProfile -o $R/warm_prof$L.pstats scripts/bench_engine.py $F --layers $L --configs batch_mtp_w16 --n 8 --max-tokens 16 --repeats 1 --compile-workers 0
+    grep -h "INFO warm-up" $R/warm_prof$L.log
+    python3 -c "import pstats,sys; pstats.Stats(sys.argv[1]).sort_stats('cumulative').print_stats(30)" $R/warm_prof$L.pstats > $R/warm_prof$L.txt 2>&1
   done ;;
 g)
   P="scripts/profile_window.py --backend auto --compile --iters 100 --top 6"
