@@ -49,9 +49,9 @@ def deterministic_default() -> bool:
     """Whether compiled regions use inductor's deterministic mode: each reduction kernel takes
     one configuration chosen without timing it on the device. Timed, the choice (and with it a
     reduction's order, so bf16 bits and then greedy text) could differ between two cold
-    compile caches, or between the compile workers' processes and the engine's. Pointwise
-    kernels are still timed: their configuration changes no value. On unless
-    TORCHINDUCTOR_DETERMINISTIC says otherwise."""
+    compile caches: between machines, or runs beside other work. Pointwise kernels are still
+    timed: their configuration changes no value. On unless TORCHINDUCTOR_DETERMINISTIC says
+    otherwise."""
     env = os.environ.get(DETERMINISTIC_ENV)
     return env.strip() == "1" if env else True
 

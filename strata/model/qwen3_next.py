@@ -484,9 +484,9 @@ def copy_attention_gates(model: nn.Module, on: bool = True) -> None:
     projection lands in, which inductor lays out as it likes (it fuses q/k/v into one matmul),
     so the second region, which takes the gate, traces other graphs behind a first region run
     eagerly (a compile worker's share, strata/engine/compile_workers.py) than behind a compiled
-    one. The copy is a kernel per attention layer (0.6-0.7% of a window on an H100: docs/ENGINE.md),
-    so only engines with compile workers, and their workers, make it. Read when the regions
-    trace."""
+    one. The copy is a kernel per attention layer (0.6-0.7% of a window on an H100,
+    docs/ENGINE.md), so only engines with compile workers, and their workers, make it. Read
+    when the regions trace."""
     for mod in model.modules():
         if isinstance(mod, Attention):
             mod.gate_copy = on
