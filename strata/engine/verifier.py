@@ -169,12 +169,13 @@ class Verifier:
         cols = [pending]
         if g >= 2:
             cols.append(draft)
-            tok = draft
+            tok, at = draft, gp
             for k in range(2, g):  # extend the chain: MTP at position p+k-2 predicts p+k
-                mh = model.mtp_window(h[:, None], tok[:, None], gs, gp + (k - 2), ctx, state,
+                nxt = gp + (k - 1)  # (each position added once: an eager kernel apiece)
+                mh = model.mtp_window(h[:, None], tok[:, None], gs, at, ctx, state,
                                       with_logits=False)[0][:, 0]
-                tok = self._draft(model.logits(mh), gs, gp + (k - 1), filtered)
-                h = mh
+                tok = self._draft(model.logits(mh), gs, nxt, filtered)
+                h, at = mh, nxt
                 cols.append(tok)
         tokens = torch.stack(cols, 1)
         hidden, logits, rec_snaps, conv_snaps = model.verify_window(tokens, gs, gp, ctx, state,

@@ -932,6 +932,12 @@ class Qwen3Next(nn.Module):
         hidden = self.norm(x)
         return hidden, self.logits(hidden)
 
+    def mtp_fuse_tokens(self, hidden: torch.Tensor, next_tokens: torch.Tensor) -> torch.Tensor:
+        """mtp.fuse of hidden and the next tokens' embeddings, the lookup inside the region (a
+        pure one): compiled, the gather is part of the embedding norm's kernel, where looked up
+        outside it was a kernel of its own in every draft step."""
+        return self.mtp.fuse(hidden, self.embed_tokens(next_tokens))
+
     def compile_regions(self, compile_fn=None, prefill_fn=None) -> None:
         """Compile the pure regions of window steps (`compile_fn`) and of prompt chunks
         (`prefill_fn`, dynamic lengths); None restores the eager versions."""
@@ -949,9 +955,9 @@ class Qwen3Next(nn.Module):
         self.p_norm = pwrap(self.norm.forward)
         if self.mtp is not None:
             self.mtp.layers[0].compile_regions(compile_fn, prefill_fn, shared["full_attention"])
-            self.c_mtp_fuse = wrap(self.mtp.fuse)
+            self.c_mtp_fuse = wrap(self.mtp_fuse_tokens)
             self.c_mtp_norm = wrap(self.mtp.norm.forward)
-            self.p_mtp_fuse = pwrap(self.mtp.fuse)
+            self.p_mtp_fuse = pwrap(self.mtp_fuse_tokens)
             self.p_mtp_norm = pwrap(self.mtp.norm.forward)
 
     def mtp_window(self, hidden: torch.Tensor, next_tokens: torch.Tensor, group_slot: torch.Tensor,
@@ -966,7 +972,7 @@ class Qwen3Next(nn.Module):
         assert self.mtp is not None
         fuse, norm = (self.c_mtp_fuse, self.c_mtp_norm) if variant == "window" else \
             (self.p_mtp_fuse, self.p_mtp_norm)
-        x = fuse(hidden, self.embed_tokens(next_tokens))
+        x = fuse(hidden, next_tokens)
         cos, sin = (self.c_rope if variant == "window" else self.p_rope)(group_pos, x.shape[1])
         x = self.mtp.layers[0].window_attention(x, cos, sin, state.mtp_k, state.mtp_v, group_slot,
                                                 group_pos, ctx, variant=variant, valid=valid)
