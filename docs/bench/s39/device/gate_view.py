@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Run a script with the attention's output gate returned as a view of the q/k/v projection
-(as before the compile workers), not the contiguous copy the model makes now: what the copy
-costs a window (a measurement, not an engine switch):
+(as before the compile workers), not the contiguous copy the model made when this was written
+(since then only for compile workers: copy_attention_gates): what the copy costs a window (a
+measurement, not an engine switch):
 
     python3 docs/bench/s39/device/gate_view.py scripts/profile_window.py ARGS...
 """
