@@ -7,7 +7,7 @@
 #   f  the FP8 80B shapes at 4 layers (the same graphs as full depth) on cold caches, inductor's
 #      deterministic mode against its default: the warm-up and tok/s
 #   g  what the attention gate's contiguous copy costs: window profiles (kernel count, replay time)
-#      with it and with the gate a view (docs/bench/s39/device/gate_view.py), the embedded model
+#      with it (docs/bench/s39/device/gate_copy.py) and with the gate a view, the embedded model
 #      at 1 x 4 and 1 x 2, the FP8 80B shapes at 8 layers and 1 x 2
 #   p  where a deep warm-up's extra time goes: the FP8 shapes' cold warm-up at 4 and at 24
 #      layers under cProfile (the same 73 graphs; a bare H200 took 184 s at 48 layers where an
@@ -78,9 +78,9 @@ m)
 g)
   P="scripts/profile_window.py --backend auto --compile --iters 100 --top 6"
   P8="$P --model qwen3-next-80b-a3b-fp8 --load-format dummy --layers 8 --shapes 1x2"
-  TAIL=14 st prof_tiny_copy 90 python3 $P --shapes 1x4,1x2 --json $R/prof_tiny_copy.json
-  TAIL=14 st prof_tiny_view 90 python3 docs/bench/s39/device/gate_view.py $P --shapes 1x4,1x2 --json $R/prof_tiny_view.json
-  TAIL=10 st prof8_copy 120 python3 $P8 --json $R/prof8_copy.json
-  TAIL=10 st prof8_view 120 python3 docs/bench/s39/device/gate_view.py $P8 --json $R/prof8_view.json
+  TAIL=14 st prof_tiny_copy 90 python3 docs/bench/s39/device/gate_copy.py $P --shapes 1x4,1x2 --json $R/prof_tiny_copy.json
+  TAIL=14 st prof_tiny_view 90 python3 $P --shapes 1x4,1x2 --json $R/prof_tiny_view.json
+  TAIL=10 st prof8_copy 120 python3 docs/bench/s39/device/gate_copy.py $P8 --json $R/prof8_copy.json
+  TAIL=10 st prof8_view 120 python3 $P8 --json $R/prof8_view.json
   grep -h "graph replay" $R/prof_*.log $R/prof8_*.log ;;
 esac
