@@ -14,7 +14,8 @@
 #      H100 takes 94 s at 4), the 30 largest cumulative entries of each
 #   m  the draft chain's fewer kernels (the MTP's embedding lookup inside its fuse region, each
 #      chain position added once): the embedded model's 1 x 4 and 1 x 2 window profiles (on an
-#      H100 before: 179 kernels in 320.6 us and 128 in 222.6, h100_g/prof_tiny_view.log)
+#      H100 before: 179 kernels in 320.6 us and 128 in 222.6, h100_g/prof_tiny_view.log), then
+#      the embedded model solo (6,222 tok/s on that H100 before)
 # H200 (the full-depth FP8 80B does not fit an H100's 80 GB without the expert cache):
 #   a  full-depth batch_mtp W16 N=8 at the default 512-row launches on a bare machine with four
 #      compile workers (its warm-up line is the warm-up goal's figure, its tok/s the N=8 goal's),
@@ -74,7 +75,8 @@ p)
 m)
   P="scripts/profile_window.py --backend auto --compile --iters 200 --top 6 --shapes 1x4,1x2"
   TAIL=4 st prof_tiny_now 90 python3 $P --json $R/prof_tiny_now.json
-  grep -h "graph replay" $R/prof_tiny_now.log ;;
+  grep -h "graph replay" $R/prof_tiny_now.log
+  TAIL=4 st tiny_solo 120 python3 scripts/bench_engine.py --configs solo --n 1 --prompt-tokens 64 --max-tokens 256 --overlap on --no-reverse --repeats 3 --json $R/tiny_solo.json ;;
 g)
   P="scripts/profile_window.py --backend auto --compile --iters 100 --top 6"
   P8="$P --model qwen3-next-80b-a3b-fp8 --load-format dummy --layers 8 --shapes 1x2"
