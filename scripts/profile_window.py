@@ -28,7 +28,7 @@ sys.path.insert(0, str(ROOT))
 import torch  # noqa: E402
 
 from strata.config import EMBEDDED_MODEL_DIR  # noqa: E402
-from strata.engine.compiling import inductor_pdl  # noqa: E402
+from strata.engine.compiling import inductor_deterministic, inductor_pdl  # noqa: E402
 from strata.engine.verifier import SlotBuffers, Verifier  # noqa: E402
 from strata.kernels import ops  # noqa: E402
 from strata.model.loader import FP8_DENSE, load_checkpoint  # noqa: E402
@@ -291,7 +291,8 @@ def main() -> None:
     ver = Verifier(lm.model, state, bufs, lm.has_mtp, functions=functions)
     report = {"model": str(a.model), "layers": a.layers, "compile": a.compile, "ctx": a.ctx,
               "torch": torch.__version__, "shapes": [],
-              "pdl": inductor_pdl(), "kernel_options": options}
+              "pdl": inductor_pdl(), "inductor_deterministic": inductor_deterministic(),
+              "kernel_options": options}
     for groups, rows_per in shapes:
         gs = torch.arange(groups, device=dev)
         gp = torch.full((groups,), 100, device=dev)

@@ -63,6 +63,13 @@ def inductor_pdl() -> bool:
     return bool(getattr(inductor_config.triton, "enable_pdl", False))
 
 
+def inductor_deterministic() -> bool:
+    """Whether compiled regions run in inductor's deterministic mode (for reports)."""
+    import torch._inductor.config as inductor_config
+
+    return bool(getattr(inductor_config, "deterministic", False))
+
+
 def specialize_one(on: bool) -> None:
     """engine.compile_specialize_one: whether regions compiled from now on give a size of 1
     graphs of their own (torch's default) or treat it as any other size of a dynamic dimension
