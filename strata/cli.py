@@ -14,10 +14,10 @@ import io
 import os
 import sys
 from pathlib import Path
-from typing import Any, Callable, Iterator, Optional
+from typing import Any, Callable, Optional
 
 from strata.config import (ConfigError, batch_mtp_from_env, check_key, check_known_keys,
-                           register_configs, validate_engine, validate_model)
+                           environ_set, register_configs, validate_engine, validate_model)
 
 CONF_DIR = str(Path(__file__).resolve().parent.parent / "conf")
 CONFIG_NAME = "config"
@@ -211,19 +211,10 @@ def resolve_batch_mtp(cfg: Any) -> str:
     return f"STRATA_BATCH_MTP={env}" if env else "config"
 
 
-@contextlib.contextmanager
-def batch_mtp_env(chosen: bool) -> Iterator[None]:
+def batch_mtp_env(chosen: bool) -> contextlib.AbstractContextManager[None]:
     """$STRATA_BATCH_MTP set to the resolved choice for the duration (one job of a multirun
     must not leak its choice into the next), then restored."""
-    old = os.environ.get("STRATA_BATCH_MTP")
-    os.environ["STRATA_BATCH_MTP"] = "1" if chosen else "0"
-    try:
-        yield
-    finally:
-        if old is None:
-            os.environ.pop("STRATA_BATCH_MTP", None)
-        else:
-            os.environ["STRATA_BATCH_MTP"] = old
+    return environ_set("STRATA_BATCH_MTP", "1" if chosen else "0")
 
 
 def run_mode(mode: str, batch_mtp: bool) -> str:

@@ -7,11 +7,12 @@ default. The YAML files under conf/ only choose values; the fields and their typ
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 from dataclasses import dataclass, field, fields, is_dataclass
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Iterator, Optional
 
 from hydra.core.config_store import ConfigStore
 
@@ -360,6 +361,20 @@ def batch_mtp_from_env(cfg_value: bool, explicit: bool = False) -> bool:
     if explicit or not env:
         return bool(cfg_value)
     return env == "1"
+
+
+@contextlib.contextmanager
+def environ_set(name: str, value: str) -> Iterator[None]:
+    """$name set to `value` for the duration, then restored (or unset, if it was)."""
+    old = os.environ.get(name)
+    os.environ[name] = value
+    try:
+        yield
+    finally:
+        if old is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = old
 
 
 def validate_engine(e: Any, error: type[ValueError] = ConfigError) -> None:

@@ -28,7 +28,7 @@ from typing import Any, Callable, Iterator, Optional
 
 import torch
 
-from strata.config import EngineConfig
+from strata.config import EngineConfig, environ_set
 from strata.engine.memory import MIB
 
 #: Device memory a worker needs beyond its model and slot state: its CUDA context, the
@@ -204,27 +204,22 @@ class WorkerGroup:
         self.handled = [0] * plan.world
         self.results: list[Optional[dict]] = [None] * plan.world
         self.summary: Optional[dict] = None
-        saved = os.environ.get("TORCHINDUCTOR_COMPILE_THREADS")
-        # Each worker's inductor compiles its kernels in a pool of its own: share the cores.
-        os.environ["TORCHINDUCTOR_COMPILE_THREADS"] = str(max(1, (os.cpu_count() or 1) // plan.world))
         self.t0 = self._last = time.perf_counter()
+        # Each worker's inductor compiles its kernels in a pool of its own: share the cores.
+        threads = str(max(1, (os.cpu_count() or 1) // plan.world))
         try:
-            for rank in range(plan.world):
-                here, there = ctx.Pipe(duplex=False)
-                p = ctx.Process(target=worker_main, args=(job, rank, plan.world, there),
-                                name=f"strata-compile-{rank}", daemon=False)
-                p.start()
-                there.close()
-                self.procs.append(p)
-                self.conns.append(here)
+            with environ_set("TORCHINDUCTOR_COMPILE_THREADS", threads):
+                for rank in range(plan.world):
+                    here, there = ctx.Pipe(duplex=False)
+                    p = ctx.Process(target=worker_main, args=(job, rank, plan.world, there),
+                                    name=f"strata-compile-{rank}", daemon=False)
+                    p.start()
+                    there.close()
+                    self.procs.append(p)
+                    self.conns.append(here)
         except BaseException:
             self.finish()
             raise
-        finally:
-            if saved is None:
-                os.environ.pop("TORCHINDUCTOR_COMPILE_THREADS", None)
-            else:
-                os.environ["TORCHINDUCTOR_COMPILE_THREADS"] = saved
 
     def _poll(self, wait_s: float) -> None:
         """Read what the workers sent; a worker gone without its report is failed."""
