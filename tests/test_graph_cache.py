@@ -215,6 +215,103 @@ def test_memory_budget_arithmetic():
     assert c.graph_budget_mib(32) == 22493.5
 
 
+def test_budget_empties_the_allocator_cache_only_when_the_device_figure_stands_in_the_way():
+    """Captures leave the main pool's unused blocks cached, where the device's free figure does
+    not count them: a graph that the arithmetic budget holds but the device figure refuses
+    fits once the cache is emptied (reclaim), and nothing is emptied otherwise."""
+    free, calls = [1000.0], []
+
+    def reclaim():
+        calls.append(1)
+        free[0] = 3000.0
+
+    b = MemoryBudget(24576, 2048, 1.5, 0.25, 4, device_free_mib=lambda: free[0], reclaim=reclaim)
+    assert b.graph_fits(500, 0) and calls == [1]  # 1000 - 2048 < 500; emptied: 952 >= 500
+    assert b.graph_fits(900, 0) and calls == [1]  # fits as it is
+    assert not b.graph_fits(30000, 0) and calls == [1]  # the arithmetic refuses: no emptying
+    assert not b.graph_fits(960, 0) and calls == [1, 1]  # emptied, still short
+    assert not b.graph_fits(960, 0) and calls == [1, 1]  # not again while the graphs held stay
+    assert not b.graph_fits(960, 16) and calls == [1, 1, 1]  # they changed: tried again
+    free[0] = 1000.0
+    plain = MemoryBudget(24576, 2048, 1.5, 0.25, 4, device_free_mib=lambda: free[0])
+    assert not plain.graph_fits(500, 0)  # nothing to reclaim with
+
+
+def test_cache_captures_after_the_budget_reclaims():
+    free, calls = [2048.0], []
+
+    def reclaim():
+        calls.append(1)
+        free[0] = 2048.0 + 64
+
+    budget = MemoryBudget(4096, 2048, 0.0, 0.0, 1, device_free_mib=lambda: free[0], reclaim=reclaim)
+    cache = GraphCache(0, CountingBackend(16.0), budget, TraceWriter(), 16.0, log=lambda s: None)
+    assert cache.has_room() and calls == [1]
+    assert use(cache, "a") == "capture"
+
+
+def test_cuda_backend_captures_without_emptying_caches_and_retries_out_of_memory(monkeypatch):
+    """A capture runs in the graph's private pool, so the allocator's caches stay as they are
+    (torch.cuda.graph would empty them before every capture); a capture that runs out of
+    memory empties them and is tried once more."""
+    from strata.engine import device as device_mod
+    from strata.engine.graph_cache import CudaGraphBackend
+
+    events = []
+
+    class OOM(RuntimeError):
+        pass
+
+    class Graph:
+        def capture_begin(self, capture_error_mode):
+            events.append("begin")
+
+        def capture_end(self):
+            events.append("end")
+
+    class FakeCuda:
+        OutOfMemoryError = OOM
+        CUDAGraph = Graph
+
+        @staticmethod
+        def synchronize(device=None):
+            pass
+
+        @staticmethod
+        def mem_get_info(device=None):
+            return (1000, 2000)
+
+        @staticmethod
+        def memory_reserved(device=None):
+            return 0
+
+        @staticmethod
+        def stream(s):
+            import contextlib
+            return contextlib.nullcontext()
+
+    class FakeTorch:
+        cuda = FakeCuda
+
+    monkeypatch.setattr(device_mod, "empty_allocator_caches", lambda d: events.append("empty"))
+    backend = object.__new__(CudaGraphBackend)
+    backend.torch, backend.device, backend.stream = FakeTorch, "cuda", None
+    backend.capture_error_mode = "global"
+    handle, mib = backend.capture(lambda: events.append("fn") or "out")
+    assert events == ["begin", "fn", "end"] and handle[1] == "out" and mib == 0
+    events.clear()
+    tries = []
+
+    def oom_once():
+        tries.append(1)
+        if len(tries) == 1:
+            raise OOM("out of memory")
+        return "out"
+
+    handle, _ = backend.capture(oom_once)
+    assert events == ["begin", "end", "empty", "begin", "end"] and handle[1] == "out"
+
+
 def test_fit_slots_arithmetic():
     # floor((total - reserve - weights - one graph) / per slot), capped at asked
     assert fit_slots(8, 1000, 200, 100, 50, 16) == 8  # room 684 -> 13

@@ -30,6 +30,20 @@ def device_memory(device: torch.device,
     return total, lambda: torch.cuda.mem_get_info(device)[0] / MIB
 
 
+def empty_allocator_caches(device: torch.device) -> None:
+    """Return the caching allocator's unused blocks (device, and pinned host) to the driver."""
+    torch.cuda.synchronize(device)
+    torch.cuda.empty_cache()
+    torch._C._host_emptyCache()
+
+
+def allocator_reclaim(device: torch.device) -> Optional[Callable[[], None]]:
+    """MemoryBudget.reclaim for `device`: empties the allocator's caches (CUDA), or None."""
+    if device.type != "cuda":
+        return None
+    return lambda: empty_allocator_caches(device)
+
+
 def device_free_used_mib(device: torch.device) -> tuple[Optional[float], Optional[float]]:
     if device.type != "cuda":
         return None, None

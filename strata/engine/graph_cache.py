@@ -91,6 +91,11 @@ class CudaGraphBackend:
     the pool's memory to the device (a reference held elsewhere would keep the pool alive)."""
 
     name = "cuda"
+    #: torch.cuda.graph empties the caching allocator (device and pinned host) before every
+    #: capture, so the allocations after each of a warm-up's captures go back to cudaMalloc and
+    #: cudaHostAlloc. The capture runs in a private pool whatever the main pool caches, so that
+    #: is not needed; the caches are emptied only to retry a capture that ran out of memory.
+    empty_caches_before_capture = False
 
     def __init__(self, device, capture_error_mode: str = "global"):
         """`capture_error_mode` (torch.cuda.graph's): "thread_local" where other threads of
@@ -107,14 +112,41 @@ class CudaGraphBackend:
         torch.cuda.synchronize(self.device)
         free0, _ = torch.cuda.mem_get_info(self.device)
         reserved0 = torch.cuda.memory_reserved(self.device)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, stream=self.stream, capture_error_mode=self.capture_error_mode):
-            out = fn()
+        if self.empty_caches_before_capture:
+            self._empty_caches()
+        try:
+            graph, out = self._capture(fn)
+        except torch.cuda.OutOfMemoryError:
+            # cached blocks of the main pool may hold what the graph's pool needs
+            self._empty_caches()
+            graph, out = self._capture(fn)
         torch.cuda.synchronize(self.device)
         free1, _ = torch.cuda.mem_get_info(self.device)
         reserved1 = torch.cuda.memory_reserved(self.device)
         taken = max(free0 - free1, reserved1 - reserved0, 0)
         return [graph, out], taken / 2**20
+
+    def _empty_caches(self) -> None:
+        from strata.engine.device import empty_allocator_caches
+
+        empty_allocator_caches(self.device)
+
+    def _capture(self, fn):
+        """torch.cuda.graph's capture (a private pool, on this backend's stream) without its
+        emptying of the allocator's caches."""
+        graph = self.torch.cuda.CUDAGraph()
+        with self.torch.cuda.stream(self.stream):
+            graph.capture_begin(capture_error_mode=self.capture_error_mode)
+            try:
+                out = fn()
+            except BaseException:
+                try:
+                    graph.capture_end()
+                except Exception:  # the capture's own error is the one to report
+                    pass
+                raise
+            graph.capture_end()
+        return graph, out
 
     def replay(self, handle):
         handle[0].replay()
@@ -189,7 +221,7 @@ class GraphCache:
     def has_room(self) -> bool:
         """A capture now would need no eviction: below the limit, and the planned size fits."""
         return ((self.limit <= 0 or len(self.entries) < self.limit)
-                and self.last_mib <= self.budget.graph_budget_mib(self.graphs_mib))
+                and self.budget.graph_fits(self.last_mib, self.graphs_mib))
 
     def _make_room(self, key: str, pinned: Iterable[str]) -> list[str]:
         """Evict for the limit, then for memory, never `key` or `pinned`; returns the keys."""
@@ -200,7 +232,7 @@ class GraphCache:
             if victim is not None:
                 self._evict(victim, "limit")
                 evicted.append(victim)
-        while self.last_mib > self.budget.graph_budget_mib(self.graphs_mib):
+        while not self.budget.graph_fits(self.last_mib, self.graphs_mib):
             victim = self._lru_victim(keep)
             if victim is None:
                 break
@@ -212,7 +244,7 @@ class GraphCache:
                 pinned: Iterable[str]) -> tuple[str, Callable[[], Any], Optional[float], list[str]]:
         """How a window whose key has no entry runs: captured, or eagerly."""
         evicted = self._make_room(key, pinned)
-        if self.last_mib > self.budget.graph_budget_mib(self.graphs_mib):
+        if not self.budget.graph_fits(self.last_mib, self.graphs_mib):
             self._warn_once("memory", f"graph memory exhausted (planned {self.last_mib:.1f} MiB, "
                                       f"budget {self.budget.graph_budget_mib(self.graphs_mib):.1f} MiB "
                                       f"above reserve {self.budget.reserve_mib} MiB): windows "

@@ -8,7 +8,7 @@ taken outside strata's accounting (the allocator's cache, other processes) is re
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable, Optional
 
 from strata.config import ConfigError
@@ -27,6 +27,12 @@ class MemoryBudget:
     device_free_mib: Optional[Callable[[], float]] = None
     #: Graphs held outside the LRU cache (prompt-chunk graphs, one per bucket and tier).
     fixed_graphs_mib: float = 0.0
+    #: Returns the caching allocator's unused blocks to the device (CUDA), or None. Captures
+    #: leave them cached, where the device's free figure does not count them.
+    reclaim: Optional[Callable[[], None]] = None
+    #: The graphs held when a reclaim last left a graph short: not tried again (a sync and
+    #: an emptied cache per eager window) until the graphs held change.
+    _futile_at: Optional[float] = field(default=None, repr=False)
 
     def planned_mib(self) -> float:
         return self.weights_mib + self.slots * self.slot_mib + self.fixed_graphs_mib
@@ -37,6 +43,19 @@ class MemoryBudget:
         if self.device_free_mib is not None:
             budget = min(budget, self.device_free_mib() - self.reserve_mib)
         return budget
+
+    def graph_fits(self, mib: float, graphs_mib: float) -> bool:
+        """A new graph of `mib` fits beside `graphs_mib` of graphs. When only the device's free
+        figure stands in the way, the allocator's cache is emptied and it is read again."""
+        if mib <= self.graph_budget_mib(graphs_mib):
+            return True
+        planned = self.total_mib - self.reserve_mib - self.planned_mib() - graphs_mib
+        if self.reclaim is None or mib > planned or self._futile_at == graphs_mib:
+            return False
+        self.reclaim()
+        fits = mib <= self.graph_budget_mib(graphs_mib)
+        self._futile_at = None if fits else graphs_mib
+        return fits
 
     def free_mib(self, graphs_mib: float) -> float:
         return self.total_mib - self.planned_mib() - graphs_mib
@@ -84,7 +103,8 @@ class MemoryPlan:
 def plan_memory(*, asked: int, drafting: bool, off_reason: Optional[str], total_mib: float,
                 reserve_mib: float, weights_mib: float, main_mib: float, draft_mib: float,
                 graph_estimate_mib: float,
-                device_free_mib: Optional[Callable[[], float]] = None) -> MemoryPlan:
+                device_free_mib: Optional[Callable[[], float]] = None,
+                reclaim: Optional[Callable[[], None]] = None) -> MemoryPlan:
     """Fit `asked` slots of `main_mib` (+ `draft_mib` when drafting) above the reserve and the
     weights, with room for one graph. Drafting is dropped when its state costs slots; not even
     one slot fitting is a ConfigError naming the knobs that help."""
@@ -102,7 +122,8 @@ def plan_memory(*, asked: int, drafting: bool, off_reason: Optional[str], total_
             f"{reserve_mib:.0f} - weights {weights_mib:.1f} leaves too little for a slot of "
             f"{main_mib + draft_mib:.1f} MiB (lower engine.max_context or engine.vram_reserve_mib)")
     slot_mib = main_mib + (draft_mib if drafting else 0.0)
-    budget = MemoryBudget(total_mib, reserve_mib, weights_mib, slot_mib, n_slots, device_free_mib)
+    budget = MemoryBudget(total_mib, reserve_mib, weights_mib, slot_mib, n_slots, device_free_mib,
+                          reclaim=reclaim)
     return MemoryPlan(budget, drafting, off_reason, draft_mib, asked)
 
 
@@ -116,7 +137,7 @@ def plan_engine_memory(loaded, ecfg, device, max_context: int,
     what is left (else a ConfigError naming the numbers); they then count as weights."""
     import torch
 
-    from strata.engine.device import device_memory  # (it imports MIB from here)
+    from strata.engine.device import allocator_reclaim, device_memory  # (they import MIB from here)
     from strata.model.state import DecodeState
 
     per = DecodeState.bytes_per_lane(loaded.args, max_context + ecfg.window_rows + 1,
@@ -132,7 +153,7 @@ def plan_engine_memory(loaded, ecfg, device, max_context: int,
         weights_mib=weights_mib,
         main_mib=per["main"] / MIB + (loaded.args.hidden_size * elem + 64) / MIB,
         draft_mib=per["draft"] / MIB, graph_estimate_mib=ecfg.graph_mib_estimate,
-        device_free_mib=free_fn)
+        device_free_mib=free_fn, reclaim=allocator_reclaim(device))
     if expert_cache is not None:
         b = plan.budget
         room = b.total_mib - b.reserve_mib - b.planned_mib() - ecfg.graph_mib_estimate

@@ -216,8 +216,8 @@ class ModelRunner:
         handle = self.p_graphs.get(key)
         if handle is not None:
             return GraphAction.HIT, self.p_backend.replay(handle)
-        if self.budget is not None and self.budget.graph_budget_mib(
-                (self.cache.graphs_mib if self.cache else 0.0)) < (self.cache.last_mib if self.cache else 0.0):
+        if self.budget is not None and not self.budget.graph_fits(
+                self.cache.last_mib if self.cache else 0.0, self.cache.graphs_mib if self.cache else 0.0):
             return GraphAction.EAGER, run()
         try:
             # Warm on the scratch lane first: lazy initialisation must not happen in a capture.

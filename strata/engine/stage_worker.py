@@ -197,7 +197,7 @@ def _stage_budget(loaded: Any, ecfg: Any, device: torch.device, n_slots: int, ma
                   drafting: bool) -> MemoryBudget:
     """This stage's device budget for its graphs: its weights and slot state above the reserve
     (and, on CUDA, what the device reports free)."""
-    from strata.engine.device import device_memory
+    from strata.engine.device import allocator_reclaim, device_memory
     from strata.model.state import DecodeState
 
     total_mib, free_fn = device_memory(device, ecfg.cpu_device_mib)
@@ -206,7 +206,8 @@ def _stage_budget(loaded: Any, ecfg: Any, device: torch.device, n_slots: int, ma
     per = DecodeState.bytes_per_lane(loaded.args, max_context + ecfg.window_rows + 1, loaded.dtype,
                                      drafting)
     return MemoryBudget(total_mib, float(ecfg.vram_reserve_mib), weights_mib,
-                        (per["main"] + per["draft"]) / MIB, n_slots, free_fn)
+                        (per["main"] + per["draft"]) / MIB, n_slots, free_fn,
+                        reclaim=allocator_reclaim(device))
 
 
 def stage_main(rank: int, world: int, port: int, cfg_dict: dict, sl: tuple, device_name: str,
