@@ -138,10 +138,9 @@ class EngineConfig:
     #: Processes that compile the warm-up's graphs beside it (each over a copy of the model cut
     #: to one layer of each kind, dummy weights, on the same device), leaving them in
     #: torch.compile's on-disk caches for the warm-up to load: 0 = off, N = N, null = auto (on
-    #: CUDA one per 4 cores, 2 to 4, as free device memory allows; none on the CPU). Not with
-    #: engine.stages > 1 or the expert cache. Off by default: with them the greedy text is not
-    #: yet a lone warm-up's (cause not found; docs/ENGINE.md "Compile workers").
-    compile_workers: Optional[int] = 0
+    #: CUDA one per 4 cores, 2 to 4, as free device memory allows; none on the CPU, with
+    #: engine.stages > 1 or with the expert cache, where a number is an error).
+    compile_workers: Optional[int] = None
     #: Run every window and prompt-chunk shape once on the scratch lane at start, so compiling
     #: happens before the first request, not during it: auto (when compiling), on, off.
     warmup: str = "auto"
