@@ -311,7 +311,6 @@ def _compile_share(job: dict, rank: int, world: int, conn) -> dict:
     from strata.engine.llm_engine import Engine
     from strata.kernels import ops
     from strata.model.loader import load_checkpoint
-    from strata.model.qwen3_next import copy_attention_gates
 
     torch.set_num_threads(job["threads"])
     device = torch.device(job["device"])
@@ -319,7 +318,6 @@ def _compile_share(job: dict, rank: int, world: int, conn) -> dict:
         torch.cuda.set_device(device)
     ops.set_backend(job["backend"], device.type)
     loaded = load_checkpoint(device=device, log=lambda s: None, **job["load_args"])
-    copy_attention_gates(loaded.model)  # as the engine's model does
     if loaded.has_mtp != job["has_mtp"]:
         return {"error": f"worker {rank}: the dummy model's MTP ({loaded.has_mtp}) is not the "
                          f"checkpoint's ({job['has_mtp']}): its graphs would not be the engine's"}

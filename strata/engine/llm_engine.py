@@ -39,7 +39,6 @@ from strata.engine.window import window_shape
 from strata.kernels import ops
 from strata.kinds import FinishReason, PlanKind
 from strata.model.loader import LoadedModel, load_model
-from strata.model.qwen3_next import copy_attention_gates
 from strata.model.state import DecodeState
 from strata.trace import TraceWriter, context_tier
 
@@ -143,7 +142,6 @@ class Engine:
             workers = self._plan_compile_workers(n_slots)
             if workers is not None:
                 compile_backend = workers.backend
-                copy_attention_gates(self.model)  # as the workers' models do
         functions = (compiled_functions(self.model, device, ecfg.graphs,
                                         ecfg.compile_specialize_one, backend=compile_backend)
                      if self.compiling else None)

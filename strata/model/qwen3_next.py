@@ -440,22 +440,28 @@ class Attention(nn.Module):
         self.w_qkv: Optional[torch.Tensor] = None  # fused by fuse_for_inference()
         self.s_qkv: Optional[torch.Tensor] = None  # its FP8 block scales (None: float weights)
         self.qkv_block: Optional[tuple[int, int]] = None
-        #: Whether _qkv returns the output gate as a contiguous copy (copy_attention_gates).
-        self.gate_copy = False
 
     def _qkv(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
+        """(q, k, v, qg): q and k normed and rotated, v contiguous, and qg, the q/gate
+        projection, from which `gated` takes the gate. qg crosses the window's region boundary
+        rather than the gate, a view with new head dims: where a lead dim has size 1 the gate's
+        stride there is the projection's row stride when a compiled region returns it and
+        its own row size when eager code does, so the region after it would trace other
+        graphs behind an eagerly run first region (a compile worker's share,
+        strata/engine/compile_workers.py) than behind a compiled one. qg, a slice of the
+        projection's last dim, has the same strides either way."""
         lead = x.shape[:-1]
         if self.w_qkv is not None:
             qg, k, v = linear(x, self.w_qkv, self.s_qkv, self.qkv_block).split(
                 [2 * self.hq * self.d, self.hkv * self.d, self.hkv * self.d], dim=-1)
         else:
             qg, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
-        q, gate = qg.view(*lead, self.hq, 2 * self.d).chunk(2, dim=-1)
+        q = qg.view(*lead, self.hq, 2 * self.d)[..., :self.d]
         q = apply_rotary(self.q_norm(q), cos, sin, self.rd)
         k = apply_rotary(self.k_norm(k.view(*lead, self.hkv, self.d)), cos, sin, self.rd)
         # contiguous here, inside the compiled region, so the K/V write gets it without a copy
         v = v.view(*lead, self.hkv, self.d).contiguous()
-        return q, k, v, (gate.contiguous() if self.gate_copy else gate)
+        return q, k, v, qg
 
     def fuse_for_inference(self) -> None:
         fused = fuse_projections([self.q_proj, self.k_proj, self.v_proj])
@@ -463,33 +469,21 @@ class Attention(nn.Module):
             self.w_qkv, self.s_qkv, self.qkv_block = fused
 
     def forward_train(self, x, cos, sin):
-        q, k, v, gate = self._qkv(x, cos, sin)  # (B, L, heads, D)
+        q, k, v, qg = self._qkv(x, cos, sin)  # (B, L, heads, D)
         o = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
                                            is_causal=True, scale=self.scale,
                                            enable_gqa=self.hq != self.hkv)
-        return self.o_proj(self.gated(o.transpose(1, 2), gate))
+        return self.o_proj(self.gated(o.transpose(1, 2), qg))
 
-    def gated(self, o: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
-        """The attention output (..., hq, D) times sigmoid(gate) (..., hq, D), heads flattened."""
+    def gated(self, o: torch.Tensor, qg: torch.Tensor) -> torch.Tensor:
+        """The attention output (..., hq, D) times sigmoid of the gate, the second half of each
+        head's slice of the q/gate projection qg (..., hq * 2D), heads flattened."""
+        gate = qg.view(*o.shape[:-2], self.hq, 2 * self.d)[..., self.d:]
         return (o * torch.sigmoid(gate)).flatten(-2)
 
 
 #: the epsilon of the gated delta rule's q/k L2 norms (the checkpoint's convention)
 L2NORM_EPS = 1e-6
-
-
-def copy_attention_gates(model: nn.Module, on: bool = True) -> None:
-    """Whether the attention layers' first region returns its output gate as a contiguous copy
-    rather than a view of the q/k/v projection. A view's strides are those of the buffer the
-    projection lands in, which inductor lays out as it likes (it fuses q/k/v into one matmul),
-    so the second region, which takes the gate, traces other graphs behind a first region run
-    eagerly (a compile worker's share, strata/engine/compile_workers.py) than behind a compiled
-    one. The copy is a kernel per attention layer (0.6-0.7% of a window on an H100,
-    docs/ENGINE.md), so only engines with compile workers, and their workers, make it. Read
-    when the regions trace."""
-    for mod in model.modules():
-        if isinstance(mod, Attention):
-            mod.gate_copy = on
 
 
 class GatedDeltaNet(nn.Module):
@@ -690,12 +684,12 @@ class DecoderLayer(nn.Module):
             ops.l2_prefetch(*prefetch)
         return qkv
 
-    def window_attn_post(self, x, q, gate, k_cache, v_cache, group_slot, group_pos, ctx: int,
+    def window_attn_post(self, x, q, qg, k_cache, v_cache, group_slot, group_pos, ctx: int,
                          split_keys: int = 0, prompt: bool = False, valid=None):
         a = self.self_attn
         o = ops.grouped_window_attention(q, k_cache, v_cache, group_slot, group_pos, ctx, a.scale,
                                          split_keys=split_keys)
-        o = a.o_proj(a.gated(o.reshape(*x.shape[:-1], a.hq, a.d), gate))
+        o = a.o_proj(a.gated(o.reshape(*x.shape[:-1], a.hq, a.d), qg))
         return self._ffn(x + o, prompt, valid)
 
     def prefill_linear(self, x, conv_init, rec_init, valid=None):
@@ -709,9 +703,9 @@ class DecoderLayer(nn.Module):
         valid: a padded prompt chunk's real rows (SparseMoe parks the others)."""
         pre, post = (self.c_attn_pre, self.c_attn_post) if variant == "window" else \
             (self.p_attn_pre, self.p_attn_post)
-        q, k, v, gate = pre(x, cos, sin, variant == "prefill")
+        q, k, v, qg = pre(x, cos, sin, variant == "prefill")
         ops.write_kv(k_cache, v_cache, k, v, group_slot, group_pos)
-        return post(x, q, gate, k_cache, v_cache, group_slot, group_pos, ctx, split_keys,
+        return post(x, q, qg, k_cache, v_cache, group_slot, group_pos, ctx, split_keys,
                     variant == "prefill", valid)
 
     #: The pure regions of each layer kind: (attribute, method, variant).
