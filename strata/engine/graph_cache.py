@@ -91,11 +91,6 @@ class CudaGraphBackend:
     the pool's memory to the device (a reference held elsewhere would keep the pool alive)."""
 
     name = "cuda"
-    #: torch.cuda.graph empties the caching allocator (device and pinned host) before every
-    #: capture, so the allocations after each of a warm-up's captures go back to cudaMalloc and
-    #: cudaHostAlloc. The capture runs in a private pool whatever the main pool caches, so that
-    #: is not needed; the caches are emptied only to retry a capture that ran out of memory.
-    empty_caches_before_capture = False
 
     def __init__(self, device, capture_error_mode: str = "global"):
         """`capture_error_mode` (torch.cuda.graph's): "thread_local" where other threads of
@@ -112,8 +107,6 @@ class CudaGraphBackend:
         torch.cuda.synchronize(self.device)
         free0, _ = torch.cuda.mem_get_info(self.device)
         reserved0 = torch.cuda.memory_reserved(self.device)
-        if self.empty_caches_before_capture:
-            self._empty_caches()
         try:
             graph, out = self._capture(fn)
         except torch.cuda.OutOfMemoryError:
@@ -133,7 +126,10 @@ class CudaGraphBackend:
 
     def _capture(self, fn):
         """torch.cuda.graph's capture (a private pool, on this backend's stream) without its
-        emptying of the allocator's caches."""
+        emptying of the allocator's caches (device and pinned host) first: the graph's pool
+        needs nothing from the main pool's cache, and after every capture of a warm-up the
+        emptied blocks would go back to cudaMalloc. MemoryBudget.graph_fits empties them when
+        the device's free figure alone refuses a graph."""
         graph = self.torch.cuda.CUDAGraph()
         with self.torch.cuda.stream(self.stream):
             graph.capture_begin(capture_error_mode=self.capture_error_mode)

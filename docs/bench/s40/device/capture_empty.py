@@ -1,6 +1,7 @@
 """Run a script (argv[1:]) with the graph cache's captures emptying the allocator's caches first,
-as torch.cuda.graph does (the engine's captures before graph_cache.CudaGraphBackend's
-`empty_caches_before_capture` was turned off): the "before" of a warm-up A/B."""
+as torch.cuda.graph does (the engine's captures before `f9255e5`): the "before" of a warm-up A/B.
+For the tree it ran on (`f9255e5`'s first form, whose CudaGraphBackend had the switch
+`empty_caches_before_capture`); the switch is gone since."""
 import os
 import runpy
 import sys
