@@ -119,7 +119,7 @@ if __name__ == "__main__":
 def test_workers_leave_every_warmup_graph_in_the_compile_cache(tmp_path):
     """Two workers over the first 3 of the embedded model's 6 layers compile the warm-up's
     graphs with inductor (on the CPU: C++); the engine's own warm-up, beside them, then loads
-    the graphs it traces from the cache (all, or all but one: below), and the engine runs. In a process
+    the graphs it traces from the cache, every one, and the engine runs. In a process
     of its own, as an engine starts (this one's torch state is the earlier tests')."""
     import json
     import subprocess
@@ -136,10 +136,10 @@ def test_workers_leave_every_warmup_graph_in_the_compile_cache(tmp_path):
     assert "compile workers: 2 processes compile the warm-up's graphs beside it, over the first " \
         "3 layers" in text, text
     assert "WARNING" not in text, text
-    # every graph, or all but one: one run in about a dozen (the dev machine's 2 cores busy with
-    # another compile beside it) compiled one graph itself, the workers having left 32; the
-    # cause is not found, and the warm-up compiles such a graph as before
-    assert got["compiled"] > 0 and got["cached"] >= got["compiled"] - 1, text
+    # every graph: the workers number the graphs as the engine does (a graph AOTAutograd had
+    # dynamo trace again with a float specialised, which a worker running it eagerly did not,
+    # shifted a worker's numbering by one: compiling.py specialises floats)
+    assert got["compiled"] > 0 and got["cached"] == got["compiled"], text
     assert got["emitted"] == 6
 
 

@@ -140,6 +140,12 @@ def compiled_functions(model, device: torch.device | None = None,
     inductor_config.deterministic = deterministic_default()
     # A region that fails to compile runs eagerly (logged by torch) instead of failing requests.
     torch._dynamo.config.suppress_errors = True
+    # The layer's float attributes (norm epsilons) are constants, as in the window regions.
+    # Dynamic (prompt-chunk) regions take the layer as an argument and would otherwise trace
+    # them as symbolic floats, some of which AOTAutograd's scalar pass then makes dynamo trace
+    # again specialised: a graph more in a process that compiles than in a compile worker
+    # that runs the graph eagerly, whose numbering of the graphs after it then differs.
+    torch._dynamo.config.specialize_float = True
     if device is not None and hasattr(inductor_config.triton, "enable_pdl"):
         # Process-wide, read when a region compiles (its first call): a decode window is a
         # chain of hundreds of small kernels whose launches then overlap (docs/BENCHMARKS.md,
