@@ -2,7 +2,8 @@
 
 budget = device total - reserve - weights - slots x (KV + states + draft state) - graphs held.
 On CUDA the budget is also capped by what the device reports free minus the reserve, so memory
-taken outside strata's accounting (the allocator's cache, other processes) is respected too.
+taken outside strata's accounting (other processes) is respected too; when only that cap
+refuses a graph, the caching allocator's unused blocks go back to the device first (`reclaim`).
 """
 
 from __future__ import annotations
