@@ -399,7 +399,7 @@ def write_results(a, ns, names, results, loaded, device, backend) -> None:
     limit still leaves every finished N behind)."""
     summary = {}
     for key, runs in results.items():
-        if key in ("identity", "windows", "prefills"):
+        if key in ("identity", "windows", "prefills", "warmups"):
             continue
         summary[key] = {"median_tps": statistics.median(r["aggregate_tps"] for r in runs),
                         "acceptance": runs[0].get("acceptance"),
@@ -409,6 +409,8 @@ def write_results(a, ns, names, results, loaded, device, backend) -> None:
             summary[key]["windows"] = results["windows"][key]
         if key in results.get("prefills", {}):
             summary[key]["prefills"] = results["prefills"][key]
+        if key in results.get("warmups", {}):
+            summary[key]["warmup"] = results["warmups"][key]
     meta = {"device": torch.cuda.get_device_name() if device.type == "cuda" else platform.processor(),
             "torch": torch.__version__, "dtype": str(loaded.dtype), "model": str(a.model),
             "commit": commit_id(), "pdl": inductor_pdl(),
@@ -504,6 +506,9 @@ def main() -> None:
         prompts = prompts_all[:n]
         engines = {name: make_engine(loaded, device, engine_cfg(config_of(name), name, n, a),
                                      prompts, a.max_tokens) for name in names}
+        for name, eng in engines.items():
+            if eng.warmup_done is not None:
+                results.setdefault("warmups", {})[f"{name}@{n}"] = eng.warmup_done.facts()
         for order_i, order in enumerate(orders):
             for rep in range(a.repeats if order_i == 0 else 1):
                 for name in order:

@@ -1,5 +1,5 @@
-"""scripts/bench_engine.py's pieces that need no engine run: token-id prompts and the table of
-window times beside their byte floors."""
+"""scripts/bench_engine.py's pieces: token-id prompts, the table of window times beside their
+byte floors, and (one small CPU run) the warm-up each configuration's JSON records."""
 
 from __future__ import annotations
 
@@ -133,3 +133,26 @@ def test_code_prompts_come_from_the_shipped_set():
     assert got[0] == tok.encode(texts[0])[:64]
     with pytest.raises(SystemExit, match="code_prompts.json holds"):
         bench_engine.code_prompts(tok, 10_000, 64)
+
+
+def test_the_json_records_each_engines_warm_up(tmp_path, monkeypatch):
+    """Each configuration's summary holds its engine's warm-up: seconds, graphs compiled and
+    loaded from the compile cache, graphs captured (what compile workers are checked by)."""
+    out = tmp_path / "bench.json"
+    made = bench_engine.engine_cfg
+
+    def warmed(*args, **kwargs):  # on the CPU the warm-up runs only when compiling (auto)
+        cfg = made(*args, **kwargs)
+        cfg.warmup = "on"
+        return cfg
+
+    monkeypatch.setattr(bench_engine, "engine_cfg", warmed)
+    monkeypatch.setattr(sys, "argv", ["bench_engine.py", "--configs", "solo", "--n", "1",
+                                      "--prompt-tokens", "16", "--max-tokens", "4", "--repeats", "1",
+                                      "--no-reverse", "--device", "cpu", "--json", str(out)])
+    bench_engine.main()
+    warm = json.loads(out.read_text())["summary"]["solo@1"]["warmup"]
+    assert set(warm) == {"seconds", "compiled_graphs", "cached_graphs", "window_graphs",
+                         "prefill_graphs"}
+    assert warm["seconds"] > 0 and warm["window_graphs"] > 0
+    assert 0 <= warm["cached_graphs"] <= warm["compiled_graphs"]

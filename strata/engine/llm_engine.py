@@ -261,7 +261,8 @@ class Engine:
         if plan.window_keys is not None:  # a replay starts from these graphs
             self.trace.emit("warmup", keys=done.window_keys, mib=done.window_mib)
         self._sync()
-        self.log(f"INFO {done.describe(plan, time.perf_counter() - t0)}")
+        done.seconds = time.perf_counter() - t0
+        self.log(f"INFO {done.describe(plan, done.seconds)}")
 
     # ---- small helpers ---------------------------------------------------------------------------
     def now(self) -> float:

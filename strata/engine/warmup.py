@@ -43,6 +43,14 @@ class WarmupDone:
     #: Of those, the graphs inductor loaded from its on-disk cache (compile workers, or an
     #: earlier process) instead of compiling them.
     cached_graphs: int = 0
+    #: Wall time of the warm-up, compile workers included.
+    seconds: float = 0.0
+
+    def facts(self) -> dict:
+        """What a benchmark records of it."""
+        return {"seconds": round(self.seconds, 1), "compiled_graphs": self.compiled_graphs,
+                "cached_graphs": self.cached_graphs, "window_graphs": len(self.window_keys),
+                "prefill_graphs": self.prefill_graphs}
 
     def describe(self, plan: WarmupPlan, seconds: float) -> str:
         slots = (f" (also as chunks of {plan.prefill_segments} slots)"
