@@ -110,19 +110,16 @@ class CudaGraphBackend:
         try:
             graph, out = self._capture(fn)
         except torch.cuda.OutOfMemoryError:
+            from strata.engine.device import empty_allocator_caches
+
             # cached blocks of the main pool may hold what the graph's pool needs
-            self._empty_caches()
+            empty_allocator_caches(self.device)
             graph, out = self._capture(fn)
         torch.cuda.synchronize(self.device)
         free1, _ = torch.cuda.mem_get_info(self.device)
         reserved1 = torch.cuda.memory_reserved(self.device)
         taken = max(free0 - free1, reserved1 - reserved0, 0)
         return [graph, out], taken / 2**20
-
-    def _empty_caches(self) -> None:
-        from strata.engine.device import empty_allocator_caches
-
-        empty_allocator_caches(self.device)
 
     def _capture(self, fn):
         """torch.cuda.graph's capture (a private pool, on this backend's stream) without its

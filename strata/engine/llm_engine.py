@@ -262,7 +262,7 @@ class Engine:
             self.trace.emit("warmup", keys=done.window_keys, mib=done.window_mib)
         self._sync()
         done.seconds = time.perf_counter() - t0
-        self.log(f"INFO {done.describe(plan, done.seconds)}")
+        self.log(f"INFO {done.describe(plan)}")
 
     # ---- small helpers ---------------------------------------------------------------------------
     def now(self) -> float:

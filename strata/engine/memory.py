@@ -38,9 +38,13 @@ class MemoryBudget:
     def planned_mib(self) -> float:
         return self.weights_mib + self.slots * self.slot_mib + self.fixed_graphs_mib
 
+    def _planned_room_mib(self, graphs_mib: float) -> float:
+        """MiB a new graph may take by the plan's arithmetic alone."""
+        return self.total_mib - self.reserve_mib - self.planned_mib() - graphs_mib
+
     def graph_budget_mib(self, graphs_mib: float) -> float:
         """MiB a new graph may still take."""
-        budget = self.total_mib - self.reserve_mib - self.planned_mib() - graphs_mib
+        budget = self._planned_room_mib(graphs_mib)
         if self.device_free_mib is not None:
             budget = min(budget, self.device_free_mib() - self.reserve_mib)
         return budget
@@ -50,8 +54,8 @@ class MemoryBudget:
         figure stands in the way, the allocator's cache is emptied and it is read again."""
         if mib <= self.graph_budget_mib(graphs_mib):
             return True
-        planned = self.total_mib - self.reserve_mib - self.planned_mib() - graphs_mib
-        if self.reclaim is None or mib > planned or self._futile_at == graphs_mib:
+        if (self.reclaim is None or mib > self._planned_room_mib(graphs_mib)
+                or self._futile_at == graphs_mib):
             return False
         self.reclaim()
         fits = mib <= self.graph_budget_mib(graphs_mib)

@@ -52,7 +52,7 @@ class WarmupDone:
                 "cached_graphs": self.cached_graphs, "window_graphs": len(self.window_keys),
                 "prefill_graphs": self.prefill_graphs}
 
-    def describe(self, plan: WarmupPlan, seconds: float) -> str:
+    def describe(self, plan: WarmupPlan) -> str:
         slots = (f" (also as chunks of {plan.prefill_segments} slots)"
                  if plan.prefill_segments > 1 else "")
         cached = f" ({self.cached_graphs} from the compile cache)" if self.cached_graphs else ""
@@ -60,7 +60,7 @@ class WarmupDone:
                   if self.compiled_graphs else "")
         return (f"warm-up: {self.windows} window shapes and {len(plan.prefill_buckets)} prompt "
                 f"buckets{slots} run once, {traced}{self.prefill_graphs} prompt-chunk graphs and "
-                f"{len(self.window_keys)} window graphs captured, in {seconds:.1f} s (compiling "
+                f"{len(self.window_keys)} window graphs captured, in {self.seconds:.1f} s (compiling "
                 f"and capturing happen here, not in requests)")
 
 
