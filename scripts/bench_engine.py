@@ -183,10 +183,11 @@ class WindowTimes:
                  "mean_ms": statistics.fmean(d) * 1e3}
                 for (g, t), d in sorted(self.prefills.items())]
 
-    def table(self, args, fmt, drafting: bool, bandwidth: float) -> list[dict]:
+    def table(self, args, fmt, drafting: bool, bandwidth: float, draft_vocab: int = 0) -> list[dict]:
         out = []
         for (groups, rows, ctx), durs in sorted(self.times.items()):
-            b = window_bytes(args, groups, rows, ctx, fmt, drafting=drafting)
+            b = window_bytes(args, groups, rows, ctx, fmt, drafting=drafting,
+                             draft_vocab=draft_vocab)
             floor = floor_seconds(b["total"], bandwidth)
             mean = statistics.fmean(durs)
             out.append({"groups": groups, "rows": rows, "ctx": ctx, "windows": len(durs),
@@ -210,6 +211,12 @@ CONFIGS = {
     "batch_mtp_deep": dict(mode="batch", batch_mtp=True, batch_mtp_drafts=None),
     "batch_mtp_w16_deep": dict(mode="batch", batch_mtp=True, window_rows=16, batch_mtp_drafts=None),
     "batch_mtp_w32_deep": dict(mode="batch", batch_mtp=True, window_rows=32, batch_mtp_drafts=None),
+    # engine.draft_vocab: drafts among 32,768 tokens (a vocabulary larger than that, such as
+    # the 80B models' 151,936), against the same configuration without it in one process
+    "solo_draft32k": dict(mode="solo", batch_mtp=False, draft_vocab=32768),
+    "solo_spec2_draft32k": dict(mode="solo", batch_mtp=False, spec=2, draft_vocab=32768),
+    "batch_mtp_w16_draft32k": dict(mode="batch", batch_mtp=True, window_rows=16,
+                                   draft_vocab=32768),
     # engine.batch_invariant: every window runs window_rows rows. Greedy text is compared with
     # the first configuration listed, so list solo_inv first to check the invariant ones.
     "solo_inv": dict(mode="solo", batch_mtp=False, batch_invariant=True),
@@ -255,6 +262,8 @@ def engine_cfg(base: dict, name: str, n: int, args) -> object:
     cfg.compile_workers = getattr(args, "compile_workers", None)
     cfg.vram_every = 0
     cfg.synthetic_acceptance = args.synthetic_acceptance
+    cfg.draft_vocab = getattr(args, "draft_vocab", 0)
+    cfg.draft_vocab_file = getattr(args, "draft_vocab_file", None)
     for k, v in base.items():
         setattr(cfg, k, v)
     cfg.slots = max(1, n) if cfg.mode == "batch" else 1
@@ -461,6 +470,10 @@ def main() -> None:
                          "(default: the engine's, 8 on one device)")
     ap.add_argument("--synthetic-acceptance", type=float, default=None,
                     help="engine.synthetic_acceptance: accept each draft with this probability")
+    ap.add_argument("--draft-vocab", type=int, default=0,
+                    help="engine.draft_vocab: drafts choose among this many tokens (0: all)")
+    ap.add_argument("--draft-vocab-file", default=None,
+                    help="engine.draft_vocab_file: their ranking (scripts/draft_vocab.py)")
     ap.add_argument("--specialize-one", choices=("on", "off"), default="on",
                     help="engine.compile_specialize_one: a group or row count of 1 compiled apart")
     ap.add_argument("--compile-workers", type=int, default=None,
@@ -521,7 +534,9 @@ def main() -> None:
                           f"{r['device_busy'] or 0:.1%} of the wall  text {r['text_digest']}",
                           flush=True)
         for name, eng in engines.items():
-            rows = eng.window_times.table(loaded.args, fmt, eng.verifier.drafting, a.bandwidth)
+            dv = eng.verifier.draft_ids
+            rows = eng.window_times.table(loaded.args, fmt, eng.verifier.drafting, a.bandwidth,
+                                          0 if dv is None else int(dv.numel()))
             results.setdefault("windows", {})[f"{name}@{n}"] = rows
             for w in rows:
                 print(f"N={n} {name:<16} window {w['groups']}x{w['rows']}@{w['ctx']}: "

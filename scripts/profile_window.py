@@ -69,11 +69,11 @@ class Attribution:
                     self._wrap(layer, attr, f"{kind}:{attr[2:]}")
             self._wrap_method(layer, "window_attention", f"{kind}:attention(all)")
         for attr, label in (("c_head", "head:norm+lm_head"), ("c_rope", "rope"),
-                            ("c_mtp_fuse", "mtp:fuse"), ("c_mtp_norm", "mtp:norm"),
-                            ("logits", "draft lm_head")):
+                            ("c_mtp_fuse", "mtp:fuse"), ("c_mtp_norm", "mtp:norm")):
             if attr in model.__dict__ or hasattr(model, attr):
                 self._wrap(model, attr, label)
-        for attr, label in (("sample", "sampler(filtered)"), ("sample_plain", "sampler(plain)"),
+        for attr, label in (("draft_logits", "draft lm_head"),
+                            ("sample", "sampler(filtered)"), ("sample_plain", "sampler(plain)"),
                             ("accepted_prefix", "accept"), ("synthetic_window", "accept")):
             self._wrap(verifier, attr, label)
         self._wrap(ops, "write_kv", "write_kv")

@@ -20,7 +20,8 @@ What a window of `groups` x `rows` rows (R = groups x rows) reading `ctx` keys m
   - drafting (MTP on): each MTP pass reads the MTP layer (fc, norms, one full-attention MoE
     decoder layer, its distinct experts for the pass's rows, its K/V) and the LM head again. A
     window runs rows - 2 chain passes of `groups` rows (solo windows extend the draft chain) and
-    one pass over all R committed rows.
+    one pass over all R committed rows. With a draft vocabulary of K tokens
+    (engine.draft_vocab) a pass reads K rows of the LM head instead of all of them.
 Weights are stored as `WeightFormat` says: float (2 bytes for bf16) or HF fine-grained FP8 (one
 byte per weight plus a float32 scale per block), with `not_converted` name patterns kept float.
 """
@@ -124,14 +125,19 @@ def expert_bytes(args: ModelArgs, fmt: WeightFormat, prefix: str = "model.layers
 
 def window_bytes(args: ModelArgs, groups: int, rows: int, ctx: int, fmt: WeightFormat = WeightFormat(),
                  drafting: bool = False,
-                 distinct_experts: Optional[float | Sequence[float]] = None) -> dict[str, float]:
+                 distinct_experts: Optional[float | Sequence[float]] = None,
+                 draft_vocab: int = 0) -> dict[str, float]:
     """Bytes a verify window of `groups` x `rows` rows must read (module docstring), by part:
     dense, experts, head, kv, state, mtp, and total. `distinct_experts`: measured distinct
     routed experts per MoE layer of the main model (one number for every layer, or one per MoE
-    layer in order); None assumes uniform routing. `ctx`: keys each group's attention reads."""
+    layer in order); None assumes uniform routing. `ctx`: keys each group's attention reads.
+    `draft_vocab`: the drafts' tokens (engine.draft_vocab; 0 = the whole vocabulary)."""
     if groups < 1 or rows < 1 or ctx < 0:
         raise ValueError(f"window_bytes: groups and rows must be >= 1 and ctx >= 0, got "
                          f"groups={groups} rows={rows} ctx={ctx}")
+    if not 0 <= draft_vocab <= args.vocab_size:
+        raise ValueError(f"window_bytes: draft_vocab must be in [0, {args.vocab_size}], got "
+                         f"{draft_vocab}")
     h, el = args.hidden_size, fmt.float_bytes
     r = groups * rows
     moe_layers = [i for i in range(args.num_hidden_layers) if args.is_moe_layer(i)]
@@ -164,10 +170,12 @@ def window_bytes(args: ModelArgs, groups: int, rows: int, ctx: int, fmt: WeightF
         layer = (_attention_layer(args, fmt, "mtp.layers.0") + _ffn_dense(args, fmt, "mtp.layers.0", moe)
                  + fmt.linear("mtp.fc", h, 2 * h) + 5 * h * el)  # 2 pre-fc, 2 layer, final norms
         one_expert = expert_bytes(args, fmt, "mtp.layers.0") if moe else 0
+        # the draft head: a float copy of the LM head's rows for the draft vocabulary
+        draft_head = head if not draft_vocab else draft_vocab * h * el
         passes = [groups] * max(rows - 2, 0) + [r]
         for n in passes:
             used = expected_distinct_experts(args.num_experts, args.num_experts_per_tok, n) if moe else 0.0
-            mtp += layer + used * one_expert + head + n * h * el + groups * ctx * kv_row
+            mtp += layer + used * one_expert + draft_head + n * h * el + groups * ctx * kv_row
     parts = {"dense": float(dense), "experts": float(experts), "head": float(head), "kv": float(kv),
              "state": float(state), "mtp": float(mtp)}
     parts["total"] = sum(parts.values())

@@ -148,6 +148,15 @@ class EngineConfig:
     #: probability p given that the drafts before it were (keyed by request seed and position,
     #: so every mode takes the same decisions). The output text is then not the model's.
     synthetic_acceptance: Optional[float] = None
+    #: Drafts choose among this many tokens (0 = the whole vocabulary): the draft head reads only
+    #: their rows of the LM head, which at a 151,936-token vocabulary is most of a draft step's
+    #: bytes (strata/engine/draft_vocab.py). Verification still samples over every token, so
+    #: the text is unchanged; acceptance drops where a target lies outside them. The tokens:
+    #: engine.draft_vocab_file's first ids, else the lowest ids; the end-of-text ids always.
+    draft_vocab: int = 0
+    #: engine.draft_vocab: a JSON list of token ids, most frequent first
+    #: (scripts/draft_vocab.py counts them over a corpus); null = the lowest ids.
+    draft_vocab_file: Optional[str] = None
     #: Device memory for routed experts (MiB); 0 = every routed expert resident on the device.
     #: When set, routed experts live in pinned host memory and a per-layer set of device slots
     #: holds the cached ones within this budget; a miss is read from host memory inside the
@@ -436,6 +445,14 @@ def validate_engine(e: Any, error: type[ValueError] = ConfigError) -> None:
             bad(key, f"must be >= 0, got {getattr(e, key)}")
     if e.stages < 1:
         bad("stages", f"must be >= 1, got {e.stages}")
+    if e.draft_vocab < 0:
+        bad("draft_vocab", f"must be >= 0 (0 = the whole vocabulary), got {e.draft_vocab}")
+    if e.draft_vocab_file is not None and e.draft_vocab == 0:
+        bad("draft_vocab_file", "ranks the tokens of a draft vocabulary: set engine.draft_vocab "
+                                "to its size too")
+    if e.draft_vocab and e.stages > 1:
+        bad("draft_vocab", f"the draft head is built on one device; engine.stages={e.stages} "
+                           f"needs engine.draft_vocab=0")
     w = e.compile_workers
     if w is not None and w < 0:
         bad("compile_workers", f"must be >= 0 or null (auto), got {w}")

@@ -22,6 +22,7 @@ from strata.config import (ConfigError, batch_mtp_from_env, check_known_keys, ov
 from strata.engine.arrivals import Arrivals
 from strata.engine.compiling import compiled_functions
 from strata.engine.device import resolve_device
+from strata.engine.draft_vocab import draft_vocab_ids
 from strata.engine.expert_cache import ExpertCache, plan_expert_cache
 from strata.engine.memory import plan_engine_memory
 from strata.engine.model_runner import ModelRunner
@@ -102,6 +103,15 @@ class Engine:
             log(f"INFO engine.max_context={ecfg.max_context} exceeds the model's "
                 f"max_position_embeddings; using {self.max_context}")
         self.eos = set(self.args.eos_token_id)
+        # the draft head before the memory plan, which then counts its bytes as used
+        draft_ids = draft_vocab_ids(ecfg, self.args.vocab_size, self.args.eos_token_id)
+        draft_head = None if draft_ids is None else self.model.lm_head_rows(draft_ids)
+        if draft_ids is not None:
+            draft_ids = draft_ids.to(draft_head.device)
+            log(f"INFO engine.draft_vocab={ecfg.draft_vocab}: drafts choose among "
+                f"{draft_ids.numel()} of {self.args.vocab_size} tokens "
+                f"({ecfg.draft_vocab_file or 'the lowest ids'}, with the end-of-text ids); "
+                f"their head holds {draft_head.numel() * draft_head.element_size() / 2**20:.0f} MiB")
         self.trace = TraceWriter(trace_path)
         self._clock0 = time.perf_counter()
         self._warnings: list[str] = []
@@ -149,7 +159,8 @@ class Engine:
                                  split_keys=split_keys, functions=functions,
                                  synthetic_acceptance=ecfg.synthetic_acceptance,
                                  expert_cache=self.expert_cache,
-                                 device_positions=self.overlapped)
+                                 device_positions=self.overlapped,
+                                 draft_ids=draft_ids, draft_head=draft_head)
         self.stages, self.fault = stages, None  # fault: why the engine stopped (a dead stage)
         if ecfg.stages > 1 and stages is None:
             raise ConfigError(f"engine.stages={ecfg.stages}: build the engine with "

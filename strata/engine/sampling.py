@@ -8,6 +8,10 @@ equals the token the target would have sampled.
 
 `sample` filters (top-k, top-p) on the sorted vocabulary; `sample_plain` skips the sort for
 windows in which no request filters (greedy or plain temperature), and picks the same tokens.
+Both take an optional `token` (V',) of ascending ids when the logits cover only those tokens
+(engine.draft_vocab's drafts): each column's noise is its token's, and the chosen column is
+returned as its token id, so a draft is the token the full vocabulary would have sampled
+whenever that token is among them.
 Every argmax over the vocabulary is `chunked_argmax`: two small reductions instead of one over
 151,936 entries, which inductor failed to generate code for on the GPU.
 
@@ -85,23 +89,27 @@ def chunked_argmax(x: torch.Tensor) -> torch.Tensor:
 
 
 def sample(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor,
-           seed: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
+           seed: torch.Tensor, pos: torch.Tensor, token: torch.Tensor | None = None) -> torch.Tensor:
     """Sample one token per row, keyed by the position the token will occupy.
 
     logits (R, V); temperature, top_p float (R,); top_k, seed, pos int64 (R,). temperature 0 is
-    greedy. Static shapes, no host synchronisation.
+    greedy. `token`: the ids of the logits' columns (module docstring), None: 0 .. V-1. Static
+    shapes, no host synchronisation.
     """
     logits = logits.float()
     greedy = chunked_argmax(logits)
-    sampled = filtered_sample(logits, temperature, top_k, top_p, seed, pos)
-    return torch.where(temperature > 0, sampled, greedy)
+    sampled = filtered_sample(logits, temperature, top_k, top_p, seed, pos, token)
+    choice = torch.where(temperature > 0, sampled, greedy)
+    return choice if token is None else token[choice]
 
 
 @torch.library.custom_op("strata::filtered_sample", mutates_args=())
 def filtered_sample(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor,
-                    top_p: torch.Tensor, seed: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
-    """The sampled token of every row after top-k / top-p filtering of the sorted vocabulary
-    (float32 logits (R, V)); `sample` picks it for rows with temperature > 0.
+                    top_p: torch.Tensor, seed: torch.Tensor, pos: torch.Tensor,
+                    token: torch.Tensor | None = None) -> torch.Tensor:
+    """The sampled column of every row after top-k / top-p filtering of the sorted vocabulary
+    (float32 logits (R, V)); `sample` picks it for rows with temperature > 0. `token`: the
+    columns' token ids, which key the noise (None: the column is the token id).
 
     An opaque operator for torch.compile: the sort, the scan over the vocabulary and their
     masks run as the library's kernels. Inductor's own code for them at a vocabulary of 151,936
@@ -118,32 +126,34 @@ def filtered_sample(logits: torch.Tensor, temperature: torch.Tensor, top_k: torc
     before = probs.cumsum(-1) - probs  # mass strictly before each rank; rank 0 is always kept
     # top_p = 1 keeps everything: float error can push `before` past 1.0 in the far tail.
     drop = drop | ((before > top_p[:, None]) & (top_p[:, None] < 1.0))
-    noise = gumbel_noise(seed[:, None], pos[:, None], order)
+    noise = gumbel_noise(seed[:, None], pos[:, None], order if token is None else token[order])
     choice = chunked_argmax(scaled.masked_fill(drop, float("-inf")) + noise)
     return order.gather(1, choice[:, None])[:, 0]
 
 
 @filtered_sample.register_fake
-def _filtered_sample_shape(logits, temperature, top_k, top_p, seed, pos):
+def _filtered_sample_shape(logits, temperature, top_k, top_p, seed, pos, token=None):
     return logits.new_empty(logits.shape[:1], dtype=torch.long)
 
 
 def sample_plain(logits: torch.Tensor, temperature: torch.Tensor, seed: torch.Tensor,
-                 pos: torch.Tensor) -> torch.Tensor:
+                 pos: torch.Tensor, token: torch.Tensor | None = None) -> torch.Tensor:
     """`sample` for rows without top-k / top-p: no sort, only elementwise ops and argmax.
 
     Each token's score is the same float arithmetic as in `sample` (logits.float() / T, plus the
     same noise), so the chosen token is the same. The one difference: an exact float tie between
     two tokens' scores goes to the lower token id here, to the earlier one in sort order there.
+    `token`: the columns' ascending token ids, as in `sample`.
     """
     logits = logits.float()
     temp = torch.where(temperature > 0, temperature, torch.ones_like(temperature))
-    token = torch.arange(logits.shape[-1], device=logits.device)
-    noise = gumbel_noise(seed[:, None], pos[:, None], token[None, :])
+    ids = torch.arange(logits.shape[-1], device=logits.device) if token is None else token
+    noise = gumbel_noise(seed[:, None], pos[:, None], ids[None, :])
     # One (rows, V) score and one argmax for greedy and sampled rows alike: greedy rows score
     # the plain logits.
     hot = (temperature > 0)[:, None]
-    return chunked_argmax(torch.where(hot, logits / temp[:, None] + noise, logits))
+    choice = chunked_argmax(torch.where(hot, logits / temp[:, None] + noise, logits))
+    return choice if token is None else token[choice]
 
 
 def _rows(lanes: torch.Tensor, pos0: torch.Tensor, rows_per: int, offset: int):
@@ -155,18 +165,19 @@ def _rows(lanes: torch.Tensor, pos0: torch.Tensor, rows_per: int, offset: int):
 
 def sample_lanes(logits: torch.Tensor, lanes: torch.Tensor, pos0: torch.Tensor, rows_per: int,
                  offset: int, temperature: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor,
-                 seed: torch.Tensor) -> torch.Tensor:
+                 seed: torch.Tensor, token: torch.Tensor | None = None) -> torch.Tensor:
     """`sample` with each row's parameters read from per-lane tables inside the sampler (so a
     compiled sampler fuses the gathers instead of launching one per table)."""
     lane, pos = _rows(lanes, pos0, rows_per, offset)
-    return sample(logits, temperature[lane], top_k[lane], top_p[lane], seed[lane], pos)
+    return sample(logits, temperature[lane], top_k[lane], top_p[lane], seed[lane], pos, token)
 
 
 def sample_plain_lanes(logits: torch.Tensor, lanes: torch.Tensor, pos0: torch.Tensor, rows_per: int,
-                       offset: int, temperature: torch.Tensor, seed: torch.Tensor) -> torch.Tensor:
+                       offset: int, temperature: torch.Tensor, seed: torch.Tensor,
+                       token: torch.Tensor | None = None) -> torch.Tensor:
     """`sample_plain` with per-lane parameter tables, as `sample_lanes`."""
     lane, pos = _rows(lanes, pos0, rows_per, offset)
-    return sample_plain(logits, temperature[lane], seed[lane], pos)
+    return sample_plain(logits, temperature[lane], seed[lane], pos, token)
 
 
 def accepted_prefix(tokens: torch.Tensor, targets: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:

@@ -109,7 +109,8 @@ class Verifier:
     def __init__(self, model: Qwen3Next, state: DecodeState, bufs: SlotBuffers, drafting: bool,
                  split_keys: int = 0, functions: Optional[dict[str, Callable]] = None,
                  synthetic_acceptance: Optional[float] = None, expert_cache=None,
-                 device_positions: bool = False):
+                 device_positions: bool = False, draft_ids: Optional[torch.Tensor] = None,
+                 draft_head: Optional[torch.Tensor] = None):
         """`split_keys`: the verify forward attention's split-K chunk in keys (0: the kernels'
         own plan; engine.batch_invariant fixes it). `functions`: replacements (compiled
         versions) for some of PURE_FUNCTIONS. `synthetic_acceptance` (engine knob): None
@@ -118,7 +119,9 @@ class Verifier:
         (engine.expert_cache_mib > 0), whose hit/miss counts each window updates on the device.
         `device_positions` (engine.overlap): a window reads its groups' positions from
         `bufs.pos`, where the previous window's commit wrote them, since the host plans it
-        before reading that window's accepted counts."""
+        before reading that window's accepted counts. `draft_ids`, `draft_head`
+        (engine.draft_vocab): the ascending token ids drafts choose among and the LM head's
+        rows for them (Qwen3Next.lm_head_rows); None: drafts read the whole LM head."""
         self.model = model
         self.state = state
         self.bufs = bufs
@@ -137,22 +140,39 @@ class Verifier:
         #: strata.engine.expert_cache.ExpertCache, or None: a window starts and ends its counts.
         self.expert_cache = expert_cache
         self.device_positions = device_positions
+        if (draft_ids is None) != (draft_head is None):
+            raise ValueError("Verifier: draft_ids and draft_head go together")
+        self.draft_ids, self.draft_head = draft_ids, draft_head
 
     def _sample(self, logits: torch.Tensor, lanes: torch.Tensor, pos0: torch.Tensor, rows_per: int,
-                offset: int, filtered: bool) -> torch.Tensor:
-        """One token per row; lane i owns rows_per rows at positions pos0[i] + offset + j."""
+                offset: int, filtered: bool, token: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """One token per row; lane i owns rows_per rows at positions pos0[i] + offset + j.
+        `token`: the logits' columns' token ids (a draft vocabulary), None: the whole one."""
         b = self.bufs
+        # the token ids are passed only when set: a sampler called with one argument fewer
+        # keeps the compiled graphs it had before draft vocabularies existed
+        extra = () if token is None else (token,)
         if filtered:
             return self.sample(logits, lanes, pos0, rows_per, offset, b.temperature, b.top_k,
-                               b.top_p, b.seed)
-        return self.sample_plain(logits, lanes, pos0, rows_per, offset, b.temperature, b.seed)
+                               b.top_p, b.seed, *extra)
+        return self.sample_plain(logits, lanes, pos0, rows_per, offset, b.temperature, b.seed,
+                                 *extra)
 
-    def _draft(self, logits: torch.Tensor, gs: torch.Tensor, before: torch.Tensor,
+    def _draft(self, hidden: torch.Tensor, gs: torch.Tensor, before: torch.Tensor,
                filtered: bool) -> torch.Tensor:
-        """One draft per lane at position before + 1. Every sampler call passes offset 1 (the
-        targets' y_j sits at p + j + 1), so the compiled samplers keep no graphs of their own for
-        offset 0, an int they specialise on."""
-        return self._sample(logits, gs, before, 1, 1, filtered)
+        """One draft per lane at position before + 1 from the MTP's hidden states (the draft
+        head: engine.draft_vocab's tokens, or the LM head). Every sampler call passes offset 1
+        (the targets' y_j sits at p + j + 1), so the compiled samplers keep no graphs of their
+        own for offset 0, an int they specialise on."""
+        return self._sample(self.draft_logits(hidden), gs, before, 1, 1, filtered,
+                            self.draft_ids)
+
+    def draft_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """The drafts' logits: over `draft_ids` only (their columns, in that order) with a draft
+        vocabulary, else the LM head's."""
+        if self.draft_head is None:
+            return self.model.logits(hidden)
+        return torch.nn.functional.linear(hidden, self.draft_head)
 
     def window(self, gs: torch.Tensor, gp: torch.Tensor, rows: torch.Tensor, g: int, ctx: int,
                filtered: bool) -> torch.Tensor:
@@ -174,7 +194,7 @@ class Verifier:
                 nxt = gp + (k - 1)  # (each position added once: an eager kernel apiece)
                 mh = model.mtp_window(h[:, None], tok[:, None], gs, at, ctx, state,
                                       with_logits=False)[0][:, 0]
-                tok = self._draft(model.logits(mh), gs, nxt, filtered)
+                tok = self._draft(mh, gs, nxt, filtered)
                 h, at = mh, nxt
                 cols.append(tok)
         tokens = torch.stack(cols, 1)
@@ -193,7 +213,7 @@ class Verifier:
         if self.drafting:
             mh = model.mtp_window(hidden, y, gs, gp, ctx, state, with_logits=False)[0]
             h_a, before = self.window_pick(mh, accept, gp)
-            draft = self._draft(model.logits(h_a), gs, before, filtered)
+            draft = self._draft(h_a, gs, before, filtered)
             out = self.window_store(bufs.pending, gs, y, accept, draft, bufs.draft, bufs.mtp_h,
                                     h_a)
         else:
@@ -238,6 +258,6 @@ class Verifier:
             mh = model.mtp_window(hidden, next_tokens, lane, start, ctx, state, with_logits=False,
                                   variant="prefill", valid=rows < length[:, None])[0]
             h_last = mh[seg, last]
-            bufs.draft.index_copy_(0, lane, self._draft(model.logits(h_last), lane, end, filtered))
+            bufs.draft.index_copy_(0, lane, self._draft(h_last, lane, end, filtered))
             bufs.mtp_h.index_copy_(0, lane, h_last)
         return nxt

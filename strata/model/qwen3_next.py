@@ -802,6 +802,19 @@ class Qwen3Next(nn.Module):
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.lm_head(hidden)
 
+    @torch.no_grad()
+    def lm_head_rows(self, ids: torch.Tensor) -> torch.Tensor:
+        """A copy of the LM head's rows for the token ids `ids` (dequantised where the head is
+        FP8), in the model's dtype: a draft vocabulary's head (engine.draft_vocab)."""
+        head = self.lm_head
+        ids = ids.to(device=head.weight.device, dtype=torch.long)
+        if isinstance(head, Fp8Linear):
+            weight = reference.dequant_fp8_block(head.weight, head.weight_scale_inv, head.block,
+                                                 self.dtype)
+        else:
+            weight = head.weight
+        return weight.index_select(0, ids).contiguous()
+
     # ---- whole sequences, no cache -------------------------------------------------------
     def forward_train(self, tokens: torch.Tensor) -> torch.Tensor:
         """tokens (B, L) -> final hidden states (B, L, H) after model.norm."""
