@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# Session 41's device calls. Each fits one call's 600 s.
+# H200 (the full-depth FP8 80B does not fit an H100's 80 GB without the expert cache):
+#   a  full-depth batch_mtp W16 N=8 on a bare machine at the defaults (512-row prompt launches,
+#      compile workers auto): its warm-up line is the warm-up goal's figure, its tok/s the N=8
+#      goal's; then solo spec 4 with and without engine.draft_vocab=32768 in one process on the
+#      warm caches (the solo goal's figure, and what the draft head's fewer bytes give)
+# Any GPU (an H100 holds 24 layers):
+#   b  the draft vocabulary at 24 layers: solo spec 4 and batch_mtp W16 N=8, each with and
+#      without engine.draft_vocab=32768 in one process
+# Carry .whl and .dev/s37 (the tree's CUDA extension for Python 3.12, stripped, xz).
+set -u
+. docs/bench/device_common.sh .dev/s37/new_cuda.so.xz
+nvidia-smi --query-gpu=name,memory.total --format=csv,noheader | tee $R/gpu.txt
+case ${1:-a} in
+a)
+  TAIL=8 st n8_bare 330 python3 scripts/bench_engine.py $F --configs batch_mtp_w16 --n 8 --max-tokens 64 --repeats 2 --json $R/n8_bare.json
+  grep -h "warm-up: \|compile workers: [0-9]* graphs compiled in" $R/n8_bare.log
+  TAIL=10 st solo4 250 python3 scripts/bench_engine.py $F --configs solo,solo_draft32k --n 1 --max-tokens 256 --repeats 2 --json $R/solo4.json ;;
+b)
+  TAIL=10 st solo4_24 250 python3 scripts/bench_engine.py $F --layers 24 --configs solo,solo_draft32k --n 1 --max-tokens 256 --repeats 2 --json $R/solo4_24.json
+  TAIL=10 st n8_24 300 python3 scripts/bench_engine.py $F --layers 24 --configs batch_mtp_w16,batch_mtp_w16_draft32k --n 8 --max-tokens 64 --repeats 2 --json $R/n8_24.json ;;
+esac
