@@ -20,6 +20,7 @@ import json
 import sys
 import time
 from collections import defaultdict
+from types import SimpleNamespace
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -29,6 +30,7 @@ import torch  # noqa: E402
 
 from strata.config import EMBEDDED_MODEL_DIR  # noqa: E402
 from strata.engine.compiling import inductor_deterministic, inductor_pdl  # noqa: E402
+from strata.engine.draft_vocab import draft_vocab_ids  # noqa: E402
 from strata.engine.verifier import SlotBuffers, Verifier  # noqa: E402
 from strata.kernels import ops  # noqa: E402
 from strata.model.loader import FP8_DENSE, load_checkpoint  # noqa: E402
@@ -257,6 +259,8 @@ def main() -> None:
     ap.add_argument("--filtered", action="store_true",
                     help="use the top-k/top-p (sorting) sampler instead of the sort-free one")
     ap.add_argument("--top", type=int, default=25, help="kernels listed per table")
+    ap.add_argument("--draft-vocab", type=int, default=0,
+                    help="engine.draft_vocab: drafts choose among the lowest K token ids (0: all)")
     ap.add_argument("--kernel-options", default="",
                     help="GPU launch switches NAME=0|1 or a count, as bench_engine.py takes them "
                          "(e.g. l2_prefetch=2)")
@@ -288,11 +292,15 @@ def main() -> None:
         from strata.engine.compiling import compiled_functions
 
         functions = compiled_functions(lm.model, dev)
-    ver = Verifier(lm.model, state, bufs, lm.has_mtp, functions=functions)
+    draft_ids = draft_vocab_ids(SimpleNamespace(draft_vocab=a.draft_vocab, draft_vocab_file=None),
+                                lm.args.vocab_size, lm.args.eos_token_id)
+    draft_head = None if draft_ids is None else lm.model.lm_head_rows(draft_ids)
+    ver = Verifier(lm.model, state, bufs, lm.has_mtp, functions=functions,
+                   draft_ids=None if draft_ids is None else draft_ids.to(dev), draft_head=draft_head)
     report = {"model": str(a.model), "layers": a.layers, "compile": a.compile, "ctx": a.ctx,
               "torch": torch.__version__, "shapes": [],
               "pdl": inductor_pdl(), "inductor_deterministic": inductor_deterministic(),
-              "kernel_options": options}
+              "kernel_options": options, "draft_vocab": a.draft_vocab}
     for groups, rows_per in shapes:
         gs = torch.arange(groups, device=dev)
         gp = torch.full((groups,), 100, device=dev)

@@ -5,6 +5,8 @@
 #      compile workers auto): its warm-up line is the warm-up goal's figure, its tok/s the N=8
 #      goal's; then solo spec 4 with and without engine.draft_vocab=32768 in one process on the
 #      warm caches (the solo goal's figure, and what the draft head's fewer bytes give)
+#   p  where a full-depth window's time goes now: compiled window profiles at 1 x 4 and 8 x 2,
+#      without and with engine.draft_vocab=32768
 # Any GPU (an H100 holds 24 layers):
 #   b  the draft vocabulary at 24 layers: solo spec 4 and batch_mtp W16 N=8, each with and
 #      without engine.draft_vocab=32768 in one process
@@ -17,6 +19,11 @@ a)
   TAIL=8 st n8_bare 330 python3 scripts/bench_engine.py $F --configs batch_mtp_w16 --n 8 --max-tokens 64 --repeats 2 --json $R/n8_bare.json
   grep -h "warm-up: \|compile workers: [0-9]* graphs compiled in" $R/n8_bare.log
   TAIL=10 st solo4 250 python3 scripts/bench_engine.py $F --configs solo,solo_draft32k --n 1 --max-tokens 256 --repeats 2 --json $R/solo4.json ;;
+p)
+  P="scripts/profile_window.py --model qwen3-next-80b-a3b-fp8 --load-format dummy --backend auto --compile --iters 50 --top 12 --shapes 1x4,8x2"
+  TAIL=4 st prof48 280 python3 $P --json $R/prof48.json
+  TAIL=4 st prof48_dv 280 python3 $P --draft-vocab 32768 --json $R/prof48_dv.json
+  grep -h "graph replay\|draft lm_head  \|^region" $R/prof48*.log ;;
 b)
   TAIL=10 st solo4_24 250 python3 scripts/bench_engine.py $F --layers 24 --configs solo,solo_draft32k --n 1 --max-tokens 256 --repeats 2 --json $R/solo4_24.json
   TAIL=10 st n8_24 300 python3 scripts/bench_engine.py $F --layers 24 --configs batch_mtp_w16,batch_mtp_w16_draft32k --n 8 --max-tokens 64 --repeats 2 --json $R/n8_24.json ;;
