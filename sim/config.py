@@ -243,6 +243,12 @@ class SimExpertsConfig:
     #: bytes model: non-expert bytes per MTP draft step past the second row of a group (times
     #: max(0, the group's rows - 2)).
     other_per_draft_bytes: float = 0.0
+    #: bytes model: the LM head's rows (the vocabulary) and bytes per row, which every draft
+    #: pass reads: with engine.draft_vocab=K a pass reads K of them (the draft head), so the
+    #: window's other bytes drop by (head_rows - K) x head_row_bytes per pass. 0: not given (a
+    #: bytes model cannot then price engine.draft_vocab).
+    head_rows: int = 0
+    head_row_bytes: float = 0.0
     #: bytes model: a prompt chunk's time over its windows' bytes model (a chunk of T tokens
     #: prices as a 1-group window of T rows times this): what the window fit leaves out of
     #: prefill (MoE calls of 32 rows each reading their experts, the chunked delta rule),
@@ -407,7 +413,7 @@ def validate_experts(x: Any, engine: Any, memory: Any) -> None:
         if getattr(x, key) < 1:
             bad(key, f"must be >= 1, got {getattr(x, key)}")
     for key in ("skew", "miss_s", "per_layer_s", "other_base_bytes", "other_per_group_bytes",
-                "other_per_draft_bytes", "swap_limit"):
+                "other_per_draft_bytes", "swap_limit", "head_rows", "head_row_bytes"):
         if getattr(x, key) < 0:
             bad(key, f"must be >= 0, got {getattr(x, key)}")
     if not 0.0 <= x.row_overlap <= 1.0:

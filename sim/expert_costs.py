@@ -12,7 +12,8 @@ Two ways to price a window, `experts.cost` choosing:
       + reads x (expert_bytes / bus + miss_s)
   where other bytes = the dense weights, head, MTP, KV and state the window reads:
   base + per_group x groups + per_draft x max(0, depth - 2) (a lone slot's deeper window runs
-  more MTP draft steps). per_layer_s, hbm_efficiency and the byte terms are fitted
+  more MTP draft steps); with engine.draft_vocab=K each draft pass (one a drafting window, and
+  its chain steps) reads (head_rows - K) x head_row_bytes fewer. per_layer_s, hbm_efficiency and the byte terms are fitted
   (`fit_window_bytes`) to the engine's full-depth FP8 windows on the H200
   (docs/bench/s7/fp8_full.json and fp8_n8.json); a card keeps the per-layer cost and the
   efficiency and brings its own bandwidths. A capture or an eager window adds the profile's
@@ -49,10 +50,14 @@ class WindowBytesModel:
     other_per_group_bytes: float
     other_per_draft_bytes: float
     expert_bytes: float
+    #: engine.draft_vocab: the LM-head bytes each draft pass does not read (0: off)
+    draft_head_saved_bytes: float = 0.0
 
     def other_bytes(self, groups: int, depth: int) -> float:
+        passes = 1 + max(0, depth - 2) if depth >= 2 else 0  # a window of 1-row groups drafts none
         return (self.other_base_bytes + self.other_per_group_bytes * groups
-                + self.other_per_draft_bytes * max(0, depth - 2))
+                + self.other_per_draft_bytes * max(0, depth - 2)
+                - self.draft_head_saved_bytes * passes)
 
     def resident_s(self, groups: int, depth: int, resident_experts: int) -> float:
         """Seconds of the window's device-resident work: the fixed part and the HBM bytes."""
@@ -194,11 +199,22 @@ def fit_window_bytes(rows: list[dict], layers: int, moe_layers: int, expert_byte
     return model, report
 
 
-def bytes_model_from_config(x: Any, memory: Any) -> WindowBytesModel:
-    """The bytes model of an `experts` config on the `memory` group's card."""
+def bytes_model_from_config(x: Any, memory: Any, draft_vocab: int = 0) -> WindowBytesModel:
+    """The bytes model of an `experts` config on the `memory` group's card; `draft_vocab`:
+    engine.draft_vocab (0: drafts read the whole LM head)."""
+    saved = 0.0
+    if draft_vocab > 0:
+        if x.head_rows < 1 or x.head_row_bytes <= 0:
+            raise ExpertModelError("engine.draft_vocab: the bytes model prices it from the LM "
+                                   "head's rows and their bytes: set experts.head_rows and "
+                                   "experts.head_row_bytes")
+        if draft_vocab > x.head_rows:
+            raise ExpertModelError(f"engine.draft_vocab: {draft_vocab} exceeds the LM head's "
+                                   f"rows (experts.head_rows={x.head_rows})")
+        saved = (x.head_rows - draft_vocab) * float(x.head_row_bytes)
     return WindowBytesModel(layers=int(x.layers), per_layer_s=float(x.per_layer_s),
                             hbm_bytes_per_s=float(memory.hbm_gb_s) * 1e9 * float(x.hbm_efficiency),
                             other_base_bytes=float(x.other_base_bytes),
                             other_per_group_bytes=float(x.other_per_group_bytes),
                             other_per_draft_bytes=float(x.other_per_draft_bytes),
-                            expert_bytes=float(x.expert_bytes))
+                            expert_bytes=float(x.expert_bytes), draft_head_saved_bytes=saved)

@@ -71,8 +71,12 @@ def build_expert_inputs(cfg: Any, streams: RandomStreams,
     hbm = m.hbm_gb_s * 1e9 * x.hbm_efficiency
     bus = m.bus_gb_s * 1e9 if m.bus_gb_s > 0 else float("inf")
     prefill = float((scale or {}).get("prefill", 1.0))
+    try:
+        bytes_model = bytes_model_from_config(x, m, e.draft_vocab) if x.cost == "bytes" else None
+    except ExpertModelError as err:
+        raise SimConfigError(str(err)) from None
     costs = ExpertCosts(x.cost, MissCost(float(x.expert_bytes), bus, float(x.miss_s)), hbm,
-                        bytes_model_from_config(x, m) if x.cost == "bytes" else None,
+                        bytes_model,
                         window_scale=float((scale or {}).get("window", 1.0)),
                         prefill_scale=prefill * float(x.prefill_scale),
                         prefill_expert_scale=None if x.prefill_expert_scale is None

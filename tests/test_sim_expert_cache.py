@@ -726,3 +726,32 @@ def test_a_long_prompt_chunk_without_the_cache_reads_each_launch_experts():
     assert model(64, cache_on=True).prefill(0, 256).hits == once.hits
     with pytest.raises(ExpertModelError, match="experts.prefill_launch_rows"):
         model(-1)
+
+
+def test_the_bytes_model_prices_a_draft_vocabulary_per_draft_pass():
+    """engine.draft_vocab=K: each draft pass (one a drafting window, plus its chain steps)
+    reads (head_rows - K) head rows fewer; a window of 1-row groups drafts nothing."""
+    from sim.expert_costs import bytes_model_from_config
+
+    cfg = cfg_of("hardware=h200_80b_a3b_fp8")
+    x, m = cfg.experts, cfg.memory
+    full, cut = bytes_model_from_config(x, m), bytes_model_from_config(x, m, 32768)
+    saved = (x.head_rows - 32768) * x.head_row_bytes
+    assert full.other_bytes(8, 1) == cut.other_bytes(8, 1)
+    assert full.other_bytes(8, 2) - cut.other_bytes(8, 2) == pytest.approx(saved)
+    assert full.other_bytes(1, 4) - cut.other_bytes(1, 4) == pytest.approx(3 * saved)
+    common = ("hardware=h200_80b_a3b_fp8", "workload=cohort", "workload.requests=2",
+              "workload.prompt_tokens=16", "workload.max_tokens=48", "engine.mode=solo",
+              "spread.enabled=false", "acceptance=fixed", "acceptance.rate=0.8")
+    assert aggregate(*common, "engine.draft_vocab=32768") > 1.03 * aggregate(*common)
+
+
+@pytest.mark.parametrize("overrides, needle", [
+    (("experts.head_rows=0",), "set experts.head_rows and experts.head_row_bytes"),
+    (("engine.draft_vocab=200000",), "exceeds the LM head's rows"),
+])
+def test_a_draft_vocabulary_the_bytes_model_cannot_price_is_an_error(overrides, needle):
+    cfg = cfg_of("hardware=h200_80b_a3b_fp8", "workload=cohort", "workload.requests=1",
+                 "workload.prompt_tokens=16", "engine.draft_vocab=1000", *overrides)
+    with pytest.raises(SimConfigError, match=f"engine.draft_vocab: .*{needle}"):
+        run_predict(cfg)
