@@ -243,11 +243,13 @@ class SimExpertsConfig:
     #: bytes model: non-expert bytes per MTP draft step past the second row of a group (times
     #: max(0, the group's rows - 2)).
     other_per_draft_bytes: float = 0.0
-    #: bytes model: the LM head's rows (the vocabulary) and bytes per row, which every draft
-    #: pass reads: with engine.draft_vocab=K a pass reads K of them (the draft head), so the
-    #: window's other bytes drop by (head_rows - K) x head_row_bytes per pass. 0: not given (a
-    #: bytes model cannot then price engine.draft_vocab).
+    #: bytes model: the LM head's rows (the vocabulary), which every draft pass reads: with
+    #: engine.draft_vocab=K a pass reads K of them (the draft head), so the window's other bytes
+    #: drop by (head_rows - K) x head_row_bytes per pass. 0: not given (a bytes model cannot
+    #: then price engine.draft_vocab).
     head_rows: int = 0
+    #: bytes model: the bytes of one LM head row (hidden size x the head's bytes per weight);
+    #: 0: not given.
     head_row_bytes: float = 0.0
     #: bytes model: a prompt chunk's time over its windows' bytes model (a chunk of T tokens
     #: prices as a 1-group window of T rows times this): what the window fit leaves out of

@@ -68,3 +68,25 @@ def test_samplers_compile_at_real_vocabulary(device, monkeypatch):
     got = torch.compile(synthetic_window, fullgraph=True)(*args)
     want = synthetic_window(*args)
     assert all(torch.equal(a, b) for a, b in zip(got, want))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_samplers_compile_over_a_draft_vocabulary(device, monkeypatch):
+    """engine.draft_vocab's drafts: logits over 32,768 of the 151,936 tokens with their ids;
+    compiled, the samplers return the ids eager returns."""
+    import torch._dynamo
+
+    monkeypatch.setattr(torch._dynamo.config, "suppress_errors", False)
+    torch._dynamo.reset()
+    logits, idx, pos0, temperature, top_k, top_p, seed = (
+        t.to(device) for t in lanes_inputs(rows_per=1, lanes=3))
+    ids = torch.randperm(VOCAB, generator=torch.Generator().manual_seed(2))[:32_768]
+    ids = ids.sort().values.to(device)
+    sub = logits[:, ids].contiguous()
+    want = sample_plain_lanes(sub, idx, pos0, 1, 1, temperature, seed, ids)
+    assert torch.isin(want, ids).all()
+    plain = torch.compile(sample_plain_lanes, fullgraph=True)
+    assert torch.equal(plain(sub, idx, pos0, 1, 1, temperature, seed, ids), want)
+    want_f = sample_lanes(sub, idx, pos0, 1, 1, temperature, top_k, top_p, seed, ids)
+    filtered = torch.compile(sample_lanes, fullgraph=True)
+    assert torch.equal(filtered(sub, idx, pos0, 1, 1, temperature, top_k, top_p, seed, ids), want_f)

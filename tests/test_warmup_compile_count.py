@@ -148,9 +148,9 @@ def test_every_sampler_call_samples_at_offset_one(monkeypatch, tmp_path):
     offsets = []
     sample = Verifier._sample
 
-    def spy(self, logits, lanes, pos0, rows_per, offset, filtered):
+    def spy(self, logits, lanes, pos0, rows_per, offset, filtered, token=None):
         offsets.append(offset)
-        return sample(self, logits, lanes, pos0, rows_per, offset, filtered)
+        return sample(self, logits, lanes, pos0, rows_per, offset, filtered, token)
 
     monkeypatch.setattr(Verifier, "_sample", spy)
     make_tiny_random(tmp_path, seed=0, num_experts=8, num_experts_per_tok=2)
