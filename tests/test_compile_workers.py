@@ -77,6 +77,24 @@ def test_plan_workers_auto_starts_none_on_the_cpu_and_counts_what_is_asked():
     assert plan.mib - cw.WORKER_OVERHEAD_MIB < whole
 
 
+@pytest.mark.parametrize("room, asked, world", [(1.5, None, 0), (1.5, 1, 1), (3.5, None, 3),
+                                                (9.0, None, 4), (0.5, 2, 0)])
+def test_plan_workers_fit_the_devices_free_memory_and_auto_never_starts_one(
+        monkeypatch, room, asked, world):
+    """Free memory above the reserve for `room` workers: auto takes what fits up to four (16
+    cores), but never a lone worker, which compiles every graph the warm-up then waits for (an
+    H100 at 24 FP8 80B layers had room for one, which ran out of memory beside the engine)."""
+    loaded, ecfg = _Loaded(6, {"path": "x"}), EngineConfig()
+    mib = cw.plan_workers(2, loaded, ecfg, torch.device("cpu"), 2, 64).mib
+    free = (ecfg.vram_reserve_mib + room * mib) * 2**20
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (free, 8 * free))
+    monkeypatch.setattr(cw.os, "cpu_count", lambda: 16)
+    plan = cw.plan_workers(asked, loaded, ecfg, torch.device("cuda", 0), 2, 64)
+    assert plan.world == world, plan
+    if world == 0:
+        assert "MiB are free above the reserve" in plan.reason
+
+
 @pytest.mark.parametrize("other", [dict(stages=2), dict(expert_cache_mib=64)])
 def test_compile_workers_refused_with_stages_and_the_expert_cache(other):
     e = OmegaConf.structured(EngineConfig)

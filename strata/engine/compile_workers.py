@@ -144,6 +144,10 @@ def plan_workers(asked: Optional[int], loaded: Any, ecfg: Any, device: torch.dev
             if fits == 0:
                 return WorkerPlan(0, layers, mib, f"one needs about {mib:.0f} MiB and "
                                                   f"{max(free, 0):.0f} MiB are free above the reserve")
+            if fits < 2 and asked is None:  # as above: a lone worker only delays the warm-up
+                return WorkerPlan(0, layers, mib, f"auto needs two workers of about {mib:.0f} "
+                                                  f"MiB and {max(free, 0):.0f} MiB are free above "
+                                                  f"the reserve")
             want = fits
     return WorkerPlan(want, layers, mib)
 
