@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # Session 41's device calls. Each fits one call's 600 s.
 # H200 (the full-depth FP8 80B does not fit an H100's 80 GB without the expert cache):
-#   a  full-depth batch_mtp W16 N=8 on a bare machine at the defaults (512-row prompt launches,
-#      compile workers auto): its warm-up line is the warm-up goal's figure, its tok/s the N=8
-#      goal's; then solo spec 4 with and without engine.draft_vocab=32768 in one process on the
-#      warm caches (the solo goal's figure, and what the draft head's fewer bytes give)
+#   a  full depth on a bare machine, the defaults (512-row prompt launches, compile workers
+#      auto): solo spec 4 with and without engine.draft_vocab=32768 in one process (the solo
+#      goal's figure; the first engine's warm-up is a bare machine's), then batch_mtp W16 N=8
+#      with and without it (the N=8 goal's figure)
 #   p  where a full-depth window's time goes now: compiled window profiles at 1 x 4 and 8 x 2,
 #      without and with engine.draft_vocab=32768
 # Any GPU (an H100 holds 24 layers):
@@ -16,9 +16,10 @@ set -u
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader | tee $R/gpu.txt
 case ${1:-a} in
 a)
-  TAIL=8 st n8_bare 330 python3 scripts/bench_engine.py $F --configs batch_mtp_w16 --n 8 --max-tokens 64 --repeats 2 --json $R/n8_bare.json
-  grep -h "warm-up: \|compile workers: [0-9]* graphs compiled in" $R/n8_bare.log
-  TAIL=10 st solo4 250 python3 scripts/bench_engine.py $F --configs solo,solo_draft32k --n 1 --max-tokens 256 --repeats 2 --json $R/solo4.json ;;
+  TAIL=10 st solo4 290 python3 scripts/bench_engine.py $F --configs solo,solo_draft32k --n 1 --max-tokens 256 --repeats 2 --json $R/solo4.json
+  grep -h "warm-up: \|compile workers" $R/solo4.log
+  TAIL=10 st n8 250 python3 scripts/bench_engine.py $F --configs batch_mtp_w16,batch_mtp_w16_draft32k --n 8 --max-tokens 64 --repeats 2 --json $R/n8.json
+  grep -h "warm-up: \|compile workers" $R/n8.log ;;
 p)
   P="scripts/profile_window.py --model qwen3-next-80b-a3b-fp8 --load-format dummy --backend auto --compile --iters 50 --top 12 --shapes 1x4,8x2"
   TAIL=4 st prof48 280 python3 $P --json $R/prof48.json
