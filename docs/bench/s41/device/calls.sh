@@ -5,9 +5,11 @@
 #      auto): solo spec 4 with and without engine.draft_vocab=32768 in one process (the solo
 #      goal's figure; the first engine's warm-up is a bare machine's), then batch_mtp W16 N=8
 #      with and without it (the N=8 goal's figure)
+#   a1 the first half of a alone (a call that has to fit less device time)
 #   p  where a full-depth window's time goes now: compiled window profiles at 1 x 4 and 8 x 2,
 #      without and with engine.draft_vocab=32768
 # Any GPU (an H100 holds 24 layers):
+#   p24 p at 24 layers: the 1 x 4 and 8 x 2 window profiles without and with the draft vocabulary
 #   b  the draft vocabulary at 24 layers: solo spec 4 and batch_mtp W16 N=8, each with and
 #      without engine.draft_vocab=32768 in one process
 # Carry .whl and .dev/s37 (the tree's CUDA extension for Python 3.12, stripped, xz).
@@ -20,6 +22,14 @@ a)
   grep -h "warm-up: \|compile workers" $R/solo4.log
   TAIL=10 st n8 250 python3 scripts/bench_engine.py $F --configs batch_mtp_w16,batch_mtp_w16_draft32k --n 8 --max-tokens 64 --repeats 2 --json $R/n8.json
   grep -h "warm-up: \|compile workers" $R/n8.log ;;
+a1)
+  TAIL=10 st solo4 290 python3 scripts/bench_engine.py $F --configs solo,solo_draft32k --n 1 --max-tokens 256 --repeats 2 --json $R/solo4.json
+  grep -h "warm-up: \|compile workers" $R/solo4.log ;;
+p24)
+  P="scripts/profile_window.py --model qwen3-next-80b-a3b-fp8 --load-format dummy --layers 24 --backend auto --compile --iters 50 --top 12 --shapes 1x4,8x2"
+  TAIL=4 st prof24 200 python3 $P --json $R/prof24.json
+  TAIL=4 st prof24_dv 200 python3 $P --draft-vocab 32768 --json $R/prof24_dv.json
+  grep -h "graph replay" $R/prof24*.log ;;
 p)
   P="scripts/profile_window.py --model qwen3-next-80b-a3b-fp8 --load-format dummy --backend auto --compile --iters 50 --top 12 --shapes 1x4,8x2"
   TAIL=4 st prof48 280 python3 $P --json $R/prof48.json
