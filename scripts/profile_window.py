@@ -20,8 +20,8 @@ import json
 import sys
 import time
 from collections import defaultdict
-from types import SimpleNamespace
 from pathlib import Path
+from types import SimpleNamespace
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))

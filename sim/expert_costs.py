@@ -13,9 +13,9 @@ Two ways to price a window, `experts.cost` choosing:
   where other bytes = the dense weights, head, MTP, KV and state the window reads:
   base + per_group x groups + per_draft x max(0, depth - 2) (a lone slot's deeper window runs
   more MTP draft steps); with engine.draft_vocab=K each draft pass (one a drafting window, and
-  its chain steps) reads (head_rows - K) x head_row_bytes fewer. per_layer_s, hbm_efficiency and the byte terms are fitted
-  (`fit_window_bytes`) to the engine's full-depth FP8 windows on the H200
-  (docs/bench/s7/fp8_full.json and fp8_n8.json); a card keeps the per-layer cost and the
+  its chain steps) reads (head_rows - K) x head_row_bytes fewer. per_layer_s, hbm_efficiency
+  and the byte terms are fitted (`fit_window_bytes`) to the engine's full-depth FP8 windows on
+  the H200 (docs/bench/s7/fp8_full.json and fp8_n8.json); a card keeps the per-layer cost and the
   efficiency and brings its own bandwidths. A capture or an eager window adds the profile's
   excess over a graph hit. A prompt chunk of T tokens costs what a 1-group window of T rows
   costs (a memory-bound estimate: fair for the short chunks of the studies, low for long ones).

@@ -236,3 +236,15 @@ def test_the_ranking_script_orders_every_token_by_its_count(tmp_path):
     assert out["tokens"][:len(counts)] == sorted(counts, key=lambda t: (-counts[t], t))
     assert out["counts"] == sorted(counts.values(), reverse=True)
     assert read_ranking(tmp_path / "r.json", vocab) == out["tokens"]
+
+
+def test_the_memory_plan_counts_the_draft_head_with_the_weights(model_dir):
+    from strata.engine.memory import plan_engine_memory
+    from strata.model.loader import load_checkpoint
+
+    loaded = load_checkpoint(model_dir, log=lambda s: None)
+    ecfg = EngineConfig()
+    plain = plan_engine_memory(loaded, ecfg, torch.device("cpu"), 256, None)
+    with_head = plan_engine_memory(loaded, ecfg, torch.device("cpu"), 256, None,
+                                   extra_weights_mib=64.0)
+    assert with_head.budget.weights_mib == pytest.approx(plain.budget.weights_mib + 64.0)

@@ -103,15 +103,17 @@ class Engine:
             log(f"INFO engine.max_context={ecfg.max_context} exceeds the model's "
                 f"max_position_embeddings; using {self.max_context}")
         self.eos = set(self.args.eos_token_id)
-        # the draft head before the memory plan, which then counts its bytes as used
+        # the draft head before the memory plan, which counts it with the weights
         draft_ids = draft_vocab_ids(ecfg, self.args.vocab_size, self.args.eos_token_id)
         draft_head = None if draft_ids is None else self.model.lm_head_rows(draft_ids)
+        draft_head_mib = 0.0
         if draft_ids is not None:
             draft_ids = draft_ids.to(draft_head.device)
+            draft_head_mib = draft_head.numel() * draft_head.element_size() / 2**20
             log(f"INFO engine.draft_vocab={ecfg.draft_vocab}: drafts choose among "
                 f"{draft_ids.numel()} of {self.args.vocab_size} tokens "
                 f"({ecfg.draft_vocab_file or 'the lowest ids'}, with the end-of-text ids); "
-                f"their head holds {draft_head.numel() * draft_head.element_size() / 2**20:.0f} MiB")
+                f"their head holds {draft_head_mib:.0f} MiB")
         self.trace = TraceWriter(trace_path)
         self._clock0 = time.perf_counter()
         self._warnings: list[str] = []
@@ -122,7 +124,8 @@ class Engine:
                       f"engine.spec={ecfg.spec} < 2 leaves no draft row" if ecfg.spec < 2 else None)
         cache_plan = (plan_expert_cache(self.model, ecfg.expert_cache_mib)
                       if ecfg.expert_cache_mib > 0 else None)
-        mem = plan_engine_memory(loaded, ecfg, device, self.max_context, off_reason, cache_plan)
+        mem = plan_engine_memory(loaded, ecfg, device, self.max_context, off_reason, cache_plan,
+                                 draft_head_mib)
         self.budget, self.drafting, n_slots = mem.budget, mem.drafting, mem.budget.slots
         self.batch_mtp = bool(batch_mtp and self.drafting)
         log(f"INFO {mem.describe()}")

@@ -133,9 +133,12 @@ def plan_memory(*, asked: int, drafting: bool, off_reason: Optional[str], total_
 
 
 def plan_engine_memory(loaded, ecfg, device, max_context: int,
-                       off_reason: Optional[str], expert_cache=None) -> MemoryPlan:
+                       off_reason: Optional[str], expert_cache=None,
+                       extra_weights_mib: float = 0.0) -> MemoryPlan:
     """plan_memory for a loaded model: its weights, and the per-lane state (KV, DeltaNet
     states, draft state) of `max_context` positions plus the window's spare rows.
+    `extra_weights_mib`: device tensors the engine holds beside the model's parameters (the
+    draft head of engine.draft_vocab), counted as weights.
 
     `expert_cache` (an ExpertCachePlan, engine.expert_cache_mib > 0): the routed experts leave
     the weights; everything else is planned first, and the cache's device slots must fit in
@@ -149,7 +152,8 @@ def plan_engine_memory(loaded, ecfg, device, max_context: int,
                                      loaded.dtype, loaded.has_mtp)
     elem = torch.empty((), dtype=loaded.dtype).element_size()
     total_mib, free_fn = device_memory(device, ecfg.cpu_device_mib)
-    weights_mib = sum(p.numel() * p.element_size() for p in loaded.model.parameters()) / MIB
+    weights_mib = (sum(p.numel() * p.element_size() for p in loaded.model.parameters()) / MIB
+                   + extra_weights_mib)
     if expert_cache is not None:
         weights_mib -= expert_cache.routed_mib()
     plan = plan_memory(
