@@ -259,7 +259,8 @@ def engine_cfg(base: dict, name: str, n: int, args) -> object:
     # bench_expert_cache.py has no --prefill-slots: one slot a chunk, as its studies ran
     cfg.prefill_slots = getattr(args, "prefill_slots", 1)
     cfg.compile_specialize_one = getattr(args, "specialize_one", "on") == "on"
-    cfg.compile_workers = getattr(args, "compile_workers", None)
+    if hasattr(args, "compile_workers"):  # given (a number, or None for auto); else the schema's
+        cfg.compile_workers = args.compile_workers
     cfg.vram_every = 0
     cfg.synthetic_acceptance = args.synthetic_acceptance
     cfg.draft_vocab = getattr(args, "draft_vocab", 0)
@@ -476,9 +477,10 @@ def main() -> None:
                     help="engine.draft_vocab_file: their ranking (scripts/draft_vocab.py)")
     ap.add_argument("--specialize-one", choices=("on", "off"), default="on",
                     help="engine.compile_specialize_one: a group or row count of 1 compiled apart")
-    ap.add_argument("--compile-workers", type=int, default=None,
+    ap.add_argument("--compile-workers", type=lambda v: None if v == "auto" else int(v),
+                    default=argparse.SUPPRESS,
                     help="engine.compile_workers: processes that compile the first engine's "
-                         "warm-up graphs in parallel (default: the engine's auto)")
+                         "warm-up graphs in parallel, N or auto (default: the engine's, off)")
     ap.add_argument("--bandwidth", type=float, default=H200_COPY_BYTES_PER_S,
                     help="bytes/s of the byte floor (default: the H200's measured copy rate)")
     ap.add_argument("--graphs", type=lambda s: s.lower() in ("1", "true", "yes"), default=True)
