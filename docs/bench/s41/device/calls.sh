@@ -2,7 +2,7 @@
 # Session 41's device calls. Each fits one call's 600 s.
 # H200 (the full-depth FP8 80B does not fit an H100's 80 GB without the expert cache):
 #   a  full depth on a bare machine, the defaults (512-row prompt launches, compile workers
-#      auto): solo spec 4 with and without engine.draft_vocab=32768 in one process (the solo
+#      off): solo spec 4 with and without engine.draft_vocab=32768 in one process (the solo
 #      goal's figure; the first engine's warm-up is a bare machine's), then batch_mtp W16 N=8
 #      with and without it (the N=8 goal's figure)
 #   a1 the first half of a alone (a call that has to fit less device time)
