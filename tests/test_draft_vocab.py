@@ -1,7 +1,7 @@
 """engine.draft_vocab: drafts choose among K tokens, read from a copy of the LM head's rows.
 
 The text is the one without it (greedy and seeded sampling, solo and batch_mtp, compiled
-samplers too), every draft lies in the vocabulary, a sampled draft is the full vocabulary's
+samplers too), every draft lies in the vocabulary, an unfiltered draft is the full vocabulary's
 token whenever that token is among the K, the end-of-text ids are always in it, the byte floor
 counts K head rows per draft pass, and every bad setting or file is a ConfigError naming it.
 """
@@ -137,7 +137,8 @@ def test_the_draft_head_of_an_fp8_lm_head_is_its_dequantised_rows(model_dir):
 
 
 # ---- the engine ------------------------------------------------------------------------------
-def run(model_dir, mode, batch_mtp, temperature, draft_vocab, logs=None, **knobs):
+def run(model_dir, mode, batch_mtp, temperature, draft_vocab, logs=None, top_k=0, top_p=1.0,
+        **knobs):
     cfg = cpu_engine_config(model_dir, mode=mode, batch_mtp=batch_mtp, slots=3,
                             draft_vocab=draft_vocab, **knobs)
     eng = Engine.from_config(cfg, log=(logs.append if logs is not None else lambda s: None))
@@ -145,7 +146,8 @@ def run(model_dir, mode, batch_mtp, temperature, draft_vocab, logs=None, **knobs
     for i in range(3):
         ids = torch.randint(1, VOCAB, (5 + 3 * i,), generator=g).tolist()
         eng.add_request(Request(f"r{i}", ids, SamplingParams(
-            max_tokens=12 + 3 * i, temperature=temperature, seed=i, stop_at_eos=False),
+            max_tokens=12 + 3 * i, temperature=temperature, seed=i, stop_at_eos=False,
+            top_k=top_k, top_p=top_p),
             arrival_step=i, stream_text=False))
     drafts = set()
     while eng.has_work():
@@ -158,13 +160,15 @@ def run(model_dir, mode, batch_mtp, temperature, draft_vocab, logs=None, **knobs
 
 
 @pytest.mark.parametrize("mode, batch_mtp", [("solo", False), ("batch", True)])
-@pytest.mark.parametrize("temperature", [0.0, 0.9])
+@pytest.mark.parametrize("temperature, top_k, top_p", [(0.0, 0, 1.0), (0.9, 0, 1.0),
+                                                       (0.9, 20, 0.8)])
 def test_the_text_is_the_whole_vocabularys_and_every_draft_is_in_the_subset(
-        model_dir, mode, batch_mtp, temperature):
-    ref, _, (drafted, _, none) = run(model_dir, mode, batch_mtp, temperature, 0)
+        model_dir, mode, batch_mtp, temperature, top_k, top_p):
+    sampling = dict(top_k=top_k, top_p=top_p)
+    ref, _, (drafted, _, none) = run(model_dir, mode, batch_mtp, temperature, 0, **sampling)
     assert none is None and drafted > 0
     logs: list[str] = []
-    out, drafts, (_, _, ids) = run(model_dir, mode, batch_mtp, temperature, 48, logs)
+    out, drafts, (_, _, ids) = run(model_dir, mode, batch_mtp, temperature, 48, logs, **sampling)
     assert out == ref
     assert ids is not None and ids.numel() == 48
     assert drafts <= set(ids.tolist()) | {0}  # lanes never used hold 0, itself in the subset

@@ -10,8 +10,9 @@ equals the token the target would have sampled.
 windows in which no request filters (greedy or plain temperature), and picks the same tokens.
 Both take an optional `token` (V',) of ascending ids when the logits cover only those tokens
 (engine.draft_vocab's drafts): each column's noise is its token's, and the chosen column is
-returned as its token id, so a draft is the token the full vocabulary would have sampled
-whenever that token is among them.
+returned as its token id, so an unfiltered draft (greedy or plain temperature) is the token the
+full vocabulary would have sampled whenever that token is among them (top-k / top-p then filter
+the given tokens only).
 Every argmax over the vocabulary is `chunked_argmax`: two small reductions instead of one over
 151,936 entries, which inductor failed to generate code for on the GPU.
 
