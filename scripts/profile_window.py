@@ -30,7 +30,7 @@ import torch  # noqa: E402
 
 from strata.config import EMBEDDED_MODEL_DIR  # noqa: E402
 from strata.engine.compiling import inductor_deterministic, inductor_pdl  # noqa: E402
-from strata.engine.draft_vocab import draft_vocab_ids  # noqa: E402
+from strata.engine.draft_vocab import draft_head  # noqa: E402
 from strata.engine.verifier import SlotBuffers, Verifier  # noqa: E402
 from strata.kernels import ops  # noqa: E402
 from strata.model.loader import FP8_DENSE, load_checkpoint  # noqa: E402
@@ -292,11 +292,11 @@ def main() -> None:
         from strata.engine.compiling import compiled_functions
 
         functions = compiled_functions(lm.model, dev)
-    draft_ids = draft_vocab_ids(SimpleNamespace(draft_vocab=a.draft_vocab, draft_vocab_file=None),
-                                lm.args.vocab_size, lm.args.eos_token_id)
-    draft_head = None if draft_ids is None else lm.model.lm_head_rows(draft_ids)
+    draft_ids, head = draft_head(lm.model, SimpleNamespace(draft_vocab=a.draft_vocab,
+                                                           draft_vocab_file=None),
+                                 lm.args.eos_token_id)
     ver = Verifier(lm.model, state, bufs, lm.has_mtp, functions=functions,
-                   draft_ids=None if draft_ids is None else draft_ids.to(dev), draft_head=draft_head)
+                   draft_ids=draft_ids, draft_head=head)
     report = {"model": str(a.model), "layers": a.layers, "compile": a.compile, "ctx": a.ctx,
               "torch": torch.__version__, "shapes": [],
               "pdl": inductor_pdl(), "inductor_deterministic": inductor_deterministic(),

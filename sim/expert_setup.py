@@ -66,15 +66,12 @@ def build_expert_inputs(cfg: Any, streams: RandomStreams,
                                  x.expert_bytes, streams.stream("experts.routing"),
                                  cache_on=cache_on, call_rows=x.call_rows,
                                  prefill_launch_rows=x.prefill_launch_rows)
+        bytes_model = bytes_model_from_config(x, m, e.draft_vocab) if x.cost == "bytes" else None
     except ExpertModelError as err:
         raise SimConfigError(str(err)) from None
     hbm = m.hbm_gb_s * 1e9 * x.hbm_efficiency
     bus = m.bus_gb_s * 1e9 if m.bus_gb_s > 0 else float("inf")
     prefill = float((scale or {}).get("prefill", 1.0))
-    try:
-        bytes_model = bytes_model_from_config(x, m, e.draft_vocab) if x.cost == "bytes" else None
-    except ExpertModelError as err:
-        raise SimConfigError(str(err)) from None
     costs = ExpertCosts(x.cost, MissCost(float(x.expert_bytes), bus, float(x.miss_s)), hbm,
                         bytes_model,
                         window_scale=float((scale or {}).get("window", 1.0)),

@@ -95,6 +95,15 @@ def test_plan_workers_fit_the_devices_free_memory_and_auto_never_starts_one(
         assert "MiB are free above the reserve" in plan.reason
 
 
+def test_auto_starts_none_on_fewer_than_eight_cores(monkeypatch):
+    loaded, ecfg = _Loaded(6, {"path": "x"}), EngineConfig()
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (2**50, 2**51))
+    monkeypatch.setattr(cw.os, "cpu_count", lambda: 7)
+    plan = cw.plan_workers(None, loaded, ecfg, torch.device("cuda", 0), 2, 64)
+    assert plan.world == 0 and "auto needs two workers (7 cores, 4 a worker)" in plan.reason
+    assert cw.plan_workers(2, loaded, ecfg, torch.device("cuda", 0), 2, 64).world == 2
+
+
 @pytest.mark.parametrize("other", [dict(stages=2), dict(expert_cache_mib=64)])
 def test_compile_workers_refused_with_stages_and_the_expert_cache(other):
     e = OmegaConf.structured(EngineConfig)

@@ -134,21 +134,18 @@ def plan_workers(asked: Optional[int], loaded: Any, ecfg: Any, device: torch.dev
     mib = _worker_mib(loaded, layers, n_slots, max_context + ecfg.window_rows + 1)
     cores = os.cpu_count() or 1
     want = asked if asked is not None else min(AUTO_MAX, cores // 4)
-    if want < 2 and asked is None:  # one worker would compile everything before the warm-up
-        return WorkerPlan(0, layers, 0.0, f"auto needs 4 cores a worker and two workers "
-                                          f"({cores} cores)")
+    limit = f"{cores} cores, 4 a worker"
     if device.type == "cuda":
         free = torch.cuda.mem_get_info(device)[0] / MIB - float(ecfg.vram_reserve_mib)
         fits = max(0, int(free // mib))
         if fits < want:
+            limit = (f"one needs about {mib:.0f} MiB and {max(free, 0):.0f} MiB are free above "
+                     f"the reserve")
             if fits == 0:
-                return WorkerPlan(0, layers, mib, f"one needs about {mib:.0f} MiB and "
-                                                  f"{max(free, 0):.0f} MiB are free above the reserve")
-            if fits < 2 and asked is None:  # as above: a lone worker only delays the warm-up
-                return WorkerPlan(0, layers, mib, f"auto needs two workers of about {mib:.0f} "
-                                                  f"MiB and {max(free, 0):.0f} MiB are free above "
-                                                  f"the reserve")
+                return WorkerPlan(0, layers, mib, limit)
             want = fits
+    if want < 2 and asked is None:  # a lone worker compiles every graph the warm-up waits for
+        return WorkerPlan(0, layers, mib, f"auto needs two workers ({limit})")
     return WorkerPlan(want, layers, mib)
 
 

@@ -79,3 +79,14 @@ def draft_vocab_ids(ecfg, vocab: int, eos: Sequence[int]) -> Optional[torch.Tens
                if ecfg.draft_vocab_file is not None else None)
     ids = draft_tokens(size, vocab, eos, ranking)
     return None if len(ids) == vocab else torch.tensor(ids, dtype=torch.long)
+
+
+def draft_head(model, ecfg, eos: Sequence[int]):
+    """(ids, head) of the draft vocabulary engine.draft_vocab asks for: its ascending token ids
+    and the LM head's rows for them, both on the model's device; (None, None) when drafts read
+    the whole LM head."""
+    ids = draft_vocab_ids(ecfg, model.args.vocab_size, eos)
+    if ids is None:
+        return None, None
+    head = model.lm_head_rows(ids)
+    return ids.to(head.device), head

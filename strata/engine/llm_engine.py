@@ -22,9 +22,9 @@ from strata.config import (ConfigError, batch_mtp_from_env, check_known_keys, ov
 from strata.engine.arrivals import Arrivals
 from strata.engine.compiling import compiled_functions
 from strata.engine.device import resolve_device
-from strata.engine.draft_vocab import draft_vocab_ids
+from strata.engine.draft_vocab import draft_head
 from strata.engine.expert_cache import ExpertCache, plan_expert_cache
-from strata.engine.memory import plan_engine_memory
+from strata.engine.memory import MIB, plan_engine_memory
 from strata.engine.model_runner import ModelRunner
 from strata.engine.overlap import OverlappedWindows
 from strata.engine.faults import fail_touched
@@ -104,12 +104,10 @@ class Engine:
                 f"max_position_embeddings; using {self.max_context}")
         self.eos = set(self.args.eos_token_id)
         # the draft head before the memory plan, which counts it with the weights
-        draft_ids = draft_vocab_ids(ecfg, self.args.vocab_size, self.args.eos_token_id)
-        draft_head = None if draft_ids is None else self.model.lm_head_rows(draft_ids)
+        draft_ids, head = draft_head(self.model, ecfg, self.args.eos_token_id)
         draft_head_mib = 0.0
         if draft_ids is not None:
-            draft_ids = draft_ids.to(draft_head.device)
-            draft_head_mib = draft_head.numel() * draft_head.element_size() / 2**20
+            draft_head_mib = head.numel() * head.element_size() / MIB
             log(f"INFO engine.draft_vocab={ecfg.draft_vocab}: drafts choose among "
                 f"{draft_ids.numel()} of {self.args.vocab_size} tokens "
                 f"({ecfg.draft_vocab_file or 'the lowest ids'}, with the end-of-text ids); "
@@ -163,7 +161,7 @@ class Engine:
                                  synthetic_acceptance=ecfg.synthetic_acceptance,
                                  expert_cache=self.expert_cache,
                                  device_positions=self.overlapped,
-                                 draft_ids=draft_ids, draft_head=draft_head)
+                                 draft_ids=draft_ids, draft_head=head)
         self.stages, self.fault = stages, None  # fault: why the engine stopped (a dead stage)
         if ecfg.stages > 1 and stages is None:
             raise ConfigError(f"engine.stages={ecfg.stages}: build the engine with "
