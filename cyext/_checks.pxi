@@ -213,13 +213,32 @@ cdef tuple _args_conv_ba(str op, x, x_normed, w_ba, ba):
     return hidden, nba
 
 
+cdef int _gdn_mode(str op, bint final_only, bint factors) except -1:
+    """The gated delta rule's STRATA_GDN_* mode (strata_common.h): what `snaps` holds."""
+    if final_only and factors:
+        raise ValueError(f"{op}: final_only and factors exclude each other")
+    return 1 if final_only else (2 if factors else 0)
+
+
+cdef tuple _gdn_snaps_shape(int mode, int64_t ng, int64_t rows, int64_t h, int64_t dk,
+                            int64_t dv):
+    """snaps' shape by mode: the state after every row, after the last, or every row's
+    rank-one update factors [k | delta | decay]."""
+    if mode == 1:
+        return (ng, h, dk, dv)
+    if mode == 2:
+        return (ng, rows, h, dk + dv + 1)
+    return (ng, rows, h, dk, dv)
+
+
 cdef tuple _args_gated_delta(str op, q, k, v, g, beta, rec_state, group_slot, out, snaps,
-                             bint final_only=False):
-    """-> (q, k, v, g, beta dtypes, nslots, ng, rows, h, dk, dv). `final_only`: snaps is
-    (NG, H, Dk, Dv), the state after each group's last row."""
+                             int mode=0):
+    """-> (q, k, v, g, beta dtypes, nslots, ng, rows, h, dk, dv). `mode` (_gdn_mode): snaps
+    is (NG, G, H, Dk, Dv) snapshots, (NG, H, Dk, Dv) the state after each group's last row,
+    or (NG, G, H, Dk + Dv + 1) factors."""
     for name, t, nd in (("q", q, 4), ("k", k, 4), ("v", v, 4), ("g", g, 3), ("beta", beta, 3),
                         ("rec_state", rec_state, 4), ("out", out, 4),
-                        ("snaps", snaps, 4 if final_only else 5)):
+                        ("snaps", snaps, 5 if mode == 0 else 4)):
         _check_tensor(op, name, t, nd)
     cdef int qdt = _dtype_code(op, "q", q)
     cdef int kdt = _dtype_code(op, "k", k)
@@ -238,7 +257,7 @@ cdef tuple _args_gated_delta(str op, q, k, v, g, beta, rec_state, group_slot, ou
     _check_shape(op, "beta", beta, (ng, rows, h))
     _check_shape(op, "rec_state", rec_state, (nslots, h, dk, dv))
     _check_shape(op, "out", out, (ng, rows, h, dv))
-    _check_shape(op, "snaps", snaps, (ng, h, dk, dv) if final_only else (ng, rows, h, dk, dv))
+    _check_shape(op, "snaps", snaps, _gdn_snaps_shape(mode, ng, rows, h, dk, dv))
     for name, t in (("q", q), ("k", k), ("v", v), ("g", g), ("beta", beta), ("out", out),
                     ("snaps", snaps)):
         _check_contiguous(op, name, t)
@@ -247,25 +266,28 @@ cdef tuple _args_gated_delta(str op, q, k, v, g, beta, rec_state, group_slot, ou
     return qdt, kdt, vdt, gdt, bdt, nslots, ng, rows, h, dk, dv
 
 
-cdef tuple _args_commit(str op, accept, group_slot, group_pos, rec_snaps, conv_snaps, rec_state,
-                        conv_state, slot_pos):
-    """-> (conv snapshot dtype, conv state dtype, L, nslots, ng, g, h, dk, dv, c, km1)"""
-    for name, t, nd in (("rec_snaps", rec_snaps, 6), ("conv_snaps", conv_snaps, 5),
+cdef tuple _args_commit(str op, accept, group_slot, group_pos, rec_factors, conv_snaps,
+                        rec_state, conv_state, slot_pos):
+    """-> (conv snapshot dtype, conv state dtype, L, nslots, ng, g, h, dk, dv, c, km1).
+    rec_factors (L, NG, G, H, Dk + Dv + 1): the window's rows' [k | delta | decay]."""
+    for name, t, nd in (("rec_factors", rec_factors, 5), ("conv_snaps", conv_snaps, 5),
                         ("rec_state", rec_state, 5), ("conv_state", conv_state, 4)):
         _check_tensor(op, name, t, nd)
-    _dtype_code(op, "rec_snaps", rec_snaps, (0,))
+    _dtype_code(op, "rec_factors", rec_factors, (0,))
     _dtype_code(op, "rec_state", rec_state, (0,))
     cdef int sndt = _dtype_code(op, "conv_snaps", conv_snaps)
     cdef int csdt = _dtype_code(op, "conv_state", conv_state)
-    L, ng, g, h, dk, dv = rec_snaps.shape
+    L, ng, g, h = rec_factors.shape[:4]
+    dk, dv = rec_state.shape[3], rec_state.shape[4]
     c, km1 = conv_snaps.shape[3], conv_snaps.shape[4]
     nslots = rec_state.shape[1]
     if conv_snaps.shape[0] != L:
-        raise ValueError(f"{op}: conv_snaps has {conv_snaps.shape[0]} layers, rec_snaps {L}")
+        raise ValueError(f"{op}: conv_snaps has {conv_snaps.shape[0]} layers, rec_factors {L}")
+    _check_shape(op, "rec_factors", rec_factors, (L, ng, g, h, dk + dv + 1))
     _check_shape(op, "conv_snaps", conv_snaps, (L, ng, g, c, km1))
     _check_shape(op, "rec_state", rec_state, (L, nslots, h, dk, dv))
     _check_shape(op, "conv_state", conv_state, (L, nslots, c, km1))
-    _check_contiguous(op, "rec_snaps", rec_snaps)
+    _check_contiguous(op, "rec_factors", rec_factors)
     _check_contiguous(op, "conv_snaps", conv_snaps)
     _check_inner_dense(op, "rec_state", rec_state, 2)
     _check_inner_dense(op, "conv_state", conv_state, 2)

@@ -33,13 +33,14 @@ cdef extern from "strata_cpu.h" nogil:
                                const void* beta, int b_dtype, const float* rec_state,
                                int64_t state_slot_stride, int64_t nslots,
                                const int64_t* group_slot, int64_t ng, int64_t g, int64_t h,
-                               int64_t dk, int64_t dv, float* out, float* snaps, int final_only)
+                               int64_t dk, int64_t dv, float* out, float* snaps, int mode)
     int strata_cpu_commit(const int64_t* accept, const int64_t* group_slot,
                           const int64_t* group_pos, int64_t ng, int64_t g, int64_t L,
-                          const float* rec_snaps, int64_t rec_inner, const void* conv_snaps,
-                          int snap_dtype, int64_t conv_inner, float* rec_state,
-                          const int64_t* rec_strides, void* conv_state, int state_dtype,
-                          const int64_t* conv_strides, int64_t nslots, int64_t* slot_pos)
+                          const float* rec_factors, int64_t h, int64_t dk, int64_t dv,
+                          const void* conv_snaps, int snap_dtype, int64_t conv_inner,
+                          float* rec_state, const int64_t* rec_strides, void* conv_state,
+                          int state_dtype, const int64_t* conv_strides, int64_t nslots,
+                          int64_t* slot_pos)
     int strata_cpu_moe_experts(const void* x, int x_dtype, const void* w_gate_up,
                                const void* w_down, int w_dtype, const float* gu_scale,
                                const float* down_scale, int64_t bo, int64_t bi,
@@ -146,14 +147,17 @@ def causal_conv_window(x, conv_state, weight, group_slot, out, snaps):
 
 
 def gated_delta_window(q, k, v, g, beta, rec_state, group_slot, out, snaps,
-                       bint final_only=False):
+                       bint final_only=False, bint factors=False):
     """out (NG, G, H, Dv) float32, snaps (NG, G, H, Dk, Dv) float32, or with `final_only`
-    (NG, H, Dk, Dv): the state after each group's last row (a prompt chunk's)."""
+    (NG, H, Dk, Dv): the state after each group's last row (a prompt chunk's), or with
+    `factors` (NG, G, H, Dk + Dv + 1): each row's rank-one update [k | delta | decay], which
+    commit_accepted replays."""
     op = "gated_delta_window"
+    cdef int mode = _gdn_mode(op, final_only, factors)
     cdef int qdt, kdt, vdt, gdt, bdt
     cdef int64_t nslots, ng, rows, h, dk, dv
     qdt, kdt, vdt, gdt, bdt, nslots, ng, rows, h, dk, dv = _args_gated_delta(
-        op, q, k, v, g, beta, rec_state, group_slot, out, snaps, final_only)
+        op, q, k, v, g, beta, rec_state, group_slot, out, snaps, mode)
     _all_cpu(op, [("q", q), ("k", k), ("v", v), ("g", g), ("beta", beta),
                   ("rec_state", rec_state), ("out", out), ("snaps", snaps),
                   ("group_slot", group_slot)])
@@ -170,20 +174,23 @@ def gated_delta_window(q, k, v, g, beta, rec_state, group_slot, out, snaps,
     cdef int rc
     with nogil:
         rc = strata_cpu_gated_delta(qp, qdt, kp, kdt, vp, vdt, gp, gdt, bp, bdt, sp, sss,
-                                    nslots, gs, ng, rows, h, dk, dv, outp, snp, final_only)
+                                    nslots, gs, ng, rows, h, dk, dv, outp, snp, mode)
     _raise(op, rc)
 
 
-def commit_accepted(accept, group_slot, group_pos, rec_snaps, conv_snaps, rec_state, conv_state,
-                    slot_pos):
-    """Copy each group's snapshot at its accept index into its slot; advance slot_pos."""
+def commit_accepted(accept, group_slot, group_pos, rec_factors, conv_snaps, rec_state,
+                    conv_state, slot_pos):
+    """Replay each group's rows 0..accept (their factors) onto its slot's state in place, copy
+    the conv snapshot after row accept; advance slot_pos."""
     op = "commit_accepted"
     cdef int sndt, csdt
     cdef int64_t L, nslots, ng, g, h, dk, dv, c, km1
     sndt, csdt, L, nslots, ng, g, h, dk, dv, c, km1 = _args_commit(
-        op, accept, group_slot, group_pos, rec_snaps, conv_snaps, rec_state, conv_state, slot_pos)
+        op, accept, group_slot, group_pos, rec_factors, conv_snaps, rec_state, conv_state,
+        slot_pos)
     _all_cpu(op, [("accept", accept), ("group_slot", group_slot), ("group_pos", group_pos),
-                  ("rec_snaps", rec_snaps), ("conv_snaps", conv_snaps), ("rec_state", rec_state),
+                  ("rec_factors", rec_factors), ("conv_snaps", conv_snaps),
+                  ("rec_state", rec_state),
                   ("conv_state", conv_state), ("slot_pos", slot_pos)])
     cdef int64_t rs[2]
     cdef int64_t cs[2]
@@ -192,15 +199,15 @@ def commit_accepted(accept, group_slot, group_pos, rec_snaps, conv_snaps, rec_st
     cdef int64_t* ap = <int64_t*>_ptr(accept)
     cdef int64_t* gs = <int64_t*>_ptr(group_slot)
     cdef int64_t* gp = <int64_t*>_ptr(group_pos)
-    cdef float* rsn = <float*>_ptr(rec_snaps)
+    cdef float* rfp = <float*>_ptr(rec_factors)
     cdef void* csn = _ptr(conv_snaps)
     cdef float* rst = <float*>_ptr(rec_state)
     cdef void* cst = _ptr(conv_state)
     cdef int64_t* spos = <int64_t*>_ptr(slot_pos)
-    cdef int64_t rec_inner = h * dk * dv, conv_inner = c * km1
+    cdef int64_t conv_inner = c * km1
     cdef int rc
     with nogil:
-        rc = strata_cpu_commit(ap, gs, gp, ng, g, L, rsn, rec_inner, csn, sndt, conv_inner,
+        rc = strata_cpu_commit(ap, gs, gp, ng, g, L, rfp, h, dk, dv, csn, sndt, conv_inner,
                                rst, rs, cst, csdt, cs, nslots, spos)
     _raise(op, rc)
 

@@ -60,7 +60,7 @@ cdef extern from "strata_kernels.h" nogil:
                                int64_t state_slot_stride, int64_t nslots,
                                const int64_t* group_slot, int64_t ng, int64_t g, int64_t h,
                                int64_t dk, int64_t dv, float* out, float* snaps,
-                               int final_only, int device,
+                               int mode, int device,
                                uintptr_t stream)
     int strata_gpu_gated_delta_prep(const void* x, int x_dtype, int64_t x_row, const void* ba,
                                     int ba_dtype, int64_t ba_row, const float* neg_a,
@@ -69,14 +69,14 @@ cdef extern from "strata_kernels.h" nogil:
                                     int64_t state_slot_stride, int64_t nslots,
                                     const int64_t* group_slot, int64_t ng, int64_t g,
                                     int64_t h, int64_t dk, int64_t dv, float* out,
-                                    float* snaps, int device, uintptr_t stream)
+                                    float* snaps, int mode, int device, uintptr_t stream)
     int strata_gpu_commit(const int64_t* accept, const int64_t* group_slot,
                           const int64_t* group_pos, int64_t ng, int64_t g, int64_t L,
-                          const float* rec_snaps, int64_t rec_inner, const void* conv_snaps,
-                          int snap_dtype, int64_t conv_inner, float* rec_state,
-                          const int64_t* rec_strides, void* conv_state, int state_dtype,
-                          const int64_t* conv_strides, int64_t nslots, int64_t* slot_pos,
-                          int device, uintptr_t stream)
+                          const float* rec_factors, int64_t h, int64_t dk, int64_t dv,
+                          const void* conv_snaps, int snap_dtype, int64_t conv_inner,
+                          float* rec_state, const int64_t* rec_strides, void* conv_state,
+                          int state_dtype, const int64_t* conv_strides, int64_t nslots,
+                          int64_t* slot_pos, int device, uintptr_t stream)
     int64_t strata_gpu_moe_workspace(int64_t n, int64_t k, int64_t inter, int64_t hidden)
     int strata_gpu_moe_wide_takes(int64_t n, int64_t k, int64_t E, int64_t H, int64_t I,
                                   int64_t bo, int64_t bi, int w_dtype, int x_dtype, int device)
@@ -331,14 +331,17 @@ def causal_conv_window_qkvz_ba(x, conv_state, weight, group_slot, out, snaps, in
 
 
 def gated_delta_window(q, k, v, g, beta, rec_state, group_slot, out, snaps, uintptr_t stream,
-                       bint final_only=False):
+                       bint final_only=False, bint factors=False):
     """out (NG, G, H, Dv) float32; snaps (NG, G, H, Dk, Dv) float32, or with `final_only`
-    (NG, H, Dk, Dv): the state after each group's last row (a prompt chunk's)."""
+    (NG, H, Dk, Dv): the state after each group's last row (a prompt chunk's), or with
+    `factors` (NG, G, H, Dk + Dv + 1): each row's rank-one update [k | delta | decay], which
+    commit_accepted replays."""
     op = "gated_delta_window"
+    cdef int mode = _gdn_mode(op, final_only, factors)
     cdef int qdt, kdt, vdt, gdt, bdt
     cdef int64_t nslots, ng, rows, h, dk, dv
     qdt, kdt, vdt, gdt, bdt, nslots, ng, rows, h, dk, dv = _args_gated_delta(
-        op, q, k, v, g, beta, rec_state, group_slot, out, snaps, final_only)
+        op, q, k, v, g, beta, rec_state, group_slot, out, snaps, mode)
     if dk > 256:
         raise ValueError(f"{op}: Dk = {dk} > 256 is not supported by the GPU kernel")
     cdef int dev = _device_of(op, [("q", q), ("k", k), ("v", v), ("g", g), ("beta", beta),
@@ -357,22 +360,26 @@ def gated_delta_window(q, k, v, g, beta, rec_state, group_slot, out, snaps, uint
     cdef int rc
     with nogil:
         rc = strata_gpu_gated_delta(qp, qdt, kp, kdt, vp, vdt, gp, gdt, bp, bdt, sp, sss,
-                                    nslots, gs, ng, rows, h, dk, dv, outp, snp, final_only,
+                                    nslots, gs, ng, rows, h, dk, dv, outp, snp, mode,
                                     dev, stream)
     _raise(op, rc)
 
 
 def gated_delta_window_prep(x, ba, neg_a, dt_bias, rec_state, group_slot, out, snaps,
                             int64_t nk, int64_t dk, double q_scale, double eps,
-                            uintptr_t stream):
+                            uintptr_t stream, bint factors=False):
     """The gated delta rule from the conv output x (NG, G, C), C >= 2 nk Dk + H Dv, laid out
     [q | k | v ...], and the raw in_proj rows ba (NG, G, >= 2 H), per key head [b (rep) | a
     (rep)], rep = H / nk: q and k L2-normalised (eps; q times q_scale), beta = sigmoid(b)
     (in ba's dtype), g = neg_a * softplus(a + dt_bias) (neg_a = -exp(A_log), both float32
-    (H,)). out (NG, G, H, Dv) and snaps (NG, G, H, Dk, Dv) float32, as gated_delta_window's."""
+    (H,)). out (NG, G, H, Dv) and snaps (NG, G, H, Dk, Dv) float32, as gated_delta_window's,
+    or with `factors` (NG, G, H, Dk + Dv + 1): each row's [k | delta | decay] as the update
+    used them (k raw: the kernel folds its norm into delta)."""
     op = "gated_delta_window_prep"
+    cdef int mode = _gdn_mode(op, False, factors)
     for name, t, nd in (("x", x, 3), ("ba", ba, 3), ("neg_a", neg_a, 1), ("dt_bias", dt_bias, 1),
-                        ("rec_state", rec_state, 4), ("out", out, 4), ("snaps", snaps, 5)):
+                        ("rec_state", rec_state, 4), ("out", out, 4),
+                        ("snaps", snaps, 4 if factors else 5)):
         _check_tensor(op, name, t, nd)
     cdef int xdt = _dtype_code(op, "x", x)
     cdef int badt = _dtype_code(op, "ba", ba)
@@ -395,7 +402,7 @@ def gated_delta_window_prep(x, ba, neg_a, dt_bias, rec_state, group_slot, out, s
     _check_shape(op, "dt_bias", dt_bias, (h,))
     _check_shape(op, "rec_state", rec_state, (nslots, h, dk, dv))
     _check_shape(op, "out", out, (ng, rows, h, dv))
-    _check_shape(op, "snaps", snaps, (ng, rows, h, dk, dv))
+    _check_shape(op, "snaps", snaps, _gdn_snaps_shape(mode, ng, rows, h, dk, dv))
     cdef int64_t x_row = _row_stride(op, "x", x)
     cdef int64_t ba_row = _row_stride(op, "ba", ba)
     for name, t in (("neg_a", neg_a), ("dt_bias", dt_bias), ("out", out), ("snaps", snaps)):
@@ -421,19 +428,24 @@ def gated_delta_window_prep(x, ba, neg_a, dt_bias, rec_state, group_slot, out, s
     with nogil:
         rc = strata_gpu_gated_delta_prep(xp, xdt, x_row, bap, badt, ba_row, nap, dtp, rep, qs, ep,
                                          sp, sss, nslots, gs, ng, rows, h, dk, dv, outp, snp,
-                                         dev, stream)
+                                         mode, dev, stream)
     _raise(op, rc)
 
 
-def commit_accepted(accept, group_slot, group_pos, rec_snaps, conv_snaps, rec_state, conv_state,
-                    slot_pos, uintptr_t stream):
+def commit_accepted(accept, group_slot, group_pos, rec_factors, conv_snaps, rec_state,
+                    conv_state, slot_pos, uintptr_t stream):
+    """Replay each group's rows 0..accept (their factors) onto its slot's state in place, copy
+    the conv snapshot after row accept; advance slot_pos. Dk <= 256."""
     op = "commit_accepted"
     cdef int sndt, csdt
     cdef int64_t L, nslots, ng, g, h, dk, dv, c, km1
     sndt, csdt, L, nslots, ng, g, h, dk, dv, c, km1 = _args_commit(
-        op, accept, group_slot, group_pos, rec_snaps, conv_snaps, rec_state, conv_state, slot_pos)
+        op, accept, group_slot, group_pos, rec_factors, conv_snaps, rec_state, conv_state,
+        slot_pos)
+    if dk > 256:
+        raise ValueError(f"{op}: Dk = {dk} > 256 is not supported by the GPU kernel")
     cdef int dev = _device_of(op, [("accept", accept), ("group_slot", group_slot),
-                                   ("group_pos", group_pos), ("rec_snaps", rec_snaps),
+                                   ("group_pos", group_pos), ("rec_factors", rec_factors),
                                    ("conv_snaps", conv_snaps), ("rec_state", rec_state),
                                    ("conv_state", conv_state), ("slot_pos", slot_pos)])
     cdef int64_t rs[2]
@@ -443,15 +455,15 @@ def commit_accepted(accept, group_slot, group_pos, rec_snaps, conv_snaps, rec_st
     cdef int64_t* ap = <int64_t*>_ptr(accept)
     cdef int64_t* gs = <int64_t*>_ptr(group_slot)
     cdef int64_t* gp = <int64_t*>_ptr(group_pos)
-    cdef float* rsn = <float*>_ptr(rec_snaps)
+    cdef float* rfp = <float*>_ptr(rec_factors)
     cdef void* csn = _ptr(conv_snaps)
     cdef float* rst = <float*>_ptr(rec_state)
     cdef void* cst = _ptr(conv_state)
     cdef int64_t* spos = <int64_t*>_ptr(slot_pos)
-    cdef int64_t rec_inner = h * dk * dv, conv_inner = c * km1
+    cdef int64_t conv_inner = c * km1
     cdef int rc
     with nogil:
-        rc = strata_gpu_commit(ap, gs, gp, ng, g, L, rsn, rec_inner, csn, sndt, conv_inner,
+        rc = strata_gpu_commit(ap, gs, gp, ng, g, L, rfp, h, dk, dv, csn, sndt, conv_inner,
                                rst, rs, cst, csdt, cs, nslots, spos, dev, stream)
     _raise(op, rc)
 

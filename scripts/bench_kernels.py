@@ -13,11 +13,13 @@ What is measured
     through several disjoint sets of slots / outputs (>= 240 MB touched), so the K/V and state
     reads come from HBM rather than the 60 MB L2, as they would in a decode step.
   * achieved bandwidth = the bytes the op must move (K/V rows each group may see, states,
-    snapshots, inputs and outputs; nothing twice) / time, and its fraction of the copy ceiling.
+    snapshots or factors, inputs and outputs; nothing twice) / time, and its fraction of the
+    copy ceiling.
 
 Geometry (Qwen3-Next-like): attention Hq=16, Hkv=2, D=256, bf16, groups at the end of the context
-so every group reads all `ctx` keys; delta rule H=32, Dk=Dv=128; conv C=8192, K=4;
-commit L=12 linear-attention layers. Window rows G in {2, 4, 8}, groups NG in {1, 2, 4, 8},
+so every group reads all `ctx` keys; delta rule H=32, Dk=Dv=128, writing snapshots (every row's
+state) and, as decode windows do, factors (every row's [k | delta | decay]); conv C=8192, K=4;
+commit L=12 linear-attention layers (the accepted rows' factors replayed onto the state). Window rows G in {2, 4, 8}, groups NG in {1, 2, 4, 8},
 contexts 256, 1K, 4K, 16K, 32K. Takes about a minute on an H200.
 
 --moe: instead, the routed experts (moe_experts) at Qwen3-Next's shapes (E=512, top-10, H=2048,
@@ -157,6 +159,16 @@ def parity() -> dict:
     co, cs = C.gpu_gated_delta_window(q, k, v, gg, beta, st, gs)
     res["gated_delta out"] = rel_err(co, ro)
     res["gated_delta snapshots"] = rel_err(cs, rs)
+    # the commit from factors is the kernel's own snapshot, bit for bit: 0 expected
+    factors = torch.empty(ng, g, h, dk + dv + 1, device=DEV)
+    C.gpu_gated_delta_window(q, k, v, gg, beta, st, gs, factors=factors)
+    acc = torch.arange(ng, device=DEV) % g
+    rec = st[None].clone()
+    C.gpu_commit_accepted(acc, gs, torch.zeros_like(gs), factors[None],
+                          torch.zeros(1, ng, g, 1, 1, device=DEV), rec,
+                          torch.zeros(1, ng + 1, 1, 1, device=DEV),
+                          torch.zeros(ng + 1, dtype=torch.int64, device=DEV))
+    res["gated_delta factors commit vs snapshot"] = rel_err(rec[0, gs], cs[gs, acc])
     x = torch.randn(ng, g, 8192, device=DEV, dtype=torch.bfloat16)
     cst = torch.randn(ng + 1, 8192, 3, device=DEV, dtype=torch.bfloat16)
     w = torch.randn(8192, 4, device=DEV, dtype=torch.bfloat16)
@@ -234,15 +246,29 @@ def bench_delta(records, gs_rows, ngs, ceiling):
                                                            out=outs[i], snaps=snaps[i]))
                      for i in range(rot)]
             t, mode = time_calls(calls)
+            snaps = None
+            # the decode windows' form: each row's factors in place of its snapshot
+            facs = [torch.empty(ng, g, h, dk + dv + 1, device=DEV) for _ in range(rot)]
+            need_f = (ng * sbytes + facs[0].numel() * 4 + (q.numel() + k.numel() + v.numel()) * 2
+                      + outs[0].numel() * 4)
+            tf, mode_f = time_calls(
+                [(lambda i=i: C.gpu_gated_delta_window(q, k, v, gg, beta, st, slot_sets[i],
+                                                       out=outs[i], factors=facs[i]))
+                 for i in range(rot)])
             ref_calls = [(lambda i=i: R.gated_delta_window(q, k, v, gg, beta, st, slot_sets[i]))
                          for i in range(min(rot, 4))]
             tr, mode_r = time_calls(ref_calls)
             records.append(dict(op="gated_delta_window", ng=ng, g=g, ctx=None, bytes=need,
                                 t_us=t * 1e6, t_ref_us=tr * 1e6, mode=mode, ref_mode=mode_r,
                                 gbps=need / t / 1e9, frac=need / t / ceiling, speedup=tr / t))
+            records.append(dict(op="gated_delta_window factors", ng=ng, g=g, ctx=None,
+                                bytes=need_f, t_us=tf * 1e6, t_ref_us=tr * 1e6, mode=mode_f,
+                                ref_mode=mode_r, gbps=need_f / tf / 1e9,
+                                frac=need_f / tf / ceiling, speedup=tr / tf))
             print(f"gated_delta ng={ng} g={g}: {t * 1e6:8.1f} us {need / t / 1e9:7.0f} GB/s "
-                  f"({100 * need / t / ceiling:4.1f}%) ref {tr * 1e6:9.1f} us", flush=True)
-            st = outs = snaps = None
+                  f"({100 * need / t / ceiling:4.1f}%) ref {tr * 1e6:9.1f} us; factors "
+                  f"{tf * 1e6:8.1f} us", flush=True)
+            st = outs = snaps = facs = None
             torch.cuda.empty_cache()
 
 
@@ -263,16 +289,20 @@ def bench_small_ops(records, gs_rows, ngs, ceiling):
             records.append(dict(op="causal_conv_window", ng=ng, g=g, ctx=None, bytes=need,
                                 t_us=t * 1e6, t_ref_us=tr * 1e6, mode=mode, ref_mode=mode_r,
                                 gbps=need / t / 1e9, frac=need / t / ceiling, speedup=tr / t))
-            # commit (L layers of recurrent + conv state)
-            rec_snaps = torch.empty(L, ng, g, h, dk, dv, device=DEV)
+            # commit (L layers of recurrent + conv state): the accepted rows' factors replayed
+            # onto the state in place (decay in (0, 1): repeated commits stay finite)
+            fw = dk + dv + 1
+            rec_factors = torch.randn(L, ng, g, h, fw, device=DEV) * 0.1
+            rec_factors[..., -1] = torch.rand(L, ng, g, h, device=DEV)
             conv_snaps = torch.zeros(L, ng, g, c, kw - 1, device=DEV, dtype=torch.bfloat16)
-            rec_state = torch.empty(L, ng + 1, h, dk, dv, device=DEV)
+            rec_state = torch.zeros(L, ng + 1, h, dk, dv, device=DEV)
             conv_state = torch.zeros(L, ng + 1, c, kw - 1, device=DEV, dtype=torch.bfloat16)
             slot_pos = torch.zeros(ng + 1, dtype=torch.int64, device=DEV)
             acc = torch.randint(0, g, (ng,), device=DEV)
             gp = torch.zeros(ng, dtype=torch.int64, device=DEV)
-            args = (acc, gs, gp, rec_snaps, conv_snaps, rec_state, conv_state, slot_pos)
-            need_c = 2 * L * ng * (h * dk * dv * 4 + c * (kw - 1) * 2)
+            args = (acc, gs, gp, rec_factors, conv_snaps, rec_state, conv_state, slot_pos)
+            need_c = (2 * L * ng * (h * dk * dv * 4 + c * (kw - 1) * 2)
+                      + L * int((acc + 1).sum()) * h * fw * 4)
             t2, mode2 = time_calls([lambda: C.gpu_commit_accepted(*args)])
             tr2, mode_r2 = time_calls([lambda: R.commit_accepted(*args)])
             records.append(dict(op="commit_accepted", ng=ng, g=g, ctx=None, layers=L,
@@ -295,7 +325,7 @@ def bench_small_ops(records, gs_rows, ngs, ceiling):
             print(f"conv ng={ng} g={g}: {t * 1e6:6.1f} us (ref {tr * 1e6:7.1f}); commit L={L}: "
                   f"{t2 * 1e6:7.1f} us {need_c / t2 / 1e9:6.0f} GB/s (ref {tr2 * 1e6:7.1f}); "
                   f"write_kv {t3 * 1e6:5.1f} us (ref {tr3 * 1e6:6.1f})", flush=True)
-            rec_snaps = conv_snaps = rec_state = conv_state = kc = vc = None
+            rec_factors = conv_snaps = rec_state = conv_state = kc = vc = None
             torch.cuda.empty_cache()
 
 
@@ -337,8 +367,8 @@ def markdown(meta, parity_res, records) -> str:
              f"with L2-cold rotating inputs.", "", "## Parity (relative error vs reference)", "",
              "| check | rel err |", "| --- | --- |"]
     lines += [f"| {k} | {v:.2e} |" for k, v in parity_res.items()]
-    for op in ("grouped_window_attention", "gated_delta_window", "commit_accepted",
-               "causal_conv_window", "write_kv"):
+    for op in ("grouped_window_attention", "gated_delta_window", "gated_delta_window factors",
+               "commit_accepted", "causal_conv_window", "write_kv"):
         rows = [r for r in records if r["op"] == op]
         if not rows:
             continue

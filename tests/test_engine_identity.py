@@ -57,7 +57,7 @@ def random_model(tmp_path_factory):
     """Tiny random Qwen3-Next + MTP with peaky logits (head_std=0.5, as make_tiny_random) and
     layer weights of std 0.1 instead of 0.02, so that the next token depends on the whole
     context (attention, DeltaNet state), not mostly on the last token: a wrong K/V row or a
-    wrong DeltaNet snapshot changes the output."""
+    wrong DeltaNet state commit changes the output."""
     path = tmp_path_factory.mktemp("identity-random")
     torch.manual_seed(3)
     model = init_random(Qwen3Next(tiny_args(eos_token_id=[0]), with_mtp=True), seed=3, std=0.1,

@@ -262,9 +262,11 @@ def test_chunk_rule_final_state_argument_checks():
 
 
 def _commit_case(seed, conv_snap_dtype=torch.bfloat16):
+    """Random factors [k | delta | decay] (decay in (0, 1]) of a window's rows to commit."""
     gen = _gen(seed)
     L, ng, g, h, dk, dv, c, km1, S = 3, 4, 5, 2, 6, 7, 9, 3, 6
-    rec_snaps = torch.randn(L, ng, g, h, dk, dv, generator=gen)
+    rec_factors = torch.randn(L, ng, g, h, dk + dv + 1, generator=gen)
+    rec_factors[..., -1] = torch.rand(L, ng, g, h, generator=gen)
     conv_snaps = torch.randn(L, ng, g, c, km1, generator=gen).to(conv_snap_dtype)
     rec_state = torch.randn(L, S + 1, h, dk, dv, generator=gen)
     conv_state = torch.randn(L, S + 1, c, km1, generator=gen)
@@ -272,11 +274,13 @@ def _commit_case(seed, conv_snap_dtype=torch.bfloat16):
     gs = torch.cat([torch.randperm(S, generator=gen)[:ng - 1], torch.tensor([S])])
     gp = torch.randint(0, 100, (ng,), generator=gen)
     acc = torch.randint(0, g, (ng,), generator=gen)
-    return [acc, gs, gp, rec_snaps, conv_snaps, rec_state, conv_state, slot_pos]
+    return [acc, gs, gp, rec_factors, conv_snaps, rec_state, conv_state, slot_pos]
 
 
 @pytest.mark.parametrize("seed", range(4))
 def test_commit_accepted(seed):
+    """The C++ replay of the factors is the reference's, bit for bit (both round s * decay, then
+    k * delta, then the sum); conv snapshots and positions as the reference commits them."""
     args = _commit_case(seed)
     ref = [a.clone() for a in args]
     R.commit_accepted(*ref)
@@ -288,14 +292,166 @@ def test_commit_accepted(seed):
 def test_commit_into_strided_state_view():
     # state kept as one (L_all, S+1, ...) tensor; commit the linear-attention layers 1, 3, 5
     args = _commit_case(9)
-    acc, gs, gp, rec_snaps, conv_snaps, rec_state, conv_state, slot_pos = args
-    big_rec = torch.zeros(6, *rec_state.shape[1:])
+    acc, gs, gp, rec_factors, conv_snaps, rec_state, conv_state, slot_pos = args
+    big_rec = torch.randn(6, *rec_state.shape[1:])
     big_conv = torch.zeros(6, *conv_state.shape[1:])
     rec_view, conv_view = big_rec[1::2], big_conv[1::2]
-    R.commit_accepted(acc, gs, gp, rec_snaps, conv_snaps, rec_state, conv_state, slot_pos.clone())
-    C.cpu_commit_accepted(acc, gs, gp, rec_snaps, conv_snaps, rec_view, conv_view, slot_pos)
+    rec_view.copy_(rec_state)  # (the replay starts from the state)
+    untouched = big_rec[0::2].clone()
+    R.commit_accepted(acc, gs, gp, rec_factors, conv_snaps, rec_state, conv_state, slot_pos.clone())
+    C.cpu_commit_accepted(acc, gs, gp, rec_factors, conv_snaps, rec_view, conv_view, slot_pos)
     assert torch.equal(rec_view[:, gs[:-1]], rec_state[:, gs[:-1]])
     assert torch.equal(conv_view[:, gs[:-1]], conv_state[:, gs[:-1]])
+    assert torch.equal(big_rec[0::2], untouched)
+
+
+# ---- the window's factors and their commit, against its snapshots (bit for bit) --------------
+# A decode window writes each row's rank-one update of the DeltaNet state, [k | delta | decay],
+# and the commit replays rows 0..accept onto the slot's state: the state the window had after
+# row accept, the very bits its snapshot of that row holds. Every backend built here: the
+# reference and the C++ twin (the GPU's in test_kernels_gpu.py).
+
+GDN_IMPLS = {"reference": (R.gated_delta_window, R.commit_accepted),
+             "cpu": (C.cpu_gated_delta_window, C.cpu_commit_accepted)}
+
+
+def _commit_both(commit, accept, gs, st, factors, snaps, S):
+    """(state committed from the factors, state the snapshots give) for one layer's window:
+    commit_accepted over a stack of one layer, padding groups on the scratch slot S."""
+    ng, g = factors.shape[:2]
+    rec = st[None].clone()
+    conv = torch.zeros(1, S + 1, 3, 2)
+    pos = torch.zeros(S + 1, dtype=torch.int64)
+    commit(accept, gs, torch.zeros(ng, dtype=torch.int64), factors[None],
+           torch.zeros(1, ng, g, 3, 2), rec, conv, pos)
+    want = st[None].clone()
+    for n in range(ng):
+        want[0, gs[n]] = snaps[n, accept[n]]
+    return rec, want
+
+
+def _accepts(gen, ng, g):
+    """accept patterns: all 0, all G-1, mixed, random."""
+    out = [torch.zeros(ng, dtype=torch.int64), torch.full((ng,), g - 1),
+           torch.arange(ng) % g, torch.randint(0, g, (ng,), generator=gen)]
+    return out
+
+
+@pytest.mark.parametrize("impl", list(GDN_IMPLS))
+@pytest.mark.parametrize("ng,g,h,dk,dv", [
+    (1, 1, 1, 4, 8), (3, 2, 2, 16, 16), (4, 5, 3, 33, 5), (2, 8, 2, 128, 128),
+    (5, 3, 1, 100, 40), (2, 17, 2, 8, 32)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_commit_from_factors_is_the_snapshot_bit_for_bit(impl, ng, g, h, dk, dv, dtype):
+    window, commit = GDN_IMPLS[impl]
+    gen = _gen(ng * 100 + g * 10 + dk)
+    S = 4
+    q = F.normalize(torch.randn(ng, g, h, dk, generator=gen), dim=-1) * dk ** -0.5
+    k = F.normalize(torch.randn(ng, g, h, dk, generator=gen), dim=-1)
+    v = torch.randn(ng, g, h, dv, generator=gen)
+    gg = -torch.rand(ng, g, h, generator=gen) * 3
+    beta = torch.rand(ng, g, h, generator=gen)
+    st = torch.randn(S + 1, h, dk, dv, generator=gen)
+    gs = _slots(gen, ng, S)
+    q, k, v, gg, beta = (t.to(dtype) for t in (q, k, v, gg, beta))
+    out_s, snaps = window(q, k, v, gg, beta, st, gs)
+    factors = torch.full((ng, g, h, dk + dv + 1), float("nan"))
+    out_f, got = window(q, k, v, gg, beta, st, gs, factors=factors)
+    assert got.data_ptr() == factors.data_ptr() and not factors.isnan().any()
+    assert torch.equal(out_f, out_s)  # the same rule, only its per-row output differs
+    real = gs < S
+    for accept in _accepts(gen, ng, g):
+        rec, want = _commit_both(commit, accept, gs, st, factors, snaps, S)
+        assert torch.equal(rec[:, gs[real]], want[:, gs[real]]), accept
+        untouched = [i for i in range(S) if i not in gs.tolist()]
+        assert torch.equal(rec[0, untouched], st[untouched])
+
+
+def test_commit_from_factors_padding_groups_share_the_scratch_slot():
+    """Padding groups all read the scratch slot; the C++ commit replays only the last one's rows
+    there (onto the state it read: a copy of its snapshot, as before), and the real slots are
+    untouched by them."""
+    window, commit = GDN_IMPLS["cpu"]
+    (q, k, v, gg, beta), st, _ = _gdn_case(4, torch.float32)
+    ng, g = q.shape[:2]
+    S = st.shape[0] - 1
+    gs = torch.full((ng,), S)
+    gs[0] = 1
+    _, snaps = window(q, k, v, gg, beta, st, gs)
+    h, dk, dv = snaps.shape[2:]
+    factors = torch.empty(ng, g, h, dk + dv + 1)
+    window(q, k, v, gg, beta, st, gs, factors=factors)
+    accept = torch.arange(ng) % g
+    rec, want = _commit_both(commit, accept, gs, st, factors, snaps, S)
+    assert torch.equal(rec[0, 1], want[0, 1])
+    assert torch.equal(rec[0, S], snaps[ng - 1, accept[ng - 1]])
+
+
+@pytest.mark.parametrize("ng,g,slots", [(1, 1, 2), (3, 2, 4), (2, 5, 3), (8, 2, 9)])
+def test_commit_from_prepared_factors_is_the_snapshot_bit_for_bit(ng, g, slots):
+    """The prepared form (reference.gated_delta_window_prep: the model's norms and gates, then
+    the rule), on the embedded model's layer shapes: the factors' commit is its snapshot."""
+    layer, _ = _prep_layer()
+    gen = torch.Generator().manual_seed(ng * 7 + g)
+    x = torch.randn(ng, g, layer.conv_dim, generator=gen)
+    ba = torch.randn(ng, g, 2 * layer.nv, generator=gen) * 2
+    st = torch.randn(slots + 1, layer.nv, layer.dk, layer.dv, generator=gen) * 0.1
+    gs = _slots(gen, ng, slots)
+    args = (x, ba, layer.neg_a, layer.dt_bias_f, st, gs, layer.nk, layer.dk, layer.dk ** -0.5,
+            1e-6)
+    out_s, snaps = R.gated_delta_window_prep(*args)
+    factors = torch.empty(ng, g, layer.nv, layer.factor_width())
+    out_f, _ = R.gated_delta_window_prep(*args, factors=factors)
+    assert torch.equal(out_f, out_s)
+    real = gs < slots
+    for commit in (R.commit_accepted, C.cpu_commit_accepted):
+        for accept in _accepts(gen, ng, g):
+            rec, want = _commit_both(commit, accept, gs, st, factors, snaps, slots)
+            assert torch.equal(rec[:, gs[real]], want[:, gs[real]])
+
+
+@pytest.mark.parametrize("impl", list(GDN_IMPLS))
+def test_gated_delta_factors_into_a_compiled_slice(impl):
+    """factors=: a compiled region that passes a layer's slice of the window's stack writes it
+    in place, the eager call's bits: the C++ kernel and the reference as opaque ops (the
+    reference's so that inductor cannot round its state update otherwise than the replay)."""
+    from torch import _dynamo
+
+    window, _ = GDN_IMPLS[impl]
+    (q, k, v, gg, beta), st, gs = _gdn_case(5, torch.float32)
+    ng, g, h, dk = k.shape
+    w = dk + v.shape[-1] + 1
+    want = torch.empty(ng, g, h, w)
+    want_o, _ = window(q, k, v, gg, beta, st, gs, factors=want)
+    stack = torch.full((3, ng, g, h, w), 7.0)
+    _dynamo.reset()
+    region = torch.compile(lambda *a, factors: window(*a, factors=factors)[0] * 2,
+                           backend="aot_eager", fullgraph=True)
+    got = region(q, k, v, gg, beta, st, gs, factors=stack[1])
+    assert torch.equal(got, want_o * 2)
+    assert torch.equal(stack[1], want) and torch.all(stack[0] == 7.0) and torch.all(stack[2] == 7.0)
+    _dynamo.reset()
+
+
+def test_gated_delta_factor_argument_checks():
+    (q, k, v, gg, beta), st, gs = _gdn_case(0, torch.float32)
+    ng, g, h, dk = k.shape
+    dv = v.shape[-1]
+    out = torch.empty(ng, g, h, dv)
+    with pytest.raises(ValueError, match="snaps must have shape"):
+        C._cpu.gated_delta_window(q, k, v, gg, beta, st, gs, out, torch.empty(ng, g, h, dk + dv),
+                                  factors=True)
+    with pytest.raises(ValueError, match="exclude each other"):
+        C._cpu.gated_delta_window(q, k, v, gg, beta, st, gs, out,
+                                  torch.empty(ng, g, h, dk + dv + 1), final_only=True,
+                                  factors=True)
+    with pytest.raises(ValueError, match="exclude each other"):
+        C.cpu_gated_delta_window(q, k, v, gg, beta, st, gs, snaps=torch.empty(ng, g, h, dk, dv),
+                                 factors=torch.empty(ng, g, h, dk + dv + 1))
+    args = _commit_case(0)
+    args[3] = args[3][..., :-1].contiguous()
+    with pytest.raises(ValueError, match="rec_factors must have shape"):
+        C.cpu_commit_accepted(*args)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -445,13 +601,15 @@ def test_ops_compile_fullgraph_without_graph_break():
     gp = torch.randint(0, 40 - g, (ng,), generator=gen)
     slot_pos = torch.zeros(S + 1, dtype=torch.int64)
     acc = torch.randint(0, g, (ng,), generator=gen)
+    fw = k.shape[-1] + v.shape[-1] + 1
 
     def step(kc, vc, rec, conv, slot_pos):
         mixed, conv_snaps = ops.causal_conv_window(x, conv, w, gs)
-        o, rec_snaps = ops.gated_delta_window(q, k, v, gg, beta, rec, gs)
+        factors = torch.empty(1, ng, g, k.shape[2], fw)
+        o, _ = ops.gated_delta_window(q, k, v, gg, beta, rec, gs, factors=factors[0])
         ops.write_kv(kc, vc, kn, kn * 2, gs, gp)
         a = ops.grouped_window_attention(qa, kc, vc, gs, gp, 40, 0.25)
-        ops.commit_accepted(acc, gs, gp, rec_snaps[None], conv_snaps[None], rec[None],
+        ops.commit_accepted(acc, gs, gp, factors, conv_snaps[None], rec[None],
                             conv[None], slot_pos)
         return mixed.sum() + o.sum() + a.sum()
 

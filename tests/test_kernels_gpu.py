@@ -370,7 +370,9 @@ def test_causal_conv_parity(dtype):
 
 
 def commit_case(L, ng, g, h, dk, dv, c, km1, S, conv_dtype):
-    rec_snaps = torch.randn(L, ng, g, h, dk, dv, device=DEV)
+    """Random factors [k | delta | decay] (decay in (0, 1)) of a window's rows to commit."""
+    rec_factors = torch.randn(L, ng, g, h, dk + dv + 1, device=DEV)
+    rec_factors[..., -1] = torch.rand(L, ng, g, h, device=DEV)
     conv_snaps = torch.randn(L, ng, g, c, km1, device=DEV, dtype=conv_dtype)
     rec_state = torch.randn(L, S + 1, h, dk, dv, device=DEV)
     conv_state = torch.randn(L, S + 1, c, km1, device=DEV, dtype=torch.bfloat16)
@@ -378,17 +380,151 @@ def commit_case(L, ng, g, h, dk, dv, c, km1, S, conv_dtype):
     gs = torch.randperm(S, device=DEV)[:ng]
     gp = torch.randint(0, 100, (ng,), device=DEV)
     acc = torch.randint(0, g, (ng,), device=DEV)
-    return acc, gs, gp, rec_snaps, conv_snaps, rec_state, conv_state, slot_pos
+    return acc, gs, gp, rec_factors, conv_snaps, rec_state, conv_state, slot_pos
 
 
 def test_commit_parity():
+    """The kernel's replay against the reference's: the conv state and positions are the same
+    bits; the recurrent state agrees to rounding (the kernel adds k delta in one FMA, as the
+    window kernel does, where torch rounds the product first)."""
     args = commit_case(3, 4, 5, 2, 32, 48, 70, 3, 6, torch.bfloat16)
     ref = [a.clone() for a in args]
     R.commit_accepted(*ref)
     C.gpu_commit_accepted(*args)
     torch.cuda.synchronize()
-    for a, b in zip(args[5:], ref[5:]):
+    assert rel_err(args[5], ref[5]) <= 1e-6
+    for a, b in zip(args[6:], ref[6:]):
         assert torch.equal(a, b)
+
+
+# ---- the window's factors and their commit, against its snapshots (bit for bit) --------------
+# A decode window writes each row's rank-one update [k | delta | decay] and the commit replays
+# rows 0..accept onto the slot's state: the state the window's kernel held after row accept,
+# the very bits its snapshot of that row holds. The GPU kernels and the torch reference on the
+# GPU (the CPU backends: test_kernels.py).
+
+GPU_FACTOR_SHAPES = [  # ng, g, h, dk, dv: KPT 1..32, partial Dv tiles, 1 to 32 rows
+    (1, 1, 1, 7, 5), (3, 2, 4, 16, 32), (4, 3, 2, 33, 40), (2, 8, 3, 64, 96),
+    (8, 2, 32, 128, 128), (2, 5, 2, 100, 33), (3, 4, 2, 256, 64), (2, 17, 2, 128, 128),
+    (1, 32, 4, 128, 128)]
+
+
+def _gpu_commit_both(commit, accept, gs, st, factors, snaps, S):
+    """(state committed from the factors, state the snapshots give) for one layer's window, the
+    layer at index 1 of a 3-layer state stack (a strided view, as the engine's)."""
+    ng, g, h = factors.shape[:3]
+    dk, dv = st.shape[-2:]
+    big = torch.randn(3, S + 1, h, dk, dv, device=DEV)
+    big[1] = st
+    rec = big[1:2]
+    conv = torch.zeros(1, S + 1, 3, 2, device=DEV)
+    pos = torch.zeros(S + 1, dtype=torch.int64, device=DEV)
+    before = big.clone()
+    commit(accept, gs, torch.zeros(ng, dtype=torch.int64, device=DEV), factors[None],
+           torch.zeros(1, ng, g, 3, 2, device=DEV), rec, conv, pos)
+    torch.cuda.synchronize()
+    assert torch.equal(big[0], before[0]) and torch.equal(big[2], before[2])
+    want = st.clone()
+    for n in range(ng):
+        want[gs[n]] = snaps[n, accept[n]]
+    return rec[0], want
+
+
+def _gpu_accepts(ng, g, gen):
+    return [torch.zeros(ng, dtype=torch.int64), torch.full((ng,), g - 1),
+            torch.arange(ng) % g, torch.randint(0, g, (ng,), generator=gen)]
+
+
+@pytest.mark.parametrize("shape", GPU_FACTOR_SHAPES)
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("impl", ["kernel", "reference"])
+def test_commit_from_factors_is_the_snapshot_bit_for_bit_gpu(shape, dtype, impl):
+    ng, g, h, dk, dv = shape
+    S = max(ng, 3)
+    (q, k, v, gg, beta), st, gs = gdn_case(ng, g, h, dk, dv, S, dtype, seed=ng + g + dk)
+    if impl == "kernel":
+        window, commit = C.gpu_gated_delta_window, C.gpu_commit_accepted
+    else:
+        window, commit = R.gated_delta_window, R.commit_accepted
+    out_s, snaps = window(q, k, v, gg, beta, st, gs)
+    factors = torch.full((ng, g, h, dk + dv + 1), float("nan"), device=DEV)
+    out_f, _ = window(q, k, v, gg, beta, st, gs, factors=factors)
+    torch.cuda.synchronize()
+    assert not factors.isnan().any()
+    assert torch.equal(out_f, out_s)
+    gen = torch.Generator().manual_seed(g)
+    for accept in _gpu_accepts(ng, g, gen):
+        got, want = _gpu_commit_both(commit, accept.to(DEV), gs, st, factors, snaps, S)
+        assert torch.equal(got[gs], want[gs]), (shape, dtype, impl, accept.tolist())
+
+
+def test_commit_from_factors_padding_groups_gpu():
+    """Padding groups share the scratch slot: the kernel replays only the last one's rows there
+    (onto the state they all read: its snapshot, bit for bit), real slots as their snapshots,
+    and slot_pos advanced by the last one."""
+    ng, g, h, dk, dv, S = 5, 3, 4, 128, 128, 4
+    (q, k, v, gg, beta), st, _ = gdn_case(ng, g, h, dk, dv, S, torch.bfloat16, seed=3)
+    gs = torch.tensor([2, S, 0, S, S], device=DEV)
+    _, snaps = C.gpu_gated_delta_window(q, k, v, gg, beta, st, gs)
+    factors = torch.empty(ng, g, h, dk + dv + 1, device=DEV)
+    C.gpu_gated_delta_window(q, k, v, gg, beta, st, gs, factors=factors)
+    accept = torch.tensor([1, 2, 0, 1, 2], device=DEV)
+    rec = st[None].clone()
+    pos = torch.zeros(S + 1, dtype=torch.int64, device=DEV)
+    gp = torch.tensor([10, 0, 20, 0, 7], device=DEV)
+    C.gpu_commit_accepted(accept, gs, gp, factors[None], torch.zeros(1, ng, g, 3, 2, device=DEV),
+                          rec, torch.zeros(1, S + 1, 3, 2, device=DEV), pos)
+    torch.cuda.synchronize()
+    assert torch.equal(rec[0, 2], snaps[0, 1]) and torch.equal(rec[0, 0], snaps[2, 0])
+    assert torch.equal(rec[0, S], snaps[4, 2])
+    assert torch.equal(rec[0, [1, 3]], st[[1, 3]])
+    assert pos.tolist() == [21, 0, 12, 0, 10]
+
+
+@pytest.mark.parametrize("shape", [(1, 1, 16, 32, 128, 128), (8, 2, 16, 32, 128, 128),
+                                   (3, 4, 2, 4, 64, 64), (2, 3, 3, 3, 100, 33),
+                                   (1, 5, 1, 2, 256, 64), (2, 32, 2, 4, 128, 128)])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_commit_from_prepared_factors_is_the_snapshot_bit_for_bit_gpu(shape, dtype):
+    """The prepared kernel (norms and gates inside; its factors' k raw, the norm folded into
+    delta): the factors' commit is its snapshot, bit for bit."""
+    ng, g, nk, nv, dk, dv = shape
+    S = max(ng, 2)
+    x, ba, neg_a, dt_bias, st, gs = gdn_prep_case(ng, g, nk, nv, dk, dv, S, dtype)
+    args = (x, ba, neg_a, dt_bias, st, gs, nk, dk, dk ** -0.5, 1e-6)
+    out_s, snaps = C.gpu_gated_delta_window_prep(*args)
+    factors = torch.full((ng, g, nv, dk + dv + 1), float("nan"), device=DEV)
+    out_f, _ = C.gpu_gated_delta_window_prep(*args, factors=factors)
+    torch.cuda.synchronize()
+    assert not factors.isnan().any()
+    assert torch.equal(out_f, out_s)
+    gen = torch.Generator().manual_seed(g)
+    for accept in _gpu_accepts(ng, g, gen):
+        got, want = _gpu_commit_both(C.gpu_commit_accepted, accept.to(DEV), gs, st, factors,
+                                     snaps, S)
+        assert torch.equal(got[gs], want[gs]), (shape, dtype, accept.tolist())
+
+
+def test_graph_gated_delta_factors_and_commit():
+    """The factor window and the commit captured in one CUDA graph, replayed: the eager bits
+    (the commit replays onto the state, so each run starts from a saved copy of it)."""
+    ng, g, h, dk, dv, S = 3, 2, 8, 128, 128, 3
+    (q, k, v, gg, beta), st, gs = gdn_case(ng, g, h, dk, dv, S, torch.bfloat16)
+    rec = st[None].clone()
+    rec0 = rec.clone()
+    conv = torch.zeros(1, S + 1, 3, 2, device=DEV)
+    pos = torch.zeros(S + 1, dtype=torch.int64, device=DEV)
+    factors = torch.empty(1, ng, g, h, dk + dv + 1, device=DEV)
+    accept = torch.tensor([1, 0, 1], device=DEV)
+
+    def step():
+        rec.copy_(rec0)
+        out, _ = C.gpu_gated_delta_window(q, k, v, gg, beta, rec[0], gs, factors=factors[0])
+        C.gpu_commit_accepted(accept, gs, torch.zeros(ng, dtype=torch.int64, device=DEV),
+                              factors, torch.zeros(1, ng, g, 3, 2, device=DEV), rec, conv, pos)
+        return out, rec, factors
+
+    _graph_equal(step, lambda o: list(o))
 
 
 def test_mma_and_simt_agree_bf16():
@@ -451,8 +587,11 @@ def test_graph_write_kv_and_commit():
 
     _graph_equal(wkv, lambda o: list(o))
     args = commit_case(2, 3, 4, 2, 16, 16, 40, 3, 5, torch.bfloat16)
+    saved = [t.clone() for t in args[5:]]
 
-    def commit():
+    def commit():  # (from the same state every run: the commit replays onto it)
+        for t, t0 in zip(args[5:], saved):
+            t.copy_(t0)
         C.gpu_commit_accepted(*args)
         return args[5], args[6], args[7]
 
@@ -534,6 +673,37 @@ def test_compile_fullgraph_gpu():
         torch.testing.assert_close(compiled(q, gq), eager, rtol=1e-3, atol=1e-2)
     finally:
         ops.set_backend("torch", "cpu")
+
+
+def test_compile_factors_and_commit_gpu():
+    """The factor window (a layer's slice of a stack, as window_layers passes it) and the commit
+    under torch.compile: custom ops, no graph break, the eager bits."""
+    ng, g, h, dk, dv, S = 2, 2, 8, 128, 128, 3
+    (q, k, v, gg, beta), st, gs = gdn_case(ng, g, h, dk, dv, S, torch.bfloat16)
+    accept = torch.tensor([1, 0], device=DEV)
+    platform = C.gpu_platform()
+
+    def step(rec, stack):
+        o, _ = ops.gated_delta_window(q, k, v, gg, beta, rec[0], gs, factors=stack[1])
+        ops.commit_accepted(accept, gs, torch.zeros(ng, dtype=torch.int64, device=DEV),
+                            stack[1:2], torch.zeros(1, ng, g, 3, 2, device=DEV), rec,
+                            torch.zeros(1, S + 1, 3, 2, device=DEV),
+                            torch.zeros(S + 1, dtype=torch.int64, device=DEV))
+        return o * 2
+
+    def run(fn):
+        rec = st[None].clone()
+        stack = torch.zeros(3, ng, g, h, dk + dv + 1, device=DEV)
+        return fn(rec, stack), rec, stack
+
+    try:
+        ops.set_backend(platform, "cuda")
+        want = run(step)
+        got = run(torch.compile(step, fullgraph=True, backend="aot_eager"))
+    finally:
+        ops.set_backend("torch", "cpu")
+    for a, b in zip(got, want):
+        assert torch.equal(a, b)
 
 
 @pytest.mark.parametrize("use_mma", [True, False])

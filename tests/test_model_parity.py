@@ -186,9 +186,15 @@ def test_window_equals_rows_one_by_one(name, G, ours):
             _, lg, r, c = lm.model.verify_window(toks[g:g + 1, j:j + 1], one, at, p + j + 1, st)
             assert rel_err(logits[g, j], lg[0, 0]) <= 1e-5
             _commit(torch.zeros(1, dtype=torch.long), one, at, r, c, st, sp)
-            # Row j's snapshot is the state after running rows 0..j one by one.
-            assert rel_err(rec[:, g, j], st.rec[:, lane]) <= 1e-5
-            assert rel_err(conv[:, g, j], st.conv[:, lane]) <= 1e-6
+            # The window committed through row j (its rows' factors replayed onto the state
+            # it read) is the state after running rows 0..j one by one.
+            acc = torch.zeros(len(slots), dtype=torch.long)
+            acc[g] = j
+            committed = copy.deepcopy(before)
+            _commit(acc, slots, pos, rec, conv, committed,
+                    torch.zeros(scratch + 1, dtype=torch.long))
+            assert rel_err(committed.rec[:, lane], st.rec[:, lane]) <= 1e-5
+            assert rel_err(committed.conv[:, lane], st.conv[:, lane]) <= 1e-6
         assert rel_err(state.k[:, lane, p:p + G], st.k[:, lane, p:p + G]) <= 1e-6
         assert rel_err(state.v[:, lane, p:p + G], st.v[:, lane, p:p + G]) <= 1e-6
 

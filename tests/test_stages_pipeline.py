@@ -63,7 +63,7 @@ def test_pipelined_padded_windows_of_three_rows_drain_first(single_thread):
 
 @pytest.mark.slow
 def test_three_pipelined_stages_give_the_one_stage_tokens(single_thread):
-    # the middle stage commits a window's snapshots while the next group's window runs
+    # the middle stage commits a window's DeltaNet rows while the next group's window runs
     _check_pipelined("batch_mtp", stages=3, slots=4)
 
 

@@ -12,6 +12,14 @@
 #define STRATA_DTYPE_F16 2
 #define STRATA_DTYPE_FP8 3  // float8_e4m3fn (weights only, with block scales)
 
+// What the gated delta rule writes beside its output (its `snaps` argument), by mode:
+#define STRATA_GDN_SNAPS 0    // the state after every row: (ng, g, h, dk, dv)
+#define STRATA_GDN_FINAL 1    // the state after each group's last row only: (ng, h, dk, dv)
+#define STRATA_GDN_FACTORS 2  // every row's rank-one update: (ng, g, h, dk + dv + 1), per row and
+                              // head [k (dk) | delta (dv) | decay], the values the update
+                              // s = s * decay; s += k (outer) delta used, so that a commit that
+                              // replays rows 0..a onto the state the window read has its bits
+
 #if defined(__CUDACC__) || defined(__HIPCC__)
 #define STRATA_HD __host__ __device__ __forceinline__
 #else

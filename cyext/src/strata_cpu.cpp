@@ -177,8 +177,10 @@ int strata_cpu_gated_delta(const void* q, int q_dtype, const void* k, int k_dtyp
                            int v_dtype, const void* gate, int g_dtype, const void* beta,
                            int b_dtype, const float* rec_state, int64_t sss, int64_t nslots,
                            const int64_t* group_slot, int64_t ng, int64_t g, int64_t h,
-                           int64_t dk, int64_t dv, float* out, float* snaps, int final_only) {
+                           int64_t dk, int64_t dv, float* out, float* snaps, int mode) {
   if (check_slots(group_slot, ng, nslots)) return -1;
+  const bool final_only = mode == STRATA_GDN_FINAL;
+  const int64_t fw = dk + dv + 1;  // STRATA_GDN_FACTORS: a row's [k | delta | decay]
 #pragma omp parallel for if (ng * h * g * dk * dv > (1 << 16))
   for (int64_t u = 0; u < ng * h; ++u) {
     const int64_t n = u / h, hh = u % h;
@@ -200,6 +202,12 @@ int strata_cpu_gated_delta(const void* q, int q_dtype, const void* k, int k_dtyp
         }
       }
       for (int64_t c = 0; c < dv; ++c) kv[c] = (vf[c] - kv[c]) * b;  // delta
+      if (mode == STRATA_GDN_FACTORS) {  // the update's own values (strata_cpu_commit replays it)
+        float* f = snaps + row * fw;
+        memcpy(f, kf.data(), dk * sizeof(float));
+        memcpy(f + dk, kv.data(), dv * sizeof(float));
+        f[dk + dv] = decay;
+      }
       float* o = out + row * dv;
       for (int64_t c = 0; c < dv; ++c) o[c] = 0.f;
       for (int64_t a = 0; a < dk; ++a) {
@@ -209,7 +217,8 @@ int strata_cpu_gated_delta(const void* q, int q_dtype, const void* k, int k_dtyp
           o[c] += qf[a] * sr[c];
         }
       }
-      if (!final_only) memcpy(snaps + row * dk * dv, s.data(), dk * dv * sizeof(float));
+      if (mode == STRATA_GDN_SNAPS)
+        memcpy(snaps + row * dk * dv, s.data(), dk * dv * sizeof(float));
     }
     if (final_only) memcpy(snaps + u * dk * dv, s.data(), dk * dv * sizeof(float));
   }
@@ -217,26 +226,55 @@ int strata_cpu_gated_delta(const void* q, int q_dtype, const void* k, int k_dtyp
 }
 
 int strata_cpu_commit(const int64_t* accept, const int64_t* group_slot, const int64_t* group_pos,
-                      int64_t ng, int64_t g, int64_t L, const float* rec_snaps, int64_t rec_inner,
-                      const void* conv_snaps, int snap_dtype, int64_t conv_inner,
-                      float* rec_state, const int64_t* rs, void* conv_state, int state_dtype,
-                      const int64_t* cs, int64_t nslots, int64_t* slot_pos) {
+                      int64_t ng, int64_t g, int64_t L, const float* rec_factors, int64_t h,
+                      int64_t dk, int64_t dv, const void* conv_snaps, int snap_dtype,
+                      int64_t conv_inner, float* rec_state, const int64_t* rs, void* conv_state,
+                      int state_dtype, const int64_t* cs, int64_t nslots, int64_t* slot_pos) {
   if (check_slots(group_slot, ng, nslots)) return -1;
   for (int64_t n = 0; n < ng; ++n)
     if (accept[n] < 0 || accept[n] >= g)
       return fail("accept[%lld] = %lld is out of range [0, G = %lld)", n, accept[n], g);
+  // A group whose slot a later group also names commits nothing (only padding groups share a
+  // slot, the scratch one): the last one's rows are replayed onto the state all of them read.
+  std::vector<char> last(ng, 1);
+  for (int64_t n = 0; n < ng; ++n)
+    for (int64_t m = n + 1; m < ng; ++m)
+      if (group_slot[m] == group_slot[n]) last[n] = 0;
+  const int64_t fw = dk + dv + 1;
+#pragma omp parallel for if (L * ng * h * dk * dv * g > (1 << 16))
+  for (int64_t u = 0; u < L * ng * h; ++u) {
+    const int64_t l = u / (ng * h), n = (u / h) % ng, hh = u % h;
+    if (!last[n]) continue;
+    float* s = rec_state + l * rs[0] + group_slot[n] * rs[1] + hh * dk * dv;
+    // rows 0..accept[n], each strata_cpu_gated_delta's update statement for statement (its two
+    // passes: the decay stored, then k delta added) on the values it used: the state it had
+    // after row accept[n], bit for bit, whatever a compiler may contract
+    for (int64_t j = 0; j <= accept[n]; ++j) {
+      const float* f = rec_factors + (((l * ng + n) * g + j) * h + hh) * fw;
+      const float* kf = f;
+      const float* delta = f + dk;
+      const float decay = f[dk + dv];
+      for (int64_t a = 0; a < dk; ++a) {
+        float* sr = &s[a * dv];
+        for (int64_t c = 0; c < dv; ++c) sr[c] *= decay;
+      }
+      for (int64_t a = 0; a < dk; ++a) {
+        float* sr = &s[a * dv];
+        for (int64_t c = 0; c < dv; ++c) sr[c] += kf[a] * delta[c];
+      }
+    }
+  }
   for (int64_t l = 0; l < L; ++l) {
     for (int64_t n = 0; n < ng; ++n) {
-      const int64_t a = accept[n], slot = group_slot[n];
-      memcpy(rec_state + l * rs[0] + slot * rs[1], rec_snaps + ((l * ng + n) * g + a) * rec_inner,
-             rec_inner * sizeof(float));
-      const int64_t src = ((l * ng + n) * g + a) * conv_inner;
-      const int64_t dst = l * cs[0] + slot * cs[1];
+      if (!last[n]) continue;
+      const int64_t src = ((l * ng + n) * g + accept[n]) * conv_inner;
+      const int64_t dst = l * cs[0] + group_slot[n] * cs[1];
       for (int64_t i = 0; i < conv_inner; ++i)
         store_from_float(conv_state, state_dtype, dst + i, load_as_float(conv_snaps, snap_dtype, src + i));
     }
   }
-  for (int64_t n = 0; n < ng; ++n) slot_pos[group_slot[n]] = group_pos[n] + accept[n] + 1;
+  for (int64_t n = 0; n < ng; ++n)
+    if (last[n]) slot_pos[group_slot[n]] = group_pos[n] + accept[n] + 1;
   return 0;
 }
 

@@ -37,24 +37,28 @@ int strata_cpu_causal_conv(const void* x, int x_dtype, const void* conv_state, i
 
 // q, k: (ng, g, h, dk); v: (ng, g, h, dv); gate, beta: (ng, g, h); all contiguous, each with its
 // own dtype. rec_state: (nslots, h, dk, dv) float32, slot stride given, inner contiguous.
-// out: (ng, g, h, dv) float32; snaps: (ng, g, h, dk, dv) float32, contiguous.
+// out: (ng, g, h, dv) float32; snaps float32, contiguous, by mode (strata_common.h): the state
+// after every row (ng, g, h, dk, dv), after the last (ng, h, dk, dv), or each row's rank-one
+// update factors (ng, g, h, dk + dv + 1).
 int strata_cpu_gated_delta(const void* q, int q_dtype, const void* k, int k_dtype, const void* v,
                            int v_dtype, const void* gate, int g_dtype, const void* beta,
                            int b_dtype, const float* rec_state, int64_t state_slot_stride,
                            int64_t nslots, const int64_t* group_slot, int64_t ng, int64_t g,
                            int64_t h, int64_t dk, int64_t dv, float* out, float* snaps,
-                           int final_only);
+                           int mode);
 
-// accept, group_slot, group_pos: (ng,) int64. rec_snaps (L, ng, g, rec_inner) float32 contiguous;
-// conv_snaps (L, ng, g, conv_inner) contiguous (snap_dtype); rec_state (L, nslots, rec_inner)
-// float32 with strides (layer, slot); conv_state (L, nslots, conv_inner) (state_dtype) with strides
-// (layer, slot); slot_pos (nslots,) int64.
+// accept, group_slot, group_pos: (ng,) int64. rec_factors (L, ng, g, h, dk + dv + 1) float32
+// contiguous (STRATA_GDN_FACTORS): rows 0..accept of each group are replayed onto its slot's
+// state in place; conv_snaps (L, ng, g, conv_inner) contiguous (snap_dtype): the one after row
+// accept is copied; rec_state (L, nslots, h, dk, dv) float32 with strides (layer, slot), inner
+// contiguous; conv_state (L, nslots, conv_inner) (state_dtype) with strides (layer, slot);
+// slot_pos (nslots,) int64 advances to group_pos + accept + 1.
 int strata_cpu_commit(const int64_t* accept, const int64_t* group_slot, const int64_t* group_pos,
-                      int64_t ng, int64_t g, int64_t L, const float* rec_snaps, int64_t rec_inner,
-                      const void* conv_snaps, int snap_dtype, int64_t conv_inner,
-                      float* rec_state, const int64_t* rec_strides, void* conv_state,
-                      int state_dtype, const int64_t* conv_strides, int64_t nslots,
-                      int64_t* slot_pos);
+                      int64_t ng, int64_t g, int64_t L, const float* rec_factors, int64_t h,
+                      int64_t dk, int64_t dv, const void* conv_snaps, int snap_dtype,
+                      int64_t conv_inner, float* rec_state, const int64_t* rec_strides,
+                      void* conv_state, int state_dtype, const int64_t* conv_strides,
+                      int64_t nslots, int64_t* slot_pos);
 
 // Routed experts (reference.moe_experts): x, out (n, H) contiguous in x_dtype; w_gate_up
 // (E, 2I, H), w_down (E, H, I) contiguous in w_dtype (STRATA_DTYPE_FP8 with gu_scale

@@ -15,12 +15,14 @@
 //   attn_simt_kernel         the same on CUDA cores (fp32, HIP, other head dims, misaligned views).
 //   attn_combine_kernel      merges the nsplit partial (max, sum, O) of each row (second pass).
 //   gdn_kernel               gated delta rule over a group's rows; block = (Dv tile of 32, head,
-//                            group); the state slice lives in registers; one snapshot per row,
-//                            or (final_only, prompt chunks) the state after the last row.
+//                            group); the state slice lives in registers; per row its rank-one
+//                            update factors (decode windows) or the whole state (snapshots),
+//                            or (prompt chunks) the state after the last row.
 //   conv_kernel              depthwise causal conv + SiLU, one thread per (channel, row), with
 //                            snapshots (conv_serial_kernel: the earlier walk over the rows);
 //                            with ba blocks past the conv's, also DeltaNet's b/a projection.
-//   commit_kernel            copies each group's accepted snapshot into its slot, advances pos.
+//   commit_kernel            replays each group's accepted rows' factors onto its slot's state
+//                            in place, copies the accepted conv snapshot, advances pos.
 //   moe_* / linear_skinny_*  routed experts and the skinny FP8/bf16 linear: strata_moe.cu.
 
 #include "hip_compat.h"
@@ -771,11 +773,11 @@ struct GdnParams {
   const void* beta;
   const float* state;
   float* out;
-  float* snaps;
+  float* snaps;  // by mode (STRATA_GDN_*): snapshots, the final state, or the rows' factors
   const int64_t* group_slot;
   int64_t state_slot_stride, nslots;
   int g, h, dk, dv, q_dtype, k_dtype, v_dtype, g_dtype, b_dtype;
-  int final_only;  // snaps is (NG, H, Dk, Dv): the state after the last row only (prompt chunks)
+  int mode;
   // The prepared form (gdn_kernel<KPT, true>, gated_delta_window_prep): q points at the conv
   // output, rows of x_row elements [q (H / rep key heads x Dk) | k (the same) | v (H x Dv) ...];
   // beta and gate at the raw in_proj rows of ba_row elements, per key head [b (rep) | a (rep)];
@@ -805,6 +807,11 @@ __global__ void __launch_bounds__(256) gdn_kernel(GdnParams p) {
   const bool vok = v < p.dv;
   const int64_t slot = clamp_slot(p.group_slot[n], p.nslots);
   const float* st = p.state + slot * p.state_slot_stride + (int64_t)hh * p.dk * p.dv;
+  // STRATA_GDN_FACTORS: row r's [k | delta | decay] at snaps + r * fw, each written once:
+  // k by the first Dv tile's threads tid < Dk, delta by warp 0 (lane = column v), decay by
+  // one thread. A few hundred bytes a row and head where a snapshot is Dk x Dv floats.
+  const bool factors = p.mode == STRATA_GDN_FACTORS;
+  const int64_t fw = (int64_t)p.dk + p.dv + 1;
   float s[KPT];
 #pragma unroll
   for (int i = 0; i < KPT; ++i) {
@@ -848,6 +855,7 @@ __global__ void __launch_bounds__(256) gdn_kernel(GdnParams p) {
       qs[buf][tid] = qn;
       ks[buf][tid] = kn;
     }
+    if (factors && vt == 0 && tid < p.dk) p.snaps[row * fw + tid] = kn;  // (PREP: raw, as ks)
     if (PREP) {  // (threads at and past Dk hold zeros)
       float sq = qn * qn, sk = kn * kn;
 #pragma unroll
@@ -861,6 +869,7 @@ __global__ void __launch_bounds__(256) gdn_kernel(GdnParams p) {
       }
     }
     const float decay = expf(gn);
+    if (factors && vt == 0 && tid == 0) p.snaps[row * fw + p.dk + p.dv] = decay;
     const float b = bn;
     const float vv = vn;
     if (j + 1 < p.g) fetch(j + 1);
@@ -883,10 +892,15 @@ __global__ void __launch_bounds__(256) gdn_kernel(GdnParams p) {
       iq = rsqrtf(sq + p.eps) * p.q_scale;
       ik = rsqrtf(sk + p.eps);
     }
+    // The state update's two roundings are spelled out (s * decay rounded, then one FMA of
+    // k delta onto it): commit_kernel replays it from the factors with the same two calls. As
+    // plain `s *= decay; s += k * delta` nvcc contracted it here to fma(k, delta, s * decay)
+    // (s * decay also feeds kvp) but in the replay, where s * decay has no other use, to
+    // fma(s, decay, k * delta): other bits (PTX of both, CUDA 13.0).
     float kvp = 0.f;
 #pragma unroll
     for (int i = 0; i < KPT; ++i) {
-      s[i] *= decay;
+      s[i] = __fmul_rn(s[i], decay);
       kvp += ks[buf][w * KPT + i] * s[i];
     }
     red[w][lane] = kvp;
@@ -897,20 +911,21 @@ __global__ void __launch_bounds__(256) gdn_kernel(GdnParams p) {
     if (PREP) kvm *= ik;
     float delta = (vv - kvm) * b;
     if (PREP) delta *= ik;  // s += (k ik) delta
+    if (factors && w == 0 && vok) p.snaps[row * fw + p.dk + v] = delta;
     float op = 0.f;
     float* snap = p.snaps + row * (int64_t)p.dk * p.dv;
-    const bool write_snap = vok && !p.final_only;
+    const bool write_snap = vok && p.mode == STRATA_GDN_SNAPS;
 #pragma unroll
     for (int i = 0; i < KPT; ++i) {
       const int kk = w * KPT + i;
-      s[i] += ks[buf][kk] * delta;
+      s[i] = __fmaf_rn(ks[buf][kk], delta, s[i]);
       op += qs[buf][kk] * s[i];
       if (write_snap && kk < p.dk) snap[(int64_t)kk * p.dv + v] = s[i];
     }
     red2[w][lane] = PREP ? op * iq : op;
     prev_row = row;
   }
-  if (p.final_only && vok) {
+  if (p.mode == STRATA_GDN_FINAL && vok) {
     float* fin = p.snaps + ((int64_t)n * p.h + hh) * p.dk * p.dv;
 #pragma unroll
     for (int i = 0; i < KPT; ++i) {
@@ -1136,38 +1151,71 @@ struct CommitParams {
   const int64_t* accept;
   const int64_t* group_slot;
   const int64_t* group_pos;
-  const float* rec_snaps;
+  const float* factors;  // (L, NG, G, H, Dk + Dv + 1): each row's [k | delta | decay]
   const void* conv_snaps;
   float* rec_state;
   void* conv_state;
   int64_t* slot_pos;
-  int64_t rec_inner, conv_inner, rs0, rs1, cs0, cs1, nslots;
-  int ng, g, snap_dtype, state_dtype, vec4;
+  int64_t conv_inner, rs0, rs1, cs0, cs1, nslots;
+  int ng, g, h, dk, dv, nvt, snap_dtype, state_dtype;
 };
 
-__global__ void commit_kernel(CommitParams p) {
+// Block = (Dv tile of 32 x head, group, layer), gdn_kernel's tiling of a head's state: lane =
+// column v, warp w = state rows w * KPT + i. The slot's state is read once, rows 0..a of the
+// window replayed onto it in registers and written once: gdn_kernel's update call for call
+// (s = __fmul_rn(s, decay); s = __fmaf_rn(k, delta, s)) on the values it used, so the slot
+// takes the bits the window's state had after row a. The factors (about 1 KB a row
+// and head) are read from global, where the window wrote them a moment ago (L2).
+// A group whose slot a later group of the window also names commits nothing: only padding
+// groups share a slot (the scratch one), and replaying one's rows onto another's result would
+// compound them; the last one commits, as a copy of its state would have left the slot.
+template <int KPT>
+__global__ void __launch_bounds__(256) commit_kernel(CommitParams p) {
   const int n = blockIdx.y, l = blockIdx.z;
   const int64_t slot = clamp_slot(p.group_slot[n], p.nslots);
+  for (int m = n + 1; m < p.ng; ++m)
+    if (clamp_slot(p.group_slot[m], p.nslots) == slot) return;
   int64_t a = p.accept[n];
   a = a < 0 ? 0 : (a >= p.g ? p.g - 1 : a);
-  const int64_t snap_row = ((int64_t)l * p.ng + n) * p.g + a;
-  const int64_t tid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-  const int64_t nthr = (int64_t)gridDim.x * blockDim.x;
-  const float* src = p.rec_snaps + snap_row * p.rec_inner;
-  float* dst = p.rec_state + l * p.rs0 + slot * p.rs1;
-  if (p.vec4) {
-    const float4* s4 = (const float4*)src;
-    float4* d4 = (float4*)dst;
-    for (int64_t i = tid; i < p.rec_inner / 4; i += nthr) d4[i] = s4[i];
-  } else {
-    for (int64_t i = tid; i < p.rec_inner; i += nthr) dst[i] = src[i];
+  const int vt = blockIdx.x % p.nvt, hh = blockIdx.x / p.nvt;
+  const int tid = threadIdx.x, lane = tid & 31, w = tid >> 5;
+  const int v = vt * 32 + lane;
+  const bool vok = v < p.dv;
+  if (p.dk > 0 && hh < p.h) {
+    float* st = p.rec_state + l * p.rs0 + slot * p.rs1 + (int64_t)hh * p.dk * p.dv;
+    float s[KPT];
+#pragma unroll
+    for (int i = 0; i < KPT; ++i) {
+      const int kk = w * KPT + i;
+      s[i] = (vok && kk < p.dk) ? st[(int64_t)kk * p.dv + v] : 0.f;
+    }
+    const int64_t fw = (int64_t)p.dk + p.dv + 1;
+    const float* f = p.factors + ((((int64_t)l * p.ng + n) * p.g) * p.h + hh) * fw;
+    for (int64_t j = 0; j <= a; ++j, f += (int64_t)p.h * fw) {
+      const float decay = f[p.dk + p.dv];
+      const float delta = vok ? f[p.dk + v] : 0.f;
+#pragma unroll
+      for (int i = 0; i < KPT; ++i) {
+        const int kk = w * KPT + i;
+        const float k = kk < p.dk ? f[kk] : 0.f;
+        s[i] = __fmul_rn(s[i], decay);  // gdn_kernel's update, call for call
+        s[i] = __fmaf_rn(k, delta, s[i]);
+      }
+    }
+#pragma unroll
+    for (int i = 0; i < KPT; ++i) {
+      const int kk = w * KPT + i;
+      if (vok && kk < p.dk) st[(int64_t)kk * p.dv + v] = s[i];
+    }
   }
-  const int64_t csrc = snap_row * p.conv_inner;
+  const int64_t gtid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+  const int64_t nthr = (int64_t)gridDim.x * blockDim.x;
+  const int64_t csrc = (((int64_t)l * p.ng + n) * p.g + a) * p.conv_inner;
   const int64_t cdst = l * p.cs0 + slot * p.cs1;
-  for (int64_t i = tid; i < p.conv_inner; i += nthr)
+  for (int64_t i = gtid; i < p.conv_inner; i += nthr)
     store_from_float(p.conv_state, p.state_dtype, cdst + i,
                      load_as_float(p.conv_snaps, p.snap_dtype, csrc + i));
-  if (l == 0 && blockIdx.x == 0 && threadIdx.x == 0) p.slot_pos[slot] = p.group_pos[n] + a + 1;
+  if (l == 0 && gtid == 0) p.slot_pos[slot] = p.group_pos[n] + a + 1;
 }
 
 // ------------------------------------------------------------------------------------------------
@@ -1253,7 +1301,8 @@ int launch_simt(AttnParams& p, int ng, cudaStream_t stream) {
 
 // The fields both gated-delta entry points set alike (the plain form's prep fields neutral).
 GdnParams gdn_params(const float* rec_state, int64_t sss, int64_t nslots, const int64_t* group_slot,
-                     int64_t g, int64_t h, int64_t dk, int64_t dv, float* out, float* snaps) {
+                     int64_t g, int64_t h, int64_t dk, int64_t dv, float* out, float* snaps,
+                     int mode) {
   GdnParams p;
   p.state = rec_state;
   p.out = out;
@@ -1265,7 +1314,7 @@ GdnParams gdn_params(const float* rec_state, int64_t sss, int64_t nslots, const 
   p.h = (int)h;
   p.dk = (int)dk;
   p.dv = (int)dv;
-  p.final_only = 0;
+  p.mode = mode;
   p.rep = 1;
   p.x_row = p.ba_row = 0;
   p.neg_a = p.dt_bias = nullptr;
@@ -1560,7 +1609,7 @@ int strata_gpu_gated_delta(const void* q, int q_dtype, const void* k, int k_dtyp
                            int v_dtype, const void* gate, int g_dtype, const void* beta,
                            int b_dtype, const float* rec_state, int64_t sss, int64_t nslots,
                            const int64_t* group_slot, int64_t ng, int64_t g, int64_t h,
-                           int64_t dk, int64_t dv, float* out, float* snaps, int final_only,
+                           int64_t dk, int64_t dv, float* out, float* snaps, int mode,
                            int device, uintptr_t stream) {
   int rc = use_device(device);
   if (rc) return rc;
@@ -1569,7 +1618,7 @@ int strata_gpu_gated_delta(const void* q, int q_dtype, const void* k, int k_dtyp
     g_last_kernel = "gated_delta_window (Dk must be in [1, 256])";
     return (int)cudaErrorInvalidValue;
   }
-  GdnParams p = gdn_params(rec_state, sss, nslots, group_slot, g, h, dk, dv, out, snaps);
+  GdnParams p = gdn_params(rec_state, sss, nslots, group_slot, g, h, dk, dv, out, snaps, mode);
   p.q = q;
   p.k = k;
   p.v = v;
@@ -1580,7 +1629,6 @@ int strata_gpu_gated_delta(const void* q, int q_dtype, const void* k, int k_dtyp
   p.v_dtype = v_dtype;
   p.g_dtype = g_dtype;
   p.b_dtype = b_dtype;
-  p.final_only = final_only;
   return launch_gdn<false>(p, ng, stream, "gated_delta_window: gdn_kernel");
 }
 
@@ -1589,16 +1637,18 @@ int strata_gpu_gated_delta_prep(const void* x, int x_dtype, int64_t x_row, const
                                 const float* dt_bias, int64_t rep, float q_scale, float eps,
                                 const float* rec_state, int64_t sss, int64_t nslots,
                                 const int64_t* group_slot, int64_t ng, int64_t g, int64_t h,
-                                int64_t dk, int64_t dv, float* out, float* snaps, int device,
-                                uintptr_t stream) {
+                                int64_t dk, int64_t dv, float* out, float* snaps, int mode,
+                                int device, uintptr_t stream) {
   int rc = use_device(device);
   if (rc) return rc;
   if (ng * g * h == 0) return 0;
-  if (dk < 1 || dk > 32 * GDN_GROUPS || dv < 1 || rep < 1 || h % rep) {
-    g_last_kernel = "gated_delta_window_prep (Dk must be in [1, 256], H a multiple of rep)";
+  if (dk < 1 || dk > 32 * GDN_GROUPS || dv < 1 || rep < 1 || h % rep ||
+      mode == STRATA_GDN_FINAL) {
+    g_last_kernel = "gated_delta_window_prep (Dk must be in [1, 256], H a multiple of rep, "
+                    "snapshots or factors)";
     return (int)cudaErrorInvalidValue;
   }
-  GdnParams p = gdn_params(rec_state, sss, nslots, group_slot, g, h, dk, dv, out, snaps);
+  GdnParams p = gdn_params(rec_state, sss, nslots, group_slot, g, h, dk, dv, out, snaps, mode);
   p.q = p.k = p.v = x;
   p.gate = p.beta = ba;
   p.q_dtype = p.k_dtype = p.v_dtype = x_dtype;
@@ -1614,45 +1664,54 @@ int strata_gpu_gated_delta_prep(const void* x, int x_dtype, int64_t x_row, const
 }
 
 int strata_gpu_commit(const int64_t* accept, const int64_t* group_slot, const int64_t* group_pos,
-                      int64_t ng, int64_t g, int64_t L, const float* rec_snaps, int64_t rec_inner,
-                      const void* conv_snaps, int snap_dtype, int64_t conv_inner,
-                      float* rec_state, const int64_t* rs, void* conv_state, int state_dtype,
-                      const int64_t* cs, int64_t nslots, int64_t* slot_pos, int device,
-                      uintptr_t stream) {
+                      int64_t ng, int64_t g, int64_t L, const float* rec_factors, int64_t h,
+                      int64_t dk, int64_t dv, const void* conv_snaps, int snap_dtype,
+                      int64_t conv_inner, float* rec_state, const int64_t* rs, void* conv_state,
+                      int state_dtype, const int64_t* cs, int64_t nslots, int64_t* slot_pos,
+                      int device, uintptr_t stream) {
   int rc = use_device(device);
   if (rc) return rc;
   if (ng == 0) return 0;
+  if (dk < 0 || dk > 32 * GDN_GROUPS || dv < 0 || h < 0) {
+    g_last_kernel = "accepted commit (Dk must be in [0, 256])";
+    return (int)cudaErrorInvalidValue;
+  }
   CommitParams p;
   p.accept = accept;
   p.group_slot = group_slot;
   p.group_pos = group_pos;
-  p.rec_snaps = rec_snaps;
+  p.factors = rec_factors;
   p.conv_snaps = conv_snaps;
   p.rec_state = rec_state;
   p.conv_state = conv_state;
   p.slot_pos = slot_pos;
-  p.rec_inner = rec_inner;
   p.conv_inner = conv_inner;
   p.rs0 = rs[0]; p.rs1 = rs[1];
   p.cs0 = cs[0]; p.cs1 = cs[1];
   p.nslots = nslots;
   p.ng = (int)ng;
   p.g = (int)g;
+  p.h = (int)h;
+  p.dk = (int)dk;
+  p.dv = (int)dv;
+  p.nvt = (int)ceil_div_u(dv > 0 ? dv : 1, 32);
   p.snap_dtype = snap_dtype;
   p.state_dtype = state_dtype;
-  p.vec4 = (rec_inner % 4 == 0) && aligned16(rec_snaps) && aligned16(rec_state) &&
-           (rs[0] % 4 == 0) && (rs[1] % 4 == 0);
-  const int64_t work = p.vec4 ? rec_inner / 4 : rec_inner;
-  int64_t blocks = (work + 255) / 256;
-  if (blocks < 1) blocks = 1;
-  if (blocks > 64) blocks = 64;
   if (L < 1) {  // no layers: only slot_pos advances
     L = 1;
-    p.rec_inner = 0;
+    p.dk = 0;
     p.conv_inner = 0;
   }
-  commit_kernel<<<dim3((unsigned)blocks, (unsigned)ng, (unsigned)L), 256, 0,
-                  (cudaStream_t)stream>>>(p);
+  const int64_t blocks = (int64_t)p.nvt * (h > 0 ? h : 1);
+  const dim3 grid((unsigned)blocks, (unsigned)ng, (unsigned)L);
+  cudaStream_t st = (cudaStream_t)stream;
+  const int kpt = (p.dk + GDN_GROUPS - 1) / GDN_GROUPS;
+  if (kpt <= 1) commit_kernel<1><<<grid, 256, 0, st>>>(p);
+  else if (kpt <= 2) commit_kernel<2><<<grid, 256, 0, st>>>(p);
+  else if (kpt <= 4) commit_kernel<4><<<grid, 256, 0, st>>>(p);
+  else if (kpt <= 8) commit_kernel<8><<<grid, 256, 0, st>>>(p);
+  else if (kpt <= 16) commit_kernel<16><<<grid, 256, 0, st>>>(p);
+  else commit_kernel<32><<<grid, 256, 0, st>>>(p);
   return take_launch_error("accepted commit: commit_kernel");
 }
 

@@ -83,25 +83,30 @@ int strata_gpu_gated_delta(const void* q, int q_dtype, const void* k, int k_dtyp
                            int b_dtype, const float* rec_state, int64_t state_slot_stride,
                            int64_t nslots, const int64_t* group_slot, int64_t ng, int64_t g,
                            int64_t h, int64_t dk, int64_t dv, float* out, float* snaps,
-                           int final_only, int device, uintptr_t stream);
+                           int mode, int device, uintptr_t stream);
 
 // The gated delta rule from the window's conv output and raw in_proj b/a rows: q and k
 // L2-normalised (q times q_scale), beta = sigmoid(b), g = neg_a * softplus(a + dt_bias) in the
-// kernel (GdnParams' prepared form in strata_kernels.cu for the layouts).
+// kernel (GdnParams' prepared form in strata_kernels.cu for the layouts). mode: STRATA_GDN_SNAPS
+// or STRATA_GDN_FACTORS (strata_common.h).
 int strata_gpu_gated_delta_prep(const void* x, int x_dtype, int64_t x_row, const void* ba,
                                 int ba_dtype, int64_t ba_row, const float* neg_a,
                                 const float* dt_bias, int64_t rep, float q_scale, float eps,
                                 const float* rec_state, int64_t state_slot_stride,
                                 int64_t nslots, const int64_t* group_slot, int64_t ng, int64_t g,
                                 int64_t h, int64_t dk, int64_t dv, float* out, float* snaps,
-                                int device, uintptr_t stream);
+                                int mode, int device, uintptr_t stream);
 
+// The accepted-prefix commit: each group's slot replays the factors (STRATA_GDN_FACTORS) of
+// rows 0..accept onto its state in place (rec_factors (L, ng, g, h, dk + dv + 1) contiguous;
+// rec_state (L, nslots, h, dk, dv) with strides (layer, slot), dk <= 256) and takes the conv
+// snapshot after row accept; slot_pos advances (strata_cpu.h's strata_cpu_commit).
 int strata_gpu_commit(const int64_t* accept, const int64_t* group_slot, const int64_t* group_pos,
-                      int64_t ng, int64_t g, int64_t L, const float* rec_snaps, int64_t rec_inner,
-                      const void* conv_snaps, int snap_dtype, int64_t conv_inner,
-                      float* rec_state, const int64_t* rec_strides, void* conv_state,
-                      int state_dtype, const int64_t* conv_strides, int64_t nslots,
-                      int64_t* slot_pos, int device, uintptr_t stream);
+                      int64_t ng, int64_t g, int64_t L, const float* rec_factors, int64_t h,
+                      int64_t dk, int64_t dv, const void* conv_snaps, int snap_dtype,
+                      int64_t conv_inner, float* rec_state, const int64_t* rec_strides,
+                      void* conv_state, int state_dtype, const int64_t* conv_strides,
+                      int64_t nslots, int64_t* slot_pos, int device, uintptr_t stream);
 
 // Routed experts at decode sizes (see strata_moe.cu): x (n, H) in x_dtype, contiguous;
 // w_gate_up (E, 2I, H) and w_down (E, H, I) contiguous in w_dtype (F32/BF16/F16, or

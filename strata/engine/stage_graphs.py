@@ -12,16 +12,16 @@ message (`MessageFreeBackend`), so a message put inside a captured region raises
 CI as on CUDA.
 
 Output buffers. A graph writes the same output buffers on every replay. Stage 0 and the middle
-stages read a window's DeltaNet snapshots (rec, conv) when the window lands, and with pipelined
-slot groups up to `depth` = engine.stages windows are in flight, of which several may have the
-same shape. So each shape has `depth` graphs there (one on the last stage, which reads its
-output right after the replay), used in turn: a copy's previous window is `depth` windows of
-that shape back, and since stage 0 has at most `depth` windows in flight it has landed. A
-middle stage commits a window only when a later message touches its slots (PendingCommits), so
-it may hold more: before it replays a copy still held, it lands the window holding it (the last
-stage sent that output long ago).
-(Copying the snapshots out of one graph per shape instead would copy every DeltaNet layer's
-per-row state for every window; extra graphs cost memory once, and only when pipelining.) The
+stages read a window's DeltaNet rows (rec factors, conv snapshots) when the window lands, and
+with pipelined slot groups up to `depth` = engine.stages windows are in flight, of which several
+may have the same shape. So each shape has `depth` graphs there (one on the last stage, which
+reads its output right after the replay), used in turn: a copy's previous window is `depth`
+windows of that shape back, and since stage 0 has at most `depth` windows in flight it has
+landed. A middle stage commits a window only when a later message touches its slots
+(PendingCommits), so it may hold more: before it replays a copy still held, it lands the window
+holding it (the last stage sent that output long ago).
+(Copying them out of one graph per shape instead would add a copy of every DeltaNet layer's
+rows to every window; extra graphs cost memory once, and only when pipelining.) The
 graphs of windows in flight are pinned: never evicted before they land. The hidden states and
 the last stage's output are sent from a copy, because a send is asynchronous (NCCL runs it on
 its own stream) and the next replay must not overwrite the buffer under it.

@@ -2,7 +2,8 @@
 
 It loads only its layer range, joins the group, then serves the driver's messages
 (strata/engine/stage_protocol.py) until STOP or until the driver goes away: its own K/V,
-DeltaNet state and snapshots for its layers; on the last stage also the slot buffers and the
+DeltaNet state and a window's DeltaNet rows for its layers; on the last stage also the slot
+buffers and the
 unchanged Verifier, whose model is `LastStageModel` (its verify forward and prompt chunk start
 from the hidden states handed over by the stage before). With engine.graphs a window's compute
 replays a graph of this stage's own (`StageWindows`, strata/engine/stage_graphs.py), the
@@ -90,7 +91,8 @@ class LastStageModel:
 class PendingCommits:
     """A middle stage's windows whose output (the accepted prefix) the last stage has not yet
     returned to it: with pipelined slot groups it runs the next group's window meanwhile, and
-    commits a window's DeltaNet snapshots before a later message touches its slots."""
+    commits a window's DeltaNet rows before a later message touches its slots (the commit
+    replays the rows' factors onto the state the window read, so that state must not move)."""
 
     def __init__(self, state: Any, pos: torch.Tensor, last: int, device: torch.device,
                  graphs: StageGraphs):
@@ -112,8 +114,8 @@ class PendingCommits:
         self._settle(upto)
 
     def settle_graph(self, graph: str) -> None:
-        """Commit the pending windows up to the one whose snapshots `graph` wrote: its next
-        replay will overwrite them."""
+        """Commit the pending windows up to the one whose DeltaNet rows `graph` wrote: its
+        next replay will overwrite them."""
         self._settle(next(i + 1 for i, it in enumerate(self.items) if it[6] == graph))
 
     def _settle(self, upto: int) -> None:
@@ -161,8 +163,9 @@ class StageWindows:
         return static, on_scratch
 
     def layers(self, plan: torch.Tensor, g: int, ctx: int, pending: PendingCommits) -> tuple[Any, ...]:
-        """A middle stage: (hidden states to send on, DeltaNet snapshots, graph key or None).
-        The snapshots are read when the window lands (`pending`): its graph is held until then."""
+        """A middle stage: (hidden states to send on, DeltaNet recurrent factors and conv
+        snapshots, graph key or None). They are read when the window lands (`pending`): its
+        graph is held until then."""
         x_in = self._receive(plan.shape[1], g)
         if not self.graphs.captured:
             return (*self.model.window_layers(x_in, plan[0], plan[1], ctx, self.state,

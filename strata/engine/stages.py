@@ -4,16 +4,18 @@ The engine process is stage 0 and the only driver: scheduler, rotation, trace an
 the plan stay there. It starts one process per further stage itself (multiprocessing spawn),
 joins them in a torch.distributed group (gloo on CPU, NCCL on CUDA with stage k on device k)
 and sends each of them every device step as a small message (strata/engine/stage_protocol.py).
-Each stage holds its own layers' weights, K/V, DeltaNet state and snapshots; the last also
-holds the final norm, LM head, MTP layer and the slot buffers (pending token, draft, MTP hidden,
-sampling parameters), so it samples, verifies and drafts with the unchanged Verifier.
+Each stage holds its own layers' weights, K/V, DeltaNet state and a window's DeltaNet rows
+(recurrent update factors, conv snapshots); the last also holds the final norm, LM head, MTP
+layer and the slot buffers (pending token, draft, MTP hidden, sampling parameters), so it
+samples, verifies and drafts with the unchanged Verifier.
 
 One decode window: stage 0 takes its tokens from its copy of each slot's pending token and
 draft (every window's output and prompt chunk's reply bring them back), embeds them and runs
 its layers; the hidden states go stage to stage once; the last stage verifies and returns the
 window's output ([y..., accepted, next draft] per group) to every earlier stage, each of which
-commits its own DeltaNet snapshots of the accepted prefix. A prompt chunk: the driver sends the
-chunk, hidden states go stage to stage, the last stage returns the token and draft. Messages
+commits the accepted prefix to its own DeltaNet layers (replays its factors, copies the conv
+snapshot). A prompt chunk: the driver sends the chunk, hidden states go stage to stage, the
+last stage returns the token and draft. Messages
 are point to point (stage_protocol.py), so with engine.pipeline_groups the driver launches
 another group's window before the last stage returns the first one's output (pipeline.py).
 Verification and commit are the one-stage code, so the tokens are the one-stage tokens.
@@ -337,7 +339,7 @@ class DriverSlotBuffers(SlotBuffers):
 @dataclass
 class StageWindow:
     """A window stage 0 has launched (its layers ran, its hidden states went on) and not yet
-    landed (read the last stage's output and committed its own snapshots)."""
+    landed (read the last stage's output and committed its own DeltaNet rows)."""
     gs: torch.Tensor
     gp: torch.Tensor
     g: int
@@ -349,8 +351,8 @@ class StageWindow:
 
 class FirstStageVerifier:
     """Stage 0's side of the Verifier's interface (window, prefill): it embeds the tokens, runs
-    its layers, hands the hidden states on, and commits its DeltaNet snapshots of the prefix
-    the last stage accepted. The ModelRunner drives it as it drives the Verifier; pipelined
+    its layers, hands the hidden states on, and commits its DeltaNet rows of the prefix the
+    last stage accepted. The ModelRunner drives it as it drives the Verifier; pipelined
     slot groups (engine.pipeline_groups) call `launch` and `land` apart, with other groups'
     windows launched in between. Its compute (embedding and layers) replays a graph per window
     shape (`graphs`, stage_graphs.py) between the messages.
@@ -404,7 +406,8 @@ class FirstStageVerifier:
         return StageWindow(plan[0], plan[1], g, rec, conv, graph)
 
     def _layers(self, gs, gp, g, ctx, tokens) -> tuple[torch.Tensor, ...]:
-        """Stage 0's compute of a window: (hidden states, DeltaNet snapshots). `tokens`: the
+        """Stage 0's compute of a window: (hidden states, DeltaNet recurrent factors, conv
+        snapshots). `tokens`: the
         window's tokens, or None for each slot's pending token and draft."""
         if tokens is None:
             tokens = torch.stack([self.bufs.pending[gs], self.bufs.draft[gs]][:g], 1)
@@ -490,8 +493,10 @@ class FirstStageVerifier:
 
 def commit_stage(accept: torch.Tensor, gs: torch.Tensor, gp: torch.Tensor, rec: torch.Tensor,
                  conv: torch.Tensor, state: Any, pos: torch.Tensor) -> None:
-    """A stage's share of the commit: its DeltaNet layers take the snapshot after the accepted
-    prefix (the last stage's Verifier decided it)."""
+    """A stage's share of the commit: its DeltaNet layers replay the accepted prefix's factors
+    onto their state and take the conv snapshot after it (the last stage's Verifier decided
+    it). The state must be the one the window read: nothing touches the window's slots in
+    between (windows land in launch order; pipelined slot groups are disjoint)."""
     if rec.shape[0]:
         ops.commit_accepted(accept, gs, gp, rec, conv, state.rec, state.conv, pos)
 

@@ -4,7 +4,8 @@ For a window of NG groups x G rows (group g: slot s, pending token at position p
   1. drafts: row 0 is the slot's pending token, row 1 its MTP draft; a group of G > 2 rows
      (a solo window) extends the draft chain with G - 2 more MTP steps, each feeding the
      mtp.norm output back as the next hidden state;
-  2. verify: one forward over all rows, writing candidate K/V and one DeltaNet snapshot per row;
+  2. verify: one forward over all rows, writing candidate K/V and, per row, each DeltaNet layer's
+     rank-one state update factors [k | delta | decay] and conv snapshot;
   3. sample a target y_j for every row (position-keyed, so drafts and targets share noise);
      every sample in a window uses the filtering sampler when any of its requests filters
      (top-k / top-p), else the sort-free one: the host decides, since it is part of the graph;
@@ -12,8 +13,9 @@ For a window of NG groups x G rows (group g: slot s, pending token at position p
      engine.synthetic_acceptance=p instead each draft is accepted with probability p given its
      predecessors (sampling.synthetic_prefix, keyed by seed and position), and the accepted
      drafts replace y_j for j < a, as if verified;
-  5. commit: each DeltaNet layer takes the snapshot after row a, the slot advances to p + a + 1,
-     y_a becomes the pending token;
+  5. commit: each DeltaNet layer replays rows 0..a's factors onto the slot's state (the state
+     after row a, bit for bit) and takes the conv snapshot after row a, the slot advances to
+     p + a + 1, y_a becomes the pending token;
   6. MTP over every committed row j with (h[j], y_j) -- y_j equals the next row's token for
      j < a, and is the new pending token for j = a -- so the slot's MTP KV has no holes; its
      row a yields the next draft.
@@ -198,8 +200,8 @@ class Verifier:
                 h, at = mh, nxt
                 cols.append(tok)
         tokens = torch.stack(cols, 1)
-        hidden, logits, rec_snaps, conv_snaps = model.verify_window(tokens, gs, gp, ctx, state,
-                                                                    self.split_keys)
+        hidden, logits, rec_factors, conv_snaps = model.verify_window(tokens, gs, gp, ctx, state,
+                                                                      self.split_keys)
         # target y_j sits at position p + j + 1
         y = self._sample(logits.reshape(ng * g, -1), gs, gp, g, 1, filtered).view(ng, g)
         if g > 1 and self.synthetic_acceptance is not None:
@@ -209,7 +211,8 @@ class Verifier:
             accept = self.accepted_prefix(tokens, y, rows)
         else:
             accept = torch.zeros(ng, dtype=torch.long, device=gs.device)
-        ops.commit_accepted(accept, gs, gp, rec_snaps, conv_snaps, state.rec, state.conv, bufs.pos)
+        ops.commit_accepted(accept, gs, gp, rec_factors, conv_snaps, state.rec, state.conv,
+                            bufs.pos)
         if self.drafting:
             mh = model.mtp_window(hidden, y, gs, gp, ctx, state, with_logits=False)[0]
             h_a, before = self.window_pick(mh, accept, gp)

@@ -6,7 +6,7 @@ outputs and scratch with torch on the inputs' device (on the current stream, so 
 graph capture they come from the graph's memory pool), pick the attention's split plan and pass
 `torch.cuda.current_stream().cuda_stream`. They keep the reference signatures and return values, so
 `strata.kernels.ops.set_backend` can swap them in; a few keyword-only extras (`out=`, `snaps=`,
-`workspace=`, `nsplit=`) let a caller reuse preallocated buffers.
+`factors=`, `workspace=`, `nsplit=`) let a caller reuse preallocated buffers.
 
 Index tensors (group_slot, group_pos, accept) are converted to contiguous int64 when they are not.
 With STRATA_KERNEL_CHECKS=1 the GPU wrappers validate slot indices on the host first (this
@@ -117,21 +117,44 @@ def cpu_causal_conv_window(x, conv_state, weight, group_slot, *, out=None, snaps
     return out, snaps
 
 
-def cpu_gated_delta_window(q, k, v, g, beta, rec_state, group_slot, *, out=None, snaps=None):
-    if _compiling() and out is None and snaps is None:
-        return torch.ops.strata.gated_delta_window(q, k, v, g, beta, rec_state, group_slot)
-    if _compiling() and out is None:  # snapshots into the caller's tensor
+def _gdn_compiled(q, k, v, g, beta, rec_state, group_slot, snaps, factors):
+    """The rule's custom op inside a compiled region (no `out=`): (out, per-row tensor)."""
+    if factors is not None:  # each row's rank-one update factors into the caller's tensor
+        return (torch.ops.strata.gated_delta_window_factors_into(q, k, v, g, beta, rec_state,
+                                                                 group_slot, factors), factors)
+    if snaps is not None:  # snapshots into the caller's tensor
         return (torch.ops.strata.gated_delta_window_into(q, k, v, g, beta, rec_state,
                                                          group_slot, snaps), snaps)
+    return torch.ops.strata.gated_delta_window(q, k, v, g, beta, rec_state, group_slot)
+
+
+def _gdn_rows(snaps, factors, ng, rows, h, dk, dv, device):
+    """The rule's per-row output: `factors` (NG, G, H, Dk + Dv + 1) when given, else the
+    snapshots (NG, G, H, Dk, Dv), allocated when `snaps` is None. Returns (tensor, factors?)."""
+    if snaps is not None and factors is not None:
+        raise ValueError("gated_delta_window: snaps and factors exclude each other")
+    if factors is not None:
+        return factors, True
+    if snaps is None:
+        snaps = torch.empty(ng, rows, h, dk, dv, dtype=torch.float32, device=device)
+    return snaps, False
+
+
+def cpu_gated_delta_window(q, k, v, g, beta, rec_state, group_slot, *, out=None, snaps=None,
+                           factors=None):
+    """`factors`: each row's rank-one update [k | delta | decay] (reference.gated_delta_window)
+    in place of the snapshots."""
+    if _compiling() and out is None:
+        return _gdn_compiled(q, k, v, g, beta, rec_state, group_slot, snaps, factors)
     q, k, v, g, beta = (t.contiguous() for t in (q, k, v, g, beta))
     ng, rows, h, dk = k.shape
     dv = v.shape[-1]
     if out is None:
         out = torch.empty(ng, rows, h, dv, dtype=torch.float32, device=q.device)
-    if snaps is None:
-        snaps = torch.empty(ng, rows, h, dk, dv, dtype=torch.float32, device=q.device)
-    _cpu.gated_delta_window(q, k, v, g, beta, rec_state, _index(group_slot), out, snaps)
-    return out, snaps
+    per_row, as_factors = _gdn_rows(snaps, factors, ng, rows, h, dk, dv, q.device)
+    _cpu.gated_delta_window(q, k, v, g, beta, rec_state, _index(group_slot), out, per_row,
+                            factors=as_factors)
+    return out, per_row
 
 
 def _recurrent_chunk(run, q, k, v, g, beta, initial_state):
@@ -154,13 +177,13 @@ def cpu_chunk_gated_delta(q, k, v, g, beta, initial_state, chunk: int = 64):
         lambda *a: _cpu.gated_delta_window(*a, final_only=True), q, k, v, g, beta, initial_state)
 
 
-def cpu_commit_accepted(accept, group_slot, group_pos, rec_snaps, conv_snaps, rec_state,
+def cpu_commit_accepted(accept, group_slot, group_pos, rec_factors, conv_snaps, rec_state,
                         conv_state, slot_pos) -> None:
     if _compiling():
-        return torch.ops.strata.commit_accepted(accept, group_slot, group_pos, rec_snaps,
+        return torch.ops.strata.commit_accepted(accept, group_slot, group_pos, rec_factors,
                                                 conv_snaps, rec_state, conv_state, slot_pos)
     _cpu.commit_accepted(_index(accept), _index(group_slot), _index(group_pos),
-                         rec_snaps.contiguous(), conv_snaps.contiguous(), rec_state, conv_state,
+                         rec_factors.contiguous(), conv_snaps.contiguous(), rec_state, conv_state,
                          slot_pos)
 
 
@@ -459,12 +482,13 @@ def gpu_causal_conv_window_qkvz_ba(x, conv_state, weight, group_slot, nk, dk, vp
     return out, snaps, ba
 
 
-def gpu_gated_delta_window(q, k, v, g, beta, rec_state, group_slot, *, out=None, snaps=None):
-    if _compiling() and out is None and snaps is None:
-        return torch.ops.strata.gated_delta_window(q, k, v, g, beta, rec_state, group_slot)
-    if _compiling() and out is None:  # snapshots into the caller's tensor
-        return (torch.ops.strata.gated_delta_window_into(q, k, v, g, beta, rec_state,
-                                                         group_slot, snaps), snaps)
+def gpu_gated_delta_window(q, k, v, g, beta, rec_state, group_slot, *, out=None, snaps=None,
+                           factors=None):
+    """`factors`: each row's rank-one update [k | delta | decay] (reference.gated_delta_window)
+    in place of the snapshots: a few hundred bytes a row and head written instead of Dk x Dv
+    floats."""
+    if _compiling() and out is None:
+        return _gdn_compiled(q, k, v, g, beta, rec_state, group_slot, snaps, factors)
     q, k, v, g, beta = (t.contiguous() for t in (q, k, v, g, beta))
     ng, rows, h, dk = k.shape
     dv = v.shape[-1]
@@ -472,16 +496,22 @@ def gpu_gated_delta_window(q, k, v, g, beta, rec_state, group_slot, *, out=None,
     _validate_slots("gated_delta_window", group_slot, rec_state.shape[0])
     if out is None:
         out = torch.empty(ng, rows, h, dv, dtype=torch.float32, device=q.device)
-    if snaps is None:
-        snaps = torch.empty(ng, rows, h, dk, dv, dtype=torch.float32, device=q.device)
-    _gpu.gated_delta_window(q, k, v, g, beta, rec_state, group_slot, out, snaps, _stream(q))
-    return out, snaps
+    per_row, as_factors = _gdn_rows(snaps, factors, ng, rows, h, dk, dv, q.device)
+    _gpu.gated_delta_window(q, k, v, g, beta, rec_state, group_slot, out, per_row, _stream(q),
+                            factors=as_factors)
+    return out, per_row
 
 
 def gpu_gated_delta_window_prep(x, ba, neg_a, dt_bias, rec_state, group_slot, nk, dk, q_scale,
-                                eps, *, snaps=None):
-    """reference.gated_delta_window_prep in one kernel (the norms, gates and rule)."""
+                                eps, *, snaps=None, factors=None):
+    """reference.gated_delta_window_prep in one kernel (the norms, gates and rule). `factors`:
+    each row's [k | delta | decay] as the kernel's update used them (k raw: the kernel folds
+    its norm into delta), in place of the snapshots."""
     if _compiling():
+        if factors is not None:
+            return (torch.ops.strata.gated_delta_window_prep_factors_into(
+                x, ba, neg_a, dt_bias, rec_state, group_slot, nk, dk, q_scale, eps, factors),
+                factors)
         if snaps is None:
             return torch.ops.strata.gated_delta_window_prep(x, ba, neg_a, dt_bias, rec_state,
                                                             group_slot, nk, dk, q_scale, eps)
@@ -492,11 +522,11 @@ def gpu_gated_delta_window_prep(x, ba, neg_a, dt_bias, rec_state, group_slot, nk
     group_slot = _index(group_slot)
     _validate_slots("gated_delta_window_prep", group_slot, rec_state.shape[0])
     out = torch.empty(ng, rows, h, dv, dtype=torch.float32, device=x.device)
-    if snaps is None:
-        snaps = torch.empty(ng, rows, h, dk, dv, dtype=torch.float32, device=x.device)
-    _gpu.gated_delta_window_prep(x, ba, neg_a, dt_bias, rec_state, group_slot, out, snaps,
-                                 int(nk), int(dk), float(q_scale), float(eps), _stream(x))
-    return out, snaps
+    per_row, as_factors = _gdn_rows(snaps, factors, ng, rows, h, dk, dv, x.device)
+    _gpu.gated_delta_window_prep(x, ba, neg_a, dt_bias, rec_state, group_slot, out, per_row,
+                                 int(nk), int(dk), float(q_scale), float(eps), _stream(x),
+                                 factors=as_factors)
+    return out, per_row
 
 
 def gpu_chunk_gated_delta(q, k, v, g, beta, initial_state, chunk: int = 64):
@@ -512,14 +542,18 @@ def gpu_chunk_gated_delta(q, k, v, g, beta, initial_state, chunk: int = 64):
         q, k, v, g, beta, initial_state)
 
 
-def gpu_commit_accepted(accept, group_slot, group_pos, rec_snaps, conv_snaps, rec_state,
+def gpu_commit_accepted(accept, group_slot, group_pos, rec_factors, conv_snaps, rec_state,
                         conv_state, slot_pos) -> None:
+    """The factors' replay in one kernel (Dk <= 256; larger: the reference)."""
     if _compiling():
-        return torch.ops.strata.commit_accepted(accept, group_slot, group_pos, rec_snaps,
+        return torch.ops.strata.commit_accepted(accept, group_slot, group_pos, rec_factors,
                                                 conv_snaps, rec_state, conv_state, slot_pos)
+    if rec_state.shape[-2] > 256:
+        return reference.commit_accepted(accept, group_slot, group_pos, rec_factors, conv_snaps,
+                                         rec_state, conv_state, slot_pos)
     group_slot = _index(group_slot)
     _validate_slots("commit_accepted", group_slot, rec_state.shape[1])
-    _gpu.commit_accepted(_index(accept), group_slot, _index(group_pos), rec_snaps.contiguous(),
+    _gpu.commit_accepted(_index(accept), group_slot, _index(group_pos), rec_factors.contiguous(),
                          conv_snaps.contiguous(), rec_state, conv_state, slot_pos,
                          _stream(rec_state))
 
@@ -1061,6 +1095,31 @@ def _register_custom_ops() -> None:
         ng, rows, h, _ = k.shape
         return q.new_empty(ng, rows, h, v.shape[-1], dtype=torch.float32)
 
+    @torch.library.custom_op("strata::gated_delta_window_factors_into", mutates_args=("factors",))
+    def _gdn_factors_into(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor,
+                          rec_state: Tensor, group_slot: Tensor, factors: Tensor) -> Tensor:
+        return _eager("gated_delta_window", q.device)(q, k, v, g, beta, rec_state, group_slot,
+                                                       factors=factors)[0]
+
+    @_gdn_factors_into.register_fake
+    def _(q, k, v, g, beta, rec_state, group_slot, factors):
+        ng, rows, h, _ = k.shape
+        return q.new_empty(ng, rows, h, v.shape[-1], dtype=torch.float32)
+
+    # The reference's factor form (reference.gated_delta_window) in a compiled region: eager,
+    # so that its state update rounds as the commit's eager replay does.
+    @torch.library.custom_op("strata::reference_gated_delta_window_factors",
+                             mutates_args=("factors",))
+    def _gdn_factors_ref(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor,
+                         rec_state: Tensor, group_slot: Tensor, factors: Tensor) -> Tensor:
+        return reference.gated_delta_window(q, k, v, g, beta, rec_state, group_slot,
+                                            factors=factors)[0]
+
+    @_gdn_factors_ref.register_fake
+    def _(q, k, v, g, beta, rec_state, group_slot, factors):
+        ng, rows, h, _ = k.shape
+        return q.new_empty(ng, rows, h, v.shape[-1], dtype=torch.float32)
+
     @torch.library.custom_op("strata::gated_delta_window_prep", mutates_args=())
     def _gdn_prep(x: Tensor, ba: Tensor, neg_a: Tensor, dt_bias: Tensor, rec_state: Tensor,
                   group_slot: Tensor, nk: int, dk: int, q_scale: float,
@@ -1087,12 +1146,26 @@ def _register_custom_ops() -> None:
         ng, rows, _ = x.shape
         return x.new_empty(ng, rows, neg_a.shape[0], rec_state.shape[-1], dtype=torch.float32)
 
+    @torch.library.custom_op("strata::gated_delta_window_prep_factors_into",
+                             mutates_args=("factors",))
+    def _gdn_prep_factors_into(x: Tensor, ba: Tensor, neg_a: Tensor, dt_bias: Tensor,
+                               rec_state: Tensor, group_slot: Tensor, nk: int, dk: int,
+                               q_scale: float, eps: float, factors: Tensor) -> Tensor:
+        return _eager("gated_delta_window_prep", x.device)(
+            x, ba, neg_a, dt_bias, rec_state, group_slot, nk, dk, q_scale, eps,
+            factors=factors)[0]
+
+    @_gdn_prep_factors_into.register_fake
+    def _(x, ba, neg_a, dt_bias, rec_state, group_slot, nk, dk, q_scale, eps, factors):
+        ng, rows, _ = x.shape
+        return x.new_empty(ng, rows, neg_a.shape[0], rec_state.shape[-1], dtype=torch.float32)
+
     @torch.library.custom_op("strata::commit_accepted",
                              mutates_args=("rec_state", "conv_state", "slot_pos"))
-    def _commit(accept: Tensor, group_slot: Tensor, group_pos: Tensor, rec_snaps: Tensor,
+    def _commit(accept: Tensor, group_slot: Tensor, group_pos: Tensor, rec_factors: Tensor,
                 conv_snaps: Tensor, rec_state: Tensor, conv_state: Tensor,
                 slot_pos: Tensor) -> None:
-        _eager("commit_accepted", rec_state.device)(accept, group_slot, group_pos, rec_snaps,
+        _eager("commit_accepted", rec_state.device)(accept, group_slot, group_pos, rec_factors,
                                                      conv_snaps, rec_state, conv_state, slot_pos)
 
     @torch.library.custom_op("strata::moe_experts", mutates_args=())

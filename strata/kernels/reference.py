@@ -109,7 +109,8 @@ def causal_conv_window_qkvz_ba(x: torch.Tensor, conv_state: torch.Tensor, weight
 
 def gated_delta_window(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor,
                        beta: torch.Tensor, rec_state: torch.Tensor, group_slot: torch.Tensor,
-                       *, snaps: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, torch.Tensor]:
+                       *, snaps: Optional[torch.Tensor] = None,
+                       factors: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Gated delta rule over each group's rows, one state snapshot per row.
 
     q, k: (NG, G, H, Dk), already L2-normalised (q also scaled by Dk^-0.5); v: (NG, G, H, Dv);
@@ -117,27 +118,60 @@ def gated_delta_window(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: tor
     at group_slot and not modified. Returns out (NG, G, H, Dv) float32 and snapshots
     (NG, G, H, Dk, Dv) float32 (the state after each row); `snaps`: a float32 tensor of that
     shape to write them into (returned), e.g. a layer's slice of a window's stacked snapshots.
+
+    `factors` (NG, G, H, Dk + Dv + 1) float32: instead of snapshots, each row's rank-one update
+    of the state, s = s * decay; s = s + k (outer) delta, as [k | delta | decay] with exactly
+    the values used (returned in the snapshots' place): commit_accepted replays rows 0..a of
+    them onto the state this read, the state after row a to the bit, where a snapshot is
+    Dk x Dv floats a row and head. Inside a compiled region this form runs as one opaque op
+    (strata::reference_gated_delta_window_factors): inductor could round the state's update
+    otherwise than the eager replay (one FMA for the two steps) and the commit would differ.
     """
+    if snaps is not None and factors is not None:
+        raise ValueError("gated_delta_window: snaps and factors exclude each other")
+    if factors is not None and torch.compiler.is_compiling():
+        return torch.ops.strata.reference_gated_delta_window_factors(
+            q, k, v, g, beta, rec_state, group_slot, factors), factors
     s = rec_state[group_slot]
     q, k, v, g, beta = (t.float() for t in (q, k, v, g, beta))
+    dk = k.shape[-1]
     outs, states = [], []
     for j in range(q.shape[1]):
-        s = s * g[:, j].exp()[..., None, None]
+        decay = g[:, j].exp()
+        s = s * decay[..., None, None]
         kv_mem = torch.einsum("nhk,nhkv->nhv", k[:, j], s)
         delta = (v[:, j] - kv_mem) * beta[:, j, :, None]
         s = s + k[:, j, :, :, None] * delta[:, :, None, :]
         outs.append(torch.einsum("nhk,nhkv->nhv", q[:, j], s))
-        states.append(s)
+        if factors is None:
+            states.append(s)
+        else:
+            factors[:, j, :, :dk] = k[:, j]
+            factors[:, j, :, dk:-1] = delta
+            factors[:, j, :, -1] = decay
+    if factors is not None:
+        return torch.stack(outs, 1), factors
     if snaps is None:
         return torch.stack(outs, 1), torch.stack(states, 1)
     snaps.copy_(torch.stack(states, 1))
     return torch.stack(outs, 1), snaps
 
 
+def replay_factors(s: torch.Tensor, factors: torch.Tensor) -> torch.Tensor:
+    """The state after one row of gated_delta_window from the state s (..., Dk, Dv) before it
+    and the row's factors (..., Dk + Dv + 1) [k | delta | decay]: the window's own two torch
+    ops, so the same bits."""
+    dk = s.shape[-2]
+    k, delta, decay = factors[..., :dk], factors[..., dk:-1], factors[..., -1]
+    s = s * decay[..., None, None]
+    return s + k[..., :, None] * delta[..., None, :]
+
+
 def gated_delta_window_prep(x: torch.Tensor, ba: torch.Tensor, neg_a: torch.Tensor,
                             dt_bias: torch.Tensor, rec_state: torch.Tensor,
                             group_slot: torch.Tensor, nk: int, dk: int, q_scale: float,
-                            eps: float, *, snaps: Optional[torch.Tensor] = None
+                            eps: float, *, snaps: Optional[torch.Tensor] = None,
+                            factors: Optional[torch.Tensor] = None
                             ) -> tuple[torch.Tensor, torch.Tensor]:
     """gated_delta_window from the layer's raw inputs, as GatedDeltaNet prepares them.
 
@@ -145,7 +179,8 @@ def gated_delta_window_prep(x: torch.Tensor, ba: torch.Tensor, neg_a: torch.Tens
     ba: the in_proj's b/a columns (NG, G, >= 2H), per key head [b (rep) | a (rep)], rep =
     H / nk; neg_a = -exp(A_log) and dt_bias: float32 (H,). q and k are L2-normalised (q times
     q_scale), beta = sigmoid(b) in b's dtype, g = neg_a * softplus(a + dt_bias) in float32; then
-    gated_delta_window (its out and snapshots; `snaps` as there)."""
+    gated_delta_window (its out and snapshots; `snaps` and `factors` as there: the factors' k is
+    the normalised k here, where the GPU kernel's is the raw k with the norm folded into delta)."""
     ng, rows, _ = x.shape
     h, dv = neg_a.shape[0], rec_state.shape[-1]
     rep = h // nk
@@ -156,7 +191,8 @@ def gated_delta_window_prep(x: torch.Tensor, ba: torch.Tensor, neg_a: torch.Tens
     q, k, g, beta = gated_delta_inputs(q, k, bav[..., :rep].reshape(ng, rows, h),
                                        bav[..., rep:].reshape(ng, rows, h), neg_a, dt_bias,
                                        q_scale, eps)
-    return gated_delta_window(q, k, v, g, beta, rec_state, group_slot, snaps=snaps)
+    return gated_delta_window(q, k, v, g, beta, rec_state, group_slot, snaps=snaps,
+                              factors=factors)
 
 
 def gated_delta_inputs(q: torch.Tensor, k: torch.Tensor, b: torch.Tensor, a: torch.Tensor,
@@ -180,17 +216,27 @@ def gated_delta_inputs(q: torch.Tensor, k: torch.Tensor, b: torch.Tensor, a: tor
 
 
 def commit_accepted(accept: torch.Tensor, group_slot: torch.Tensor, group_pos: torch.Tensor,
-                    rec_snaps: torch.Tensor, conv_snaps: torch.Tensor, rec_state: torch.Tensor,
+                    rec_factors: torch.Tensor, conv_snaps: torch.Tensor, rec_state: torch.Tensor,
                     conv_state: torch.Tensor, slot_pos: torch.Tensor) -> None:
-    """Accepted-prefix commit: each group's slot takes the snapshot after its last accepted row.
+    """Accepted-prefix commit: each group's slot takes the states after its last accepted row.
 
-    accept: (NG,) int64, rows 0..accept[g] are committed. rec_snaps: (L, NG, G, H, Dk, Dv);
-    conv_snaps: (L, NG, G, C, K-1); rec_state: (L, S+1, H, Dk, Dv); conv_state: (L, S+1, C, K-1);
-    slot_pos: (S+1,) int64 committed length of each slot, advanced to group_pos + accept + 1.
+    accept: (NG,) int64, rows 0..accept[g] are committed. rec_factors: (L, NG, G, H, Dk + Dv + 1),
+    the window's rows' rank-one updates (gated_delta_window's `factors`), of which rows
+    0..accept[g] are replayed onto the slot's recurrent state, in place: the state the window
+    read becomes the one it had after row accept[g], bit for bit. conv_snaps: (L, NG, G, C, K-1),
+    the one after row accept[g] is copied. rec_state: (L, S+1, H, Dk, Dv); conv_state:
+    (L, S+1, C, K-1); slot_pos: (S+1,) int64 committed length of each slot, advanced to
+    group_pos + accept + 1. Groups that share a slot (padding, on the scratch slot) all replay
+    onto the state they read, and one of them lands there.
     """
-    ng = accept.shape[0]
+    ng, g = rec_factors.shape[1:3]
     idx = torch.arange(ng, device=accept.device)
-    rec_state[:, group_slot] = rec_snaps[:, idx, accept]
+    s = rec_state[:, group_slot]  # (L, NG, H, Dk, Dv)
+    # every row on every group, kept where it is accepted: static shapes, no host sync
+    for j in range(g):
+        s = torch.where((accept >= j)[None, :, None, None, None],
+                        replay_factors(s, rec_factors[:, :, j]), s)
+    rec_state[:, group_slot] = s
     conv_state[:, group_slot] = conv_snaps[:, idx, accept].to(conv_state.dtype)
     slot_pos[group_slot] = group_pos + accept + 1
 

@@ -4,8 +4,9 @@ Plain PyTorch, readable top to bottom. Three ways to run the network:
   forward_train(tokens)        whole sequences, no cache (training and the no-cache reference)
   prefill(tokens, lane, ...)   one lane's prompt chunk: chunked delta rule, writes the lane's state
   verify_window(tokens, ...)   a window grid of NG groups x G rows from several lanes at once:
-                               static shapes (graph-capturable), one DeltaNet snapshot per row,
-                               nothing committed (the engine's verifier commits accepted rows)
+                               static shapes (graph-capturable), each DeltaNet row's rank-one
+                               update factors, nothing committed (the engine's verifier commits
+                               accepted rows by replaying their factors)
 and the MTP module over the same grid (`mtp_window`) or over whole sequences (`mtp_train`).
 
 The model knows lanes (indices into DecodeState), not requests or slots.
@@ -599,11 +600,21 @@ class GatedDeltaNet(nn.Module):
         core, rec_final = ops.chunk_rule(q, k, v, g, beta, rec_init)
         return self._out(core, z, x.dtype), conv_final, rec_final
 
+    def factor_width(self) -> int:
+        """Floats of one row and head's rank-one update factors [k | delta | decay]."""
+        return self.dk + self.dv + 1
+
     def forward_window(self, x, conv_state, rec_state, group_slot, rec_out=None, prefetch=None):
         """Window grid x (NG, G, H); states of this layer for all lanes (read, not written).
-        rec_out: where the per-row state snapshots go (this layer's slice of the window's
-        stacked snapshots, so that they are written once and never copied); None allocates.
-        prefetch: ops.l2_prefetch's (token, tensors), issued after the input projection."""
+        Returns (out, conv snapshots (NG, G, C, K-1), recurrent factors (NG, G, nv,
+        factor_width)): each row's rank-one update [k | delta | decay] of the recurrent state,
+        which the commit replays onto it (ops.commit_accepted), where a snapshot of the state
+        after every row was Dk x Dv floats a head. rec_out: where the factors go (this layer's
+        slice of the window's stacked factors, so that they are written once and never copied);
+        None allocates. prefetch: ops.l2_prefetch's (token, tensors), issued after the input
+        projection."""
+        if rec_out is None:
+            rec_out = x.new_empty(*x.shape[:2], self.nv, self.factor_width(), dtype=torch.float32)
         weight = self.conv1d.weight[:, 0, :]
         if self.ba_in_conv(x.dtype):  # the conv gathers q, k, v and its extra blocks project b/a
             qkvz, z, _ = self._project_qkvz(x, with_ba=False)
@@ -625,17 +636,14 @@ class GatedDeltaNet(nn.Module):
             mixed, conv_snaps = ops.causal_conv_window(mixed, conv_state, weight, group_slot)
         if self.neg_a is not None and ops.native("gated_delta_window_prep"):
             # the norms and gates inside the rule's kernel: five fewer kernels a layer
-            core, rec_snaps = ops.gated_delta_window_prep(
+            core, rec_factors = ops.gated_delta_window_prep(
                 mixed, ba, self.neg_a, self.dt_bias_f, rec_state, group_slot, self.nk, self.dk,
-                self.dk ** -0.5, L2NORM_EPS, snaps=rec_out)
-            return self._out(core, z, x.dtype), conv_snaps, rec_snaps
+                self.dk ** -0.5, L2NORM_EPS, factors=rec_out)
+            return self._out(core, z, x.dtype), conv_snaps, rec_factors
         q, k, v, g, beta = self._heads(mixed, *self._split_ba(ba))
-        if rec_out is None:
-            core, rec_snaps = ops.gated_delta_window(q, k, v, g, beta, rec_state, group_slot)
-        else:
-            core, rec_snaps = ops.gated_delta_window(q, k, v, g, beta, rec_state, group_slot,
-                                                     snaps=rec_out)
-        return self._out(core, z, x.dtype), conv_snaps, rec_snaps
+        core, rec_factors = ops.gated_delta_window(q, k, v, g, beta, rec_state, group_slot,
+                                                   factors=rec_out)
+        return self._out(core, z, x.dtype), conv_snaps, rec_factors
 
 
 class DecoderLayer(nn.Module):
@@ -672,10 +680,10 @@ class DecoderLayer(nn.Module):
     # Pure regions of a window step (no state is written inside them), so each can be compiled
     # into a few fused kernels; the K/V write between attn_pre and attn_post stays outside.
     def window_linear(self, x, conv_state, rec_state, group_slot, rec_out=None):
-        h, conv_snaps, rec_snaps = self.linear_attn.forward_window(
+        h, conv_snaps, rec_factors = self.linear_attn.forward_window(
             self.input_layernorm(x), conv_state, rec_state, group_slot, rec_out,
             self._dense_prefetch())
-        return self._ffn(x + h), conv_snaps, rec_snaps
+        return self._ffn(x + h), conv_snaps, rec_factors
 
     def window_attn_pre(self, x, cos, sin, prompt: bool = False):
         qkv = self.self_attn._qkv(self.input_layernorm(x), cos, sin)
@@ -897,37 +905,44 @@ class Qwen3Next(nn.Module):
         fixes the attention kernels' split-K chunks (engine.batch_invariant).
 
         Writes candidate K/V rows; DeltaNet states are read, not written. Returns hidden
-        (NG, G, H) after model.norm, logits (NG, G, V), and per-row snapshots of every
-        linear-attention layer: rec (L, NG, G, H, Dk, Dv) and conv (L, NG, G, C, K-1).
+        (NG, G, H) after model.norm, logits (NG, G, V), and per row of every linear-attention
+        layer what ops.commit_accepted takes: rec, the recurrent state's rank-one update
+        factors (L, NG, G, Hv, Dk + Dv + 1), and conv, the conv state's snapshots
+        (L, NG, G, C, K-1).
         """
-        x, rec_snaps, conv_snaps = self.window_layers(self.embed_tokens(tokens), group_slot,
-                                                      group_pos, ctx, state, split_keys)
+        x, rec_factors, conv_snaps = self.window_layers(self.embed_tokens(tokens), group_slot,
+                                                        group_pos, ctx, state, split_keys)
         hidden, logits = self.c_head(x)
-        return hidden, logits, rec_snaps, conv_snaps
+        return hidden, logits, rec_factors, conv_snaps
 
     def window_layers(self, x: torch.Tensor, group_slot: torch.Tensor, group_pos: torch.Tensor,
                       ctx: int, state: DecodeState, split_keys: int = 0):
         """The decoder layers of `verify_window` over embedded (or handed-over) x (NG, G, H):
         what a pipeline stage runs for its layer range. Returns x after the last layer (before
-        the norm) and the stacked DeltaNet snapshots (zero layers when the model has none)."""
+        the norm), the stacked DeltaNet recurrent factors and conv snapshots (zero layers when
+        the model has none)."""
         ng, g = x.shape[:2]
         cos, sin = self.c_rope(group_pos, g)
-        # every linear-attention layer writes its recurrent snapshots into its slice of one
-        # tensor: stacking them afterwards copied 2 MB per row and layer
-        rec_snaps = torch.empty(state.rec.shape[0], ng, g, *state.rec.shape[2:],
-                                dtype=torch.float32, device=x.device)
+        # every linear-attention layer writes its rows' rank-one update factors [k | delta |
+        # decay] into its slice of one tensor (stacking them afterwards would copy them); the
+        # commit replays the accepted rows onto the state, where snapshots of the state after
+        # every row wrote Dk x Dv floats a row and head (2 MB a row and layer at the 80B's)
+        nh, dk, dv = state.rec.shape[2:]
+        rec_factors = torch.empty(state.rec.shape[0], ng, g, nh, dk + dv + 1,
+                                  dtype=torch.float32, device=x.device)
         conv_snaps = []
         for i, layer in enumerate(self.layers):
             j = self.state_index[i]
             if layer.kind == "linear_attention":
-                x, cs, _ = layer.c_linear(x, state.conv[j], state.rec[j], group_slot, rec_snaps[j])
+                x, cs, _ = layer.c_linear(x, state.conv[j], state.rec[j], group_slot,
+                                          rec_factors[j])
                 conv_snaps.append(cs)
             else:
                 x = layer.window_attention(x, cos, sin, state.k[j], state.v[j], group_slot,
                                            group_pos, ctx, split_keys=split_keys)
         if not conv_snaps:  # a layer range without DeltaNet layers commits nothing
-            return x, rec_snaps, state.conv.new_empty((0, ng, g) + tuple(state.conv.shape[2:]))
-        return x, rec_snaps, torch.stack(conv_snaps)
+            return x, rec_factors, state.conv.new_empty((0, ng, g) + tuple(state.conv.shape[2:]))
+        return x, rec_factors, torch.stack(conv_snaps)
 
     def rope(self, group_pos: torch.Tensor, rows: int) -> tuple[torch.Tensor, torch.Tensor]:
         """cos, sin (NG, rows, rotary_dim) for the positions group_pos[g] + j, j < rows (a pure

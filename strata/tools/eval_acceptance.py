@@ -219,15 +219,15 @@ def speculative_generate(model: Qwen3Next, prompts: Sequence[Sequence[int]], max
         group_pos = torch.where(active, slot_pos[:n], torch.zeros_like(lanes))
         rows = torch.cat([pending[:, None], drafts[:, : spec - 1]], 1) if spec > 1 else pending[:, None]
         ctx = int(group_pos.max()) + spec
-        hidden, logits, rec_snaps, conv_snaps = model.verify_window(rows, group_slot, group_pos,
-                                                                    ctx, state)
+        hidden, logits, rec_factors, conv_snaps = model.verify_window(rows, group_slot,
+                                                                      group_pos, ctx, state)
         target = logits.argmax(-1)  # (n, spec)
         if spec > 1:
             match = (rows[:, 1:] == target[:, :-1]).long()
             accept = match.cumprod(1).sum(1)
         else:
             accept = torch.zeros(n, dtype=torch.long, device=device)
-        ops.commit_accepted(accept, group_slot, group_pos, rec_snaps, conv_snaps, state.rec,
+        ops.commit_accepted(accept, group_slot, group_pos, rec_factors, conv_snaps, state.rec,
                             state.conv, slot_pos)
         acc_l = accept.tolist()
         rows_l, tgt_l = rows.tolist(), target.tolist()
