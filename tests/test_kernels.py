@@ -153,7 +153,12 @@ def _gdn_case(seed, dtype):
     h = int(torch.randint(1, 4, (1,), generator=gen))
     dk = [4, 16, 32, 33][seed % 4]
     dv = [8, 16, 5, 32][(seed // 4) % 4]
-    S = 3
+    return _gdn_inputs(gen, ng, g, h, dk, dv, 3, dtype)
+
+
+def _gdn_inputs(gen, ng, g, h, dk, dv, S, dtype):
+    """The delta rule's inputs ([q, k, v, g, beta] in dtype), a float32 state of S + 1 slots and
+    the groups' slots."""
     q = F.normalize(torch.randn(ng, g, h, dk, generator=gen), dim=-1) * dk ** -0.5
     k = F.normalize(torch.randn(ng, g, h, dk, generator=gen), dim=-1)
     v = torch.randn(ng, g, h, dv, generator=gen)
@@ -346,14 +351,7 @@ def test_commit_from_factors_is_the_snapshot_bit_for_bit(impl, ng, g, h, dk, dv,
     window, commit = GDN_IMPLS[impl]
     gen = _gen(ng * 100 + g * 10 + dk)
     S = 4
-    q = F.normalize(torch.randn(ng, g, h, dk, generator=gen), dim=-1) * dk ** -0.5
-    k = F.normalize(torch.randn(ng, g, h, dk, generator=gen), dim=-1)
-    v = torch.randn(ng, g, h, dv, generator=gen)
-    gg = -torch.rand(ng, g, h, generator=gen) * 3
-    beta = torch.rand(ng, g, h, generator=gen)
-    st = torch.randn(S + 1, h, dk, dv, generator=gen)
-    gs = _slots(gen, ng, S)
-    q, k, v, gg, beta = (t.to(dtype) for t in (q, k, v, gg, beta))
+    (q, k, v, gg, beta), st, gs = _gdn_inputs(gen, ng, g, h, dk, dv, S, dtype)
     out_s, snaps = window(q, k, v, gg, beta, st, gs)
     factors = torch.full((ng, g, h, dk + dv + 1), float("nan"))
     out_f, got = window(q, k, v, gg, beta, st, gs, factors=factors)
