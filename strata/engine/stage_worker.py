@@ -1,13 +1,11 @@
 """A stage process of engine.stages > 1 (strata/engine/stages.py starts it; spawn target).
 
 It loads only its layer range, joins the group, then serves the driver's messages
-(strata/engine/stage_protocol.py) until STOP or until the driver goes away: its own K/V,
-DeltaNet state and a window's DeltaNet rows for its layers; on the last stage also the slot
-buffers and the
-unchanged Verifier, whose model is `LastStageModel` (its verify forward and prompt chunk start
-from the hidden states handed over by the stage before). With engine.graphs a window's compute
-replays a graph of this stage's own (`StageWindows`, strata/engine/stage_graphs.py), the
-messages outside it.
+(strata/engine/stage_protocol.py) until STOP or until the driver goes away: its own K/V, DeltaNet
+state and a window's DeltaNet rows for its layers; on the last stage also the slot buffers and the
+unchanged Verifier, whose model is `LastStageModel` (its verify forward and prompt chunk start from
+the hidden states handed over by the stage before). With engine.graphs a window's compute replays a
+graph of this stage's own (`StageWindows`, strata/engine/stage_graphs.py), the messages outside it.
 """
 
 from __future__ import annotations

@@ -9,15 +9,14 @@ Each stage holds its own layers' weights, K/V, DeltaNet state and a window's Del
 layer and the slot buffers (pending token, draft, MTP hidden, sampling parameters), so it
 samples, verifies and drafts with the unchanged Verifier.
 
-One decode window: stage 0 takes its tokens from its copy of each slot's pending token and
-draft (every window's output and prompt chunk's reply bring them back), embeds them and runs
-its layers; the hidden states go stage to stage once; the last stage verifies and returns the
-window's output ([y..., accepted, next draft] per group) to every earlier stage, each of which
-commits the accepted prefix to its own DeltaNet layers (replays its factors, copies the conv
-snapshot). A prompt chunk: the driver sends the chunk, hidden states go stage to stage, the
-last stage returns the token and draft. Messages
-are point to point (stage_protocol.py), so with engine.pipeline_groups the driver launches
-another group's window before the last stage returns the first one's output (pipeline.py).
+One decode window: stage 0 takes its tokens from its copy of each slot's pending token and draft
+(every window's output and prompt chunk's reply bring them back), embeds them and runs its layers;
+the hidden states go stage to stage once; the last stage verifies and returns the window's output
+([y..., accepted, next draft] per group) to every earlier stage, each of which commits the accepted
+prefix to its own DeltaNet layers (replays its factors, copies the conv snapshot). A prompt chunk:
+the driver sends the chunk, hidden states go stage to stage, the last stage returns the token and
+draft. Messages are point to point (stage_protocol.py), so with engine.pipeline_groups the driver
+launches another group's window before the last stage returns the first one's output (pipeline.py).
 Verification and commit are the one-stage code, so the tokens are the one-stage tokens.
 With engine.graphs each stage replays its own part of a window as a graph of its compute, the
 messages outside it (strata/engine/stage_graphs.py); the driver's graph cache records the
@@ -407,8 +406,8 @@ class FirstStageVerifier:
 
     def _layers(self, gs, gp, g, ctx, tokens) -> tuple[torch.Tensor, ...]:
         """Stage 0's compute of a window: (hidden states, DeltaNet recurrent factors, conv
-        snapshots). `tokens`: the
-        window's tokens, or None for each slot's pending token and draft."""
+        snapshots). `tokens`: the window's tokens, or None for each slot's pending token and
+        draft."""
         if tokens is None:
             tokens = torch.stack([self.bufs.pending[gs], self.bufs.draft[gs]][:g], 1)
         return self.model.window_layers(self.model.embed_tokens(tokens), gs, gp, ctx, self.state,
