@@ -19,8 +19,8 @@ What is measured
 Geometry (Qwen3-Next-like): attention Hq=16, Hkv=2, D=256, bf16, groups at the end of the context
 so every group reads all `ctx` keys; delta rule H=32, Dk=Dv=128, writing snapshots (every row's
 state) and, as decode windows do, factors (every row's [k | delta | decay]); conv C=8192, K=4;
-commit L=12 linear-attention layers (the accepted rows' factors replayed onto the state). Window rows G in {2, 4, 8}, groups NG in {1, 2, 4, 8},
-contexts 256, 1K, 4K, 16K, 32K. Takes about a minute on an H200.
+commit L=12 linear-attention layers (the accepted rows' factors replayed onto the state). Window
+rows G in {2, 4, 8}, groups NG in {1, 2, 4, 8}, contexts 256, 1K, 4K, 16K, 32K. Takes about a minute on an H200.
 
 --moe: instead, the routed experts (moe_experts) at Qwen3-Next's shapes (E=512, top-10, H=2048,
 I=512), bf16 and FP8 (128x128 blocks), 1 to 32 rows with uniform random routing, and linear_fp8
