@@ -137,11 +137,11 @@ class EngineConfig:
     compile_specialize_one: bool = True
     #: Processes that compile the warm-up's graphs beside it (each over a copy of the model cut
     #: to one layer of each kind, dummy weights, on the same device), leaving them in
-    #: torch.compile's on-disk caches for the warm-up to load: 0 = off (the default: at the FP8
-    #: 80B shapes in bf16 the text with workers was not the lone warm-up's, docs/ENGINE.md), N =
-    #: N, null = auto (on CUDA one per 4 cores, 2 to 4, as free device memory allows; none on
-    #: the CPU, with engine.stages > 1 or with the expert cache, where a number is an error).
-    compile_workers: Optional[int] = 0
+    #: torch.compile's on-disk caches for the warm-up to load: null = auto (the default: on
+    #: CUDA one per 4 cores, 2 to 4, as free device memory allows; none on the CPU, with
+    #: engine.stages > 1 or with the expert cache, where a number is an error), N = N, 0 = off.
+    #: The text is a cold compile's either way (docs/ENGINE.md "Compile workers").
+    compile_workers: Optional[int] = None
     #: Run every window and prompt-chunk shape once on the scratch lane at start, so compiling
     #: happens before the first request, not during it: auto (when compiling), on, off.
     warmup: str = "auto"
