@@ -17,6 +17,9 @@
 #   wf0 the compile workers' open question at the FP8 80B shapes (4 layers, batch_mtp W16 N=8):
 #      two lone cold warm-ups, no workers, side by side on caches of their own (session 41 found
 #      digests that differ with four workers and without); base tree
+#   wf0w after wf0 on the same machine: c1's cache warm in two new processes (2 repeats each:
+#      whether the run itself repeats its text), then cache_diff.py over the two cold caches
+#      (the timed kernels' configurations that differ; the kernel sources in only one)
 # H200 only (the full-depth FP8 80B does not fit an H100): docs/bench/s41/device/calls.sh a, p.
 # Carry .whl, .dev/s37 (main's CUDA extension for Python 3.12, stripped, xz), .dev/s42 (this
 # tree's) and .dev/s42tree (the base tree: main's strata/ conf/ scripts/ tests/ cyext/ as of
@@ -72,4 +75,13 @@ for k in a:
               a[k]["text_digest"], b[k]["text_digest"])
 PY
   tar czf $OUT/r.tgz -C $OUT r ;;
+wf0w)
+  W="$F --layers 4 --configs batch_mtp_w16 --n 8 --max-tokens 64 --repeats 2 --compile-workers 0"
+  base_tree
+  for N in a b; do
+    (cd /tmp/base && PYTHONPATH=/tmp/site:/tmp/base TORCHINDUCTOR_CACHE_DIR=/tmp/ind_c1 TRITON_CACHE_DIR=/tmp/ind_c1/triton timeout 120 python3 scripts/bench_engine.py $W --json $R/warm_$N.json > $R/warm_$N.log 2>&1)
+    grep -h "warm-up: 60\|rep [01]" $R/warm_$N.log | sed "s/^/$N: /"
+  done
+  python3 docs/bench/s42/device/cache_diff.py /tmp/ind_c1 /tmp/ind_c2 > $R/cache_diff.txt 2>&1
+  head -3 $R/cache_diff.txt ;;
 esac
