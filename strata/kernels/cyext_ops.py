@@ -1090,10 +1090,13 @@ def _register_custom_ops() -> None:
         return _eager("gated_delta_window", q.device)(q, k, v, g, beta, rec_state, group_slot,
                                                        snaps=snaps)[0]
 
-    @_gdn_into.register_fake
-    def _(q, k, v, g, beta, rec_state, group_slot, snaps):
+    # The rule's `out` where its per-row output (snapshots or factors) goes into the caller's
+    # buffer: one fake for the ops below that take one.
+    def _gdn_out_fake(q, k, v, g, beta, rec_state, group_slot, per_row):
         ng, rows, h, _ = k.shape
         return q.new_empty(ng, rows, h, v.shape[-1], dtype=torch.float32)
+
+    _gdn_into.register_fake(_gdn_out_fake)
 
     @torch.library.custom_op("strata::gated_delta_window_factors_into", mutates_args=("factors",))
     def _gdn_factors_into(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor,
@@ -1101,10 +1104,7 @@ def _register_custom_ops() -> None:
         return _eager("gated_delta_window", q.device)(q, k, v, g, beta, rec_state, group_slot,
                                                        factors=factors)[0]
 
-    @_gdn_factors_into.register_fake
-    def _(q, k, v, g, beta, rec_state, group_slot, factors):
-        ng, rows, h, _ = k.shape
-        return q.new_empty(ng, rows, h, v.shape[-1], dtype=torch.float32)
+    _gdn_factors_into.register_fake(_gdn_out_fake)
 
     # The reference's factor form (reference.gated_delta_window) in a compiled region: eager,
     # so that its state update rounds as the commit's eager replay does.
@@ -1115,10 +1115,7 @@ def _register_custom_ops() -> None:
         return reference.gated_delta_window(q, k, v, g, beta, rec_state, group_slot,
                                             factors=factors)[0]
 
-    @_gdn_factors_ref.register_fake
-    def _(q, k, v, g, beta, rec_state, group_slot, factors):
-        ng, rows, h, _ = k.shape
-        return q.new_empty(ng, rows, h, v.shape[-1], dtype=torch.float32)
+    _gdn_factors_ref.register_fake(_gdn_out_fake)
 
     @torch.library.custom_op("strata::gated_delta_window_prep", mutates_args=())
     def _gdn_prep(x: Tensor, ba: Tensor, neg_a: Tensor, dt_bias: Tensor, rec_state: Tensor,
@@ -1141,10 +1138,13 @@ def _register_custom_ops() -> None:
         return _eager("gated_delta_window_prep", x.device)(
             x, ba, neg_a, dt_bias, rec_state, group_slot, nk, dk, q_scale, eps, snaps=snaps)[0]
 
-    @_gdn_prep_into.register_fake
-    def _(x, ba, neg_a, dt_bias, rec_state, group_slot, nk, dk, q_scale, eps, snaps):
+    # The prepared rule's `out` where its per-row output goes into the caller's buffer.
+    def _gdn_prep_out_fake(x, ba, neg_a, dt_bias, rec_state, group_slot, nk, dk, q_scale, eps,
+                           per_row):
         ng, rows, _ = x.shape
         return x.new_empty(ng, rows, neg_a.shape[0], rec_state.shape[-1], dtype=torch.float32)
+
+    _gdn_prep_into.register_fake(_gdn_prep_out_fake)
 
     @torch.library.custom_op("strata::gated_delta_window_prep_factors_into",
                              mutates_args=("factors",))
@@ -1155,10 +1155,7 @@ def _register_custom_ops() -> None:
             x, ba, neg_a, dt_bias, rec_state, group_slot, nk, dk, q_scale, eps,
             factors=factors)[0]
 
-    @_gdn_prep_factors_into.register_fake
-    def _(x, ba, neg_a, dt_bias, rec_state, group_slot, nk, dk, q_scale, eps, factors):
-        ng, rows, _ = x.shape
-        return x.new_empty(ng, rows, neg_a.shape[0], rec_state.shape[-1], dtype=torch.float32)
+    _gdn_prep_factors_into.register_fake(_gdn_prep_out_fake)
 
     @torch.library.custom_op("strata::commit_accepted",
                              mutates_args=("rec_state", "conv_state", "slot_pos"))
