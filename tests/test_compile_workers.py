@@ -12,6 +12,7 @@ from omegaconf import OmegaConf
 
 from strata.config import ConfigError, EngineConfig, validate_engine
 from strata.engine import compile_workers as cw
+from strata.engine import compiling
 from strata.model.tiny import tiny_args
 
 
@@ -44,14 +45,44 @@ def test_sharded_backends_number_graphs_across_functions(monkeypatch):
     torch._dynamo.reset()
     told = []
     make, tally = cw.sharded_backends(rank=1, world=2, handled=told.append)
-    f = torch.compile(lambda x: x.sin() + 1, dynamic=False, backend=make(False))
-    g = torch.compile(lambda x: x.cos() * 2, dynamic=False, backend=make(None))
+    f = torch.compile(lambda x: x.sin() + 1, dynamic=False, backend=make(False, None))
+    g = torch.compile(lambda x: x.cos() * 2, dynamic=False,
+                      backend=make(None, compiling.PROMPT_REGION_OPTIONS))
     xs = [torch.randn(n) for n in (3, 5, 7)]
     for x in xs:  # graphs in order: f3 g3 f5 g5 f7 g7 (static shapes: one per size)
         assert torch.equal(f(x), x.sin() + 1) and torch.equal(g(x), x.cos() * 2)
     assert tally == [3, 3] and told == [1, 2, 3]  # numbers 1, 3, 5: all g's, each reported
     assert handed == [1, 1, 1]
     torch._dynamo.reset()
+
+
+def test_prompt_regions_compile_untiled_with_or_without_workers():
+    """The prompt-chunk regions (symbolic lengths) get PROMPT_REGION_OPTIONS, the window regions
+    inductor's defaults, from torch.compile's own inductor and from the workers' backends alike
+    (the options are in the cache keys: the engine must look up what the workers compiled)."""
+    from strata.model.qwen3_next import Qwen3Next
+
+    # valid inductor options: the wrapper rejects an unknown key
+    w = torch._TorchCompileInductorWrapper(None, compiling.PROMPT_REGION_OPTIONS, True)
+    assert w.config == {"triton.max_tiles": 1}
+    asked = []
+
+    def backend(dynamic, options):
+        asked.append((dynamic, options))
+        return "eager"
+
+    model = Qwen3Next(tiny_args(num_hidden_layers=3, full_attention_interval=3), with_mtp=True)
+    compiling.compiled_functions(model, backend=backend)
+    assert (True, compiling.PROMPT_REGION_OPTIONS) in asked and (None, None) in asked
+    assert all(o in (None, compiling.PROMPT_REGION_OPTIONS) for _, o in asked)
+    assert all(o is None for d, o in asked if d is None)  # windows: inductor's defaults
+    # the workers' backends and the engine's awaiting one build the same wrapper
+    make, _ = cw.sharded_backends(rank=0, world=2)
+    sharded = make(True, compiling.PROMPT_REGION_OPTIONS)
+    awaiting = cw.PlannedWorkers(cw.WorkerPlan(0, 1, 0.0), start=None).backend(
+        True, compiling.PROMPT_REGION_OPTIONS)
+    assert sharded.config == awaiting.config == w.config
+    assert sharded.dynamic == awaiting.dynamic == w.dynamic
 
 
 class _Loaded:

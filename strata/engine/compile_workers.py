@@ -58,9 +58,9 @@ class ShardedInductor(torch._TorchCompileInductorWrapper):
     engine's warm-up will look up), calls `handled(k)` after its k-th (compiled or failed), and
     runs the rest eagerly."""
 
-    def __init__(self, dynamic: Optional[bool], counter: Iterator[int], rank: int, world: int,
-                 handled: Callable[[int], None], tally: list):
-        super().__init__(None, None, dynamic)
+    def __init__(self, dynamic: Optional[bool], options: Optional[dict], counter: Iterator[int],
+                 rank: int, world: int, handled: Callable[[int], None], tally: list):
+        super().__init__(None, options, dynamic)
         self.counter, self.rank, self.world = counter, rank, world
         self.handled, self.tally = handled, tally
 
@@ -77,12 +77,13 @@ class ShardedInductor(torch._TorchCompileInductorWrapper):
 
 
 def sharded_backends(rank: int, world: int, handled: Callable[[int], None] = lambda k: None):
-    """A backend factory for `compiled_functions` (dynamic -> backend), every backend it makes
-    sharing one graph counter, and the tally [graphs handled, graphs compiled] they share."""
+    """A backend factory for `compiled_functions` ((dynamic, options) -> backend), every backend
+    it makes sharing one graph counter, and the tally [graphs handled, graphs compiled] they
+    share."""
     counter, tally = itertools.count(), [0, 0]
 
-    def make(dynamic: Optional[bool]) -> ShardedInductor:
-        return ShardedInductor(dynamic, counter, rank, world, handled, tally)
+    def make(dynamic: Optional[bool], options: Optional[dict]) -> ShardedInductor:
+        return ShardedInductor(dynamic, options, counter, rank, world, handled, tally)
 
     return make, tally
 
@@ -93,8 +94,9 @@ class AwaitingInductor(torch._TorchCompileInductorWrapper):
     torch.compile(backend="inductor") does, which finds it in the caches. Past the workers
     (later shapes, or every graph once they are done) it compiles at once."""
 
-    def __init__(self, dynamic: Optional[bool], workers: "PlannedWorkers"):
-        super().__init__(None, None, dynamic)
+    def __init__(self, dynamic: Optional[bool], options: Optional[dict],
+                 workers: "PlannedWorkers"):
+        super().__init__(None, options, dynamic)
         self.workers = workers
 
     def __call__(self, gm, example_inputs):
@@ -170,8 +172,8 @@ class PlannedWorkers:
         #: The started group (None before `start`, or when it failed).
         self.group: Optional[WorkerGroup] = None
 
-    def backend(self, dynamic: Optional[bool]) -> AwaitingInductor:
-        return AwaitingInductor(dynamic, self)
+    def backend(self, dynamic: Optional[bool], options: Optional[dict]) -> AwaitingInductor:
+        return AwaitingInductor(dynamic, options, self)
 
     def start(self) -> "WorkerGroup":
         self.group = self._start(self.plan)

@@ -96,6 +96,15 @@ def duck_shape(on: bool) -> None:
     fx_config.use_duck_shape = on
 
 
+#: Inductor options of the prompt-chunk regions (compiled with symbolic lengths): no 2D tiling.
+#: Inductor times a 2D-tiled reduction's configurations on the device even in deterministic mode,
+#: and the choice changes its order: two cold caches at the FP8 80B shapes gave the prompt
+#: chunk's DeltaNet q/k norms (read across the conv's transposed output) R0_BLOCK 64 in one and
+#: 128 in the other, so other bf16 bits and another greedy text. Untiled, a reduction takes the
+#: one configuration deterministic mode picks without timing. The options are in inductor's
+#: cache keys, so the compile workers pass them too (one place: here).
+PROMPT_REGION_OPTIONS = {"triton.max_tiles": 1}
+
 #: The samplers: a prompt chunk passes its lanes as a column of its meta rows (stride 4), a
 #: window as a contiguous row; dynamo guards on strides, so each would compile graphs of its own.
 SAMPLERS = ("sample", "sample_plain")
@@ -126,8 +135,9 @@ def compiled_functions(model, device: torch.device | None = None,
     """Compile the model's regions (`model.compile_regions`) and the verifier's pure functions;
     returns the latter, by name, for the Verifier to be built with. `device` and `graphs` (the
     engine replays CUDA graphs) choose whether the regions' kernels launch programmatically;
-    `one_apart` is engine.compile_specialize_one; `backend` (dynamic -> a torch.compile
-    backend; None: inductor) is a compile worker's (strata/engine/compile_workers.py)."""
+    `one_apart` is engine.compile_specialize_one; `backend` ((dynamic, options) -> a
+    torch.compile backend; None: inductor) is a compile worker's
+    (strata/engine/compile_workers.py)."""
     import torch._dynamo
     import torch._inductor.config as inductor_config
 
@@ -153,12 +163,14 @@ def compiled_functions(model, device: torch.device | None = None,
         inductor_config.triton.enable_pdl = pdl_default(device, graphs)
     compiled = getattr(model, "_strata_compiled", None)
     if compiled is None:
-        def comp(f: Callable, dynamic: Optional[bool]) -> Callable:
-            return torch.compile(f, dynamic=dynamic,
-                                 backend="inductor" if backend is None else backend(dynamic))
+        def comp(f: Callable, dynamic: Optional[bool], options: Optional[dict] = None) -> Callable:
+            if backend is not None:
+                return torch.compile(f, dynamic=dynamic, backend=backend(dynamic, options))
+            return torch.compile(f, dynamic=dynamic, options=options)
 
         # Prompt chunks come in many lengths: compile them with symbolic lengths.
-        model.compile_regions(lambda f: comp(f, None), lambda f: comp(f, True))
+        model.compile_regions(lambda f: comp(f, None),
+                              lambda f: comp(f, True, PROMPT_REGION_OPTIONS))
         compiled = {name: comp(f, True if name in GLUE_FUNCTIONS else None)
                     for name, f in PURE_FUNCTIONS.items()}
         for name in SAMPLERS:
