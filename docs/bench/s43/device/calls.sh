@@ -8,8 +8,8 @@
 # Any GPU (4 layers of the FP8 80B shapes):
 #   wf cold compiles' text with the prompt regions untiled (compiling.PROMPT_REGION_OPTIONS):
 #      two cold warm-ups side by side on caches of their own, one without compile workers and
-#      one with two (batch_mtp W16 N=8), their digests compared; then the first cache warm in a
-#      new process, and cache_diff.py over the two cold caches (configurations that differ)
+#      one with two (batch_mtp W16 N=8), their digests compared; then cache_diff.py over the
+#      two cold caches (the timed kernels' configurations that differ)
 # Carry .whl and .dev/s42 (the tree's CUDA extension for Python 3.12, stripped, xz; the kernel
 # sources are unchanged since session 42's factor commit).
 set -u
@@ -40,9 +40,6 @@ wf)
   wait
   for N in c1 c2; do grep -h "warm-up: 60\|compile workers: \|rep 0" $R/fp8_$N.log | sed "s/^/$N: /"; done
   digests $R/fp8_c1.json $R/fp8_c2.json
-  TORCHINDUCTOR_CACHE_DIR=/tmp/ind_c1 TRITON_CACHE_DIR=/tmp/ind_c1/triton timeout 130 python3 scripts/bench_engine.py $W --repeats 1 --compile-workers 0 --json $R/warm_c1.json > $R/warm_c1.log 2>&1
-  grep -h "warm-up: 60\|rep 0" $R/warm_c1.log | sed "s/^/warm c1: /"
-  digests $R/fp8_c1.json $R/warm_c1.json
   python3 docs/bench/s42/device/cache_diff.py /tmp/ind_c1 /tmp/ind_c2 > $R/cache_diff.txt 2>&1
   head -3 $R/cache_diff.txt; grep -c "R0_BLOCK" $R/cache_diff.txt
   tar czf $OUT/r.tgz -C $OUT r ;;
