@@ -475,9 +475,10 @@ MOE_MAX_ROW_BYTES = 8192
 
 
 def conv_set_options(int flags=-1):
-    """causal_conv_window's launch switch (bit 1: the earlier serial kernel, one thread per
-    channel walking the rows; the results are the same bits). flags < 0 only reads. Returns
-    the previous flags."""
+    """causal_conv_window's launch switches (bit 1: the earlier serial kernel, one thread per
+    channel walking the rows; bit 2, on by default: gated_delta_window_prep's kernel as a
+    programmatic dependent launch on sm_90+; the results are the same bits). flags < 0 only
+    reads. Returns the previous flags."""
     return strata_gpu_conv_set_options(flags)
 
 

@@ -343,6 +343,33 @@ def test_graph_gated_delta_prep():
                                                        128 ** -0.5, 1e-6), lambda o: list(o))
 
 
+def test_gated_delta_prep_programmatic_launch_same_bits_after_any_kernel():
+    """gated_delta_window_prep as a programmatic dependent launch (conv_launch_options(gdn_pdl),
+    on by default) gives the plain launch's bits, also where the kernel just before it is the
+    caller's conversion of group_slot (int32 -> int64) or a copy of the state: it reads nothing
+    before the kernel before it is done."""
+    x, ba, neg_a, dt_bias, st, gs = gdn_prep_case(8, 4, 16, 32, 128, 128, 9, torch.bfloat16)
+    args = (neg_a, dt_bias)
+    was = C.conv_launch_options()["gdn_pdl"]
+    try:
+        C.conv_launch_options(gdn_pdl=False)
+        ro, rs = C.gpu_gated_delta_window_prep(x, ba, *args, st, gs, 16, 128, 128 ** -0.5, 1e-6)
+        C.conv_launch_options(gdn_pdl=True)
+        for _ in range(20):
+            busy = torch.randn(4096, 4096, device=DEV) @ torch.randn(4096, 4096, device=DEV)
+            st2 = st.clone()  # a copy kernel right before the rule's launch
+            o1, s1 = C.gpu_gated_delta_window_prep(x, ba, *args, st2, gs, 16, 128,
+                                                   128 ** -0.5, 1e-6)
+            gs32 = gs.to(torch.int32) + 0 * busy[:1, :1].to(torch.int32)
+            o2, s2 = C.gpu_gated_delta_window_prep(x, ba, *args, st, gs32, 16, 128,
+                                                   128 ** -0.5, 1e-6)  # converted in the call
+            torch.cuda.synchronize()
+            assert torch.equal(o1, ro) and torch.equal(s1, rs)
+            assert torch.equal(o2, ro) and torch.equal(s2, rs)
+    finally:
+        C.conv_launch_options(gdn_pdl=was)
+
+
 def test_gated_delta_prep_bad_arguments():
     x, ba, neg_a, dt_bias, st, gs = gdn_prep_case(2, 2, 2, 4, 64, 64, 3, torch.bfloat16)
     with pytest.raises(ValueError, match="not a multiple of 3 key heads"):

@@ -792,19 +792,49 @@ struct GdnParams {
 };
 
 constexpr int GDN_GROUPS = 8;  // 8 groups of 32 threads split Dk; 32 lanes = 32 Dv columns
+// Rows staged in shared memory at a time: = GDN_GROUPS, so warp w loads chunk row w's v and
+// reduces its output.
+constexpr int GDN_CHUNK = GDN_GROUPS;
 
+// Programmatic dependent launch (sm_90+; elsewhere a no-op): the prepared form is launched as a
+// dependent of the kernel before it (the conv, in a window) and waits here, before its first
+// read, for that grid to finish and flush: its blocks are resident and started while the conv
+// ends, and nothing is read early (a caller's conversion of group_slot, or a copy of the state,
+// may be the kernel just before).
+__device__ __forceinline__ void gdn_wait_primary() {
+#if !STRATA_PLATFORM_HIP && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+
+// A row's inputs come from shared memory, staged GDN_CHUNK rows at a time: each chunk's global
+// loads are issued before the chunk before it runs its rows and land in shared memory after
+// them, so their latency is paid once per chunk and mostly hidden (a row waited on its loads,
+// two barriers and its gates' math). Per row one barrier remains (the Dk reduction, red double
+// buffered); each row's output is reduced once per chunk. Every element's arithmetic and its
+// order are those of the row-by-row kernel (same expressions, same threads' shares of Dk).
+// Three blocks an SM up to Dk 128 (80 registers, no spills; without the bound ptxas took up
+// to 127, two blocks).
 template <int KPT, bool PREP>
-__global__ void __launch_bounds__(256) gdn_kernel(GdnParams p) {
+__global__ void __launch_bounds__(256, (KPT <= 16 && !STRATA_PLATFORM_HIP) ? 3 : 1)
+    gdn_kernel(GdnParams p) {
   constexpr int KT = GDN_GROUPS * KPT;
-  __shared__ float qs[2][KT];
-  __shared__ float ks[2][KT];
-  __shared__ float sumsq[2][2][GDN_GROUPS];  // PREP: each warp's sums of q^2 and k^2, by row parity
-  __shared__ float red[GDN_GROUPS][32];
-  __shared__ float red2[GDN_GROUPS][32];
+  constexpr int CH = GDN_CHUNK;
+  __shared__ __align__(16) float qs[2][CH][KT];
+  __shared__ __align__(16) float ks[2][CH][KT];
+  __shared__ float vs[2][CH][32];
+  __shared__ float decs[2][CH];  // expf(g)
+  __shared__ float bs[2][CH];    // beta
+  __shared__ float iqs[2][CH];   // PREP: the rows' norms (q's times q_scale)
+  __shared__ float iks[2][CH];
+  __shared__ float sumsq[CH][2][GDN_GROUPS];  // PREP: each warp's sums of q^2 and k^2
+  __shared__ float red[2][GDN_GROUPS][32];
+  __shared__ float outs[CH][GDN_GROUPS][32];
   const int vt = blockIdx.x, hh = blockIdx.y, n = blockIdx.z;
   const int tid = threadIdx.x, lane = tid & 31, w = tid >> 5;
   const int v = vt * 32 + lane;
   const bool vok = v < p.dv;
+  gdn_wait_primary();
   const int64_t slot = clamp_slot(p.group_slot[n], p.nslots);
   const float* st = p.state + slot * p.state_slot_stride + (int64_t)hh * p.dk * p.dv;
   // STRATA_GDN_FACTORS: row r's [k | delta | decay] at snaps + r * fw, each written once:
@@ -818,112 +848,165 @@ __global__ void __launch_bounds__(256) gdn_kernel(GdnParams p) {
     const int kk = w * KPT + i;
     s[i] = (vok && kk < p.dk) ? st[(int64_t)kk * p.dv + v] : 0.f;
   }
-  int64_t prev_row = -1;
-  // A row's inputs are fetched into registers one row ahead, so their global loads are in
-  // flight while the row before runs (KT <= 256: one q and one k element per thread): a
-  // prompt chunk's 64 rows were bound by each row's load latency.
-  float qn = 0.f, kn = 0.f, gn = 0.f, bn = 0.f, vn = 0.f;
-  auto fetch = [&](int j) {
+  // Staging registers: thread tid's q and k element of each chunk row (zero at and past Dk),
+  // warp w's v of chunk row w, and thread tid < CH's raw beta and gate of chunk row tid.
+  float qn[CH], kn[CH], vn = 0.f, bn = 0.f, gn = 0.f;
+  const int kh = PREP ? hh / p.rep : 0, nk = PREP ? p.h / p.rep : 0;
+  auto load = [&](int j0) {
     const bool ok = tid < p.dk;
+#pragma unroll
+    for (int r = 0; r < CH; ++r) {
+      const int j = j0 + r;
+      const bool rok = ok && j < p.g;
+      if (PREP) {
+        const int64_t x0 = ((int64_t)n * p.g + j) * p.x_row;
+        qn[r] = rok ? load_as_float(p.q, p.q_dtype, x0 + (int64_t)kh * p.dk + tid) : 0.f;
+        kn[r] = rok ? load_as_float(p.q, p.q_dtype, x0 + (int64_t)(nk + kh) * p.dk + tid) : 0.f;
+      } else {
+        const int64_t r0 = (((int64_t)n * p.g + j) * p.h + hh) * p.dk;
+        qn[r] = rok ? load_as_float(p.q, p.q_dtype, r0 + tid) : 0.f;
+        kn[r] = rok ? load_as_float(p.k, p.k_dtype, r0 + tid) : 0.f;
+      }
+    }
+    const int jv = j0 + w;
     if (PREP) {
-      const int64_t row = (int64_t)n * p.g + j;
-      const int kh = hh / p.rep, nk = p.h / p.rep;
-      const int64_t x0 = row * p.x_row;
-      qn = ok ? load_as_float(p.q, p.q_dtype, x0 + (int64_t)kh * p.dk + tid) : 0.f;
-      kn = ok ? load_as_float(p.q, p.q_dtype, x0 + (int64_t)(nk + kh) * p.dk + tid) : 0.f;
-      vn = vok ? load_as_float(p.q, p.q_dtype, x0 + 2ll * nk * p.dk + (int64_t)hh * p.dv + v)
-               : 0.f;
-      const int64_t b0 = row * p.ba_row + (int64_t)kh * 2 * p.rep + (hh - kh * p.rep);
-      // beta in b's dtype, as the model's sigmoid(b) (and transformers') rounds it
-      bn = round_through(1.f / (1.f + expf(-load_as_float(p.beta, p.b_dtype, b0))), p.b_dtype);
-      const float a = load_as_float(p.gate, p.g_dtype, b0 + p.rep) + p.dt_bias[hh];
-      gn = p.neg_a[hh] * (a > 20.f ? a : log1pf(expf(a)));  // softplus, torch's threshold
+      const int64_t x0 = ((int64_t)n * p.g + jv) * p.x_row;
+      vn = (vok && jv < p.g) ? load_as_float(p.q, p.q_dtype, x0 + 2ll * nk * p.dk +
+                                             (int64_t)hh * p.dv + v) : 0.f;
     } else {
-      const int64_t r = ((int64_t)n * p.g + j) * p.h + hh;
-      qn = ok ? load_as_float(p.q, p.q_dtype, r * p.dk + tid) : 0.f;
-      kn = ok ? load_as_float(p.k, p.k_dtype, r * p.dk + tid) : 0.f;
-      gn = load_as_float(p.gate, p.g_dtype, r);
-      bn = load_as_float(p.beta, p.b_dtype, r);
-      vn = vok ? load_as_float(p.v, p.v_dtype, r * p.dv + v) : 0.f;
+      vn = (vok && jv < p.g)
+               ? load_as_float(p.v, p.v_dtype, (((int64_t)n * p.g + jv) * p.h + hh) * p.dv + v)
+               : 0.f;
+    }
+    const int jb = j0 + tid;
+    if (tid < CH && jb < p.g) {
+      if (PREP) {
+        const int64_t b0 = ((int64_t)n * p.g + jb) * p.ba_row + (int64_t)kh * 2 * p.rep +
+                           (hh - kh * p.rep);
+        bn = load_as_float(p.beta, p.b_dtype, b0);
+        gn = load_as_float(p.gate, p.g_dtype, b0 + p.rep);
+      } else {
+        const int64_t r = ((int64_t)n * p.g + jb) * p.h + hh;
+        gn = load_as_float(p.gate, p.g_dtype, r);
+        bn = load_as_float(p.beta, p.b_dtype, r);
+      }
     }
   };
-  if (p.g > 0) fetch(0);
-  for (int j = 0; j < p.g; ++j) {
-    const int64_t row = ((int64_t)n * p.g + j) * p.h + hh;
-    const int buf = j & 1;
-    if (tid < KT) {
-      qs[buf][tid] = qn;
-      ks[buf][tid] = kn;
-    }
-    if (factors && vt == 0 && tid < p.dk) p.snaps[row * fw + tid] = kn;  // (PREP: raw, as ks)
-    if (PREP) {  // (threads at and past Dk hold zeros)
-      float sq = qn * qn, sk = kn * kn;
+  // The staged rows into buffer b (their k factors and decays too); PREP: each warp's sums of
+  // squares for norms(), after a barrier.
+  auto store = [&](int b, int j0) {
 #pragma unroll
-      for (int o = 16; o > 0; o >>= 1) {
-        sq += STRATA_SHFL_XOR(sq, o, 32);
-        sk += STRATA_SHFL_XOR(sk, o, 32);
+    for (int r = 0; r < CH; ++r) {
+      if (tid < KT) {
+        qs[b][r][tid] = qn[r];
+        ks[b][r][tid] = kn[r];
       }
-      if (lane == 0) {
-        sumsq[buf][0][w] = sq;
-        sumsq[buf][1][w] = sk;
-      }
-    }
-    const float decay = expf(gn);
-    if (factors && vt == 0 && tid == 0) p.snaps[row * fw + p.dk + p.dv] = decay;
-    const float b = bn;
-    const float vv = vn;
-    if (j + 1 < p.g) fetch(j + 1);
-    __syncthreads();  // (1) q/k of this row visible; red2 of the previous row complete
-    if (prev_row >= 0 && w == 0 && vok) {
-      float acc = 0.f;
+      const int64_t row = ((int64_t)n * p.g + j0 + r) * p.h + hh;
+      if (factors && vt == 0 && tid < p.dk && j0 + r < p.g)
+        p.snaps[row * fw + tid] = kn[r];  // (PREP: raw, as ks)
+      if (PREP) {  // (threads at and past Dk hold zeros)
+        float sq = qn[r] * qn[r], sk = kn[r] * kn[r];
 #pragma unroll
-      for (int ww = 0; ww < GDN_GROUPS; ++ww) acc += red2[ww][lane];
-      p.out[prev_row * p.dv + v] = acc;
+        for (int o = 16; o > 0; o >>= 1) {
+          sq += STRATA_SHFL_XOR(sq, o, 32);
+          sk += STRATA_SHFL_XOR(sk, o, 32);
+        }
+        if (lane == 0) {
+          sumsq[r][0][w] = sq;
+          sumsq[r][1][w] = sk;
+        }
+      }
     }
-    // PREP: q and k are used raw and the row's norms applied to the sums they enter
-    float iq = 1.f, ik = 1.f;
-    if (PREP) {
+    vs[b][w][lane] = vn;
+    const int jb = j0 + tid;
+    if (tid < CH && jb < p.g) {
+      float beta = bn, g = gn;
+      if (PREP) {
+        // beta in b's dtype, as the model's sigmoid(b) (and transformers') rounds it
+        beta = round_through(1.f / (1.f + expf(-bn)), p.b_dtype);
+        const float a = gn + p.dt_bias[hh];
+        g = p.neg_a[hh] * (a > 20.f ? a : log1pf(expf(a)));  // softplus, torch's threshold
+      }
+      const float decay = expf(g);
+      bs[b][tid] = beta;
+      decs[b][tid] = decay;
+      if (factors && vt == 0)
+        p.snaps[(((int64_t)n * p.g + jb) * p.h + hh) * fw + p.dk + p.dv] = decay;
+    }
+  };
+  // PREP: row tid's norms from sumsq (after the barrier past store; read after the next one)
+  auto norms = [&](int b) {
+    if (PREP && tid < CH) {
       float sq = 0.f, sk = 0.f;
 #pragma unroll
       for (int ww = 0; ww < GDN_GROUPS; ++ww) {
-        sq += sumsq[buf][0][ww];
-        sk += sumsq[buf][1][ww];
+        sq += sumsq[tid][0][ww];
+        sk += sumsq[tid][1][ww];
       }
-      iq = rsqrtf(sq + p.eps) * p.q_scale;
-      ik = rsqrtf(sk + p.eps);
+      iqs[b][tid] = rsqrtf(sq + p.eps) * p.q_scale;
+      iks[b][tid] = rsqrtf(sk + p.eps);
     }
-    // The state update's two roundings are spelled out (s * decay rounded, then one FMA of
-    // k delta onto it): commit_kernel replays it from the factors with the same two calls. As
-    // plain `s *= decay; s += k * delta` nvcc contracted it here to fma(k, delta, s * decay)
-    // (s * decay also feeds kvp) but in the replay, where s * decay has no other use, to
-    // fma(s, decay, k * delta): other bits (PTX of both, CUDA 13.0).
-    float kvp = 0.f;
+  };
+  load(0);
+  store(0, 0);
+  __syncthreads();
+  norms(0);
+  for (int j0 = 0; j0 < p.g; j0 += CH) {
+    const int b = (j0 / CH) & 1;
+    const int rows = p.g - j0 < CH ? p.g - j0 : CH;
+    const bool more = j0 + CH < p.g;
+    // in flight while this chunk's rows run (PREP, whose windows are rarely past one chunk:
+    // loaded after them, which kept its registers at the plain form's)
+    if (more && !PREP) load(j0 + CH);
+    for (int r = 0; r < rows; ++r) {
+      const int j = j0 + r;
+      const int64_t row = ((int64_t)n * p.g + j) * p.h + hh;
+      const float decay = decs[b][r];
+      // The state update's two roundings are spelled out (s * decay rounded, then one FMA of
+      // k delta onto it): commit_kernel replays it from the factors with the same two calls.
+      // As plain `s *= decay; s += k * delta` nvcc contracted it here to fma(k, delta,
+      // s * decay) (s * decay also feeds kvp) but in the replay, where s * decay has no other
+      // use, to fma(s, decay, k * delta): other bits (PTX of both, CUDA 13.0).
+      float kvp = 0.f;
 #pragma unroll
-    for (int i = 0; i < KPT; ++i) {
-      s[i] = __fmul_rn(s[i], decay);
-      kvp += ks[buf][w * KPT + i] * s[i];
+      for (int i = 0; i < KPT; ++i) {
+        s[i] = __fmul_rn(s[i], decay);
+        kvp += ks[b][r][w * KPT + i] * s[i];
+      }
+      red[j & 1][w][lane] = kvp;
+      __syncthreads();  // red complete (and the chunk's norms visible)
+      float kvm = 0.f;
+#pragma unroll
+      for (int ww = 0; ww < GDN_GROUPS; ++ww) kvm += red[j & 1][ww][lane];
+      // PREP: q and k are used raw and the row's norms applied to the sums they enter
+      if (PREP) kvm *= iks[b][r];
+      float delta = (vs[b][r][lane] - kvm) * bs[b][r];
+      if (PREP) delta *= iks[b][r];  // s += (k ik) delta
+      if (factors && w == 0 && vok) p.snaps[row * fw + p.dk + v] = delta;
+      float op = 0.f;
+      float* snap = p.snaps + row * (int64_t)p.dk * p.dv;
+      const bool write_snap = vok && p.mode == STRATA_GDN_SNAPS;
+#pragma unroll
+      for (int i = 0; i < KPT; ++i) {
+        const int kk = w * KPT + i;
+        s[i] = __fmaf_rn(ks[b][r][kk], delta, s[i]);
+        op += qs[b][r][kk] * s[i];
+        if (write_snap && kk < p.dk) snap[(int64_t)kk * p.dv + v] = s[i];
+      }
+      outs[r][w][lane] = PREP ? op * iqs[b][r] : op;
     }
-    red[w][lane] = kvp;
-    __syncthreads();  // (2)
-    float kvm = 0.f;
-#pragma unroll
-    for (int ww = 0; ww < GDN_GROUPS; ++ww) kvm += red[ww][lane];
-    if (PREP) kvm *= ik;
-    float delta = (vv - kvm) * b;
-    if (PREP) delta *= ik;  // s += (k ik) delta
-    if (factors && w == 0 && vok) p.snaps[row * fw + p.dk + v] = delta;
-    float op = 0.f;
-    float* snap = p.snaps + row * (int64_t)p.dk * p.dv;
-    const bool write_snap = vok && p.mode == STRATA_GDN_SNAPS;
-#pragma unroll
-    for (int i = 0; i < KPT; ++i) {
-      const int kk = w * KPT + i;
-      s[i] = __fmaf_rn(ks[buf][kk], delta, s[i]);
-      op += qs[buf][kk] * s[i];
-      if (write_snap && kk < p.dk) snap[(int64_t)kk * p.dv + v] = s[i];
+    if (more) {
+      if (PREP) load(j0 + CH);
+      store(b ^ 1, j0 + CH);
     }
-    red2[w][lane] = PREP ? op * iq : op;
-    prev_row = row;
+    __syncthreads();  // outs complete; the next chunk staged
+    if (w < rows && vok) {
+      float acc = 0.f;
+#pragma unroll
+      for (int ww = 0; ww < GDN_GROUPS; ++ww) acc += outs[w][ww][lane];
+      p.out[(((int64_t)n * p.g + j0 + w) * p.h + hh) * p.dv + v] = acc;
+    }
+    if (more) norms(b ^ 1);
   }
   if (p.mode == STRATA_GDN_FINAL && vok) {
     float* fin = p.snaps + ((int64_t)n * p.h + hh) * p.dk * p.dv;
@@ -933,20 +1016,13 @@ __global__ void __launch_bounds__(256) gdn_kernel(GdnParams p) {
       if (kk < p.dk) fin[(int64_t)kk * p.dv + v] = s[i];
     }
   }
-  __syncthreads();
-  if (prev_row >= 0 && w == 0 && vok) {
-    float acc = 0.f;
-#pragma unroll
-    for (int ww = 0; ww < GDN_GROUPS; ++ww) acc += red2[ww][lane];
-    p.out[prev_row * p.dv + v] = acc;
-  }
 }
 
 // ------------------------------------------------------------------------------------------------
 // causal depthwise conv + SiLU over a group's rows
 
 constexpr int CONV_MAX_K = 16;
-int g_conv_options = 0;  // STRATA_CONV_* (strata_kernels.h)
+int g_conv_options = STRATA_CONV_GDN_PDL;  // STRATA_CONV_* (strata_kernels.h)
 
 struct ConvParams {
   const void* x;
@@ -1394,17 +1470,40 @@ int launch_conv(const void* x, int x_dtype, int64_t x_row, int gnk, int gdk, int
   return take_launch_error(what);
 }
 
+template <int KPT, bool PREP>
+void launch_gdn_kpt(const GdnParams& p, dim3 grid, cudaStream_t st, bool pdl) {
+#if !STRATA_PLATFORM_HIP
+  if (pdl) {
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = grid;
+    cfg.blockDim = dim3(256);
+    cfg.stream = st;
+    cudaLaunchAttribute attr[1];
+    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[0].val.programmaticStreamSerializationAllowed = 1;
+    cfg.attrs = attr;
+    cfg.numAttrs = 1;
+    cudaLaunchKernelEx(&cfg, gdn_kernel<KPT, PREP>, p);
+    return;
+  }
+#endif
+  (void)pdl;
+  gdn_kernel<KPT, PREP><<<grid, 256, 0, st>>>(p);
+}
+
+// pdl: a programmatic dependent launch (gdn_wait_primary, before any read): the prepared form,
+// whose kernel before it in a window is the conv.
 template <bool PREP>
-int launch_gdn(const GdnParams& p, int64_t ng, uintptr_t stream, const char* what) {
+int launch_gdn(const GdnParams& p, int64_t ng, uintptr_t stream, const char* what, bool pdl) {
   dim3 grid(ceil_div_u(p.dv, 32), (unsigned)p.h, (unsigned)ng);
   cudaStream_t st = (cudaStream_t)stream;
   const int kpt = (p.dk + GDN_GROUPS - 1) / GDN_GROUPS;
-  if (kpt <= 1) gdn_kernel<1, PREP><<<grid, 256, 0, st>>>(p);
-  else if (kpt <= 2) gdn_kernel<2, PREP><<<grid, 256, 0, st>>>(p);
-  else if (kpt <= 4) gdn_kernel<4, PREP><<<grid, 256, 0, st>>>(p);
-  else if (kpt <= 8) gdn_kernel<8, PREP><<<grid, 256, 0, st>>>(p);
-  else if (kpt <= 16) gdn_kernel<16, PREP><<<grid, 256, 0, st>>>(p);
-  else gdn_kernel<32, PREP><<<grid, 256, 0, st>>>(p);
+  if (kpt <= 1) launch_gdn_kpt<1, PREP>(p, grid, st, pdl);
+  else if (kpt <= 2) launch_gdn_kpt<2, PREP>(p, grid, st, pdl);
+  else if (kpt <= 4) launch_gdn_kpt<4, PREP>(p, grid, st, pdl);
+  else if (kpt <= 8) launch_gdn_kpt<8, PREP>(p, grid, st, pdl);
+  else if (kpt <= 16) launch_gdn_kpt<16, PREP>(p, grid, st, pdl);
+  else launch_gdn_kpt<32, PREP>(p, grid, st, pdl);
   return take_launch_error(what);
 }
 
@@ -1629,7 +1728,7 @@ int strata_gpu_gated_delta(const void* q, int q_dtype, const void* k, int k_dtyp
   p.v_dtype = v_dtype;
   p.g_dtype = g_dtype;
   p.b_dtype = b_dtype;
-  return launch_gdn<false>(p, ng, stream, "gated_delta_window: gdn_kernel");
+  return launch_gdn<false>(p, ng, stream, "gated_delta_window: gdn_kernel", false);
 }
 
 int strata_gpu_gated_delta_prep(const void* x, int x_dtype, int64_t x_row, const void* ba,
@@ -1660,7 +1759,8 @@ int strata_gpu_gated_delta_prep(const void* x, int x_dtype, int64_t x_row, const
   p.dt_bias = dt_bias;
   p.q_scale = q_scale;
   p.eps = eps;
-  return launch_gdn<true>(p, ng, stream, "gated_delta_window_prep: gdn_kernel");
+  const bool pdl = (g_conv_options & STRATA_CONV_GDN_PDL) && gpu_device_has_pdl(device);
+  return launch_gdn<true>(p, ng, stream, "gated_delta_window_prep: gdn_kernel", pdl);
 }
 
 int strata_gpu_commit(const int64_t* accept, const int64_t* group_slot, const int64_t* group_pos,
@@ -1721,4 +1821,21 @@ int strata_gpu_commit(const int64_t* accept, const int64_t* group_slot, const in
 namespace strata {
 void gpu_set_last_kernel(const char* name) { g_last_kernel = name; }
 int gpu_use_device(int device) { return use_device(device); }
+
+// Cached per device: the launch paths ask on every call.
+bool gpu_device_has_pdl(int device) {
+#if STRATA_PLATFORM_HIP
+  (void)device;
+  return false;
+#else
+  static int cached[64];  // 0 unknown, 1 no, 2 yes; benign race (same value written)
+  if (device < 0 || device >= 64) return false;
+  if (!cached[device]) {
+    int major = 0;
+    cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device);
+    cached[device] = major >= 9 ? 2 : 1;
+  }
+  return cached[device] == 2;
+#endif
+}
 }  // namespace strata

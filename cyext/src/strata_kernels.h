@@ -50,6 +50,9 @@ int strata_gpu_attention(const void* q, int q_dtype, const void* k_cache, const 
 // thread per channel walking the rows) instead of one thread per (channel, row); the same bits
 // either way. flags < 0 only reads. Returns the previous flags.
 #define STRATA_CONV_SERIAL 1
+// STRATA_CONV_GDN_PDL (on by default): gated_delta_window_prep's kernel as a programmatic
+// dependent launch of the conv before it (sm_90+), the same bits.
+#define STRATA_CONV_GDN_PDL 2
 int strata_gpu_conv_set_options(int flags);
 int strata_gpu_causal_conv(const void* x, int x_dtype, const void* conv_state, int state_dtype,
                            int64_t state_slot_stride, int64_t nslots, const void* weight,

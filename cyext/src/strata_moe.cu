@@ -385,23 +385,6 @@ int g_moe_options = STRATA_MOE_PDL | STRATA_MOE_EARLY | STRATA_MOE_DB | STRATA_M
                     STRATA_LINEAR_SPLIT | STRATA_LINEAR_SPLIT_PAIR | STRATA_MOE_GU_MMA |
                     STRATA_MOE_DOWN_SPLIT | STRATA_MOE_X_GLOBAL | STRATA_MOE_DOWN_MMA;
 
-// Whether the device runs programmatic dependent launches (sm_90+), cached per device.
-bool device_has_pdl(int device) {
-#if STRATA_PLATFORM_HIP
-  (void)device;
-  return false;
-#else
-  static int cached[64];  // 0 unknown, 1 no, 2 yes; benign race (same value written)
-  if (device < 0 || device >= 64) return false;
-  if (!cached[device]) {
-    int major = 0;
-    cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device);
-    cached[device] = major >= 9 ? 2 : 1;
-  }
-  return cached[device] == 2;
-#endif
-}
-
 template <typename W, int CPL, int U, bool DB>
 int launch_moe_down_kernel(const MoeParams& p, cudaStream_t st, bool pdl) {
   const dim3 grid(ceil_div_u(p.H, MOE_TILE));
@@ -464,7 +447,7 @@ int launch_moe(const MoeParams& p, int device, cudaStream_t st) {
   }
   int rc = take_launch_error("moe_experts: moe_gate_up_kernel");
   if (rc) return rc;
-  const bool pdl = (g_moe_options & STRATA_MOE_PDL) && device_has_pdl(device);
+  const bool pdl = (g_moe_options & STRATA_MOE_PDL) && gpu_device_has_pdl(device);
   const bool db = (g_moe_options & STRATA_MOE_DB) != 0;
   switch (ci) {
     case 1: return launch_moe_down<W, 1>(p, st, pdl, db);
@@ -619,7 +602,7 @@ int strata_gpu_moe_wide_takes(int64_t n, int64_t k, int64_t E, int64_t H, int64_
   (void)x_dtype; (void)device;
   return 0;
 #else
-  if (gpu_use_device(device) || !device_has_pdl(device)) return 0;
+  if (gpu_use_device(device) || !gpu_device_has_pdl(device)) return 0;
   if (!moe_wide_allowed(w_dtype, false, n, n * k) || !(g_moe_options & STRATA_MOE_STREAM) ||
       n < 17 || bo < 1 || bi < 1)
     return 0;
@@ -718,7 +701,7 @@ int strata_gpu_moe_experts(const void* x, int x_dtype, const void* w_gate_up, co
   // A cache that can miss runs the streamed kernels too with STRATA_MOE_STREAM_MISS (on): their
   // bulk copies read missing experts from the host store; off, the per-block kernels.
   const bool stream_ok = p.all_resident || (g_moe_options & STRATA_MOE_STREAM_MISS);
-  if ((g_moe_options & STRATA_MOE_STREAM) && stream_ok && device_has_pdl(device)) {
+  if ((g_moe_options & STRATA_MOE_STREAM) && stream_ok && gpu_device_has_pdl(device)) {
     bool launched = false;
     rc = launch_moe_stream(p, w_dtype, device, (g_moe_options & STRATA_MOE_PDL) != 0,
                            (g_moe_options & STRATA_MOE_STREAM_ALL) != 0, st, &launched);

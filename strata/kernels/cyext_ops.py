@@ -744,16 +744,20 @@ def moe_launch_options(pdl=None, early=None, wide=None, db=None, xsmem=None, str
             "wide_rows": _moe_wide_rows, "l2_prefetch": _l2_prefetch}
 
 
-def conv_launch_options(serial=None) -> dict:
-    """Read or set causal_conv_window's launch switch on the GPU extension (process-wide; both
+def conv_launch_options(serial=None, gdn_pdl=None) -> dict:
+    """Read or set causal_conv_window's launch switches on the GPU extension (process-wide; all
     settings give the same bits): `serial` (off), the earlier kernel where one thread per channel
-    walks the group's rows, instead of one thread per (channel, row). None leaves it as it is.
-    Returns the switch now in force."""
+    walks the group's rows, instead of one thread per (channel, row); `gdn_pdl` (on), the
+    prepared delta rule (gated_delta_window_prep) as a programmatic dependent launch of the conv
+    before it (sm_90+): its blocks start while the conv finishes and wait for it before their
+    first read. None leaves a switch as it is. Returns the switches now in force."""
     flags = _gpu.conv_set_options(-1)
     if serial is not None:
         flags = (flags | 1) if serial else (flags & ~1)
+    if gdn_pdl is not None:
+        flags = (flags | 2) if gdn_pdl else (flags & ~2)
     _gpu.conv_set_options(flags)
-    return {"serial": bool(flags & 1)}
+    return {"serial": bool(flags & 1), "gdn_pdl": bool(flags & 2)}
 
 
 def moe_workspace_numel(rows: int, k: int, inter: int, hidden: int = 0) -> int:
