@@ -5,15 +5,19 @@
 #      workers on (auto): solo spec 4 with and without engine.draft_vocab=32768 in one process
 #      (the first engine's warm-up is the warm-up goal's figure), then batch_mtp W16 N=8 with
 #      and without it (session 41's step a, now on this tree)
-# Any GPU (4 layers of the FP8 80B shapes):
+# Any GPU:
+#   k  the new kernels against session 42's extension (main's kernels before): the routed
+#      experts' prompt launches (wide_moe.py: 64-512 rows, bits and time) and the gated delta
+#      rule (gdn_ab.py: windows and prompt chunks, bits and time); then the GPU tests of the
+#      kernels they touch and of every backend and mode giving the same text
 #   wf cold compiles' text with the prompt regions untiled (compiling.PROMPT_REGION_OPTIONS):
 #      two cold warm-ups side by side on caches of their own, one without compile workers and
 #      one with two (batch_mtp W16 N=8), their digests compared; then cache_diff.py over the
 #      two cold caches (the timed kernels' configurations that differ)
-# Carry .whl and .dev/s42 (the tree's CUDA extension for Python 3.12, stripped, xz; the kernel
-# sources are unchanged since session 42's factor commit).
+# Carry .whl, .dev/s43 (the tree's CUDA extension for Python 3.12, stripped, xz) and .dev/s42
+# (session 42's, the kernels before; SO=.dev/s42/new_cuda.so.xz runs a step on it).
 set -u
-. docs/bench/device_common.sh .dev/s42/new_cuda.so.xz
+. docs/bench/device_common.sh .dev/s43/new_cuda.so.xz
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader | tee $R/gpu.txt
 digests() {
   python3 - "$@" <<'PY'
@@ -31,6 +35,12 @@ a)
   grep -h "warm-up: \|compile workers" $R/solo4.log
   TAIL=10 st n8 250 python3 scripts/bench_engine.py $F --configs batch_mtp_w16,batch_mtp_w16_draft32k --n 8 --max-tokens 64 --repeats 2 --json $R/n8.json
   grep -h "warm-up: \|compile workers" $R/n8.log ;;
+k)
+  unxz -c .dev/s42/new_cuda.so.xz > /tmp/old_cuda.so
+  TAIL=8 st wide_moe 130 python3 docs/bench/s43/device/wide_moe.py /tmp/old_cuda.so
+  TAIL=16 st gdn_ab 100 python3 docs/bench/s43/device/gdn_ab.py /tmp/old_cuda.so
+  TAIL=8 st gpu_tests 180 python3 -m pytest -q -p no:warnings -rf -o addopts="" -m gpu tests/test_kernels_gpu.py tests/test_moe_kernels.py -k "gated or commit or factor or conv or wide or fp8"
+  TAIL=6 st gpu_text 130 python3 -m pytest -q -p no:warnings -rf -o addopts="" -m gpu tests/test_engine_backends.py -k "gpu_backends_and_modes" ;;
 wf)
   W="$F --layers 4 --configs batch_mtp_w16 --n 8 --max-tokens 64"
   for RUN in c1:0 c2:2; do
