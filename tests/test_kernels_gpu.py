@@ -360,7 +360,7 @@ def test_gated_delta_prep_programmatic_launch_same_bits_after_any_kernel():
             st2 = st.clone()  # a copy kernel right before the rule's launch
             o1, s1 = C.gpu_gated_delta_window_prep(x, ba, *args, st2, gs, 16, 128,
                                                    128 ** -0.5, 1e-6)
-            gs32 = gs.to(torch.int32) + 0 * busy[:1, :1].to(torch.int32)
+            gs32 = gs.to(torch.int32) + 0 * busy[0, 0].to(torch.int32)
             o2, s2 = C.gpu_gated_delta_window_prep(x, ba, *args, st, gs32, 16, 128,
                                                    128 ** -0.5, 1e-6)  # converted in the call
             torch.cuda.synchronize()
