@@ -29,6 +29,7 @@
 #include "strata_common.h"
 #include "strata_kernels.h"
 #include "strata_gpu_internal.h"
+#include "strata_pdl.cuh"
 
 #include <math.h>
 #include <stdint.h>
@@ -796,16 +797,10 @@ constexpr int GDN_GROUPS = 8;  // 8 groups of 32 threads split Dk; 32 lanes = 32
 // reduces its output.
 constexpr int GDN_CHUNK = GDN_GROUPS;
 
-// Programmatic dependent launch (sm_90+; elsewhere a no-op): the prepared form is launched as a
-// dependent of the kernel before it (the conv, in a window) and waits here, before its first
-// read, for that grid to finish and flush: its blocks are resident and started while the conv
-// ends, and nothing is read early (a caller's conversion of group_slot, or a copy of the state,
-// may be the kernel just before).
-__device__ __forceinline__ void gdn_wait_primary() {
-#if !STRATA_PLATFORM_HIP && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("griddepcontrol.wait;" ::: "memory");
-#endif
-}
+// The prepared form is launched as a programmatic dependent of the kernel before it (the conv,
+// in a window) and waits (pdl_wait_primary) before its first read: its blocks are resident and
+// started while the conv ends, and nothing is read early (a caller's conversion of group_slot,
+// or a copy of the state, may be the kernel just before).
 
 // A row's inputs come from shared memory, staged GDN_CHUNK rows at a time: each chunk's global
 // loads are issued before the chunk before it runs its rows and land in shared memory after
@@ -834,7 +829,7 @@ __global__ void __launch_bounds__(256, (KPT <= 16 && !STRATA_PLATFORM_HIP) ? 3 :
   const int tid = threadIdx.x, lane = tid & 31, w = tid >> 5;
   const int v = vt * 32 + lane;
   const bool vok = v < p.dv;
-  gdn_wait_primary();
+  pdl_wait_primary();
   const int64_t slot = clamp_slot(p.group_slot[n], p.nslots);
   const float* st = p.state + slot * p.state_slot_stride + (int64_t)hh * p.dk * p.dv;
   // STRATA_GDN_FACTORS: row r's [k | delta | decay] at snaps + r * fw, each written once:
@@ -1473,25 +1468,14 @@ int launch_conv(const void* x, int x_dtype, int64_t x_row, int gnk, int gdk, int
 template <int KPT, bool PREP>
 void launch_gdn_kpt(const GdnParams& p, dim3 grid, cudaStream_t st, bool pdl) {
 #if !STRATA_PLATFORM_HIP
-  if (pdl) {
-    cudaLaunchConfig_t cfg = {};
-    cfg.gridDim = grid;
-    cfg.blockDim = dim3(256);
-    cfg.stream = st;
-    cudaLaunchAttribute attr[1];
-    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attr[0].val.programmaticStreamSerializationAllowed = 1;
-    cfg.attrs = attr;
-    cfg.numAttrs = 1;
-    cudaLaunchKernelEx(&cfg, gdn_kernel<KPT, PREP>, p);
-    return;
-  }
-#endif
+  launch_maybe_pdl(gdn_kernel<KPT, PREP>, grid, dim3(256), 0, st, pdl, p);
+#else
   (void)pdl;
   gdn_kernel<KPT, PREP><<<grid, 256, 0, st>>>(p);
+#endif
 }
 
-// pdl: a programmatic dependent launch (gdn_wait_primary, before any read): the prepared form,
+// pdl: a programmatic dependent launch (pdl_wait_primary, before any read): the prepared form,
 // whose kernel before it in a window is the conv.
 template <bool PREP>
 int launch_gdn(const GdnParams& p, int64_t ng, uintptr_t stream, const char* what, bool pdl) {

@@ -8,6 +8,7 @@
 #include "strata_common.h"
 #include "strata_gpu_internal.h"
 #include "strata_kernels.h"
+#include "strata_pdl.cuh"
 
 #include <math.h>
 #include <stdint.h>
@@ -339,24 +340,6 @@ int allow_smem(K kernel, int bytes, int& done, const char* name) {
   return 0;
 }
 
-// kernel<<<grid, block, smem, st>>>(args...), as a programmatic dependent launch when pdl (it
-// may start while the kernel before it finishes: see pdl_wait_primary), else stream-ordered.
-// The caller takes the launch's error (take_launch_error).
-template <typename... Params, typename... Args>
-void launch_maybe_pdl(void (*kernel)(Params...), dim3 grid, dim3 block, int smem,
-                      cudaStream_t st, bool pdl, Args... args) {
-  cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = grid;
-  cfg.blockDim = block;
-  cfg.dynamicSmemBytes = (size_t)smem;
-  cfg.stream = st;
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr[0].val.programmaticStreamSerializationAllowed = pdl ? 1 : 0;
-  cfg.attrs = attr;
-  cfg.numAttrs = 1;
-  cudaLaunchKernelEx(&cfg, kernel, args...);
-}
 #endif
 
 // The streamed kernels (strata_moe_stream.cu, sm_90+): launches them and sets *launched when
@@ -419,21 +402,6 @@ __device__ __forceinline__ void count_expert(const MoeParams& p, int e, int memb
 
 __device__ __forceinline__ int clamp_expert(int64_t e, int E) {
   return e < 0 ? 0 : (e >= E ? E - 1 : (int)e);  // a kernel cannot raise; the wrapper checks
-}
-
-// Programmatic dependent launch (sm_90+): the gate/up kernel lets the down kernel start as soon
-// as every gate/up block is running; the down kernel loads its first down rows (which need no
-// gate/up output) and then waits for the gate/up grid to finish and flush before it reads the
-// activations. Elsewhere (older GPUs, HIP) both are no-ops and the launches are stream-ordered.
-__device__ __forceinline__ void pdl_launch_dependents() {
-#if !STRATA_PLATFORM_HIP && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
-#endif
-}
-__device__ __forceinline__ void pdl_wait_primary() {
-#if !STRATA_PLATFORM_HIP && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("griddepcontrol.wait;" ::: "memory");
-#endif
 }
 
 }  // namespace moe
