@@ -50,8 +50,10 @@ class ModelConfig:
     #: FP8 checkpoints on a GPU: fp8 (the dense, non-expert linear layers stay FP8 and run on
     #: ops.linear_fp8), dequant (they get a bf16 copy at load and run on cuBLAS) or auto (where
     #: the streamed FP8 tensor-core kernel runs, CUDA sm_90+, the contracting projections such
-    #: as o_proj and out_proj stay FP8, which measured faster there, and the wide input
-    #: projections are dequantised; elsewhere dequant). Routed and shared experts stay FP8.
+    #: as o_proj and out_proj stay FP8 for decode windows, which measured faster there, prompt
+    #: chunks run them on a copy dequantised in the chunk (one matmul where the FP8 kernel
+    #: reads the weight once per 16 rows), and the wide input projections are dequantised;
+    #: elsewhere dequant). Routed and shared experts stay FP8.
     fp8_dense: str = "auto"
     #: load_format=dummy: skew of the dummy routers' expert popularity (SYNTHETIC, for expert
     #: cache studies). 0 = the uniform popularity of random routers; s > 0 biases expert e's

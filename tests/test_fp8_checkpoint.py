@@ -155,12 +155,70 @@ def test_fp8_dense_auto_keeps_the_contracting_projections(fp8_ckpts, monkeypatch
     assert isinstance(attn.o_proj, Fp8Linear) and isinstance(lin.out_proj, Fp8Linear)
     assert not isinstance(attn.q_proj, Fp8Linear) and not isinstance(lin.in_proj_qkvz, Fp8Linear)
     assert attn.w_qkv is not None and attn.w_qkv.dtype == torch.float32 and attn.s_qkv is None
+    assert attn.o_proj.prompt_dequant and lin.out_proj.prompt_dequant and lm.model.mtp.fc.prompt_dequant
     plain = load_checkpoint(fp8_ckpts["base"], dtype="float32", **QUIET)
     toks = _tokens(lm.args.vocab_size, (2, 9), seed=4)
     with torch.no_grad():
         got = lm.model.logits(lm.model.forward_train(toks))
         want = plain.model.logits(plain.model.forward_train(toks))
     assert rel_err(got, want) <= 1e-4
+
+
+@torch.no_grad()
+def test_fp8_dense_auto_prompt_chunks_run_the_contracting_projections_dequantised(fp8_ckpts,
+                                                                                 monkeypatch):
+    """Under model.fp8_dense=auto (where the streamed FP8 kernel runs) a prompt chunk runs the
+    FP8 contracting projections on their weights dequantised in the chunk: no ops.linear_fp8
+    call on a dense layer's weight, and the chunk's logits are bit for bit those of the model
+    dequantised at load (fp8_dense=dequant; the experts are FP8 in both). Windows still run
+    them on ops.linear_fp8; fp8_dense=fp8 keeps FP8 in prompt chunks too."""
+    import strata.kernels.cyext_ops as cyext_ops
+    from strata.model import fp8 as fp8_mod
+    from strata.model.state import DecodeState
+    monkeypatch.setattr(cyext_ops, "linear_fp8_streams", lambda device: True)
+    weights = []  # the weight of every ops.linear_fp8 call
+    real = ops.linear_fp8
+    monkeypatch.setattr(fp8_mod.ops, "linear_fp8", lambda *a: weights.append(a[1].data_ptr()) or real(*a))
+
+    def dense_calls(lm) -> int:
+        dense = {m.weight.data_ptr() for _, m in fp8_mod.dense_fp8_layers(lm.model)}
+        n = sum(w in dense for w in weights)
+        weights.clear()
+        return n
+
+    def prompt_logits(lm):
+        st = DecodeState(lm.args, 1, 32, lm.dtype, "cpu", with_mtp=True)
+        hidden = lm.model.prefill(_tokens(lm.args.vocab_size, (20,), seed=5), 0, 0, st)
+        return lm.model.logits(hidden), st
+
+    auto = load_checkpoint(fp8_ckpts["base"], dtype="float32", fp8="keep", fp8_dense="auto", **QUIET)
+    deq = load_checkpoint(fp8_ckpts["base"], dtype="float32", fp8="keep", fp8_dense="dequant", **QUIET)
+    got, st = prompt_logits(auto)
+    assert dense_calls(auto) == 0
+    want, _ = prompt_logits(deq)
+    assert torch.equal(got, want)
+    # a window's rows take the FP8 kernel
+    group_slot, group_pos = torch.zeros(1, dtype=torch.long), torch.full((1,), 20, dtype=torch.long)
+    auto.model.verify_window(_tokens(auto.args.vocab_size, (1, 2), seed=6), group_slot, group_pos,
+                             32, st)
+    assert dense_calls(auto) > 0
+    fp8_all = load_checkpoint(fp8_ckpts["base"], dtype="float32", fp8="keep", fp8_dense="fp8", **QUIET)
+    assert not any(m.prompt_dequant for _, m in fp8_mod.dense_fp8_layers(fp8_all.model))
+    prompt_logits(fp8_all)
+    assert dense_calls(fp8_all) > 0
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("shape,block", [((48, 36), (16, 12)), ((40, 30), (24, 8))])
+def test_fp8_linear_dequantized_is_the_reference_dequantisation(shape, block, dtype):
+    """Fp8Linear.dequantized (the prompt chunks' copy) gives reference.dequant_fp8_block's
+    values exactly, for blocks that tile the weight and for ragged ones."""
+    g = torch.Generator().manual_seed(3)
+    w = torch.randn(shape, generator=g) * 3
+    q, s = quantize_block(w, block)
+    mod = Fp8Linear(shape[1], shape[0], block)
+    mod.weight.data, mod.weight_scale_inv.data = q, s
+    assert torch.equal(mod.dequantized(dtype), dequant_fp8_block(q, s, block, dtype))
 
 
 def test_fp8_fusion_only_where_rows_are_block_multiples(fp8_ckpts):

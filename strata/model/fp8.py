@@ -18,6 +18,7 @@ import torch
 import torch.nn as nn
 
 from strata.kernels import ops
+from strata.kernels.reference import dequant_fp8_block
 from strata.model.config import CheckpointError
 
 FP8_DTYPE = torch.float8_e4m3fn
@@ -109,11 +110,37 @@ class Fp8Linear(nn.Module):
             torch.empty(scale_shape((out_features, in_features), block), dtype=torch.float32),
             requires_grad=False)
 
+    #: Whether prompt chunks (project(..., prompt=True)) run this layer on its weight
+    #: dequantised in the chunk instead of the FP8 kernel; the loader sets it (model.fp8_dense).
+    prompt_dequant: bool = False
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return ops.linear_fp8(x, self.weight, self.weight_scale_inv, self.block)
 
+    def dequantized(self, dtype: torch.dtype) -> torch.Tensor:
+        """The weight times its block scales, as `dtype`: reference.dequant_fp8_block's values
+        (the same float32 products, rounded once), in one broadcast product where the blocks
+        tile the weight, so that a compiled region makes it one kernel."""
+        (o, i), (bo, bi) = self.weight.shape, self.block
+        if o % bo or i % bi:
+            return dequant_fp8_block(self.weight, self.weight_scale_inv, self.block, dtype)
+        w = self.weight.view(o // bo, bo, i // bi, bi).float()
+        return (w * self.weight_scale_inv[:, None, :, None]).to(dtype).view(o, i)
+
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, block={self.block}"
+
+
+def project(mod: nn.Module, x: torch.Tensor, prompt: bool = False) -> torch.Tensor:
+    """mod(x); for a prompt chunk's rows (prompt) through an Fp8Linear marked prompt_dequant,
+    one matmul on its weight dequantised to x's dtype in the chunk. The streamed FP8 kernel
+    reads the whole weight once per 16 rows (its bits must not depend on a launch's rows), so
+    eight slots' 64-token chunks, 512 rows, read a contracting projection 32 times; the
+    dequantised copy costs one pass that writes twice the FP8 bytes, and cuBLAS then reads
+    it once. Windows keep the FP8 kernel."""
+    if prompt and isinstance(mod, Fp8Linear) and mod.prompt_dequant:
+        return torch.nn.functional.linear(x, mod.dequantized(x.dtype))
+    return mod(x)
 
 
 #: Projections fused into one matmul with their siblings at load (attention's q/k/v,
@@ -131,14 +158,27 @@ def contracting(name: str, mod: nn.Module) -> bool:
             and name.rsplit(".", 1)[-1] not in FUSED_INPUT_PROJECTIONS)
 
 
-def dense_to_dequantize(model: nn.Module, keep=None) -> list[tuple[str, "Fp8Linear"]]:
-    """(name, module) of every Fp8Linear that dequantize_dense(model, dtype, keep) replaces."""
+def dense_fp8_layers(model: nn.Module) -> list[tuple[str, "Fp8Linear"]]:
+    """(name, module) of every Fp8Linear outside the MoE blocks (the dense linear layers)."""
     from strata.model.qwen3_next import SparseMoe
 
     in_moe = {id(m) for blk in model.modules() if isinstance(blk, SparseMoe) for m in blk.modules()}
     return [(name, mod) for name, mod in model.named_modules()
-            if isinstance(mod, Fp8Linear) and id(mod) not in in_moe
-            and not (keep is not None and keep(name, mod))]
+            if isinstance(mod, Fp8Linear) and id(mod) not in in_moe]
+
+
+def dense_to_dequantize(model: nn.Module, keep=None) -> list[tuple[str, "Fp8Linear"]]:
+    """(name, module) of every Fp8Linear that dequantize_dense(model, dtype, keep) replaces."""
+    return [(name, mod) for name, mod in dense_fp8_layers(model)
+            if not (keep is not None and keep(name, mod))]
+
+
+def dequantize_in_prompts(model: nn.Module) -> int:
+    """Mark every dense Fp8Linear prompt_dequant (project()); returns how many."""
+    layers = dense_fp8_layers(model)
+    for _, mod in layers:
+        mod.prompt_dequant = True
+    return len(layers)
 
 
 def dequantize_dense(model: nn.Module, dtype: torch.dtype, keep=None) -> int:
@@ -148,8 +188,6 @@ def dequantize_dense(model: nn.Module, dtype: torch.dtype, keep=None) -> int:
     kernel. cuBLAS on the bf16 copy reads twice the bytes but beat the FP8 kernels on the wide
     projections (docs/KERNELS.md), so those trade memory for speed. Returns how many layers
     changed."""
-    from strata.kernels.reference import dequant_fp8_block
-
     todo = dense_to_dequantize(model, keep)
     for name, mod in todo:
         owner_name, attr = name.rsplit(".", 1) if "." in name else ("", name)

@@ -16,7 +16,8 @@ from safetensors.torch import save_file
 from strata.kernels.reference import dequant_fp8_block
 from strata.model.config import CheckpointError, ModelArgs, check_eos_ids, load_model_args
 from strata.model.dummy import apply_routing_skew, init_dummy
-from strata.model.fp8 import (FP8_DTYPE, contracting, dense_to_dequantize, dequantize_dense, QuantConfig,
+from strata.model.fp8 import (FP8_DTYPE, contracting, dense_to_dequantize, dequantize_dense,
+                              dequantize_in_prompts, QuantConfig,
                               fp8_supported, load_quant_config, scale_shape, to_fp8_linear)
 from strata.model.placement import (LoadProgress, check_weights_fit, count_weight_bytes,
                                     device_available_bytes, host_available_bytes,
@@ -268,7 +269,8 @@ def load_checkpoint(path: str | Path, dtype: str = "auto", device: str | torch.d
     fp8_dense: where FP8 is kept, whether the dense (non-expert) linear layers stay FP8 (`fp8`)
     or are dequantised to the model dtype at load (`dequant`); `auto` keeps the contracting
     projections (o_proj, out_proj, the MTP fc) FP8 where the streamed FP8 linear runs (CUDA,
-    sm_90+) and dequantises the rest, and everything elsewhere (model.fp8_dense).
+    sm_90+), for decode windows (prompt chunks dequantise them: fp8.project), and dequantises
+    the rest, and everything elsewhere (model.fp8_dense).
     routing_skew: dummy only, model.dummy_routing_skew (synthetic skewed expert popularity).
     stage: build only this pipeline stage's layers (and the embedding, head and MTP it holds);
     the result's args are the stage's (StageSlice), its has_mtp the checkpoint's.
@@ -369,11 +371,13 @@ def load_checkpoint(path: str | Path, dtype: str = "auto", device: str | torch.d
     if keep_fp8 and fp8_dense != "fp8":
         with torch.no_grad():
             n = dequantize_dense(part, tdtype, keep_dense)
+        if keep_dense:  # windows run them on the FP8 kernel, prompt chunks on a dequantised copy
+            dequantize_in_prompts(part)
         if n:
             log(f"INFO: {n} dense FP8 layers dequantised to {str(tdtype).replace('torch.', '')} "
                 f"(model.fp8_dense={fp8_dense}"
-                + ("; the contracting projections stay FP8 on the streamed kernel"
-                   if keep_dense else "")
+                + ("; the contracting projections stay FP8 on the streamed kernel in windows "
+                   "and are dequantised in each prompt chunk" if keep_dense else "")
                 + "); the experts stay FP8")
     if stage is not None:  # a top-level module the view replaced (FP8 or dequantised) is the model's
         for name in stage.owned():

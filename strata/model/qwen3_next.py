@@ -24,7 +24,7 @@ import torch.nn.functional as F
 from strata.kernels import ops, reference
 from strata.kernels.reference import topk_by_argmax  # noqa: F401 - re-exported
 from strata.model.config import ModelArgs
-from strata.model.fp8 import FP8_DTYPE, Fp8Linear, fuse_projections, linear
+from strata.model.fp8 import FP8_DTYPE, Fp8Linear, fuse_projections, linear, project
 from strata.model.state import DecodeState
 
 
@@ -572,9 +572,10 @@ class GatedDeltaNet(nn.Module):
                                                      self.dt_bias, self.dk ** -0.5, L2NORM_EPS)
         return q, k, v, g, beta
 
-    def _out(self, core: torch.Tensor, z: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    def _out(self, core: torch.Tensor, z: torch.Tensor, dtype: torch.dtype,
+             prompt: bool = False) -> torch.Tensor:
         out = self.norm(core.to(dtype), z)
-        return self.out_proj(out.reshape(*out.shape[:-2], self.value_dim))
+        return project(self.out_proj, out.reshape(*out.shape[:-2], self.value_dim), prompt)
 
     def forward_seq(self, x: torch.Tensor, conv_init: torch.Tensor, rec_init: torch.Tensor,
                     valid: Optional[torch.Tensor] = None):
@@ -598,7 +599,7 @@ class GatedDeltaNet(nn.Module):
             beta = beta * valid[..., None]
         # one opaque op in the compiled region: its chunk loop would unroll by the length
         core, rec_final = ops.chunk_rule(q, k, v, g, beta, rec_init)
-        return self._out(core, z, x.dtype), conv_final, rec_final
+        return self._out(core, z, x.dtype, prompt=True), conv_final, rec_final
 
     def factor_width(self) -> int:
         """Floats of one row and head's rank-one update factors [k | delta | decay]."""
@@ -697,7 +698,7 @@ class DecoderLayer(nn.Module):
         a = self.self_attn
         o = ops.grouped_window_attention(q, k_cache, v_cache, group_slot, group_pos, ctx, a.scale,
                                          split_keys=split_keys)
-        o = a.o_proj(a.gated(o.reshape(*x.shape[:-1], a.hq, a.d), qg))
+        o = project(a.o_proj, a.gated(o.reshape(*x.shape[:-1], a.hq, a.d), qg), prompt)
         return self._ffn(x + o, prompt, valid)
 
     def prefill_linear(self, x, conv_init, rec_init, valid=None):
@@ -759,9 +760,9 @@ class MTP(nn.Module):
         self.layers = nn.ModuleList([DecoderLayer(args, 0, "full_attention", args.num_experts > 0)])
         self.norm = RMSNorm(h, args.rms_norm_eps)
 
-    def fuse(self, hidden: torch.Tensor, next_emb: torch.Tensor) -> torch.Tensor:
-        return self.fc(torch.cat([self.pre_fc_norm_embedding(next_emb),
-                                  self.pre_fc_norm_hidden(hidden)], dim=-1))
+    def fuse(self, hidden: torch.Tensor, next_emb: torch.Tensor, prompt: bool = False) -> torch.Tensor:
+        return project(self.fc, torch.cat([self.pre_fc_norm_embedding(next_emb),
+                                           self.pre_fc_norm_hidden(hidden)], dim=-1), prompt)
 
 
 class Qwen3Next(nn.Module):
@@ -960,6 +961,10 @@ class Qwen3Next(nn.Module):
         outside it was a kernel of its own in every draft step."""
         return self.mtp.fuse(hidden, self.embed_tokens(next_tokens))
 
+    def mtp_fuse_prompt(self, hidden: torch.Tensor, next_tokens: torch.Tensor) -> torch.Tensor:
+        """mtp_fuse_tokens for a prompt chunk's rows (fp8.project's prompt path)."""
+        return self.mtp.fuse(hidden, self.embed_tokens(next_tokens), prompt=True)
+
     def compile_regions(self, compile_fn=None, prefill_fn=None) -> None:
         """Compile the pure regions of window steps (`compile_fn`) and of prompt chunks
         (`prefill_fn`, dynamic lengths); None restores the eager versions."""
@@ -979,7 +984,7 @@ class Qwen3Next(nn.Module):
             self.mtp.layers[0].compile_regions(compile_fn, prefill_fn, shared["full_attention"])
             self.c_mtp_fuse = wrap(self.mtp_fuse_tokens)
             self.c_mtp_norm = wrap(self.mtp.norm.forward)
-            self.p_mtp_fuse = pwrap(self.mtp_fuse_tokens)
+            self.p_mtp_fuse = pwrap(self.mtp_fuse_prompt)
             self.p_mtp_norm = pwrap(self.mtp.norm.forward)
 
     def mtp_window(self, hidden: torch.Tensor, next_tokens: torch.Tensor, group_slot: torch.Tensor,

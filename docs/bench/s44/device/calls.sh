@@ -1,0 +1,65 @@
+#!/usr/bin/env bash
+# Session 44's device calls. Each fits one call's 600 s.
+# H200: session 43's step a (docs/bench/s43/device/calls.sh a: the full-depth goal figures).
+# Any GPU:
+#   r  which kernels cold compiles still configure differently: torch's reduction heuristics
+#      as installed (its persistent-reduction and reduction config lists, and whether it has
+#      the determinism filter), then two cold 4-layer warm-ups side by side (no compile workers
+#      and two, batch_mtp W16 N=8) and, for every .best_config that differs, the kernel it
+#      configures and its source from both caches (kernel_of_config.py)
+#   pf where a prompt chunk goes with the contracting FP8 projections dequantised in prompt
+#      chunks (this tree) and on the streamed FP8 kernel's 16-row launches (the base tree):
+#      8 layers, one slot's 64-token chunk and eight slots' (512 rows), graph replay
+# Carry .whl, .dev/s43 (the tree's CUDA extension for Python 3.12, stripped, xz; the kernel
+# sources are unchanged since) and .dev/s44tree (the base tree: main's strata/ conf/ scripts/ as
+# of 1a2b69a, git archive, xz).
+set -u
+. docs/bench/device_common.sh .dev/s43/new_cuda.so.xz
+nvidia-smi --query-gpu=name,memory.total --format=csv,noheader | tee $R/gpu.txt
+base_tree() {
+  [ -d /tmp/base/strata ] && return
+  mkdir -p /tmp/base && tar xJf .dev/s44tree/tree.tar.xz -C /tmp/base \
+    && cp strata/kernels/strata_cuda.cpython-312-x86_64-linux-gnu.so /tmp/base/strata/kernels/
+}
+# `inbase NAME LIMIT CMD...`: st in the base tree
+inbase() { base_tree; (cd /tmp/base && PYTHONPATH=/tmp/site:/tmp/base st "$@"); }
+case ${1:-r} in
+pf)
+  PP="scripts/profile_window.py --model qwen3-next-80b-a3b-fp8 --load-format dummy --layers 8 --backend auto --compile --shapes 1x1 --iters 20 --top 30"
+  TAIL=3 st prefill8 200 python3 $PP --prefill 64 --prefill-slots 8 --json $R/prefill8.json
+  TAIL=3 inbase prefill8_base 200 python3 $PP --prefill 64 --prefill-slots 8 --json $R/prefill8_base.json
+  TAIL=3 st prefill1 120 python3 $PP --prefill 64 --json $R/prefill1.json
+  TAIL=3 inbase prefill1_base 120 python3 $PP --prefill 64 --json $R/prefill1_base.json
+  grep -h "=== prompt chunk\|^graph replay:" $R/prefill*.log ;;
+r)
+  python3 - > $R/heuristics.txt 2>&1 <<'PY'
+import inspect, torch
+from torch._inductor.runtime import triton_heuristics as th
+import torch._inductor.config as c
+print(torch.__version__)
+print("filter:", hasattr(th, "filter_reduction_configs_for_determinism"))
+print("force_filter:", getattr(getattr(c, "test_configs", None), "force_filter_reduction_configs", "absent"))
+for name in ("filter_reduction_configs_for_determinism", "persistent_reduction", "reduction", "_persistent_reduction_configs"):
+    f = getattr(th, name, None)
+    print(f"===== {name}\n" + (inspect.getsource(f) if f else "absent"))
+PY
+  head -3 $R/heuristics.txt
+  W="$F --layers 4 --configs batch_mtp_w16 --n 8 --max-tokens 64"
+  for RUN in c1:0 c2:2; do
+    IFS=: read NAME N <<< "$RUN"
+    TORCHINDUCTOR_CACHE_DIR=/tmp/ind_$NAME TRITON_CACHE_DIR=/tmp/ind_$NAME/triton timeout 230 python3 scripts/bench_engine.py $W --repeats 1 --compile-workers $N --json $R/fp8_$NAME.json > $R/fp8_$NAME.log 2>&1 &
+  done
+  wait
+  for N in c1 c2; do grep -h "warm-up: 60\|compile workers: \|rep 0" $R/fp8_$N.log | sed "s/^/$N: /"; done
+  python3 - $R/fp8_c1.json $R/fp8_c2.json <<'PY'
+import json, sys
+a, b = (json.load(open(p))["summary"] for p in sys.argv[1:3])
+for k in a:
+    if k in b and "text_digest" in a[k]:
+        print(k, "identical" if a[k]["text_digest"] == b[k]["text_digest"] else "DIFFERENT",
+              a[k]["text_digest"], b[k]["text_digest"])
+PY
+  python3 docs/bench/s44/device/kernel_of_config.py /tmp/ind_c1 /tmp/ind_c2 $R/kernels > $R/kernels.txt 2>&1
+  grep -v "triton_poi" $R/kernels.txt | head -20
+  tar czf $OUT/r.tgz -C $OUT r ;;
+esac
