@@ -158,8 +158,9 @@ def test_programmatic_launches_only_where_graphs_replay_on_hopper(monkeypatch):
 
 def test_compiled_regions_use_inductors_deterministic_mode(monkeypatch):
     """Reductions get one configuration, not the fastest timed on a cold cache (so bf16 text
-    cannot follow a timing): on unless TORCHINDUCTOR_DETERMINISTIC says otherwise, set
-    process-wide when the regions are compiled."""
+    cannot follow a timing): on unless TORCHINDUCTOR_DETERMINISTIC says otherwise, and in every
+    region's inductor options, since dynamo resets inductor's process-wide flag after each
+    frame it converts (shown here: a compile after the flag was set leaves it off)."""
     import torch._inductor.config as inductor_config
 
     from strata.engine import compiling
@@ -169,12 +170,28 @@ def test_compiled_regions_use_inductors_deterministic_mode(monkeypatch):
     for env, want in (("1", True), ("0", False)):
         monkeypatch.setenv(compiling.DETERMINISTIC_ENV, env)
         assert compiling.deterministic_default() == want
-    monkeypatch.setattr(inductor_config, "deterministic", False)
+        assert compiling.region_options(False)["deterministic"] is want
     monkeypatch.delenv(compiling.DETERMINISTIC_ENV, raising=False)
-    model = init_random(Qwen3Next(tiny_args(num_hidden_layers=2), with_mtp=False), seed=0).eval()
-    compiling.compiled_functions(model, torch.device("cpu"))
-    assert inductor_config.deterministic
-    model.compile_regions(None, None)
+    monkeypatch.setattr(inductor_config, "deterministic", True)
+    torch._dynamo.reset()
+    torch.compile(lambda x: x * 2, backend="eager")(torch.ones(2))
+    assert not inductor_config.deterministic  # why the flag cannot carry it
+    torch._dynamo.reset()
+    # what inductor sees while it compiles: each region's options, on every frame
+    import torch._inductor.compile_fx as cfx
+    seen, inner = [], cfx._InProcessFxCompile.codegen_and_compile
+
+    def spy(*a, **kw):
+        seen.append(inductor_config.deterministic)
+        return inner(*a, **kw)
+
+    monkeypatch.setattr(cfx._InProcessFxCompile, "codegen_and_compile", spy)
+    monkeypatch.setattr(inductor_config, "force_disable_caches", True)  # codegen, not a cache hit
+    f = torch.compile(lambda x: (x * x).sum(-1), options=compiling.region_options(False))
+    g = torch.compile(lambda x: x.cumsum(0), options=compiling.region_options(True))
+    f(torch.randn(3, 4)), g(torch.randn(5)), f(torch.randn(2, 4, 4))
+    assert len(seen) >= 3 and all(seen)
+    torch._dynamo.reset()
 
 
 def specialize_one_run(model_path: str, one_apart: bool, device: str) -> tuple[int, int, dict]:

@@ -57,14 +57,18 @@ def test_sharded_backends_number_graphs_across_functions(monkeypatch):
 
 
 def test_prompt_regions_compile_untiled_with_or_without_workers():
-    """The prompt-chunk regions (symbolic lengths) get PROMPT_REGION_OPTIONS, the window regions
-    inductor's defaults, from torch.compile's own inductor and from the workers' backends alike
-    (the options are in the cache keys: the engine must look up what the workers compiled)."""
+    """The prompt-chunk regions (symbolic lengths) get PROMPT_REGION_OPTIONS, every region
+    inductor's deterministic mode, from torch.compile's own inductor and from the workers'
+    backends alike (the options are in the cache keys: the engine must look up what the
+    workers compiled)."""
     from strata.model.qwen3_next import Qwen3Next
 
+    prompt, window = compiling.region_options(True), compiling.region_options(False)
+    assert prompt == {"deterministic": True, "triton.max_tiles": 1}
+    assert window == {"deterministic": True}
     # valid inductor options: the wrapper rejects an unknown key
-    w = torch._TorchCompileInductorWrapper(None, compiling.PROMPT_REGION_OPTIONS, True)
-    assert w.config == {"triton.max_tiles": 1}
+    w = torch._TorchCompileInductorWrapper(None, prompt, True)
+    assert w.config == prompt
     asked = []
 
     def backend(dynamic, options):
@@ -73,14 +77,13 @@ def test_prompt_regions_compile_untiled_with_or_without_workers():
 
     model = Qwen3Next(tiny_args(num_hidden_layers=3, full_attention_interval=3), with_mtp=True)
     compiling.compiled_functions(model, backend=backend)
-    assert (True, compiling.PROMPT_REGION_OPTIONS) in asked and (None, None) in asked
-    assert all(o in (None, compiling.PROMPT_REGION_OPTIONS) for _, o in asked)
-    assert all(o is None for d, o in asked if d is None)  # windows: inductor's defaults
+    assert (True, prompt) in asked and (None, window) in asked
+    assert all(o in (window, prompt) for _, o in asked)
+    assert all(o == window for d, o in asked if d is None)  # windows: no prompt options
     # the workers' backends and the engine's awaiting one build the same wrapper
     make, _ = cw.sharded_backends(rank=0, world=2)
-    sharded = make(True, compiling.PROMPT_REGION_OPTIONS)
-    awaiting = cw.PlannedWorkers(cw.WorkerPlan(0, 1, 0.0), start=None).backend(
-        True, compiling.PROMPT_REGION_OPTIONS)
+    sharded = make(True, prompt)
+    awaiting = cw.PlannedWorkers(cw.WorkerPlan(0, 1, 0.0), start=None).backend(True, prompt)
     assert sharded.config == awaiting.config == w.config
     assert sharded.dynamic == awaiting.dynamic == w.dynamic
 

@@ -64,10 +64,9 @@ def inductor_pdl() -> bool:
 
 
 def inductor_deterministic() -> bool:
-    """Whether compiled regions run in inductor's deterministic mode (for reports)."""
-    import torch._inductor.config as inductor_config
-
-    return bool(getattr(inductor_config, "deterministic", False))
+    """Whether compiled regions are compiled in inductor's deterministic mode (for reports:
+    the option every region gets, region_options; the process-wide flag is not it)."""
+    return deterministic_default()
 
 
 def specialize_one(on: bool) -> None:
@@ -104,6 +103,18 @@ def duck_shape(on: bool) -> None:
 #: one configuration deterministic mode picks without timing. The options are in inductor's
 #: cache keys, so the compile workers pass them too (one place: here).
 PROMPT_REGION_OPTIONS = {"triton.max_tiles": 1}
+
+
+def region_options(prompt: bool) -> dict:
+    """Inductor options of a compiled region: deterministic mode (deterministic_default) and,
+    for the prompt-chunk regions, PROMPT_REGION_OPTIONS. Deterministic mode goes in each
+    region's options, not in inductor's process-wide flag: dynamo resets that flag to
+    torch.are_deterministic_algorithms_enabled() after every frame it converts (it restores
+    torch.use_deterministic_algorithms, which sets the flag too), so only the first region
+    compiled would have had it, and every later one timed its reductions' configurations. The
+    options are in inductor's cache keys, so the compile workers pass them too (one place:
+    here)."""
+    return {"deterministic": deterministic_default(), **(PROMPT_REGION_OPTIONS if prompt else {})}
 
 #: The samplers: a prompt chunk passes its lanes as a column of its meta rows (stride 4), a
 #: window as a contiguous row; dynamo guards on strides, so each would compile graphs of its own.
@@ -145,9 +156,6 @@ def compiled_functions(model, device: torch.device | None = None,
     duck_shape(False)
 
     torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 64)
-    # Process-wide, read when a region compiles; in inductor's cache keys, so the workers' and
-    # the engine's agree (both come here).
-    inductor_config.deterministic = deterministic_default()
     # A region that fails to compile runs eagerly (logged by torch) instead of failing requests.
     torch._dynamo.config.suppress_errors = True
     # The layer's float attributes (norm epsilons) are constants, as in the window regions.
@@ -163,14 +171,14 @@ def compiled_functions(model, device: torch.device | None = None,
         inductor_config.triton.enable_pdl = pdl_default(device, graphs)
     compiled = getattr(model, "_strata_compiled", None)
     if compiled is None:
-        def comp(f: Callable, dynamic: Optional[bool], options: Optional[dict] = None) -> Callable:
+        def comp(f: Callable, dynamic: Optional[bool], prompt: bool = False) -> Callable:
+            options = region_options(prompt)
             if backend is not None:
                 return torch.compile(f, dynamic=dynamic, backend=backend(dynamic, options))
             return torch.compile(f, dynamic=dynamic, options=options)
 
         # Prompt chunks come in many lengths: compile them with symbolic lengths.
-        model.compile_regions(lambda f: comp(f, None),
-                              lambda f: comp(f, True, PROMPT_REGION_OPTIONS))
+        model.compile_regions(lambda f: comp(f, None), lambda f: comp(f, True, prompt=True))
         compiled = {name: comp(f, True if name in GLUE_FUNCTIONS else None)
                     for name, f in PURE_FUNCTIONS.items()}
         for name in SAMPLERS:
