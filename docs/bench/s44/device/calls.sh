@@ -10,6 +10,8 @@
 #   pf where a prompt chunk goes with the contracting FP8 projections dequantised in prompt
 #      chunks (this tree) and on the streamed FP8 kernel's 16-row launches (the base tree):
 #      8 layers, one slot's 64-token chunk and eight slots' (512 rows), graph replay
+#   n  Nsight Compute on the routed experts' wide launches of 64 and 512 rows (stage_x, the
+#      wide gate/up, the down kernel; uniform top-10 of 512, FP8), before changing them
 # Carry .whl, .dev/s43 (the tree's CUDA extension for Python 3.12, stripped, xz; the kernel
 # sources are unchanged since) and .dev/s44tree (the base tree: main's strata/ conf/ scripts/ as
 # of 1a2b69a, git archive, xz).
@@ -24,6 +26,12 @@ base_tree() {
 # `inbase NAME LIMIT CMD...`: st in the base tree
 inbase() { base_tree; (cd /tmp/base && PYTHONPATH=/tmp/site:/tmp/base st "$@"); }
 case ${1:-r} in
+n)
+  TAIL=4 st ncu 300 ncu --clock-control none --kernel-name regex:moe_ --section SpeedOfLight \
+    --section WarpStateStats --section SchedulerStats --section Occupancy \
+    --section MemoryWorkloadAnalysis --section LaunchStats \
+    python3 scripts/ncu_moe.py --rows 64,512 --variants stream-mma --weights fp8
+  grep -h "moe_\|Duration\|DRAM Throughput\|L2 Cache Throughput\|Warp Cycles Per Issued\|Stall\|Eligible Warps\|Registers Per\|Achieved Occupancy" $R/ncu.log | head -80 ;;
 pf)
   PP="scripts/profile_window.py --model qwen3-next-80b-a3b-fp8 --load-format dummy --layers 8 --backend auto --compile --shapes 1x1 --iters 20 --top 30"
   TAIL=3 st prefill8 200 python3 $PP --prefill 64 --prefill-slots 8 --json $R/prefill8.json
@@ -61,5 +69,6 @@ for k in a:
 PY
   python3 docs/bench/s44/device/kernel_of_config.py /tmp/ind_c1 /tmp/ind_c2 $R/kernels > $R/kernels.txt 2>&1
   grep -v "triton_poi" $R/kernels.txt | head -20
+  echo "inductor_meta of the cold cache's kernels:"; grep -rho "'deterministic': [A-Za-z]*" /tmp/ind_c1 --include=*.py | sort | uniq -c
   tar czf $OUT/r.tgz -C $OUT r ;;
 esac
