@@ -7,7 +7,9 @@
 
 Each case runs twice (the first call loads the module and raises the shared-memory limits);
 profile the second one (every kernel of a case is named in the NVTX-free order printed here).
-E=512, top-10, H=2048, I=512, uniform routing, as scripts/bench_kernels.py --moe.
+E=512, top-10, H=2048, I=512, uniform routing, as scripts/bench_kernels.py --moe; --shared adds
+the folded shared expert (E + 1, top-11), --prompt launches as a prompt chunk's rows do (the down
+kernel on tensor cores).
 
 --linear OxI[,OxI...] instead: the FP8 linear (linear_fp8) at those shapes and --rows, in its
 unsplit form, its split form (as many slots as fit, in pairs, in pairs on f16 operands, then
@@ -44,30 +46,41 @@ def main() -> int:
     ap.add_argument("--router", action="store_true",
                     help="also the router (moe_route_kernel: E experts plus the shared gate, "
                          "top-k, renormalised) before each case's experts")
+    ap.add_argument("--prompt", action="store_true",
+                    help="launch as a prompt chunk's rows (gpu_moe_experts(prompt=True): the down "
+                         "kernel on tensor cores, as the engine's prompt chunks run it)")
+    ap.add_argument("--shared", action="store_true",
+                    help="E + 1 experts, top-(k + 1) with the last id every row's (the engine's "
+                         "folded shared expert), as bench_kernels.py --moe-shared")
     ap.add_argument("--linear", default="", help="OxI,...: the FP8 linear instead")
     ap.add_argument("--split-depths", default="3", help="with --linear: ring caps, comma list")
     args = ap.parse_args()
     if args.linear:
         return profile_linear(args)
     E, k, H, I = (MOE_SHAPE[n] for n in ("E", "k", "H", "I"))
+    routed = E
+    if args.shared:
+        E, k = E + 1, k + 1
     saved = C.moe_launch_options()
     # the fused router weight's shape: E gate rows and the shared gate, padded to 8 rows
     w_router = (torch.randn(-(-(E + 1) // 8) * 8, H, device="cuda") / H ** 0.5).to(torch.bfloat16)
     for wname in args.weights.split(","):
-        wgu, wd, gs, ds, block = _moe_weights(wname == "fp8")
+        wgu, wd, gs, ds, block = _moe_weights(wname == "fp8", E)
         for variant in args.variants.split(","):
             C.moe_launch_options(**MOE_VARIANTS[variant])
             for n in (int(r) for r in args.rows.split(",")):
                 g = torch.Generator(device="cuda").manual_seed(n)
-                ids = torch.stack([torch.randperm(E, device="cuda", generator=g)[:k]
+                ids = torch.stack([torch.randperm(routed, device="cuda", generator=g)[:k - (E - routed)]
                                    for _ in range(n)])
+                if args.shared:  # the folded shared expert: one more id every row has
+                    ids = torch.cat([ids, torch.full_like(ids[:, :1], E - 1)], 1)
                 w = torch.rand(n, k, device="cuda", generator=g)
                 w = w / w.sum(-1, keepdim=True)
                 x = torch.randn(n, H, device="cuda", dtype=torch.bfloat16, generator=g)
                 for _ in range(2):
                     if args.router:
                         C.gpu_moe_route(x, w_router, E, k, True, None, E)
-                    C.gpu_moe_experts(x, wgu, wd, w, ids, gs, ds, block)
+                    C.gpu_moe_experts(x, wgu, wd, w, ids, gs, ds, block, prompt=args.prompt)
                 torch.cuda.synchronize()
                 print(f"case {wname} {variant} rows {n}: distinct {ids.unique().numel()}",
                       flush=True)

@@ -11,7 +11,8 @@
 #      chunks (this tree) and on the streamed FP8 kernel's 16-row launches (the base tree):
 #      8 layers, one slot's 64-token chunk and eight slots' (512 rows), graph replay
 #   n  Nsight Compute on the routed experts' wide launches of 64 and 512 rows (stage_x, the
-#      wide gate/up, the down kernel; uniform top-10 of 512, FP8), before changing them
+#      wide gate/up, the down kernel; uniform top-10 of 512, FP8; NCU_ARGS="--prompt --shared":
+#      as a prompt chunk launches them, with the folded shared expert), before changing them
 # Carry .whl, .dev/s43 (the tree's CUDA extension for Python 3.12, stripped, xz; the kernel
 # sources are unchanged since) and .dev/s44tree (the base tree: main's strata/ conf/ scripts/ as
 # of 1a2b69a, git archive, xz).
@@ -27,11 +28,11 @@ base_tree() {
 inbase() { base_tree; (cd /tmp/base && PYTHONPATH=/tmp/site:/tmp/base st "$@"); }
 case ${1:-r} in
 n)
-  TAIL=4 st ncu 300 ncu --clock-control none --kernel-name regex:moe_ --section SpeedOfLight \
+  TAIL=4 st ncu${NCU_ARGS:+_prompt} 300 ncu --clock-control none --kernel-name regex:moe_ --section SpeedOfLight \
     --section WarpStateStats --section SchedulerStats --section Occupancy \
     --section MemoryWorkloadAnalysis --section LaunchStats \
-    python3 scripts/ncu_moe.py --rows 64,512 --variants stream-mma --weights fp8
-  grep -h "moe_\|Duration\|DRAM Throughput\|L2 Cache Throughput\|Warp Cycles Per Issued\|Stall\|Eligible Warps\|Registers Per\|Achieved Occupancy" $R/ncu.log | head -80 ;;
+    python3 scripts/ncu_moe.py --rows 64,512 --variants stream-mma --weights fp8 ${NCU_ARGS:-}
+  grep -h "moe_\|Duration\|DRAM Throughput\|L2 Cache Throughput\|Warp Cycles Per Issued\|Stall\|Eligible Warps\|Registers Per\|Achieved Occupancy" $R/ncu${NCU_ARGS:+_prompt}.log | head -80 ;;
 pf)
   PP="scripts/profile_window.py --model qwen3-next-80b-a3b-fp8 --load-format dummy --layers 8 --backend auto --compile --shapes 1x1 --iters 20 --top 30"
   TAIL=3 st prefill8 200 python3 $PP --prefill 64 --prefill-slots 8 --json $R/prefill8.json
