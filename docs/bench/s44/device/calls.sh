@@ -1,6 +1,9 @@
 #!/usr/bin/env bash
 # Session 44's device calls. Each fits one call's 600 s.
 # H200: session 43's step a (docs/bench/s43/device/calls.sh a: the full-depth goal figures).
+#   a1 the solo half of that step alone (a call that must fit less device time): solo spec 4
+#      with and without engine.draft_vocab=32768 in one process on a bare machine (the first
+#      engine's warm-up line is the warm-up goal's figure)
 # Any GPU:
 #   r  which kernels cold compiles still configure differently: torch's reduction heuristics
 #      as installed (its persistent-reduction and reduction config lists, and whether it has
@@ -27,6 +30,9 @@ base_tree() {
 # `inbase NAME LIMIT CMD...`: st in the base tree
 inbase() { base_tree; (cd /tmp/base && PYTHONPATH=/tmp/site:/tmp/base st "$@"); }
 case ${1:-r} in
+a1)
+  TAIL=10 st solo4 300 python3 scripts/bench_engine.py $F --configs solo,solo_draft32k --n 1 --max-tokens 256 --repeats 2 --json $R/solo4.json
+  grep -h "warm-up: \|compile workers" $R/solo4.log ;;
 n)
   TAIL=4 st ncu${NCU_ARGS:+_prompt} 300 ncu --clock-control none --kernel-name regex:moe_ --section SpeedOfLight \
     --section WarpStateStats --section SchedulerStats --section Occupancy \
