@@ -116,6 +116,7 @@ def region_options(prompt: bool) -> dict:
     here)."""
     return {"deterministic": deterministic_default(), **(PROMPT_REGION_OPTIONS if prompt else {})}
 
+
 #: The samplers: a prompt chunk passes its lanes as a column of its meta rows (stride 4), a
 #: window as a contiguous row; dynamo guards on strides, so each would compile graphs of its own.
 SAMPLERS = ("sample", "sample_plain")
