@@ -16,6 +16,9 @@
 #   n  Nsight Compute on the routed experts' wide launches of 64 and 512 rows (stage_x, the
 #      wide gate/up, the down kernel; uniform top-10 of 512, FP8; NCU_ARGS="--prompt --shared":
 #      as a prompt chunk launches them, with the folded shared expert), before changing them
+#   td the embedded model with inductor's deterministic mode in effect and off
+#      (TORCHINDUCTOR_DETERMINISTIC=0), one after the other, each on a cold cache of its own:
+#      solo (N=1) and batch_mtp W16 (N=8), 64-token code prompts, overlap on, 3 repeats
 # Carry .whl, .dev/s43 (the tree's CUDA extension for Python 3.12, stripped, xz; the kernel
 # sources are unchanged since) and .dev/s44tree (the base tree: main's strata/ conf/ scripts/ as
 # of 1a2b69a, git archive, xz).
@@ -30,6 +33,11 @@ base_tree() {
 # `inbase NAME LIMIT CMD...`: st in the base tree
 inbase() { base_tree; (cd /tmp/base && PYTHONPATH=/tmp/site:/tmp/base st "$@"); }
 case ${1:-r} in
+td)
+  T="--configs solo,batch_mtp_w16 --n 1,8 --prompt-tokens 64 --max-tokens 256 --overlap on --repeats 3 --no-reverse"
+  TAIL=6 TORCHINDUCTOR_CACHE_DIR=/tmp/ind_d1 st tiny_det 170 python3 scripts/bench_engine.py $T --json $R/tiny_det.json
+  TAIL=6 TORCHINDUCTOR_CACHE_DIR=/tmp/ind_d0 TORCHINDUCTOR_DETERMINISTIC=0 st tiny_nodet 170 python3 scripts/bench_engine.py $T --json $R/tiny_nodet.json
+  grep -h "warm-up: \|rep [0-9]" $R/tiny_det.log $R/tiny_nodet.log ;;
 a1)
   TAIL=10 st solo4 300 python3 scripts/bench_engine.py $F --configs solo,solo_draft32k --n 1 --max-tokens 256 --repeats 2 --json $R/solo4.json
   grep -h "warm-up: \|compile workers" $R/solo4.log ;;
