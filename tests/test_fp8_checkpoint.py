@@ -209,16 +209,20 @@ def test_fp8_dense_auto_prompt_chunks_run_the_contracting_projections_dequantise
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("shape,block", [((48, 36), (16, 12)), ((40, 30), (24, 8))])
-def test_fp8_linear_dequantized_is_the_reference_dequantisation(shape, block, dtype):
-    """Fp8Linear.dequantized (the prompt chunks' copy) gives reference.dequant_fp8_block's
-    values exactly, for blocks that tile the weight and for ragged ones."""
+@pytest.mark.parametrize("shape,block", [((48, 36), (16, 12)), ((40, 30), (24, 8)),
+                                         ((3, 48, 36), (16, 12))])
+def test_dequant_fp8_block_is_each_weight_times_its_block_scale(shape, block, dtype):
+    """dequant_fp8_block (a prompt chunk's dequantised projections among its users) gives every
+    element its block's scale times the FP8 value, rounded once to `dtype`, for blocks that tile
+    the weight (its broadcast product, leading dims too) and for ragged ones."""
     g = torch.Generator().manual_seed(3)
     w = torch.randn(shape, generator=g) * 3
-    q, s = quantize_block(w, block)
-    mod = Fp8Linear(shape[1], shape[0], block)
-    mod.weight.data, mod.weight_scale_inv.data = q, s
-    assert torch.equal(mod.dequantized(dtype), dequant_fp8_block(q, s, block, dtype))
+    q, s = zip(*(quantize_block(m, block) for m in w.reshape(-1, *shape[-2:])))
+    q, s = torch.stack(q).view(shape), torch.stack(s).view(*shape[:-2], *s[0].shape)
+    rows = torch.arange(shape[-2]) // block[0]
+    cols = torch.arange(shape[-1]) // block[1]
+    want = (q.float() * s[..., rows[:, None], cols[None, :]]).to(dtype)
+    assert torch.equal(dequant_fp8_block(q, s, block, dtype), want)
 
 
 def test_fp8_fusion_only_where_rows_are_block_multiples(fp8_ckpts):

@@ -292,11 +292,17 @@ def chunk_gated_delta(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torc
 
 def dequant_fp8_block(w: torch.Tensor, scale_inv: torch.Tensor, block: tuple[int, int],
                       dtype: torch.dtype = torch.float32) -> torch.Tensor:
-    """(..., O, I) FP8 weight times its (..., ceil(O/bo), ceil(I/bi)) block scales, as `dtype`."""
-    o, i = w.shape[-2:]
+    """(..., O, I) FP8 weight times its (..., ceil(O/bo), ceil(I/bi)) block scales, as `dtype`.
+    Where the blocks tile the weight, one broadcast product (no expanded copy of the scales; a
+    compiled region makes it one kernel, as a prompt chunk's dequantised projections need);
+    else the scales expanded to the weight's shape. The same float32 products either way."""
+    *lead, o, i = w.shape
     # a block beyond the weight is one block: expanding its scale to the block first could
     # ask for terabytes (weight_block_size is the checkpoint's word)
     bo, bi = min(int(block[0]), o), min(int(block[1]), i)
+    if o % bo == 0 and i % bi == 0:
+        tiles = w.view(*lead, o // bo, bo, i // bi, bi).float()
+        return (tiles * scale_inv.float()[..., :, None, :, None]).to(dtype).view(w.shape)
     s = scale_inv.float().repeat_interleave(bo, -2)[..., :o, :].repeat_interleave(bi, -1)[..., :i]
     return (w.float() * s).to(dtype)
 

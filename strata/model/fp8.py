@@ -117,16 +117,6 @@ class Fp8Linear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return ops.linear_fp8(x, self.weight, self.weight_scale_inv, self.block)
 
-    def dequantized(self, dtype: torch.dtype) -> torch.Tensor:
-        """The weight times its block scales, as `dtype`: reference.dequant_fp8_block's values
-        (the same float32 products, rounded once), in one broadcast product where the blocks
-        tile the weight, so that a compiled region makes it one kernel."""
-        (o, i), (bo, bi) = self.weight.shape, self.block
-        if o % bo or i % bi:
-            return dequant_fp8_block(self.weight, self.weight_scale_inv, self.block, dtype)
-        w = self.weight.view(o // bo, bo, i // bi, bi).float()
-        return (w * self.weight_scale_inv[:, None, :, None]).to(dtype).view(o, i)
-
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, block={self.block}"
 
@@ -139,7 +129,8 @@ def project(mod: nn.Module, x: torch.Tensor, prompt: bool = False) -> torch.Tens
     dequantised copy costs one pass that writes twice the FP8 bytes, and cuBLAS then reads
     it once. Windows keep the FP8 kernel."""
     if prompt and isinstance(mod, Fp8Linear) and mod.prompt_dequant:
-        return torch.nn.functional.linear(x, mod.dequantized(x.dtype))
+        return torch.nn.functional.linear(
+            x, dequant_fp8_block(mod.weight, mod.weight_scale_inv, mod.block, x.dtype))
     return mod(x)
 
 
