@@ -451,6 +451,17 @@ MOE_VARIANTS = {"stream": dict(pdl=True, stream=True, stream_all=True, gate_up_m
                 "all": dict(pdl=True, early=True, wide=True, db=True, xsmem=False, stream=False)}
 
 
+def moe_ids(n: int, E: int, k: int, shared: bool, generator=None, device=DEV) -> torch.Tensor:
+    """(n, k) expert ids: uniform top-k of E, or (shared) top-(k - 1) of the first E - 1 and the
+    last id in every row, as the engine folds its shared expert in."""
+    routed = E - 1 if shared else E
+    idx = torch.stack([torch.randperm(routed, device=device, generator=generator)[:k - (E - routed)]
+                       for _ in range(n)])
+    if shared:
+        idx = torch.cat([idx, torch.full_like(idx[:, :1], E - 1)], 1)
+    return idx
+
+
 def bench_moe(records, rows_list, ceiling, sets: int = 8, variants=("default",), shared=False):
     """shared: E + 1 experts and top-(k + 1) with the last id every row's (the engine's folded
     shared expert), else uniform top-k of E."""
@@ -468,11 +479,7 @@ def bench_moe(records, rows_list, ceiling, sets: int = 8, variants=("default",),
         for n in rows_list:
             xs, ws, ids, outs, distinct = [], [], [], [], []
             for _ in range(sets):
-                routed = E - 1 if shared else E
-                idx = torch.stack([torch.randperm(routed, device=DEV)[:k - (E - routed)]
-                                   for _ in range(n)])
-                if shared:  # the engine folds the shared expert in as one more id every row has
-                    idx = torch.cat([idx, torch.full_like(idx[:, :1], E - 1)], 1)
+                idx = moe_ids(n, E, k, shared)
                 w = torch.rand(n, k, device=DEV)
                 ids.append(idx)
                 ws.append(w / w.sum(-1, keepdim=True))

@@ -31,7 +31,7 @@ from strata.kernels import cyext_ops as C  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from bench_kernels import (FP8_BLOCK, LINEAR_FORMS, MOE_SHAPE, MOE_VARIANTS,  # noqa: E402
-                           _fp8_weight, _moe_weights, split_depth_forms)
+                           _fp8_weight, _moe_weights, moe_ids, split_depth_forms)
 
 #: the streamed FP8 linear's forms --linear profiles (bench_kernels.LINEAR_FORMS' names)
 NCU_LINEAR_FORMS = ("linear_fp8_unsplit", "linear_fp8_split", "linear_fp8_split_pair",
@@ -58,28 +58,26 @@ def main() -> int:
     if args.linear:
         return profile_linear(args)
     E, k, H, I = (MOE_SHAPE[n] for n in ("E", "k", "H", "I"))
-    routed = E
+    routed, top = E, k  # what the router picks from, and how many
     if args.shared:
         E, k = E + 1, k + 1
     saved = C.moe_launch_options()
-    # the fused router weight's shape: E gate rows and the shared gate, padded to 8 rows
-    w_router = (torch.randn(-(-(E + 1) // 8) * 8, H, device="cuda") / H ** 0.5).to(torch.bfloat16)
+    # the fused router weight's shape: the routed experts' gate rows and the shared gate, padded
+    # to 8 rows
+    w_router = (torch.randn(-(-(routed + 1) // 8) * 8, H, device="cuda") / H ** 0.5).to(torch.bfloat16)
     for wname in args.weights.split(","):
         wgu, wd, gs, ds, block = _moe_weights(wname == "fp8", E)
         for variant in args.variants.split(","):
             C.moe_launch_options(**MOE_VARIANTS[variant])
             for n in (int(r) for r in args.rows.split(",")):
                 g = torch.Generator(device="cuda").manual_seed(n)
-                ids = torch.stack([torch.randperm(routed, device="cuda", generator=g)[:k - (E - routed)]
-                                   for _ in range(n)])
-                if args.shared:  # the folded shared expert: one more id every row has
-                    ids = torch.cat([ids, torch.full_like(ids[:, :1], E - 1)], 1)
+                ids = moe_ids(n, E, k, args.shared, generator=g, device="cuda")
                 w = torch.rand(n, k, device="cuda", generator=g)
                 w = w / w.sum(-1, keepdim=True)
                 x = torch.randn(n, H, device="cuda", dtype=torch.bfloat16, generator=g)
                 for _ in range(2):
                     if args.router:
-                        C.gpu_moe_route(x, w_router, E, k, True, None, E)
+                        C.gpu_moe_route(x, w_router, routed, top, True, None, routed)
                     C.gpu_moe_experts(x, wgu, wd, w, ids, gs, ds, block, prompt=args.prompt)
                 torch.cuda.synchronize()
                 print(f"case {wname} {variant} rows {n}: distinct {ids.unique().numel()}",
