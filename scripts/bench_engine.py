@@ -38,7 +38,7 @@ from omegaconf import OmegaConf  # noqa: E402
 from strata.byte_floor import (H200_COPY_BYTES_PER_S, floor_seconds, weight_format_from_config,  # noqa: E402
                                window_bytes)
 from strata.config import StrataConfig, check_known_keys, register_configs  # noqa: E402
-from strata.engine.compiling import inductor_deterministic, inductor_pdl  # noqa: E402
+from strata.engine.compiling import deterministic_default, inductor_pdl  # noqa: E402
 from strata.kernels.cyext_ops import MOE_WIDE_MAX_ROWS  # noqa: E402
 from strata.engine.llm_engine import Engine  # noqa: E402
 from strata.engine.request import Request, SamplingParams  # noqa: E402
@@ -424,7 +424,7 @@ def write_results(a, ns, names, results, loaded, device, backend) -> None:
     meta = {"device": torch.cuda.get_device_name() if device.type == "cuda" else platform.processor(),
             "torch": torch.__version__, "dtype": str(loaded.dtype), "model": str(a.model),
             "commit": commit_id(), "pdl": inductor_pdl(),
-            "inductor_deterministic": inductor_deterministic(),
+            "inductor_deterministic": deterministic_default(),
             "date": time.strftime("%Y-%m-%d"), "backend": backend, "args": vars(a)}
     if a.json:
         Path(a.json).write_text(json.dumps({"meta": meta, "summary": summary,

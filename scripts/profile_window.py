@@ -29,7 +29,7 @@ sys.path.insert(0, str(ROOT))
 import torch  # noqa: E402
 
 from strata.config import EMBEDDED_MODEL_DIR  # noqa: E402
-from strata.engine.compiling import inductor_deterministic, inductor_pdl  # noqa: E402
+from strata.engine.compiling import deterministic_default, inductor_pdl  # noqa: E402
 from strata.engine.draft_vocab import draft_head  # noqa: E402
 from strata.engine.verifier import SlotBuffers, Verifier  # noqa: E402
 from strata.kernels import ops  # noqa: E402
@@ -299,7 +299,7 @@ def main() -> None:
                    draft_ids=draft_ids, draft_head=head)
     report = {"model": str(a.model), "layers": a.layers, "compile": a.compile, "ctx": a.ctx,
               "torch": torch.__version__, "shapes": [],
-              "pdl": inductor_pdl(), "inductor_deterministic": inductor_deterministic(),
+              "pdl": inductor_pdl(), "inductor_deterministic": deterministic_default(),
               "kernel_options": options, "draft_vocab": a.draft_vocab}
     for groups, rows_per in shapes:
         gs = torch.arange(groups, device=dev)

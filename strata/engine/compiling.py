@@ -63,12 +63,6 @@ def inductor_pdl() -> bool:
     return bool(getattr(inductor_config.triton, "enable_pdl", False))
 
 
-def inductor_deterministic() -> bool:
-    """Whether compiled regions are compiled in inductor's deterministic mode (for reports:
-    the option every region gets, region_options; the process-wide flag is not it)."""
-    return deterministic_default()
-
-
 def specialize_one(on: bool) -> None:
     """engine.compile_specialize_one: whether regions compiled from now on give a size of 1
     graphs of their own (torch's default) or treat it as any other size of a dynamic dimension
