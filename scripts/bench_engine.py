@@ -203,6 +203,7 @@ CONFIGS = {
     "solo_nospec": dict(mode="solo", batch_mtp=False, spec=1),
     "solo_spec2": dict(mode="solo", batch_mtp=False, spec=2),
     "solo_spec3": dict(mode="solo", batch_mtp=False, spec=3),
+    "solo_spec5": dict(mode="solo", batch_mtp=False, spec=5),
     "batch": dict(mode="batch", batch_mtp=False),
     "batch_mtp": dict(mode="batch", batch_mtp=True),
     "batch_mtp_eager": dict(mode="batch", batch_mtp=True, graphs=False),
@@ -210,7 +211,11 @@ CONFIGS = {
     # engine.batch_mtp_drafts=null: up to spec - 1 drafts a group where the window has room
     "batch_mtp_deep": dict(mode="batch", batch_mtp=True, batch_mtp_drafts=None),
     "batch_mtp_w16_deep": dict(mode="batch", batch_mtp=True, window_rows=16, batch_mtp_drafts=None),
+    "batch_mtp_w24_deep": dict(mode="batch", batch_mtp=True, window_rows=24, batch_mtp_drafts=None),
     "batch_mtp_w32_deep": dict(mode="batch", batch_mtp=True, window_rows=32, batch_mtp_drafts=None),
+    # eight slots' groups of 5 rows: spec 5 (four drafts a group)
+    "batch_mtp_w40_deep": dict(mode="batch", batch_mtp=True, window_rows=40, batch_mtp_drafts=None,
+                               spec=5),
     # engine.draft_vocab: drafts among 32,768 tokens (a vocabulary larger than that, such as
     # the 80B models' 151,936), against the same configuration without it in one process
     "solo_draft32k": dict(mode="solo", batch_mtp=False, draft_vocab=32768),
