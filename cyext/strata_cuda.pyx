@@ -88,7 +88,9 @@ cdef extern from "strata_kernels.h" nogil:
                                const float* topk_weight, const int64_t* topk_ids, int64_t n,
                                int64_t k, int64_t E, int64_t H, int64_t I,
                                const StrataExpertCache* cache, void* out,
-                               float* workspace, int prompt, int device, uintptr_t stream)
+                               float* workspace, int prompt, int device, uintptr_t stream,
+                               int* sync)
+    int strata_gpu_moe_sync_ints()
     int strata_gpu_linear_stream_takes(int64_t m, int64_t fin, int64_t o, int64_t bo,
                                        int64_t bi, int w_dtype, int x_dtype, int device)
     int strata_gpu_linear_skinny(const void* x, int x_dtype, int64_t m, int64_t fin,
@@ -500,6 +502,11 @@ def moe_workspace_numel(int64_t n, int64_t k, int64_t inter, int64_t hidden=0):
     return strata_gpu_moe_workspace(n, k, inter, hidden)
 
 
+def moe_sync_ints():
+    """int32 elements of moe_experts' `sync` (the fused kernel's ticket and counters)."""
+    return strata_gpu_moe_sync_ints()
+
+
 def moe_wide_takes(int64_t n, int64_t k, int64_t e, int64_t hidden, int64_t inter, int64_t bo,
                    int64_t bi, int device):
     """Whether a moe_experts launch of n rows (17-512) of FP8 weights (no expert cache) with
@@ -511,7 +518,7 @@ def moe_wide_takes(int64_t n, int64_t k, int64_t e, int64_t hidden, int64_t inte
 def moe_experts(x, w_gate_up, w_down, topk_weight, topk_ids, gu_scale, down_scale, int64_t bo,
                 int64_t bi, out, workspace, uintptr_t stream, slot_of=None, host_gate_up=None,
                 host_down=None, host_gu_scale=None, host_down_scale=None, routed_counts=None,
-                window_state=None, count_layer=None, bint prompt=False):
+                window_state=None, count_layer=None, bint prompt=False, sync=None):
     """Routed experts grouped by expert on the device (two launches, no allocation, no sync).
     workspace: float32, at least moe_workspace_numel(N, k, I) elements, 16-byte aligned.
     With slot_of (on the device), the stacks are the expert cache's slots and misses read the
@@ -520,7 +527,10 @@ def moe_experts(x, w_gate_up, w_down, topk_weight, topk_ids, gu_scale, down_scal
     kernel also counts the routing and the window's hits and misses (strata_expert_cache.h).
     prompt: the rows are a prompt chunk's, else a decode window's; FP8 prompt rows take the down
     kernel on tensor cores where the switch is on (other bits; each kind's bits never depend on
-    the other rows of the launch)."""
+    the other rows of the launch).
+    sync: int32, moe_sync_ints() elements on the device, zero before its first launch (each
+    launch leaves it zero): where given, a decode window's experts may run in one fused grid
+    (moe_launch_options(fused=)); one per layer, never shared by launches that could overlap."""
     op = "moe_experts"
     cdef int xdt, wdt
     cdef int64_t n, k, e, hidden, inter
@@ -541,6 +551,15 @@ def moe_experts(x, w_gate_up, w_down, topk_weight, topk_ids, gu_scale, down_scal
         named += [("gu_scale", gu_scale), ("down_scale", down_scale)]
         gsp = <float*>_ptr(gu_scale)
         dsp = <float*>_ptr(down_scale)
+    cdef int* syp = NULL
+    if sync is not None:
+        _check_tensor(op, "sync", sync, 1)
+        if sync.dtype != _torch.int32 or sync.numel() < strata_gpu_moe_sync_ints():
+            raise ValueError(f"{op}: sync must be int32 with at least "
+                             f"{strata_gpu_moe_sync_ints()} elements")
+        _check_contiguous(op, "sync", sync)
+        named.append(("sync", sync))
+        syp = <int*>_ptr(sync)
     cdef StrataExpertCache cache
     cdef StrataExpertCache* cp = NULL
     if slot_of is not None:
@@ -573,7 +592,7 @@ def moe_experts(x, w_gate_up, w_down, topk_weight, topk_ids, gu_scale, down_scal
     with nogil:
         rc = strata_gpu_moe_experts(xp, xdt, wgu, wd, wdt, gsp, dsp, bo, bi, twp, tip, n, k, e,
                                     hidden, inter, cp, outp, wsp, 1 if prompt else 0, dev,
-                                    stream)
+                                    stream, syp)
     _raise(op, rc)
 
 

@@ -436,6 +436,9 @@ MOE_VARIANTS = {"stream": dict(pdl=True, stream=True, stream_all=True, gate_up_m
                 "stream-mma": dict(pdl=True, stream=True, stream_all=True, gate_up_mma=True),
                 "stream-nopdl": dict(pdl=False, stream=True, stream_all=True, gate_up_mma=False),
                 "stream-mma-nopdl": dict(pdl=False, stream=True, stream_all=True, gate_up_mma=True),
+                # a window's gate/up and down in one grid (moe_launch_options(fused=))
+                "stream-mma-fused": dict(pdl=True, stream=True, stream_all=True, gate_up_mma=True,
+                                         fused=True),
                 "stream-mma-nosplit": dict(pdl=True, stream=True, stream_all=True, gate_up_mma=True,
                                            down_split=False),
                 **{f"stream-mma-runs{g}": dict(pdl=True, stream=True, stream_all=True,
@@ -470,6 +473,7 @@ def bench_moe(records, rows_list, ceiling, sets: int = 8, variants=("default",),
         E, k = E + 1, k + 1
     defaults = C.moe_launch_options()
     for fp8, variant in ((f, v) for f in (True, False) for v in variants):
+        C.moe_launch_options(**defaults)  # (a variant sets only its own switches)
         if variant != "default":
             C.moe_launch_options(**MOE_VARIANTS[variant])
         wgu, wd, gs, ds, block = _moe_weights(fp8, E)

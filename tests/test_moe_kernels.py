@@ -365,6 +365,44 @@ def test_gpu_moe_down_split_same_bits(N, wdtype):
 
 
 @_gpu
+@pytest.mark.parametrize("N", [1, 2, 3, 4, 8, 16])
+def test_gpu_moe_fused_same_bits(N):
+    """The fused grid (moe_launch_options(fused=True): a window's gate/up and down in one
+    launch, each down item waiting for its own expert's act) sums what the two kernels sum: the
+    same bits with hot experts (every row a member) and an id twice in a row, launch after
+    launch (each leaves the per-layer counters zero for the next), and in a graph replayed with
+    new ids. Prompt rows keep the two kernels."""
+    E, H, I, k = 513, 2048, 512, 11
+    block = (128, 128)
+    weights = experts(E, H, I, FP8, block, device="cuda")
+    w, ids = routing(N, k, E, hot=[3, 512], device="cuda")
+    ids[:, 2] = ids[:, 0]
+    x = torch.randn(N, H, generator=torch.Generator().manual_seed(9)).to("cuda", torch.bfloat16)
+    sync = C._moe_sync(weights[0])
+    with _launch_options(fused=False):
+        two = C.gpu_moe_experts(x, *weights[:2], w, ids, *weights[2:], block)
+        two_replay = _replay_with_new_ids(x, weights, w.clone(), ids.clone(), block, seed=4)
+    with _launch_options(fused=True):
+        fused = [C.gpu_moe_experts(x, *weights[:2], w, ids, *weights[2:], block)
+                 for _ in range(3)]
+        torch.cuda.synchronize()
+        assert not sync.any(), "a fused launch left its counters set"
+        fused_replay = _replay_with_new_ids(x, weights, w.clone(), ids.clone(), block, seed=4)
+        fused_again = C.gpu_moe_experts(x, *weights[:2], w, ids, *weights[2:], block)
+    assert all(torch.equal(two, f) for f in fused + [fused_again])
+    assert torch.equal(two_replay, fused_replay)
+    assert not sync.any()
+    assert rel_err(two, call_reference(x, weights, w, ids, block)) < 2e-2
+    if torch.cuda.get_device_properties(0).multi_processor_count >= H // 16:
+        with _launch_options(fused=True), torch.profiler.profile(
+                activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+            C.gpu_moe_experts(x, *weights[:2], w, ids, *weights[2:], block)
+            torch.cuda.synchronize()
+        names = " ".join(e.name for e in prof.events())
+        assert "moe_fused_mma" in names and "moe_down_stream" not in names
+
+
+@_gpu
 @pytest.mark.parametrize("N", [17, 40, 64])
 def test_gpu_moe_fp8_launches_of_16_rows_same_bits(N):
     """FP8 weights launch 16 rows at a time (fp8_launch16), 32 without: rows are independent, so

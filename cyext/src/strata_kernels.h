@@ -205,13 +205,22 @@ int strata_gpu_moe_wide_takes(int64_t n, int64_t k, int64_t E, int64_t H, int64_
 // f16), which decode windows keep; a row's result does not depend on the other rows of its
 // launch, nor on their count.
 #define STRATA_MOE_DOWN_MMA (1 << 27)
+// STRATA_MOE_FUSED (off): FP8 decode windows of up to 16 rows on the tensor-core gate/up run
+// gate/up and down in one grid (strata_moe_stream.cu, moe_fused_mma) where the caller passes
+// `sync` (strata_gpu_moe_sync_ints() int32, zero before the first launch; each launch leaves
+// them zero): a down item waits for its own expert's act, not for the whole gate/up grid. The
+// same bits.
+#define STRATA_MOE_FUSED (1 << 28)
 int strata_gpu_moe_set_options(int flags);
 int strata_gpu_moe_experts(const void* x, int x_dtype, const void* w_gate_up, const void* w_down,
                            int w_dtype, const float* gu_scale, const float* down_scale,
                            int64_t bo, int64_t bi, const float* topk_weight,
                            const int64_t* topk_ids, int64_t n, int64_t k, int64_t E, int64_t H,
                            int64_t I, const StrataExpertCache* cache, void* out,
-                           float* workspace, int prompt, int device, uintptr_t stream);
+                           float* workspace, int prompt, int device, uintptr_t stream,
+                           int* sync);
+// int32 elements of strata_gpu_moe_experts' `sync` (STRATA_MOE_FUSED).
+int strata_gpu_moe_sync_ints(void);
 
 // 1 when linear_skinny would run (m, in) x (o, in) on the streamed FP8 kernel (which takes any
 // m), else 0.

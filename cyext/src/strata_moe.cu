@@ -582,6 +582,8 @@ static int64_t moe_y_stage_floats(int64_t n, int64_t k, int64_t hidden) {
   return n > 16 && hidden > 0 && n * k > MOE_WIDE_SMEM_PAIRS ? n * k * hidden : 0;
 }
 
+int strata_gpu_moe_sync_ints(void) { return MOE_SYNC_INTS; }
+
 int64_t strata_gpu_moe_workspace(int64_t n, int64_t k, int64_t inter, int64_t hidden) {
   return moe_x_stage_offset(n, k, inter) + moe_x_stage_floats(n, hidden) +
          moe_y_stage_floats(n, k, hidden);
@@ -624,7 +626,8 @@ int strata_gpu_moe_experts(const void* x, int x_dtype, const void* w_gate_up, co
                            int64_t bo, int64_t bi, const float* topk_weight,
                            const int64_t* topk_ids, int64_t n, int64_t k, int64_t E, int64_t H,
                            int64_t I, const StrataExpertCache* cache, void* out,
-                           float* workspace, int prompt, int device, uintptr_t stream) {
+                           float* workspace, int prompt, int device, uintptr_t stream,
+                           int* sync) {
   int rc = gpu_use_device(device);
   if (rc) return rc;
   if (n == 0 || H == 0) return 0;
@@ -692,6 +695,7 @@ int strata_gpu_moe_experts(const void* x, int x_dtype, const void* w_gate_up, co
   p.bi = fp8 ? (int)bi : 1;
   p.x_dtype = x_dtype;
   p.prompt = prompt ? 1 : 0;
+  p.sync = sync;
   p.nbg = (int)((I + p.bo - 1) / p.bo);
   p.ncb_h = (int)((H + p.bi - 1) / p.bi);
   p.ncb_i = (int)((I + p.bi - 1) / p.bi);

@@ -302,7 +302,14 @@ struct MoeParams {
   // Big wide launches (more than MOE_WIDE_SMEM_PAIRS pairs): the down kernel's results, each
   // CTA's (P, T) floats at blockIdx.x * P * T (H * P floats in all), in the workspace past x.
   float* y_stage;
+  // The fused kernel's counters (STRATA_MOE_FUSED, strata_moe_stream.cu moe_fused_mma): a
+  // ticket at MOE_SYNC_TICKET and a counter per distinct expert from MOE_SYNC_DONE, zero between
+  // launches (the last CTA of a launch resets them); NULL: not fused.
+  int* sync;
 };
+constexpr int MOE_SYNC_TICKET = 0;
+constexpr int MOE_SYNC_DONE = 32;  // (the counters on lines of their own)
+constexpr int MOE_SYNC_INTS = MOE_SYNC_DONE + MOE_MAX_PAIRS;
 
 #if !STRATA_PLATFORM_HIP
 // What the streamed kernels (strata_moe_stream.cu, strata_linear_stream.cu) plan with, per

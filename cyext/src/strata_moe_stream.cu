@@ -96,6 +96,7 @@ struct StreamPlan {
   int x_global;        // gate/up on tensor cores: x and its row scales staged in global memory
   int lead_cap;        // leaders the leader table holds (pair_cap but in big launches)
   int item_cap;        // entries of each item table but memb (P but in big launches: down_items)
+  int y_off;           // fused: the down results (P x T floats) in shared memory
 };
 
 __host__ __device__ inline int st_off_lead(const StreamPlan& sp) {
@@ -960,6 +961,218 @@ __global__ void __launch_bounds__(ST_THREADS, 1) moe_down_stream(MoeParams p, St
 #endif
 }
 
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+__device__ __forceinline__ int ld_acquire_gpu(const int* p) {
+  int v;
+  asm volatile("ld.acquire.gpu.global.b32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+  return v;
+}
+#endif
+
+// A decode window's routed experts in one grid (STRATA_MOE_FUSED): the tensor-core gate/up
+// (moe_gate_up_mma's items, x in shared memory) and then the CUDA-core down kernel's items
+// (moe_down_stream<FP8W, 16, 1>'s, T = 16 output features a CTA) through one ring, one
+// producer and one item sequence per CTA. Why: as two grids the down kernel starts streaming
+// its weights only once the gate/up CTAs leave their SMs (each holds the whole shared memory),
+// and its act reads wait for the whole gate/up grid, so each launch paid a ramp down and a ramp
+// up between the two (at 4 and 16 rows on an H200 the pair ran at 68-74% of the copy ceiling).
+// Here a CTA's producer issues its down rows as soon as its gate/up copies are out, and a down
+// item waits only for its own expert: every gate/up item (a 4-feature tile) counts itself done
+// in p.sync's per-expert counter (release), and the down item's warp waits until all I / 4
+// tiles have (acquire). Gate/up items finish in about expert order on every CTA (they are dealt
+// round-robin), and the down items go in expert order. CTAs past H / T have no down items.
+// The last CTA to finish (a ticket in p.sync[0]) sets the counters back to zero for the next
+// launch. The same arithmetic in the same order as the two kernels: the same bits.
+__global__ void __launch_bounds__(ST_THREADS, 1) moe_fused_mma(MoeParams p, StreamPlan sp) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  constexpr int F = 4, T = 16, EPC = WChunk<FP8W>::EPC;
+  extern __shared__ __align__(128) uint8_t smem[];
+  const int distinct = gate_up_start(smem, p, sp);
+  const int items = sp.group ? down_items(smem, p, sp, distinct) : distinct;
+  uint64_t* full = (uint64_t*)smem;
+  uint64_t* empty = full + ST_MAX_STAGES;
+  const int* ids_s = (const int*)(smem + ST_OFF_IDS);
+  const int* lead_s = (const int*)(smem + st_off_lead(sp));
+  const int* index_s = (const int*)(smem + st_off_first(sp));  // (down_items: expert -> d)
+  const int* memb = (const int*)(smem + sp.items_off);
+  const int* span = memb + p.P;
+  const int* eid = span + p.P;
+  uint8_t* x_s = smem + sp.data_off;
+  float* unscale_s = (float*)(smem + sp.scale_off);
+  float* y_s = (float*)(smem + sp.y_off);
+  uint8_t* ring = smem + sp.ring_off;
+  int* done = p.sync + MOE_SYNC_DONE;
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+  const int n_gu = gate_up_items(distinct, sp);
+  const int h0 = blockIdx.x * T;
+  const int n_dn = h0 < p.H ? items : 0;
+  const int H = p.H;  // bytes per FP8 gate/up row
+  const int S = sp.stages;
+
+  if (warp == ST_MAX_WARPS) {  // the producer: the gate/up items' copies, then the down items'
+    if (lane == 0) {
+      gate_up_produce(p, sp, ring, full, ids_s, lead_s, n_gu, F, H);
+      const uint64_t pol = l2_evict_first();
+      const uint32_t piece = (uint32_t)(T * p.I);
+      for (int j = 0; j < n_dn; ++j) {
+        const int li = n_gu + j, stage = li % S, round = li / S;
+        if (round) mbar_wait(empty + stage, (round - 1) & 1);
+        mbar_expect_tx(full + stage, piece);
+        const int e = sp.group ? eid[j] : ids_s[lead_s[j]];
+        bulk::load(ring + stage * sp.stage_bytes, expert_down(p, e) + (int64_t)h0 * p.I, piece,
+                   full + stage, pol);
+      }
+    }
+    return;
+  }
+  if (warp >= sp.warps) return;
+
+  for (int n = warp; n < p.n; n += sp.warps)
+    stage_x_row_f16((const uint16_t*)p.x + (int64_t)n * H, x_s + (int64_t)n * sp.x_stride,
+                    unscale_s + n, H, lane);
+  sync_threads(sp.warps * 32);
+
+  const int g = lane >> 2, t = lane & 3;
+  const int ncb = H / 128;
+  for (int li = warp; li < n_gu + n_dn; li += sp.warps) {
+    const int stage = li % S;
+    if (li < n_gu) {  // a gate/up item: moe_gate_up_mma<false>'s
+      const int item = blockIdx.x + li * gridDim.x, d = item / sp.tiles, i0 = (item % sp.tiles) * F;
+      const int s0 = lead_s[d], e = ids_s[s0];
+      float sg = 0.f, su = 0.f;
+      if (lane < ncb) {
+        const float* sc = expert_gate_up_scale(p, e);
+        sg = __ldg(sc + (i0 / p.bo) * p.ncb_h + lane);
+        su = __ldg(sc + (p.nbg + i0 / p.bo) * p.ncb_h + lane);
+      }
+      mbar_wait(full + stage, (li / S) & 1);
+      const uint8_t* wrow = ring + stage * sp.stage_bytes + g * H + 16 * t;
+      for (int w0 = 0;; w0 += 32) {
+        int my_q;
+        const int M = item_members(false, memb, 0, ids_s, p.P, s0, e, w0, lane, &my_q);
+        const int Mw = M - w0 < 32 ? M - w0 : 32;
+        for (int m0 = 0; m0 < Mw; m0 += 16) {
+          const int ma = m0 + g < Mw ? m0 + g : m0, mb = m0 + g + 8 < Mw ? m0 + g + 8 : m0;
+          const int qa = __shfl_sync(0xffffffffu, my_q, ma), qb = __shfl_sync(0xffffffffu, my_q, mb);
+          const int na = qa / p.k, nb = qb / p.k;
+          const uint8_t* xa = x_s + (int64_t)na * sp.x_stride + 32 * t;
+          const uint8_t* xb = x_s + (int64_t)nb * sp.x_stride + 32 * t;
+          float acc[4] = {0.f, 0.f, 0.f, 0.f};
+          if (Mw - m0 > 8)
+            gate_up_mma_blocks<true>(acc, wrow, xa, xb, ncb, sg, su, t);
+          else
+            gate_up_mma_blocks<false>(acc, wrow, xa, xb, ncb, sg, su, t);
+          const float ua = unscale_s[na], ub = unscale_s[nb];
+          acc[0] *= ua; acc[1] *= ua; acc[2] *= ub; acc[3] *= ub;
+          float up[4];
+#pragma unroll
+          for (int i = 0; i < 4; ++i) up[i] = __shfl_xor_sync(0xffffffffu, acc[i], 2);
+          if (t < 2) {
+            float a[4];
+#pragma unroll
+            for (int i = 0; i < 4; ++i) a[i] = acc[i] / (1.f + expf(-acc[i])) * up[i];
+            if (m0 + g < Mw)
+              *(float2*)(p.act + (int64_t)qa * p.I + i0 + 2 * t) = make_float2(a[0], a[1]);
+            if (m0 + g + 8 < Mw)
+              *(float2*)(p.act + (int64_t)qb * p.I + i0 + 2 * t) = make_float2(a[2], a[3]);
+          }
+        }
+        if (w0 + 32 >= M) break;
+      }
+      __threadfence();  // this lane's act stores, before the count below (release)
+      __syncwarp();
+      if (lane == 0) {
+        mbar_arrive(empty + stage);
+        atomicAdd(done + d, 1);
+      }
+      continue;
+    }
+    // a down item: moe_down_stream<FP8W, 16, 1>'s, once its expert's act is complete
+    const int j = li - n_gu;
+    const int lo = sp.group ? span[j] & 0xffff : 0, hi = sp.group ? span[j] >> 16 : 0;
+    const int e = sp.group ? eid[j] : ids_s[lead_s[j]];
+    const int d = sp.group ? index_s[e] : j;
+    const uint8_t* rows = ring + stage * sp.stage_bytes;
+    const int col = (lane * EPC) / p.bi;
+    const float sc = lane < p.I / EPC
+                         ? __ldg(expert_down_scale(p, e) + (h0 / p.bo) * p.ncb_i + col) : 1.f;
+    if (lane == 0)
+      while (ld_acquire_gpu(done + d) < sp.tiles) __nanosleep(64);
+    __syncwarp();
+    (void)ld_acquire_gpu(done + d);  // every lane's own acquire before its act loads
+    // a member's act row, lane l's chunk l (from L2: written by other SMs during this grid)
+    auto load_row = [&](int q, float (&xf)[EPC]) {
+      if (lane < p.I / EPC) {
+        const float4* src = (const float4*)(p.act + (int64_t)q * p.I + lane * EPC);
+#pragma unroll
+        for (int i = 0; i < EPC / 4; ++i) {
+          const float4 v = __ldcg(src + i);
+          xf[4 * i] = v.x; xf[4 * i + 1] = v.y; xf[4 * i + 2] = v.z; xf[4 * i + 3] = v.w;
+        }
+      }
+    };
+    float xf[EPC];
+    int q = sp.group ? memb[lo] : lead_s[j];
+    load_row(q, xf);
+    mbar_wait(full + stage, (li / S) & 1);
+    for (int i = lo;; ++i) {
+      const int q_next = sp.group ? (i + 1 < hi ? memb[i + 1] : -1)
+                                  : next_member(ids_s, p.P, q, e, lane);
+      float xn[EPC];
+      if (q_next >= 0) load_row(q_next, xn);
+      float acc[T];
+#pragma unroll
+      for (int r = 0; r < T; ++r) {
+        acc[r] = 0.f;
+        if (lane < p.I / EPC)
+          acc[r] = chunk_dot<FP8W>(*(const uint4*)(rows + r * p.I + 16 * lane), xf, sc, acc[r]);
+      }
+      butterflies<T>(acc);
+      if (lane == 0) {
+#pragma unroll
+        for (int r = 0; r < T; r += 4)
+          *(float4*)(y_s + q * T + r) = make_float4(acc[r], acc[r + 1], acc[r + 2], acc[r + 3]);
+      }
+      if (q_next < 0) break;
+#pragma unroll
+      for (int u = 0; u < EPC; ++u) xf[u] = xn[u];
+      q = q_next;
+    }
+    __syncwarp();
+    if (lane == 0) mbar_arrive(empty + stage);
+  }
+  sync_threads(sp.warps * 32);
+  if (n_dn)
+    for (int u = tid; u < p.n * T; u += sp.warps * 32) {
+      const int n = u / T, hh = u % T;
+      float acc = 0.f;
+      for (int jj = 0; jj < p.k; ++jj) {
+        const int q = n * p.k + jj;
+        acc = fmaf(p.topk_w[q], y_s[q * T + hh], acc);
+      }
+      store_from_float(p.out, p.x_dtype, (int64_t)n * p.H + h0 + hh, acc);
+    }
+  // the last CTA out sets the counters back to zero (every CTA has read its last one)
+  if (tid == 0) {
+    __threadfence();
+    if (atomicAdd(p.sync + MOE_SYNC_TICKET, 1) == (int)gridDim.x - 1) {
+      for (int dd = 0; dd < distinct; ++dd) done[dd] = 0;
+      p.sync[MOE_SYNC_TICKET] = 0;
+      __threadfence();
+    }
+  }
+#endif
+}
+
+int launch_fused_mma(const MoeParams& p, const StreamPlan& sp, int grid, int smem, bool pdl,
+                     cudaStream_t st) {
+  static int allowed = 0;
+  const char* name = "moe_experts: moe_fused_mma";
+  if (int rc = allow_smem(moe_fused_mma, smem, allowed, name)) return rc;
+  launch_maybe_pdl(moe_fused_mma, dim3((unsigned)grid), dim3(ST_THREADS), smem, st, pdl, p, sp);
+  return take_launch_error(name);
+}
+
 template <typename W, int CPL, bool XF32>
 int launch_gate_up(const MoeParams& p, const StreamPlan& sp, int grid, int smem, bool pdl,
                    cudaStream_t st) {
@@ -1153,16 +1366,37 @@ int launch_stream(const MoeParams& p, const DeviceFacts& dev, bool pdl, bool eve
   // KiB at 64 rows), measured 6% faster at 64 rows and 2% slower at 32 (the same bits)
   size_ring(dn, dev.smem_optin - dn.ring_off, ST_DOWN_STAGE, p.n > ST_DOWN_ONE_STAGE_ROWS);
   if (gu.warps < 4 || dn.warps < 4) return 0;
-  *launched = true;
-  if (plan_only) return 0;
-  const int gu_smem = gu.ring_off + gu.stages * gu.stage_bytes;
-  const int dn_smem = dn.ring_off + dn.stages * ST_DOWN_STAGE;
   // STRATA_MOE_GU_PDL: gate/up as a programmatic dependent of the kernel before it (the
   // router), so that its CTAs launch and initialise while that kernel ends. One SM fewer: the
   // SM still running the router's last CTA (its second phase) cannot take a gate/up CTA (each
   // needs the whole shared memory), and that CTA would start late and finish last.
   const bool gu_pdl = (options & STRATA_MOE_GU_PDL) != 0;
   const int gu_grid = gu_pdl && dev.sms > 1 ? dev.sms - 1 : dev.sms;
+  // STRATA_MOE_FUSED: a decode window's gate/up and down in one grid (moe_fused_mma), its
+  // CTAs past H / T with gate/up items only; the down kernel's plan for its items, the
+  // tensor-core gate/up's for x, both tables beside one ring of gate/up stages.
+  if ((options & STRATA_MOE_FUSED) && mma && !x_global && !big && !down_mma && p.sync &&
+      !p.slot_of && T == 16 && cpl_dn == 1 && p.n <= 16 && p.H / T <= gu_grid) {
+    StreamPlan fu = gu;
+    fu.group = dn.group;
+    fu.item_cap = dn.item_cap;
+    fu.items_off = meta;
+    fu.data_off = align128(meta + (fu.group ? 4 * p.P + 12 * fu.item_cap : 0));
+    fu.scale_off = align128(fu.data_off + p.n * fu.x_stride);
+    fu.y_off = align128(fu.scale_off + 4 * p.n);
+    fu.ring_off = align128(fu.y_off + p.P * T * 4);
+    size_ring(fu, dev.smem_optin - fu.ring_off, fu.stage_bytes);
+    if (fu.warps >= 4) {
+      *launched = true;
+      if (plan_only) return 0;
+      return launch_fused_mma(p, fu, gu_grid, fu.ring_off + fu.stages * fu.stage_bytes, gu_pdl,
+                              st);
+    }
+  }
+  *launched = true;
+  if (plan_only) return 0;
+  const int gu_smem = gu.ring_off + gu.stages * gu.stage_bytes;
+  const int dn_smem = dn.ring_off + dn.stages * ST_DOWN_STAGE;
   int rc = mma     ? launch_gate_up_mma(p, gu, gu_grid, gu_smem, gu_pdl, big, st)
            : x_f32 ? dispatch_gate_up<W, true>(p, gu, cpl, gu_grid, gu_smem, gu_pdl, st)
                    : dispatch_gate_up<W, false>(p, gu, cpl, gu_grid, gu_smem, gu_pdl, st);

@@ -626,7 +626,7 @@ def moe_launch_options(pdl=None, early=None, wide=None, db=None, xsmem=None, str
                        linear_f16=None, gate_up_mma=None, down_split=None,
                        down_split_runs=None, fp8_launch16=None, fp8_wide=None,
                        route_chunks=None, down_mma=None, wide_rows=None,
-                       l2_prefetch=None) -> dict:
+                       l2_prefetch=None, fused=None) -> dict:
     """Read or set moe_experts' launch switches on the GPU extension (process-wide; each gives
     the same bits unless it says otherwise): `stream` (on by default), the streamed kernels on
     sm_90+ without the expert cache, or with one (see `stream_miss` for a cache that can miss),
@@ -678,6 +678,11 @@ def moe_launch_options(pdl=None, early=None, wide=None, db=None, xsmem=None, str
     windows keep (act rounds to f16: relative 2^-12). Chosen by the rows' kind, not their
     count, so a row's result depends neither on the other rows of its launch nor on how many
     there are (engine.prefill_slots puts several slots' chunks in one launch).
+    `fused` (off): a decode window of up to 16 rows (FP8, the tensor-core gate/up) runs its
+    gate/up and down kernels as one grid (moe_fused_mma): each CTA's producer streams its down
+    rows as soon as its gate/up copies are out, and a down item waits only for its own expert's
+    act (a counter per expert, gpu_moe_experts' per-layer `sync`), not for the whole gate/up
+    grid; the same bits.
     `route_chunks` (off; this module's): gpu_moe_route runs more than ROUTE_MAX_ROWS rows (prompt
     chunks) on the router kernel, ROUTE_MAX_ROWS rows a launch (rows are independent), instead
     of the reference, whose top-k is one stable sort (19 us of a 64-token chunk's layer on an
@@ -705,7 +710,8 @@ def moe_launch_options(pdl=None, early=None, wide=None, db=None, xsmem=None, str
                     (64, stream_all), (128, linear_stream), (256, linear_pipe),
                     (1024, stream_miss), (4096, gate_up_pdl), (8192, linear_split),
                     (16384, linear_split_pair), (32768, linear_f16), (1 << 20, gate_up_mma),
-                    (1 << 21, down_split), (1 << 26, fp8_wide), (1 << 27, down_mma)):
+                    (1 << 21, down_split), (1 << 26, fp8_wide), (1 << 27, down_mma),
+                    (1 << 28, fused)):
         if on is not None:
             flags = (flags | bit) if on else (flags & ~bit)
     flags = _count_field(flags, "linear_split_depth", linear_split_depth, 16)
@@ -741,7 +747,8 @@ def moe_launch_options(pdl=None, early=None, wide=None, db=None, xsmem=None, str
             "fp8_launch16": _moe_fp8_launch_rows == 16,
             "fp8_wide": bool(flags & (1 << 26)) and _moe_fp8_launch_rows == MOE_WIDE_ROWS,
             "route_chunks": _route_chunks, "down_mma": bool(flags & (1 << 27)),
-            "wide_rows": _moe_wide_rows, "l2_prefetch": _l2_prefetch}
+            "wide_rows": _moe_wide_rows, "l2_prefetch": _l2_prefetch,
+            "fused": bool(flags & (1 << 28))}
 
 
 def conv_launch_options(serial=None, gdn_pdl=None) -> dict:
@@ -758,6 +765,23 @@ def conv_launch_options(serial=None, gdn_pdl=None) -> dict:
         flags = (flags | 2) if gdn_pdl else (flags & ~2)
     _gpu.conv_set_options(flags)
     return {"serial": bool(flags & 1), "gdn_pdl": bool(flags & 2)}
+
+
+#: One int32 sync buffer per routed-expert stack (a MoE layer), zero between launches: the
+#: fused kernel's ticket and per-expert counters (moe_launch_options(fused=)), which each launch
+#: leaves zero.
+_MOE_SYNC: dict[tuple[int, int], torch.Tensor] = {}
+
+
+def _moe_sync(w_gate_up: torch.Tensor) -> "torch.Tensor | None":
+    if not hasattr(_gpu, "moe_sync_ints"):
+        return None
+    key = (w_gate_up.device.index or 0, w_gate_up.data_ptr())
+    t = _MOE_SYNC.get(key)
+    if t is None:
+        t = _MOE_SYNC[key] = torch.zeros(_gpu.moe_sync_ints(), dtype=torch.int32,
+                                         device=w_gate_up.device)
+    return t
 
 
 def moe_workspace_numel(rows: int, k: int, inter: int, hidden: int = 0) -> int:
@@ -831,12 +855,13 @@ def gpu_moe_experts(x, w_gate_up, w_down, topk_weight, topk_ids, gu_scale=None,
     if gu_scale is not None:
         gu_scale, down_scale = gu_scale.float().contiguous(), down_scale.float().contiguous()
     stream = _stream(x)
+    sync = None if cache or prompt else _moe_sync(w_gate_up)
     for r0 in range(0, n, step):  # rows are independent: launches of fewer change no result
         r1 = min(n, r0 + step)
         o = out if (r0 == 0 and r1 == n) else out[r0:r1]
         _gpu.moe_experts(x[r0:r1], w_gate_up, w_down, topk_weight[r0:r1], topk_ids[r0:r1],
                          gu_scale, down_scale, bo, bi, o, workspace, stream, **cache,
-                         prompt=prompt)
+                         prompt=prompt, sync=sync)
     return out
 
 
