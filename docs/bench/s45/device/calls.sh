@@ -10,6 +10,8 @@
 #   f  the fused routed-expert grid (moe_launch_options(fused=), SO=.dev/s45/fused_cuda.so.xz):
 #      its GPU tests and the MoE launch tests beside it, then the kernels alone at 1-32 rows
 #      (the folded shared expert) with and without it
+#   f1 step f's fused test and the layer's experts alone at 1-16 rows (fused_time.py), for a
+#      call with little device time left
 #   fe the fused grid in the engine: FP8 80B shapes at LAYERS (24; 48 on an H200), solo spec 4
 #      and batch_mtp W16 N=8, --kernel-options fused=0 and fused=1 in one process each
 # Carry .whl and .dev/s45 (the tree's CUDA extension for Python 3.12, stripped, xz).
@@ -21,6 +23,9 @@ f)
   TAIL=8 st fused_tests 240 python3 -m pytest -q -p no:warnings -rf -o addopts="" -m gpu tests/test_moe_kernels.py -k "fused or down_split or launch_variants or stream_same_bits"
   TAIL=40 st fused_bench 200 python3 scripts/bench_kernels.py --moe --no-linear --moe-shared --moe-variants stream-mma,stream-mma-fused --skip-parity --out $R/fused_bench.json
   ;;
+f1)
+  TAIL=6 st fused_test 150 python3 -m pytest -q -p no:warnings -rf -o addopts="" -m gpu tests/test_moe_kernels.py -k "fused"
+  TAIL=8 st fused_time 120 python3 docs/bench/s45/device/fused_time.py ;;
 fe)
   L="--layers ${LAYERS:-24}"; [ "${LAYERS:-24}" = 48 ] && L=
   for FU in 0 1; do
