@@ -566,6 +566,72 @@ __global__ void __launch_bounds__(ST_THREADS, 1)
 #endif
 }
 
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+// Item li of this CTA's gate/up sequence on tensor cores (moe_gate_up_mma, below): waits for
+// its stage, computes act for its 4 features and every member of its expert, and returns the
+// expert's distinct index. WIDE: the members from the tables (down_items), else by ballots.
+template <bool WIDE>
+__device__ __forceinline__ int gate_up_mma_item(const MoeParams& p, const StreamPlan& sp, int li,
+                                                const int* ids_s, const int* lead_s,
+                                                const int* memb, const int* span,
+                                                const uint8_t* x_s, const float* unscale_s,
+                                                const uint8_t* ring, uint64_t* full) {
+  constexpr int F = 4;
+  const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+  const int H = p.H;  // bytes per FP8 weight row
+  const int ncb = H / 128;
+  const int S = sp.stages, stage = li % S;
+  const int item = blockIdx.x + li * gridDim.x, d = item / sp.tiles, i0 = (item % sp.tiles) * F;
+  const int s0 = lead_s[d], e = ids_s[s0];
+  // block scales: lane l < ncb holds block l's, gate and up
+  float sg = 0.f, su = 0.f;
+  if (lane < ncb) {
+    const float* sc = expert_gate_up_scale(p, e);
+    sg = __ldg(sc + (i0 / p.bo) * p.ncb_h + lane);
+    su = __ldg(sc + (p.nbg + i0 / p.bo) * p.ncb_h + lane);
+  }
+  mbar_wait(full + stage, (li / S) & 1);
+  const uint8_t* wrow = ring + stage * sp.stage_bytes + g * H + 16 * t;
+  // the expert's members, 32 at a time: lane j holds member w0 + j (a wide launch's tables
+  // hold expert d's members; else ballots from its leader)
+  for (int w0 = 0;; w0 += 32) {
+    int my_q;
+    const int M = item_members(WIDE, memb, WIDE ? span[d] : 0, ids_s, p.P, s0, e, w0, lane,
+                               &my_q);
+    const int Mw = M - w0 < 32 ? M - w0 : 32;
+    for (int m0 = 0; m0 < Mw; m0 += 16) {
+      // A's rows g and g + 8: members m0 + g and m0 + g + 8 (past the last: the first)
+      const int ma = m0 + g < Mw ? m0 + g : m0, mb = m0 + g + 8 < Mw ? m0 + g + 8 : m0;
+      const int qa = __shfl_sync(0xffffffffu, my_q, ma), qb = __shfl_sync(0xffffffffu, my_q, mb);
+      const int na = qa / p.k, nb = qb / p.k;
+      const uint8_t* xa = x_s + (int64_t)na * sp.x_stride + 32 * t;
+      const uint8_t* xb = x_s + (int64_t)nb * sp.x_stride + 32 * t;
+      float acc[4] = {0.f, 0.f, 0.f, 0.f};
+      if (Mw - m0 > 8)  // rows 8-15 are members (else they repeat rows 0-7)
+        gate_up_mma_blocks<true>(acc, wrow, xa, xb, ncb, sg, su, t);
+      else
+        gate_up_mma_blocks<false>(acc, wrow, xa, xb, ncb, sg, su, t);
+      const float ua = unscale_s[na], ub = unscale_s[nb];
+      acc[0] *= ua; acc[1] *= ua; acc[2] *= ub; acc[3] *= ub;
+      float up[4];
+#pragma unroll
+      for (int i = 0; i < 4; ++i) up[i] = __shfl_xor_sync(0xffffffffu, acc[i], 2);
+      if (t < 2) {
+        float a[4];
+#pragma unroll
+        for (int i = 0; i < 4; ++i) a[i] = acc[i] / (1.f + expf(-acc[i])) * up[i];
+        if (m0 + g < Mw)
+          *(float2*)(p.act + (int64_t)qa * p.I + i0 + 2 * t) = make_float2(a[0], a[1]);
+        if (m0 + g + 8 < Mw)
+          *(float2*)(p.act + (int64_t)qb * p.I + i0 + 2 * t) = make_float2(a[2], a[3]);
+      }
+    }
+    if (w0 + 32 >= M) break;
+  }
+  return d;
+}
+#endif  // __CUDA_ARCH__ >= 900
+
 // The gate/up kernel on tensor cores (FP8 weights in 128 x 128-k blocks; STRATA_MOE_GU_MMA).
 // The same ring and items as moe_gate_up_stream with F = 4: a stage is 4 gate rows and 4 up
 // rows, the MMA's B (n = 8 weight rows); A is the x rows of the expert's members, 16 at a time
@@ -624,59 +690,10 @@ __global__ void __launch_bounds__(ST_THREADS, 1) moe_gate_up_mma(MoeParams p, St
                       unscale_s + n, H, lane);
   sync_threads(sp.warps * 32);
 
-  const int g = lane >> 2, t = lane & 3;
-  const int ncb = H / 128;
   for (int li = warp; li < n_local; li += sp.warps) {
-    const int stage = li % S;
-    const int item = blockIdx.x + li * gridDim.x, d = item / sp.tiles, i0 = (item % sp.tiles) * F;
-    const int s0 = lead_s[d], e = ids_s[s0];
-    // block scales: lane l < ncb holds block l's, gate and up
-    float sg = 0.f, su = 0.f;
-    if (lane < ncb) {
-      const float* sc = expert_gate_up_scale(p, e);
-      sg = __ldg(sc + (i0 / p.bo) * p.ncb_h + lane);
-      su = __ldg(sc + (p.nbg + i0 / p.bo) * p.ncb_h + lane);
-    }
-    mbar_wait(full + stage, (li / S) & 1);
-    const uint8_t* wrow = ring + stage * sp.stage_bytes + g * H + 16 * t;
-    // the expert's members, 32 at a time: lane j holds member w0 + j (a wide launch's tables
-    // hold expert d's members; else ballots from its leader)
-    for (int w0 = 0;; w0 += 32) {
-      int my_q;
-      const int M = item_members(WIDE, memb, WIDE ? span[d] : 0, ids_s, p.P, s0, e, w0, lane,
-                                 &my_q);
-      const int Mw = M - w0 < 32 ? M - w0 : 32;
-      for (int m0 = 0; m0 < Mw; m0 += 16) {
-        // A's rows g and g + 8: members m0 + g and m0 + g + 8 (past the last: the first)
-        const int ma = m0 + g < Mw ? m0 + g : m0, mb = m0 + g + 8 < Mw ? m0 + g + 8 : m0;
-        const int qa = __shfl_sync(0xffffffffu, my_q, ma), qb = __shfl_sync(0xffffffffu, my_q, mb);
-        const int na = qa / p.k, nb = qb / p.k;
-        const uint8_t* xa = x_s + (int64_t)na * sp.x_stride + 32 * t;
-        const uint8_t* xb = x_s + (int64_t)nb * sp.x_stride + 32 * t;
-        float acc[4] = {0.f, 0.f, 0.f, 0.f};
-        if (Mw - m0 > 8)  // rows 8-15 are members (else they repeat rows 0-7)
-          gate_up_mma_blocks<true>(acc, wrow, xa, xb, ncb, sg, su, t);
-        else
-          gate_up_mma_blocks<false>(acc, wrow, xa, xb, ncb, sg, su, t);
-        const float ua = unscale_s[na], ub = unscale_s[nb];
-        acc[0] *= ua; acc[1] *= ua; acc[2] *= ub; acc[3] *= ub;
-        float up[4];
-#pragma unroll
-        for (int i = 0; i < 4; ++i) up[i] = __shfl_xor_sync(0xffffffffu, acc[i], 2);
-        if (t < 2) {
-          float a[4];
-#pragma unroll
-          for (int i = 0; i < 4; ++i) a[i] = acc[i] / (1.f + expf(-acc[i])) * up[i];
-          if (m0 + g < Mw)
-            *(float2*)(p.act + (int64_t)qa * p.I + i0 + 2 * t) = make_float2(a[0], a[1]);
-          if (m0 + g + 8 < Mw)
-            *(float2*)(p.act + (int64_t)qb * p.I + i0 + 2 * t) = make_float2(a[2], a[3]);
-        }
-      }
-      if (w0 + 32 >= M) break;
-    }
+    gate_up_mma_item<WIDE>(p, sp, li, ids_s, lead_s, memb, span, x_s, unscale_s, ring, full);
     __syncwarp();
-    if (lane == 0) mbar_arrive(empty + stage);
+    if (lane == 0) mbar_arrive(empty + li % S);
   }
 #endif
 }
@@ -783,6 +800,95 @@ __device__ __forceinline__ void down_mma_pass(float (&acc)[2][4], const uint8_t*
 }
 #endif  // __CUDA_ARCH__ >= 900
 
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+// Down item j (moe_down_stream on CUDA cores, below), its T rows in `rows` (stage li % S):
+// y[q][h0 ..] of each of its members q into y_s. Members: memb[lo, hi) with tables, else the
+// pairs of its expert from the leader on. L2: the act rows through L2 (ld.global.cg: written by
+// other SMs in the same grid, moe_fused_mma), else the read-only path.
+template <typename W, int T, int CPL, bool L2>
+__device__ __forceinline__ void down_item_cc(const MoeParams& p, const StreamPlan& sp, int j,
+                                             int li, const uint8_t* rows, int h0,
+                                             const int* ids_s, const int* lead_s,
+                                             const int* memb, const int* span, const int* eid,
+                                             uint64_t* full, float* y_s) {
+  typedef WChunk<W> C;
+  constexpr int EPC = C::EPC;
+  const int lane = threadIdx.x & 31;
+  const int nch = p.I / EPC;
+  const int row_bytes = p.I * (int)sizeof(typename W::storage);
+  // a member's act row: lane l's chunks l, l + 32, ...
+  auto load_row = [&](int q, float (&xf)[CPL][EPC]) {
+    const float* arow = p.act + (int64_t)q * p.I;
+#pragma unroll
+    for (int c = 0; c < CPL; ++c)
+      if (lane + 32 * c < nch) {
+        if (L2) {
+          const float4* src = (const float4*)(arow + (int64_t)(lane + 32 * c) * EPC);
+#pragma unroll
+          for (int i = 0; i < EPC / 4; ++i) {
+            const float4 v = __ldcg(src + i);
+            xf[c][4 * i] = v.x; xf[c][4 * i + 1] = v.y; xf[c][4 * i + 2] = v.z; xf[c][4 * i + 3] = v.w;
+          }
+        } else {
+          load_act<EPC>(arow, STRATA_DTYPE_F32, (int64_t)(lane + 32 * c) * EPC, xf[c]);
+        }
+      }
+  };
+  const int lo = sp.group ? span[j] & 0xffff : 0, hi = sp.group ? span[j] >> 16 : 0;
+  const int e = sp.group ? eid[j] : ids_s[lead_s[j]];
+  // the T rows share one block row of scales (bo % T == 0), loaded while the stage lands
+  float sc[CPL];
+#pragma unroll
+  for (int c = 0; c < CPL; ++c) {
+    sc[c] = 1.f;
+    if (C::scaled && lane + 32 * c < nch)
+      sc[c] = __ldg(expert_down_scale(p, e) + (h0 / p.bo) * p.ncb_i + ((lane + 32 * c) * EPC) / p.bi);
+  }
+  // each member's act row loaded while the stage lands or the member before it computes
+  // (one member ahead only at one chunk a lane: at two, ptxas spills)
+  constexpr bool AHEAD = CPL == 1;
+  float xf[CPL][EPC];
+  int q = sp.group ? memb[lo] : lead_s[j];
+  load_row(q, xf);
+  mbar_wait(full + li % sp.stages, (li / sp.stages) & 1);
+  for (int i = lo;; ++i) {
+    const int q_next = sp.group ? (i + 1 < hi ? memb[i + 1] : -1)
+                                : next_member(ids_s, p.P, q, e, lane);
+    float xn[CPL][EPC];
+    if (AHEAD && q_next >= 0) load_row(q_next, xn);
+    if (!AHEAD && i > lo) load_row(q, xf);
+    // every row's dot product, then their butterflies side by side: the same sums as
+    // one row at a time, with T chains in flight rather than one (Nsight Compute on an
+    // H200 had this loop at 15 cycles per instruction, a warp's members one long chain)
+    float acc[T];
+#pragma unroll
+    for (int r = 0; r < T; ++r) {
+      acc[r] = 0.f;
+#pragma unroll
+      for (int c = 0; c < CPL; ++c) {
+        const int ch = lane + 32 * c;
+        if (ch < nch)
+          acc[r] = chunk_dot<W>(*(const uint4*)(rows + r * row_bytes + 16 * ch), xf[c], sc[c], acc[r]);
+      }
+    }
+    butterflies<T>(acc);  // = warp_sum of each
+    if (lane == 0) {
+#pragma unroll
+      for (int r = 0; r < T; r += 4)
+        *(float4*)(y_s + q * T + r) = make_float4(acc[r], acc[r + 1], acc[r + 2], acc[r + 3]);
+    }
+    if (q_next < 0) break;
+    if (AHEAD) {
+#pragma unroll
+      for (int c = 0; c < CPL; ++c)
+#pragma unroll
+        for (int t = 0; t < EPC; ++t) xf[c][t] = xn[c][t];
+    }
+    q = q_next;
+  }
+}
+#endif  // __CUDA_ARCH__ >= 900
+
 // T output features per CTA, CPL 16-byte chunks per lane of a down row (both unrolled).
 // MMA: on tensor cores (FP8 in 128-k blocks, T = 16: down_mma_pass), items of up to 16 members.
 // BIG: a wide launch of more than MOE_WIDE_SMEM_PAIRS pairs, whose results (P x T floats: 360
@@ -792,8 +898,6 @@ __device__ __forceinline__ void down_mma_pass(float (&acc)[2][4], const uint8_t*
 template <typename W, int T, int CPL, bool MMA = false, bool BIG = false>
 __global__ void __launch_bounds__(ST_THREADS, 1) moe_down_stream(MoeParams p, StreamPlan sp) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  typedef WChunk<W> C;
-  constexpr int EPC = C::EPC;
   extern __shared__ __align__(128) uint8_t smem[];
   // The ids come from the router, before the gate/up launch: visible without waiting for it.
   // sp.group 0: one item per expert, its members found by ballots (no tables: at 1-2 rows the
@@ -876,76 +980,11 @@ __global__ void __launch_bounds__(ST_THREADS, 1) moe_down_stream(MoeParams p, St
     }
   } else if (!MMA && warp < sp.warps) {  // (idle warps go straight to the combine's barrier)
     pdl_wait_primary();  // the gate/up grid has finished and its act writes are visible
-    const int nch = p.I / EPC;
-    int col[CPL];
-#pragma unroll
-    for (int j = 0; j < CPL; ++j) col[j] = ((lane + 32 * j) * EPC) / p.bi;
-    // a member's act row: lane l's chunks l, l + 32, ...
-    auto load_row = [&](int q, float (&xf)[CPL][EPC]) {
-      const float* arow = p.act + (int64_t)q * p.I;
-#pragma unroll
-      for (int j = 0; j < CPL; ++j)
-        if (lane + 32 * j < nch)
-          load_act<EPC>(arow, STRATA_DTYPE_F32, (int64_t)(lane + 32 * j) * EPC, xf[j]);
-    };
     for (int li = warp; li < items; li += sp.warps) {
-      const int stage = li % S;
-      // members: memb[lo, hi) with tables, else the pairs of expert e from its leader on
-      const int lo = sp.group ? span[li] & 0xffff : 0, hi = sp.group ? span[li] >> 16 : 0;
-      const int e = sp.group ? eid[li] : ids_s[lead_s[li]];
-      const uint8_t* rows = ring + stage * ST_DOWN_STAGE;
-      // the T rows share one block row of scales (bo % T == 0), loaded while the stage lands
-      float sc[CPL];
-#pragma unroll
-      for (int j = 0; j < CPL; ++j) {
-        sc[j] = 1.f;
-        if (C::scaled && lane + 32 * j < nch)
-          sc[j] = __ldg(expert_down_scale(p, e) + (h0 / p.bo) * p.ncb_i + col[j]);
-      }
-      // each member's act row loaded while the stage lands or the member before it computes
-      // (one member ahead only at one chunk a lane: at two, ptxas spills)
-      constexpr bool AHEAD = CPL == 1;
-      float xf[CPL][EPC];
-      int q = sp.group ? memb[lo] : lead_s[li];
-      load_row(q, xf);
-      mbar_wait(full + stage, (li / S) & 1);
-      for (int i = lo;; ++i) {
-        const int q_next = sp.group ? (i + 1 < hi ? memb[i + 1] : -1)
-                                    : next_member(ids_s, p.P, q, e, lane);
-        float xn[CPL][EPC];
-        if (AHEAD && q_next >= 0) load_row(q_next, xn);
-        if (!AHEAD && i > lo) load_row(q, xf);
-        // every row's dot product, then their butterflies side by side: the same sums as
-        // one row at a time, with T chains in flight rather than one (Nsight Compute on an
-        // H200 had this loop at 15 cycles per instruction, a warp's members one long chain)
-        float acc[T];
-#pragma unroll
-        for (int r = 0; r < T; ++r) {
-          acc[r] = 0.f;
-#pragma unroll
-          for (int j = 0; j < CPL; ++j) {
-            const int c = lane + 32 * j;
-            if (c < nch)
-              acc[r] = chunk_dot<W>(*(const uint4*)(rows + r * row_bytes + 16 * c), xf[j], sc[j], acc[r]);
-          }
-        }
-        butterflies<T>(acc);  // = warp_sum of each
-        if (lane == 0) {
-#pragma unroll
-          for (int r = 0; r < T; r += 4)
-            *(float4*)(y_s + q * T + r) = make_float4(acc[r], acc[r + 1], acc[r + 2], acc[r + 3]);
-        }
-        if (q_next < 0) break;
-        if (AHEAD) {
-#pragma unroll
-          for (int j = 0; j < CPL; ++j)
-#pragma unroll
-            for (int t = 0; t < EPC; ++t) xf[j][t] = xn[j][t];
-        }
-        q = q_next;
-      }
+      down_item_cc<W, T, CPL, false>(p, sp, li, li, ring + (li % S) * ST_DOWN_STAGE, h0, ids_s,
+                                     lead_s, memb, span, eid, full, y_s);
       __syncwarp();
-      if (lane == 0) mbar_arrive(empty + stage);
+      if (lane == 0) mbar_arrive(empty + li % S);
     }
   }
   sync_threads(ST_MAX_WARPS * 32);
@@ -985,7 +1024,7 @@ __device__ __forceinline__ int ld_acquire_gpu(const int* p) {
 // launch. The same arithmetic in the same order as the two kernels: the same bits.
 __global__ void __launch_bounds__(ST_THREADS, 1) moe_fused_mma(MoeParams p, StreamPlan sp) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  constexpr int F = 4, T = 16, EPC = WChunk<FP8W>::EPC;
+  constexpr int F = 4, T = 16;
   extern __shared__ __align__(128) uint8_t smem[];
   const int distinct = gate_up_start(smem, p, sp);
   const int items = sp.group ? down_items(smem, p, sp, distinct) : distinct;
@@ -1032,54 +1071,12 @@ __global__ void __launch_bounds__(ST_THREADS, 1) moe_fused_mma(MoeParams p, Stre
                     unscale_s + n, H, lane);
   sync_threads(sp.warps * 32);
 
-  const int g = lane >> 2, t = lane & 3;
-  const int ncb = H / 128;
   for (int li = warp; li < n_gu + n_dn; li += sp.warps) {
     const int stage = li % S;
-    if (li < n_gu) {  // a gate/up item: moe_gate_up_mma<false>'s
-      const int item = blockIdx.x + li * gridDim.x, d = item / sp.tiles, i0 = (item % sp.tiles) * F;
-      const int s0 = lead_s[d], e = ids_s[s0];
-      float sg = 0.f, su = 0.f;
-      if (lane < ncb) {
-        const float* sc = expert_gate_up_scale(p, e);
-        sg = __ldg(sc + (i0 / p.bo) * p.ncb_h + lane);
-        su = __ldg(sc + (p.nbg + i0 / p.bo) * p.ncb_h + lane);
-      }
-      mbar_wait(full + stage, (li / S) & 1);
-      const uint8_t* wrow = ring + stage * sp.stage_bytes + g * H + 16 * t;
-      for (int w0 = 0;; w0 += 32) {
-        int my_q;
-        const int M = item_members(false, memb, 0, ids_s, p.P, s0, e, w0, lane, &my_q);
-        const int Mw = M - w0 < 32 ? M - w0 : 32;
-        for (int m0 = 0; m0 < Mw; m0 += 16) {
-          const int ma = m0 + g < Mw ? m0 + g : m0, mb = m0 + g + 8 < Mw ? m0 + g + 8 : m0;
-          const int qa = __shfl_sync(0xffffffffu, my_q, ma), qb = __shfl_sync(0xffffffffu, my_q, mb);
-          const int na = qa / p.k, nb = qb / p.k;
-          const uint8_t* xa = x_s + (int64_t)na * sp.x_stride + 32 * t;
-          const uint8_t* xb = x_s + (int64_t)nb * sp.x_stride + 32 * t;
-          float acc[4] = {0.f, 0.f, 0.f, 0.f};
-          if (Mw - m0 > 8)
-            gate_up_mma_blocks<true>(acc, wrow, xa, xb, ncb, sg, su, t);
-          else
-            gate_up_mma_blocks<false>(acc, wrow, xa, xb, ncb, sg, su, t);
-          const float ua = unscale_s[na], ub = unscale_s[nb];
-          acc[0] *= ua; acc[1] *= ua; acc[2] *= ub; acc[3] *= ub;
-          float up[4];
-#pragma unroll
-          for (int i = 0; i < 4; ++i) up[i] = __shfl_xor_sync(0xffffffffu, acc[i], 2);
-          if (t < 2) {
-            float a[4];
-#pragma unroll
-            for (int i = 0; i < 4; ++i) a[i] = acc[i] / (1.f + expf(-acc[i])) * up[i];
-            if (m0 + g < Mw)
-              *(float2*)(p.act + (int64_t)qa * p.I + i0 + 2 * t) = make_float2(a[0], a[1]);
-            if (m0 + g + 8 < Mw)
-              *(float2*)(p.act + (int64_t)qb * p.I + i0 + 2 * t) = make_float2(a[2], a[3]);
-          }
-        }
-        if (w0 + 32 >= M) break;
-      }
-      __threadfence();  // this lane's act stores, before the count below (release)
+    if (li < n_gu) {  // a gate/up item, then its count (release: its act stores fenced first)
+      const int d = gate_up_mma_item<false>(p, sp, li, ids_s, lead_s, memb, span, x_s,
+                                            unscale_s, ring, full);
+      __threadfence();
       __syncwarp();
       if (lane == 0) {
         mbar_arrive(empty + stage);
@@ -1087,57 +1084,15 @@ __global__ void __launch_bounds__(ST_THREADS, 1) moe_fused_mma(MoeParams p, Stre
       }
       continue;
     }
-    // a down item: moe_down_stream<FP8W, 16, 1>'s, once its expert's act is complete
+    // a down item, once every gate/up tile of its expert is done (acquire)
     const int j = li - n_gu;
-    const int lo = sp.group ? span[j] & 0xffff : 0, hi = sp.group ? span[j] >> 16 : 0;
-    const int e = sp.group ? eid[j] : ids_s[lead_s[j]];
-    const int d = sp.group ? index_s[e] : j;
-    const uint8_t* rows = ring + stage * sp.stage_bytes;
-    const int col = (lane * EPC) / p.bi;
-    const float sc = lane < p.I / EPC
-                         ? __ldg(expert_down_scale(p, e) + (h0 / p.bo) * p.ncb_i + col) : 1.f;
+    const int d = sp.group ? index_s[eid[j]] : j;
     if (lane == 0)
       while (ld_acquire_gpu(done + d) < sp.tiles) __nanosleep(64);
     __syncwarp();
     (void)ld_acquire_gpu(done + d);  // every lane's own acquire before its act loads
-    // a member's act row, lane l's chunk l (from L2: written by other SMs during this grid)
-    auto load_row = [&](int q, float (&xf)[EPC]) {
-      if (lane < p.I / EPC) {
-        const float4* src = (const float4*)(p.act + (int64_t)q * p.I + lane * EPC);
-#pragma unroll
-        for (int i = 0; i < EPC / 4; ++i) {
-          const float4 v = __ldcg(src + i);
-          xf[4 * i] = v.x; xf[4 * i + 1] = v.y; xf[4 * i + 2] = v.z; xf[4 * i + 3] = v.w;
-        }
-      }
-    };
-    float xf[EPC];
-    int q = sp.group ? memb[lo] : lead_s[j];
-    load_row(q, xf);
-    mbar_wait(full + stage, (li / S) & 1);
-    for (int i = lo;; ++i) {
-      const int q_next = sp.group ? (i + 1 < hi ? memb[i + 1] : -1)
-                                  : next_member(ids_s, p.P, q, e, lane);
-      float xn[EPC];
-      if (q_next >= 0) load_row(q_next, xn);
-      float acc[T];
-#pragma unroll
-      for (int r = 0; r < T; ++r) {
-        acc[r] = 0.f;
-        if (lane < p.I / EPC)
-          acc[r] = chunk_dot<FP8W>(*(const uint4*)(rows + r * p.I + 16 * lane), xf, sc, acc[r]);
-      }
-      butterflies<T>(acc);
-      if (lane == 0) {
-#pragma unroll
-        for (int r = 0; r < T; r += 4)
-          *(float4*)(y_s + q * T + r) = make_float4(acc[r], acc[r + 1], acc[r + 2], acc[r + 3]);
-      }
-      if (q_next < 0) break;
-#pragma unroll
-      for (int u = 0; u < EPC; ++u) xf[u] = xn[u];
-      q = q_next;
-    }
+    down_item_cc<FP8W, T, 1, true>(p, sp, j, li, ring + stage * sp.stage_bytes, h0, ids_s,
+                                   lead_s, memb, span, eid, full, y_s);
     __syncwarp();
     if (lane == 0) mbar_arrive(empty + stage);
   }
