@@ -128,6 +128,22 @@ def test_cpu_moe_row_independence(wdtype, block):
     assert torch.equal(part, full[5:9])
 
 
+@pytest.mark.skipif(C._gpu is None, reason="the GPU extension is not built")
+def test_moe_experts_rejects_a_bad_sync_buffer():
+    """The fused kernel's per-layer counters (moe_experts(sync=)) must be int32 of
+    moe_sync_ints() elements: anything else is a clear error before any launch."""
+    x = torch.zeros(2, 64, dtype=torch.bfloat16)
+    wgu = torch.zeros(4, 32, 64, dtype=torch.bfloat16)
+    wd = torch.zeros(4, 64, 16, dtype=torch.bfloat16)
+    w, ids = torch.ones(2, 2), torch.zeros(2, 2, dtype=torch.int64)
+    ws = torch.empty(C._gpu.moe_workspace_numel(2, 2, 16))
+    for bad in (torch.zeros(3, dtype=torch.int32),
+                torch.zeros(C._gpu.moe_sync_ints(), dtype=torch.int64)):
+        with pytest.raises(ValueError, match="sync must be int32"):
+            C._gpu.moe_experts(x, wgu, wd, w, ids, None, None, 1, 1, torch.empty_like(x), ws,
+                               0, sync=bad)
+
+
 @needs_cpu
 def test_cpu_moe_rejects_bad_inputs():
     weights = experts(8, 16, 16, torch.float32)
