@@ -889,6 +889,44 @@ __device__ __forceinline__ void down_item_cc(const MoeParams& p, const StreamPla
 }
 #endif  // __CUDA_ARCH__ >= 900
 
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+// The down producer (one thread): down items j = 0 .. items - 1 as sequence items li0 + j, each
+// the T rows of its expert from h0 (T * row_bytes bytes) into the first bytes of stage
+// (li0 + j) % S (stages stage_bytes apart), once the stage's owner has released it.
+__device__ __forceinline__ void down_produce(const MoeParams& p, const StreamPlan& sp,
+                                             uint8_t* ring, int stage_bytes, uint64_t* full,
+                                             int li0, int items, int h0, int T, int row_bytes,
+                                             const int* ids_s, const int* lead_s,
+                                             const int* eid) {
+  uint64_t* empty = full + ST_MAX_STAGES;
+  const uint64_t pol = l2_evict_first();
+  const uint32_t piece = (uint32_t)(T * row_bytes);
+  const int S = sp.stages;
+  for (int j = 0; j < items; ++j) {
+    const int li = li0 + j, stage = li % S, round = li / S;
+    if (round) mbar_wait(empty + stage, (round - 1) & 1);
+    mbar_expect_tx(full + stage, piece);
+    const int e = sp.group ? eid[j] : ids_s[lead_s[j]];
+    bulk::load(ring + stage * stage_bytes, expert_down(p, e) + (int64_t)h0 * row_bytes, piece,
+               full + stage, pol);
+  }
+}
+// The down kernels' combine: out[n][h0 + h] = sum_j w[n,j] * y[(n,j)][h] in j order, for the
+// CTA's T features, by `threads` threads (this one tid).
+__device__ __forceinline__ void down_combine(const MoeParams& p, const float* y_s, int h0, int T,
+                                             int tid, int threads) {
+  for (int t = tid; t < p.n * T; t += threads) {
+    const int n = t / T, hh = t % T;
+    float acc = 0.f;
+    for (int j = 0; j < p.k; ++j) {
+      const int q = n * p.k + j;
+      acc = fmaf(p.topk_w[q], y_s[q * T + hh], acc);
+    }
+    store_from_float(p.out, p.x_dtype, (int64_t)n * p.H + h0 + hh, acc);
+  }
+}
+#endif  // __CUDA_ARCH__ >= 900
+
 // T output features per CTA, CPL 16-byte chunks per lane of a down row (both unrolled).
 // MMA: on tensor cores (FP8 in 128-k blocks, T = 16: down_mma_pass), items of up to 16 members.
 // BIG: a wide launch of more than MOE_WIDE_SMEM_PAIRS pairs, whose results (P x T floats: 360
@@ -919,18 +957,9 @@ __global__ void __launch_bounds__(ST_THREADS, 1) moe_down_stream(MoeParams p, St
   const int S = sp.stages;
 
   if (warp == ST_MAX_WARPS) {  // the producer: weights need nothing from gate/up
-    if (lane == 0) {
-      const uint64_t pol = l2_evict_first();
-      const uint32_t piece = (uint32_t)(T * row_bytes);
-      for (int li = 0; li < items; ++li) {
-        const int stage = li % S, round = li / S;
-        if (round) mbar_wait(empty + stage, (round - 1) & 1);
-        mbar_expect_tx(full + stage, piece);
-        const int e = sp.group ? eid[li] : ids_s[lead_s[li]];
-        bulk::load(ring + stage * ST_DOWN_STAGE, expert_down(p, e) + (int64_t)h0 * row_bytes, piece,
-                   full + stage, pol);
-      }
-    }
+    if (lane == 0)
+      down_produce(p, sp, ring, ST_DOWN_STAGE, full, 0, items, h0, T, row_bytes, ids_s, lead_s,
+                   eid);
     return;
   }
   if (MMA && warp < sp.warps) {
@@ -988,15 +1017,7 @@ __global__ void __launch_bounds__(ST_THREADS, 1) moe_down_stream(MoeParams p, St
     }
   }
   sync_threads(ST_MAX_WARPS * 32);
-  for (int t = tid; t < p.n * T; t += ST_MAX_WARPS * 32) {
-    const int n = t / T, hh = t % T;
-    float acc = 0.f;
-    for (int j = 0; j < p.k; ++j) {
-      const int q = n * p.k + j;
-      acc = fmaf(p.topk_w[q], y_s[q * T + hh], acc);
-    }
-    store_from_float(p.out, p.x_dtype, (int64_t)n * p.H + h0 + hh, acc);
-  }
+  down_combine(p, y_s, h0, T, tid, ST_MAX_WARPS * 32);
 #endif
 }
 
@@ -1051,16 +1072,8 @@ __global__ void __launch_bounds__(ST_THREADS, 1) moe_fused_mma(MoeParams p, Stre
   if (warp == ST_MAX_WARPS) {  // the producer: the gate/up items' copies, then the down items'
     if (lane == 0) {
       gate_up_produce(p, sp, ring, full, ids_s, lead_s, n_gu, F, H);
-      const uint64_t pol = l2_evict_first();
-      const uint32_t piece = (uint32_t)(T * p.I);
-      for (int j = 0; j < n_dn; ++j) {
-        const int li = n_gu + j, stage = li % S, round = li / S;
-        if (round) mbar_wait(empty + stage, (round - 1) & 1);
-        mbar_expect_tx(full + stage, piece);
-        const int e = sp.group ? eid[j] : ids_s[lead_s[j]];
-        bulk::load(ring + stage * sp.stage_bytes, expert_down(p, e) + (int64_t)h0 * p.I, piece,
-                   full + stage, pol);
-      }
+      down_produce(p, sp, ring, sp.stage_bytes, full, n_gu, n_dn, h0, T, p.I, ids_s, lead_s,
+                   eid);
     }
     return;
   }
@@ -1097,16 +1110,7 @@ __global__ void __launch_bounds__(ST_THREADS, 1) moe_fused_mma(MoeParams p, Stre
     if (lane == 0) mbar_arrive(empty + stage);
   }
   sync_threads(sp.warps * 32);
-  if (n_dn)
-    for (int u = tid; u < p.n * T; u += sp.warps * 32) {
-      const int n = u / T, hh = u % T;
-      float acc = 0.f;
-      for (int jj = 0; jj < p.k; ++jj) {
-        const int q = n * p.k + jj;
-        acc = fmaf(p.topk_w[q], y_s[q * T + hh], acc);
-      }
-      store_from_float(p.out, p.x_dtype, (int64_t)n * p.H + h0 + hh, acc);
-    }
+  if (n_dn) down_combine(p, y_s, h0, T, tid, sp.warps * 32);
   // the last CTA out sets the counters back to zero (every CTA has read its last one)
   if (tid == 0) {
     __threadfence();

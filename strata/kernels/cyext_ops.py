@@ -767,6 +767,17 @@ def conv_launch_options(serial=None, gdn_pdl=None) -> dict:
     return {"serial": bool(flags & 1), "gdn_pdl": bool(flags & 2)}
 
 
+def _zeros_per_weight(registry: dict, weight: torch.Tensor, numel: int) -> torch.Tensor:
+    """A persistent int32 buffer of `numel` zeros for one weight (a layer), on its device: the
+    counters a kernel leaves zero after each launch (the router's ticket, the fused experts'
+    counters)."""
+    key = (weight.device.index or 0, weight.data_ptr())
+    t = registry.get(key)
+    if t is None:
+        t = registry[key] = torch.zeros(numel, dtype=torch.int32, device=weight.device)
+    return t
+
+
 #: One int32 sync buffer per routed-expert stack (a MoE layer), zero between launches: the
 #: fused kernel's ticket and per-expert counters (moe_launch_options(fused=)), which each launch
 #: leaves zero.
@@ -776,12 +787,7 @@ _MOE_SYNC: dict[tuple[int, int], torch.Tensor] = {}
 def _moe_sync(w_gate_up: torch.Tensor) -> "torch.Tensor | None":
     if not hasattr(_gpu, "moe_sync_ints"):
         return None
-    key = (w_gate_up.device.index or 0, w_gate_up.data_ptr())
-    t = _MOE_SYNC.get(key)
-    if t is None:
-        t = _MOE_SYNC[key] = torch.zeros(_gpu.moe_sync_ints(), dtype=torch.int32,
-                                         device=w_gate_up.device)
-    return t
+    return _zeros_per_weight(_MOE_SYNC, w_gate_up, _gpu.moe_sync_ints())
 
 
 def moe_workspace_numel(rows: int, k: int, inter: int, hidden: int = 0) -> int:
@@ -944,11 +950,7 @@ def route_kernel_supported(x, w_router, num_experts: int, top_k: int) -> bool:
 
 
 def _route_ticket(w_router: torch.Tensor) -> torch.Tensor:
-    key = (w_router.device.index or 0, w_router.data_ptr())
-    t = _ROUTE_TICKETS.get(key)
-    if t is None:
-        t = _ROUTE_TICKETS[key] = torch.zeros(1, dtype=torch.int32, device=w_router.device)
-    return t
+    return _zeros_per_weight(_ROUTE_TICKETS, w_router, 1)
 
 
 def gpu_moe_route(x, w_router, num_experts, top_k, norm_topk, routing_bias=None, shared_id=-1):
