@@ -20,6 +20,8 @@ by default), synthetic acceptance 0.8 per judged draft, averaged over --seeds ro
     python scripts/sim_expert_cache_study.py                       # writes docs/SIM_STUDIES.md (d)
     python scripts/sim_expert_cache_study.py --engine study.json --md-out cmp.md
     python scripts/sim_expert_cache_study.py --fit                 # the bytes and prefill fits
+    python scripts/sim_expert_cache_study.py --fit-launch r/*.json --hardware h100_80b_a3b_fp8
+                                                                   # windows wider than 16 rows
     python scripts/sim_expert_cache_study.py --bench-check         # all resident vs the engine
     python scripts/sim_expert_cache_study.py --bench-check r/*.json  # ... vs a device call's JSONs
 """
@@ -43,7 +45,8 @@ import numpy as np  # noqa: E402
 from hydra import compose, initialize_config_dir  # noqa: E402
 
 from sim.config import SIM_CONF_DIR, register_configs  # noqa: E402
-from sim.expert_costs import bench_windows, bytes_model_from_config, fit_window_bytes  # noqa: E402
+from sim.expert_costs import (bench_windows, bytes_model_from_config, fit_launch_excess,  # noqa: E402
+                              fit_window_bytes)
 from omegaconf import OmegaConf  # noqa: E402
 
 from sim.expert_setup import cache_mib_for_fraction, expert_slots  # noqa: E402
@@ -824,6 +827,34 @@ def fit_report() -> str:
     return "\n".join(out)
 
 
+def fit_launch_report(paths: list[str], hardware: str) -> str:
+    """experts.per_layer_launch_s from bench_engine.py JSONs that ran windows wider than
+    experts.launch_rows beside narrower ones (one card, one depth: the runs' `layers`, else
+    the preset's): the narrow windows' bytes model, and each wide window's excess over it."""
+    x = compose_cfg([f"hardware={hardware}"])
+    layers = {int(((json.loads(Path(p).read_text(encoding="utf-8"))["meta"].get("args") or {})
+                   .get("layers") or x.experts.layers)) for p in paths}
+    if len(layers) != 1:
+        raise SystemExit(f"error: --fit-launch: the runs are of several depths ({sorted(layers)})")
+    depth = layers.pop()
+    launch = int(x.experts.launch_rows) or 16
+    model, rep = fit_launch_excess(bench_windows(paths, skip=()), depth, depth,
+                                   x.experts.expert_bytes, x.memory.hbm_gb_s, launch)
+    out = [f"{depth} layers, hardware={hardware}: windows of at most {launch} rows: per_layer_s "
+           f"{rep['per_layer_s']:.4e}, effective {rep['hbm_gb_s_effective']:.0f} GB/s = "
+           f"{rep['hbm_efficiency']:.4f} of {x.memory.hbm_gb_s:g}", "",
+           "| config | groups x rows | windows | measured ms | narrow model ms | per layer, per "
+           "extra launch (us) |", "|---|---|---|---|---|---|"]
+    for r in rep["wide_rows"]:
+        out.append(f"| {r['config']} | {r['groups']}x{r['depth']} | {r['count']} | "
+                   f"{r['measured_ms']:.3f} | {r['narrow_model_ms']:.3f} | "
+                   f"{r['per_layer_launch_us']:.1f} |")
+    out.append(f"\nexperts.launch_rows {launch}, experts.per_layer_launch_s "
+               f"{rep['per_layer_launch_s']:.4g} (the wide rows' mean, weighted by windows, "
+               f"capped at 10)")
+    return "\n".join(out)
+
+
 # --- output ----------------------------------------------------------------------------------
 
 def commit_id() -> str:
@@ -923,6 +954,12 @@ def main(argv: Optional[list[str]] = None) -> int:
     ap.add_argument("--profile", help="with --engine: the routing profile of the engine's first "
                     "fill (default: <engine json>.profile.json when it exists)")
     ap.add_argument("--fit", action="store_true", help="print the bytes model's fit and exit")
+    ap.add_argument("--fit-launch", nargs="+", metavar="BENCH_JSON",
+                    help="fit experts.per_layer_launch_s to these bench_engine.py JSONs' windows "
+                         "(some wider than experts.launch_rows, one depth, one card) and exit")
+    ap.add_argument("--hardware", default=H200,
+                    help="with --fit-launch: the card's preset (its bandwidth, the experts' "
+                         "bytes)")
     ap.add_argument("--bench-check", nargs="*", metavar="BENCH_JSON",
                     help="the all-resident preset against the engine's measured FP8 cohorts: "
                          "the script's own (BENCH_TPS) or every cell of these bench_engine.py "
@@ -951,6 +988,9 @@ def main(argv: Optional[list[str]] = None) -> int:
                   f"{r['chunks']} | {r['ms']:.2f} | {r['model_ms']:.2f} | "
                   f"{r['model_ms'] / r['ms'] - 1:+.1%} |")
         print("\n(--bench-check compares the cohorts' tok/s with these scales)")
+        return 0
+    if args.fit_launch:
+        print(fit_launch_report(args.fit_launch, args.hardware))
         return 0
     if args.bench_check is not None:
         print(bench_json_check(args.bench_check, args) if args.bench_check else bench_check(args))

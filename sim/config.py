@@ -243,6 +243,15 @@ class SimExpertsConfig:
     #: bytes model: non-expert bytes per MTP draft step past the second row of a group (times
     #: max(0, the group's rows - 2)).
     other_per_draft_bytes: float = 0.0
+    #: bytes model: the rows a decode window's row-count-bound kernels take a launch (strata's
+    #: FP8 linear and router: 16, and above 16 rows the gate/up kernel reads x from L2 instead
+    #: of shared memory); 0: no such limit.
+    launch_rows: int = 0
+    #: bytes model: seconds each decoder layer adds for every launch_rows rows of a window past
+    #: the first (a window of R rows adds layers x (ceil(R / launch_rows) - 1) x this), fitted
+    #: to measured windows wider than launch_rows (scripts/sim_expert_cache_study.py
+    #: --fit-launch).
+    per_layer_launch_s: float = 0.0
     #: bytes model: the LM head's rows (the vocabulary), which every draft pass reads: with
     #: engine.draft_vocab=K a pass reads K of them (the draft head), so the window's other bytes
     #: drop by (head_rows - K) x head_row_bytes per pass. 0: not given (a bytes model cannot
@@ -415,7 +424,8 @@ def validate_experts(x: Any, engine: Any, memory: Any) -> None:
         if getattr(x, key) < 1:
             bad(key, f"must be >= 1, got {getattr(x, key)}")
     for key in ("skew", "miss_s", "per_layer_s", "other_base_bytes", "other_per_group_bytes",
-                "other_per_draft_bytes", "swap_limit", "head_rows", "head_row_bytes"):
+                "other_per_draft_bytes", "swap_limit", "head_rows", "head_row_bytes",
+                "launch_rows", "per_layer_launch_s"):
         if getattr(x, key) < 0:
             bad(key, f"must be >= 0, got {getattr(x, key)}")
     if not 0.0 <= x.row_overlap <= 1.0:

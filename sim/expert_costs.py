@@ -10,14 +10,18 @@ Two ways to price a window, `experts.cost` choosing:
       layers x per_layer_s
       + (other bytes + hits x expert_bytes) / (hbm_gb_s x hbm_efficiency)
       + reads x (expert_bytes / bus + miss_s)
+      + layers x per_layer_launch_s x (ceil(rows / launch_rows) - 1)
   where other bytes = the dense weights, head, MTP, KV and state the window reads:
   base + per_group x groups + per_draft x max(0, depth - 2) (a lone slot's deeper window runs
   more MTP draft steps); with engine.draft_vocab=K each draft pass (one a drafting window, and
   its chain steps) reads (head_rows - K) x head_row_bytes fewer. per_layer_s, hbm_efficiency
   and the byte terms are fitted (`fit_window_bytes`) to the engine's full-depth FP8 windows on
   the H200 (docs/bench/s7/fp8_full.json and fp8_n8.json); a card keeps the per-layer cost and the
-  efficiency and brings its own bandwidths. A capture or an eager window adds the profile's
-  excess over a graph hit. A prompt chunk of T tokens costs what a 1-group window of T rows
+  efficiency and brings its own bandwidths. Windows of more than `launch_rows` rows (strata:
+  16) run the FP8 linear and the router once per 16 rows and the gate/up kernel with x read
+  from L2, which the bytes do not show: `per_layer_launch_s` prices each extra 16 rows per
+  layer, fitted to such windows (`fit_launch_excess`). A capture or an eager window adds the
+  profile's excess over a graph hit. A prompt chunk of T tokens costs what a 1-group window of T rows
   costs (a memory-bound estimate: fair for the short chunks of the studies, low for long ones).
 
 A missed expert is read over the bus once per MoE kernel call that routes to it (`reads`: the
@@ -52,6 +56,14 @@ class WindowBytesModel:
     expert_bytes: float
     #: engine.draft_vocab: the LM-head bytes each draft pass does not read (0: off)
     draft_head_saved_bytes: float = 0.0
+    #: rows a launch of the row-count-bound kernels takes, and what each launch past a window's
+    #: first adds per layer (0: no such term)
+    launch_rows: int = 0
+    per_layer_launch_s: float = 0.0
+
+    def extra_launches(self, rows: int) -> int:
+        """Launches past the first that a window of `rows` rows runs per layer."""
+        return max(0, -(-rows // self.launch_rows) - 1) if self.launch_rows > 0 else 0
 
     def other_bytes(self, groups: int, depth: int) -> float:
         passes = 1 + max(0, depth - 2) if depth >= 2 else 0  # a window of 1-row groups drafts none
@@ -61,7 +73,8 @@ class WindowBytesModel:
 
     def resident_s(self, groups: int, depth: int, resident_experts: int) -> float:
         """Seconds of the window's device-resident work: the fixed part and the HBM bytes."""
-        return (self.layers * self.per_layer_s
+        return (self.layers * (self.per_layer_s
+                               + self.per_layer_launch_s * self.extra_launches(groups * depth))
                 + (self.other_bytes(groups, depth) + resident_experts * self.expert_bytes)
                 / self.hbm_bytes_per_s)
 
@@ -217,4 +230,36 @@ def bytes_model_from_config(x: Any, memory: Any, draft_vocab: int = 0) -> Window
                             other_base_bytes=float(x.other_base_bytes),
                             other_per_group_bytes=float(x.other_per_group_bytes),
                             other_per_draft_bytes=float(x.other_per_draft_bytes),
-                            expert_bytes=float(x.expert_bytes), draft_head_saved_bytes=saved)
+                            expert_bytes=float(x.expert_bytes), draft_head_saved_bytes=saved,
+                            launch_rows=int(x.launch_rows),
+                            per_layer_launch_s=float(x.per_layer_launch_s))
+
+
+def fit_launch_excess(rows: list[dict], layers: int, moe_layers: int, expert_bytes: float,
+                      hbm_gb_s: float, launch_rows: int = 16, weight_cap: int = 10
+                      ) -> tuple[WindowBytesModel, dict]:
+    """The bytes model fitted to the windows of at most `launch_rows` rows (fit_window_bytes),
+    then per_layer_launch_s: the wider windows' time beyond that model per layer and per extra
+    launch, their mean weighted as fit_window_bytes weights (window count capped). Returns the
+    model with the term and a report (each wide row's excess)."""
+    narrow = [r for r in rows if r["groups"] * r["depth"] <= launch_rows]
+    wide = [r for r in rows if r["groups"] * r["depth"] > launch_rows]
+    if not narrow or not wide:
+        raise ExpertModelError(f"the launch fit needs windows of at most {launch_rows} rows and "
+                               f"wider ones: got {len(narrow)} and {len(wide)}")
+    model, report = fit_window_bytes(narrow, layers, moe_layers, expert_bytes, hbm_gb_s,
+                                     weight_cap)
+    model.launch_rows = launch_rows
+    per, weights, out = [], [], []
+    for r in wide:
+        base = model.resident_s(r["groups"], r["depth"], round(r["distinct"] * moe_layers))
+        extra = model.extra_launches(r["groups"] * r["depth"])
+        per.append((r["s"] - base) / (layers * extra))
+        weights.append(min(r["count"], weight_cap))
+        out.append({**{k: r[k] for k in ("config", "groups", "depth", "count")},
+                    "measured_ms": r["s"] * 1e3, "narrow_model_ms": base * 1e3,
+                    "per_layer_launch_us": per[-1] * 1e6})
+    model.per_layer_launch_s = max(0.0, float(np.average(per, weights=weights)))
+    report = {**report, "per_layer_launch_s": model.per_layer_launch_s, "wide_rows": out}
+    return model, report
+

@@ -13,7 +13,7 @@ from hydra import compose, initialize_config_dir
 
 from sim.config import SIM_CONF_DIR, SimConfigError, register_configs
 from sim.expert_costs import (ExpertCosts, MissCost, WindowBytesModel, bench_windows,
-                              fit_window_bytes)
+                              fit_launch_excess, fit_window_bytes)
 from sim.expert_setup import cache_mib_for_fraction, expert_slots
 from sim.experts import (ExpertCacheModel, ExpertModelError, RoutingModel, WindowExperts,
                          expected_distinct_uniform, load_routing_profile)
@@ -189,6 +189,10 @@ def test_bad_expert_settings_are_errors_naming_the_key():
         run_predict(cfg_of(*SMALL_EXPERTS, "experts.prefill_scale=0", *COHORT))
     with pytest.raises(SimConfigError, match="experts.prefill_row_s: must be >= 0"):
         run_predict(cfg_of(*SMALL_EXPERTS, "experts.prefill_row_s=-1e-4", *COHORT))
+    with pytest.raises(SimConfigError, match="experts.per_layer_launch_s: must be >= 0"):
+        run_predict(cfg_of(*SMALL_EXPERTS, "experts.per_layer_launch_s=-1e-5", *COHORT))
+    with pytest.raises(SimConfigError, match="experts.launch_rows: must be >= 0"):
+        run_predict(cfg_of(*SMALL_EXPERTS, "experts.launch_rows=-16", *COHORT))
 
 
 def test_prefill_scales_price_prompt_chunks_only():
@@ -283,6 +287,52 @@ def test_bytes_model_fits_the_measured_full_depth_fp8_windows():
     x = cfg_of("experts=qwen3_next_80b_a3b_fp8").experts  # the shipped preset holds this fit
     assert x.per_layer_s == pytest.approx(model.per_layer_s, rel=1e-3)
     assert x.hbm_efficiency == pytest.approx(report["hbm_efficiency"], rel=1e-3)
+
+
+def test_windows_wider_than_a_launch_pay_per_layer_for_each_extra_launch():
+    """experts.per_layer_launch_s: a window of R rows adds layers x (ceil(R / 16) - 1) x the
+    term (the FP8 linear and the router run once per 16 rows); 16 rows and fewer, and prompt
+    chunks (priced apart), add nothing."""
+    args = dict(layers=24, per_layer_s=5e-5, hbm_bytes_per_s=2.5e12, other_base_bytes=2.6e9,
+                other_per_group_bytes=2e7, other_per_draft_bytes=2e8, expert_bytes=3146496)
+    plain = WindowBytesModel(**args)
+    wide = WindowBytesModel(**args, launch_rows=16, per_layer_launch_s=6e-5)
+    for groups, depth, extra in ((1, 4, 0), (8, 2, 0), (8, 3, 1), (8, 4, 1), (8, 5, 2)):
+        assert wide.extra_launches(groups * depth) == extra
+        assert wide.resident_s(groups, depth, 3000) == pytest.approx(
+            plain.resident_s(groups, depth, 3000) + 24 * 6e-5 * extra)
+    miss = MissCost(expert_bytes=3146496, bus_bytes_per_s=5.5e10, miss_s=0.0)
+    assert ExpertCosts("bytes", miss, 2.5e12, wide).prefill_s(WindowExperts(500, 0), 512, 0.0) \
+        == pytest.approx(ExpertCosts("bytes", miss, 2.5e12, plain).prefill_s(
+            WindowExperts(500, 0), 512, 0.0))
+
+
+def test_the_launch_term_is_fitted_to_windows_wider_than_a_launch():
+    """fit_launch_excess: the bytes model of the narrow windows, then the wide windows' excess
+    over it per layer and per extra launch; the shipped FP8 preset holds the fit of the H100
+    run it names (8 x 3 / 8 x 4 / 8 x 5 windows beside 8 x 1 / 8 x 2 / 1 x 1 / 1 x 4 / 1 x 5)."""
+    truth = WindowBytesModel(layers=24, per_layer_s=5e-5, hbm_bytes_per_s=2.5e12,
+                             other_base_bytes=2.6e9, other_per_group_bytes=2e7,
+                             other_per_draft_bytes=2e8, expert_bytes=3146496, launch_rows=16,
+                             per_layer_launch_s=7e-5)
+    rows = []
+    for groups, depth, distinct in ((1, 1, 11), (1, 4, 39), (8, 1, 75), (8, 2, 139), (8, 3, 190),
+                                    (8, 5, 280)):
+        rows.append({"config": "c", "groups": groups, "depth": depth, "count": 20,
+                     "distinct": distinct, "expert_bytes_read": distinct * 24 * 3146496.0,
+                     "other_bytes": truth.other_bytes(groups, depth),
+                     "s": truth.resident_s(groups, depth, distinct * 24)})
+    model, report = fit_launch_excess(rows, 24, 24, 3146496, 3350)
+    assert model.per_layer_launch_s == pytest.approx(7e-5, rel=1e-6)
+    assert model.per_layer_s == pytest.approx(5e-5, rel=1e-6)
+    assert [r["depth"] for r in report["wide_rows"]] == [3, 5]
+    with pytest.raises(ExpertModelError, match="wider ones: got 4 and 0"):
+        fit_launch_excess(rows[:4], 24, 24, 3146496, 3350)
+    run = sorted((REPO / "docs/bench/s46/device/h100_w24").glob("*.json"))
+    model, _ = fit_launch_excess(bench_windows(run, skip=()), 24, 24, 3146496, 3350)
+    x = cfg_of("experts=qwen3_next_80b_a3b_fp8").experts
+    assert x.launch_rows == 16
+    assert x.per_layer_launch_s == pytest.approx(model.per_layer_launch_s, rel=1e-3)
 
 
 # --- predict and replay ----------------------------------------------------------------------
