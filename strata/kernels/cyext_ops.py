@@ -682,7 +682,8 @@ def moe_launch_options(pdl=None, early=None, wide=None, db=None, xsmem=None, str
     gate/up and down kernels as one grid (moe_fused_mma): each CTA's producer streams its down
     rows as soon as its gate/up copies are out, and a down item waits only for its own expert's
     act (a counter per expert, gpu_moe_experts' per-layer `sync`), not for the whole gate/up
-    grid; the same bits.
+    grid; the same bits. Off: on an H100 it ran 1-22% slower than the two grids at 1-16 rows
+    (docs/KERNELS.md).
     `route_chunks` (off; this module's): gpu_moe_route runs more than ROUTE_MAX_ROWS rows (prompt
     chunks) on the router kernel, ROUTE_MAX_ROWS rows a launch (rows are independent), instead
     of the reference, whose top-k is one stable sort (19 us of a 64-token chunk's layer on an
