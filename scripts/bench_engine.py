@@ -276,7 +276,15 @@ def engine_cfg(base: dict, name: str, n: int, args) -> object:
     return cfg
 
 
-def make_engine(loaded, device, ecfg, prompts, max_tokens) -> Engine:
+def request_seed(seed0: Optional[int], i: int) -> int:
+    """Request i's sampling seed: 0 (the engine's default) unless --request-seeds gives k,
+    then k + i. Greedy text does not depend on it; engine.synthetic_acceptance's decisions do
+    (a hash of seed and position), so with one seed the cohort's requests, whose prompts are
+    of one length, all draw the same sequence of decisions."""
+    return 0 if seed0 is None else seed0 + i
+
+
+def make_engine(loaded, device, ecfg, prompts, max_tokens, seed0: Optional[int] = None) -> Engine:
     """An engine for one (configuration, N), warmed on one cohort: compiles and captures are
     not what the timed cohorts measure, and repeats reuse its graphs as a server would."""
     # Warm-up and warnings go to stderr: how long compiling takes is worth seeing.
@@ -286,15 +294,16 @@ def make_engine(loaded, device, ecfg, prompts, max_tokens) -> Engine:
     eng.trace.keep = False
     eng.window_times = WindowTimes()
     eng.trace.listener = eng.window_times
-    run_requests(eng, [Request(f"w{i}", list(p), SamplingParams(max_tokens=max_tokens, stop_at_eos=False))
+    run_requests(eng, [Request(f"w{i}", list(p), SamplingParams(max_tokens=max_tokens, stop_at_eos=False,
+                                                                seed=request_seed(seed0, i)))
                        for i, p in enumerate(prompts)])
     eng.requests.clear()
     return eng
 
 
-def run_cohort(eng: Engine, device, prompts, max_tokens) -> dict:
+def run_cohort(eng: Engine, device, prompts, max_tokens, seed0: Optional[int] = None) -> dict:
     reqs = [Request(f"r{i}", list(p), SamplingParams(max_tokens=max_tokens, temperature=0.0,
-                                                     stop_at_eos=False))
+                                                     stop_at_eos=False, seed=request_seed(seed0, i)))
             for i, p in enumerate(prompts)]
     before = eng.stats()
     if device.type == "cuda":
@@ -476,6 +485,11 @@ def main() -> None:
                          "(default: the engine's, 8 on one device)")
     ap.add_argument("--synthetic-acceptance", type=float, default=None,
                     help="engine.synthetic_acceptance: accept each draft with this probability")
+    ap.add_argument("--request-seeds", type=int, default=None, metavar="K",
+                    help="request i of a cohort samples with seed K + i (default: every request "
+                         "seed 0, the engine's default): with --synthetic-acceptance each "
+                         "request then draws its own accept decisions, where one seed gives "
+                         "the whole cohort one sequence (greedy text is the same either way)")
     ap.add_argument("--draft-vocab", type=int, default=0,
                     help="engine.draft_vocab: drafts choose among this many tokens (0: all)")
     ap.add_argument("--draft-vocab-file", default=None,
@@ -502,6 +516,8 @@ def main() -> None:
     ap.add_argument("--json")
     ap.add_argument("--md")
     a = ap.parse_args()
+    if a.request_seeds is not None and not 0 <= a.request_seeds < 2**62:
+        ap.error(f"--request-seeds: must be in [0, 2**62), got {a.request_seeds}")
 
     device = torch.device(a.device)
     backend = ops.set_backend(a.backend, device.type)
@@ -525,14 +541,14 @@ def main() -> None:
     for n in ns:
         prompts = prompts_all[:n]
         engines = {name: make_engine(loaded, device, engine_cfg(config_of(name), name, n, a),
-                                     prompts, a.max_tokens) for name in names}
+                                     prompts, a.max_tokens, a.request_seeds) for name in names}
         for name, eng in engines.items():
             if eng.warmup_done is not None:
                 results.setdefault("warmups", {})[f"{name}@{n}"] = eng.warmup_done.facts()
         for order_i, order in enumerate(orders):
             for rep in range(a.repeats if order_i == 0 else 1):
                 for name in order:
-                    r = run_cohort(engines[name], device, prompts, a.max_tokens)
+                    r = run_cohort(engines[name], device, prompts, a.max_tokens, a.request_seeds)
                     key = f"{name}@{n}" + ("" if order_i == 0 else "@rev")
                     results.setdefault(key, []).append(r)
                     print(f"N={n} {key:<22} rep {rep}: {r['aggregate_tps']:9.1f} tok/s  "

@@ -681,7 +681,10 @@ def bench_json_cells(path: str | Path) -> tuple[list[tuple[str, int, dict, list[
                 f"engine.prefill_slots={a.get('prefill_slots', 1) or 'null'}",
                 f"engine.max_context={a['max_context']}",
                 f"experts.prefill_launch_rows="
-                f"{(a.get('kernel_options') or {}).get('wide_rows', 64)}"]
+                f"{(a.get('kernel_options') or {}).get('wide_rows', 64)}",
+                # the requests' seeds key the synthetic decisions (a run from before the flag:
+                # every request seed 0)
+                f"workload.request_seeds={'null' if a.get('request_seeds') is None else int(a['request_seeds'])}"]
         if a.get("layers"):
             over += depth_overrides(int(a["layers"]))
         mode = "solo" if c["mode"] == "solo" else ("batch_mtp" if c["batch_mtp"] else "batch")

@@ -126,6 +126,12 @@ class SimWorkloadConfig(WorkloadBaseConfig):
     #: Share of requests that sample with top-k / top-p (each drawn independently): windows
     #: holding one use the filtering sampler, a separate graph (key suffix `+f`).
     filtered_share: float = 0.0
+    #: The requests' sampling seeds, which key engine.synthetic_acceptance's decisions: null =
+    #: the engine's default, seed 0 for every request (a server's requests that name none;
+    #: scripts/bench_engine.py's cohorts unless --request-seeds), so requests of one prompt
+    #: length draw the same decisions; k = request i takes seed k + i (the engine's
+    #: workload.seed for kind=default and synthetic; bench_engine.py --request-seeds k).
+    request_seeds: Optional[int] = None
 
 
 @dataclass
@@ -371,6 +377,8 @@ def validate_workload(w: Any) -> None:
         bad("burst_gap_s", "burst_gap_s and burst_spread_s must be >= 0")
     if not 0.0 <= w.filtered_share <= 1.0:
         bad("filtered_share", f"must be in [0, 1], got {w.filtered_share}")
+    if w.request_seeds is not None and not 0 <= w.request_seeds < 2**62:
+        bad("request_seeds", f"must be null or in [0, 2**62), got {w.request_seeds}")
 
 
 def validate_acceptance(a: Any) -> None:

@@ -200,5 +200,6 @@ def build_workload(w: Any, streams: RandomStreams) -> list[SimRequest]:
     return [SimRequest(id=f"r{i}", index=i, prompt_tokens=prompts[i], max_tokens=outputs[i],
                        arrival_step=None if closed[i] else steps[i],
                        arrival_s=None if closed[i] else times[i], filtered=filtered[i],
-                       after_finish=closed[i])
+                       after_finish=closed[i],
+                       seed=0 if w.request_seeds is None else w.request_seeds + i)
             for i in range(n)]

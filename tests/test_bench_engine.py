@@ -156,3 +156,14 @@ def test_the_json_records_each_engines_warm_up(tmp_path, monkeypatch):
                          "prefill_graphs"}
     assert warm["seconds"] > 0 and warm["window_graphs"] > 0
     assert 0 <= warm["cached_graphs"] <= warm["compiled_graphs"]
+
+
+def test_request_seeds_give_request_i_seed_k_plus_i(monkeypatch, capsys):
+    """--request-seeds K: request i of a cohort samples with seed K + i (default: seed 0 for
+    all, the engine's default); a negative K is a usage error naming the flag."""
+    assert [bench_engine.request_seed(None, i) for i in range(3)] == [0, 0, 0]
+    assert [bench_engine.request_seed(5, i) for i in range(3)] == [5, 6, 7]
+    monkeypatch.setattr(sys, "argv", ["bench_engine.py", "--request-seeds", "-1", "--device", "cpu"])
+    with pytest.raises(SystemExit):
+        bench_engine.main()
+    assert "--request-seeds: must be in [0, 2**62)" in capsys.readouterr().err

@@ -677,6 +677,10 @@ def test_bench_check_reads_a_device_calls_json(tmp_path):
               "experts.moe_layers=12"):
         assert o in over, o
     assert "engine.spec=2" in solo_over and "engine.overlap=false" in solo_over
+    assert "workload.request_seeds=null" in over  # (a run before --request-seeds: seed 0 each)
+    meta["args"]["request_seeds"] = 3
+    path.write_text(json.dumps({"meta": meta, "summary": {"solo_spec2@1": {"median_tps": 1.0}}}))
+    assert "workload.request_seeds=3" in study.bench_json_cells(path)[0][0][3]
     meta["args"]["synthetic_acceptance"] = None
     path.write_text(json.dumps({"meta": meta, "summary": {"solo@1": {"median_tps": 1.0}}}))
     cells, skipped = study.bench_json_cells(path)

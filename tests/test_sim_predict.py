@@ -150,6 +150,16 @@ def test_filtered_share_draws_its_own_stream():
         run_predict(cfg_of(*SMALL, "workload.filtered_share=1.5"))
 
 
+def test_request_seeds_are_the_engines_default_or_k_plus_i():
+    """workload.request_seeds: null gives every request the engine's default seed 0; k gives
+    request i seed k + i (what keys engine.synthetic_acceptance's decisions)."""
+    assert {r.seed for r in build_workload(cfg_of(*SMALL).workload, RandomStreams(5))} == {0}
+    reqs = build_workload(cfg_of(*SMALL, "workload.request_seeds=7").workload, RandomStreams(5))
+    assert [r.seed for r in reqs] == [7 + i for i in range(len(reqs))]
+    with pytest.raises(SimConfigError, match=r"workload.request_seeds: must be null or in"):
+        run_predict(cfg_of(*SMALL, "workload.request_seeds=-1"))
+
+
 @pytest.mark.slow
 def test_cli_predict_and_multirun(tmp_path):
     run_dir = tmp_path / "run"

@@ -184,11 +184,13 @@ def test_simulator_takes_the_engines_decisions(model_dir):
     assert judged > 10
 
 
-@pytest.mark.parametrize("mode", ["solo", "batch_mtp", "batch_mtp_deep"])
-def test_prediction_of_a_synthetic_run_takes_the_engines_windows(model_dir, mode):
+@pytest.mark.parametrize("mode, seeds", [("solo", None), ("batch_mtp", None),
+                                         ("batch_mtp_deep", None), ("batch_mtp_deep", 5)])
+def test_prediction_of_a_synthetic_run_takes_the_engines_windows(model_dir, mode, seeds):
     """With engine.synthetic_acceptance the simulator's prediction (not a replay: nothing of
     the trace is read) runs the engine's windows and commits, in order, accept counts included:
-    requests of one seed and prompt length accept alike, as in the engine."""
+    requests of one seed and prompt length accept alike, as in the engine; with seeds k + i
+    (workload.request_seeds=k, bench_engine.py --request-seeds) each draws its own."""
     from sim.config import register_configs
     from sim.predict import run_predict
     from hydra import compose, initialize_config_dir
@@ -203,13 +205,16 @@ def test_prediction_of_a_synthetic_run_takes_the_engines_windows(model_dir, mode
     eng = Engine.from_config(cpu_engine_config(model_dir, 128, **knobs), log=lambda s: None)
     rng = random.Random(3)
     run_cohort(eng, [Request(f"r{i}", [rng.randrange(1, 512) for _ in range(prompt)],
-                             SamplingParams(max_tokens=out, stop_at_eos=False), arrival_step=0)
+                             SamplingParams(max_tokens=out, stop_at_eos=False,
+                                            seed=0 if seeds is None else seeds + i),
+                             arrival_step=0)
                      for i in range(n)], 2000)
     register_configs()
     with initialize_config_dir(config_dir=SIM_CONF_DIR, version_base="1.3"):
         cfg = compose(config_name="config", overrides=[
             "workload=cohort", f"workload.requests={n}", f"workload.prompt_tokens={prompt}",
             f"workload.max_tokens={out}", "spread.enabled=false", "engine.max_context=128",
+            f"workload.request_seeds={'null' if seeds is None else seeds}",
             *(f"engine.{k}={str(v).lower() if isinstance(v, bool) else v}"
               for k, v in knobs.items())])
     result = run_predict(cfg)
@@ -226,3 +231,9 @@ def test_prediction_of_a_synthetic_run_takes_the_engines_windows(model_dir, mode
         assert any(e[0] == "window" and len(set(e[1])) > 1 and len(e[1]) > 2 * len(set(e[1]))
                    for e in engine_events), "no window of several slots' deeper groups"
     assert schedule(sim.events) == engine_events
+    if mode != "solo":  # one seed: every request commits the same accept counts; k + i: not
+        per_req = {}
+        for e in engine_events:
+            if e[0] == "commit":
+                per_req.setdefault(e[2], []).append(e[3])
+        assert (len({tuple(v) for v in per_req.values()}) == 1) == (seeds is None), per_req
