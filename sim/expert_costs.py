@@ -21,8 +21,9 @@ Two ways to price a window, `experts.cost` choosing:
   16) run the FP8 linear and the router once per 16 rows and the gate/up kernel with x read
   from L2, which the bytes do not show: `per_layer_launch_s` prices each extra 16 rows per
   layer, fitted to such windows (`fit_launch_excess`). A capture or an eager window adds the
-  profile's excess over a graph hit. A prompt chunk of T tokens costs what a 1-group window of T rows
-  costs (a memory-bound estimate: fair for the short chunks of the studies, low for long ones).
+  profile's excess over a graph hit. A prompt chunk of T tokens costs what a 1-group window of
+  T rows costs (a memory-bound estimate: fair for the short chunks of the studies, low for long
+  ones).
 
 A missed expert is read over the bus once per MoE kernel call that routes to it (`reads`: the
 kernel takes at most `experts.call_rows` rows a call, strata's 32, so a 64-token prompt chunk
