@@ -183,11 +183,12 @@ class WindowTimes:
                  "mean_ms": statistics.fmean(d) * 1e3}
                 for (g, t), d in sorted(self.prefills.items())]
 
-    def table(self, args, fmt, drafting: bool, bandwidth: float, draft_vocab: int = 0) -> list[dict]:
+    def table(self, args, fmt, drafting: bool, bandwidth: float, draft_vocab: int = 0,
+              draft_fp8: bool = False) -> list[dict]:
         out = []
         for (groups, rows, ctx), durs in sorted(self.times.items()):
             b = window_bytes(args, groups, rows, ctx, fmt, drafting=drafting,
-                             draft_vocab=draft_vocab)
+                             draft_vocab=draft_vocab, draft_fp8=draft_fp8)
             floor = floor_seconds(b["total"], bandwidth)
             mean = statistics.fmean(durs)
             out.append({"groups": groups, "rows": rows, "ctx": ctx, "windows": len(durs),
@@ -222,6 +223,11 @@ CONFIGS = {
     "solo_spec2_draft32k": dict(mode="solo", batch_mtp=False, spec=2, draft_vocab=32768),
     "batch_mtp_w16_draft32k": dict(mode="batch", batch_mtp=True, window_rows=16,
                                    draft_vocab=32768),
+    # engine.draft_head=fp8: drafts read an FP8 copy of the LM head (half a bf16 head's bytes)
+    "solo_draft_fp8": dict(mode="solo", batch_mtp=False, draft_head="fp8"),
+    "solo_draft32k_fp8": dict(mode="solo", batch_mtp=False, draft_vocab=32768, draft_head="fp8"),
+    "batch_mtp_w16_draft_fp8": dict(mode="batch", batch_mtp=True, window_rows=16,
+                                    draft_head="fp8"),
     # engine.batch_invariant: every window runs window_rows rows. Greedy text is compared with
     # the first configuration listed, so list solo_inv first to check the invariant ones.
     "solo_inv": dict(mode="solo", batch_mtp=False, batch_invariant=True),
@@ -270,6 +276,7 @@ def engine_cfg(base: dict, name: str, n: int, args) -> object:
     cfg.synthetic_acceptance = args.synthetic_acceptance
     cfg.draft_vocab = getattr(args, "draft_vocab", 0)
     cfg.draft_vocab_file = getattr(args, "draft_vocab_file", None)
+    cfg.draft_head = getattr(args, "draft_head", "model")
     for k, v in base.items():
         setattr(cfg, k, v)
     cfg.slots = max(1, n) if cfg.mode == "batch" else 1
@@ -492,6 +499,8 @@ def main() -> None:
                          "the whole cohort one sequence (greedy text is the same either way)")
     ap.add_argument("--draft-vocab", type=int, default=0,
                     help="engine.draft_vocab: drafts choose among this many tokens (0: all)")
+    ap.add_argument("--draft-head", choices=("model", "fp8"), default="model",
+                    help="engine.draft_head: fp8 drafts from an FP8 copy of the LM head")
     ap.add_argument("--draft-vocab-file", default=None,
                     help="engine.draft_vocab_file: their ranking (scripts/draft_vocab.py)")
     ap.add_argument("--specialize-one", choices=("on", "off"), default="on",
@@ -559,7 +568,8 @@ def main() -> None:
         for name, eng in engines.items():
             dv = eng.verifier.draft_ids
             rows = eng.window_times.table(loaded.args, fmt, eng.verifier.drafting, a.bandwidth,
-                                          0 if dv is None else int(dv.numel()))
+                                          0 if dv is None else int(dv.numel()),
+                                          eng.cfg.draft_head == "fp8")
             results.setdefault("windows", {})[f"{name}@{n}"] = rows
             for w in rows:
                 print(f"N={n} {name:<16} window {w['groups']}x{w['rows']}@{w['ctx']}: "

@@ -684,7 +684,9 @@ def bench_json_cells(path: str | Path) -> tuple[list[tuple[str, int, dict, list[
                 f"{(a.get('kernel_options') or {}).get('wide_rows', 64)}",
                 # the requests' seeds key the synthetic decisions (a run from before the flag:
                 # every request seed 0)
-                f"workload.request_seeds={'null' if a.get('request_seeds') is None else int(a['request_seeds'])}"]
+                f"workload.request_seeds={'null' if a.get('request_seeds') is None else int(a['request_seeds'])}",
+                f"engine.draft_vocab={c.get('draft_vocab', a.get('draft_vocab', 0)) or 0}",
+                f"engine.draft_head={c.get('draft_head', a.get('draft_head', 'model'))}"]
         if a.get("layers"):
             over += depth_overrides(int(a["layers"]))
         mode = "solo" if c["mode"] == "solo" else ("batch_mtp" if c["batch_mtp"] else "batch")

@@ -14,7 +14,8 @@ Two ways to price a window, `experts.cost` choosing:
   where other bytes = the dense weights, head, MTP, KV and state the window reads:
   base + per_group x groups + per_draft x max(0, depth - 2) (a lone slot's deeper window runs
   more MTP draft steps); with engine.draft_vocab=K each draft pass (one a drafting window, and
-  its chain steps) reads (head_rows - K) x head_row_bytes fewer. per_layer_s, hbm_efficiency
+  its chain steps) reads (head_rows - K) x head_row_bytes fewer, and with engine.draft_head=fp8
+  its rows in FP8 (half their bytes). per_layer_s, hbm_efficiency
   and the byte terms are fitted (`fit_window_bytes`) to the engine's full-depth FP8 windows on
   the H200 (docs/bench/s7/fp8_full.json and fp8_n8.json); a card keeps the per-layer cost and the
   efficiency and brings its own bandwidths. Windows of more than `launch_rows` rows (strata:
@@ -213,19 +214,26 @@ def fit_window_bytes(rows: list[dict], layers: int, moe_layers: int, expert_byte
     return model, report
 
 
-def bytes_model_from_config(x: Any, memory: Any, draft_vocab: int = 0) -> WindowBytesModel:
+def bytes_model_from_config(x: Any, memory: Any, draft_vocab: int = 0,
+                            draft_fp8: bool = False) -> WindowBytesModel:
     """The bytes model of an `experts` config on the `memory` group's card; `draft_vocab`:
-    engine.draft_vocab (0: drafts read the whole LM head)."""
+    engine.draft_vocab (0: drafts read the whole LM head); `draft_fp8`: engine.draft_head=fp8,
+    the drafts' rows read in FP8 (a byte a weight of experts.head_row_bytes' bf16 row, and a
+    float32 scale per 128 x 128 block)."""
     saved = 0.0
-    if draft_vocab > 0:
+    if draft_vocab > 0 or draft_fp8:
+        knob = "engine.draft_vocab" if draft_vocab > 0 else "engine.draft_head"
         if x.head_rows < 1 or x.head_row_bytes <= 0:
-            raise ExpertModelError("engine.draft_vocab: the bytes model prices it from the LM "
+            raise ExpertModelError(f"{knob}: the bytes model prices it from the LM "
                                    "head's rows and their bytes: set experts.head_rows and "
                                    "experts.head_row_bytes")
         if draft_vocab > x.head_rows:
             raise ExpertModelError(f"engine.draft_vocab: {draft_vocab} exceeds the LM head's "
                                    f"rows (experts.head_rows={x.head_rows})")
-        saved = (x.head_rows - draft_vocab) * float(x.head_row_bytes)
+        rows = draft_vocab or x.head_rows
+        row_bytes = float(x.head_row_bytes) / 2 * (1 + 4 / 128**2) if draft_fp8 \
+            else float(x.head_row_bytes)
+        saved = x.head_rows * float(x.head_row_bytes) - rows * row_bytes
     return WindowBytesModel(layers=int(x.layers), per_layer_s=float(x.per_layer_s),
                             hbm_bytes_per_s=float(memory.hbm_gb_s) * 1e9 * float(x.hbm_efficiency),
                             other_base_bytes=float(x.other_base_bytes),

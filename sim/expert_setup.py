@@ -66,7 +66,8 @@ def build_expert_inputs(cfg: Any, streams: RandomStreams,
                                  x.expert_bytes, streams.stream("experts.routing"),
                                  cache_on=cache_on, call_rows=x.call_rows,
                                  prefill_launch_rows=x.prefill_launch_rows)
-        bytes_model = bytes_model_from_config(x, m, e.draft_vocab) if x.cost == "bytes" else None
+        bytes_model = bytes_model_from_config(x, m, e.draft_vocab, e.draft_head == "fp8") \
+            if x.cost == "bytes" else None
     except ExpertModelError as err:
         raise SimConfigError(str(err)) from None
     hbm = m.hbm_gb_s * 1e9 * x.hbm_efficiency

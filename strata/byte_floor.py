@@ -126,12 +126,14 @@ def expert_bytes(args: ModelArgs, fmt: WeightFormat, prefix: str = "model.layers
 def window_bytes(args: ModelArgs, groups: int, rows: int, ctx: int, fmt: WeightFormat = WeightFormat(),
                  drafting: bool = False,
                  distinct_experts: Optional[float | Sequence[float]] = None,
-                 draft_vocab: int = 0) -> dict[str, float]:
+                 draft_vocab: int = 0, draft_fp8: bool = False) -> dict[str, float]:
     """Bytes a verify window of `groups` x `rows` rows must read (module docstring), by part:
     dense, experts, head, kv, state, mtp, and total. `distinct_experts`: measured distinct
     routed experts per MoE layer of the main model (one number for every layer, or one per MoE
     layer in order); None assumes uniform routing. `ctx`: keys each group's attention reads.
-    `draft_vocab`: the drafts' tokens (engine.draft_vocab; 0 = the whole vocabulary)."""
+    `draft_vocab`: the drafts' tokens (engine.draft_vocab; 0 = the whole vocabulary);
+    `draft_fp8`: drafts read an FP8 copy of those head rows (engine.draft_head=fp8: a byte a
+    weight and a float32 scale per 128 x 128 block)."""
     if groups < 1 or rows < 1 or ctx < 0:
         raise ValueError(f"window_bytes: groups and rows must be >= 1 and ctx >= 0, got "
                          f"groups={groups} rows={rows} ctx={ctx}")
@@ -170,8 +172,13 @@ def window_bytes(args: ModelArgs, groups: int, rows: int, ctx: int, fmt: WeightF
         layer = (_attention_layer(args, fmt, "mtp.layers.0") + _ffn_dense(args, fmt, "mtp.layers.0", moe)
                  + fmt.linear("mtp.fc", h, 2 * h) + 5 * h * el)  # 2 pre-fc, 2 layer, final norms
         one_expert = expert_bytes(args, fmt, "mtp.layers.0") if moe else 0
-        # the draft head: a float copy of the LM head's rows for the draft vocabulary
-        draft_head = head if not draft_vocab else draft_vocab * h * el
+        # the draft head: the LM head, or a copy of its rows for the draft vocabulary, in the
+        # model's float format or in FP8 (engine.draft_head=fp8)
+        head_rows = draft_vocab or args.vocab_size
+        if draft_fp8:
+            draft_head = head_rows * h + (-(-head_rows // 128)) * (-(-h // 128)) * 4
+        else:
+            draft_head = head if not draft_vocab else draft_vocab * h * el
         passes = [groups] * max(rows - 2, 0) + [r]
         for n in passes:
             used = expected_distinct_experts(args.num_experts, args.num_experts_per_tok, n) if moe else 0.0

@@ -160,6 +160,12 @@ class EngineConfig:
     #: engine.draft_vocab: a JSON list of token ids, most frequent first
     #: (scripts/draft_vocab.py counts them over a corpus); null = the lowest ids.
     draft_vocab_file: Optional[str] = None
+    #: What drafts read their logits from: model (the model's LM head, or engine.draft_vocab's
+    #: copy of its rows, in the model's dtype) or fp8 (an FP8 block-scaled copy of those rows,
+    #: 128 x 128 blocks, made at start: half a bf16 head's bytes a draft step). Verification
+    #: still samples over the model's own head, so the text is unchanged; a draft differs only
+    #: where FP8 reorders near-tied logits (strata/engine/draft_vocab.py).
+    draft_head: str = "model"
     #: Device memory for routed experts (MiB); 0 = every routed expert resident on the device.
     #: When set, routed experts live in pinned host memory and a per-layer set of device slots
     #: holds the cached ones within this budget; a miss is read from host memory inside the
@@ -205,6 +211,8 @@ def engine_knobs(e: Any) -> dict[str, Any]:
 ENGINE_MODES = ("solo", "batch")
 GRAPH_KEYS = ("shape", "layout")
 SWITCHES = ("auto", "on", "off")
+#: engine.draft_head's values
+DRAFT_HEADS = ("model", "fp8")
 
 
 @dataclass
@@ -456,6 +464,11 @@ def validate_engine(e: Any, error: type[ValueError] = ConfigError) -> None:
     if e.draft_vocab and e.stages > 1:
         bad("draft_vocab", f"the draft head is built on one device; engine.stages={e.stages} "
                            f"needs engine.draft_vocab=0")
+    if e.draft_head not in DRAFT_HEADS:
+        bad("draft_head", f"must be one of {', '.join(DRAFT_HEADS)}, got {e.draft_head!r}")
+    if e.draft_head != "model" and e.stages > 1:
+        bad("draft_head", f"the draft head is built on one device; engine.stages={e.stages} "
+                          f"needs engine.draft_head=model")
     w = e.compile_workers
     if w is not None and w < 0:
         bad("compile_workers", f"must be >= 0 or null (auto), got {w}")

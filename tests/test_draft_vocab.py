@@ -1,4 +1,5 @@
-"""engine.draft_vocab: drafts choose among K tokens, read from a copy of the LM head's rows.
+"""engine.draft_vocab: drafts choose among K tokens, read from a copy of the LM head's rows;
+engine.draft_head=fp8: drafts read an FP8 copy of the head (or of those rows).
 
 The text is the one without it (greedy and seeded sampling, solo and batch_mtp, compiled
 samplers too), every draft lies in the vocabulary, an unfiltered draft is the full vocabulary's
@@ -89,6 +90,8 @@ def test_bad_ranking_files_name_the_file(tmp_path, text, needle):
     (dict(draft_vocab=-1), "draft_vocab"),
     (dict(draft_vocab_file="r.json"), "draft_vocab_file"),
     (dict(draft_vocab=64, stages=2), "draft_vocab"),
+    (dict(draft_head="bf8"), "draft_head"),
+    (dict(draft_head="fp8", stages=2), "draft_head"),
 ])
 def test_bad_settings_name_the_key(knobs, key):
     with pytest.raises(ConfigError, match=f"engine.{key}:"):
@@ -136,6 +139,47 @@ def test_the_draft_head_of_an_fp8_lm_head_is_its_dequantised_rows(model_dir):
     assert rows.dtype == model.dtype and torch.equal(rows, full[ids])
 
 
+def test_the_fp8_draft_head_is_the_heads_blocks_scaled_by_their_amax(monkeypatch):
+    """draft_vocab.fp8_head: 128 x 128 blocks each scaled by amax / 448 (an FP8 checkpoint's
+    own format), quantised a slice of rows at a time with the same bits as all at once; its
+    logits are the float head's within FP8's rounding."""
+    from strata.engine import draft_vocab
+    from strata.kernels.reference import dequant_fp8_block
+    from strata.model.quantize import quantize_block
+
+    g = torch.Generator().manual_seed(4)
+    w = torch.randn(300, 256, generator=g).to(torch.bfloat16)
+    head = draft_vocab.fp8_head(w)
+    q, scale = quantize_block(w, (128, 128))
+    assert head.block == (128, 128) and head.weight.dtype == FP8_DTYPE
+    assert torch.equal(head.weight.view(torch.uint8), q.view(torch.uint8))
+    assert torch.equal(head.weight_scale_inv, scale)
+    monkeypatch.setattr(draft_vocab, "QUANTIZE_ROWS", 128)  # three slices, the last partial
+    sliced = draft_vocab.fp8_head(w)
+    assert torch.equal(sliced.weight.view(torch.uint8), head.weight.view(torch.uint8))
+    assert torch.equal(sliced.weight_scale_inv, head.weight_scale_inv)
+    back = dequant_fp8_block(head.weight, head.weight_scale_inv, head.block, torch.float32)
+    assert ((back - w.float()).abs() <= w.float().abs().amax() / 16).all()  # e4m3: 3 bits
+    x = torch.randn(2, 256, generator=g).to(torch.bfloat16)
+    assert torch.allclose(head(x).float(), x.float() @ back.T, rtol=2e-2, atol=2e-2)
+    assert draft_vocab.head_mib(head) == pytest.approx((300 * 256 + 3 * 2 * 4) / 2**20)
+    assert draft_vocab.head_mib(None) == 0.0
+
+
+def test_an_fp8_lm_head_serves_the_drafts_as_it_is(model_dir):
+    from strata.engine.draft_vocab import draft_head
+    from strata.model.loader import load_checkpoint
+
+    model = load_checkpoint(model_dir, log=lambda s: None).model
+    ecfg = EngineConfig(draft_head="fp8")
+    ids, head = draft_head(model, ecfg, [0])
+    assert ids is None and isinstance(head, Fp8Linear) and head.out_features == VOCAB
+    model.lm_head = head  # an FP8 head already: drafts read it, no copy
+    assert draft_head(model, ecfg, [0]) == (None, None)
+    ids, head = draft_head(model, EngineConfig(draft_head="fp8", draft_vocab=64), [0])
+    assert ids.numel() == 64 and isinstance(head, Fp8Linear) and head.out_features == 64
+
+
 # ---- the engine ------------------------------------------------------------------------------
 def run(model_dir, mode, batch_mtp, temperature, draft_vocab, logs=None, top_k=0, top_p=1.0,
         **knobs):
@@ -173,6 +217,23 @@ def test_the_text_is_the_whole_vocabularys_and_every_draft_is_in_the_subset(
     assert ids is not None and ids.numel() == 48
     assert drafts <= set(ids.tolist()) | {0}  # lanes never used hold 0, itself in the subset
     assert any("engine.draft_vocab=48: drafts choose among 48 of 512 tokens" in s for s in logs)
+
+
+@pytest.mark.parametrize("mode, batch_mtp", [("solo", False), ("batch", True)])
+@pytest.mark.parametrize("temperature, draft_vocab", [(0.0, 0), (0.9, 0), (0.0, 48)])
+def test_an_fp8_draft_head_keeps_the_text(model_dir, mode, batch_mtp, temperature, draft_vocab):
+    """engine.draft_head=fp8: drafts from an FP8 copy of the head (of the draft vocabulary's
+    rows with one), the same text greedy and seeded, every draft a token of the vocabulary."""
+    ref, _, (drafted, _, _) = run(model_dir, mode, batch_mtp, temperature, draft_vocab)
+    logs: list[str] = []
+    out, drafts, (fp8_drafted, _, ids) = run(model_dir, mode, batch_mtp, temperature, draft_vocab,
+                                             logs, draft_head="fp8")
+    assert out == ref and drafted > 0 and fp8_drafted > 0
+    allowed = set(range(VOCAB)) if ids is None else set(ids.tolist()) | {0}
+    assert drafts <= allowed
+    needle = ("in FP8 (engine.draft_head=fp8)" if draft_vocab
+              else "engine.draft_head=fp8: drafts read an FP8 copy of the LM head")
+    assert any(needle in s for s in logs), logs
 
 
 @pytest.mark.slow
@@ -214,6 +275,13 @@ def test_the_byte_floor_counts_the_draft_heads_rows():
     assert window_bytes(args, 1, 4, 256, fmt, drafting=True, draft_vocab=0) == full
     with pytest.raises(ValueError, match="draft_vocab"):
         window_bytes(args, 1, 4, 256, fmt, drafting=True, draft_vocab=args.vocab_size + 1)
+    # engine.draft_head=fp8: a byte a weight and a float32 scale a 128 x 128 block
+    fp8 = window_bytes(args, 1, 4, 256, fmt, drafting=True, draft_fp8=True)
+    fp8_cut = window_bytes(args, 1, 4, 256, fmt, drafting=True, draft_vocab=32768, draft_fp8=True)
+    h = args.hidden_size
+    for rows, part in ((args.vocab_size, fp8), (32768, fp8_cut)):
+        head_bytes = rows * h + -(-rows // 128) * -(-h // 128) * 4
+        assert full["mtp"] - part["mtp"] == passes * (args.vocab_size * h * 2 - head_bytes)
 
 
 # ---- scripts/draft_vocab.py ------------------------------------------------------------------

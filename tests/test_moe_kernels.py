@@ -778,8 +778,10 @@ def test_gpu_linear_fp8(rows, O, I, block):
 
 STREAM_CASES = [
     # rows, O, I: a decode row, DeltaNet's in_proj_ba, out_proj at 16 and 17 rows (two
-    # launches), a prompt chunk
+    # launches), a prompt chunk, the 80B models' LM head as an FP8 draft head
+    # (engine.draft_head=fp8: 151,936 rows, 18,992 tiles)
     (1, 12288, 2048), (2, 64, 2048), (16, 2048, 4096), (17, 2048, 4096), (100, 1024, 2048),
+    (4, 151936, 2048),
 ]
 
 

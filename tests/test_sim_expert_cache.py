@@ -800,6 +800,31 @@ def test_the_bytes_model_prices_a_draft_vocabulary_per_draft_pass():
     assert aggregate(*common, "engine.draft_vocab=32768") > 1.03 * aggregate(*common)
 
 
+
+def test_the_bytes_model_prices_an_fp8_draft_head():
+    """engine.draft_head=fp8: each draft pass reads its head rows (all, or the draft
+    vocabulary's) at a byte a weight plus a scale a block, half the bf16 head's bytes."""
+    from sim.expert_costs import bytes_model_from_config
+
+    cfg = cfg_of("hardware=h200_80b_a3b_fp8")
+    x, m = cfg.experts, cfg.memory
+    full = bytes_model_from_config(x, m)
+    fp8 = bytes_model_from_config(x, m, draft_fp8=True)
+    both = bytes_model_from_config(x, m, 32768, draft_fp8=True)
+    row = x.head_row_bytes / 2 * (1 + 4 / 128**2)
+    assert full.other_bytes(1, 4) - fp8.other_bytes(1, 4) == pytest.approx(
+        3 * x.head_rows * (x.head_row_bytes - row))
+    assert full.other_bytes(8, 2) - both.other_bytes(8, 2) == pytest.approx(
+        x.head_rows * x.head_row_bytes - 32768 * row)
+    assert full.other_bytes(8, 1) == fp8.other_bytes(8, 1)  # no drafts, no draft head
+    common = ("hardware=h200_80b_a3b_fp8", "workload=cohort", "workload.requests=1",
+              "workload.prompt_tokens=16", "workload.max_tokens=48", "engine.mode=solo",
+              "spread.enabled=false", "acceptance=fixed", "acceptance.rate=0.8")
+    assert aggregate(*common, "engine.draft_head=fp8") > 1.03 * aggregate(*common)
+    with pytest.raises(SimConfigError, match="engine.draft_head: the bytes model prices it"):
+        run_predict(cfg_of(*common, "engine.draft_head=fp8", "experts.head_rows=0"))
+
+
 @pytest.mark.parametrize("overrides, needle", [
     (("experts.head_rows=0",), "set experts.head_rows and experts.head_row_bytes"),
     (("engine.draft_vocab=200000",), "exceeds the LM head's rows"),

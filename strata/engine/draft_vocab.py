@@ -11,6 +11,12 @@ The tokens: the first K of `engine.draft_vocab_file` (a JSON list of token ids, 
 first; scripts/draft_vocab.py counts them over a text corpus), else the K lowest ids (a BPE
 tokenizer numbers its merges in the order it learned them, most frequent pairs first), and the
 model's end-of-text ids always, so a draft can still end a request.
+
+engine.draft_head=fp8 halves what a draft step reads again: the draft head (those rows, or the
+whole LM head without a draft vocabulary) becomes an FP8 block-scaled copy (128 x 128 blocks,
+each block's amax / 448, as the FP8 checkpoints scale their weights) run on the FP8 linear.
+The targets still come from the model's head, so the text is unchanged; a draft differs from
+the bf16 head's only where FP8's rounding reorders near-tied logits.
 """
 
 from __future__ import annotations
@@ -20,8 +26,10 @@ from pathlib import Path
 from typing import Optional, Sequence
 
 import torch
+from torch import nn
 
 from strata.config import ConfigError
+from strata.model.fp8 import Fp8Linear
 
 
 def read_ranking(path: str | Path, vocab: int) -> list[int]:
@@ -81,12 +89,50 @@ def draft_vocab_ids(ecfg, vocab: int, eos: Sequence[int]) -> Optional[torch.Tens
     return None if len(ids) == vocab else torch.tensor(ids, dtype=torch.long)
 
 
+#: engine.draft_head=fp8's block (rows x columns), the FP8 checkpoints' own
+FP8_HEAD_BLOCK = (128, 128)
+#: Rows quantised at a time (a multiple of the block's rows): bounds the float32 temporaries to
+#: this many rows, where the whole 151,936-row head at once would take over a GB
+QUANTIZE_ROWS = 16384
+
+
+def fp8_head(weight: torch.Tensor) -> Fp8Linear:
+    """An FP8 block-scaled copy of a float head `weight` (O, I) on its device: FP8_HEAD_BLOCK
+    blocks, each scaled by its amax / 448 (strata.model.quantize.quantize_block)."""
+    from strata.model.quantize import quantize_block
+
+    o, i = weight.shape
+    with torch.device(weight.device):
+        head = Fp8Linear(i, o, FP8_HEAD_BLOCK)
+    bo = min(FP8_HEAD_BLOCK[0], o)
+    step = max(bo, QUANTIZE_ROWS // bo * bo)
+    with torch.no_grad():
+        for r0 in range(0, o, step):
+            q, scale = quantize_block(weight[r0:r0 + step], FP8_HEAD_BLOCK)
+            head.weight[r0:r0 + step] = q
+            head.weight_scale_inv[r0 // bo:r0 // bo + scale.shape[0]] = scale
+    return head
+
+
+def head_mib(head: Optional[nn.Module]) -> float:
+    """MiB a draft head's parameters hold (0 for None: the model's own head)."""
+    return 0.0 if head is None else sum(p.numel() * p.element_size() for p in head.parameters()) / 2**20
+
+
 def draft_head(model, ecfg, eos: Sequence[int]):
-    """(ids, head) of the draft vocabulary engine.draft_vocab asks for: its ascending token ids
-    and the LM head's rows for them, both on the model's device; (None, None) when drafts read
-    the whole LM head."""
+    """(ids, head): the ascending token ids of the draft vocabulary engine.draft_vocab asks for
+    (None: every token) and the module drafts take their logits from (None: the model's LM head
+    itself), both on the model's device. The head: the LM head's rows for the ids in the
+    model's dtype (nn.Linear), or with engine.draft_head=fp8 those rows, or the whole head, as
+    an FP8 copy (fp8_head); an LM head that is FP8 already serves as it is."""
     ids = draft_vocab_ids(ecfg, model.args.vocab_size, eos)
-    if ids is None:
+    fp8 = ecfg.draft_head == "fp8"
+    if ids is None and (not fp8 or isinstance(model.lm_head, Fp8Linear)):
         return None, None
-    head = model.lm_head_rows(ids)
-    return ids.to(head.device), head
+    rows = model.lm_head.weight if ids is None else model.lm_head_rows(ids)
+    if fp8:
+        head = fp8_head(rows)
+    else:
+        head = nn.Linear(rows.shape[1], rows.shape[0], bias=False, device="meta")
+        head.weight = nn.Parameter(rows, requires_grad=False)
+    return (None if ids is None else ids.to(rows.device)), head

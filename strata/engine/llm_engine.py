@@ -22,7 +22,7 @@ from strata.config import (ConfigError, batch_mtp_from_env, check_known_keys, ov
 from strata.engine.arrivals import Arrivals
 from strata.engine.compiling import compiled_functions
 from strata.engine.device import resolve_device
-from strata.engine.draft_vocab import draft_head
+from strata.engine.draft_vocab import draft_head, head_mib
 from strata.engine.expert_cache import ExpertCache, plan_expert_cache
 from strata.engine.memory import MIB, plan_engine_memory
 from strata.engine.model_runner import ModelRunner
@@ -105,13 +105,18 @@ class Engine:
         self.eos = set(self.args.eos_token_id)
         # the draft head before the memory plan, which counts it with the weights
         draft_ids, head = draft_head(self.model, ecfg, self.args.eos_token_id)
-        draft_head_mib = 0.0
+        draft_head_mib = head_mib(head)
+        fp8_note = " in FP8 (engine.draft_head=fp8)" if ecfg.draft_head == "fp8" else ""
         if draft_ids is not None:
-            draft_head_mib = head.numel() * head.element_size() / MIB
             log(f"INFO engine.draft_vocab={ecfg.draft_vocab}: drafts choose among "
                 f"{draft_ids.numel()} of {self.args.vocab_size} tokens "
                 f"({ecfg.draft_vocab_file or 'the lowest ids'}, with the end-of-text ids); "
-                f"their head holds {draft_head_mib:.0f} MiB")
+                f"their head holds {draft_head_mib:.0f} MiB{fp8_note}")
+        elif head is not None:
+            log(f"INFO engine.draft_head=fp8: drafts read an FP8 copy of the LM head "
+                f"({draft_head_mib:.0f} MiB); the targets read the model's own")
+        elif ecfg.draft_head == "fp8":
+            log("INFO engine.draft_head=fp8: the LM head is FP8 already; drafts read it")
         self.trace = TraceWriter(trace_path)
         self._clock0 = time.perf_counter()
         self._warnings: list[str] = []

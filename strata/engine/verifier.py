@@ -112,7 +112,7 @@ class Verifier:
                  split_keys: int = 0, functions: Optional[dict[str, Callable]] = None,
                  synthetic_acceptance: Optional[float] = None, expert_cache=None,
                  device_positions: bool = False, draft_ids: Optional[torch.Tensor] = None,
-                 draft_head: Optional[torch.Tensor] = None):
+                 draft_head: Optional[torch.nn.Module] = None):
         """`split_keys`: the verify forward attention's split-K chunk in keys (0: the kernels'
         own plan; engine.batch_invariant fixes it). `functions`: replacements (compiled
         versions) for some of PURE_FUNCTIONS. `synthetic_acceptance` (engine knob): None
@@ -121,9 +121,10 @@ class Verifier:
         (engine.expert_cache_mib > 0), whose hit/miss counts each window updates on the device.
         `device_positions` (engine.overlap): a window reads its groups' positions from
         `bufs.pos`, where the previous window's commit wrote them, since the host plans it
-        before reading that window's accepted counts. `draft_ids`, `draft_head`
-        (engine.draft_vocab): the ascending token ids drafts choose among and the LM head's
-        rows for them (Qwen3Next.lm_head_rows); None: drafts read the whole LM head."""
+        before reading that window's accepted counts. `draft_ids` (engine.draft_vocab): the
+        ascending token ids drafts choose among (None: every token); `draft_head`: the module
+        drafts take their logits from, the LM head's rows for them or an FP8 copy
+        (engine.draft_head; strata/engine/draft_vocab.py), None: the LM head itself."""
         self.model = model
         self.state = state
         self.bufs = bufs
@@ -142,8 +143,8 @@ class Verifier:
         #: strata.engine.expert_cache.ExpertCache, or None: a window starts and ends its counts.
         self.expert_cache = expert_cache
         self.device_positions = device_positions
-        if (draft_ids is None) != (draft_head is None):
-            raise ValueError("Verifier: draft_ids and draft_head go together")
+        if draft_ids is not None and draft_head is None:
+            raise ValueError("Verifier: draft_ids need the draft head of their rows")
         self.draft_ids, self.draft_head = draft_ids, draft_head
 
     def _sample(self, logits: torch.Tensor, lanes: torch.Tensor, pos0: torch.Tensor, rows_per: int,
@@ -171,10 +172,10 @@ class Verifier:
 
     def draft_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """The drafts' logits: over `draft_ids` only (their columns, in that order) with a draft
-        vocabulary, else the LM head's."""
+        vocabulary, else over every token; from the draft head, else the LM head."""
         if self.draft_head is None:
             return self.model.logits(hidden)
-        return torch.nn.functional.linear(hidden, self.draft_head)
+        return self.draft_head(hidden)
 
     def window(self, gs: torch.Tensor, gp: torch.Tensor, rows: torch.Tensor, g: int, ctx: int,
                filtered: bool) -> torch.Tensor:
