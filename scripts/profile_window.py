@@ -261,6 +261,8 @@ def main() -> None:
     ap.add_argument("--top", type=int, default=25, help="kernels listed per table")
     ap.add_argument("--draft-vocab", type=int, default=0,
                     help="engine.draft_vocab: drafts choose among the lowest K token ids (0: all)")
+    ap.add_argument("--draft-head", choices=("model", "fp8"), default="model",
+                    help="engine.draft_head: fp8 drafts from an FP8 copy of the LM head")
     ap.add_argument("--kernel-options", default="",
                     help="GPU launch switches NAME=0|1 or a count, as bench_engine.py takes them "
                          "(e.g. l2_prefetch=2)")
@@ -293,14 +295,16 @@ def main() -> None:
 
         functions = compiled_functions(lm.model, dev)
     draft_ids, head = draft_head(lm.model, SimpleNamespace(draft_vocab=a.draft_vocab,
-                                                           draft_vocab_file=None),
+                                                           draft_vocab_file=None,
+                                                           draft_head=a.draft_head),
                                  lm.args.eos_token_id)
     ver = Verifier(lm.model, state, bufs, lm.has_mtp, functions=functions,
                    draft_ids=draft_ids, draft_head=head)
     report = {"model": str(a.model), "layers": a.layers, "compile": a.compile, "ctx": a.ctx,
               "torch": torch.__version__, "shapes": [],
               "pdl": inductor_pdl(), "inductor_deterministic": deterministic_default(),
-              "kernel_options": options, "draft_vocab": a.draft_vocab}
+              "kernel_options": options, "draft_vocab": a.draft_vocab,
+              "draft_head": a.draft_head}
     for groups, rows_per in shapes:
         gs = torch.arange(groups, device=dev)
         gp = torch.full((groups,), 100, device=dev)
