@@ -4,6 +4,7 @@
 #   dh  engine.draft_head=fp8: the streamed FP8 linear at the LM head's 151,936 rows (GPU test),
 #       then FP8 80B shapes at LAYERS (24; 48 on an H200) solo spec 4 with the bf16 / FP8 draft
 #       head, with and without engine.draft_vocab=32768, in one process
+#   dh1 step dh's GPU test and its first two configurations, for a call with little time left
 #   dn  the same at batch_mtp W16 N=8 (64-token prompts and outputs)
 #   ts  the embedded model's solo window depth: spec 4, 5 and 6 (256 tokens, 3 repeats)
 set -u
@@ -16,6 +17,10 @@ dh)
   TAIL=4 st head_test 150 python3 -m pytest -q -p no:warnings -rf -o addopts="" -m gpu tests/test_moe_kernels.py -k "linear_fp8_streamed and 151936"
   TAIL=4 st dh_solo 300 python3 scripts/bench_engine.py $F $L --configs solo,solo_draft_fp8,solo_draft32k,solo_draft32k_fp8 --n 1 --max-tokens 256 --repeats 2 --json $R/dh_solo.json
   grep -h "rep [0-9]\|window 1x4@256" $R/dh_solo.log | cut -c1-130 ;;
+dh1)  # step dh in less device time: the GPU test, then solo spec 4 with the bf16 / FP8 head
+  TAIL=4 st head_test 90 python3 -m pytest -q -p no:warnings -rf -o addopts="" -m gpu tests/test_moe_kernels.py -k "linear_fp8_streamed and 151936"
+  TAIL=4 st dh1_solo 230 python3 scripts/bench_engine.py $F $L --configs solo,solo_draft_fp8 --n 1 --max-tokens 256 --repeats 2 --json $R/dh1_solo.json
+  grep -h "rep [0-9]\|window 1x4@256" $R/dh1_solo.log | cut -c1-130 ;;
 dn)
   TAIL=4 st dh_n8 300 python3 scripts/bench_engine.py $F $L --configs batch_mtp_w16,batch_mtp_w16_draft_fp8 --n 8 --max-tokens 64 --repeats 2 --json $R/dh_n8.json
   grep -h "rep [0-9]\|window 8x2@256" $R/dh_n8.log | cut -c1-130 ;;
