@@ -24,7 +24,7 @@ from strata.engine.compiling import compiled_functions
 from strata.engine.device import resolve_device
 from strata.engine.draft_vocab import draft_head, head_mib
 from strata.engine.expert_cache import ExpertCache, plan_expert_cache
-from strata.engine.memory import MIB, plan_engine_memory
+from strata.engine.memory import plan_engine_memory
 from strata.engine.model_runner import ModelRunner
 from strata.engine.overlap import OverlappedWindows
 from strata.engine.faults import fail_touched
