@@ -29,6 +29,7 @@ import torch
 from torch import nn
 
 from strata.config import ConfigError
+from strata.engine.memory import MIB
 from strata.model.fp8 import Fp8Linear
 
 
@@ -116,7 +117,7 @@ def fp8_head(weight: torch.Tensor) -> Fp8Linear:
 
 def head_mib(head: Optional[nn.Module]) -> float:
     """MiB a draft head's parameters hold (0 for None: the model's own head)."""
-    return 0.0 if head is None else sum(p.numel() * p.element_size() for p in head.parameters()) / 2**20
+    return 0.0 if head is None else sum(p.numel() * p.element_size() for p in head.parameters()) / MIB
 
 
 def draft_head(model, ecfg, eos: Sequence[int]):
