@@ -19,7 +19,7 @@ dh)
   grep -h "rep [0-9]\|window 1x4@256" $R/dh_solo.log | cut -c1-130 ;;
 dh1)  # step dh in less device time: the GPU test, then solo spec 4 with the bf16 / FP8 head
   TAIL=4 st head_test 90 python3 -m pytest -q -p no:warnings -rf -o addopts="" -m gpu tests/test_moe_kernels.py -k "linear_fp8_streamed and 151936"
-  TAIL=4 st dh1_solo 230 python3 scripts/bench_engine.py $F $L --configs solo,solo_draft_fp8 --n 1 --max-tokens 256 --repeats 2 --json $R/dh1_solo.json
+  TAIL=4 st dh1_solo ${DH1_S:-230} python3 scripts/bench_engine.py $F $L --configs solo,solo_draft_fp8 --n 1 --max-tokens 256 --repeats 2 --json $R/dh1_solo.json
   grep -h "rep [0-9]\|window 1x4@256" $R/dh1_solo.log | cut -c1-130 ;;
 dn)
   TAIL=4 st dh_n8 300 python3 scripts/bench_engine.py $F $L --configs batch_mtp_w16,batch_mtp_w16_draft_fp8 --n 8 --max-tokens 64 --repeats 2 --json $R/dh_n8.json
