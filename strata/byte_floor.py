@@ -176,7 +176,8 @@ def window_bytes(args: ModelArgs, groups: int, rows: int, ctx: int, fmt: WeightF
         # model's float format or in FP8 (engine.draft_head=fp8)
         head_rows = draft_vocab or args.vocab_size
         if draft_fp8:
-            draft_head = head_rows * h + (-(-head_rows // 128)) * (-(-h // 128)) * 4
+            from strata.engine.draft_vocab import FP8_HEAD_BLOCK
+            draft_head = WeightFormat(fp8_block=FP8_HEAD_BLOCK).linear("draft_head", head_rows, h)
         else:
             draft_head = head if not draft_vocab else draft_vocab * h * el
         passes = [groups] * max(rows - 2, 0) + [r]
