@@ -37,7 +37,7 @@ from omegaconf import OmegaConf  # noqa: E402
 
 from strata.byte_floor import (H200_COPY_BYTES_PER_S, floor_seconds, weight_format_from_config,  # noqa: E402
                                window_bytes)
-from strata.config import StrataConfig, check_known_keys, register_configs  # noqa: E402
+from strata.config import DRAFT_HEADS, StrataConfig, check_known_keys, register_configs  # noqa: E402
 from strata.engine.compiling import deterministic_default, inductor_pdl  # noqa: E402
 from strata.kernels.cyext_ops import MOE_WIDE_MAX_ROWS  # noqa: E402
 from strata.engine.llm_engine import Engine  # noqa: E402
@@ -499,7 +499,7 @@ def main() -> None:
                          "the whole cohort one sequence (greedy text is the same either way)")
     ap.add_argument("--draft-vocab", type=int, default=0,
                     help="engine.draft_vocab: drafts choose among this many tokens (0: all)")
-    ap.add_argument("--draft-head", choices=("model", "fp8"), default="model",
+    ap.add_argument("--draft-head", choices=DRAFT_HEADS, default="model",
                     help="engine.draft_head: fp8 drafts from an FP8 copy of the LM head")
     ap.add_argument("--draft-vocab-file", default=None,
                     help="engine.draft_vocab_file: their ranking (scripts/draft_vocab.py)")

@@ -28,7 +28,7 @@ sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
 
-from strata.config import EMBEDDED_MODEL_DIR  # noqa: E402
+from strata.config import DRAFT_HEADS, EMBEDDED_MODEL_DIR  # noqa: E402
 from strata.engine.compiling import deterministic_default, inductor_pdl  # noqa: E402
 from strata.engine.draft_vocab import draft_head  # noqa: E402
 from strata.engine.verifier import SlotBuffers, Verifier  # noqa: E402
@@ -261,7 +261,7 @@ def main() -> None:
     ap.add_argument("--top", type=int, default=25, help="kernels listed per table")
     ap.add_argument("--draft-vocab", type=int, default=0,
                     help="engine.draft_vocab: drafts choose among the lowest K token ids (0: all)")
-    ap.add_argument("--draft-head", choices=("model", "fp8"), default="model",
+    ap.add_argument("--draft-head", choices=DRAFT_HEADS, default="model",
                     help="engine.draft_head: fp8 drafts from an FP8 copy of the LM head")
     ap.add_argument("--kernel-options", default="",
                     help="GPU launch switches NAME=0|1 or a count, as bench_engine.py takes them "
