@@ -643,6 +643,17 @@ def bench_cells(args, extra: list[str] = (), cells: Optional[dict] = None
     return out
 
 
+def bench_json(path: str | Path) -> tuple[dict, dict]:
+    """(meta.args, summary) of a scripts/bench_engine.py JSON; anything else exits naming the
+    file."""
+    p = Path(path)
+    try:
+        d = json.loads(p.read_text(encoding="utf-8"))
+        return d["meta"]["args"], d["summary"]
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise SystemExit(f"error: {p}: not a bench_engine.py JSON ({type(e).__name__}: {e})")
+
+
 def bench_json_cells(path: str | Path) -> tuple[list[tuple[str, int, dict, list[str]]], list[str]]:
     """The cells of a scripts/bench_engine.py JSON the FP8 preset can predict: (configuration,
     N, the measured cell, simulator overrides), and a note for each cell it cannot (another
@@ -650,11 +661,7 @@ def bench_json_cells(path: str | Path) -> tuple[list[tuple[str, int, dict, list[
     from bench_engine import OVERLAP_SUFFIX, config_of
 
     p = Path(path)
-    try:
-        d = json.loads(p.read_text(encoding="utf-8"))
-        a, summary = d["meta"]["args"], d["summary"]
-    except (OSError, ValueError, KeyError, TypeError) as e:
-        raise SystemExit(f"error: {p}: not a bench_engine.py JSON ({type(e).__name__}: {e})")
+    a, summary = bench_json(p)
     cells, skipped = [], []
     why = None
     if a.get("preset") != "qwen3_next_80b_a3b_fp8" or a.get("load_format") != "dummy":
@@ -837,8 +844,7 @@ def fit_launch_report(paths: list[str], hardware: str) -> str:
     experts.launch_rows beside narrower ones (one card, one depth: the runs' `layers`, else
     the preset's): the narrow windows' bytes model, and each wide window's excess over it."""
     x = compose_cfg([f"hardware={hardware}"])
-    layers = {int(((json.loads(Path(p).read_text(encoding="utf-8"))["meta"].get("args") or {})
-                   .get("layers") or x.experts.layers)) for p in paths}
+    layers = {int(bench_json(p)[0].get("layers") or x.experts.layers) for p in paths}
     if len(layers) != 1:
         raise SystemExit(f"error: --fit-launch: the runs are of several depths ({sorted(layers)})")
     depth = layers.pop()
