@@ -444,7 +444,8 @@ def test_gpu_moe_fp8_launches_of_16_rows_same_bits(N):
 @pytest.mark.parametrize("N,E,k", [(17, 513, 11), (40, 513, 11), (64, 513, 11), (100, 513, 11),
                                    (64, 1024, 16)])
 @pytest.mark.parametrize("wide_rows", [64, 128])
-def test_gpu_moe_fp8_wide_launches_same_bits(N, E, k, wide_rows):
+@pytest.mark.parametrize("runs", [False, True])
+def test_gpu_moe_fp8_wide_launches_same_bits(N, E, k, wide_rows, runs):
     """fp8_wide launches up to 64 rows at once, x staged in global memory: every row the same
     bits as in 16-row launches, eager and captured with new ids, with an expert every row routes
     to (the folded shared expert) and, at 1,024 pairs over 1,024 experts, more distinct experts
@@ -460,7 +461,8 @@ def test_gpu_moe_fp8_wide_launches_same_bits(N, E, k, wide_rows):
                                                (128, 128), prompt=prompt)
         want, want_prompt = run(False), run(True)
         want_replay = _replay_with_new_ids(x, weights, w.clone(), ids.clone(), (128, 128), 8)
-        assert C.moe_launch_options(fp8_wide=True, wide_rows=wide_rows)["fp8_wide"]
+        assert C.moe_launch_options(fp8_wide=True, wide_rows=wide_rows,
+                                    gate_up_runs=runs)["fp8_wide"]
         assert C._gpu.moe_wide_takes(min(N, wide_rows), k, E, H, I, 128, 128, 0)
         got, got_prompt = run(False), run(True)
         got_replay = _replay_with_new_ids(x, weights, w.clone(), ids.clone(), (128, 128), 8)
@@ -476,7 +478,8 @@ def test_gpu_moe_fp8_wide_launches_same_bits(N, E, k, wide_rows):
     (128, 513, 11, 128), (300, 513, 11, 128), (120, 1024, 13, 128),
     (256, 513, 11, 256), (512, 513, 11, 512), (600, 513, 11, 512), (300, 1024, 13, 512),
     (160, 64, 16, 256)])
-def test_gpu_moe_fp8_wide_launches_of_128_rows_and_more(N, E, k, wide_rows):
+@pytest.mark.parametrize("runs", [False, True])
+def test_gpu_moe_fp8_wide_launches_of_128_rows_and_more(N, E, k, wide_rows, runs):
     """Launches of up to wide_rows rows give every row the bits of 16-row launches, for a decode
     window's rows and a prompt chunk's, eager and captured with new ids; the launch is taken
     wide. wide_rows=128: 1,408 pairs at top-11 (three per thread in the block scans), 1,560 at
@@ -485,7 +488,8 @@ def test_gpu_moe_fp8_wide_launches_of_128_rows_and_more(N, E, k, wide_rows):
     and item tables sized by the experts): 512 rows at top-11 (5,632 pairs, an eight-slot
     prompt chunk), a launch and its remainder (600 rows), 1,024 experts at top-13, and few
     experts of many members each (64 at top-16: 40 members an expert, runs of 16 in the down
-    kernel)."""
+    kernel). runs: the gate/up in member runs of 16 with their x in shared memory
+    (gate_up_runs; the folded shared expert's members many runs), really taken."""
     H, I = 2048, 512
     weights = experts(E, H, I, FP8, (128, 128), device="cuda")
     w, ids = routing(N, k, E, hot=[E - 1], device="cuda")
@@ -496,21 +500,28 @@ def test_gpu_moe_fp8_wide_launches_of_128_rows_and_more(N, E, k, wide_rows):
         want = [run(False), run(True)]
         want_replay = _replay_with_new_ids(x, weights, w.clone(), ids.clone(), (128, 128), 8,
                                            prompt=True)
-    with _launch_options(fp8_wide=True, wide_rows=wide_rows):
+    with _launch_options(fp8_wide=True, wide_rows=wide_rows, gate_up_runs=runs):
         assert C._gpu.moe_wide_takes(min(N, wide_rows), k, E, H, I, 128, 128, 0)
         got = [run(False), run(True)]
         got_replay = _replay_with_new_ids(x, weights, w.clone(), ids.clone(), (128, 128), 8,
                                           prompt=True)
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+            run(True)
+            torch.cuda.synchronize()
+    names = " ".join(e.name for e in prof.events())
+    assert ("moe_gate_up_runs" in names) is runs and ("moe_gate_up_mma" in names) is not runs
     assert all(torch.equal(a, b) for a, b in zip(got, want))
     assert torch.equal(got_replay, want_replay)
     assert rel_err(got[1], call_reference(x, weights, w, ids, (128, 128))) < 2e-2
 
 
 @_gpu
-def test_gpu_moe_fp8_wide_launch_expert_of_more_members_than_rows():
+@pytest.mark.parametrize("runs", [False, True])
+def test_gpu_moe_fp8_wide_launch_expert_of_more_members_than_rows(runs):
     """A wide launch whose rows repeat an id (three picks of expert 5 in each of 40 rows: 120
-    members) finds all of that expert's members in one table run: the bits of 16-row launches
-    (the CUDA-core down kernel in both) and within the reference's tolerance."""
+    members) finds all of that expert's members in one table run (gate_up_runs: in eight runs
+    of 16): the bits of 16-row launches (the CUDA-core down kernel in both) and within the
+    reference's tolerance."""
     E, H, I, N, k, block = 64, 2048, 512, 40, 12, (128, 128)
     weights = experts(E, H, I, FP8, block, device="cuda")
     w, ids = routing(N, k, E, device="cuda")
@@ -519,7 +530,7 @@ def test_gpu_moe_fp8_wide_launch_expert_of_more_members_than_rows():
     run = lambda: C.gpu_moe_experts(x, *weights[:2], w, ids, *weights[2:], block)  # noqa: E731
     with _launch_options(fp8_wide=False, fp8_launch16=True):
         want = run()
-    with _launch_options(fp8_wide=True, down_mma=False):
+    with _launch_options(fp8_wide=True, down_mma=False, gate_up_runs=runs):
         assert C._gpu.moe_wide_takes(N, k, E, H, I, 128, 128, 0)
         got = run()
     assert torch.equal(got, want)

@@ -66,6 +66,8 @@ constexpr int ST_PER_THREAD = 3;
 constexpr int ST_BIG_PER_THREAD = 11;
 // Launches of more rows than this take one ring stage per down warp.
 constexpr int ST_DOWN_ONE_STAGE_ROWS = 32;
+// Members per gate/up run (STRATA_MOE_GU_RUNS): one MMA pass of 16 A rows.
+constexpr int ST_GU_RUN = 16;
 static_assert(MOE_WIDE_SMEM_PAIRS <= ST_PER_THREAD * ST_THREADS, "pairs per thread in the scans");
 static_assert(ST_WIDE_MAX_PAIRS <= ST_BIG_PER_THREAD * ST_THREADS, "pairs per thread, big");
 static_assert(ST_WIDE_MAX_PAIRS < 65536, "down_items packs members and items in 16 bits each");
@@ -698,6 +700,138 @@ __global__ void __launch_bounds__(ST_THREADS, 1) moe_gate_up_mma(MoeParams p, St
 #endif
 }
 
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+// The run-major gate/up of a wide launch (STRATA_MOE_GU_RUNS, moe_gate_up_runs below): the
+// producer's side. Item lo + li is (member run r, tile): the run's expert from the item tables
+// (eid), its 4 gate and 4 up rows into stage li % S, as gate_up_produce.
+__device__ __forceinline__ void gate_up_runs_produce(const MoeParams& p, const StreamPlan& sp,
+                                                     uint8_t* ring, uint64_t* full,
+                                                     const int* eid, int lo, int n_local) {
+  constexpr int F = 4;
+  uint64_t* empty = full + ST_MAX_STAGES;
+  const uint64_t pol = l2_evict_first();
+  const uint32_t half = (uint32_t)(F * p.H);
+  const int S = sp.stages;
+  for (int li = 0; li < n_local; ++li) {
+    const int stage = li % S, round = li / S;
+    if (round) mbar_wait(empty + stage, (round - 1) & 1);
+    const int item = lo + li, r = item / sp.tiles, i0 = (item % sp.tiles) * F;
+    const uint8_t* base = expert_gate_up(p, eid[r]);
+    uint8_t* dst = ring + stage * sp.stage_bytes;
+    mbar_expect_tx(full + stage, 2 * half);
+    bulk::load(dst, base + (int64_t)i0 * p.H, half, full + stage, pol);
+    bulk::load(dst + half, base + (int64_t)(p.I + i0) * p.H, half, full + stage, pol);
+  }
+}
+
+// Member run r's x rows (at most 16, staged in global memory by moe_stage_x) into shared memory,
+// row m at xr + m * x_stride, and their unscales, by the consumer warps (one row a warp).
+__device__ __forceinline__ void gate_up_runs_stage(const MoeParams& p, const StreamPlan& sp,
+                                                   const int* memb, int span_word, uint8_t* xr,
+                                                   float* un, int warp, int lane) {
+  const int lo = span_word & 0xffff, M = (span_word >> 16) - lo;
+  for (int m = warp; m < M; m += sp.warps) {
+    const int n = memb[lo + m] / p.k;
+    const uint4* src = (const uint4*)(p.x_stage + (int64_t)n * sp.x_stride);
+    uint4* dst = (uint4*)(xr + (int64_t)m * sp.x_stride);
+    for (int c = lane; c < p.H / 8; c += 32) dst[c] = src[c];  // 2H bytes, 16 a piece
+    if (lane == 0) un[m] = p.x_unscale[n];
+  }
+}
+
+// The wide launch's gate/up items with their members' x in shared memory (STRATA_MOE_GU_RUNS).
+// In moe_gate_up_mma<true> an item is (expert, tile) with all the expert's members, dealt to the
+// CTAs round-robin, and each item's MMA passes read their members' f16 x rows from L2 as the A
+// fragments: at 512 rows (about 11 members an expert) four times the item's weight bytes, and
+// Nsight Compute found the warps waiting on those loads (docs/KERNELS.md). Here an item is
+// (member run of at most 16, tile), the runs from down_items (sp.group = 16; the folded shared
+// expert's members in many runs, each an item of its own as in the down kernel), and each CTA
+// takes a contiguous range of the run-major items, so its consecutive items are tiles of one
+// run: the run's x rows are staged once in shared memory and every warp's passes read them
+// there. At each run boundary in its range the CTA's consumer warps meet at a barrier, stage
+// the next run's rows and meet again (every warp makes the same transitions, items or not).
+// The MMAs are moe_gate_up_mma's on the same operands (each output row depends on its own A
+// row only, so the grouping of members into passes does not matter): the same bits.
+#endif  // __CUDA_ARCH__ >= 900
+template <bool BIG>
+__global__ void __launch_bounds__(ST_THREADS, 1) moe_gate_up_runs(MoeParams p, StreamPlan sp) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  constexpr int F = 4;
+  extern __shared__ __align__(128) uint8_t smem[];
+  const int distinct = gate_up_start<BIG>(smem, p, sp);
+  const int runs = down_items<BIG>(smem, p, sp, distinct);
+  const int* memb = (const int*)(smem + sp.items_off);
+  const int* span = memb + p.P;
+  const int* eid = span + (BIG ? sp.item_cap : p.P);
+  uint64_t* full = (uint64_t*)smem;
+  uint64_t* empty = full + ST_MAX_STAGES;
+  uint8_t* xr = smem + sp.data_off;
+  float* un = (float*)(smem + sp.scale_off);
+  uint8_t* ring = smem + sp.ring_off;
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+  const int total = runs * sp.tiles;
+  const int lo = (int)((int64_t)total * blockIdx.x / gridDim.x);
+  const int n_local = (int)((int64_t)total * (blockIdx.x + 1) / gridDim.x) - lo;
+  if (warp == ST_MAX_WARPS) {
+    if (lane == 0) gate_up_runs_produce(p, sp, ring, full, eid, lo, n_local);
+    return;
+  }
+  if (warp >= sp.warps || n_local == 0) return;
+  const int g = lane >> 2, t = lane & 3;
+  const int H = p.H, ncb = H / 128, S = sp.stages;
+  const int r_last = (lo + n_local - 1) / sp.tiles;
+  int staged = lo / sp.tiles;
+  gate_up_runs_stage(p, sp, memb, span[staged], xr, un, warp, lane);
+  sync_threads(sp.warps * 32);
+  for (int li = warp;; li += sp.warps) {
+    const int item = lo + li, r = li < n_local ? item / sp.tiles : r_last;
+    while (staged < r) {  // every warp done with the staged run: the next one in
+      sync_threads(sp.warps * 32);
+      gate_up_runs_stage(p, sp, memb, span[++staged], xr, un, warp, lane);
+      sync_threads(sp.warps * 32);
+    }
+    if (li >= n_local) break;
+    const int e = eid[r], i0 = (item % sp.tiles) * F, stage = li % S;
+    const int M = (span[r] >> 16) - (span[r] & 0xffff);
+    float sg = 0.f, su = 0.f;  // lane l < ncb holds block l's gate and up scales
+    if (lane < ncb) {
+      const float* sc = expert_gate_up_scale(p, e);
+      sg = __ldg(sc + (i0 / p.bo) * p.ncb_h + lane);
+      su = __ldg(sc + (p.nbg + i0 / p.bo) * p.ncb_h + lane);
+    }
+    // A's rows g and g + 8: members g and g + 8 (past the last: the first)
+    const int ma = g < M ? g : 0, mb = g + 8 < M ? g + 8 : 0;
+    const uint8_t* xa = xr + ma * sp.x_stride + 32 * t;
+    const uint8_t* xb = xr + mb * sp.x_stride + 32 * t;
+    mbar_wait(full + stage, (li / S) & 1);
+    const uint8_t* wrow = ring + stage * sp.stage_bytes + g * H + 16 * t;
+    float acc[4] = {0.f, 0.f, 0.f, 0.f};
+    if (M > 8)
+      gate_up_mma_blocks<true>(acc, wrow, xa, xb, ncb, sg, su, t);
+    else
+      gate_up_mma_blocks<false>(acc, wrow, xa, xb, ncb, sg, su, t);
+    __syncwarp();
+    if (lane == 0) mbar_arrive(empty + stage);
+    const float ua = un[ma], ub = un[mb];
+    acc[0] *= ua; acc[1] *= ua; acc[2] *= ub; acc[3] *= ub;
+    float up[4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) up[i] = __shfl_xor_sync(0xffffffffu, acc[i], 2);
+    if (t < 2) {
+      const int mlo = span[r] & 0xffff;
+      float a[4];
+#pragma unroll
+      for (int i = 0; i < 4; ++i) a[i] = acc[i] / (1.f + expf(-acc[i])) * up[i];
+      if (g < M)
+        *(float2*)(p.act + (int64_t)memb[mlo + g] * p.I + i0 + 2 * t) = make_float2(a[0], a[1]);
+      if (g + 8 < M)
+        *(float2*)(p.act + (int64_t)memb[mlo + g + 8] * p.I + i0 + 2 * t) =
+            make_float2(a[2], a[3]);
+    }
+  }
+#endif
+}
+
 // A wide launch's x (17-128 rows do not fit beside a ring in shared memory): every row staged
 // once into global memory as the tensor-core gate/up reads it (stage_x_row_f16), one warp per
 // row, before the gate/up grid, which then reads its A fragments from L2. The same f16 values
@@ -1144,15 +1278,28 @@ int launch_gate_up(const MoeParams& p, const StreamPlan& sp, int grid, int smem,
 }
 
 int launch_gate_up_mma(const MoeParams& p, const StreamPlan& sp, int grid, int smem, bool pdl,
-                       bool big, cudaStream_t st) {
+                       bool big, bool runs, cudaStream_t st) {
   static int allowed = 0;
   const char* name = "moe_experts: moe_gate_up_mma";
   if (sp.x_global) {
-    static int allowed_wide = 0, allowed_big = 0;
+    static int allowed_wide = 0, allowed_big = 0, allowed_runs = 0, allowed_runs_big = 0;
     launch_maybe_pdl(moe_stage_x, dim3((unsigned)p.n), dim3(32), 0, st, pdl, p, sp.x_stride);
     if (int rc = take_launch_error("moe_experts: moe_stage_x")) return rc;
     // a programmatic dependent of the staging grid: it waits for it (pdl_wait_primary) before
     // reading x
+    if (runs) {
+      const char* rname = "moe_experts: moe_gate_up_runs";
+      if (big) {
+        if (int rc = allow_smem(moe_gate_up_runs<true>, smem, allowed_runs_big, rname)) return rc;
+        launch_maybe_pdl(moe_gate_up_runs<true>, dim3((unsigned)grid), dim3(ST_THREADS), smem, st,
+                         true, p, sp);
+      } else {
+        if (int rc = allow_smem(moe_gate_up_runs<false>, smem, allowed_runs, rname)) return rc;
+        launch_maybe_pdl(moe_gate_up_runs<false>, dim3((unsigned)grid), dim3(ST_THREADS), smem,
+                         st, true, p, sp);
+      }
+      return take_launch_error(rname);
+    }
     if (big) {
       if (int rc = allow_smem(moe_gate_up_mma<true, true>, smem, allowed_big, name)) return rc;
       launch_maybe_pdl(moe_gate_up_mma<true, true>, dim3((unsigned)grid), dim3(ST_THREADS), smem,
@@ -1271,7 +1418,21 @@ int launch_stream(const MoeParams& p, const DeviceFacts& dev, bool pdl, bool eve
     return big && most < p.P ? most : p.P;
   };
   bool x_f32 = false;
-  if (mma && x_global) {
+  const bool gu_runs = mma && x_global && (options & STRATA_MOE_GU_RUNS);
+  if (gu_runs) {
+    // items of (member run of at most 16, tile), run-major; the current run's x rows in shared
+    // memory (rows 16 bytes apart beyond 2H, as in a launch that stages x there), then the ring
+    gu.tiles = p.I / 4;
+    gu.x_global = 1;
+    gu.x_stride = 2 * p.H + 16;
+    gu.group = ST_GU_RUN;
+    gu.item_cap = item_cap(gu.group);
+    gu.items_off = meta;
+    gu.data_off = align128(meta + 4 * p.P + 12 * gu.item_cap);
+    gu.scale_off = align128(gu.data_off + ST_GU_RUN * gu.x_stride);
+    gu.ring_off = align128(gu.scale_off + 4 * ST_GU_RUN);
+    gu.stage_bytes = 8 * p.H;
+  } else if (mma && x_global) {
     gu.tiles = p.I / 4;
     gu.x_global = 1;
     gu.x_stride = 2 * p.H + 16;
@@ -1356,7 +1517,7 @@ int launch_stream(const MoeParams& p, const DeviceFacts& dev, bool pdl, bool eve
   if (plan_only) return 0;
   const int gu_smem = gu.ring_off + gu.stages * gu.stage_bytes;
   const int dn_smem = dn.ring_off + dn.stages * ST_DOWN_STAGE;
-  int rc = mma     ? launch_gate_up_mma(p, gu, gu_grid, gu_smem, gu_pdl, big, st)
+  int rc = mma     ? launch_gate_up_mma(p, gu, gu_grid, gu_smem, gu_pdl, big, gu_runs, st)
            : x_f32 ? dispatch_gate_up<W, true>(p, gu, cpl, gu_grid, gu_smem, gu_pdl, st)
                    : dispatch_gate_up<W, false>(p, gu, cpl, gu_grid, gu_smem, gu_pdl, st);
   if (rc) return rc;

@@ -626,7 +626,7 @@ def moe_launch_options(pdl=None, early=None, wide=None, db=None, xsmem=None, str
                        linear_f16=None, gate_up_mma=None, down_split=None,
                        down_split_runs=None, fp8_launch16=None, fp8_wide=None,
                        route_chunks=None, down_mma=None, wide_rows=None,
-                       l2_prefetch=None, fused=None) -> dict:
+                       l2_prefetch=None, fused=None, gate_up_runs=None) -> dict:
     """Read or set moe_experts' launch switches on the GPU extension (process-wide; each gives
     the same bits unless it says otherwise): `stream` (on by default), the streamed kernels on
     sm_90+ without the expert cache, or with one (see `stream_miss` for a cache that can miss),
@@ -684,6 +684,12 @@ def moe_launch_options(pdl=None, early=None, wide=None, db=None, xsmem=None, str
     act (a counter per expert, gpu_moe_experts' per-layer `sync`), not for the whole gate/up
     grid; the same bits. Off: on an H100 it ran 1-22% slower than the two grids at 1-16 rows
     (docs/KERNELS.md).
+    `gate_up_runs` (off): a wide launch's tensor-core gate/up (moe_gate_up_runs) takes items
+    of (member run of at most 16, tile of 4 features), each CTA a contiguous range of them, so
+    that its consecutive items are tiles of one run and the run's x rows are staged once in
+    shared memory, instead of items of (expert, tile) dealt round-robin whose MMA passes read
+    their members' x rows from L2 (at 512 rows four times the weight bytes); the folded shared
+    expert's members are many runs, so no item is a long chain. The same bits.
     `route_chunks` (off; this module's): gpu_moe_route runs more than ROUTE_MAX_ROWS rows (prompt
     chunks) on the router kernel, ROUTE_MAX_ROWS rows a launch (rows are independent), instead
     of the reference, whose top-k is one stable sort (19 us of a 64-token chunk's layer on an
@@ -712,7 +718,7 @@ def moe_launch_options(pdl=None, early=None, wide=None, db=None, xsmem=None, str
                     (1024, stream_miss), (4096, gate_up_pdl), (8192, linear_split),
                     (16384, linear_split_pair), (32768, linear_f16), (1 << 20, gate_up_mma),
                     (1 << 21, down_split), (1 << 26, fp8_wide), (1 << 27, down_mma),
-                    (1 << 28, fused)):
+                    (1 << 28, fused), (1 << 29, gate_up_runs)):
         if on is not None:
             flags = (flags | bit) if on else (flags & ~bit)
     flags = _count_field(flags, "linear_split_depth", linear_split_depth, 16)
@@ -749,7 +755,7 @@ def moe_launch_options(pdl=None, early=None, wide=None, db=None, xsmem=None, str
             "fp8_wide": bool(flags & (1 << 26)) and _moe_fp8_launch_rows == MOE_WIDE_ROWS,
             "route_chunks": _route_chunks, "down_mma": bool(flags & (1 << 27)),
             "wide_rows": _moe_wide_rows, "l2_prefetch": _l2_prefetch,
-            "fused": bool(flags & (1 << 28))}
+            "fused": bool(flags & (1 << 28)), "gate_up_runs": bool(flags & (1 << 29))}
 
 
 def conv_launch_options(serial=None, gdn_pdl=None) -> dict:
