@@ -489,7 +489,8 @@ def test_gpu_moe_fp8_wide_launches_of_128_rows_and_more(N, E, k, wide_rows, runs
     prompt chunk), a launch and its remainder (600 rows), 1,024 experts at top-13, and few
     experts of many members each (64 at top-16: 40 members an expert, runs of 16 in the down
     kernel). runs: the gate/up in member runs of 16 with their x in shared memory
-    (gate_up_runs; the folded shared expert's members many runs), really taken."""
+    (gate_up_runs; the folded shared expert's members many runs), and in big launches the
+    tensor-core down kernel so too (moe_down_runs and its combine), really taken."""
     H, I = 2048, 512
     weights = experts(E, H, I, FP8, (128, 128), device="cuda")
     w, ids = routing(N, k, E, hot=[E - 1], device="cuda")
@@ -510,6 +511,8 @@ def test_gpu_moe_fp8_wide_launches_of_128_rows_and_more(N, E, k, wide_rows, runs
             torch.cuda.synchronize()
     names = " ".join(e.name for e in prof.events())
     assert ("moe_gate_up_runs" in names) is runs and ("moe_gate_up_mma" in names) is not runs
+    big = min(N, wide_rows) * k > 1632  # (MOE_WIDE_SMEM_PAIRS: its down results in the workspace)
+    assert ("moe_down_runs" in names) is (runs and big)
     assert all(torch.equal(a, b) for a, b in zip(got, want))
     assert torch.equal(got_replay, want_replay)
     assert rel_err(got[1], call_reference(x, weights, w, ids, (128, 128))) < 2e-2

@@ -214,7 +214,8 @@ int strata_gpu_moe_wide_takes(int64_t n, int64_t k, int64_t E, int64_t H, int64_
 // STRATA_MOE_GU_RUNS (off): wide launches (STRATA_MOE_X_GLOBAL) run the tensor-core gate/up on
 // items of (member run of at most 16, tile), each CTA a contiguous range of them, the current
 // run's x rows staged in shared memory (strata_moe_stream.cu, moe_gate_up_runs) instead of read
-// from L2 by every pass. The same bits.
+// from L2 by every pass; in a big launch on the tensor-core down kernel, the down kernel so too
+// (moe_down_runs, then moe_down_runs_combine). The same bits.
 #define STRATA_MOE_GU_RUNS (1 << 29)
 int strata_gpu_moe_set_options(int flags);
 int strata_gpu_moe_experts(const void* x, int x_dtype, const void* w_gate_up, const void* w_down,

@@ -739,6 +739,8 @@ __device__ __forceinline__ void gate_up_runs_stage(const MoeParams& p, const Str
   }
 }
 
+#endif  // __CUDA_ARCH__ >= 900
+
 // The wide launch's gate/up items with their members' x in shared memory (STRATA_MOE_GU_RUNS).
 // In moe_gate_up_mma<true> an item is (expert, tile) with all the expert's members, dealt to the
 // CTAs round-robin, and each item's MMA passes read their members' f16 x rows from L2 as the A
@@ -752,7 +754,6 @@ __device__ __forceinline__ void gate_up_runs_stage(const MoeParams& p, const Str
 // the next run's rows and meet again (every warp makes the same transitions, items or not).
 // The MMAs are moe_gate_up_mma's on the same operands (each output row depends on its own A
 // row only, so the grouping of members into passes does not matter): the same bits.
-#endif  // __CUDA_ARCH__ >= 900
 template <bool BIG>
 __global__ void __launch_bounds__(ST_THREADS, 1) moe_gate_up_runs(MoeParams p, StreamPlan sp) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
@@ -1156,6 +1157,180 @@ __global__ void __launch_bounds__(ST_THREADS, 1) moe_down_stream(MoeParams p, St
 }
 
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+// Member run r's act rows (at most 16) into shared memory as down_mma_pass makes them: each
+// 64-k chunk of a member's row scaled by its power of two into f16 (act_chunk_f16, the same
+// values), row m at as + m * sp.x_stride bytes, the chunk's 2^-s at un[m * (I / 64) + c]. One
+// warp a member; lane l takes 16 values (chunk l / 4, quarter l % 4) of each 512 of the row.
+__device__ __forceinline__ void down_runs_stage(const MoeParams& p, const StreamPlan& sp,
+                                                const int* memb, int span_word, uint8_t* as,
+                                                float* un, int warp, int lane) {
+  const int lo = span_word & 0xffff, M = (span_word >> 16) - lo;
+  for (int m = warp; m < M; m += sp.warps) {
+    const float* arow = p.act + (int64_t)memb[lo + m] * p.I;
+    for (int b = 0; b < p.I; b += 512) {
+      const int k0 = b + 64 * (lane >> 2), t = lane & 3;
+      float v[16];
+      if (k0 < p.I) {
+        act_chunk_load(arow, k0, t, v);
+      } else {
+#pragma unroll
+        for (int i = 0; i < 16; ++i) v[i] = 0.f;
+      }
+      uint32_t w[8];
+      const float u = act_chunk_f16(v, w);  // (whole groups of four lanes are in or out: I % 64 == 0)
+      if (k0 < p.I) {
+        uint4* dst = (uint4*)(as + (int64_t)m * sp.x_stride + 2 * (k0 + 16 * t));
+        dst[0] = make_uint4(w[0], w[1], w[2], w[3]);
+        dst[1] = make_uint4(w[4], w[5], w[6], w[7]);
+        if (t == 0) un[m * (p.I / 64) + k0 / 64] = u;
+      }
+    }
+  }
+}
+
+// The big launch's down kernel in member runs (STRATA_MOE_GU_RUNS with the tensor-core down
+// kernel): as moe_gate_up_runs, items (member run of at most 16, tile of T = 16 output
+// features), each CTA a contiguous range of the run-major items, the run's act staged once in
+// shared memory as f16 chunks with their scales, where moe_down_stream<..., MMA, BIG> has each
+// of its H / T CTAs read every member's float32 act row from L2 (at 512 rows 1.4 GB a layer,
+// 2.6 times the down weights). Each item's results go to p.y_stage as that kernel's CTA of the
+// same features writes them (tile h0 / T's part, y[q][h - h0]), and moe_down_runs_combine sums
+// them: the same MMAs on the same operands and the same sums in the same order: the same bits.
+#endif  // __CUDA_ARCH__ >= 900
+__global__ void __launch_bounds__(ST_THREADS, 1) moe_down_runs(MoeParams p, StreamPlan sp) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  constexpr int T = 16;
+  extern __shared__ __align__(128) uint8_t smem[];
+  const int distinct = stream_start<true>(smem, p, sp);
+  const int runs = down_items<true>(smem, p, sp, distinct);
+  const int* memb = (const int*)(smem + sp.items_off);
+  const int* span = memb + p.P;
+  const int* eid = span + sp.item_cap;
+  uint64_t* full = (uint64_t*)smem;
+  uint64_t* empty = full + ST_MAX_STAGES;
+  uint8_t* as = smem + sp.data_off;
+  float* un = (float*)(smem + sp.scale_off);
+  uint8_t* ring = smem + sp.ring_off;
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+  const int tiles = p.H / T, row_bytes = p.I, S = sp.stages;
+  const int total = runs * tiles;
+  const int lo = (int)((int64_t)total * blockIdx.x / gridDim.x);
+  const int n_local = (int)((int64_t)total * (blockIdx.x + 1) / gridDim.x) - lo;
+  if (warp == ST_MAX_WARPS) {  // the producer: weights need nothing from gate/up
+    if (lane == 0) {
+      const uint64_t pol = l2_evict_first();
+      const uint32_t piece = (uint32_t)(T * row_bytes);
+      for (int li = 0; li < n_local; ++li) {
+        const int stage = li % S, round = li / S, item = lo + li;
+        if (round) mbar_wait(empty + stage, (round - 1) & 1);
+        mbar_expect_tx(full + stage, piece);
+        bulk::load(ring + stage * ST_DOWN_STAGE,
+                   expert_down(p, eid[item / tiles]) + (int64_t)(item % tiles) * T * row_bytes,
+                   piece, full + stage, pol);
+      }
+    }
+    return;
+  }
+  if (warp >= sp.warps || n_local == 0) return;
+  pdl_wait_primary();  // the gate/up grid has finished and its act writes are visible
+  const int g = lane >> 2, t = lane & 3;
+  const int ncb = (p.I + p.bi - 1) / p.bi, nch = p.I / 64;
+  const int r_last = (lo + n_local - 1) / tiles;
+  int staged = lo / tiles;
+  down_runs_stage(p, sp, memb, span[staged], as, un, warp, lane);
+  sync_threads(sp.warps * 32);
+  for (int li = warp;; li += sp.warps) {
+    const int item = lo + li, r = li < n_local ? item / tiles : r_last;
+    while (staged < r) {  // every warp done with the staged run: the next one in
+      sync_threads(sp.warps * 32);
+      down_runs_stage(p, sp, memb, span[++staged], as, un, warp, lane);
+      sync_threads(sp.warps * 32);
+    }
+    if (li >= n_local) break;
+    const int stage = li % S, h0 = (item % tiles) * T, e = eid[r];
+    const int mlo = span[r] & 0xffff, M = (span[r] >> 16) - mlo;
+    const float sdn = lane < ncb ? __ldg(expert_down_scale(p, e) + (h0 / p.bo) * p.ncb_i + lane) : 0.f;
+    // A's rows g and g + 8: members g and g + 8 (past the last: the first)
+    const int ma = g < M ? g : 0, mb = g + 8 < M ? g + 8 : 0;
+    const uint8_t* xa_row = as + ma * sp.x_stride + 32 * t;
+    const uint8_t* xb_row = as + mb * sp.x_stride + 32 * t;
+    const uint8_t* wrow = ring + stage * ST_DOWN_STAGE + g * row_bytes + 16 * t;
+    mbar_wait(full + stage, (li / S) & 1);
+    float acc[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
+#pragma unroll 1
+    for (int c = 0; c < nch; ++c) {  // down_mma_pass's chunks, their act from shared memory
+      const int k0 = c * 64;
+      const uint4 a0 = *(const uint4*)(xa_row + 2 * k0), a1 = *(const uint4*)(xa_row + 2 * k0 + 16);
+      const uint32_t xa[8] = {a0.x, a0.y, a0.z, a0.w, a1.x, a1.y, a1.z, a1.w};
+      const float ua = un[ma * nch + c];
+      uint32_t xb[8] = {xa[0], xa[1], xa[2], xa[3], xa[4], xa[5], xa[6], xa[7]};
+      float ub = ua;
+      if (M > 8) {
+        const uint4 b0 = *(const uint4*)(xb_row + 2 * k0), b1 = *(const uint4*)(xb_row + 2 * k0 + 16);
+        xb[0] = b0.x; xb[1] = b0.y; xb[2] = b0.z; xb[3] = b0.w;
+        xb[4] = b1.x; xb[5] = b1.y; xb[6] = b1.z; xb[7] = b1.w;
+        ub = un[mb * nch + c];
+      }
+      const uint4 w0 = *(const uint4*)(wrow + k0), w1 = *(const uint4*)(wrow + 8 * row_bytes + k0);
+      const uint32_t wj[2][4] = {{w0.x, w0.y, w0.z, w0.w}, {w1.x, w1.y, w1.z, w1.w}};
+      float part[2][4];
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        part[h][0] = part[h][1] = part[h][2] = part[h][3] = 0.f;
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+          uint32_t b0, b1;
+          fp8x4_to_f16x4(wj[h][j], b0, b1);
+          mma_m16n8k16<true>(part[h], xa[2 * j], xb[2 * j], xa[2 * j + 1], xb[2 * j + 1], b0, b1);
+        }
+      }
+      const float sc = __shfl_sync(0xffffffffu, sdn, c >> 1);  // 128-k scale blocks
+      const float sa = sc * ua, sb = sc * ub;
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        acc[h][0] = fmaf(part[h][0], sa, acc[h][0]);
+        acc[h][1] = fmaf(part[h][1], sa, acc[h][1]);
+        acc[h][2] = fmaf(part[h][2], sb, acc[h][2]);
+        acc[h][3] = fmaf(part[h][3], sb, acc[h][3]);
+      }
+    }
+    __syncwarp();
+    if (lane == 0) mbar_arrive(empty + stage);
+    // lane (g, t): members g and g + 8 at output rows 2t, 2t + 1 of each half
+    float* y_s = p.y_stage + (int64_t)(h0 / T) * p.P * T;
+    if (g < M) {
+      const int qa = memb[mlo + g];
+      *(float2*)(y_s + qa * T + 2 * t) = make_float2(acc[0][0], acc[0][1]);
+      *(float2*)(y_s + qa * T + 8 + 2 * t) = make_float2(acc[1][0], acc[1][1]);
+    }
+    if (g + 8 < M) {
+      const int qb = memb[mlo + g + 8];
+      *(float2*)(y_s + qb * T + 2 * t) = make_float2(acc[0][2], acc[0][3]);
+      *(float2*)(y_s + qb * T + 8 + 2 * t) = make_float2(acc[1][2], acc[1][3]);
+    }
+  }
+#endif
+}
+
+// moe_down_runs' combine: out[n][h] = sum_j w[n,j] * y[(n,j)][h] in j order (down_combine's sum
+// on tile h / 16's part of p.y_stage), one thread an output.
+__global__ void __launch_bounds__(256) moe_down_runs_combine(MoeParams p) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  constexpr int T = 16;
+  const int64_t i = (int64_t)blockIdx.x * 256 + threadIdx.x;
+  if (i >= (int64_t)p.n * p.H) return;
+  const int n = (int)(i / p.H), h = (int)(i % p.H);
+  const float* y_s = p.y_stage + (int64_t)(h / T) * p.P * T + (h % T);
+  float acc = 0.f;
+  for (int j = 0; j < p.k; ++j) {
+    const int q = n * p.k + j;
+    acc = fmaf(p.topk_w[q], y_s[q * T], acc);
+  }
+  store_from_float(p.out, p.x_dtype, i, acc);
+#endif
+}
+
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
 __device__ __forceinline__ int ld_acquire_gpu(const int* p) {
   int v;
   asm volatile("ld.acquire.gpu.global.b32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
@@ -1327,6 +1502,17 @@ int launch_down(const MoeParams& p, const StreamPlan& sp, int smem, bool pdl, cu
   return take_launch_error(name);
 }
 
+int launch_down_runs(const MoeParams& p, const StreamPlan& sp, int grid, int smem, bool pdl,
+                     cudaStream_t st) {
+  static int allowed = 0;
+  const char* name = "moe_experts: moe_down_runs";
+  if (int rc = allow_smem(moe_down_runs, smem, allowed, name)) return rc;
+  launch_maybe_pdl(moe_down_runs, dim3((unsigned)grid), dim3(ST_THREADS), smem, st, pdl, p, sp);
+  if (int rc = take_launch_error(name)) return rc;
+  moe_down_runs_combine<<<(unsigned)ceil_div_u(p.n * p.H, 256), 256, 0, st>>>(p);
+  return take_launch_error("moe_experts: moe_down_runs_combine");
+}
+
 template <typename W, bool XF32>
 int dispatch_gate_up(const MoeParams& p, const StreamPlan& sp, int cpl, int grid, int smem,
                      bool pdl, cudaStream_t st) {
@@ -1482,6 +1668,15 @@ int launch_stream(const MoeParams& p, const DeviceFacts& dev, bool pdl, bool eve
   dn.item_cap = dn.group ? item_cap(dn.group) : 0;
   dn.data_off = align128(meta + (dn.group ? 4 * p.P + 12 * dn.item_cap : 0));
   dn.ring_off = align128(dn.data_off + (big ? 0 : p.P * T * 4));
+  // STRATA_MOE_GU_RUNS in a big launch on the tensor-core down kernel: moe_down_runs (member
+  // runs of 16 dealt in contiguous ranges over every SM, the run's act in shared memory as f16
+  // chunks; the results to the workspace, then moe_down_runs_combine)
+  const bool dn_runs = big && down_mma && gu_runs && dn.group == ST_GU_RUN;
+  if (dn_runs) {
+    dn.x_stride = 2 * p.I + 16;  // (rows 16 bytes apart beyond 2I: distinct banks)
+    dn.scale_off = align128(dn.data_off + ST_GU_RUN * dn.x_stride);
+    dn.ring_off = align128(dn.scale_off + 4 * ST_GU_RUN * (p.I / 64));
+  }
   // above 32 rows one stage per warp: 16 warps rather than 10 with two (the y table takes 45
   // KiB at 64 rows), measured 6% faster at 64 rows and 2% slower at 32 (the same bits)
   size_ring(dn, dev.smem_optin - dn.ring_off, ST_DOWN_STAGE, p.n > ST_DOWN_ONE_STAGE_ROWS);
@@ -1521,6 +1716,7 @@ int launch_stream(const MoeParams& p, const DeviceFacts& dev, bool pdl, bool eve
            : x_f32 ? dispatch_gate_up<W, true>(p, gu, cpl, gu_grid, gu_smem, gu_pdl, st)
                    : dispatch_gate_up<W, false>(p, gu, cpl, gu_grid, gu_smem, gu_pdl, st);
   if (rc) return rc;
+  if (dn_runs) return launch_down_runs(p, dn, dev.sms, dn_smem, pdl, st);
   if (big)  // (T = 16, one chunk a lane: checked above)
     return down_mma ? launch_down<FP8W, 16, 1, true, true>(p, dn, dn_smem, pdl, st)
                     : launch_down<FP8W, 16, 1, false, true>(p, dn, dn_smem, pdl, st);

@@ -689,7 +689,10 @@ def moe_launch_options(pdl=None, early=None, wide=None, db=None, xsmem=None, str
     that its consecutive items are tiles of one run and the run's x rows are staged once in
     shared memory, instead of items of (expert, tile) dealt round-robin whose MMA passes read
     their members' x rows from L2 (at 512 rows four times the weight bytes); the folded shared
-    expert's members are many runs, so no item is a long chain. The same bits.
+    expert's members are many runs, so no item is a long chain; in a big launch (more than
+    1,632 pairs) the tensor-core down kernel likewise (moe_down_runs: the run's act in shared
+    memory as f16 chunks instead of each of its H / 16 CTAs reading every member's float32 act
+    from L2; its results in the workspace, summed by a small combine kernel). The same bits.
     `route_chunks` (off; this module's): gpu_moe_route runs more than ROUTE_MAX_ROWS rows (prompt
     chunks) on the router kernel, ROUTE_MAX_ROWS rows a launch (rows are independent), instead
     of the reference, whose top-k is one stable sort (19 us of a 64-token chunk's layer on an
