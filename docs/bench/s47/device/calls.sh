@@ -18,8 +18,8 @@ L="--layers ${LAYERS:-24}"; [ "${LAYERS:-24}" = 48 ] && L=
 for step in ${@:-r}; do
 case $step in
 r)
-  TAIL=4 st runs_test 240 python3 -m pytest -q -p no:warnings -rf -o addopts="" -m gpu tests/test_moe_kernels.py -k "wide_launch"
-  TAIL=8 st runs_time 150 python3 docs/bench/s47/device/runs_time.py ;;
+  TAIL=4 st runs_test 200 python3 -m pytest -q -p no:warnings -rf -o addopts="" -m gpu tests/test_moe_kernels.py -k "wide_launch"
+  TAIL=8 st runs_time 120 python3 docs/bench/s47/device/runs_time.py ;;
 rn)
   for o in 0 1; do
     TAIL=4 st rn_$o 280 python3 scripts/bench_engine.py $F $L --configs batch_mtp_w16 --n 8 --max-tokens 64 --repeats 2 --kernel-options gate_up_runs=$o --json $R/rn_$o.json
