@@ -878,6 +878,41 @@ __device__ __forceinline__ float act_chunk_f16(const float (&v)[16], uint32_t (&
   return un;
 }
 
+// Chunk c (k0 = 64 c) of a down MMA pass: the stage's two 8-row halves' chains of four MMAs
+// from zero on the A words xa (rows g) and xb (rows g + 8; TWO false: xa again), then acc =
+// fma(part, block scale x the rows' 2^-s (ua, ub), acc). sdn: lane l < ncb holds block l's scale.
+template <bool TWO>
+__device__ __forceinline__ void down_mma_chunk(float (&acc)[2][4], const uint8_t* wrow, int k0,
+                                               int row_bytes, const uint32_t (&xa)[8],
+                                               const uint32_t (&xb)[8], float ua, float ub,
+                                               float sdn, int c) {
+  const uint4 w0 = *(const uint4*)(wrow + k0), w1 = *(const uint4*)(wrow + 8 * row_bytes + k0);
+  const uint32_t wj[2][4] = {{w0.x, w0.y, w0.z, w0.w}, {w1.x, w1.y, w1.z, w1.w}};
+  float part[2][4];
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    part[h][0] = part[h][1] = part[h][2] = part[h][3] = 0.f;
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      uint32_t b0, b1;
+      fp8x4_to_f16x4(wj[h][j], b0, b1);
+      if (TWO)
+        mma_m16n8k16<true>(part[h], xa[2 * j], xb[2 * j], xa[2 * j + 1], xb[2 * j + 1], b0, b1);
+      else
+        mma_m16n8k16<true>(part[h], xa[2 * j], xa[2 * j], xa[2 * j + 1], xa[2 * j + 1], b0, b1);
+    }
+  }
+  const float s = __shfl_sync(0xffffffffu, sdn, c >> 1);  // 128-k scale blocks
+  const float sa = s * ua, sb = s * ub;
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    acc[h][0] = fmaf(part[h][0], sa, acc[h][0]);
+    acc[h][1] = fmaf(part[h][1], sa, acc[h][1]);
+    acc[h][2] = fmaf(part[h][2], sb, acc[h][2]);
+    acc[h][3] = fmaf(part[h][3], sb, acc[h][3]);
+  }
+}
+
 // One pass of the down kernel on tensor cores over up to 16 members of an item: D (16 members x
 // 16 output rows, as two m16n8 tiles: rows 0-7 and 8-15 of the stage) summed over the I / 64
 // chunks in order, each chunk's chains of four MMAs from zero, then acc = fma(part, block scale
@@ -906,31 +941,7 @@ __device__ __forceinline__ void down_mma_pass(float (&acc)[2][4], const uint8_t*
       act_chunk_load(arow_a, k0 + 64, t, va);
       if (TWO) act_chunk_load(arow_b, k0 + 64, t, vb);
     }
-    const uint4 w0 = *(const uint4*)(wrow + k0), w1 = *(const uint4*)(wrow + 8 * row_bytes + k0);
-    const uint32_t wj[2][4] = {{w0.x, w0.y, w0.z, w0.w}, {w1.x, w1.y, w1.z, w1.w}};
-    float part[2][4];
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      part[h][0] = part[h][1] = part[h][2] = part[h][3] = 0.f;
-#pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        uint32_t b0, b1;
-        fp8x4_to_f16x4(wj[h][j], b0, b1);
-        if (TWO)
-          mma_m16n8k16<true>(part[h], xa[2 * j], xb[2 * j], xa[2 * j + 1], xb[2 * j + 1], b0, b1);
-        else
-          mma_m16n8k16<true>(part[h], xa[2 * j], xa[2 * j], xa[2 * j + 1], xa[2 * j + 1], b0, b1);
-      }
-    }
-    const float s = __shfl_sync(0xffffffffu, sdn, c >> 1);  // 128-k scale blocks
-    const float sa = s * ua, sb = s * ub;
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      acc[h][0] = fmaf(part[h][0], sa, acc[h][0]);
-      acc[h][1] = fmaf(part[h][1], sa, acc[h][1]);
-      acc[h][2] = fmaf(part[h][2], sb, acc[h][2]);
-      acc[h][3] = fmaf(part[h][3], sb, acc[h][3]);
-    }
+    down_mma_chunk<TWO>(acc, wrow, k0, row_bytes, xa, xb, ua, ub, sdn, c);
   }
 }
 #endif  // __CUDA_ARCH__ >= 900
@@ -1271,28 +1282,8 @@ __global__ void __launch_bounds__(ST_THREADS, 1) moe_down_runs(MoeParams p, Stre
         xb[4] = b1.x; xb[5] = b1.y; xb[6] = b1.z; xb[7] = b1.w;
         ub = un[mb * nch + c];
       }
-      const uint4 w0 = *(const uint4*)(wrow + k0), w1 = *(const uint4*)(wrow + 8 * row_bytes + k0);
-      const uint32_t wj[2][4] = {{w0.x, w0.y, w0.z, w0.w}, {w1.x, w1.y, w1.z, w1.w}};
-      float part[2][4];
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        part[h][0] = part[h][1] = part[h][2] = part[h][3] = 0.f;
-#pragma unroll
-        for (int j = 0; j < 4; ++j) {
-          uint32_t b0, b1;
-          fp8x4_to_f16x4(wj[h][j], b0, b1);
-          mma_m16n8k16<true>(part[h], xa[2 * j], xb[2 * j], xa[2 * j + 1], xb[2 * j + 1], b0, b1);
-        }
-      }
-      const float sc = __shfl_sync(0xffffffffu, sdn, c >> 1);  // 128-k scale blocks
-      const float sa = sc * ua, sb = sc * ub;
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        acc[h][0] = fmaf(part[h][0], sa, acc[h][0]);
-        acc[h][1] = fmaf(part[h][1], sa, acc[h][1]);
-        acc[h][2] = fmaf(part[h][2], sb, acc[h][2]);
-        acc[h][3] = fmaf(part[h][3], sb, acc[h][3]);
-      }
+      // (rows 8-15 repeat rows 0-7 where M <= 8: down_mma_pass<false>'s operands)
+      down_mma_chunk<true>(acc, wrow, k0, row_bytes, xa, xb, ua, ub, sdn, c);
     }
     __syncwarp();
     if (lane == 0) mbar_arrive(empty + stage);
