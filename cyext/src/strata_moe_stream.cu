@@ -1598,15 +1598,19 @@ int launch_stream(const MoeParams& p, const DeviceFacts& dev, bool pdl, bool eve
   const bool gu_runs = mma && x_global && (options & STRATA_MOE_GU_RUNS);
   if (gu_runs) {
     // items of (member run of at most 16, tile), run-major; the current run's x rows in shared
-    // memory (rows 16 bytes apart beyond 2H, as in a launch that stages x there), then the ring
+    // memory (rows 16 bytes apart beyond 2H, as in a launch that stages x there) over the ids,
+    // leader and first-pair tables, which nothing reads once down_items has made the item
+    // tables (at 512 rows that leaves the ring 8 stages of 16 KiB rather than 6); then the item
+    // tables, the rows' scales and the ring
     gu.tiles = p.I / 4;
     gu.x_global = 1;
     gu.x_stride = 2 * p.H + 16;
     gu.group = ST_GU_RUN;
     gu.item_cap = item_cap(gu.group);
-    gu.items_off = meta;
-    gu.data_off = align128(meta + 4 * p.P + 12 * gu.item_cap);
-    gu.scale_off = align128(gu.data_off + ST_GU_RUN * gu.x_stride);
+    gu.data_off = ST_OFF_IDS;
+    const int x_end = align128(gu.data_off + ST_GU_RUN * gu.x_stride);
+    gu.items_off = x_end > meta ? x_end : meta;
+    gu.scale_off = align128(gu.items_off + 4 * p.P + 12 * gu.item_cap);
     gu.ring_off = align128(gu.scale_off + 4 * ST_GU_RUN);
     gu.stage_bytes = 8 * p.H;
   } else if (mma && x_global) {
