@@ -4,6 +4,7 @@
 #   r   moe_launch_options(gate_up_runs=): the wide-launch GPU tests (the same bits as 16-row
 #       launches with the gate/up in member runs, the kernel taken), then runs_time.py (one
 #       layer's routed experts at 64 / 256 / 512 prompt rows, runs off and on)
+#   r1  step r in less device time (the tests of 128-600 rows, the timing at 512 rows)
 #   rn  the engine at FP8 80B shapes, LAYERS (24; 48 on an H200), batch_mtp W16 N=8 (64-token
 #       prompts and outputs, 8-slot chunks in one 512-row launch) with gate_up_runs 0 and 1
 #   dh  engine.draft_head=fp8: the streamed FP8 linear at the LM head's 151,936 rows (GPU test),
@@ -20,6 +21,9 @@ case $step in
 r)
   TAIL=4 st runs_test 200 python3 -m pytest -q -p no:warnings -rf -o addopts="" -m gpu tests/test_moe_kernels.py -k "wide_launch"
   TAIL=8 st runs_time 120 python3 docs/bench/s47/device/runs_time.py ;;
+r1)  # step r in less device time: the 128-600-row tests and the 512-row timing
+  TAIL=4 st runs_test1 150 python3 -m pytest -q -p no:warnings -rf -o addopts="" -m gpu tests/test_moe_kernels.py -k "wide_launches_of_128 or more_members"
+  TAIL=8 st runs_time1 90 python3 docs/bench/s47/device/runs_time.py 512 ;;
 rn)
   for o in 0 1; do
     TAIL=4 st rn_$o 280 python3 scripts/bench_engine.py $F $L --configs batch_mtp_w16 --n 8 --max-tokens 64 --repeats 2 --kernel-options gate_up_runs=$o --json $R/rn_$o.json
