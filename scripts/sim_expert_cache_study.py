@@ -406,13 +406,15 @@ def non_layer_bytes() -> float:
 
 def depth_overrides(layers: int) -> list[str]:
     """The FP8 preset at `layers` decoder layers (a --layers run): the MoE layers, the per-layer
-    cost and the per-layer bytes scale with it; the head and MTP bytes do not."""
+    cost, the per-layer bytes and a prompt chunk's work per computed row (every layer's) scale
+    with it; the head and MTP bytes do not."""
     x = compose_cfg([f"hardware={H200}"]).experts
     f = layers / x.layers
     fixed = non_layer_bytes()
     return [f"experts.layers={layers}", f"experts.moe_layers={layers}",
             f"experts.other_base_bytes={fixed + (x.other_base_bytes - fixed) * f}",
-            f"experts.other_per_group_bytes={x.other_per_group_bytes * f}"]
+            f"experts.other_per_group_bytes={x.other_per_group_bytes * f}",
+            f"experts.prefill_row_s={x.prefill_row_s * f}"]
 
 
 def engine_overrides(meta: dict, args) -> list[str]:
@@ -703,24 +705,40 @@ def bench_json_cells(path: str | Path) -> tuple[list[tuple[str, int, dict, list[
     return cells, skipped
 
 
+def card_mismatch(path: str | Path, preset: str) -> Optional[str]:
+    """A note when a bench_engine.py JSON's GPU (meta.device, "NVIDIA H100 80GB HBM3") is not
+    the card the hardware preset names (h100_80b_a3b_fp8), else None."""
+    d = json.loads(Path(path).read_text(encoding="utf-8"))
+    words = str(d.get("meta", {}).get("device", "")).split()
+    card = words[1].lower() if len(words) > 1 and words[0] == "NVIDIA" else None
+    if card is None or preset.startswith(card + "_"):
+        return None
+    return (f"{Path(path).name}: measured on {' '.join(words)}, priced as hardware={preset} "
+            f"(--hardware names the card's preset)")
+
+
 def bench_json_check(paths: list[str], args) -> str:
     """Every predictable cell of bench_engine.py JSONs (a device call's output) against the
-    preset: tok/s and the share of drafts accepted, engine / simulated."""
+    card's preset (args.hardware): tok/s and the share of drafts accepted, engine /
+    simulated."""
     rows = ["| file | config | N | engine tok/s | simulated tok/s | error | acceptance: engine / "
             "simulated |", "|---|---|---|---|---|---|---|"]
     notes = []
     for path in paths:
         cells, skipped = bench_json_cells(path)
         notes += skipped
+        mismatch = card_mismatch(path, args.hardware) if cells else None
+        notes += [mismatch] if mismatch else []
         for name, n, cell, over in cells:
             args.prompt_tokens, args.max_tokens = cell["prompt_tokens"], cell["max_tokens"]
             # (--set after the run's own settings: what if it had run otherwise)
-            sim = predict(H200, cell["mode"], n, over + list(args.set or []), 1, args)
+            sim = predict(args.hardware, cell["mode"], n, over + list(args.set or []), 1, args)
             fmt = lambda v: "-" if v is None else f"{v:.4f}"  # noqa: E731
             rows.append(f"| {Path(path).name} | {name} | {n} | {cell['median_tps']:.1f} | "
                         f"{sim['tps']:.1f} | {sim['tps'] / cell['median_tps'] - 1:+.1%} | "
                         f"{fmt(cell.get('acceptance'))} / {fmt(sim['acceptance'])} |")
-    return "\n".join(rows + ([""] + [f"- not simulated: {x}" for x in notes] if notes else []))
+    return "\n".join(rows + ([""] + [f"- {x}" if "priced as" in x else f"- not simulated: {x}"
+                                     for x in notes] if notes else []))
 
 
 def bench_check(args) -> str:
@@ -969,8 +987,8 @@ def main(argv: Optional[list[str]] = None) -> int:
                     help="fit experts.per_layer_launch_s to these bench_engine.py JSONs' windows "
                          "(some wider than experts.launch_rows, one depth, one card) and exit")
     ap.add_argument("--hardware", default=H200,
-                    help="with --fit-launch: the card's preset (its bandwidth, the experts' "
-                         "bytes)")
+                    help="with --fit-launch or --bench-check JSONs: the card's preset (its "
+                         "bandwidth and window model, the experts' bytes)")
     ap.add_argument("--bench-check", nargs="*", metavar="BENCH_JSON",
                     help="the all-resident preset against the engine's measured FP8 cohorts: "
                          "the script's own (BENCH_TPS) or every cell of these bench_engine.py "

@@ -706,7 +706,8 @@ def test_bench_check_set_follows_the_runs_own_settings(tmp_path):
         "batch_mtp_w16+overlap@8": {"median_tps": 900.0, "acceptance": 0.8}}}))
 
     def simulated(extra):
-        args = argparse.Namespace(prompt_tokens=64, max_tokens=16, acceptance=0.8, set=extra)
+        args = argparse.Namespace(prompt_tokens=64, max_tokens=16, acceptance=0.8, set=extra,
+                                  hardware=study.H200)
         row = [r for r in study.bench_json_check([str(path)], args).splitlines()
                if "n8.json" in r]
         return float(row[0].split("|")[5])
@@ -717,6 +718,40 @@ def test_bench_check_set_follows_the_runs_own_settings(tmp_path):
     path.write_text(json.dumps({"meta": meta, "summary": {
         "batch_mtp_w16+overlap@8": {"median_tps": 900.0, "acceptance": 0.8}}}))
     assert simulated(["experts.prefill_launch_rows=128"]) < simulated(None) / 1.02
+
+
+def test_bench_check_prices_a_run_on_its_cards_preset_at_its_depth(tmp_path):
+    """--bench-check JSON --hardware PRESET prices the run on that card's preset (the H100's own
+    window model: slower than the H200's at the same run), a note names a JSON measured on
+    another card than the preset's, and a run at fewer layers scales a prompt chunk's work per
+    computed row with its depth (every layer computes each row)."""
+    import argparse
+    import json
+
+    study = study_module()
+    register_configs()
+    x = cfg_of("hardware=h200_80b_a3b_fp8").experts
+    assert f"experts.prefill_row_s={x.prefill_row_s * (24 / x.layers)}" in study.depth_overrides(24)
+    h100 = cfg_of("hardware=h100_80b_a3b_fp8").experts
+    assert h100.per_layer_s > x.per_layer_s  # (its own fit, not the H200's)
+    path = tmp_path / "n8.json"
+    path.write_text(json.dumps({
+        "meta": {**bench_meta(layers=8, max_tokens=16, window_rows=16, prefill_slots=8),
+                 "device": "NVIDIA H100 80GB HBM3"},
+        "summary": {"batch_mtp_w16+overlap@8": {"median_tps": 900.0, "acceptance": 0.8}}}))
+    assert study.card_mismatch(path, "h100_80b_a3b_fp8") is None
+    assert "measured on NVIDIA H100 80GB HBM3, priced as hardware=h200_80b_a3b_fp8" in (
+        study.card_mismatch(path, "h200_80b_a3b_fp8"))
+
+    def check(hardware):
+        args = argparse.Namespace(prompt_tokens=64, max_tokens=16, acceptance=0.8, set=None,
+                                  hardware=hardware)
+        return study.bench_json_check([str(path)], args)
+
+    on_h200, on_h100 = check(study.H200), check("h100_80b_a3b_fp8")
+    assert "priced as hardware=h200_80b_a3b_fp8" in on_h200 and "priced as" not in on_h100
+    tps = lambda table: float([r for r in table.splitlines() if "n8.json |" in r][0].split("|")[5])  # noqa: E731
+    assert tps(on_h100) < tps(on_h200) / 1.05
 
 
 @pytest.mark.slow
