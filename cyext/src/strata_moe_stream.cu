@@ -701,6 +701,24 @@ __global__ void __launch_bounds__(ST_THREADS, 1) moe_gate_up_mma(MoeParams p, St
 }
 
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+// The member-run kernels' common steps (moe_gate_up_runs, moe_down_runs). This CTA's contiguous
+// range [*lo, *lo + returned) of `total` run-major items, the grid's CTAs taking equal shares.
+__device__ __forceinline__ int runs_range(int total, int* lo) {
+  *lo = (int)((int64_t)total * blockIdx.x / gridDim.x);
+  return (int)((int64_t)total * (blockIdx.x + 1) / gridDim.x) - *lo;
+}
+// Brings the staged run up to run r: for each run boundary, every consumer warp (`threads`
+// threads at named barrier 1) done with the staged run, stage(next run), all of it staged.
+// Every consumer warp makes the same transitions, so none waits at a barrier another skips.
+template <typename Stage>
+__device__ __forceinline__ void runs_advance(int& staged, int r, int threads, Stage stage) {
+  while (staged < r) {
+    sync_threads(threads);
+    stage(++staged);
+    sync_threads(threads);
+  }
+}
+
 // The run-major gate/up of a wide launch (STRATA_MOE_GU_RUNS, moe_gate_up_runs below): the
 // producer's side. Item lo + li is (member run r, tile): the run's expert from the item tables
 // (eid), its 4 gate and 4 up rows into stage li % S, as gate_up_produce.
@@ -770,9 +788,8 @@ __global__ void __launch_bounds__(ST_THREADS, 1) moe_gate_up_runs(MoeParams p, S
   float* un = (float*)(smem + sp.scale_off);
   uint8_t* ring = smem + sp.ring_off;
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
-  const int total = runs * sp.tiles;
-  const int lo = (int)((int64_t)total * blockIdx.x / gridDim.x);
-  const int n_local = (int)((int64_t)total * (blockIdx.x + 1) / gridDim.x) - lo;
+  int lo;
+  const int n_local = runs_range(runs * sp.tiles, &lo);
   if (warp == ST_MAX_WARPS) {
     if (lane == 0) gate_up_runs_produce(p, sp, ring, full, eid, lo, n_local);
     return;
@@ -781,16 +798,13 @@ __global__ void __launch_bounds__(ST_THREADS, 1) moe_gate_up_runs(MoeParams p, S
   const int g = lane >> 2, t = lane & 3;
   const int H = p.H, ncb = H / 128, S = sp.stages;
   const int r_last = (lo + n_local - 1) / sp.tiles;
+  auto stage_run = [&](int r) { gate_up_runs_stage(p, sp, memb, span[r], xr, un, warp, lane); };
   int staged = lo / sp.tiles;
-  gate_up_runs_stage(p, sp, memb, span[staged], xr, un, warp, lane);
+  stage_run(staged);
   sync_threads(sp.warps * 32);
   for (int li = warp;; li += sp.warps) {
     const int item = lo + li, r = li < n_local ? item / sp.tiles : r_last;
-    while (staged < r) {  // every warp done with the staged run: the next one in
-      sync_threads(sp.warps * 32);
-      gate_up_runs_stage(p, sp, memb, span[++staged], xr, un, warp, lane);
-      sync_threads(sp.warps * 32);
-    }
+    runs_advance(staged, r, sp.warps * 32, stage_run);
     if (li >= n_local) break;
     const int e = eid[r], i0 = (item % sp.tiles) * F, stage = li % S;
     const int M = (span[r] >> 16) - (span[r] & 0xffff);
@@ -1224,9 +1238,8 @@ __global__ void __launch_bounds__(ST_THREADS, 1) moe_down_runs(MoeParams p, Stre
   uint8_t* ring = smem + sp.ring_off;
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
   const int tiles = p.H / T, row_bytes = p.I, S = sp.stages;
-  const int total = runs * tiles;
-  const int lo = (int)((int64_t)total * blockIdx.x / gridDim.x);
-  const int n_local = (int)((int64_t)total * (blockIdx.x + 1) / gridDim.x) - lo;
+  int lo;
+  const int n_local = runs_range(runs * tiles, &lo);
   if (warp == ST_MAX_WARPS) {  // the producer: weights need nothing from gate/up
     if (lane == 0) {
       const uint64_t pol = l2_evict_first();
@@ -1247,16 +1260,13 @@ __global__ void __launch_bounds__(ST_THREADS, 1) moe_down_runs(MoeParams p, Stre
   const int g = lane >> 2, t = lane & 3;
   const int ncb = (p.I + p.bi - 1) / p.bi, nch = p.I / 64;
   const int r_last = (lo + n_local - 1) / tiles;
+  auto stage_run = [&](int r) { down_runs_stage(p, sp, memb, span[r], as, un, warp, lane); };
   int staged = lo / tiles;
-  down_runs_stage(p, sp, memb, span[staged], as, un, warp, lane);
+  stage_run(staged);
   sync_threads(sp.warps * 32);
   for (int li = warp;; li += sp.warps) {
     const int item = lo + li, r = li < n_local ? item / tiles : r_last;
-    while (staged < r) {  // every warp done with the staged run: the next one in
-      sync_threads(sp.warps * 32);
-      down_runs_stage(p, sp, memb, span[++staged], as, un, warp, lane);
-      sync_threads(sp.warps * 32);
-    }
+    runs_advance(staged, r, sp.warps * 32, stage_run);
     if (li >= n_local) break;
     const int stage = li % S, h0 = (item % tiles) * T, e = eid[r];
     const int mlo = span[r] & 0xffff, M = (span[r] >> 16) - mlo;
