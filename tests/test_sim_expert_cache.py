@@ -750,7 +750,9 @@ def test_bench_check_prices_a_run_on_its_cards_preset_at_its_depth(tmp_path):
 
     on_h200, on_h100 = check(study.H200), check("h100_80b_a3b_fp8")
     assert "priced as hardware=h200_80b_a3b_fp8" in on_h200 and "priced as" not in on_h100
-    tps = lambda table: float([r for r in table.splitlines() if "n8.json |" in r][0].split("|")[5])  # noqa: E731
+    def tps(table):
+        return float([r for r in table.splitlines() if "n8.json |" in r][0].split("|")[5])
+
     assert tps(on_h100) < tps(on_h200) / 1.05
 
 
