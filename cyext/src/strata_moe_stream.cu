@@ -569,6 +569,36 @@ __global__ void __launch_bounds__(ST_THREADS, 1)
 }
 
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+// Block scales of tile i0 (4 features) of expert e for gate_up_mma_blocks: lane l < ncb holds
+// block l's gate scale (sg) and up scale (su), the other lanes 0.
+__device__ __forceinline__ void gate_up_block_scales(const MoeParams& p, int e, int i0, int lane,
+                                                     int ncb, float& sg, float& su) {
+  sg = su = 0.f;
+  if (lane < ncb) {
+    const float* sc = expert_gate_up_scale(p, e);
+    sg = __ldg(sc + (i0 / p.bo) * p.ncb_h + lane);
+    su = __ldg(sc + (p.nbg + i0 / p.bo) * p.ncb_h + lane);
+  }
+}
+// A tensor-core gate/up pass's act: acc (lane (g, t): A rows g, g + 8 at weight rows 2t, 2t + 1)
+// times the rows' 2^s_n (ua, ub); the up features (t >= 2) brought to lane t - 2 by one
+// shuffle; act = silu(gate) * up stored for pair qa (row g, where a_ok) and qb (row g + 8).
+__device__ __forceinline__ void gate_up_mma_store(const MoeParams& p, float (&acc)[4], float ua,
+                                                  float ub, int qa, bool a_ok, int qb, bool b_ok,
+                                                  int i0, int t) {
+  acc[0] *= ua; acc[1] *= ua; acc[2] *= ub; acc[3] *= ub;
+  float up[4];
+#pragma unroll
+  for (int i = 0; i < 4; ++i) up[i] = __shfl_xor_sync(0xffffffffu, acc[i], 2);
+  if (t < 2) {
+    float a[4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) a[i] = acc[i] / (1.f + expf(-acc[i])) * up[i];
+    if (a_ok) *(float2*)(p.act + (int64_t)qa * p.I + i0 + 2 * t) = make_float2(a[0], a[1]);
+    if (b_ok) *(float2*)(p.act + (int64_t)qb * p.I + i0 + 2 * t) = make_float2(a[2], a[3]);
+  }
+}
+
 // Item li of this CTA's gate/up sequence on tensor cores (moe_gate_up_mma, below): waits for
 // its stage, computes act for its 4 features and every member of its expert, and returns the
 // expert's distinct index. WIDE: the members from the tables (down_items), else by ballots.
@@ -586,12 +616,8 @@ __device__ __forceinline__ int gate_up_mma_item(const MoeParams& p, const Stream
   const int item = blockIdx.x + li * gridDim.x, d = item / sp.tiles, i0 = (item % sp.tiles) * F;
   const int s0 = lead_s[d], e = ids_s[s0];
   // block scales: lane l < ncb holds block l's, gate and up
-  float sg = 0.f, su = 0.f;
-  if (lane < ncb) {
-    const float* sc = expert_gate_up_scale(p, e);
-    sg = __ldg(sc + (i0 / p.bo) * p.ncb_h + lane);
-    su = __ldg(sc + (p.nbg + i0 / p.bo) * p.ncb_h + lane);
-  }
+  float sg, su;
+  gate_up_block_scales(p, e, i0, lane, ncb, sg, su);
   mbar_wait(full + stage, (li / S) & 1);
   const uint8_t* wrow = ring + stage * sp.stage_bytes + g * H + 16 * t;
   // the expert's members, 32 at a time: lane j holds member w0 + j (a wide launch's tables
@@ -613,20 +639,8 @@ __device__ __forceinline__ int gate_up_mma_item(const MoeParams& p, const Stream
         gate_up_mma_blocks<true>(acc, wrow, xa, xb, ncb, sg, su, t);
       else
         gate_up_mma_blocks<false>(acc, wrow, xa, xb, ncb, sg, su, t);
-      const float ua = unscale_s[na], ub = unscale_s[nb];
-      acc[0] *= ua; acc[1] *= ua; acc[2] *= ub; acc[3] *= ub;
-      float up[4];
-#pragma unroll
-      for (int i = 0; i < 4; ++i) up[i] = __shfl_xor_sync(0xffffffffu, acc[i], 2);
-      if (t < 2) {
-        float a[4];
-#pragma unroll
-        for (int i = 0; i < 4; ++i) a[i] = acc[i] / (1.f + expf(-acc[i])) * up[i];
-        if (m0 + g < Mw)
-          *(float2*)(p.act + (int64_t)qa * p.I + i0 + 2 * t) = make_float2(a[0], a[1]);
-        if (m0 + g + 8 < Mw)
-          *(float2*)(p.act + (int64_t)qb * p.I + i0 + 2 * t) = make_float2(a[2], a[3]);
-      }
+      gate_up_mma_store(p, acc, unscale_s[na], unscale_s[nb], qa, m0 + g < Mw, qb,
+                        m0 + g + 8 < Mw, i0, t);
     }
     if (w0 + 32 >= M) break;
   }
@@ -808,12 +822,8 @@ __global__ void __launch_bounds__(ST_THREADS, 1) moe_gate_up_runs(MoeParams p, S
     if (li >= n_local) break;
     const int e = eid[r], i0 = (item % sp.tiles) * F, stage = li % S;
     const int M = (span[r] >> 16) - (span[r] & 0xffff);
-    float sg = 0.f, su = 0.f;  // lane l < ncb holds block l's gate and up scales
-    if (lane < ncb) {
-      const float* sc = expert_gate_up_scale(p, e);
-      sg = __ldg(sc + (i0 / p.bo) * p.ncb_h + lane);
-      su = __ldg(sc + (p.nbg + i0 / p.bo) * p.ncb_h + lane);
-    }
+    float sg, su;
+    gate_up_block_scales(p, e, i0, lane, ncb, sg, su);
     // A's rows g and g + 8: members g and g + 8 (past the last: the first)
     const int ma = g < M ? g : 0, mb = g + 8 < M ? g + 8 : 0;
     const uint8_t* xa = xr + ma * sp.x_stride + 32 * t;
@@ -827,22 +837,9 @@ __global__ void __launch_bounds__(ST_THREADS, 1) moe_gate_up_runs(MoeParams p, S
       gate_up_mma_blocks<false>(acc, wrow, xa, xb, ncb, sg, su, t);
     __syncwarp();
     if (lane == 0) mbar_arrive(empty + stage);
-    const float ua = un[ma], ub = un[mb];
-    acc[0] *= ua; acc[1] *= ua; acc[2] *= ub; acc[3] *= ub;
-    float up[4];
-#pragma unroll
-    for (int i = 0; i < 4; ++i) up[i] = __shfl_xor_sync(0xffffffffu, acc[i], 2);
-    if (t < 2) {
-      const int mlo = span[r] & 0xffff;
-      float a[4];
-#pragma unroll
-      for (int i = 0; i < 4; ++i) a[i] = acc[i] / (1.f + expf(-acc[i])) * up[i];
-      if (g < M)
-        *(float2*)(p.act + (int64_t)memb[mlo + g] * p.I + i0 + 2 * t) = make_float2(a[0], a[1]);
-      if (g + 8 < M)
-        *(float2*)(p.act + (int64_t)memb[mlo + g + 8] * p.I + i0 + 2 * t) =
-            make_float2(a[2], a[3]);
-    }
+    const int mlo = span[r] & 0xffff;
+    gate_up_mma_store(p, acc, un[ma], un[mb], memb[mlo + ma], g < M, memb[mlo + mb], g + 8 < M,
+                      i0, t);
   }
 #endif
 }
@@ -924,6 +921,21 @@ __device__ __forceinline__ void down_mma_chunk(float (&acc)[2][4], const uint8_t
     acc[h][1] = fmaf(part[h][1], sa, acc[h][1]);
     acc[h][2] = fmaf(part[h][2], sb, acc[h][2]);
     acc[h][3] = fmaf(part[h][3], sb, acc[h][3]);
+  }
+}
+
+// A down MMA pass's results (T = 16 output rows a tile) into y_s: lane (g, t) holds members g
+// and g + 8 at output rows 2t, 2t + 1 of each 8-row half; pair qa (row g, where a_ok) and qb.
+__device__ __forceinline__ void down_mma_store(float* y_s, const float (&acc)[2][4], int qa,
+                                               bool a_ok, int qb, bool b_ok, int t) {
+  constexpr int T = 16;
+  if (a_ok) {
+    *(float2*)(y_s + qa * T + 2 * t) = make_float2(acc[0][0], acc[0][1]);
+    *(float2*)(y_s + qa * T + 8 + 2 * t) = make_float2(acc[1][0], acc[1][1]);
+  }
+  if (b_ok) {
+    *(float2*)(y_s + qb * T + 2 * t) = make_float2(acc[0][2], acc[0][3]);
+    *(float2*)(y_s + qb * T + 8 + 2 * t) = make_float2(acc[1][2], acc[1][3]);
   }
 }
 
@@ -1152,15 +1164,7 @@ __global__ void __launch_bounds__(ST_THREADS, 1) moe_down_stream(MoeParams p, St
           else
             down_mma_pass<false>(acc, wrow, arow_a, arow_b, p.I, row_bytes, sdn, t, full + stage,
                                  (li / S) & 1);
-          // lane (g, t): members g and g + 8 at output rows 2t, 2t + 1 of each half
-          if (m0 + g < Mw) {
-            *(float2*)(y_s + qa * T + 2 * t) = make_float2(acc[0][0], acc[0][1]);
-            *(float2*)(y_s + qa * T + 8 + 2 * t) = make_float2(acc[1][0], acc[1][1]);
-          }
-          if (m0 + g + 8 < Mw) {
-            *(float2*)(y_s + qb * T + 2 * t) = make_float2(acc[0][2], acc[0][3]);
-            *(float2*)(y_s + qb * T + 8 + 2 * t) = make_float2(acc[1][2], acc[1][3]);
-          }
+          down_mma_store(y_s, acc, qa, m0 + g < Mw, qb, m0 + g + 8 < Mw, t);
         }
         if (w0 + 32 >= M) break;
       }
@@ -1297,37 +1301,18 @@ __global__ void __launch_bounds__(ST_THREADS, 1) moe_down_runs(MoeParams p, Stre
     }
     __syncwarp();
     if (lane == 0) mbar_arrive(empty + stage);
-    // lane (g, t): members g and g + 8 at output rows 2t, 2t + 1 of each half
-    float* y_s = p.y_stage + (int64_t)(h0 / T) * p.P * T;
-    if (g < M) {
-      const int qa = memb[mlo + g];
-      *(float2*)(y_s + qa * T + 2 * t) = make_float2(acc[0][0], acc[0][1]);
-      *(float2*)(y_s + qa * T + 8 + 2 * t) = make_float2(acc[1][0], acc[1][1]);
-    }
-    if (g + 8 < M) {
-      const int qb = memb[mlo + g + 8];
-      *(float2*)(y_s + qb * T + 2 * t) = make_float2(acc[0][2], acc[0][3]);
-      *(float2*)(y_s + qb * T + 8 + 2 * t) = make_float2(acc[1][2], acc[1][3]);
-    }
+    down_mma_store(p.y_stage + (int64_t)(h0 / T) * p.P * T, acc, memb[mlo + ma], g < M,
+                   memb[mlo + mb], g + 8 < M, t);
   }
 #endif
 }
 
-// moe_down_runs' combine: out[n][h] = sum_j w[n,j] * y[(n,j)][h] in j order (down_combine's sum
-// on tile h / 16's part of p.y_stage), one thread an output.
+// moe_down_runs' combine: block b sums output features [16 b, 16 b + 16) of every row from tile
+// b's part of p.y_stage, as the big down kernel's CTA b does at its end (down_combine).
 __global__ void __launch_bounds__(256) moe_down_runs_combine(MoeParams p) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   constexpr int T = 16;
-  const int64_t i = (int64_t)blockIdx.x * 256 + threadIdx.x;
-  if (i >= (int64_t)p.n * p.H) return;
-  const int n = (int)(i / p.H), h = (int)(i % p.H);
-  const float* y_s = p.y_stage + (int64_t)(h / T) * p.P * T + (h % T);
-  float acc = 0.f;
-  for (int j = 0; j < p.k; ++j) {
-    const int q = n * p.k + j;
-    acc = fmaf(p.topk_w[q], y_s[q * T], acc);
-  }
-  store_from_float(p.out, p.x_dtype, i, acc);
+  down_combine(p, p.y_stage + (int64_t)blockIdx.x * p.P * T, blockIdx.x * T, T, threadIdx.x, 256);
 #endif
 }
 
@@ -1510,7 +1495,7 @@ int launch_down_runs(const MoeParams& p, const StreamPlan& sp, int grid, int sme
   if (int rc = allow_smem(moe_down_runs, smem, allowed, name)) return rc;
   launch_maybe_pdl(moe_down_runs, dim3((unsigned)grid), dim3(ST_THREADS), smem, st, pdl, p, sp);
   if (int rc = take_launch_error(name)) return rc;
-  moe_down_runs_combine<<<(unsigned)ceil_div_u(p.n * p.H, 256), 256, 0, st>>>(p);
+  moe_down_runs_combine<<<(unsigned)(p.H / 16), 256, 0, st>>>(p);  // (T = 16: checked)
   return take_launch_error("moe_experts: moe_down_runs_combine");
 }
 
