@@ -646,12 +646,12 @@ def bench_cells(args, extra: list[str] = (), cells: Optional[dict] = None
 
 
 def bench_json(path: str | Path) -> tuple[dict, dict]:
-    """(meta.args, summary) of a scripts/bench_engine.py JSON; anything else exits naming the
-    file."""
+    """(meta.args, summary) of a scripts/bench_engine.py JSON, the args with the run's GPU
+    (meta.device) as `device`; anything else exits naming the file."""
     p = Path(path)
     try:
         d = json.loads(p.read_text(encoding="utf-8"))
-        return d["meta"]["args"], d["summary"]
+        return {**d["meta"]["args"], "device": d["meta"].get("device", "")}, d["summary"]
     except (OSError, ValueError, KeyError, TypeError) as e:
         raise SystemExit(f"error: {p}: not a bench_engine.py JSON ({type(e).__name__}: {e})")
 
@@ -701,19 +701,18 @@ def bench_json_cells(path: str | Path) -> tuple[list[tuple[str, int, dict, list[
         mode = "solo" if c["mode"] == "solo" else ("batch_mtp" if c["batch_mtp"] else "batch")
         cells.append((name.removesuffix(OVERLAP_SUFFIX) + (OVERLAP_SUFFIX if c["overlap"] else ""),
                       n, {**cell, "mode": mode, "prompt_tokens": a["prompt_tokens"],
-                          "max_tokens": a["max_tokens"]}, over))
+                          "max_tokens": a["max_tokens"], "device": a["device"]}, over))
     return cells, skipped
 
 
-def card_mismatch(path: str | Path, preset: str) -> Optional[str]:
-    """A note when a bench_engine.py JSON's GPU (meta.device, "NVIDIA H100 80GB HBM3") is not
-    the card the hardware preset names (h100_80b_a3b_fp8), else None."""
-    d = json.loads(Path(path).read_text(encoding="utf-8"))
-    words = str(d.get("meta", {}).get("device", "")).split()
+def card_mismatch(name: str, device: str, preset: str) -> Optional[str]:
+    """A note when a run's GPU (a bench_engine.py JSON's meta.device, "NVIDIA H100 80GB HBM3")
+    is not the card the hardware preset names (h100_80b_a3b_fp8), else None."""
+    words = str(device).split()
     card = words[1].lower() if len(words) > 1 and words[0] == "NVIDIA" else None
     if card is None or preset.startswith(card + "_"):
         return None
-    return (f"{Path(path).name}: measured on {' '.join(words)}, priced as hardware={preset} "
+    return (f"{name}: measured on {' '.join(words)}, priced as hardware={preset} "
             f"(--hardware names the card's preset)")
 
 
@@ -723,12 +722,13 @@ def bench_json_check(paths: list[str], args) -> str:
     simulated."""
     rows = ["| file | config | N | engine tok/s | simulated tok/s | error | acceptance: engine / "
             "simulated |", "|---|---|---|---|---|---|---|"]
-    notes = []
+    skipped, priced = [], []
     for path in paths:
-        cells, skipped = bench_json_cells(path)
-        notes += skipped
-        mismatch = card_mismatch(path, args.hardware) if cells else None
-        notes += [mismatch] if mismatch else []
+        cells, skipped_here = bench_json_cells(path)
+        skipped += skipped_here
+        mismatch = (card_mismatch(Path(path).name, cells[0][2]["device"], args.hardware)
+                    if cells else None)
+        priced += [mismatch] if mismatch else []
         for name, n, cell, over in cells:
             args.prompt_tokens, args.max_tokens = cell["prompt_tokens"], cell["max_tokens"]
             # (--set after the run's own settings: what if it had run otherwise)
@@ -737,8 +737,8 @@ def bench_json_check(paths: list[str], args) -> str:
             rows.append(f"| {Path(path).name} | {name} | {n} | {cell['median_tps']:.1f} | "
                         f"{sim['tps']:.1f} | {sim['tps'] / cell['median_tps'] - 1:+.1%} | "
                         f"{fmt(cell.get('acceptance'))} / {fmt(sim['acceptance'])} |")
-    return "\n".join(rows + ([""] + [f"- {x}" if "priced as" in x else f"- not simulated: {x}"
-                                     for x in notes] if notes else []))
+    notes = [f"- {x}" for x in priced] + [f"- not simulated: {x}" for x in skipped]
+    return "\n".join(rows + ([""] + notes if notes else []))
 
 
 def bench_check(args) -> str:

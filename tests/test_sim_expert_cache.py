@@ -739,9 +739,10 @@ def test_bench_check_prices_a_run_on_its_cards_preset_at_its_depth(tmp_path):
         "meta": {**bench_meta(layers=8, max_tokens=16, window_rows=16, prefill_slots=8),
                  "device": "NVIDIA H100 80GB HBM3"},
         "summary": {"batch_mtp_w16+overlap@8": {"median_tps": 900.0, "acceptance": 0.8}}}))
-    assert study.card_mismatch(path, "h100_80b_a3b_fp8") is None
+    device = study.bench_json_cells(path)[0][0][2]["device"]
+    assert study.card_mismatch("n8.json", device, "h100_80b_a3b_fp8") is None
     assert "measured on NVIDIA H100 80GB HBM3, priced as hardware=h200_80b_a3b_fp8" in (
-        study.card_mismatch(path, "h200_80b_a3b_fp8"))
+        study.card_mismatch("n8.json", device, "h200_80b_a3b_fp8"))
 
     def check(hardware):
         args = argparse.Namespace(prompt_tokens=64, max_tokens=16, acceptance=0.8, set=None,
