@@ -109,15 +109,16 @@ def predict(preset: str, mode: str, n: int, extra: list[str], seeds: int,
     """Mean aggregate tok/s, acceptance, expert hit rate and decode-window misses of one cell
     over `seeds` routing seeds."""
     tps, hits, misses, acceptance = [], [], [], []
+    # Composed once (composing takes longer than a cell's simulation); only the seed differs.
+    cfg = compose_cfg([f"hardware={preset}", "workload=cohort", f"workload.requests={n}",
+                       f"workload.prompt_tokens={args.prompt_tokens}",
+                       f"workload.max_tokens={args.max_tokens}", "acceptance=fixed",
+                       f"acceptance.rate={args.acceptance}", "spread.enabled=false",
+                       # one slot a chunk, as the engine's measured studies and cohorts ran,
+                       # unless the cell says otherwise (`extra`)
+                       "engine.prefill_slots=1", *mode_overrides(mode, n), *extra])
     for seed in range(seeds):
-        cfg = compose_cfg([f"hardware={preset}", "workload=cohort", f"workload.requests={n}",
-                           f"workload.prompt_tokens={args.prompt_tokens}",
-                           f"workload.max_tokens={args.max_tokens}", "acceptance=fixed",
-                           f"acceptance.rate={args.acceptance}", "spread.enabled=false",
-                           # one slot a chunk, as the engine's measured studies and cohorts
-                           # ran, unless the cell says otherwise (`extra`)
-                           f"seed={seed}", "engine.prefill_slots=1", *mode_overrides(mode, n),
-                           *extra])
+        cfg.seed = seed
         m = run_predict(cfg).metrics
         tps.append(m["aggregate_tps"])
         if m["acceptance"] is not None:  # (None: no drafts)

@@ -81,16 +81,21 @@ def sim_overrides(knobs: dict, n: int, args) -> list[str]:
     return out
 
 
-def predict(preset: str, overrides: list[str]) -> dict:
+def compose_sim(preset: str, overrides: list[str]):
+    """The simulator's composed config for `preset` with `overrides`."""
     from hydra import compose, initialize_config_dir
 
     from sim.config import SIM_CONF_DIR, register_configs
-    from sim.predict import run_predict
 
     register_configs()
     with initialize_config_dir(config_dir=SIM_CONF_DIR, version_base="1.3"):
-        cfg = compose(config_name="config", overrides=[f"hardware={preset}", *overrides])
-    return run_predict(cfg).metrics
+        return compose(config_name="config", overrides=[f"hardware={preset}", *overrides])
+
+
+def predict(preset: str, overrides: list[str]) -> dict:
+    from sim.predict import run_predict
+
+    return run_predict(compose_sim(preset, overrides)).metrics
 
 
 def predict_drawn(preset: str, overrides: list[str], draws: int) -> dict:
@@ -99,9 +104,17 @@ def predict_drawn(preset: str, overrides: list[str], draws: int) -> dict:
     request's acceptance ranged 0.23-0.80 over seeds on the H200's code prompts), and the
     engine's prompts' own difficulty is unknown to the simulator, so a drafting cohort's
     prediction is the workload's expectation over many draws, not seed 0's."""
+    from sim.predict import run_predict
+
     draws = max(1, int(draws))
-    ms = [predict(preset, overrides + ([f"seed={seed}"] if draws > 1 else []))
-          for seed in range(draws)]
+    # Composed once: composing takes longer than a cohort's simulation, and only the seed
+    # differs between draws (run_predict reads the config, never writes it).
+    cfg = compose_sim(preset, overrides)
+    ms = []
+    for seed in range(draws):
+        if draws > 1:
+            cfg.seed = seed
+        ms.append(run_predict(cfg).metrics)
     accs = [m["acceptance"] for m in ms if m["acceptance"] is not None]
     return {"aggregate_tps": sum(m["aggregate_tps"] for m in ms) / draws,
             "range": {"aggregate_tps": [sum(m["range"]["aggregate_tps"][i] for m in ms) / draws
