@@ -56,16 +56,37 @@ class AcceptanceModel:
         raise NotImplementedError
 
 
+class _Uniforms:
+    """A stream's uniform draws in order, `random()` at a time, drawn from the Generator in
+    blocks: the same numbers as a `Generator.random()` call each, at a small part of a numpy
+    call's cost (the acceptance models draw millions in a calibration's refit)."""
+
+    __slots__ = ("_gen", "_block", "_next")
+    BLOCK = 64
+
+    def __init__(self, gen: np.random.Generator):
+        self._gen, self._block, self._next = gen, [], 0
+
+    def random(self) -> float:
+        i = self._next
+        if i == len(self._block):
+            self._block, i = self._gen.random(self.BLOCK).tolist(), 0
+        self._next = i + 1
+        return self._block[i]
+
+
 class _PerRequestStreams:
+    """One uniform stream per request index (stream `name`, the index its key)."""
+
     def __init__(self, streams: RandomStreams, name: str):
         self._streams = streams
         self._name = name
-        self._gens: dict[Any, Any] = {}
+        self._gens: dict[Any, _Uniforms] = {}
 
-    def gen(self, req_index: int):
+    def gen(self, req_index: int) -> _Uniforms:
         g = self._gens.get(req_index)
         if g is None:
-            g = self._gens[req_index] = self._streams.stream(self._name, req_index)
+            g = self._gens[req_index] = _Uniforms(self._streams.stream(self._name, req_index))
         return g
 
 
@@ -211,7 +232,7 @@ class ChainAcceptance(AcceptanceModel):
                              f"finite, got spread={spread}, offset={offset}")
         self.spread, self.offset = float(spread), float(offset)
         self._gens = _PerRequestStreams(streams, "acceptance")
-        self._spread_gens = _PerRequestStreams(streams, "acceptance_spread")
+        self._streams = streams  # (its "acceptance_spread" stream: one normal a request)
         #: The spread fit's fixed difficulties by request index (None: drawn per request).
         self._request_z = request_z
         #: Logit shifts of the first requests, as given (None: none pinned).
@@ -235,7 +256,8 @@ class ChainAcceptance(AcceptanceModel):
                 r = (self.first, self.after_miss, self.after_hit)
             else:
                 z = (self._request_z[idx] if self._request_z is not None
-                     else float(self._spread_gens.gen(idx).standard_normal()))
+                     else float(self._streams.stream("acceptance_spread", idx)
+                                 .standard_normal()))
                 shift = self.offset + self.spread * z
                 r = (logit_shift(self.first, shift),
                      [logit_shift(x, shift) for x in self.after_miss],
@@ -249,15 +271,15 @@ class ChainAcceptance(AcceptanceModel):
             raise ValueError(f"chain acceptance: position {position} of request {idx} asked after "
                              f"{last[0]} (positions only move forward)")
         first, after_miss, after_hit = self._request_rates(idx)
-        p, bit = (position - 1, False) if last is None else last
-        while p < position:
-            p += 1
-            if last is None and p == position:
-                rate = first
-            else:
-                b = min(max(p, 0) // self.tokens, len(after_hit) - 1)
-                rate = after_hit[b] if bit else after_miss[b]
-            bit = bool(gen.random() < rate)
+        if last is None:
+            bit = gen.random() < first
+        else:
+            p, bit = last
+            tokens, top = self.tokens, len(after_hit) - 1
+            while p < position:
+                p += 1
+                b = min(max(p, 0) // tokens, top)
+                bit = gen.random() < (after_hit[b] if bit else after_miss[b])
         self._chain[idx] = (position, bit)
         return bit
 
