@@ -8,6 +8,7 @@ parity tests see every branch of the model. Helpers used by several test files l
 
 from __future__ import annotations
 
+import os
 import shutil
 from pathlib import Path
 
@@ -173,6 +174,18 @@ FAST_VARIANTS: dict[str, int] = {
     "tests/test_many_experts_identity.py::test_greedy_tokens_identical_in_every_mode": 1,
     "tests/test_engine_properties.py::test_committed_state_matches_recompute": 2,
 }
+
+
+def pytest_configure(config):
+    """Under pytest-xdist (the README's `-n 2`), each worker takes its share of the cores, and
+    so do the engines and scripts its tests start: torch's default of a thread per core in
+    every worker oversubscribes them, and OpenMP's spin-waits then cost several times over."""
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    if workers > 1:
+        threads = str(max(1, (os.cpu_count() or 1) // workers))
+        os.environ.setdefault("OMP_NUM_THREADS", threads)
+        os.environ.setdefault("MKL_NUM_THREADS", threads)
+        torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
 
 
 def pytest_collection_modifyitems(config, items):
