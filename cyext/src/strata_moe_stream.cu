@@ -201,11 +201,14 @@ __device__ __forceinline__ void for_members(const int* ids_s, int P, int s0, int
 // folded shared expert has every row) was one warp's long chain at 16 rows. A member's sums do
 // not depend on which item holds it, so the bits are those of one item per expert. Tables at
 // sp.items_off, P ints each: memb (the pairs, item by item; within an expert in arrival
-// order), span (an item's members: memb[lo, hi), lo | hi << 16), eid (its expert), cnt
-// (scratch); memb holds P ints, the others P too (BIG: sp.item_cap, the most items a big
-// launch can have). Overwrites the first-pair table with each expert's distinct index. Returns
-// the item count.
-template <bool BIG = false>
+// order, or in pair order: ORDERED), span (an item's members: memb[lo, hi), lo | hi << 16), eid
+// (its expert), cnt (scratch); memb holds P ints, the others P too (BIG: sp.item_cap, the most
+// items a big launch can have). Overwrites the first-pair table with each expert's distinct
+// index (ORDERED: then with its member count). Returns the item count. ORDERED: within an expert its members in pair order (each ranked among the
+// expert's members after the atomics placed them), where the atomics' order differs from CTA to
+// CTA: the member-run kernels deal one expert's runs to several CTAs, so every CTA must cut the
+// expert into the same runs (else a member is in no run of one CTA's share of the tiles).
+template <bool BIG = false, bool ORDERED = false>
 __device__ __forceinline__ int down_items(uint8_t* smem, const MoeParams& p, const StreamPlan& sp,
                                           int distinct) {
   constexpr int PT = BIG ? ST_BIG_PER_THREAD : ST_PER_THREAD;
@@ -266,11 +269,33 @@ __device__ __forceinline__ int down_items(uint8_t* smem, const MoeParams& p, con
     m0 += c[j];
     i0 += runs[j];
   }
+  if (ORDERED) {  // the member counts into the first-pair table (dead once d[] holds the indices)
+#pragma unroll
+    for (int j = 0; j < PT; ++j)
+      if (j < dper && d0 + j < distinct) index_s[d0 + j] = c[j];
+  }
   __syncthreads();
 #pragma unroll
   for (int j = 0; j < PT; ++j)
     if (j < per && q0 + j < p.P) memb[cnt[d[j]] + ord[j]] = q0 + j;
   __syncthreads();
+  if (ORDERED) {
+    // each pair's rank among its expert's members: how many of them come before it
+#pragma unroll
+    for (int j = 0; j < PT; ++j) {
+      if (j < per && q0 + j < p.P) {
+        const int lo = cnt[d[j]], hi = lo + index_s[d[j]];
+        int rank = 0;
+        for (int i = lo; i < hi; ++i) rank += memb[i] < q0 + j;
+        ord[j] = rank;
+      }
+    }
+    __syncthreads();
+#pragma unroll
+    for (int j = 0; j < PT; ++j)
+      if (j < per && q0 + j < p.P) memb[cnt[d[j]] + ord[j]] = q0 + j;
+    __syncthreads();
+  }
   return total >> 16;
 }
 
@@ -792,7 +817,7 @@ __global__ void __launch_bounds__(ST_THREADS, 1) moe_gate_up_runs(MoeParams p, S
   constexpr int F = 4;
   extern __shared__ __align__(128) uint8_t smem[];
   const int distinct = gate_up_start<BIG>(smem, p, sp);
-  const int runs = down_items<BIG>(smem, p, sp, distinct);
+  const int runs = down_items<BIG, true>(smem, p, sp, distinct);
   const int* memb = (const int*)(smem + sp.items_off);
   const int* span = memb + p.P;
   const int* eid = span + (BIG ? sp.item_cap : p.P);
@@ -1231,7 +1256,7 @@ __global__ void __launch_bounds__(ST_THREADS, 1) moe_down_runs(MoeParams p, Stre
   constexpr int T = 16;
   extern __shared__ __align__(128) uint8_t smem[];
   const int distinct = stream_start<true>(smem, p, sp);
-  const int runs = down_items<true>(smem, p, sp, distinct);
+  const int runs = down_items<true, true>(smem, p, sp, distinct);
   const int* memb = (const int*)(smem + sp.items_off);
   const int* span = memb + p.P;
   const int* eid = span + sp.item_cap;
