@@ -506,9 +506,15 @@ def test_gpu_moe_fp8_wide_launches_of_128_rows_and_more(N, E, k, wide_rows, runs
         got = [run(False), run(True)]
         got_replay = _replay_with_new_ids(x, weights, w.clone(), ids.clone(), (128, 128), 8,
                                           prompt=True)
+        # every workspace value the launches read was written by them: a workspace of NaN (a
+        # reused one can hold an earlier call's act, right by chance)
+        ws = torch.full((C.moe_workspace_numel(N, k, I, H),), float("nan"), device="cuda")
+        fresh = C.gpu_moe_experts(x, *weights[:2], w, ids, *weights[2:], (128, 128),
+                                  workspace=ws, prompt=True)
         with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
             run(True)
             torch.cuda.synchronize()
+    assert torch.equal(fresh, want[1])
     names = " ".join(e.name for e in prof.events())
     assert ("moe_gate_up_runs" in names) is runs and ("moe_gate_up_mma" in names) is not runs
     big = min(N, wide_rows) * k > 1632  # (MOE_WIDE_SMEM_PAIRS: its down results in the workspace)
