@@ -266,6 +266,10 @@ class SimExpertsConfig:
     #: bytes model: the bytes of one LM head row (hidden size x the head's bytes per weight);
     #: 0: not given.
     head_row_bytes: float = 0.0
+    #: bytes model: what a byte of the FP8 draft head (engine.draft_head=fp8) costs in bf16
+    #: head bytes' time: the streamed FP8 linear over the head's many rows reads below the rate
+    #: the bf16 head's GEMM does (1: the same rate).
+    fp8_head_byte_cost: float = 1.0
     #: bytes model: a prompt chunk's time over its windows' bytes model (a chunk of T tokens
     #: prices as a 1-group window of T rows times this): what the window fit leaves out of
     #: prefill (MoE calls of 32 rows each reading their experts, the chunked delta rule),
@@ -440,6 +444,8 @@ def validate_experts(x: Any, engine: Any, memory: Any) -> None:
         bad("row_overlap", f"must be in [0, 1], got {x.row_overlap}")
     if not 0.0 < x.decay <= 1.0:
         bad("decay", f"must be in (0, 1], got {x.decay}")
+    if not x.fp8_head_byte_cost > 0.0:
+        bad("fp8_head_byte_cost", f"must be > 0, got {x.fp8_head_byte_cost}")
     if not 0.0 < x.hbm_efficiency <= 1.0:
         bad("hbm_efficiency", f"must be in (0, 1], got {x.hbm_efficiency}")
     if not x.prefill_scale > 0.0:

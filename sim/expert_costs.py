@@ -219,7 +219,8 @@ def bytes_model_from_config(x: Any, memory: Any, draft_vocab: int = 0,
     """The bytes model of an `experts` config on the `memory` group's card; `draft_vocab`:
     engine.draft_vocab (0: drafts read the whole LM head); `draft_fp8`: engine.draft_head=fp8,
     the drafts' rows read in FP8 (a byte a weight of experts.head_row_bytes' bf16 row, and a
-    float32 scale per 128 x 128 block)."""
+    float32 scale per 128 x 128 block, each byte at experts.fp8_head_byte_cost bf16 bytes'
+    time)."""
     saved = 0.0
     if draft_vocab > 0 or draft_fp8:
         knob = "engine.draft_vocab" if draft_vocab > 0 else "engine.draft_head"
@@ -231,8 +232,8 @@ def bytes_model_from_config(x: Any, memory: Any, draft_vocab: int = 0,
             raise ExpertModelError(f"engine.draft_vocab: {draft_vocab} exceeds the LM head's "
                                    f"rows (experts.head_rows={x.head_rows})")
         rows = draft_vocab or x.head_rows
-        row_bytes = float(x.head_row_bytes) / 2 * (1 + 4 / 128**2) if draft_fp8 \
-            else float(x.head_row_bytes)
+        row_bytes = float(x.head_row_bytes) / 2 * (1 + 4 / 128**2) * float(
+            x.fp8_head_byte_cost) if draft_fp8 else float(x.head_row_bytes)
         saved = x.head_rows * float(x.head_row_bytes) - rows * row_bytes
     return WindowBytesModel(layers=int(x.layers), per_layer_s=float(x.per_layer_s),
                             hbm_bytes_per_s=float(memory.hbm_gb_s) * 1e9 * float(x.hbm_efficiency),
