@@ -12,8 +12,10 @@
 #   dh1 step dh's GPU test and its first two configurations, for a call with little time left
 #   dn  the same at batch_mtp W16 N=8 (64-token prompts and outputs)
 #   ts  the embedded model's solo window depth: spec 4, 5 and 6 (256 tokens, 3 repeats)
+#   t   the wide-launch and streamed MoE bit tests (runs on and off; a launch on a NaN workspace)
+# SO= names another extension (docs/bench/s48/device/calls.sh: .dev/s48's).
 set -u
-. docs/bench/device_common.sh .dev/s47/new_cuda.so.xz
+. docs/bench/device_common.sh ${SO:-.dev/s47/new_cuda.so.xz}
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader | tee $R/gpu.txt
 L="--layers ${LAYERS:-24}"; [ "${LAYERS:-24}" = 48 ] && L=
 for step in ${@:-r}; do
@@ -21,6 +23,8 @@ case $step in
 r)
   TAIL=4 st runs_test 200 python3 -m pytest -q -p no:warnings -rf -o addopts="" -m gpu tests/test_moe_kernels.py -k "wide_launch"
   TAIL=8 st runs_time 120 python3 docs/bench/s47/device/runs_time.py ;;
+t)
+  TAIL=4 st moe_tests 150 python3 -m pytest -q -p no:warnings -rf -o addopts="" -m gpu tests/test_moe_kernels.py -k "wide_launch or more_members or stream_same_bits" ;;
 r1)  # step r in less device time: the 128-600-row tests and the 512-row timing
   TAIL=4 st runs_test1 150 python3 -m pytest -q -p no:warnings -rf -o addopts="" -m gpu tests/test_moe_kernels.py -k "wide_launches_of_128 or more_members"
   TAIL=8 st runs_time1 90 python3 docs/bench/s47/device/runs_time.py 512 ;;
