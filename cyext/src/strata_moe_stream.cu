@@ -286,7 +286,8 @@ __device__ __forceinline__ int down_items(uint8_t* smem, const MoeParams& p, con
       if (j < per && q0 + j < p.P) {
         const int lo = cnt[d[j]], hi = lo + index_s[d[j]];
         int rank = 0;
-        for (int i = lo; i < hi; ++i) rank += memb[i] < q0 + j;
+#pragma unroll 8
+        for (int i = lo; i < hi; ++i) rank += memb[i] < q0 + j;  // (8 loads in flight)
         ord[j] = rank;
       }
     }
