@@ -42,9 +42,8 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 import numpy as np  # noqa: E402
-from hydra import compose, initialize_config_dir  # noqa: E402
 
-from sim.config import SIM_CONF_DIR, register_configs  # noqa: E402
+from sim.config import compose_sim  # noqa: E402
 from sim.expert_costs import (bench_windows, bytes_model_from_config, fit_launch_excess,  # noqa: E402
                               fit_window_bytes)
 from omegaconf import OmegaConf  # noqa: E402
@@ -93,11 +92,6 @@ CARD_VARIANTS = {"rtx5070_80b_a3b_iq3_s (8 slots/layer)": [
     f"engine.expert_cache_mib={-(-8 * 48 * 1351680 // (1 << 20))}"]}
 
 
-def compose_cfg(overrides: list[str]):
-    with initialize_config_dir(config_dir=SIM_CONF_DIR, version_base="1.3"):
-        return compose(config_name="config", overrides=overrides)
-
-
 def mode_overrides(mode: str, n: int) -> list[str]:
     if mode == "solo":
         return ["engine.mode=solo"]
@@ -110,7 +104,7 @@ def predict(preset: str, mode: str, n: int, extra: list[str], seeds: int,
     over `seeds` routing seeds."""
     tps, hits, misses, acceptance = [], [], [], []
     # Composed once (composing takes longer than a cell's simulation); only the seed differs.
-    cfg = compose_cfg([f"hardware={preset}", "workload=cohort", f"workload.requests={n}",
+    cfg = compose_sim([f"hardware={preset}", "workload=cohort", f"workload.requests={n}",
                        f"workload.prompt_tokens={args.prompt_tokens}",
                        f"workload.max_tokens={args.max_tokens}", "acceptance=fixed",
                        f"acceptance.rate={args.acceptance}", "spread.enabled=false",
@@ -140,7 +134,7 @@ def budget_overrides(fraction: float, x) -> list[str]:
 # --- 1. the H200 study -----------------------------------------------------------------------
 
 def h200_study(args, extra: list[str]) -> dict:
-    x = compose_cfg([f"hardware={H200}", *extra]).experts
+    x = compose_sim([f"hardware={H200}", *extra]).experts
     cells = {}
     for frac in BUDGETS:
         for n in NS:
@@ -214,7 +208,7 @@ def h200_plot(cells: dict, path: Path) -> None:
 
 def model_window_ms(groups: int, depth: int) -> float:
     """The H200 preset's bytes-model time of an all-resident window under uniform routing."""
-    x = compose_cfg([f"hardware={H200}"])
+    x = compose_sim([f"hardware={H200}"])
     distinct = expected_distinct_uniform(x.experts.experts, x.experts.top_k, groups * depth)
     model = bytes_model_from_config(x.experts, x.memory)
     return model.resident_s(groups, depth, round(distinct * x.experts.moe_layers)) * 1e3
@@ -264,10 +258,10 @@ def card_tables(cards: dict) -> str:
     agree = total = 0
     for name, cells in cards.items():
         base = name.split(" ")[0]
-        cfg = compose_cfg([f"hardware={base}"] + CARD_VARIANTS.get(name, []))
+        cfg = compose_sim([f"hardware={base}"] + CARD_VARIANTS.get(name, []))
         x = cfg.experts
         slots = expert_slots(cfg.engine.expert_cache_mib, x.experts, x.moe_layers, x.expert_bytes)
-        fit = slots_that_fit(OmegaConf.to_object(compose_cfg(
+        fit = slots_that_fit(OmegaConf.to_object(compose_sim(
             [f"hardware={base}", "engine.slots=8"] + CARD_VARIANTS.get(name, []))))[0]
         out.append(f"**{name}**: {cfg.hardware.description.split(',')[0]}, expert cache "
                    f"{cfg.engine.expert_cache_mib} MiB = {slots} of {x.experts} experts per layer "
@@ -409,7 +403,7 @@ def depth_overrides(layers: int) -> list[str]:
     """The FP8 preset at `layers` decoder layers (a --layers run): the MoE layers, the per-layer
     cost, the per-layer bytes and a prompt chunk's work per computed row (every layer's) scale
     with it; the head and MTP bytes do not."""
-    x = compose_cfg([f"hardware={H200}"]).experts
+    x = compose_sim([f"hardware={H200}"]).experts
     f = layers / x.layers
     fixed = non_layer_bytes()
     return [f"experts.layers={layers}", f"experts.moe_layers={layers}",
@@ -490,7 +484,7 @@ def protocol_note(meta: dict) -> str:
 def engine_check(args) -> str:
     eng, meta = engine_cells(args.engine)
     extra = engine_overrides(meta, args) + list(getattr(args, "set", None) or [])
-    x = compose_cfg([f"hardware={H200}", *extra]).experts
+    x = compose_sim([f"hardware={H200}", *extra]).experts
     fit_in = [float(b) for b in args.fit_budgets.split(",")]
     full, low = max(fit_in), min(fit_in)
     # The engine's synthetic acceptance is a hash of (seed, position): the simulator takes the
@@ -529,7 +523,7 @@ def engine_check(args) -> str:
     # The miss cost from the lowest held-in budget: first the bus bandwidth a miss is read at
     # inside the window (the measured copy bandwidth is its bound), then a fixed cost per
     # miss on top.
-    bus0 = float(compose_cfg([f"hardware={H200}", *extra]).memory.bus_gb_s)
+    bus0 = float(compose_sim([f"hardware={H200}", *extra]).memory.bus_gb_s)
     bus, miss_s = bus0, float(x.miss_s)
     if low != full:
         bus = min((bus0 * f for f in (0.8, 0.9, 1.0, 1.1, 1.2, 1.3, 1.4)),
@@ -820,7 +814,7 @@ def fit_prefill_scales(chunks: Optional[list[dict]] = None, held_out: Sequence[d
     slot and of several, and of several launch sizes, tell them apart). Returns the three and
     each chunk's measured and fitted ms, then each `held_out` chunk's, priced with the fitted
     terms but not fitted to (its file marked "(left out)")."""
-    x = compose_cfg([f"hardware={H200}"])
+    x = compose_sim([f"hardware={H200}"])
     chunks = bench_chunks() if chunks is None else chunks
     held_out = [{**c, "file": f"{c.get('file', '-')} (left out)"} for c in held_out]
     parts = np.array([chunk_parts(x.experts, x.memory, c["tokens"], c["slots"], c.get("launch"))
@@ -842,7 +836,7 @@ def fit_prefill_scales(chunks: Optional[list[dict]] = None, held_out: Sequence[d
 # --- the bytes model's fit -------------------------------------------------------------------
 
 def fit_report() -> str:
-    x = compose_cfg([f"hardware={H200}"])
+    x = compose_sim([f"hardware={H200}"])
     model, rep = fit_window_bytes(bench_windows(BENCH, skip=()), x.experts.layers, x.experts.moe_layers,
                                   x.experts.expert_bytes, x.memory.hbm_gb_s)
     out = [f"per_layer_s {rep['per_layer_s']:.4e} (fixed {rep['per_layer_s'] * model.layers * 1e3:.2f} ms), "
@@ -862,7 +856,7 @@ def fit_launch_report(paths: list[str], hardware: str) -> str:
     """experts.per_layer_launch_s from bench_engine.py JSONs that ran windows wider than
     experts.launch_rows beside narrower ones (one card, one depth: the runs' `layers`, else
     the preset's): the narrow windows' bytes model, and each wide window's excess over it."""
-    x = compose_cfg([f"hardware={hardware}"])
+    x = compose_sim([f"hardware={hardware}"])
     layers = {int(bench_json(p)[0].get("layers") or x.experts.layers) for p in paths}
     if len(layers) != 1:
         raise SystemExit(f"error: --fit-launch: the runs are of several depths ({sorted(layers)})")
@@ -911,13 +905,13 @@ Window cost: the bytes model fitted to the engine's full-depth FP8 windows on th
 (docs/bench/s28/fp8_n8.json and fp8_solo.json: 2.03 ms fixed + bytes / 2.76 TB/s, every shape
 within 3.5%),
 a prompt chunk its 1-group window's fixed part and other bytes times
-{compose_cfg([f"hardware={H200}"]).experts.prefill_scale:g} (`experts.prefill_scale`), its expert bytes times
-{compose_cfg([f"hardware={H200}"]).experts.prefill_expert_scale:g} (`experts.prefill_expert_scale`) and
-{compose_cfg([f"hardware={H200}"]).experts.prefill_row_s * 1e3:g} ms per computed row (`experts.prefill_row_s`), all fitted to the
+{compose_sim([f"hardware={H200}"]).experts.prefill_scale:g} (`experts.prefill_scale`), its expert bytes times
+{compose_sim([f"hardware={H200}"]).experts.prefill_expert_scale:g} (`experts.prefill_expert_scale`) and
+{compose_sim([f"hardware={H200}"]).experts.prefill_row_s * 1e3:g} ms per computed row (`experts.prefill_row_s`), all fitted to the
 engine's measured prompt chunks of one slot and of eight in two launch sizes (the script's BENCH_CHUNKS); every row a
 window runs routes, padding included, as in the engine; a missed expert adds, per read (one per 32-row MoE kernel call), its bytes
-over the bus ({compose_cfg([f"hardware={H200}"]).memory.bus_gb_s:g} GB/s on the H200) plus
-{compose_cfg([f"hardware={H200}"]).experts.miss_s * 1e6:g} us, both fitted on the engine study's 25% budget. Routing: Zipf popularity of exponent
+over the bus ({compose_sim([f"hardware={H200}"]).memory.bus_gb_s:g} GB/s on the H200) plus
+{compose_sim([f"hardware={H200}"]).experts.miss_s * 1e6:g} us, both fitted on the engine study's 25% budget. Routing: Zipf popularity of exponent
 {H200_SKEW} (trained routers' skew, see conf/sim/experts/qwen3_next_80b_a3b_iq3_s.yaml), rows of one
 request routed independently on the H200 (random dummy routers); the cards' presets assume trained
 routers repeat half of a token's experts on the next token (`experts.row_overlap=0.5`).
@@ -1004,7 +998,6 @@ def main(argv: Optional[list[str]] = None) -> int:
     ap.add_argument("--from-json", help="render the tables from an earlier run's --json "
                     "instead of simulating again")
     args = ap.parse_args(argv)
-    register_configs()
     if args.fit:
         print(fit_report())
         f, fe, fr, rows = fit_prefill_scales(held_out=bench_chunks(BENCH_CHUNKS_OUT))

@@ -32,9 +32,8 @@ import matplotlib  # noqa: E402
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
-from hydra import compose, initialize_config_dir  # noqa: E402
 
-from sim.config import SIM_CONF_DIR, register_configs  # noqa: E402
+from sim.config import compose_sim  # noqa: E402
 from sim.predict import run_predict  # noqa: E402
 
 # --- study parameters (what the studies vary, and the upstream facts they are set against) ---
@@ -75,8 +74,7 @@ CLIENT_WORKLOAD = ["profile=" + str(REPO / "conf" / "sim" / "profiles" / "h200_t
 
 
 def compose_cfg(overrides):
-    with initialize_config_dir(config_dir=SIM_CONF_DIR, version_base="1.3"):
-        return compose(config_name="config", overrides=[f"seed={SEED}", *overrides])
+    return compose_sim([f"seed={SEED}", *overrides])
 
 
 def run(overrides):
@@ -282,7 +280,6 @@ def main(argv=None):
     ap.add_argument("--out-md", default=str(REPO / "docs" / "SIM_STUDIES.md"))
     ap.add_argument("--img-dir", default=str(REPO / "docs" / "img"))
     args = ap.parse_args(argv)
-    register_configs()
     commit = commit_id()  # before anything is written: the plots would make the tree dirty
     img = Path(args.img_dir)
     img.mkdir(parents=True, exist_ok=True)

@@ -81,21 +81,11 @@ def sim_overrides(knobs: dict, n: int, args) -> list[str]:
     return out
 
 
-def compose_sim(preset: str, overrides: list[str]):
-    """The simulator's composed config for `preset` with `overrides`."""
-    from hydra import compose, initialize_config_dir
-
-    from sim.config import SIM_CONF_DIR, register_configs
-
-    register_configs()
-    with initialize_config_dir(config_dir=SIM_CONF_DIR, version_base="1.3"):
-        return compose(config_name="config", overrides=[f"hardware={preset}", *overrides])
-
-
 def predict(preset: str, overrides: list[str]) -> dict:
+    from sim.config import compose_sim
     from sim.predict import run_predict
 
-    return run_predict(compose_sim(preset, overrides)).metrics
+    return run_predict(compose_sim([f"hardware={preset}", *overrides])).metrics
 
 
 def predict_drawn(preset: str, overrides: list[str], draws: int) -> dict:
@@ -104,12 +94,13 @@ def predict_drawn(preset: str, overrides: list[str], draws: int) -> dict:
     request's acceptance ranged 0.23-0.80 over seeds on the H200's code prompts), and the
     engine's prompts' own difficulty is unknown to the simulator, so a drafting cohort's
     prediction is the workload's expectation over many draws, not seed 0's."""
+    from sim.config import compose_sim
     from sim.predict import run_predict
 
     draws = max(1, int(draws))
     # Composed once: composing takes longer than a cohort's simulation, and only the seed
     # differs between draws (run_predict reads the config, never writes it).
-    cfg = compose_sim(preset, overrides)
+    cfg = compose_sim([f"hardware={preset}", *overrides])
     ms = []
     for seed in range(draws):
         if draws > 1:

@@ -335,6 +335,16 @@ def register_configs() -> None:
         OmegaConf.register_new_resolver("sim_conf", lambda rel: str(Path(SIM_CONF_DIR) / rel))
 
 
+def compose_sim(overrides: list[str]) -> Any:
+    """The simulator's config as `python -m sim` composes it from conf/sim with `overrides`
+    (for scripts and studies that run many predictions in one process)."""
+    from hydra import compose, initialize_config_dir
+
+    register_configs()
+    with initialize_config_dir(config_dir=SIM_CONF_DIR, version_base="1.3"):
+        return compose(config_name="config", overrides=list(overrides))
+
+
 class SimConfigError(ConfigError):
     """A simulator configuration value that cannot run (names the key and the problem)."""
 

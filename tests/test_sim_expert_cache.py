@@ -612,7 +612,7 @@ def test_prefill_scales_are_fitted_to_the_chunk_times():
 
     study = study_module()
     register_configs()
-    x = study.compose_cfg([f"hardware={study.H200}"])
+    x = study.compose_sim([f"hardware={study.H200}"])
     chunks = []
     for slots, launch in ((1, 64), (8, 128), (8, 64)):
         fixed, experts, rows = study.chunk_parts(x.experts, x.memory, 64, slots, launch)
