@@ -204,10 +204,11 @@ __device__ __forceinline__ void for_members(const int* ids_s, int P, int s0, int
 // order, or in pair order: ORDERED), span (an item's members: memb[lo, hi), lo | hi << 16), eid
 // (its expert), cnt (scratch); memb holds P ints, the others P too (BIG: sp.item_cap, the most
 // items a big launch can have). Overwrites the first-pair table with each expert's distinct
-// index (ORDERED: then with its member count). Returns the item count. ORDERED: within an expert its members in pair order (each ranked among the
-// expert's members after the atomics placed them), where the atomics' order differs from CTA to
-// CTA: the member-run kernels deal one expert's runs to several CTAs, so every CTA must cut the
-// expert into the same runs (else a member is in no run of one CTA's share of the tiles).
+// index (ORDERED: then with its member count). Returns the item count. ORDERED: within an
+// expert its members in pair order (each ranked among the expert's members after the atomics
+// placed them), where the atomics' order differs from CTA to CTA: the member-run kernels deal
+// one expert's runs to several CTAs, so every CTA must cut the expert into the same runs (else
+// a member is in no run of one CTA's share of the tiles).
 template <bool BIG = false, bool ORDERED = false>
 __device__ __forceinline__ int down_items(uint8_t* smem, const MoeParams& p, const StreamPlan& sp,
                                           int distinct) {
