@@ -951,6 +951,12 @@ __device__ __forceinline__ void down_mma_chunk(float (&acc)[2][4], const uint8_t
   }
 }
 
+// A down MMA pass's block scales of expert e at output rows h0..: lane l < ncb holds block l's
+// (of the I / bi blocks along k), the other lanes 0.
+__device__ __forceinline__ float down_block_scale(const MoeParams& p, int e, int h0, int lane,
+                                                  int ncb) {
+  return lane < ncb ? __ldg(expert_down_scale(p, e) + (h0 / p.bo) * p.ncb_i + lane) : 0.f;
+}
 // A down MMA pass's results (T = 16 output rows a tile) into y_s: lane (g, t) holds members g
 // and g + 8 at output rows 2t, 2t + 1 of each 8-row half; pair qa (row g, where a_ok) and qb.
 __device__ __forceinline__ void down_mma_store(float* y_s, const float (&acc)[2][4], int qa,
@@ -1168,7 +1174,7 @@ __global__ void __launch_bounds__(ST_THREADS, 1) moe_down_stream(MoeParams p, St
     for (int li = warp; li < items; li += sp.warps) {
       const int stage = li % S;
       const int e = sp.group ? eid[li] : ids_s[lead_s[li]];
-      const float sdn = lane < ncb ? __ldg(expert_down_scale(p, e) + (h0 / p.bo) * p.ncb_i + lane) : 0.f;
+      const float sdn = down_block_scale(p, e, h0, lane, ncb);
       // (the stage is waited for inside the first pass, after its first act loads)
       const uint8_t* wrow = ring + stage * ST_DOWN_STAGE + g * row_bytes + 16 * t;
       // the item's members, 32 at a time: lane j holds member w0 + j (the tables' run, or the
@@ -1301,7 +1307,7 @@ __global__ void __launch_bounds__(ST_THREADS, 1) moe_down_runs(MoeParams p, Stre
     if (li >= n_local) break;
     const int stage = li % S, h0 = (item % tiles) * T, e = eid[r];
     const int mlo = span[r] & 0xffff, M = (span[r] >> 16) - mlo;
-    const float sdn = lane < ncb ? __ldg(expert_down_scale(p, e) + (h0 / p.bo) * p.ncb_i + lane) : 0.f;
+    const float sdn = down_block_scale(p, e, h0, lane, ncb);
     // A's rows g and g + 8: members g and g + 8 (past the last: the first)
     const int ma = g < M ? g : 0, mb = g + 8 < M ? g + 8 : 0;
     const uint8_t* xa_row = as + ma * sp.x_stride + 32 * t;
