@@ -211,7 +211,7 @@ int strata_gpu_moe_wide_takes(int64_t n, int64_t k, int64_t E, int64_t H, int64_
 // them zero): a down item waits for its own expert's act, not for the whole gate/up grid. The
 // same bits.
 #define STRATA_MOE_FUSED (1 << 28)
-// STRATA_MOE_GU_RUNS (off): wide launches (STRATA_MOE_X_GLOBAL) run the tensor-core gate/up on
+// STRATA_MOE_GU_RUNS (on): wide launches (STRATA_MOE_X_GLOBAL) run the tensor-core gate/up on
 // items of (member run of at most 16, tile), each CTA a contiguous range of them, the current
 // run's x rows staged in shared memory (strata_moe_stream.cu, moe_gate_up_runs) instead of read
 // from L2 by every pass; in a big launch on the tensor-core down kernel, the down kernel so too

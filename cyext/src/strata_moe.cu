@@ -379,11 +379,14 @@ __global__ void __launch_bounds__(MOE_DOWN_THREADS, 2) moe_down_kernel(MoeParams
 // GU_MMA is on: the streamed gate/up on tensor cores took the FP8 experts from 53% to 66% of the
 // copy ceiling at 16 rows and 39% to 49% at 32 (docs/KERNELS.md). X_GLOBAL is on: 64 rows in one
 // launch 469 against 553 us for four of 16, a 64-token prompt chunk 36.0 against 41.0 ms at
-// full depth (docs/KERNELS.md "Wide launches").
+// full depth (docs/KERNELS.md "Wide launches"). GU_RUNS is on: one layer's experts at 64 / 256 /
+// 512 prompt rows in 452 / 697 / 752 against 488 / 856 / 1,326 us on an H100, an eight-slot
+// prompt chunk at 24 layers 32.8 against 46.8 ms (docs/KERNELS.md "member runs").
 int g_moe_options = STRATA_MOE_PDL | STRATA_MOE_EARLY | STRATA_MOE_DB | STRATA_MOE_XSMEM |
                     STRATA_MOE_STREAM | STRATA_LINEAR_STREAM | STRATA_MOE_STREAM_MISS |
                     STRATA_LINEAR_SPLIT | STRATA_LINEAR_SPLIT_PAIR | STRATA_MOE_GU_MMA |
-                    STRATA_MOE_DOWN_SPLIT | STRATA_MOE_X_GLOBAL | STRATA_MOE_DOWN_MMA;
+                    STRATA_MOE_DOWN_SPLIT | STRATA_MOE_X_GLOBAL | STRATA_MOE_DOWN_MMA |
+                    STRATA_MOE_GU_RUNS;
 
 template <typename W, int CPL, int U, bool DB>
 int launch_moe_down_kernel(const MoeParams& p, cudaStream_t st, bool pdl) {

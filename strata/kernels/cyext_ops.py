@@ -684,7 +684,7 @@ def moe_launch_options(pdl=None, early=None, wide=None, db=None, xsmem=None, str
     act (a counter per expert, gpu_moe_experts' per-layer `sync`), not for the whole gate/up
     grid; the same bits. Off: on an H100 it ran 1-22% slower than the two grids at 1-16 rows
     (docs/KERNELS.md).
-    `gate_up_runs` (off): a wide launch's tensor-core gate/up (moe_gate_up_runs) takes items
+    `gate_up_runs` (on): a wide launch's tensor-core gate/up (moe_gate_up_runs) takes items
     of (member run of at most 16, tile of 4 features), each CTA a contiguous range of them, so
     that its consecutive items are tiles of one run and the run's x rows are staged once in
     shared memory, instead of items of (expert, tile) dealt round-robin whose MMA passes read

@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# Session 49's device calls: session 47's steps (docs/bench/s47/device/calls.sh: t, r, rn, dh,
+# dn, ts, ...) with this tree's extension (SO=, default .dev/s49: gate_up_runs on by default;
+# .dev/s48 is the tree before, runs off), plus
+#   rt   runs_time.py alone (RT_ROWS, default 64,256,512: one layer's routed experts, runs off/on)
+#   a    the goal figures at LAYERS (48 on an H200): solo spec 4 and batch_mtp W16 N=8, with and
+#        without engine.draft_vocab=32768 (docs/bench/s43/device/calls.sh a)
+set -u
+export SO=${SO:-.dev/s49/new_cuda.so.xz}
+. docs/bench/device_common.sh $SO
+L="--layers ${LAYERS:-24}"; [ "${LAYERS:-24}" = 48 ] && L=
+steps=(); for s in "$@"; do case $s in
+rt) TAIL=12 st runs_time 120 python3 docs/bench/s47/device/runs_time.py ${RT_ROWS:-64,256,512} ;;
+a)
+  TAIL=10 st solo4 290 python3 scripts/bench_engine.py $F $L --configs solo,solo_draft32k --n 1 --max-tokens 256 --repeats 2 --json $R/solo4.json
+  grep -h "warm-up: \|window 1x4@256\|prompt chunk" $R/solo4.log | cut -c1-160
+  TAIL=10 st n8 250 python3 scripts/bench_engine.py $F $L --configs batch_mtp_w16,batch_mtp_w16_draft32k --n 8 --max-tokens 64 --repeats 2 --json $R/n8.json
+  grep -h "warm-up: \|window 8x2@256\|prompt chunk" $R/n8.log | cut -c1-160 ;;
+*) steps+=("$s") ;;
+esac; done
+[ ${#steps[@]} -gt 0 ] && exec bash docs/bench/s47/device/calls.sh "${steps[@]}"
+true
