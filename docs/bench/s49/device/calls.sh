@@ -4,8 +4,9 @@
 # .dev/s48 is the tree before, runs off), plus
 #   rt   runs_time.py alone (RT_ROWS, default 64,256,512: one layer's routed experts, runs off/on)
 #   pc   where the window's small kernels go: the FP8 80B shapes at 4 layers and the embedded
-#        model, 1 x 4 and 8 x 2 windows compiled, with inductor's generated code (output_code,
-#        compressed) to read which ops each Triton kernel fuses
+#        model, 8 x 2 and 1 x 4 windows compiled, with inductor's generated code (output_code,
+#        compressed) to read which ops each Triton kernel fuses, and a chrome trace of the 1 x 4
+#        shape's replays (kernel spans, programmatic overlaps)
 #   a    the goal figures at LAYERS (48 on an H200): solo spec 4 and batch_mtp W16 N=8, with and
 #        without engine.draft_vocab=32768 (docs/bench/s43/device/calls.sh a)
 set -u
@@ -21,10 +22,10 @@ a)
   grep -h "warm-up: \|window 8x2@256\|prompt chunk" $R/n8.log | cut -c1-160 ;;
 pc)
   for m in pc80 pctiny; do
-    args="--backend auto --compile --iters 30 --shapes 1x4,8x2 --top 40 --json $R/$m.json"
+    args="--backend auto --compile --iters 30 --shapes 8x2,1x4 --top 40 --json $R/$m.json --trace $R/$m.trace.json"
     [ $m = pc80 ] && args="--model qwen3-next-80b-a3b-fp8 --load-format dummy --layers 4 $args"
     t0=$SECONDS; TORCH_LOGS=output_code timeout 200 python3 scripts/profile_window.py $args > $R/$m.txt 2> $R/$m.code.log
-    echo "== $m rc=$? $((SECONDS-t0)) s"; xz -T4 $R/$m.code.log; tar czf $OUT/r.tgz -C $OUT r
+    echo "== $m rc=$? $((SECONDS-t0)) s"; xz -T4 $R/$m.code.log; [ -f $R/$m.trace.json ] && xz -T4 $R/$m.trace.json; tar czf $OUT/r.tgz -C $OUT r
   done
   grep -A12 "graph replay kernels" $R/pc80.txt | cut -c1-140 ;;
 *) steps+=("$s") ;;
