@@ -124,3 +124,43 @@ def test_accepted_prefix_counts_the_matching_prefix_within_valid_rows():
     targets = torch.tensor([[1, 2, 3, 4], [1, 2, 3, 4], [1, 2, 3, 4], [1, 2, 3, 4]])
     rows = torch.tensor([4, 4, 2, 4])  # group 2 has only 2 valid rows: one draft at most
     assert accepted_prefix(tokens, targets, rows).tolist() == [3, 1, 1, 0]
+
+
+def _hash_reference(seed: int, pos: int, token: int) -> float:
+    """The noise stream's definition in Python integers (uint32 arithmetic): a seeded request's
+    text depends on these numbers, so the tensor form must keep them whatever its dtype."""
+    m = 0xFFFFFFFF
+
+    def mix(x: int) -> int:
+        x = ((x ^ (x >> 16)) * 0x7FEB352D) & m
+        x = ((x ^ (x >> 15)) * 0x846CA68B) & m
+        return x ^ (x >> 16)
+
+    h = mix((token & m) ^ 0x9E3779B9)
+    h = mix(h ^ (pos & m))
+    h = mix(h ^ ((seed >> 32) & m))
+    h = mix(h ^ (seed & m))
+    return ((h >> 8) + 0.5) / (1 << 24)
+
+
+@pytest.mark.parametrize("device", [
+    "cpu", pytest.param("cuda", marks=[pytest.mark.gpu, pytest.mark.skipif(
+        not torch.cuda.is_available(), reason="needs a CUDA device")])])
+def test_uniform_hash_keeps_the_streams_numbers(device):
+    """uniform_hash (int32 tensor arithmetic) gives the uint32 definition's numbers, eagerly
+    and compiled (inductor's C++ on the CPU, Triton on the GPU), at the edges of every input's
+    range (negative and 64-bit seeds, positions and ids past 2**31, the synthetic stream's id)
+    and broadcast as the samplers call it."""
+    edges = [0, 1, 2**31 - 1, 2**31, 2**32 - 1, 2**32 + 5, -1, -(2**63), 2**63 - 1, 0x9E3779B9]
+    seed, pos, tok = torch.meshgrid(*[torch.tensor(edges, device=device)] * 3, indexing="ij")
+    triples = zip(seed.flatten().tolist(), pos.flatten().tolist(), tok.flatten().tolist())
+    want = torch.tensor([_hash_reference(s, p, t) for s, p, t in triples],
+                        dtype=torch.float32, device=device).view(seed.shape)
+    assert torch.equal(sampling.uniform_hash(seed, pos, tok), want)
+    seeds = torch.tensor([[7], [2**40 + 3]], device=device)
+    poss = torch.tensor([[100], [2**33]], device=device)
+    ids = torch.arange(0, 151936, 997, device=device)[None, :]
+    want = torch.tensor([[_hash_reference(s, p, t) for t in ids[0].tolist()]
+                         for s, p in zip(seeds[:, 0].tolist(), poss[:, 0].tolist())], device=device)
+    assert torch.equal(sampling.uniform_hash(seeds, poss, ids), want)
+    assert torch.equal(torch.compile(sampling.uniform_hash)(seeds, poss, ids), want)

@@ -27,30 +27,40 @@ import torch
 _MASK32 = 0xFFFFFFFF
 
 
-def _mul32(x: torch.Tensor, c: int) -> torch.Tensor:
-    """(x * c) mod 2**32 for x, c < 2**32 without overflowing int64 (16-bit halves)."""
-    lo = x & 0xFFFF
-    hi = x >> 16
-    return (lo * c + (((hi * c) & 0xFFFF) << 16)) & _MASK32
+def _i32(x: int) -> int:
+    """The int32 whose bits are the uint32 x (a constant for int32 tensor arithmetic)."""
+    return x - (1 << 32) if x >= 1 << 31 else x
+
+
+def _low32(x: torch.Tensor) -> torch.Tensor:
+    """The low 32 bits of int64 x as int32 (two's complement, exact)."""
+    return (((x & _MASK32) ^ 0x80000000) - 0x80000000).to(torch.int32)
+
+
+def _shr(x: torch.Tensor, n: int) -> torch.Tensor:
+    """Logical right shift of int32 x read as uint32."""
+    return (x >> n) & ((1 << (32 - n)) - 1)
 
 
 def _mix32(x: torch.Tensor) -> torch.Tensor:
-    """A 32-bit integer finaliser (xor-shift-multiply), applied to int64 tensors holding uint32."""
-    x = _mul32(x ^ (x >> 16), 0x7FEB352D)
-    x = _mul32(x ^ (x >> 15), 0x846CA68B)
-    return x ^ (x >> 16)
+    """A 32-bit integer finaliser (xor-shift-multiply) on int32 tensors read as uint32: the
+    products wrap mod 2**32, the right shifts are logical. In int32 rather than in int64
+    (uint32 values, products split into 16-bit halves so as not to overflow) because the
+    hash runs once per vocabulary entry and row in every sampler: int64 arithmetic costs the
+    GPU two to four instructions an operation, and a sampler over one row runs in one CTA."""
+    x = (x ^ _shr(x, 16)) * _i32(0x7FEB352D)
+    x = (x ^ _shr(x, 15)) * _i32(0x846CA68B)
+    return x ^ _shr(x, 16)
 
 
 def uniform_hash(seed: torch.Tensor, pos: torch.Tensor, token: torch.Tensor) -> torch.Tensor:
     """Uniform(0, 1) float32 (never 0 or 1), a pure function of broadcastable int64 tensors seed,
-    pos and token ids."""
-    s_lo = seed & _MASK32
-    s_hi = (seed >> 32) & _MASK32
-    h = _mix32((token & _MASK32) ^ 0x9E3779B9)
-    h = _mix32(h ^ (pos & _MASK32))
-    h = _mix32(h ^ s_hi)
-    h = _mix32(h ^ s_lo)
-    return ((h >> 8).float() + 0.5) * (1.0 / (1 << 24))
+    pos and token ids (their low 32 bits; the seed's high 32 bits too)."""
+    h = _mix32(_low32(token) ^ _i32(0x9E3779B9))
+    h = _mix32(h ^ _low32(pos))
+    h = _mix32(h ^ _low32(seed >> 32))
+    h = _mix32(h ^ _low32(seed))
+    return (_shr(h, 8).float() + 0.5) * (1.0 / (1 << 24))
 
 
 def gumbel_noise(seed: torch.Tensor, pos: torch.Tensor, token: torch.Tensor) -> torch.Tensor:
