@@ -7,6 +7,10 @@
 #        model, 8 x 2 and 1 x 4 windows compiled, with inductor's generated code (output_code,
 #        compressed) to read which ops each Triton kernel fuses, and a chrome trace of the 1 x 4
 #        shape's replays (kernel spans, programmatic overlaps)
+#   ro   the router's warming warp and the int32 noise hash: their GPU tests with SO (the tree's
+#        extension), hash_time.py (the plain sampler with either hash), then
+#        bench_router.py (1-16 rows) and a compiled 4-layer FP8 window profile (8 x 2, 1 x 4)
+#        with SO, SO_BEFORE (.dev/s49: the router without it) and SO again
 #   a    the goal figures at LAYERS (48 on an H200): solo spec 4 and batch_mtp W16 N=8, with and
 #        without engine.draft_vocab=32768 (docs/bench/s43/device/calls.sh a)
 set -u
@@ -28,6 +32,15 @@ pc)
     echo "== $m rc=$? $((SECONDS-t0)) s"; xz -T4 $R/$m.code.log; [ -f $R/$m.trace.json ] && xz -T4 $R/$m.trace.json; tar czf $OUT/r.tgz -C $OUT r
   done
   grep -A12 "graph replay kernels" $R/pc80.txt | cut -c1-140 ;;
+ro)
+  TAIL=4 st router_tests 150 python3 -m pytest -q -p no:warnings -rf -o addopts="" -m gpu tests/test_router.py tests/test_moe_kernels.py tests/test_sampling.py tests/test_sampler_compile.py -k "route or router or hash or sampl"
+  TAIL=6 st hash_time 90 python3 docs/bench/s49/device/hash_time.py
+  for v in new old new2; do
+    so=$SO; [ $v = old ] && so=${SO_BEFORE:-.dev/s49/new_cuda.so.xz}
+    unxz -c $so > strata/kernels/strata_cuda.cpython-312-x86_64-linux-gnu.so
+    TAIL=8 st router_$v 60 python3 scripts/bench_router.py --json $R/router_$v.json
+    [ $v = new2 ] || { TAIL=2 st prof_$v 100 python3 scripts/profile_window.py --model qwen3-next-80b-a3b-fp8 --load-format dummy --layers 4 --backend auto --compile --iters 50 --shapes 8x2,1x4 --top 12 --json $R/prof_$v.json; grep -h "graph replay:\|moe_route" $R/prof_$v.log | cut -c1-120; }
+  done ;;
 *) steps+=("$s") ;;
 esac; done
 [ ${#steps[@]} -gt 0 ] && exec bash docs/bench/s47/device/calls.sh "${steps[@]}"
