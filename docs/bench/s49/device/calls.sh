@@ -34,7 +34,7 @@ pc)
   grep -A12 "graph replay kernels" $R/pc80.txt | cut -c1-140 ;;
 ro)
   TAIL=4 st router_tests 150 python3 -m pytest -q -p no:warnings -rf -o addopts="" -m gpu tests/test_router.py tests/test_moe_kernels.py tests/test_sampling.py tests/test_sampler_compile.py -k "route or router or hash or sampl"
-  TAIL=6 st hash_time 90 python3 docs/bench/s49/device/hash_time.py
+  TAIL=6 st hash_time 150 python3 docs/bench/s49/device/hash_time.py
   for v in new old new2; do
     so=$SO; [ $v = old ] && so=${SO_BEFORE:-.dev/s49/new_cuda.so.xz}
     unxz -c $so > strata/kernels/strata_cuda.cpython-312-x86_64-linux-gnu.so
