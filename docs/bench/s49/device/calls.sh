@@ -9,7 +9,7 @@
 #        shape's replays (kernel spans, programmatic overlaps)
 #   ro   the router's warming warp and the int32 noise hash: their GPU tests with SO (the tree's
 #        extension), hash_time.py (the plain sampler with either hash), then
-#        bench_router.py (1-16 rows) and a compiled 4-layer FP8 window profile (8 x 2, 1 x 4)
+#        bench_router.py (1-16 rows) and, with RO_PROF=1, a compiled 4-layer FP8 window profile
 #        with SO, SO_BEFORE (.dev/s49: the router without it) and SO again
 #   a    the goal figures at LAYERS (48 on an H200): solo spec 4 and batch_mtp W16 N=8, with and
 #        without engine.draft_vocab=32768 (docs/bench/s43/device/calls.sh a)
@@ -39,7 +39,7 @@ ro)
     so=$SO; [ $v = old ] && so=${SO_BEFORE:-.dev/s49/new_cuda.so.xz}
     unxz -c $so > strata/kernels/strata_cuda.cpython-312-x86_64-linux-gnu.so
     TAIL=8 st router_$v 60 python3 scripts/bench_router.py --json $R/router_$v.json
-    [ $v = new2 ] || { TAIL=2 st prof_$v 100 python3 scripts/profile_window.py --model qwen3-next-80b-a3b-fp8 --load-format dummy --layers 4 --backend auto --compile --iters 50 --shapes 8x2,1x4 --top 12 --json $R/prof_$v.json; grep -h "graph replay:\|moe_route" $R/prof_$v.log | cut -c1-120; }
+    [ $v = new2 ] || [ "${RO_PROF:-0}" = 0 ] || { TAIL=2 st prof_$v 100 python3 scripts/profile_window.py --model qwen3-next-80b-a3b-fp8 --load-format dummy --layers 4 --backend auto --compile --iters 50 --shapes 8x2,1x4 --top 12 --json $R/prof_$v.json; grep -h "graph replay:\|moe_route" $R/prof_$v.log | cut -c1-120; }
   done ;;
 *) steps+=("$s") ;;
 esac; done
