@@ -90,18 +90,6 @@ constexpr int RT_MAX_EXPERTS = 1024;
 constexpr int RT_MAX_K = 32;
 constexpr int RT_SMEM_X = 128 * 1024;  // bytes of x staged per launch, at most
 constexpr int RT_GROUP = 4;            // x rows per pass over a warp's weight row
-// Phase 2 runs on one SM, after the ticket, with its code cold: between two router launches a
-// window streams hundreds of MB of weights through L2, so each of its instruction lines comes
-// from HBM. One more warp per CTA (CUDA) runs phase 2 dry as the kernel starts, on stale inputs
-// and writing only its own shared scratch, so that the code is in L2 and in every SM's
-// instruction cache by the time the last CTA runs it for real (route_row is one function, not
-// inlined, so both runs fetch the same lines). Phase 1's warps meet at a named barrier that
-// the warming warp never joins.
-#if STRATA_PLATFORM_HIP
-constexpr int RT_WARM_WARPS = 0;
-#else
-constexpr int RT_WARM_WARPS = 1;
-#endif
 
 struct RouteParams {
   const uint16_t* x;   // (m, H) bf16
@@ -184,9 +172,8 @@ struct Best3 {
 // best three in registers, built in the probabilities' pass, so a round is two warp reductions
 // and a pop, and a lane rescans (skipping the taken, marked in ps) only once its three are
 // taken. The same picks, weights and bits as the rescans.
-// `lrow`: row r's logits; `dry` (the warming warp): run every step, store nothing but in ps.
-__device__ __noinline__ void route_row(const RouteParams& p, const float* lrow, int r, int lane,
-                                       float* ps, bool dry) {
+__device__ __forceinline__ void route_row(const RouteParams& p, int r, int lane, float* ps) {
+  const float* lrow = p.logits + (int64_t)r * p.R;
   float mx = -INFINITY;
 #pragma unroll 4
   for (int j = lane; j < p.E; j += 32) {
@@ -246,11 +233,11 @@ __device__ __noinline__ void route_row(const RouteParams& p, const float* lrow, 
     ROUTER_STAMP(8 + t);
   }
   if (p.norm) pick_v = pick_v / total;
-  if (!dry && lane < p.k) {
+  if (lane < p.k) {
     p.weights[(int64_t)r * p.cols + lane] = pick_v;
     p.ids[(int64_t)r * p.cols + lane] = pick_i;
   }
-  if (!dry && p.shared_id >= 0 && lane == 0) {
+  if (p.shared_id >= 0 && lane == 0) {
     const float sg = load_l2(lrow + p.E);
     p.weights[(int64_t)r * p.cols + p.k] = 1.f / (1.f + expf(-sg));
     p.ids[(int64_t)r * p.cols + p.k] = p.shared_id;
@@ -258,22 +245,11 @@ __device__ __noinline__ void route_row(const RouteParams& p, const float* lrow, 
   ROUTER_STAMP(6);
 }
 
-// Phase 1's barrier: its WARPS warps only (the warming warp does not wait for it, nor it for
-// the warming warp).
-template <int WARPS>
-__device__ __forceinline__ void phase1_sync() {
-#if STRATA_PLATFORM_HIP
-  __syncthreads();
-#else
-  asm volatile("bar.sync 1, %0;" ::"r"(32 * WARPS) : "memory");
-#endif
-}
-
 // Rows in groups of RT_GROUP: each group's MR chains run together, the groups one after
 // another in a rolled loop (the code stays small: a kernel's code is fetched cold into the SM
 // each time, and a long unrolled body cost microseconds).
 template <int CPL, int WARPS>
-__global__ void __launch_bounds__(32 * (WARPS + RT_WARM_WARPS), 1) moe_route_kernel(RouteParams p) {
+__global__ void __launch_bounds__(32 * WARPS, 1) moe_route_kernel(RouteParams p) {
   constexpr int SPLIT = WARPS / RT_ROWS_PER_CTA;  // warps per weight row
   constexpr int SPW = RT_SHARES / SPLIT;          // shares per warp
   // Dynamic shared memory: the m x rows in float32, each 16-byte chunk as two float4 in
@@ -294,10 +270,6 @@ __global__ void __launch_bounds__(32 * (WARPS + RT_WARM_WARPS), 1) moe_route_ker
   const int share = (nch + RT_SHARES - 1) / RT_SHARES;
   const int j0 = (warp % SPLIT) * SPW;
   pdl_launch_dependents();
-  if (RT_WARM_WARPS && warp == WARPS) {  // the warming warp: phase 2 dry, on the router weight
-    route_row(p, (const float*)p.w, 0, lane, p_s, true);  // read as floats (any values do)
-    return;
-  }
   uint4 wv[SPW][CPL];
   if (e < p.R) {
     const uint16_t* wrow = p.w + (int64_t)e * p.H;
@@ -325,7 +297,7 @@ __global__ void __launch_bounds__(32 * (WARPS + RT_WARM_WARPS), 1) moe_route_ker
         make_float4(__uint_as_float(u.z << 16), __uint_as_float(u.z & 0xffff0000u),
                     __uint_as_float(u.w << 16), __uint_as_float(u.w & 0xffff0000u));
   }
-  phase1_sync<WARPS>();
+  __syncthreads();
   if (e < p.R) {
     // Each share sums its chunks in order, the 8 products of a chunk in order, then over the
     // lanes by a fixed butterfly: the same sums whichever warp (8 or 16 per CTA) takes it.
@@ -374,7 +346,7 @@ __global__ void __launch_bounds__(32 * (WARPS + RT_WARM_WARPS), 1) moe_route_ker
       }
     }
   }
-  phase1_sync<WARPS>();
+  __syncthreads();
   // the logit of (row r, weight row e) = bf16(the shares' sums added in order)
   for (int i = threadIdx.x; i < RT_ROWS_PER_CTA * p.m; i += 32 * WARPS) {
     const int rr = i / p.m, r = i - rr * p.m;
@@ -387,9 +359,9 @@ __global__ void __launch_bounds__(32 * (WARPS + RT_WARM_WARPS), 1) moe_route_ker
   }
   ROUTER_CLOCK(t_phase1);
   __threadfence();
-  phase1_sync<WARPS>();
+  __syncthreads();
   if (threadIdx.x == 0) last = atomicAdd(p.ticket, 1u) == gridDim.x - 1;
-  phase1_sync<WARPS>();
+  __syncthreads();
   ROUTER_CTA_NS(1);
   if (!last) return;
   ROUTER_SAVE(0, t_entry);
@@ -401,14 +373,13 @@ __global__ void __launch_bounds__(32 * (WARPS + RT_WARM_WARPS), 1) moe_route_ker
 
   // Phase 2, one warp per row.
 #pragma unroll 1
-  for (int r = warp; r < p.m; r += WARPS)
-    route_row(p, p.logits + (int64_t)r * p.R, r, lane, p_s, false);
+  for (int r = warp; r < p.m; r += WARPS) route_row(p, r, lane, p_s);
 }
 
 template <int CPL, int WARPS>
 int launch_route(const RouteParams& p, int device, bool pdl, cudaStream_t st) {
-  const dim3 grid(ceil_div_u(p.R, RT_ROWS_PER_CTA)), block(32 * (WARPS + RT_WARM_WARPS));
-  const int smem = p.m * p.H * 4 + (WARPS + RT_WARM_WARPS) * p.E * 4;
+  const dim3 grid(ceil_div_u(p.R, RT_ROWS_PER_CTA)), block(32 * WARPS);
+  const int smem = p.m * p.H * 4 + WARPS * p.E * 4;
   const char* name = "moe_route: moe_route_kernel";
 #if !STRATA_PLATFORM_HIP
   static int allowed = 0;
