@@ -759,6 +759,10 @@ def bench_check(args) -> str:
 BENCH_CHUNKS = [REPO / "docs/bench/s30/call1_n8_ps1.json",
                 REPO / "docs/bench/s32/call1_n8_ps8_w128.json",
                 REPO / "docs/bench/s32/call1_n8_ps8_w64.json"]
+#: experts.prefill_scale held while --fit fits the other two terms to BENCH_CHUNKS (None: all
+#: three fitted). Chunks of one launch size (one slot's and eight slots' in the default 512-row
+#: launch) need it held; a kernel change that moves only the experts' and rows' work keeps it.
+BENCH_CHUNKS_PREFILL_SCALE: Optional[float] = None
 #: Measured chunks the fit leaves out, which --fit prices beside it: eight slots' chunks in
 #: 64-row launches two sessions earlier (docs/bench/s30/call1_n8_ps8.json, 2% slower than the
 #: fitted run of the same shape), and a 40-token chunk (docs/bench/s32/call1_solo_p40.json): it
@@ -806,24 +810,35 @@ def chunk_parts(x, memory, tokens: int, slots: int, launch: Optional[int] = None
             float(computed))
 
 
-def fit_prefill_scales(chunks: Optional[list[dict]] = None, held_out: Sequence[dict] = ()
+def fit_prefill_scales(chunks: Optional[list[dict]] = None, held_out: Sequence[dict] = (),
+                       prefill_scale: Optional[float] = None
                        ) -> tuple[float, float, float, list[dict]]:
     """experts.prefill_scale (a prompt chunk's fixed part and other bytes),
     experts.prefill_expert_scale (its expert bytes) and experts.prefill_row_s (seconds per
     computed row): least squares of the measured chunk times on the three parts (chunks of one
-    slot and of several, and of several launch sizes, tell them apart). Returns the three and
-    each chunk's measured and fitted ms, then each `held_out` chunk's, priced with the fitted
-    terms but not fitted to (its file marked "(left out)")."""
+    slot and of several, and of several launch sizes, tell them apart). `prefill_scale` holds
+    the first term and fits the other two (chunks of one slot and of several in one launch size
+    are then enough: a kernel change that moves only the experts' and the rows' work leaves the
+    fixed part as fitted before). Returns the three and each chunk's measured and fitted ms,
+    then each `held_out` chunk's, priced with the fitted terms but not fitted to (its file marked
+    "(left out)")."""
     x = compose_sim([f"hardware={H200}"])
     chunks = bench_chunks() if chunks is None else chunks
     held_out = [{**c, "file": f"{c.get('file', '-')} (left out)"} for c in held_out]
     parts = np.array([chunk_parts(x.experts, x.memory, c["tokens"], c["slots"], c.get("launch"))
                       for c in [*chunks, *held_out]])
     t = np.array([c["ms"] / 1e3 for c in chunks])
-    if np.linalg.matrix_rank(parts[:len(chunks)]) < 3:
-        raise SystemExit("error: the prefill fit needs chunks of one slot and of several, in two "
-                         "launch sizes (three independent parts)")
-    (f, fe, fr), *_ = np.linalg.lstsq(parts[:len(chunks)], t, rcond=None)
+    fitted = parts[:len(chunks)]
+    if prefill_scale is not None:
+        if not prefill_scale > 0:
+            raise SystemExit(f"error: the held prefill scale must be > 0, got {prefill_scale}")
+        t, fitted = t - fitted[:, 0] * prefill_scale, fitted[:, 1:]
+    if np.linalg.matrix_rank(fitted) < fitted.shape[1]:
+        raise SystemExit("error: the prefill fit needs chunks of one slot and of several"
+                         + (", in two launch sizes (three independent parts)"
+                            if prefill_scale is None else " (two independent parts)"))
+    terms, *_ = np.linalg.lstsq(fitted, t, rcond=None)
+    f, fe, fr = (terms if prefill_scale is None else (prefill_scale, *terms))
     if f <= 0 or fe <= 0 or fr < 0:
         raise SystemExit(f"error: the prefill fit is not physical: scale {f}, expert scale {fe}, "
                          f"row seconds {fr}")
@@ -1000,7 +1015,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     args = ap.parse_args(argv)
     if args.fit:
         print(fit_report())
-        f, fe, fr, rows = fit_prefill_scales(held_out=bench_chunks(BENCH_CHUNKS_OUT))
+        f, fe, fr, rows = fit_prefill_scales(held_out=bench_chunks(BENCH_CHUNKS_OUT),
+                                             prefill_scale=BENCH_CHUNKS_PREFILL_SCALE)
         print(f"\nexperts.prefill_scale {f}, experts.prefill_expert_scale {fe}, "
               f"experts.prefill_row_s {fr:.4g}, fitted to the measured prompt chunks "
               f"(BENCH_CHUNKS):\n")

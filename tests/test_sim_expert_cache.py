@@ -623,6 +623,15 @@ def test_prefill_scales_are_fitted_to_the_chunk_times():
     assert all(r["model_ms"] == pytest.approx(r["ms"]) for r in rows)
     with pytest.raises(SystemExit, match="three independent parts"):
         study.fit_prefill_scales(chunks[:2])
+    # the fixed part held: one slot's chunk and eight slots' in one launch size tell the other
+    # two apart (a kernel change that moved only the experts' and the rows' work)
+    f, fe, fr, rows = study.fit_prefill_scales(chunks[:2], prefill_scale=2.5)
+    assert (f, fe, fr) == (2.5, 1.2, 1e-4)
+    assert all(r["model_ms"] == pytest.approx(r["ms"]) for r in rows)
+    with pytest.raises(SystemExit, match="two independent parts"):
+        study.fit_prefill_scales(chunks[:1], prefill_scale=2.5)
+    with pytest.raises(SystemExit, match="held prefill scale must be > 0"):
+        study.fit_prefill_scales(chunks[:2], prefill_scale=0.0)
     # the rows a chunk computes: each slot's chunk padded to the engine's bucket
     assert study.chunk_parts(x.experts, x.memory, 40, 1)[2] == 64
     assert study.chunk_parts(x.experts, x.memory, 64, 8)[2] == 512
@@ -638,7 +647,7 @@ def test_prefill_scales_are_fitted_to_the_chunk_times():
         study.chunk_parts(x.experts, x.memory, 512, 1)[1])
     assert study.chunk_parts(x.experts, x.memory, 64, 8)[1] < 0.7 * study.chunk_parts(
         x.experts, x.memory, 64, 8, 128)[1]
-    f, fe, fr, rows = study.fit_prefill_scales()
+    f, fe, fr, rows = study.fit_prefill_scales(prefill_scale=study.BENCH_CHUNKS_PREFILL_SCALE)
     assert (f, fe, fr) == (x.experts.prefill_scale, x.experts.prefill_expert_scale,
                            x.experts.prefill_row_s)
     assert all(abs(r["model_ms"] / r["ms"] - 1) < 0.01 for r in rows)
