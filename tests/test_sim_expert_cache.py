@@ -9,9 +9,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from hydra import compose, initialize_config_dir
-
-from sim.config import SIM_CONF_DIR, SimConfigError, register_configs
+from sim.config import SimConfigError, compose_sim, register_configs
 from sim.expert_costs import (ExpertCosts, MissCost, WindowBytesModel, bench_windows,
                               fit_launch_excess, fit_window_bytes)
 from sim.expert_setup import cache_mib_for_fraction, expert_slots
@@ -26,8 +24,7 @@ register_configs()
 
 
 def cfg_of(*overrides: str):
-    with initialize_config_dir(config_dir=SIM_CONF_DIR, version_base="1.3"):
-        return compose(config_name="config", overrides=list(overrides))
+    return compose_sim(overrides)
 
 
 # A small MoE: 4 layers x 64 experts, top 4, 1 MiB experts, on the tiny H200 profile.
@@ -608,11 +605,8 @@ def test_prefill_scales_are_fitted_to_the_chunk_times():
     in two launch sizes (which tell the fixed part, the expert part and the rows' part apart),
     refuses chunks that cannot, and the FP8 preset holds the fit to the engine's measured chunks
     (BENCH_CHUNKS)."""
-    from sim.config import register_configs
-
     study = study_module()
-    register_configs()
-    x = study.compose_sim([f"hardware={study.H200}"])
+    x = compose_sim([f"hardware={study.H200}"])
     chunks = []
     for slots, launch in ((1, 64), (8, 128), (8, 64)):
         fixed, experts, rows = study.chunk_parts(x.experts, x.memory, 64, slots, launch)

@@ -6,9 +6,7 @@ from __future__ import annotations
 import copy
 
 import pytest
-from hydra import compose, initialize_config_dir
-
-from sim.config import NOMINAL_PROFILE, SIM_CONF_DIR, register_configs
+from sim.config import NOMINAL_PROFILE, compose_sim, register_configs
 from sim.costs import GRAPH_ACTIONS, CostProfile
 from sim.predict import run_predict
 
@@ -17,10 +15,9 @@ LAUNCH_S = 60e-6
 
 
 def _cfg(*extra):
-    with initialize_config_dir(config_dir=SIM_CONF_DIR, version_base="1.3"):
-        return compose(config_name="config", overrides=[
-            "workload=cohort", "workload.requests=4", "workload.prompt_tokens=64",
-            "workload.max_tokens=64", "spread.enabled=false", "print_outputs=false", *extra])
+    return compose_sim(["workload=cohort", "workload.requests=4", "workload.prompt_tokens=64",
+                        "workload.max_tokens=64", "spread.enabled=false", "print_outputs=false",
+                        *extra])
 
 
 def _profiles() -> tuple[CostProfile, CostProfile]:

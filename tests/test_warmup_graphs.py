@@ -9,10 +9,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
-from sim.config import SIM_CONF_DIR, register_configs
+from sim.config import compose_sim, register_configs
 from sim.predict import run_predict
 from sim.replay import replay_trace
 from strata.config import StrataConfig
@@ -100,15 +99,12 @@ def test_predict_warms_the_same_keys_as_the_engine(model_dir, tmp_path):
     """The simulator's warm-up (engine.warmup_graphs=true) names the keys the engine captured."""
     events = run_engine(model_dir, tmp_path, graph_limit=0)
     engine_keys = next(e for e in events if e["ev"] == "warmup")["keys"]
-    with initialize_config_dir(config_dir=SIM_CONF_DIR, version_base="1.3"):
-        cfg = compose(config_name="config", overrides=[
-            "engine.warmup_graphs=true", "engine.slots=4", "engine.max_context=512",
-            "engine.graph_limit=0", "workload.requests=6", "workload.max_tokens=20",
-            "workload.prompt_tokens=40"])
+    cfg = compose_sim(["engine.warmup_graphs=true", "engine.slots=4", "engine.max_context=512",
+                       "engine.graph_limit=0", "workload.requests=6", "workload.max_tokens=20",
+                       "workload.prompt_tokens=40"])
     run = run_predict(cfg).run
     sim_warm = next(e for e in run.events if e["ev"] == "warmup")
     assert sim_warm["keys"] == engine_keys
     assert {e["graph"] for e in run.events if e["ev"] == "window"} == {"hit"}
-    with initialize_config_dir(config_dir=SIM_CONF_DIR, version_base="1.3"):
-        cold = compose(config_name="config", overrides=["engine.slots=4", "workload.requests=2"])
+    cold = compose_sim(["engine.slots=4", "workload.requests=2"])
     assert not [e for e in run_predict(cold).run.events if e["ev"] == "warmup"]
