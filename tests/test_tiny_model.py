@@ -130,3 +130,17 @@ def test_speculative_decoding_equals_greedy_and_accepts_drafts(lm):
         r = ev.speculative_generate(lm.model, prompts, 32, spec=spec, eos=0)
         assert r["outputs"] == plain["outputs"]
         assert r["mean_accepted_drafts"] > 0.0
+
+
+def test_fused_dense_moe_weight_keeps_its_product_rows_aligned(lm):
+    """The dense path's fused weight (router, shared gate, shared expert, every expert) has a
+    multiple of 8 rows, so that its product's rows stay 16-byte aligned on the GPU (1289 rows
+    ran cuBLAS's unaligned kernel and a split-k reduction), and the block's output is the
+    unfused block's: the padding's columns are sliced off before anything reads them."""
+    moe = lm.model.layers[0].mlp
+    assert moe.w_in is not None and moe.w_in.shape[0] % 8 == 0
+    x = torch.randn(5, lm.model.args.hidden_size, generator=torch.Generator().manual_seed(0))
+    got = moe._forward_fused(x)
+    weights, index = moe._route(moe.gate(x))
+    want = moe.experts(x, weights, index) + torch.sigmoid(moe.shared_expert_gate(x)) * moe.shared_expert(x)
+    assert rel_err(got, want) < 1e-5

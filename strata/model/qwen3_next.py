@@ -367,8 +367,9 @@ class SparseMoe(nn.Module):
         activations (routing weights applied before the down projection sum the experts)."""
         n_exp, two_i, _ = self.experts.w_gate_up.shape
         inter, shared = two_i // 2, self.shared_expert.up_proj.weight.shape[0]
-        y = F.linear(x, self.w_in)
-        logits, sgate, sg, su, eg = y.split([n_exp, 1, shared, shared, n_exp * two_i], dim=-1)
+        sizes = [n_exp, 1, shared, shared, n_exp * two_i]
+        y = F.linear(x, self.w_in)[:, :sum(sizes)]  # less the zero rows' columns (fuse_for_inference)
+        logits, sgate, sg, su, eg = y.split(sizes, dim=-1)
         weights, index = self._route(logits)
         route = dense_route(weights.to(x.dtype), index, n_exp)
         g, u = eg.reshape(x.shape[0], n_exp, two_i).split(inter, dim=-1)
@@ -400,8 +401,13 @@ class SparseMoe(nn.Module):
         n_exp, two_i, hidden = e.w_gate_up.shape
         inter = two_i // 2
         shared = se.up_proj.weight.shape[0]
-        w_in = torch.cat([self.gate.weight, self.shared_expert_gate.weight, se.gate_proj.weight,
-                          se.up_proj.weight, e.w_gate_up.detach().reshape(n_exp * two_i, hidden)]).contiguous()
+        parts = [self.gate.weight, self.shared_expert_gate.weight, se.gate_proj.weight,
+                 se.up_proj.weight, e.w_gate_up.detach().reshape(n_exp * two_i, hidden)]
+        # Zero rows up to a multiple of 8, so that the product's rows stay 16-byte aligned: they
+        # number E(1 + 2I) + 1 + 2S, odd for an even E, and cuBLAS then runs an unaligned kernel
+        # and a split-k reduction (fuse_projections' row_multiple, for the same reason).
+        pad = -sum(p.shape[0] for p in parts) % 8
+        w_in = torch.cat(parts + [parts[0].new_zeros(pad, hidden)]).contiguous()
         w_out = torch.cat([se.down_proj.weight,
                            e.w_down.detach().permute(1, 0, 2).reshape(hidden, n_exp * inter)], 1).contiguous()
         # The original parameters become views of the fused weights (no duplicated memory).
@@ -410,7 +416,8 @@ class SparseMoe(nn.Module):
             n = m.weight.shape[0]
             m.weight = nn.Parameter(w_in[o:o + n], requires_grad=False)
             o += n
-        e.w_gate_up = nn.Parameter(w_in[o:].view(n_exp, two_i, hidden), requires_grad=False)
+        e.w_gate_up = nn.Parameter(w_in[o:o + n_exp * two_i].view(n_exp, two_i, hidden),
+                                   requires_grad=False)
         se.down_proj.weight = nn.Parameter(w_out[:, :shared], requires_grad=False)
         e.w_down = nn.Parameter(w_out[:, shared:].view(hidden, n_exp, inter).permute(1, 0, 2),
                                 requires_grad=False)
