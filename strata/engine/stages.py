@@ -410,7 +410,7 @@ class FirstStageVerifier:
         draft."""
         if tokens is None:
             tokens = torch.stack([self.bufs.pending[gs], self.bufs.draft[gs]][:g], 1)
-        return self.model.window_layers(self.model.embed_tokens(tokens), gs, gp, ctx, self.state,
+        return self.model.window_layers(self.model.embed(tokens), gs, gp, ctx, self.state,
                                         self.split_keys)
 
     def _replay_layers(self, plan, g, ctx, tokens) -> tuple[Any, ...]:
@@ -451,7 +451,7 @@ class FirstStageVerifier:
         grp, bufs = self.group, self.bufs
         proto.send_header(proto.OP_PREFILL, tokens.shape[0], ctx, device=grp.comm_device)
         proto.fan_out(torch.cat([tokens, meta]))
-        x = self.model.prefill_layers(self.model.embed_tokens(tokens)[None], meta[0:1], meta[1:2],
+        x = self.model.prefill_layers(self.model.embed(tokens)[None], meta[0:1], meta[1:2],
                                       self.state, length=meta[2:3], ctx=ctx)
         proto.send(x, 1)
         reply = proto.recv_back(torch.empty(2, dtype=torch.long, device=tokens.device), grp.last)
