@@ -65,12 +65,15 @@ def window_inputs(pending: torch.Tensor, draft: torch.Tensor, mtp_h: torch.Tenso
                   device_positions: bool):
     """A window's inputs, gathered by group in one region (a fused kernel or two where the
     eager glue ran one per gather): the groups' positions (read from `pos` under
-    engine.overlap, padding groups at 0 of the scratch lane), pending tokens, drafts and MTP
-    hidden states (a window of one row per group leaves the last two unused: gathering them
-    anyway keeps one compiled graph for every window)."""
+    engine.overlap, padding groups at 0 of the scratch lane), pending tokens, drafts, MTP
+    hidden states and the window's first two token columns [pending | draft] (NG, 2), so that
+    a window of two rows per group stacks no tokens eagerly (a window of one row per group
+    leaves the drafts unused: gathering them anyway keeps one compiled graph for every
+    window)."""
     if device_positions:
         gp = torch.where(gs == scratch, 0, pos[gs])
-    return gp, pending[gs], draft[gs], mtp_h[gs]
+    pending, draft = pending[gs], draft[gs]
+    return gp, pending, draft, mtp_h[gs], torch.stack([pending, draft], 1)
 
 
 def window_pick(mh: torch.Tensor, accept: torch.Tensor, gp: torch.Tensor):
@@ -186,21 +189,20 @@ class Verifier:
         if self.expert_cache is not None:
             self.expert_cache.begin_window()
         ng = gs.shape[0]
-        gp, pending, draft, h = self.window_inputs(bufs.pending, bufs.draft, bufs.mtp_h,
-                                                   bufs.pos, gs, gp, state.scratch,
-                                                   self.device_positions)
-        cols = [pending]
-        if g >= 2:
-            cols.append(draft)
-            tok, at = draft, gp
-            for k in range(2, g):  # extend the chain: MTP at position p+k-2 predicts p+k
-                nxt = gp + (k - 1)  # (each position added once: an eager kernel apiece)
-                mh = model.mtp_window(h[:, None], tok[:, None], gs, at, ctx, state,
-                                      with_logits=False)[0][:, 0]
-                tok = self._draft(mh, gs, nxt, filtered)
-                h, at = mh, nxt
-                cols.append(tok)
-        tokens = torch.stack(cols, 1)
+        gp, pending, draft, h, pair = self.window_inputs(bufs.pending, bufs.draft, bufs.mtp_h,
+                                                         bufs.pos, gs, gp, state.scratch,
+                                                         self.device_positions)
+        cols = [pair]
+        tok, at = draft, gp
+        for k in range(2, g):  # extend the chain: MTP at position p+k-2 predicts p+k
+            nxt = gp + (k - 1)  # (each position added once: an eager kernel apiece)
+            mh = model.mtp_window(h[:, None], tok[:, None], gs, at, ctx, state,
+                                  with_logits=False)[0][:, 0]
+            tok = self._draft(mh, gs, nxt, filtered)
+            h, at = mh, nxt
+            cols.append(tok[:, None])
+        # one row a group: pending alone (a view); two: the pair as gathered; more: one cat
+        tokens = pending[:, None] if g == 1 else pair if g == 2 else torch.cat(cols, 1)
         hidden, logits, rec_factors, conv_snaps = model.verify_window(tokens, gs, gp, ctx, state,
                                                                       self.split_keys)
         # target y_j sits at position p + j + 1
