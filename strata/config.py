@@ -53,7 +53,10 @@ class ModelConfig:
     #: as o_proj and out_proj stay FP8 for decode windows, which measured faster there, prompt
     #: chunks run them on a copy dequantised in the chunk (one matmul where the FP8 kernel
     #: reads the weight once per 16 rows), and the wide input projections are dequantised;
-    #: elsewhere dequant). Routed and shared experts stay FP8.
+    #: elsewhere dequant), or windows (as auto for every dense FP8 layer: the wide input
+    #: projections too stay FP8 for decode windows and are dequantised in each prompt chunk,
+    #: DeltaNet's float b/a projection then computed in the conv's launch). Routed and shared
+    #: experts stay FP8.
     fp8_dense: str = "auto"
     #: load_format=dummy: skew of the dummy routers' expert popularity (SYNTHETIC, for expert
     #: cache studies). 0 = the uniform popularity of random routers; s > 0 biases expert e's

@@ -208,6 +208,46 @@ def test_fp8_dense_auto_prompt_chunks_run_the_contracting_projections_dequantise
     assert dense_calls(fp8_all) > 0
 
 
+@torch.no_grad()
+def test_fp8_dense_windows_keeps_every_dense_layer_fp8_for_windows_only(fp8_ckpts, monkeypatch):
+    """model.fp8_dense=windows (where the streamed FP8 kernel runs): every dense FP8 layer stays
+    FP8, the wide input projections too (attention's q/k/v fused as FP8; DeltaNet's qkvz apart
+    from its float b/a, as the checkpoints keep it), and each is marked for prompt chunks to run
+    dequantised: a chunk calls ops.linear_fp8 on no dense weight and gives the logits of the
+    model dequantised at load bit for bit, while a window runs the input projections on the
+    FP8 kernel. Elsewhere it dequantises, as auto does."""
+    import strata.kernels.cyext_ops as cyext_ops
+    from strata.model import fp8 as fp8_mod
+    from strata.model.state import DecodeState
+    deq = load_checkpoint(fp8_ckpts["base"], dtype="float32", fp8="keep", fp8_dense="dequant", **QUIET)
+    off = load_checkpoint(fp8_ckpts["base"], dtype="float32", fp8="keep", fp8_dense="windows", **QUIET)
+    assert not fp8_mod.dense_fp8_layers(off.model)  # no streamed kernel here: dequantised
+    monkeypatch.setattr(cyext_ops, "linear_fp8_streams", lambda device: True)
+    lm = load_checkpoint(fp8_ckpts["base"], dtype="float32", fp8="keep", fp8_dense="windows", **QUIET)
+    attn, lin = lm.model.layers[3].self_attn, lm.model.layers[0].linear_attn
+    assert isinstance(attn.q_proj, Fp8Linear) and isinstance(lin.in_proj_qkvz, Fp8Linear)
+    assert attn.s_qkv is not None and lin.w_in is None and not isinstance(lin.in_proj_ba, Fp8Linear)
+    dense = fp8_mod.dense_fp8_layers(lm.model)
+    assert dense and all(m.prompt_dequant for _, m in dense)
+    calls = []
+    real = ops.linear_fp8
+    monkeypatch.setattr(fp8_mod.ops, "linear_fp8", lambda *a: calls.append(a[1].data_ptr()) or real(*a))
+    wide = {attn.w_qkv.data_ptr(), lin.in_proj_qkvz.weight.data_ptr()}
+    dense_ptrs = {m.weight.data_ptr() for _, m in dense} | wide
+
+    def prompt_logits(m):
+        st = DecodeState(m.args, 1, 32, m.dtype, "cpu", with_mtp=True)
+        return m.model.logits(m.model.prefill(_tokens(m.args.vocab_size, (20,), seed=5), 0, 0, st)), st
+
+    got, st = prompt_logits(lm)
+    assert not any(p in dense_ptrs for p in calls)
+    assert torch.equal(got, prompt_logits(deq)[0])
+    calls.clear()
+    lm.model.verify_window(_tokens(lm.args.vocab_size, (1, 2), seed=6), torch.zeros(1, dtype=torch.long),
+                           torch.full((1,), 20, dtype=torch.long), 32, st)
+    assert wide <= set(calls)
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("shape,block", [((48, 36), (16, 12)), ((40, 30), (24, 8)),
                                          ((3, 48, 36), (16, 12))])

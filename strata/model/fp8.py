@@ -203,10 +203,13 @@ def to_fp8_linear(parent: nn.Module, attr: str, block: tuple[int, int]) -> Fp8Li
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, scale: Optional[torch.Tensor],
-           block: Optional[tuple[int, int]]) -> torch.Tensor:
-    """x @ weight^T for a float weight (scale None) or an FP8 block-scaled one."""
+           block: Optional[tuple[int, int]], dequant: bool = False) -> torch.Tensor:
+    """x @ weight^T for a float weight (scale None) or an FP8 block-scaled one; `dequant`: the
+    FP8 weight dequantised to x's dtype first (a prompt chunk's rows, as project())."""
     if scale is None:
         return torch.nn.functional.linear(x, weight)
+    if dequant:
+        return torch.nn.functional.linear(x, dequant_fp8_block(weight, scale, block, x.dtype))
     return ops.linear_fp8(x, weight, scale, block)
 
 

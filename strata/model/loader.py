@@ -28,7 +28,7 @@ from strata.model.tokenizer import Tokenizer
 from strata.model.weight_map import QWEN3_NEXT, KeyMap
 
 #: model.fp8_dense: what an FP8 checkpoint's dense (non-expert) linear layers become on a GPU.
-FP8_DENSE = ("auto", "dequant", "fp8")
+FP8_DENSE = ("auto", "dequant", "fp8", "windows")
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 LOAD_FORMATS = ("auto", "safetensors", "dummy")
@@ -270,7 +270,8 @@ def load_checkpoint(path: str | Path, dtype: str = "auto", device: str | torch.d
     or are dequantised to the model dtype at load (`dequant`); `auto` keeps the contracting
     projections (o_proj, out_proj, the MTP fc) FP8 where the streamed FP8 linear runs (CUDA,
     sm_90+), for decode windows (prompt chunks dequantise them: fp8.project), and dequantises
-    the rest, and everything elsewhere (model.fp8_dense).
+    the rest, and everything elsewhere; `windows` keeps every dense FP8 layer so there
+    (prompt chunks dequantise each), and dequantises elsewhere (model.fp8_dense).
     routing_skew: dummy only, model.dummy_routing_skew (synthetic skewed expert popularity).
     stage: build only this pipeline stage's layers (and the embedding, head and MTP it holds);
     the result's args are the stage's (StageSlice), its has_mtp the checkpoint's.
@@ -337,9 +338,10 @@ def load_checkpoint(path: str | Path, dtype: str = "auto", device: str | torch.d
                 fp8_params.add(t.param)
         _to_fp8_modules(part, fp8_params, quant.block)
     keep_dense = None  # the dense FP8 layers that stay FP8 (model.fp8_dense)
-    if keep_fp8 and fp8_dense == "auto":
+    if keep_fp8 and fp8_dense in ("auto", "windows"):
         from strata.kernels.cyext_ops import linear_fp8_streams
-        keep_dense = contracting if linear_fp8_streams(device) else None
+        if linear_fp8_streams(device):
+            keep_dense = contracting if fp8_dense == "auto" else (lambda name, mod: True)
     host = (host_routed_params(part, moe_dense_experts)
             if routed_on_host and device.type == "cuda" and stage is None else [])
     dequantized = ([m for _, m in dense_to_dequantize(part, keep_dense)]
@@ -376,8 +378,9 @@ def load_checkpoint(path: str | Path, dtype: str = "auto", device: str | torch.d
         if n:
             log(f"INFO: {n} dense FP8 layers dequantised to {str(tdtype).replace('torch.', '')} "
                 f"(model.fp8_dense={fp8_dense}"
-                + ("; the contracting projections stay FP8 on the streamed kernel in windows "
-                   "and are dequantised in each prompt chunk" if keep_dense else "")
+                + (f"; the {'contracting projections' if fp8_dense == 'auto' else 'others'} "
+                   "stay FP8 on the streamed kernel in windows and are dequantised in each "
+                   "prompt chunk" if keep_dense else "")
                 + "); the experts stay FP8")
     if stage is not None:  # a top-level module the view replaced (FP8 or dequantised) is the model's
         for name in stage.owned():

@@ -449,7 +449,7 @@ class Attention(nn.Module):
         self.s_qkv: Optional[torch.Tensor] = None  # its FP8 block scales (None: float weights)
         self.qkv_block: Optional[tuple[int, int]] = None
 
-    def _qkv(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
+    def _qkv(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, prompt: bool = False):
         """(q, k, v, qg): q and k normed and rotated, v contiguous, and qg, the q/gate
         projection, from which `gated` takes the gate. qg crosses the window's region boundary
         rather than the gate, a view with new head dims: where a lead dim has size 1 the gate's
@@ -457,13 +457,15 @@ class Attention(nn.Module):
         its own row size when eager code does, so the region after it would trace other
         graphs behind an eagerly run first region (a compile worker's share,
         strata/engine/compile_workers.py) than behind a compiled one. qg, a slice of the
-        projection's last dim, has the same strides either way."""
+        projection's last dim, has the same strides either way. prompt: a prompt chunk's rows
+        (FP8 projections marked prompt_dequant run on their weights dequantised: fp8.project)."""
         lead = x.shape[:-1]
         if self.w_qkv is not None:
-            qg, k, v = linear(x, self.w_qkv, self.s_qkv, self.qkv_block).split(
+            dequant = prompt and getattr(self.q_proj, "prompt_dequant", False)
+            qg, k, v = linear(x, self.w_qkv, self.s_qkv, self.qkv_block, dequant).split(
                 [2 * self.hq * self.d, self.hkv * self.d, self.hkv * self.d], dim=-1)
         else:
-            qg, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
+            qg, k, v = (project(m, x, prompt) for m in (self.q_proj, self.k_proj, self.v_proj))
         q = qg.view(*lead, self.hq, 2 * self.d)[..., :self.d]
         q = apply_rotary(self.q_norm(q), cos, sin, self.rd)
         k = apply_rotary(self.k_norm(k.view(*lead, self.hkv, self.d)), cos, sin, self.rd)
@@ -530,15 +532,19 @@ class GatedDeltaNet(nn.Module):
             self.neg_a = -self.A_log.detach().float().exp()
             self.dt_bias_f = self.dt_bias.detach().float().contiguous()
 
-    def _project_qkvz(self, x: torch.Tensor, with_ba: bool = True):
+    def _project_qkvz(self, x: torch.Tensor, with_ba: bool = True, prompt: bool = False):
         """(qkvz, z, ba): the in_proj's qkvz columns in the checkpoint's per-key-head interleaved
         order ([q | k | v | z] per key head), z per value head, and the raw b/a columns (per key
-        head [b | a]); ba None when not with_ba (unfused projections only)."""
+        head [b | a]); ba None when not with_ba (unfused projections only). prompt: a prompt
+        chunk's rows (FP8 projections marked prompt_dequant run dequantised: fp8.project)."""
         lead = x.shape[:-1]
         if self.w_in is not None:
-            qkvz, ba = linear(x, self.w_in, self.s_in, self.in_block).split([2 * self.key_dim + 2 * self.value_dim, 2 * self.nv], -1)
+            dequant = prompt and getattr(self.in_proj_qkvz, "prompt_dequant", False)
+            qkvz, ba = linear(x, self.w_in, self.s_in, self.in_block, dequant).split(
+                [2 * self.key_dim + 2 * self.value_dim, 2 * self.nv], -1)
         else:
-            qkvz, ba = self.in_proj_qkvz(x), (self.in_proj_ba(x) if with_ba else None)
+            qkvz = project(self.in_proj_qkvz, x, prompt)
+            ba = project(self.in_proj_ba, x, prompt) if with_ba else None
         z = qkvz.view(*lead, self.nk, 2 * self.dk + 2 * self.vpk)[..., 2 * self.dk + self.vpk:]
         return qkvz, z.reshape(*lead, self.nv, self.dv), ba
 
@@ -552,9 +558,9 @@ class GatedDeltaNet(nn.Module):
                 and isinstance(ba, nn.Linear) and ba.bias is None and ba.weight.dtype == dtype
                 and ops.native("causal_conv_window_qkvz_ba"))
 
-    def _project_raw(self, x: torch.Tensor):
+    def _project_raw(self, x: torch.Tensor, prompt: bool = False):
         """(mixed, z, ba): as _project_qkvz, with the conv's input [q | k | v] gathered."""
-        qkvz, z, ba = self._project_qkvz(x)
+        qkvz, z, ba = self._project_qkvz(x, prompt=prompt)
         return reference.qkvz_mixed(qkvz, self.nk, self.dk, self.vpk), z, ba
 
     def _split_ba(self, ba: torch.Tensor):
@@ -563,9 +569,9 @@ class GatedDeltaNet(nn.Module):
         b, a = ba.view(*lead, self.nk, 2 * r).split([r, r], dim=-1)
         return b.reshape(*lead, self.nv), a.reshape(*lead, self.nv)
 
-    def _project(self, x: torch.Tensor):
+    def _project(self, x: torch.Tensor, prompt: bool = False):
         """Split the fused projections in the checkpoint's per-key-head interleaved order."""
-        mixed, z, ba = self._project_raw(x)
+        mixed, z, ba = self._project_raw(x, prompt)
         return (mixed, z) + self._split_ba(ba)
 
     def _heads(self, mixed: torch.Tensor, b: torch.Tensor, a: torch.Tensor):
@@ -591,7 +597,7 @@ class GatedDeltaNet(nn.Module):
         valid (B, L) bool marks real tokens, a prefix of each row; the padded tail after it gets
         zero decay and zero write strength, so it leaves the recurrent state as the real tokens
         left it, and the final conv state is taken after the last real token."""
-        mixed, z, b, a = self._project(x)
+        mixed, z, b, a = self._project(x, prompt=True)
         ext = torch.cat([conv_init.to(x.dtype), mixed.transpose(1, 2)], dim=-1)  # (B, C, K-1+L)
         conv = F.conv1d(ext, self.conv1d.weight, groups=self.conv_dim)
         mixed = F.silu(conv).transpose(1, 2)
@@ -694,7 +700,7 @@ class DecoderLayer(nn.Module):
         return self._ffn(x + h), conv_snaps, rec_factors
 
     def window_attn_pre(self, x, cos, sin, prompt: bool = False):
-        qkv = self.self_attn._qkv(self.input_layernorm(x), cos, sin)
+        qkv = self.self_attn._qkv(self.input_layernorm(x), cos, sin, prompt)
         prefetch = None if prompt else self._dense_prefetch()
         if prefetch is not None:
             ops.l2_prefetch(*prefetch)

@@ -9,6 +9,8 @@
 #   td   the embedded model, solo and batch_mtp W16 at N=1 and 8, 256 tokens, 3 repeats
 #   tg   the embedded model, the N=8 goal command (128 tokens, 8-slot prompt chunks)
 #   pt   compiled window profiles of the embedded model, 8 x 2 and 1 x 4 (this tree)
+#   fw   full-depth (LAYERS) solo spec 4, model.fp8_dense=auto then windows (the wide input
+#        projections FP8 in windows too), 256 tokens, 2 repeats each
 set -u
 export SO=${SO:-.dev/s49/new_cuda.so.xz}
 . docs/bench/device_common.sh $SO
@@ -25,6 +27,9 @@ td) for v in ${VERS:-before after}; do use $v
   grep -h "window 1x4@256\|window 8x2@256" $R/td_$v.log | cut -c1-140; done ;;
 tg) for v in ${VERS:-before after}; do use $v
   TAIL=4 st tg_$v 150 python3 scripts/bench_engine.py --configs batch_mtp_w16 --n 8 --max-tokens 128 --repeats 3 --overlap on --no-reverse --prefill-slots 8 --json $R/tg_$v.json; done ;;
+fw) use after; for d in auto windows; do
+  TAIL=4 st fw_$d 200 python3 scripts/bench_engine.py $F $L --configs solo --n 1 --max-tokens 256 --repeats 2 --fp8-dense $d --json $R/fw_$d.json
+  grep -h "window 1x4@256\|prompt chunk" $R/fw_$d.log | cut -c1-140; done ;;
 pt) use after
   TAIL=3 st pt 150 python3 scripts/profile_window.py --backend auto --compile --iters 30 --shapes 8x2,1x4 --top 40 --json $R/pt.json
   grep -A14 "graph replay kernels" $R/pt.log | cut -c1-140 ;;
