@@ -11,6 +11,7 @@
 #   pt   compiled window profiles of the embedded model, 8 x 2 and 1 x 4 (this tree)
 #   fw   full-depth (LAYERS) solo spec 4, model.fp8_dense=auto then windows (the wide input
 #        projections FP8 in windows too), 256 tokens, 2 repeats each
+#   fn   the same A/B at batch_mtp W16 N=8 (64-token prompts and outputs, 8-slot chunks)
 set -u
 export SO=${SO:-.dev/s49/new_cuda.so.xz}
 . docs/bench/device_common.sh $SO
@@ -30,6 +31,9 @@ tg) for v in ${VERS:-before after}; do use $v
 fw) use after; for d in auto windows; do
   TAIL=4 st fw_$d 200 python3 scripts/bench_engine.py $F $L --configs solo --n 1 --max-tokens 256 --repeats 2 --fp8-dense $d --json $R/fw_$d.json
   grep -h "window 1x4@256\|prompt chunk" $R/fw_$d.log | cut -c1-140; done ;;
+fn) use after; for d in auto windows; do
+  TAIL=4 st fn_$d 200 python3 scripts/bench_engine.py $F $L --configs batch_mtp_w16 --n 8 --max-tokens 64 --repeats 2 --fp8-dense $d --json $R/fn_$d.json
+  grep -h "window 8x2@256\|prompt chunk" $R/fn_$d.log | cut -c1-140; done ;;
 pt) use after
   TAIL=3 st pt 150 python3 scripts/profile_window.py --backend auto --compile --iters 30 --shapes 8x2,1x4 --top 40 --json $R/pt.json
   grep -A14 "graph replay kernels" $R/pt.log | cut -c1-140 ;;
