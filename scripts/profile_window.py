@@ -246,7 +246,7 @@ def main() -> None:
     ap.add_argument("--dtype", default="auto")
     ap.add_argument("--load-format", default="auto", help="model.load_format: auto, safetensors or dummy")
     ap.add_argument("--layers", type=int, default=None, help="model.num_layers (dummy weights only)")
-    ap.add_argument("--fp8-dense", default="auto", choices=FP8_DENSE,
+    ap.add_argument("--fp8-dense", default="windows", choices=FP8_DENSE,
                     help="model.fp8_dense: FP8 checkpoints' dense layers")
     ap.add_argument("--prefill", default=None,
                     help="also prompt chunks of these token counts (comma-separated, e.g. 64): "

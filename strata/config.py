@@ -48,16 +48,14 @@ class ModelConfig:
     #: num_hidden_layers), e.g. a bfloat16 80B model at the depth that fits.
     num_layers: Optional[int] = None
     #: FP8 checkpoints on a GPU: fp8 (the dense, non-expert linear layers stay FP8 and run on
-    #: ops.linear_fp8), dequant (they get a bf16 copy at load and run on cuBLAS) or auto (where
-    #: the streamed FP8 tensor-core kernel runs, CUDA sm_90+, the contracting projections such
-    #: as o_proj and out_proj stay FP8 for decode windows, which measured faster there, prompt
-    #: chunks run them on a copy dequantised in the chunk (one matmul where the FP8 kernel
-    #: reads the weight once per 16 rows), and the wide input projections are dequantised;
-    #: elsewhere dequant), or windows (as auto for every dense FP8 layer: the wide input
-    #: projections too stay FP8 for decode windows and are dequantised in each prompt chunk,
-    #: DeltaNet's float b/a projection then computed in the conv's launch). Routed and shared
-    #: experts stay FP8.
-    fp8_dense: str = "auto"
+    #: ops.linear_fp8), dequant (they get a bf16 copy at load and run on cuBLAS), windows
+    #: (where the streamed FP8 tensor-core kernel runs, CUDA sm_90+, they stay FP8 for decode
+    #: windows and prompt chunks run each on a copy dequantised in the chunk, one matmul where
+    #: the FP8 kernel reads the weight once per 16 rows; DeltaNet's float b/a projection is
+    #: computed in the conv's launch; elsewhere dequant) or auto (as windows for the
+    #: contracting projections such as o_proj and out_proj only, the wide input projections
+    #: dequantised at load). Routed and shared experts stay FP8.
+    fp8_dense: str = "windows"
     #: load_format=dummy: skew of the dummy routers' expert popularity (SYNTHETIC, for expert
     #: cache studies). 0 = the uniform popularity of random routers; s > 0 biases expert e's
     #: router logit so its popularity falls off like a Zipf law of exponent s (trained routers

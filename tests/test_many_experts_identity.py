@@ -38,7 +38,7 @@ def cohort() -> list[Request]:
 
 
 def run(path, mode: str, graphs: bool, device: str = "cpu", dtype: str | None = None,
-        fp8_dense: str = "auto", requests=cohort, expect_prompt_dequant: bool = False,
+        fp8_dense: str = "windows", requests=cohort, expect_prompt_dequant: bool = False,
         **knobs) -> dict:
     knobs.setdefault("prefill_chunk", 4)
     cfg = cpu_engine_config(path, 128, mode="solo" if mode == "solo" else "batch",
@@ -50,10 +50,12 @@ def run(path, mode: str, graphs: bool, device: str = "cpu", dtype: str | None = 
         cfg.model.dtype = dtype
     eng = Engine.from_config(cfg, log=lambda s: None)
     try:
-        if fp8_dense == "fp8" and device == "cuda":  # FP8 qkvz: windows project b/a in the conv
+        from strata.kernels.cyext_ops import linear_fp8_streams
+        fp8_qkvz = fp8_dense == "fp8" or (fp8_dense == "windows" and linear_fp8_streams(device))
+        if fp8_qkvz and device == "cuda":  # FP8 qkvz: windows project b/a in the conv
             assert all(m.ba_in_conv(eng.model.dtype) for m in eng.model.modules()
                        if isinstance(m, GatedDeltaNet))
-        if expect_prompt_dequant:  # every dense FP8 layer left (here the MTP fc) is marked
+        if expect_prompt_dequant:  # every dense FP8 layer left is marked
             marked = [m.prompt_dequant for _, m in dense_fp8_layers(eng.model)]
             assert marked and all(marked)
         run_cohort(eng, requests(), 1000)
@@ -78,27 +80,30 @@ _GPU = [pytest.mark.gpu,
 
 
 @pytest.mark.parametrize("device,fp8_dense", [("cpu", "auto"), ("cpu", "auto-streams"),
+                                              ("cpu", "windows-streams"),
                                               pytest.param("cuda", "auto", marks=_GPU),
+                                              pytest.param("cuda", "windows", marks=_GPU),
                                               pytest.param("cuda", "fp8", marks=_GPU)])
 def test_greedy_tokens_identical_in_every_mode_fp8_bf16(tmp_path, device, fp8_dense, monkeypatch):
     """The same with FP8 block-128 weights in bfloat16 (hidden 256, 64 experts of 128 features,
     top-4), solo, plain batch and batch_mtp, graphs off and on; on the GPU through the GPU
     extension's grouped kernels (on sm_90+ the streamed ones, their gate/up on tensor cores).
     fp8_dense=fp8 keeps every dense projection FP8: the DeltaNet windows then take b/a from
-    causal_conv_window_qkvz_ba (in_proj_ba stays bfloat16). auto-streams: auto as it is where
-    the streamed FP8 linear runs (its contracting projections FP8 in windows, dequantised in
-    prompt chunks), on the CPU. Regions run uncompiled, so this takes seconds."""
+    causal_conv_window_qkvz_ba (in_proj_ba stays bfloat16), as windows (the default) does in
+    windows. auto-streams, windows-streams: auto and windows as they are where the streamed FP8
+    linear runs (the contracting projections, or every dense one, FP8 in windows and
+    dequantised in prompt chunks), on the CPU. Regions run uncompiled, so this takes seconds."""
     from strata.kernels import cyext_ops, ops
     from strata.model.quantize import quantize_checkpoint
 
     if device == "cuda" and cyext_ops.gpu_platform() is None:
         pytest.skip("needs the cyext GPU extension")
-    streams = fp8_dense == "auto-streams"
+    streams = fp8_dense.endswith("-streams")
     if streams:  # FP8 kept as on a GPU with the streamed FP8 linear
         from strata.model import loader
         monkeypatch.setattr(loader, "fp8_supported", lambda device: True)
         monkeypatch.setattr(cyext_ops, "linear_fp8_streams", lambda device: True)
-        fp8_dense = "auto"
+        fp8_dense = fp8_dense.removesuffix("-streams")
     src = make_tiny_random(tmp_path / "bf16", seed=6, tokenizer=False, hidden_size=256,
                            num_experts=64, num_experts_per_tok=4, moe_intermediate_size=128)
     path = quantize_checkpoint(src, tmp_path / "fp8", (128, 128), log=lambda _m: None)

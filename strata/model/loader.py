@@ -257,7 +257,7 @@ def load_checkpoint(path: str | Path, dtype: str = "auto", device: str | torch.d
                     moe_dense_experts: int = 16, moe_dense_prefill: bool = False,
                     load_format: str = "auto", dummy_seed: int = 0,
                     num_layers: Optional[int] = None, fp8: str = "auto",
-                    fp8_dense: str = "auto", routing_skew: float = 0.0,
+                    fp8_dense: str = "windows", routing_skew: float = 0.0,
                     stage: Optional[StageSlice] = None,
                     routed_on_host: bool = False) -> LoadedModel:
     """Build the model from a checkpoint directory; every problem names the file and the key.
