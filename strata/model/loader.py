@@ -374,13 +374,15 @@ def load_checkpoint(path: str | Path, dtype: str = "auto", device: str | torch.d
         with torch.no_grad():
             n = dequantize_dense(part, tdtype, keep_dense)
         if keep_dense:  # windows run them on the FP8 kernel, prompt chunks on a dequantised copy
-            dequantize_in_prompts(part)
+            kept = dequantize_in_prompts(part)
+            if not n:
+                log(f"INFO: the {kept} dense FP8 layers stay FP8 on the streamed kernel in windows "
+                    f"and are dequantised in each prompt chunk (model.fp8_dense={fp8_dense})")
         if n:
             log(f"INFO: {n} dense FP8 layers dequantised to {str(tdtype).replace('torch.', '')} "
                 f"(model.fp8_dense={fp8_dense}"
-                + (f"; the {'contracting projections' if fp8_dense == 'auto' else 'others'} "
-                   "stay FP8 on the streamed kernel in windows and are dequantised in each "
-                   "prompt chunk" if keep_dense else "")
+                + ("; the contracting projections stay FP8 on the streamed kernel in windows "
+                   "and are dequantised in each prompt chunk" if keep_dense else "")
                 + "); the experts stay FP8")
     if stage is not None:  # a top-level module the view replaced (FP8 or dequantised) is the model's
         for name in stage.owned():
