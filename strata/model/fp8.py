@@ -128,10 +128,15 @@ def project(mod: nn.Module, x: torch.Tensor, prompt: bool = False) -> torch.Tens
     eight slots' 64-token chunks, 512 rows, read a contracting projection 32 times; the
     dequantised copy costs one pass that writes twice the FP8 bytes, and cuBLAS then reads
     it once. Windows keep the FP8 kernel."""
-    if prompt and isinstance(mod, Fp8Linear) and mod.prompt_dequant:
-        return torch.nn.functional.linear(
-            x, dequant_fp8_block(mod.weight, mod.weight_scale_inv, mod.block, x.dtype))
+    if dequant_in_prompt(mod, prompt):
+        return linear(x, mod.weight, mod.weight_scale_inv, mod.block, dequant=True)
     return mod(x)
+
+
+def dequant_in_prompt(mod: nn.Module, prompt: bool) -> bool:
+    """Whether a prompt chunk's rows (prompt) run `mod`, or the fused projection it is a view
+    of, on its weight dequantised in the chunk: an Fp8Linear the loader marked prompt_dequant."""
+    return prompt and isinstance(mod, Fp8Linear) and mod.prompt_dequant
 
 
 #: Projections fused into one matmul with their siblings at load (attention's q/k/v,

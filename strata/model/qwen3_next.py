@@ -24,7 +24,8 @@ import torch.nn.functional as F
 from strata.kernels import ops, reference
 from strata.kernels.reference import topk_by_argmax  # noqa: F401 - re-exported
 from strata.model.config import ModelArgs
-from strata.model.fp8 import FP8_DTYPE, Fp8Linear, fuse_projections, linear, project
+from strata.model.fp8 import (FP8_DTYPE, Fp8Linear, dequant_in_prompt, fuse_projections, linear,
+                              project)
 from strata.model.state import DecodeState
 
 
@@ -461,7 +462,7 @@ class Attention(nn.Module):
         (FP8 projections marked prompt_dequant run on their weights dequantised: fp8.project)."""
         lead = x.shape[:-1]
         if self.w_qkv is not None:
-            dequant = prompt and getattr(self.q_proj, "prompt_dequant", False)
+            dequant = dequant_in_prompt(self.q_proj, prompt)
             qg, k, v = linear(x, self.w_qkv, self.s_qkv, self.qkv_block, dequant).split(
                 [2 * self.hq * self.d, self.hkv * self.d, self.hkv * self.d], dim=-1)
         else:
@@ -539,7 +540,7 @@ class GatedDeltaNet(nn.Module):
         chunk's rows (FP8 projections marked prompt_dequant run dequantised: fp8.project)."""
         lead = x.shape[:-1]
         if self.w_in is not None:
-            dequant = prompt and getattr(self.in_proj_qkvz, "prompt_dequant", False)
+            dequant = dequant_in_prompt(self.in_proj_qkvz, prompt)
             qkvz, ba = linear(x, self.w_in, self.s_in, self.in_block, dequant).split(
                 [2 * self.key_dim + 2 * self.value_dim, 2 * self.nv], -1)
         else:
