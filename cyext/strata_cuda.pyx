@@ -491,8 +491,10 @@ def moe_set_options(int flags=-1):
     gate/up, bit 32: the streamed kernels on sm_90+ without the expert cache where they are
     faster, bit 64: at every size they take; 1, 2, 8, 16 and 32 on by default; the results are
     the same bits) and of linear_skinny (bit 128, on: FP8 weights on the streamed tensor-core
-    kernel where it takes them; other bits than the skinny kernel's). flags < 0 only reads.
-    Returns the previous flags."""
+    kernel where it takes them; other bits than the skinny kernel's; bit 512, on: the skinny
+    kernel as a programmatic dependent launch, the same bits; bit 2048, on: bf16 weights of at
+    most 16 rows and in a multiple of 32 up to 1024 on tensor cores, other bits; the rest:
+    cyext/src/strata_kernels.h). flags < 0 only reads. Returns the previous flags."""
     return strata_gpu_moe_set_options(flags)
 
 

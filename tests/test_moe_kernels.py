@@ -1029,6 +1029,75 @@ def test_gpu_linear_bf16_skinny():
     assert rel_err(got, torch.nn.functional.linear(x.float(), weight.float())) < 1e-2
 
 
+#: o x in of the embedded model's window linears (the fused MoE input and output, DeltaNet's
+#: fused input projection, attention's, the MTP fc, the LM head), an o not a multiple of 8, and
+#: two that only the CUDA-core kernel takes (in not a multiple of 32; in above 1024)
+SKINNY_SHAPES = [(1296, 256), (256, 640), (776, 256), (768, 256), (256, 512), (4096, 256),
+                 (61, 1024), (40, 48), (72, 2048)]
+
+
+@_gpu
+@pytest.mark.parametrize("O,I", SKINNY_SHAPES)
+def test_gpu_linear_skinny(O, I):
+    """ops.linear_skinny on the GPU (bf16 weights, up to 16 rows on the skinny linear, on tensor
+    cores or CUDA cores): close to the float32 product, each row the same bits alone as in a
+    launch of up to 16 rows, with and without its programmatic dependent launch (the same
+    bits); more rows run F.linear's bits."""
+    gen = torch.Generator().manual_seed(11)
+    weight = (torch.randn(O, I, generator=gen) / I ** 0.5).to("cuda", torch.bfloat16)
+    x = torch.randn(17, I, generator=gen).to("cuda", torch.bfloat16)
+    want = torch.nn.functional.linear(x.float(), weight.float())
+    for mma in (True, False):
+        got = {}
+        for pdl in (True, False):
+            with _launch_options(linear_pdl=pdl, linear_mma=mma):
+                for rows in (1, 2, 4, 5, 8, 9, 16):
+                    y = C.gpu_linear_skinny(x[:rows], weight)
+                    assert y.shape == (rows, O) and y.dtype == torch.bfloat16
+                    assert rel_err(y, want[:rows]) < 1e-2
+                    assert torch.equal(y, got.setdefault(rows, y)), (mma, pdl, rows)
+                    for r in {0, rows - 1}:
+                        assert torch.equal(C.gpu_linear_skinny(x[r:r + 1], weight)[0], y[r])
+        assert torch.equal(got[16][:9], got[9])
+    assert torch.equal(C.gpu_linear_skinny(x, weight), torch.nn.functional.linear(x, weight))
+    out = torch.empty(3, O, device="cuda", dtype=torch.bfloat16)
+    y = C.gpu_linear_skinny(x[:3], weight, out=out)
+    assert y.data_ptr() == out.data_ptr()
+    assert torch.equal(out, C.gpu_linear_skinny(x[:3], weight))
+
+
+@_gpu
+def test_gpu_linear_skinny_in_a_graph():
+    """Captured behind a kernel that writes its input (its launch a programmatic dependent one)
+    and replayed with new input: the eager bits."""
+    gen = torch.Generator().manual_seed(12)
+    weight = (torch.randn(1296, 256, generator=gen) / 16).to("cuda", torch.bfloat16)
+    x = torch.randn(16, 256, generator=gen).to("cuda", torch.bfloat16)
+    y = torch.empty(16, 1296, device="cuda", dtype=torch.bfloat16)
+    src = torch.empty_like(x)
+    stream = torch.cuda.Stream()
+    with torch.cuda.stream(stream), _launch_options(linear_pdl=True):
+        C.gpu_linear_skinny(x, weight, out=y)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, stream=stream):
+            C.gpu_linear_skinny(src * 2, weight, out=y)
+    for scale in (1.0, -3.0):
+        src.copy_(x * scale)
+        y.zero_()
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(y, C.gpu_linear_skinny(x * scale * 2, weight))
+
+
+@_gpu
+def test_gpu_linear_skinny_compiled():
+    """The op inside a compiled function (strata::linear_skinny): the eager bits."""
+    weight = (torch.randn(512, 256, device="cuda") / 16).to(torch.bfloat16)
+    x = torch.randn(4, 256, device="cuda", dtype=torch.bfloat16)
+    f = torch.compile(lambda a: C.gpu_linear_skinny(torch.relu(a), weight) * 2, dynamic=False)
+    assert torch.equal(f(x), C.gpu_linear_skinny(torch.relu(x), weight) * 2)
+
+
 @_gpu
 def test_gpu_ops_dispatch():
     try:

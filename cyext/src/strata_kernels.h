@@ -156,6 +156,17 @@ int strata_gpu_moe_wide_takes(int64_t n, int64_t k, int64_t E, int64_t H, int64_
 // the consumer threads, a software-pipelined block loop), else the unpiped first version (whole
 // tiles). The same bits either way.
 #define STRATA_LINEAR_PIPE 256
+// STRATA_LINEAR_PDL (on): the skinny kernel (linear_skinny on CUDA cores: bf16 weights, and FP8
+// ones the streamed kernel does not take) as a programmatic dependent launch (sm_90+): its first
+// weight chunks load while the kernel before it finishes, x after griddepcontrol.wait. Callers
+// must not pass a weight that the kernels just before it write (parameters: none do). The same
+// bits.
+#define STRATA_LINEAR_PDL 512
+// STRATA_LINEAR_MMA (on): linear_skinny runs bf16 x and W of at most 16 rows, in a multiple of
+// 32 up to 1024, on tensor cores (strata_linear_stream.cu, linear_bf16_mma: sm_90+; a launch-
+// bound window's small GEMMs), else on the CUDA-core skinny kernel. Other bits than it; a row
+// the same bits in any launch either way.
+#define STRATA_LINEAR_MMA 2048
 // STRATA_LINEAR_SPLIT (on): the streamed FP8 linear's split form (strata_linear_stream.cu: each tile's
 // k range over all 16 warps, tiles through one ring in order, so the arithmetic runs while the
 // later tiles land) where it takes the shapes (in >= 2048); before the piped switch. Other bits
@@ -234,7 +245,8 @@ int strata_gpu_linear_stream_takes(int64_t m, int64_t in, int64_t o, int64_t bo,
                                    int w_dtype, int x_dtype, int device);
 // out (m, o) = x (m, in) . W^T for m <= 32 rows (any m where the streamed FP8 kernel takes it);
 // W (o, in) float8_e4m3fn with scale (ceil(o/bo), ceil(in/bi)) float32 (bi % 16 == 0), or
-// bfloat16 (scale NULL). x and out in x_dtype, contiguous; in % 16 == 0. fp32 accumulation.
+// bfloat16 (scale NULL: on tensor cores where STRATA_LINEAR_MMA takes it). x and out in
+// x_dtype, contiguous; in % 16 == 0. fp32 accumulation; a row the same bits in any launch.
 int strata_gpu_linear_skinny(const void* x, int x_dtype, int64_t m, int64_t in, const void* w,
                              int w_dtype, const float* scale, int64_t bo, int64_t bi, int64_t o,
                              void* out, int device, uintptr_t stream);

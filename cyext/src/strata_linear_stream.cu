@@ -782,6 +782,89 @@ void plan_pieces(LinStreamParams& p) {
   p.piece_bytes = p.in / pieces;
 }
 
+// ------------------------------------------------------------------------------------------------
+// The small bf16 linear on tensor cores (linear_bf16_mma): y (m, o) = x (m, in) . W^T for a
+// bf16 W of few inputs (in a multiple of 32 up to LM_MAX_IN) and at most 16 rows: the GEMMs of
+// a launch-bound decode window (the embedded model's), where cuBLAS takes about 2.5 us for a few
+// hundred KB. A CTA owns 8 output features (the MMA's n) and all 16 rows (its m); its LM_WARPS
+// warps split the k range in contiguous 32-k steps, each lane reading 16 bytes of its feature's
+// row and of x's row g (and g + 8) per step, and run two MMAs a step (the lane's first and last
+// four k's: the k order inside an MMA is permuted the same way for A and B, as in the FP8
+// kernels above) into two accumulators. The warps' partial sums are added in warp order
+// through shared memory. A programmatic dependent launch: every weight byte is loaded before
+// griddepcontrol.wait, while the kernel before it (which writes x) finishes; x is read after
+// it. Each output element depends only on its row of x and its row of W: a row's result is the
+// same bits in any launch.
+constexpr int LM_WARPS = 4;                        // warps per CTA (split k)
+constexpr int LM_MAX_IN = 1024;                    // inputs at most
+constexpr int LM_STEPS = LM_MAX_IN / 32 / LM_WARPS;  // 32-k steps per warp at most
+
+struct LinMmaParams {
+  const uint8_t* x;  // (m, in) bf16
+  const uint8_t* w;  // (o, in) bf16
+  uint8_t* out;      // (m, o) bf16
+  int m, in, o;
+};
+
+template <bool HI>  // rows 8..15 present (m > 8)
+__global__ void __launch_bounds__(32 * LM_WARPS) linear_bf16_mma(LinMmaParams p) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  __shared__ float4 part[LM_WARPS - 1][32];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int g = lane >> 2, c = lane & 3;
+  const int o0 = blockIdx.x * 8;
+  const int steps = p.in >> 5;
+  const int s0 = warp * steps / LM_WARPS, ns = (warp + 1) * steps / LM_WARPS - s0;
+  const int64_t row = 2 * (int64_t)p.in;  // bytes per row of W and of x
+  const bool wlive = o0 + g < p.o;
+  const uint8_t* wp = p.w + (int64_t)(o0 + g) * row + 64 * s0 + 16 * c;
+  uint4 w[LM_STEPS];
+#pragma unroll
+  for (int s = 0; s < LM_STEPS; ++s)
+    w[s] = wlive && s < ns ? ldg16(wp + 64 * s) : make_uint4(0, 0, 0, 0);
+  pdl_wait_primary();
+  pdl_launch_dependents();
+  const uint8_t* xlo = p.x + (int64_t)g * row + 64 * s0 + 16 * c;
+  const bool lo_live = g < p.m, hi_live = HI && g + 8 < p.m;
+  uint4 a[LM_STEPS], b[LM_STEPS];
+#pragma unroll
+  for (int s = 0; s < LM_STEPS; ++s) {
+    a[s] = lo_live && s < ns ? __ldcg((const uint4*)(xlo + 64 * s)) : make_uint4(0, 0, 0, 0);
+    b[s] = hi_live && s < ns ? __ldcg((const uint4*)(xlo + 8 * row + 64 * s))
+                             : make_uint4(0, 0, 0, 0);
+  }
+  float d0[4] = {0.f, 0.f, 0.f, 0.f}, d1[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+  for (int s = 0; s < LM_STEPS; ++s) {
+    if (s < ns) {
+      mma_m16n8k16(d0, a[s].x, b[s].x, a[s].y, b[s].y, w[s].x, w[s].y);
+      mma_m16n8k16(d1, a[s].z, b[s].z, a[s].w, b[s].w, w[s].z, w[s].w);
+    }
+  }
+  float4 mine = make_float4(d0[0] + d1[0], d0[1] + d1[1], d0[2] + d1[2], d0[3] + d1[3]);
+  if (warp) part[warp - 1][lane] = mine;
+  __syncthreads();
+  if (warp) return;
+#pragma unroll
+  for (int k = 0; k < LM_WARPS - 1; ++k) {
+    const float4 q = part[k][lane];
+    mine.x += q.x;
+    mine.y += q.y;
+    mine.z += q.z;
+    mine.w += q.w;
+  }
+  // thread (g, c) holds y[g][o0 + 2c, + 1] and y[g + 8][o0 + 2c, + 1]
+  uint16_t* y = (uint16_t*)p.out;
+  const int col = o0 + 2 * c;
+  const float v[4] = {mine.x, mine.y, mine.z, mine.w};
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const int r = g + 8 * (i >> 1), n = col + (i & 1);
+    if (r < p.m && n < p.o) y[(int64_t)r * p.o + n] = float_to_bf16(v[i]);
+  }
+#endif
+}
+
 }  // namespace
 
 bool linear_stream_takes(int64_t m, int64_t in, int64_t o, int64_t bo, int64_t bi, int w_dtype,
@@ -853,6 +936,28 @@ int launch_linear_stream(const void* x, const void* w, const float* scale, void*
   return 0;
 }
 
+bool linear_bf16_mma_takes(int64_t m, int64_t in, int64_t o, int device) {
+  return m >= 1 && m <= 16 && in >= 32 && in % 32 == 0 && in <= LM_MAX_IN && o >= 1 &&
+         o < (1 << 30) && device_facts(device).major >= 9;
+}
+
+int launch_linear_bf16_mma(const void* x, const void* w, void* out, int64_t m, int64_t in,
+                           int64_t o, bool pdl, cudaStream_t st) {
+  LinMmaParams p;
+  p.x = (const uint8_t*)x;
+  p.w = (const uint8_t*)w;
+  p.out = (uint8_t*)out;
+  p.m = (int)m;
+  p.in = (int)in;
+  p.o = (int)o;
+  const dim3 grid((unsigned)((o + 7) / 8)), block(32 * LM_WARPS);
+  if (m > 8)
+    launch_maybe_pdl(linear_bf16_mma<true>, grid, block, 0, st, pdl, p);
+  else
+    launch_maybe_pdl(linear_bf16_mma<false>, grid, block, 0, st, pdl, p);
+  return take_launch_error("linear: linear_bf16_mma");
+}
+
 #else  // HIP: no bulk copy engine; the skinny kernel runs instead.
 
 bool linear_stream_takes(int64_t, int64_t, int64_t, int64_t, int64_t, int, int, int) {
@@ -861,6 +966,11 @@ bool linear_stream_takes(int64_t, int64_t, int64_t, int64_t, int64_t, int, int, 
 int launch_linear_stream(const void*, const void*, const float*, void*, int64_t, int64_t, int64_t,
                          int64_t, int64_t, int, bool, cudaStream_t) {
   return 1;  // never called: linear_stream_takes says no
+}
+bool linear_bf16_mma_takes(int64_t, int64_t, int64_t, int) { return false; }
+int launch_linear_bf16_mma(const void*, const void*, void*, int64_t, int64_t, int64_t, bool,
+                           cudaStream_t) {
+  return 1;  // never called: linear_bf16_mma_takes says no
 }
 
 #endif

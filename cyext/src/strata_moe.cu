@@ -386,7 +386,7 @@ int g_moe_options = STRATA_MOE_PDL | STRATA_MOE_EARLY | STRATA_MOE_DB | STRATA_M
                     STRATA_MOE_STREAM | STRATA_LINEAR_STREAM | STRATA_MOE_STREAM_MISS |
                     STRATA_LINEAR_SPLIT | STRATA_LINEAR_SPLIT_PAIR | STRATA_MOE_GU_MMA |
                     STRATA_MOE_DOWN_SPLIT | STRATA_MOE_X_GLOBAL | STRATA_MOE_DOWN_MMA |
-                    STRATA_MOE_GU_RUNS;
+                    STRATA_MOE_GU_RUNS | STRATA_LINEAR_PDL | STRATA_LINEAR_MMA;
 
 template <typename W, int CPL, int U, bool DB>
 int launch_moe_down_kernel(const MoeParams& p, cudaStream_t st, bool pdl) {
@@ -472,6 +472,29 @@ struct LinParams {
   int m, in, o, bo, bi, ncb, x_dtype;
 };
 
+// One warp's weight chunks base + lane + 32 g (g < LIN_GROUP) of its R rows, with their block
+// scales (FP8), into registers; chunks past the row or rows past o read as zero.
+template <typename W, int R>
+__device__ __forceinline__ void load_lin_group(const LinParams& p, int o0, int base, int nch,
+                                               int64_t row_bytes, int lane,
+                                               uint4 (&w)[R][LIN_GROUP], float (&sc)[R][LIN_GROUP]) {
+  typedef WChunk<W> C;
+#pragma unroll
+  for (int r = 0; r < R; ++r) {
+    const bool live = o0 + r < p.o;
+    const uint8_t* row = (const uint8_t*)p.w + (int64_t)(o0 + r) * row_bytes;
+#pragma unroll
+    for (int g = 0; g < LIN_GROUP; ++g) {
+      const int c = base + lane + 32 * g;
+      const bool ok = live && c < nch;
+      w[r][g] = ok ? ldg16(row + 16 * (int64_t)c) : make_uint4(0, 0, 0, 0);
+      sc[r][g] = 1.f;
+      if (C::scaled && ok)
+        sc[r][g] = __ldg(p.scale + (int64_t)((o0 + r) / p.bo) * p.ncb + (c * C::EPC) / p.bi);
+    }
+  }
+}
+
 template <typename W, int MT, int R>
 __global__ void __launch_bounds__(LIN_WARPS * 32) linear_skinny_kernel(LinParams p) {
   typedef WChunk<W> C;
@@ -485,23 +508,18 @@ __global__ void __launch_bounds__(LIN_WARPS * 32) linear_skinny_kernel(LinParams
   for (int r = 0; r < R; ++r)
 #pragma unroll
     for (int m = 0; m < MT; ++m) acc[r][m] = 0.f;
+  uint4 w[R][LIN_GROUP];
+  float sc[R][LIN_GROUP];
+  // The weights are parameters, which no kernel of a window writes: the first group (a whole
+  // row up to LIN_GROUP * 32 chunks) loads before the wait for the kernel before this one, so
+  // as a programmatic dependent launch its latency overlaps that kernel's tail. x, that
+  // kernel's output, is read only after the wait; so is y written (the kernel before may
+  // still read the buffer y reuses).
+  load_lin_group<W, R>(p, o0, 0, nch, row_bytes, lane, w, sc);
+  pdl_wait_primary();
+  pdl_launch_dependents();
   for (int base = 0; base < nch; base += 32 * LIN_GROUP) {
-    uint4 w[R][LIN_GROUP];
-    float sc[R][LIN_GROUP];
-#pragma unroll
-    for (int r = 0; r < R; ++r) {
-      const bool live = o0 + r < p.o;
-      const uint8_t* row = (const uint8_t*)p.w + (int64_t)(o0 + r) * row_bytes;
-#pragma unroll
-      for (int g = 0; g < LIN_GROUP; ++g) {
-        const int c = base + lane + 32 * g;
-        const bool ok = live && c < nch;
-        w[r][g] = ok ? ldg16(row + 16 * (int64_t)c) : make_uint4(0, 0, 0, 0);
-        sc[r][g] = 1.f;
-        if (C::scaled && ok)
-          sc[r][g] = __ldg(p.scale + (int64_t)((o0 + r) / p.bo) * p.ncb + (c * C::EPC) / p.bi);
-      }
-    }
+    if (base) load_lin_group<W, R>(p, o0, base, nch, row_bytes, lane, w, sc);
 #pragma unroll
     for (int g = 0; g < LIN_GROUP; ++g) {
       const int c = base + lane + 32 * g;
@@ -535,28 +553,39 @@ __global__ void __launch_bounds__(LIN_WARPS * 32) linear_skinny_kernel(LinParams
   }
 }
 
+template <typename W, int MT, int R>
+void launch_linear_grid(const LinParams& p, unsigned blocks, cudaStream_t st, bool pdl) {
+#if !STRATA_PLATFORM_HIP
+  launch_maybe_pdl(linear_skinny_kernel<W, MT, R>, dim3(blocks), dim3(LIN_WARPS * 32), 0, st,
+                   pdl, p);
+#else
+  (void)pdl;
+  linear_skinny_kernel<W, MT, R><<<blocks, LIN_WARPS * 32, 0, st>>>(p);
+#endif
+}
+
 template <typename W, int MT>
-int launch_linear_mt(const LinParams& p, int sm_blocks, cudaStream_t st) {
+int launch_linear_mt(const LinParams& p, int sm_blocks, cudaStream_t st, bool pdl) {
   // Several features per warp reuse each activation load; as many as the registers allow
   // (accumulators grow with the rows), fewer when that would leave SMs idle.
   const int R = MT <= 8 ? 4 : 2;
   const int64_t warps = (p.o + R - 1) / R;
   if ((warps + LIN_WARPS - 1) / LIN_WARPS >= sm_blocks) {
-    linear_skinny_kernel<W, MT, R><<<ceil_div_u(warps, LIN_WARPS), LIN_WARPS * 32, 0, st>>>(p);
+    launch_linear_grid<W, MT, R>(p, ceil_div_u(warps, LIN_WARPS), st, pdl);
   } else {
-    linear_skinny_kernel<W, MT, 1><<<ceil_div_u(p.o, LIN_WARPS), LIN_WARPS * 32, 0, st>>>(p);
+    launch_linear_grid<W, MT, 1>(p, ceil_div_u(p.o, LIN_WARPS), st, pdl);
   }
   return take_launch_error("linear: linear_skinny_kernel");
 }
 
 template <typename W>
-int launch_linear(const LinParams& p, int sm_blocks, cudaStream_t st) {
-  if (p.m <= 1) return launch_linear_mt<W, 1>(p, sm_blocks, st);
-  if (p.m <= 2) return launch_linear_mt<W, 2>(p, sm_blocks, st);
-  if (p.m <= 4) return launch_linear_mt<W, 4>(p, sm_blocks, st);
-  if (p.m <= 8) return launch_linear_mt<W, 8>(p, sm_blocks, st);
-  if (p.m <= 16) return launch_linear_mt<W, 16>(p, sm_blocks, st);
-  return launch_linear_mt<W, 32>(p, sm_blocks, st);
+int launch_linear(const LinParams& p, int sm_blocks, cudaStream_t st, bool pdl) {
+  if (p.m <= 1) return launch_linear_mt<W, 1>(p, sm_blocks, st, pdl);
+  if (p.m <= 2) return launch_linear_mt<W, 2>(p, sm_blocks, st, pdl);
+  if (p.m <= 4) return launch_linear_mt<W, 4>(p, sm_blocks, st, pdl);
+  if (p.m <= 8) return launch_linear_mt<W, 8>(p, sm_blocks, st, pdl);
+  if (p.m <= 16) return launch_linear_mt<W, 16>(p, sm_blocks, st, pdl);
+  return launch_linear_mt<W, 32>(p, sm_blocks, st, pdl);
 }
 
 }  // namespace
@@ -749,6 +778,11 @@ int strata_gpu_linear_skinny(const void* x, int x_dtype, int64_t m, int64_t in, 
       linear_streams(m, in, o, bo, bi, w_dtype, x_dtype, device))
     return launch_linear_stream(x, w, scale, out, m, in, o, bo, bi, device,
                                 (g_moe_options & STRATA_MOE_PDL) != 0, (cudaStream_t)stream);
+  const bool pdl = (g_moe_options & STRATA_LINEAR_PDL) && gpu_device_has_pdl(device);
+  if (w_dtype == STRATA_DTYPE_BF16 && x_dtype == STRATA_DTYPE_BF16 &&
+      (g_moe_options & STRATA_LINEAR_MMA) && aligned16(x) && aligned16(w) &&
+      linear_bf16_mma_takes(m, in, o, device))
+    return launch_linear_bf16_mma(x, w, out, m, in, o, pdl, (cudaStream_t)stream);
   if (m > 32) return invalid("linear (the skinny kernel takes at most 32 rows)");
   if (w_dtype != STRATA_DTYPE_FP8 && w_dtype != STRATA_DTYPE_BF16)
     return invalid("linear (weights must be float8_e4m3fn or bfloat16)");
@@ -779,8 +813,8 @@ int strata_gpu_linear_skinny(const void* x, int x_dtype, int64_t m, int64_t in, 
   p.ncb = (int)((in + p.bi - 1) / p.bi);
   p.x_dtype = x_dtype;
   cudaStream_t st = (cudaStream_t)stream;
-  if (fp8) return launch_linear<FP8W>(p, 2 * sms, st);
-  return launch_linear<BF16>(p, 2 * sms, st);
+  if (fp8) return launch_linear<FP8W>(p, 2 * sms, st, pdl);
+  return launch_linear<BF16>(p, 2 * sms, st, pdl);
 }
 
 }  // extern "C"

@@ -366,6 +366,12 @@ bool linear_stream_takes(int64_t m, int64_t in, int64_t o, int64_t bo, int64_t b
 int launch_linear_stream(const void* x, const void* w, const float* scale, void* out, int64_t m,
                          int64_t in, int64_t o, int64_t bo, int64_t bi, int device, bool pdl,
                          cudaStream_t st);
+// The small bf16 linear on tensor cores (strata_linear_stream.cu, sm_90+): whether it takes an
+// (m, in) x (o, in) product of bf16 x and W (at most 16 rows, in a multiple of 32 up to 1024),
+// and its launch. Returns 0 or a CUDA error code.
+bool linear_bf16_mma_takes(int64_t m, int64_t in, int64_t o, int device);
+int launch_linear_bf16_mma(const void* x, const void* w, void* out, int64_t m, int64_t in,
+                           int64_t o, bool pdl, cudaStream_t st);
 
 // The one place where an expert's weights are found. With the expert cache, a resident
 // expert is read from its device slot and a missing one (slot -1) from the pinned host store

@@ -626,7 +626,8 @@ def moe_launch_options(pdl=None, early=None, wide=None, db=None, xsmem=None, str
                        linear_f16=None, gate_up_mma=None, down_split=None,
                        down_split_runs=None, fp8_launch16=None, fp8_wide=None,
                        route_chunks=None, down_mma=None, wide_rows=None,
-                       l2_prefetch=None, fused=None, gate_up_runs=None) -> dict:
+                       l2_prefetch=None, fused=None, gate_up_runs=None, linear_pdl=None,
+                       linear_mma=None, skinny_bf16=None) -> dict:
     """Read or set moe_experts' launch switches on the GPU extension (process-wide; each gives
     the same bits unless it says otherwise): `stream` (on by default), the streamed kernels on
     sm_90+ without the expert cache, or with one (see `stream_miss` for a cache that can miss),
@@ -711,6 +712,19 @@ def moe_launch_options(pdl=None, early=None, wide=None, db=None, xsmem=None, str
     experts' down weights once the router has chosen them (through the gate/up kernel); 3,
     their gate/up weights too. Read when a region is compiled, so set it before the engine's
     warm-up; the same bits.
+    `linear_pdl` (on): the skinny linear kernel (bf16 weights, and FP8 ones the streamed kernel
+    does not take) as a programmatic dependent launch (sm_90+): its first weight chunks load
+    while the kernel before it ends; the same bits.
+    `linear_mma` (on): the skinny linear's bf16 weights of in_features a multiple of 32 up to
+    1024, at most 16 rows, on tensor cores (linear_bf16_mma, sm_90+: every weight byte loaded
+    before the kernel's wait) rather than CUDA cores; other bits, a row the same bits in any
+    launch either way.
+    `skinny_bf16` (off; this module's): the model's bf16 linears in decode windows whose weight
+    is small (SKINNY_BF16_MAX_IN inputs, SKINNY_BF16_MAX_ELEMENTS elements: the embedded model's,
+    not the 80B's) run on the skinny linear, up to SKINNY_BF16_MAX_ROWS rows, instead of cuBLAS
+    (ops.linear_skinny): a launch-bound window's GEMMs then load their weights during the
+    kernel before. Other bits than cuBLAS (fp32 sums in a fixed order; a row the same bits in
+    any launch). Read when a region is compiled, so set it before the engine's warm-up.
     None leaves a switch as it is. Returns the switches now in force."""
     if wide_rows is not None and not (isinstance(wide_rows, int) and not isinstance(wide_rows, bool)
                                       and 17 <= wide_rows <= MOE_WIDE_MAX_ROWS):
@@ -721,7 +735,8 @@ def moe_launch_options(pdl=None, early=None, wide=None, db=None, xsmem=None, str
                     (1024, stream_miss), (4096, gate_up_pdl), (8192, linear_split),
                     (16384, linear_split_pair), (32768, linear_f16), (1 << 20, gate_up_mma),
                     (1 << 21, down_split), (1 << 26, fp8_wide), (1 << 27, down_mma),
-                    (1 << 28, fused), (1 << 29, gate_up_runs)):
+                    (1 << 28, fused), (1 << 29, gate_up_runs), (512, linear_pdl),
+                    (2048, linear_mma)):
         if on is not None:
             flags = (flags | bit) if on else (flags & ~bit)
     flags = _count_field(flags, "linear_split_depth", linear_split_depth, 16)
@@ -732,7 +747,9 @@ def moe_launch_options(pdl=None, early=None, wide=None, db=None, xsmem=None, str
         _moe_fp8_launch_rows = 16 if fp8_launch16 else MOE_MAX_ROWS
     if fp8_wide is not None:
         _moe_fp8_launch_rows = MOE_WIDE_ROWS if fp8_wide else 16
-    global _route_chunks, _moe_wide_rows, _l2_prefetch
+    global _route_chunks, _moe_wide_rows, _l2_prefetch, _skinny_bf16
+    if skinny_bf16 is not None:
+        _skinny_bf16 = bool(skinny_bf16)
     if l2_prefetch is not None:
         if not (isinstance(l2_prefetch, int) and 0 <= int(l2_prefetch) <= L2_PREFETCH_MAX):
             raise ValueError(f"l2_prefetch: {l2_prefetch!r} is not a level in "
@@ -758,7 +775,9 @@ def moe_launch_options(pdl=None, early=None, wide=None, db=None, xsmem=None, str
             "fp8_wide": bool(flags & (1 << 26)) and _moe_fp8_launch_rows == MOE_WIDE_ROWS,
             "route_chunks": _route_chunks, "down_mma": bool(flags & (1 << 27)),
             "wide_rows": _moe_wide_rows, "l2_prefetch": _l2_prefetch,
-            "fused": bool(flags & (1 << 28)), "gate_up_runs": bool(flags & (1 << 29))}
+            "fused": bool(flags & (1 << 28)), "gate_up_runs": bool(flags & (1 << 29)),
+            "linear_pdl": bool(flags & 512), "linear_mma": bool(flags & 2048),
+            "skinny_bf16": _skinny_bf16}
 
 
 def conv_launch_options(serial=None, gdn_pdl=None) -> dict:
@@ -929,9 +948,54 @@ def linear_fp8_streams(device) -> bool:
     return moe_launch_options()["linear_stream"]
 
 
+_skinny_bf16 = False  # moe_launch_options(skinny_bf16=)
+#: What the model runs on the skinny kernel under moe_launch_options(skinny_bf16=): up to this
+#: many rows (decode windows), weights of at most this many inputs (a row's chunks load in one
+#: group before the kernel's wait) and elements (where cuBLAS is launch-bound, not byte-bound).
+SKINNY_BF16_MAX_ROWS = 16
+SKINNY_BF16_MAX_IN = 1024
+SKINNY_BF16_MAX_ELEMENTS = 1 << 22
+
+
+def skinny_bf16_takes(x, weight) -> bool:
+    """Whether linear_skinny runs x @ weight^T on the skinny kernel when x has at most
+    SKINNY_BF16_MAX_ROWS rows: moe_launch_options(skinny_bf16=) on, bf16 x and weight (a 2-D
+    parameter), in_features a multiple of 16 up to SKINNY_BF16_MAX_IN, a small weight. Read
+    without touching the extension (a region's trace calls it)."""
+    return (_skinny_bf16 and x.dtype == torch.bfloat16 and weight.dtype == torch.bfloat16
+            and weight.dim() == 2 and x.shape[-1] == weight.shape[1]
+            and weight.shape[1] % 16 == 0 and weight.shape[1] <= SKINNY_BF16_MAX_IN
+            and weight.numel() <= SKINNY_BF16_MAX_ELEMENTS)
+
+
+def gpu_linear_skinny(x, weight, *, out=None):
+    """reference.linear_skinny (x @ weight^T) for a bfloat16 weight: up to SKINNY_BF16_MAX_ROWS
+    rows (x's leading dims flattened) on the skinny linear (on tensor cores where
+    moe_launch_options' linear_mma takes the shapes, else CUDA cores; fp32 sums in a fixed
+    order, each row independent of the others; a programmatic dependent launch under
+    linear_pdl, so `weight` must be one the kernels just before it do not write), more rows
+    F.linear."""
+    if _compiling() and out is None:
+        return torch.ops.strata.linear_skinny(x, weight)
+    lead = x.shape[:-1]
+    x2 = x.reshape(-1, x.shape[-1])
+    if (x2.shape[0] > SKINNY_BF16_MAX_ROWS or x.dtype != torch.bfloat16
+            or weight.dtype != torch.bfloat16 or x.shape[-1] % 16 or weight.data_ptr() % 16):
+        res = reference.linear_skinny(x, weight)
+        return out.copy_(res) if out is not None else res
+    x2 = _aligned(x2.contiguous())
+    into = out is not None and out.is_contiguous() and out.data_ptr() % 16 == 0
+    y = out.view(x2.shape[0], weight.shape[0]) if into else \
+        torch.empty(x2.shape[0], weight.shape[0], dtype=x.dtype, device=x.device)
+    _gpu.linear_skinny(x2, weight.contiguous(), None, 1, 1, y, _stream(x))
+    if out is not None and not into:
+        return out.copy_(y.view(*lead, weight.shape[0]))
+    return y.view(*lead, weight.shape[0])
+
+
 def gpu_linear_bf16_skinny(x, weight, *, out=None):
-    """y = x @ W^T for a bfloat16 W and at most 32 rows with the skinny kernel (for the
-    micro-benchmark against F.linear; not an op: it is offered only if it beats cuBLAS)."""
+    """The skinny kernel on a bfloat16 W at up to 32 rows, whatever the shapes (the
+    micro-benchmark against F.linear)."""
     lead = x.shape[:-1]
     x2 = _aligned(x.reshape(-1, x.shape[-1]).contiguous())
     y = torch.empty(x2.shape[0], weight.shape[0], dtype=x.dtype, device=x.device) \
@@ -1035,6 +1099,7 @@ GPU_OPS = {
     "chunk_gated_delta": gpu_chunk_gated_delta,
     "moe_experts": gpu_moe_experts,
     "linear_fp8": gpu_linear_fp8,
+    "linear_skinny": gpu_linear_skinny,
     "moe_route": gpu_moe_route,
     "l2_prefetch": gpu_l2_prefetch,
 }
@@ -1287,6 +1352,14 @@ def _register_custom_ops() -> None:
 
     @_linear_fp8.register_fake
     def _(x, weight, scale_inv, block):
+        return x.new_empty(*x.shape[:-1], weight.shape[0])
+
+    @torch.library.custom_op("strata::linear_skinny", mutates_args=())
+    def _linear_skinny(x: Tensor, weight: Tensor) -> Tensor:
+        return _eager("linear_skinny", x.device)(x, weight)
+
+    @_linear_skinny.register_fake
+    def _(x, weight):
         return x.new_empty(*x.shape[:-1], weight.shape[0])
 
 

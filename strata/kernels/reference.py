@@ -325,6 +325,13 @@ def linear_fp8(x: torch.Tensor, weight: torch.Tensor, scale_inv: torch.Tensor,
     return F.linear(x.float(), w).to(x.dtype)
 
 
+def linear_skinny(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """y = x @ W^T for a float W (O, I): F.linear. The GPU's skinny kernel (a decode window's
+    small bf16 linears, cyext_ops.skinny_bf16_takes) sums in float32 in another order, each row
+    independent of the others."""
+    return F.linear(x, weight)
+
+
 def moe_experts(x: torch.Tensor, w_gate_up: torch.Tensor, w_down: torch.Tensor,
                 topk_weight: torch.Tensor, topk_ids: torch.Tensor,
                 gu_scale: torch.Tensor | None = None, down_scale: torch.Tensor | None = None,
