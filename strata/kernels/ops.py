@@ -14,7 +14,8 @@ Ops a backend does not implement fall back to the torch reference (today: moe_ro
 causal_conv_window_qkvz, causal_conv_window_qkvz_ba and gated_delta_window_prep on the CPU,
 where the model then gathers the conv's input, projects b/a and prepares the rule's inputs
 itself; chunk_gated_delta, the prefill path, runs the decode kernel's recurrence on cpu, cuda and
-hip, and the chunked reference on torch; l2_prefetch, a hint, does nothing off the GPU).
+hip, and the chunked reference on torch; l2_prefetch, a hint, does nothing off the GPU;
+linear_skinny is F.linear off the GPU).
 `implementations()` tells which is in use for each op, `native(op)` whether one runs on the
 backend's own kernel. All ops keep the reference signatures and return values.
 """
@@ -28,8 +29,8 @@ from strata.kernels import cyext_ops, reference
 _BACKEND = "torch"
 OPS = ("write_kv", "grouped_window_attention", "causal_conv_window", "causal_conv_window_qkvz",
        "causal_conv_window_qkvz_ba", "gated_delta_window", "gated_delta_window_prep",
-       "commit_accepted", "chunk_gated_delta", "moe_experts", "linear_fp8", "moe_route",
-       "l2_prefetch")
+       "commit_accepted", "chunk_gated_delta", "moe_experts", "linear_fp8", "linear_skinny",
+       "moe_route", "l2_prefetch")
 _IMPL: dict[str, str] = {name: "torch" for name in OPS}
 
 write_kv = reference.write_kv
@@ -43,6 +44,7 @@ commit_accepted = reference.commit_accepted
 chunk_gated_delta = reference.chunk_gated_delta
 moe_experts = reference.moe_experts
 linear_fp8 = reference.linear_fp8
+linear_skinny = reference.linear_skinny
 moe_route = reference.moe_route
 l2_prefetch = reference.l2_prefetch
 
@@ -128,6 +130,12 @@ def l2_prefetch_level() -> int:
     0 nothing, else cyext_ops.moe_launch_options(l2_prefetch=)'s level where the backend has
     the kernel."""
     return cyext_ops.l2_prefetch_level() if native("l2_prefetch") else 0
+
+
+def skinny_takes(x: torch.Tensor, weight: torch.Tensor) -> bool:
+    """Whether the model runs a decode window's x @ weight^T as ops.linear_skinny (the GPU's
+    skinny kernel, cyext_ops.skinny_bf16_takes) rather than F.linear."""
+    return native("linear_skinny") and cyext_ops.skinny_bf16_takes(x, weight)
 
 
 def implementations() -> dict[str, str]:

@@ -130,6 +130,8 @@ def project(mod: nn.Module, x: torch.Tensor, prompt: bool = False) -> torch.Tens
     it once. Windows keep the FP8 kernel."""
     if dequant_in_prompt(mod, prompt):
         return linear(x, mod.weight, mod.weight_scale_inv, mod.block, dequant=True)
+    if type(mod) is nn.Linear and mod.bias is None:
+        return dense(x, mod.weight, prompt)
     return mod(x)
 
 
@@ -207,12 +209,22 @@ def to_fp8_linear(parent: nn.Module, attr: str, block: tuple[int, int]) -> Fp8Li
     return new
 
 
+def dense(x: torch.Tensor, weight: torch.Tensor, prompt: bool = False) -> torch.Tensor:
+    """x @ weight^T for a float weight: in a decode window (not prompt) a small bf16 weight on
+    the GPU's skinny kernel where it is switched on (ops.skinny_takes), else F.linear."""
+    if not prompt and ops.skinny_takes(x, weight):
+        return ops.linear_skinny(x, weight)
+    return torch.nn.functional.linear(x, weight)
+
+
 def linear(x: torch.Tensor, weight: torch.Tensor, scale: Optional[torch.Tensor],
-           block: Optional[tuple[int, int]], dequant: bool = False) -> torch.Tensor:
-    """x @ weight^T for a float weight (scale None) or an FP8 block-scaled one; `dequant`: the
-    FP8 weight dequantised to x's dtype first (a prompt chunk's rows, as project())."""
+           block: Optional[tuple[int, int]], dequant: bool = False,
+           prompt: bool = False) -> torch.Tensor:
+    """x @ weight^T for a float weight (scale None: dense()) or an FP8 block-scaled one;
+    `dequant`: the FP8 weight dequantised to x's dtype first (a prompt chunk's rows, as
+    project()); `prompt`: a prompt chunk's rows (dense())."""
     if scale is None:
-        return torch.nn.functional.linear(x, weight)
+        return dense(x, weight, prompt)
     if dequant:
         return torch.nn.functional.linear(x, dequant_fp8_block(weight, scale, block, x.dtype))
     return ops.linear_fp8(x, weight, scale, block)

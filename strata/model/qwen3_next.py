@@ -24,8 +24,8 @@ import torch.nn.functional as F
 from strata.kernels import ops, reference
 from strata.kernels.reference import topk_by_argmax  # noqa: F401 - re-exported
 from strata.model.config import ModelArgs
-from strata.model.fp8 import (FP8_DTYPE, Fp8Linear, dequant_in_prompt, fuse_projections, linear,
-                              project)
+from strata.model.fp8 import (FP8_DTYPE, Fp8Linear, dense, dequant_in_prompt, fuse_projections,
+                              linear, project)
 from strata.model.state import DecodeState
 
 
@@ -336,7 +336,7 @@ class SparseMoe(nn.Module):
         x = x.reshape(-1, shape[-1])
         n_exp = self.experts.w_gate_up.shape[0]
         if self.w_in is not None and (n_exp <= self.dense_experts or x.shape[0] * self.top_k >= n_exp):
-            return self._forward_fused(x).reshape(shape)
+            return self._forward_fused(x, prompt).reshape(shape)
         dense = self.experts.dense_input(x.shape[0], self.top_k, prompt)
         if self.w_router is not None:
             # One op for the router, the softmax and top-k and the shared expert's gate (its
@@ -362,21 +362,24 @@ class SparseMoe(nn.Module):
                    + torch.sigmoid(sgate) * self.shared_expert(x))
         return out.reshape(shape)
 
-    def _forward_fused(self, x: torch.Tensor) -> torch.Tensor:
+    def _forward_fused(self, x: torch.Tensor, prompt: bool = False) -> torch.Tensor:
         """The whole block as two matmuls: [router | shared gate | shared gate, up | every
         expert's gate, up] from x, then [shared down | every expert's down] from the gated
-        activations (routing weights applied before the down projection sum the experts)."""
+        activations (routing weights applied before the down projection sum the experts).
+        prompt: a prompt chunk's rows (fp8.dense)."""
         n_exp, two_i, _ = self.experts.w_gate_up.shape
         inter, shared = two_i // 2, self.shared_expert.up_proj.weight.shape[0]
         sizes = [n_exp, 1, shared, shared, n_exp * two_i]
-        y = F.linear(x, self.w_in)[:, :sum(sizes)]  # less the zero rows' columns (fuse_for_inference)
+        # less the zero rows' columns (fuse_for_inference)
+        y = dense(x, self.w_in, prompt)[:, :sum(sizes)]
         logits, sgate, sg, su, eg = y.split(sizes, dim=-1)
         weights, index = self._route(logits)
         route = dense_route(weights.to(x.dtype), index, n_exp)
         g, u = eg.reshape(x.shape[0], n_exp, two_i).split(inter, dim=-1)
         act_e = F.silu(g) * u * route[..., None]
         act_s = F.silu(sg) * su * torch.sigmoid(sgate)
-        return F.linear(torch.cat([act_s, act_e.reshape(x.shape[0], n_exp * inter)], -1), self.w_out)
+        return dense(torch.cat([act_s, act_e.reshape(x.shape[0], n_exp * inter)], -1), self.w_out,
+                     prompt)
 
     def grouped(self, dense_experts: int) -> bool:
         """Whether fuse_for_inference(dense_experts) runs the routed experts grouped by expert
@@ -463,7 +466,7 @@ class Attention(nn.Module):
         lead = x.shape[:-1]
         if self.w_qkv is not None:
             dequant = dequant_in_prompt(self.q_proj, prompt)
-            qg, k, v = linear(x, self.w_qkv, self.s_qkv, self.qkv_block, dequant).split(
+            qg, k, v = linear(x, self.w_qkv, self.s_qkv, self.qkv_block, dequant, prompt).split(
                 [2 * self.hq * self.d, self.hkv * self.d, self.hkv * self.d], dim=-1)
         else:
             qg, k, v = (project(m, x, prompt) for m in (self.q_proj, self.k_proj, self.v_proj))
@@ -541,7 +544,7 @@ class GatedDeltaNet(nn.Module):
         lead = x.shape[:-1]
         if self.w_in is not None:
             dequant = dequant_in_prompt(self.in_proj_qkvz, prompt)
-            qkvz, ba = linear(x, self.w_in, self.s_in, self.in_block, dequant).split(
+            qkvz, ba = linear(x, self.w_in, self.s_in, self.in_block, dequant, prompt).split(
                 [2 * self.key_dim + 2 * self.value_dim, 2 * self.nv], -1)
         else:
             qkvz = project(self.in_proj_qkvz, x, prompt)
@@ -829,7 +832,8 @@ class Qwen3Next(nn.Module):
                 m.fuse_for_inference()
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        return self.lm_head(hidden)
+        """The LM head's logits of a window's or a prompt chunk's last rows (few: fp8.project)."""
+        return project(self.lm_head, hidden)
 
     @torch.no_grad()
     def lm_head_rows(self, ids: torch.Tensor) -> torch.Tensor:
