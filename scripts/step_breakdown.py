@@ -27,7 +27,7 @@ sys.path.insert(0, str(ROOT / "scripts"))
 import torch  # noqa: E402
 
 from bench_engine import (OVERLAP_CHOICES, code_prompts, config_of, engine_cfg,  # noqa: E402
-                          with_overlap)
+                          set_kernel_options, with_overlap)
 from strata.config import EMBEDDED_MODEL_DIR  # noqa: E402
 from strata.engine.llm_engine import Engine  # noqa: E402
 from strata.engine.request import Request, SamplingParams  # noqa: E402
@@ -126,8 +126,13 @@ def main() -> None:
     ap.add_argument("--overlap", choices=OVERLAP_CHOICES, default="off",
                     help="engine.overlap; both: each configuration also overlapped "
                          "(NAME+overlap), side by side")
+    ap.add_argument("--kernel-options", default="",
+                    help="the GPU extension's launch switches, NAME=0|1,... (as bench_engine.py)")
     ap.add_argument("--json")
     a = ap.parse_args()
+    options = set_kernel_options(a.kernel_options)
+    if options:
+        print("kernel options", options)
     device = torch.device(a.device)
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     print("backend", ops.set_backend(a.backend, device.type))
