@@ -471,6 +471,19 @@ def write_results(a, ns, names, results, loaded, device, backend) -> None:
         Path(a.md).write_text(table + "\n")
 
 
+def trace_cohort(eng: Engine, device, prompts, max_tokens, seed0: Optional[int], path: Path) -> Path:
+    """One more cohort under torch.profiler (host and device activity), its chrome trace
+    written to `path`: where the device idles between and inside an engine's windows."""
+    from torch.profiler import ProfilerActivity, profile
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+    with profile(activities=activities) as prof:
+        run_cohort(eng, device, prompts, max_tokens, seed0)
+    prof.export_chrome_trace(str(path))
+    return path
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     add_model_args(ap)
@@ -522,6 +535,11 @@ def main() -> None:
                          "(cyext_ops.moe_launch_options, e.g. gate_up_pdl=1; "
                          "linear_split_depth=0..15, down_split_runs=0..15): an A/B of one "
                          "extension in two processes")
+    ap.add_argument("--trace-dir", default=None, metavar="DIR",
+                    help="after the timed cohorts at each N, run one more cohort per "
+                         "configuration under torch.profiler and write its chrome trace to "
+                         "DIR/NAME@N.json (the device's kernels and gaps in the engine as it "
+                         "runs; the profiler slows the host, so the cohort is not timed)")
     ap.add_argument("--json")
     ap.add_argument("--md")
     a = ap.parse_args()
@@ -581,6 +599,10 @@ def main() -> None:
                 slots = f" x {c['segments']} slots" if "segments" in c else ""
                 print(f"N={n} {name:<16} prompt chunk of {c['tokens']} tokens{slots}: "
                       f"{c['mean_ms']:.3f} ms over {c['chunks']}", flush=True)
+            if a.trace_dir:  # after the tables: the traced cohort's times are not in them
+                path = trace_cohort(eng, device, prompts, a.max_tokens, a.request_seeds,
+                                    Path(a.trace_dir) / f"{name}@{n}.json")
+                print(f"N={n} {name}: trace of one cohort in {path}", flush=True)
             eng.close()
         del engines
         if device.type == "cuda":

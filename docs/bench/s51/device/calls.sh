@@ -7,6 +7,8 @@
 #   td   the embedded model, solo and batch_mtp W16 at N=1 and 8, 256 tokens, off then on
 #   sb   step_breakdown of batch_mtp W16 at N=8 (overlapped), skinny_bf16 off then on: the common
 #        window replayed alone against its time in the engine, and the host's share
+#   tr   batch_mtp W16 at N=8 (32 tokens, one timed cohort), skinny_bf16 off then on, one more
+#        cohort under torch.profiler: where the device idles in that engine (trace_gaps.py)
 #   n8   full-depth FP8 80B shapes (LAYERS, 48 on an H200), batch_mtp W16 N=8 with and without
 #        engine.draft_vocab=32768, 64-token prompts and outputs
 #   fw   full-depth (LAYERS) solo spec 4, 256 tokens, 2 repeats
@@ -27,6 +29,9 @@ td) for k in 0 1; do
   grep -h "window 1x4@256\|window 8x2@256" $R/td_$k.log | cut -c1-140; done ;;
 sb) for k in 0 1; do
   TAIL=3 st sb_$k 200 python3 scripts/step_breakdown.py --n 8 --configs batch_mtp_w16 --overlap on --max-tokens 128 --kernel-options skinny_bf16=$k --json $R/sb_$k.json; done ;;
+tr) for k in 0 1; do
+  TAIL=3 st tr_$k 200 python3 scripts/bench_engine.py --configs batch_mtp_w16 --n 8 --max-tokens 32 --repeats 1 --overlap on --no-reverse --kernel-options skinny_bf16=$k --trace-dir /tmp/tr_$k
+  python3 docs/bench/s51/device/trace_gaps.py /tmp/tr_$k/batch_mtp_w16+overlap@8.json 20 > $R/tr_gaps_$k.txt 2>&1; head -30 $R/tr_gaps_$k.txt; done ;;
 n8) TAIL=10 st n8 280 python3 scripts/bench_engine.py $F $L --configs batch_mtp_w16,batch_mtp_w16_draft32k --n 8 --max-tokens 64 --repeats 2 --json $R/n8.json
   grep -h "warm-up: \|window 8x2@256\|prompt chunk" $R/n8.log | cut -c1-160 ;;
 fw) TAIL=4 st fw 200 python3 scripts/bench_engine.py $F $L --configs solo --n 1 --max-tokens 256 --repeats 2 --json $R/fw.json
