@@ -29,7 +29,7 @@ td) for k in 0 1; do
   grep -h "window 1x4@256\|window 8x2@256" $R/td_$k.log | cut -c1-140; done ;;
 sb) for k in 0 1; do
   TAIL=3 st sb_$k 200 python3 scripts/step_breakdown.py --n 8 --configs batch_mtp_w16 --overlap on --max-tokens 128 --kernel-options skinny_bf16=$k --json $R/sb_$k.json; done ;;
-tr) for k in 0 1; do
+tr) for k in ${TR_K:-0 1}; do
   TAIL=3 st tr_$k 200 python3 scripts/bench_engine.py --configs batch_mtp_w16 --n 8 --max-tokens 32 --repeats 1 --overlap on --no-reverse --kernel-options skinny_bf16=$k --trace-dir /tmp/tr_$k
   python3 docs/bench/s51/device/trace_gaps.py /tmp/tr_$k/batch_mtp_w16+overlap@8.json 20 > $R/tr_gaps_$k.txt 2>&1; head -30 $R/tr_gaps_$k.txt; done ;;
 n8) TAIL=10 st n8 280 python3 scripts/bench_engine.py $F $L --configs batch_mtp_w16,batch_mtp_w16_draft32k --n 8 --max-tokens 64 --repeats 2 --json $R/n8.json
