@@ -1,6 +1,7 @@
 """Where the device idles in an engine's traced cohort (bench_engine.py --trace-dir): the union
 of its kernels' spans against the timeline, the idle gaps by size (with the host call that was
-running at each of the longest), and the kernels by total time.
+running at each of the longest), the host's CUDA runtime calls by total time (a graph's launch
+among them: its cost grows with what the graph holds), and the kernels by total time.
 
     python3 docs/bench/s51/device/trace_gaps.py TRACE.json [TOP=15]
 """
@@ -56,6 +57,13 @@ def host_at(ts):
 print("longest gaps (us, what the host ran then):")
 for g, at in sorted(gaps, reverse=True)[:top]:
     print(f"  {g:9.1f}  {host_at(at + g / 2)}")
+rt = collections.defaultdict(list)
+for e in host:
+    if e.get("cat") == "cuda_runtime":
+        rt[e["name"]].append(e["dur"])
+print("host CUDA runtime calls by total time (ms, count, mean us, max us):")
+for name, ds in sorted(rt.items(), key=lambda kv: -sum(kv[1]))[:top]:
+    print(f"  {sum(ds) / 1e3:8.2f} {len(ds):6d} {sum(ds) / len(ds):8.1f} {max(ds):8.1f}  {name[:60]}")
 tot = collections.Counter()
 cnt = collections.Counter()
 for e in gpu:
