@@ -977,30 +977,25 @@ def gpu_linear_skinny(x, weight, *, out=None):
     F.linear."""
     if _compiling() and out is None:
         return torch.ops.strata.linear_skinny(x, weight)
-    lead = x.shape[:-1]
-    x2 = x.reshape(-1, x.shape[-1])
-    if (x2.shape[0] > SKINNY_BF16_MAX_ROWS or x.dtype != torch.bfloat16
+    if (x.reshape(-1, x.shape[-1]).shape[0] > SKINNY_BF16_MAX_ROWS or x.dtype != torch.bfloat16
             or weight.dtype != torch.bfloat16 or x.shape[-1] % 16 or weight.data_ptr() % 16):
         res = reference.linear_skinny(x, weight)
         return out.copy_(res) if out is not None else res
-    x2 = _aligned(x2.contiguous())
+    return gpu_linear_bf16_skinny(x, weight, out=out)
+
+
+def gpu_linear_bf16_skinny(x, weight, *, out=None):
+    """The skinny linear on a bfloat16 W at up to 32 rows, whatever the shapes: gpu_linear_skinny's
+    kernel call, and the micro-benchmark against F.linear. `out` may be of any layout (the
+    kernel writes contiguous 16-byte aligned rows, else a copy of them)."""
+    lead = x.shape[:-1]
+    x2 = _aligned(x.reshape(-1, x.shape[-1]).contiguous())
     into = out is not None and out.is_contiguous() and out.data_ptr() % 16 == 0
     y = out.view(x2.shape[0], weight.shape[0]) if into else \
         torch.empty(x2.shape[0], weight.shape[0], dtype=x.dtype, device=x.device)
     _gpu.linear_skinny(x2, weight.contiguous(), None, 1, 1, y, _stream(x))
     if out is not None and not into:
         return out.copy_(y.view(*lead, weight.shape[0]))
-    return y.view(*lead, weight.shape[0])
-
-
-def gpu_linear_bf16_skinny(x, weight, *, out=None):
-    """The skinny kernel on a bfloat16 W at up to 32 rows, whatever the shapes (the
-    micro-benchmark against F.linear)."""
-    lead = x.shape[:-1]
-    x2 = _aligned(x.reshape(-1, x.shape[-1]).contiguous())
-    y = torch.empty(x2.shape[0], weight.shape[0], dtype=x.dtype, device=x.device) \
-        if out is None else out.view(x2.shape[0], weight.shape[0])
-    _gpu.linear_skinny(x2, weight.contiguous(), None, 1, 1, y, _stream(x))
     return y.view(*lead, weight.shape[0])
 
 
