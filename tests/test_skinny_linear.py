@@ -28,7 +28,8 @@ def bf16(*shape):
     (bf16(4, 1024), bf16(4096, 1024), True),         # the largest taken
     (bf16(4, 2048), bf16(2048, 2048), False),        # the 80B's hidden: cuBLAS
     (bf16(4, 256), bf16((1 << 22) // 256 + 8, 256), False),  # too many elements
-    (bf16(4, 24), bf16(64, 24), False),              # in_features not a multiple of 16
+    (bf16(4, 24), bf16(64, 24), False),              # in_features not a multiple of 32
+    (bf16(4, 48), bf16(64, 48), False),
     (torch.zeros(4, 256), torch.zeros(512, 256), False),  # float32
     (bf16(4, 256), bf16(512, 128), False),           # shapes that do not match
 ])
@@ -37,6 +38,49 @@ def test_skinny_bf16_takes(monkeypatch, x, w, want):
     assert C.skinny_bf16_takes(x, w) is want
     monkeypatch.setattr(C, "_skinny_bf16", False)
     assert C.skinny_bf16_takes(x, w) is False
+
+
+class _FlagsOnlyExtension:
+    """Stands in for the GPU extension: its launch switches, and the linear_pdl bit (512) each
+    skinny launch saw."""
+
+    def __init__(self, flags):
+        self.flags, self.seen = flags, []
+
+    def moe_set_options(self, flags):
+        if flags >= 0:
+            self.flags = flags
+        return self.flags
+
+    def linear_skinny(self, x, weight, scale, bo, bi, y, stream):
+        self.seen.append(bool(self.flags & 512))
+
+
+@pytest.mark.parametrize("pdl", [True, False])
+def test_skinny_bf16_is_a_dependent_launch_only_in_small_windows(monkeypatch, pdl):
+    """The model's skinny linears launch as programmatic dependents up to
+    SKINNY_BF16_PDL_MAX_ROWS rows (when linear_pdl is on), not beyond; the switch is as it was
+    after every call."""
+    ext = _FlagsOnlyExtension(0xFFFF if pdl else 0xFFFF & ~512)
+    monkeypatch.setattr(C, "_gpu", ext)
+    monkeypatch.setattr(C, "_stream", lambda t: 0)
+    monkeypatch.setattr(C, "_mma_gpu", lambda device: True)
+    w = bf16(64, 32)
+    for rows in (1, C.SKINNY_BF16_PDL_MAX_ROWS, C.SKINNY_BF16_PDL_MAX_ROWS + 1,
+                 C.SKINNY_BF16_MAX_ROWS):
+        C.gpu_linear_skinny(bf16(rows, 32), w)
+        assert ext.flags == (0xFFFF if pdl else 0xFFFF & ~512)
+    assert ext.seen == ([True, True, False, False] if pdl else [False] * 4)
+    assert C._skinny_bf16 is True  # the default: on
+
+
+def test_skinny_linear_is_f_linear_off_an_sm90_gpu(monkeypatch):
+    """gpu_linear_skinny never launches the kernel where its tensor-core form cannot run."""
+    ext = _FlagsOnlyExtension(0xFFFF)
+    monkeypatch.setattr(C, "_gpu", ext)
+    x, w = torch.randn(4, 32).bfloat16(), torch.randn(64, 32).bfloat16()
+    assert torch.equal(C.gpu_linear_skinny(x, w), F.linear(x, w))
+    assert ext.seen == []
 
 
 def test_skinny_off_the_gpu_is_f_linear():

@@ -719,12 +719,12 @@ def moe_launch_options(pdl=None, early=None, wide=None, db=None, xsmem=None, str
     1024, at most 16 rows, on tensor cores (linear_bf16_mma, sm_90+: every weight byte loaded
     before the kernel's wait) rather than CUDA cores; other bits, a row the same bits in any
     launch either way.
-    `skinny_bf16` (off; this module's): the model's bf16 linears in decode windows whose weight
+    `skinny_bf16` (on; this module's): the model's bf16 linears in decode windows whose weight
     is small (SKINNY_BF16_MAX_IN inputs, SKINNY_BF16_MAX_ELEMENTS elements: the embedded model's,
     not the 80B's) run on the skinny linear, up to SKINNY_BF16_MAX_ROWS rows, instead of cuBLAS
     (ops.linear_skinny): a launch-bound window's GEMMs then load their weights during the
-    kernel before. Other bits than cuBLAS (fp32 sums in a fixed order; a row the same bits in
-    any launch). Read when a region is compiled, so set it before the engine's warm-up.
+    kernel before (as programmatic dependents up to SKINNY_BF16_PDL_MAX_ROWS rows). Other
+    bits than cuBLAS (fp32 sums in a fixed order; a row the same bits in any launch). Read when a region is compiled, so set it before the engine's warm-up.
     None leaves a switch as it is. Returns the switches now in force."""
     if wide_rows is not None and not (isinstance(wide_rows, int) and not isinstance(wide_rows, bool)
                                       and 17 <= wide_rows <= MOE_WIDE_MAX_ROWS):
@@ -948,24 +948,44 @@ def linear_fp8_streams(device) -> bool:
     return moe_launch_options()["linear_stream"]
 
 
-_skinny_bf16 = False  # moe_launch_options(skinny_bf16=)
+_skinny_bf16 = True  # moe_launch_options(skinny_bf16=)
 #: What the model runs on the skinny kernel under moe_launch_options(skinny_bf16=): up to this
 #: many rows (decode windows), weights of at most this many inputs (a row's chunks load in one
 #: group before the kernel's wait) and elements (where cuBLAS is launch-bound, not byte-bound).
 SKINNY_BF16_MAX_ROWS = 16
 SKINNY_BF16_MAX_IN = 1024
 SKINNY_BF16_MAX_ELEMENTS = 1 << 22
+#: The model's skinny linears launch as programmatic dependents (linear_pdl) only up to this many
+#: rows. Measured on the embedded model (docs/BENCHMARKS.md): as dependents, solo (4-row windows)
+#: ran 8% faster, while batch_mtp at N=8 (8-16 rows, the engine host-bound) ran 10% slower on an
+#: H200 and 39% on an H100, the device idling between windows whose kernels ran no slower; the
+#: cause is not known, the row count stands in for it.
+SKINNY_BF16_PDL_MAX_ROWS = 4
 
 
 def skinny_bf16_takes(x, weight) -> bool:
-    """Whether linear_skinny runs x @ weight^T on the skinny kernel when x has at most
-    SKINNY_BF16_MAX_ROWS rows: moe_launch_options(skinny_bf16=) on, bf16 x and weight (a 2-D
-    parameter), in_features a multiple of 16 up to SKINNY_BF16_MAX_IN, a small weight. Read
-    without touching the extension (a region's trace calls it)."""
+    """Whether the model runs x @ weight^T as linear_skinny: moe_launch_options(skinny_bf16=)
+    on, bf16 x and weight (a 2-D parameter), in_features a multiple of 32 (the kernel's
+    tensor-core form) up to SKINNY_BF16_MAX_IN, a small weight. Read without touching the
+    extension or the device (a region's trace calls it); gpu_linear_skinny runs F.linear where
+    the GPU is not a CUDA one of sm_90+."""
     return (_skinny_bf16 and x.dtype == torch.bfloat16 and weight.dtype == torch.bfloat16
             and weight.dim() == 2 and x.shape[-1] == weight.shape[1]
-            and weight.shape[1] % 16 == 0 and weight.shape[1] <= SKINNY_BF16_MAX_IN
+            and weight.shape[1] % 32 == 0 and weight.shape[1] <= SKINNY_BF16_MAX_IN
             and weight.numel() <= SKINNY_BF16_MAX_ELEMENTS)
+
+
+def _mma_gpu(device: torch.device) -> bool:
+    """A CUDA GPU of sm_90+: the skinny linear's tensor-core form (its CUDA-core form ran at half
+    cuBLAS's speed in a window)."""
+    return (device.type == "cuda" and not getattr(torch.version, "hip", None)
+            and _capability(device.index if device.index is not None
+                            else torch.cuda.current_device()) >= (9, 0))
+
+
+@functools.lru_cache(maxsize=None)
+def _capability(index: int) -> tuple[int, int]:
+    return torch.cuda.get_device_capability(index)
 
 
 def gpu_linear_skinny(x, weight, *, out=None):
@@ -973,15 +993,27 @@ def gpu_linear_skinny(x, weight, *, out=None):
     rows (x's leading dims flattened) on the skinny linear (on tensor cores where
     moe_launch_options' linear_mma takes the shapes, else CUDA cores; fp32 sums in a fixed
     order, each row independent of the others; a programmatic dependent launch under
-    linear_pdl, so `weight` must be one the kernels just before it do not write), more rows
-    F.linear."""
+    linear_pdl up to SKINNY_BF16_PDL_MAX_ROWS rows, so `weight` must be one the kernels just
+    before it do not write), more rows F.linear."""
     if _compiling() and out is None:
         return torch.ops.strata.linear_skinny(x, weight)
     if (x.reshape(-1, x.shape[-1]).shape[0] > SKINNY_BF16_MAX_ROWS or x.dtype != torch.bfloat16
-            or weight.dtype != torch.bfloat16 or x.shape[-1] % 16 or weight.data_ptr() % 16):
+            or weight.dtype != torch.bfloat16 or x.shape[-1] % 16 or weight.data_ptr() % 16
+            or not _mma_gpu(x.device)):
         res = reference.linear_skinny(x, weight)
         return out.copy_(res) if out is not None else res
-    return gpu_linear_bf16_skinny(x, weight, out=out)
+    if x.numel() // x.shape[-1] <= SKINNY_BF16_PDL_MAX_ROWS:
+        return gpu_linear_bf16_skinny(x, weight, out=out)
+    flags = _gpu.moe_set_options(-1)
+    if not flags & 512:
+        return gpu_linear_bf16_skinny(x, weight, out=out)
+    # linear_pdl is read at launch (or capture), so clearing it around the call affects this
+    # launch alone
+    _gpu.moe_set_options(flags & ~512)
+    try:
+        return gpu_linear_bf16_skinny(x, weight, out=out)
+    finally:
+        _gpu.moe_set_options(flags)
 
 
 def gpu_linear_bf16_skinny(x, weight, *, out=None):
