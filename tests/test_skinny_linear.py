@@ -29,7 +29,7 @@ def bf16(*shape):
     (bf16(4, 2048), bf16(2048, 2048), False),        # the 80B's hidden: cuBLAS
     (bf16(4, 256), bf16((1 << 22) // 256 + 8, 256), False),  # too many elements
     (bf16(4, 24), bf16(64, 24), False),              # in_features not a multiple of 32
-    (bf16(4, 48), bf16(64, 48), False),
+    (bf16(4, 48), bf16(64, 48), False),              # a multiple of 16 (CUDA cores) only
     (torch.zeros(4, 256), torch.zeros(512, 256), False),  # float32
     (bf16(4, 256), bf16(512, 128), False),           # shapes that do not match
 ])

@@ -724,7 +724,8 @@ def moe_launch_options(pdl=None, early=None, wide=None, db=None, xsmem=None, str
     not the 80B's) run on the skinny linear, up to SKINNY_BF16_MAX_ROWS rows, instead of cuBLAS
     (ops.linear_skinny): a launch-bound window's GEMMs then load their weights during the
     kernel before (as programmatic dependents up to SKINNY_BF16_PDL_MAX_ROWS rows). Other
-    bits than cuBLAS (fp32 sums in a fixed order; a row the same bits in any launch). Read when a region is compiled, so set it before the engine's warm-up.
+    bits than cuBLAS (fp32 sums in a fixed order; a row the same bits in any launch). Read
+    when a region is compiled, so set it before the engine's warm-up.
     None leaves a switch as it is. Returns the switches now in force."""
     if wide_rows is not None and not (isinstance(wide_rows, int) and not isinstance(wide_rows, bool)
                                       and 17 <= wide_rows <= MOE_WIDE_MAX_ROWS):
