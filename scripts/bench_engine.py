@@ -39,7 +39,7 @@ from strata.byte_floor import (H200_COPY_BYTES_PER_S, floor_seconds, weight_form
                                window_bytes)
 from strata.config import DRAFT_HEADS, StrataConfig, check_known_keys, register_configs  # noqa: E402
 from strata.engine.compiling import deterministic_default, inductor_pdl  # noqa: E402
-from strata.kernels.cyext_ops import MOE_WIDE_MAX_ROWS  # noqa: E402
+from strata.kernels.cyext_ops import MOE_WIDE_MAX_ROWS, SKINNY_BF16_MAX_ROWS  # noqa: E402
 from strata.engine.llm_engine import Engine  # noqa: E402
 from strata.engine.request import Request, SamplingParams  # noqa: E402
 from strata.kernels import ops  # noqa: E402
@@ -390,7 +390,8 @@ def hf_generate(path, device, prompts, max_tokens, dtype, dummy_args=None) -> fl
 
 #: --kernel-options that take a count rather than 0|1, and its range
 COUNT_OPTIONS = {"linear_split_depth": (0, 15), "down_split_runs": (0, 15),
-                 "wide_rows": (17, MOE_WIDE_MAX_ROWS), "l2_prefetch": (0, 3)}
+                 "wide_rows": (17, MOE_WIDE_MAX_ROWS), "l2_prefetch": (0, 3),
+                 "skinny_pdl_rows": (0, SKINNY_BF16_MAX_ROWS)}
 
 
 def set_kernel_options(spec: str) -> dict:

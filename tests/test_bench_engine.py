@@ -99,6 +99,8 @@ def test_kernel_options_are_checked():
     for rows in (16, 513):
         with pytest.raises(SystemExit, match="wide_rows is 17..512"):
             bench_engine.set_kernel_options(f"wide_rows={rows}")
+    with pytest.raises(SystemExit, match="skinny_pdl_rows is 0..16"):
+        bench_engine.set_kernel_options("skinny_pdl_rows=17")
     from strata.kernels import cyext_ops
     for bad in (16, 513, True, 64.0):  # checked before the extension is asked
         with pytest.raises(ValueError, match="wide_rows: .* is not a row count in 17..512"):

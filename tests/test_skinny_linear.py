@@ -74,6 +74,27 @@ def test_skinny_bf16_is_a_dependent_launch_only_in_small_windows(monkeypatch, pd
     assert C._skinny_bf16 is True  # the default: on
 
 
+def test_skinny_pdl_rows_switch(monkeypatch):
+    """moe_launch_options(skinny_pdl_rows=) moves the dependents' row limit (0: none, 16: every
+    window) and refuses what is not a row count in 0..SKINNY_BF16_MAX_ROWS."""
+    ext = _FlagsOnlyExtension(0xFFFF)
+    monkeypatch.setattr(C, "_gpu", ext)
+    monkeypatch.setattr(C, "_stream", lambda t: 0)
+    monkeypatch.setattr(C, "_mma_gpu", lambda device: True)
+    monkeypatch.setattr(C, "_skinny_pdl_rows", C.SKINNY_BF16_PDL_MAX_ROWS)
+    assert C.moe_launch_options()["skinny_pdl_rows"] == C.SKINNY_BF16_PDL_MAX_ROWS == 4
+    w = bf16(64, 32)
+    for limit, want in ((C.SKINNY_BF16_MAX_ROWS, [True, True]), (0, [False, False])):
+        assert C.moe_launch_options(skinny_pdl_rows=limit)["skinny_pdl_rows"] == limit
+        ext.seen.clear()
+        C.gpu_linear_skinny(bf16(1, 32), w)
+        C.gpu_linear_skinny(bf16(C.SKINNY_BF16_MAX_ROWS, 32), w)
+        assert ext.seen == want
+    for bad in (-1, C.SKINNY_BF16_MAX_ROWS + 1, True, 2.0):
+        with pytest.raises(ValueError, match="skinny_pdl_rows"):
+            C.moe_launch_options(skinny_pdl_rows=bad)
+
+
 def test_skinny_linear_is_f_linear_off_an_sm90_gpu(monkeypatch):
     """gpu_linear_skinny never launches the kernel where its tensor-core form cannot run."""
     ext = _FlagsOnlyExtension(0xFFFF)

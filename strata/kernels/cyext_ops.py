@@ -627,7 +627,7 @@ def moe_launch_options(pdl=None, early=None, wide=None, db=None, xsmem=None, str
                        down_split_runs=None, fp8_launch16=None, fp8_wide=None,
                        route_chunks=None, down_mma=None, wide_rows=None,
                        l2_prefetch=None, fused=None, gate_up_runs=None, linear_pdl=None,
-                       linear_mma=None, skinny_bf16=None) -> dict:
+                       linear_mma=None, skinny_bf16=None, skinny_pdl_rows=None) -> dict:
     """Read or set moe_experts' launch switches on the GPU extension (process-wide; each gives
     the same bits unless it says otherwise): `stream` (on by default), the streamed kernels on
     sm_90+ without the expert cache, or with one (see `stream_miss` for a cache that can miss),
@@ -723,13 +723,21 @@ def moe_launch_options(pdl=None, early=None, wide=None, db=None, xsmem=None, str
     is small (SKINNY_BF16_MAX_IN inputs, SKINNY_BF16_MAX_ELEMENTS elements: the embedded model's,
     not the 80B's) run on the skinny linear, up to SKINNY_BF16_MAX_ROWS rows, instead of cuBLAS
     (ops.linear_skinny): a launch-bound window's GEMMs then load their weights during the
-    kernel before (as programmatic dependents up to SKINNY_BF16_PDL_MAX_ROWS rows). Other
+    kernel before (as programmatic dependents up to `skinny_pdl_rows` rows). Other
     bits than cuBLAS (fp32 sums in a fixed order; a row the same bits in any launch). Read
     when a region is compiled, so set it before the engine's warm-up.
+    `skinny_pdl_rows` (SKINNY_BF16_PDL_MAX_ROWS, 4; this module's): the model's skinny linears
+    of up to this many rows launch as programmatic dependents (with `linear_pdl` on), more rows
+    as plain launches; 0 to SKINNY_BF16_MAX_ROWS. Read when a region is captured; the same bits.
     None leaves a switch as it is. Returns the switches now in force."""
     if wide_rows is not None and not (isinstance(wide_rows, int) and not isinstance(wide_rows, bool)
                                       and 17 <= wide_rows <= MOE_WIDE_MAX_ROWS):
         raise ValueError(f"wide_rows: {wide_rows!r} is not a row count in 17..{MOE_WIDE_MAX_ROWS}")
+    if skinny_pdl_rows is not None and not (
+            isinstance(skinny_pdl_rows, int) and not isinstance(skinny_pdl_rows, bool)
+            and 0 <= skinny_pdl_rows <= SKINNY_BF16_MAX_ROWS):
+        raise ValueError(f"skinny_pdl_rows: {skinny_pdl_rows!r} is not a row count in "
+                         f"0..{SKINNY_BF16_MAX_ROWS}")
     flags = _gpu.moe_set_options(-1)
     for bit, on in ((1, pdl), (2, early), (4, wide), (8, db), (16, xsmem), (32, stream),
                     (64, stream_all), (128, linear_stream), (256, linear_pipe),
@@ -748,9 +756,11 @@ def moe_launch_options(pdl=None, early=None, wide=None, db=None, xsmem=None, str
         _moe_fp8_launch_rows = 16 if fp8_launch16 else MOE_MAX_ROWS
     if fp8_wide is not None:
         _moe_fp8_launch_rows = MOE_WIDE_ROWS if fp8_wide else 16
-    global _route_chunks, _moe_wide_rows, _l2_prefetch, _skinny_bf16
+    global _route_chunks, _moe_wide_rows, _l2_prefetch, _skinny_bf16, _skinny_pdl_rows
     if skinny_bf16 is not None:
         _skinny_bf16 = bool(skinny_bf16)
+    if skinny_pdl_rows is not None:
+        _skinny_pdl_rows = skinny_pdl_rows
     if l2_prefetch is not None:
         if not (isinstance(l2_prefetch, int) and 0 <= int(l2_prefetch) <= L2_PREFETCH_MAX):
             raise ValueError(f"l2_prefetch: {l2_prefetch!r} is not a level in "
@@ -778,7 +788,7 @@ def moe_launch_options(pdl=None, early=None, wide=None, db=None, xsmem=None, str
             "wide_rows": _moe_wide_rows, "l2_prefetch": _l2_prefetch,
             "fused": bool(flags & (1 << 28)), "gate_up_runs": bool(flags & (1 << 29)),
             "linear_pdl": bool(flags & 512), "linear_mma": bool(flags & 2048),
-            "skinny_bf16": _skinny_bf16}
+            "skinny_bf16": _skinny_bf16, "skinny_pdl_rows": _skinny_pdl_rows}
 
 
 def conv_launch_options(serial=None, gdn_pdl=None) -> dict:
@@ -957,11 +967,12 @@ SKINNY_BF16_MAX_ROWS = 16
 SKINNY_BF16_MAX_IN = 1024
 SKINNY_BF16_MAX_ELEMENTS = 1 << 22
 #: The model's skinny linears launch as programmatic dependents (linear_pdl) only up to this many
-#: rows. Measured on the embedded model (docs/BENCHMARKS.md): as dependents, solo (4-row windows)
+#: rows (moe_launch_options(skinny_pdl_rows=) sets it). Measured on the embedded model (docs/BENCHMARKS.md): as dependents, solo (4-row windows)
 #: ran 8% faster, while batch_mtp at N=8 (8-16 rows, the engine host-bound) ran 10% slower on an
 #: H200 and 39% on an H100, the device idling between windows whose kernels ran no slower; the
 #: cause is not known, the row count stands in for it.
 SKINNY_BF16_PDL_MAX_ROWS = 4
+_skinny_pdl_rows = SKINNY_BF16_PDL_MAX_ROWS  # moe_launch_options(skinny_pdl_rows=)
 
 
 def skinny_bf16_takes(x, weight) -> bool:
@@ -994,8 +1005,8 @@ def gpu_linear_skinny(x, weight, *, out=None):
     rows (x's leading dims flattened) on the skinny linear (on tensor cores where
     moe_launch_options' linear_mma takes the shapes, else CUDA cores; fp32 sums in a fixed
     order, each row independent of the others; a programmatic dependent launch under
-    linear_pdl up to SKINNY_BF16_PDL_MAX_ROWS rows, so `weight` must be one the kernels just
-    before it do not write), more rows F.linear."""
+    linear_pdl up to moe_launch_options' skinny_pdl_rows, so `weight` must be one the kernels
+    just before it do not write), more rows F.linear."""
     if _compiling() and out is None:
         return torch.ops.strata.linear_skinny(x, weight)
     if (x.reshape(-1, x.shape[-1]).shape[0] > SKINNY_BF16_MAX_ROWS or x.dtype != torch.bfloat16
@@ -1003,7 +1014,7 @@ def gpu_linear_skinny(x, weight, *, out=None):
             or not _mma_gpu(x.device)):
         res = reference.linear_skinny(x, weight)
         return out.copy_(res) if out is not None else res
-    if x.numel() // x.shape[-1] <= SKINNY_BF16_PDL_MAX_ROWS:
+    if x.numel() // x.shape[-1] <= _skinny_pdl_rows:
         return gpu_linear_bf16_skinny(x, weight, out=out)
     flags = _gpu.moe_set_options(-1)
     if not flags & 512:

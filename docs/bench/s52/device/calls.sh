@@ -7,6 +7,12 @@
 #        cohort under torch.profiler, read by docs/bench/s51/device/trace_gaps.py
 #   nd   batch_mtp W16 at N=8, 64-token prompts, 256 tokens, 2 repeats, under each of ND's
 #        --kernel-options (default: skinny_bf16=0, skinny_bf16=1, skinny_bf16=1,linear_pdl=0)
+#   dv   the defaults as one run (from ff7f5ac: the skinny linear on, dependents up to 4 rows):
+#        solo and batch_mtp W16 at N=1 and 8, 256 tokens, then the N=8 goal command; with
+#        DV_OFF=1 each also with skinny_bf16=0 (cuBLAS) in the same call
+#   kt   the skinny linear's GPU and CPU tests
+#   sp   step_breakdown of batch_mtp W16 at N=8 (overlapped): the skinny linear's dependents at
+#        every row count (skinny_pdl_rows=16) against none (0): the host's share of a window
 set -u
 export SO=${SO:-.dev/s51/new_cuda.so.xz}
 . docs/bench/device_common.sh $SO
@@ -19,5 +25,11 @@ tr) for k in ${TR_K:-0 1}; do
 nd) i=0; for k in ${ND:-skinny_bf16=0 skinny_bf16=1 skinny_bf16=1,linear_pdl=0}; do i=$((i+1))
   TAIL=3 st nd_$i 200 python3 scripts/bench_engine.py --configs batch_mtp_w16 --n 8 --prompt-tokens 64 --max-tokens 256 --overlap on --repeats 2 --no-reverse --kernel-options $k --json $R/nd_$i.json
   echo "   ($k)"; grep -h "window 8x2@256\|prompt chunk" $R/nd_$i.log | cut -c1-140; done ;;
+dv) for k in default ${DV_OFF:+skinny_bf16=0}; do o=; [ $k = default ] || o="--kernel-options $k"
+  TAIL=7 st dv_td_$k 240 python3 scripts/bench_engine.py --configs solo,batch_mtp_w16 --n 1,8 --prompt-tokens 64 --max-tokens 256 --overlap on --repeats 3 --no-reverse $o --json $R/dv_td_$k.json
+  TAIL=3 st dv_tg_$k 150 python3 scripts/bench_engine.py --configs batch_mtp_w16 --n 8 --max-tokens 128 --repeats 3 --overlap on --no-reverse --prefill-slots 8 $o --json $R/dv_tg_$k.json; done ;;
+kt) TAIL=4 st kt 200 python3 -m pytest -q -p no:cacheprovider tests/test_moe_kernels.py tests/test_skinny_linear.py -k skinny ;;
+sp) for k in skinny_pdl_rows=16 skinny_pdl_rows=0; do
+  TAIL=6 st sp_$k 200 python3 scripts/step_breakdown.py --n 8 --configs batch_mtp_w16 --overlap on --max-tokens 128 --kernel-options $k --json $R/sp_$k.json; done ;;
 esac; done
 true
