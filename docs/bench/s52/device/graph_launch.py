@@ -1,6 +1,9 @@
 """What a CUDA graph of small linears costs the host to launch, and the device to run, with the
 linears on cuBLAS or on the skinny kernel (its launch switches varied): one reading of why
-batch_mtp at N=8 slowed with skinny_bf16=1 is that the window's graph launches slower.
+batch_mtp at N=8 slowed with skinny_bf16=1 is that the window's graph launches slower. Also
+two such graphs launched in turn (an engine alternates window shapes and prompt chunks; a
+solo engine replays one graph): whether a graph of dependent launches costs more to launch
+after another graph than after itself.
 
     python3 docs/bench/s52/device/graph_launch.py [LINEARS=60] [ROWS=16]
 """
@@ -28,7 +31,7 @@ def chain(lin):
     return y
 
 
-def measure(name, lin):
+def capture(lin):
     s = torch.cuda.Stream()
     s.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(s):
@@ -38,6 +41,12 @@ def measure(name, lin):
     g = torch.cuda.CUDAGraph()
     with torch.cuda.graph(g):
         out = chain(lin)
+    return g, out
+
+
+def measure(name, lin):
+    g, out = capture(lin)
+    other, _ = capture(lin)
     for _ in range(20):
         g.replay()
     torch.cuda.synchronize()
@@ -60,6 +69,30 @@ def measure(name, lin):
     print(f"{name:34s} launch from idle: median {statistics.median(lat) * 1e6:7.1f} us, "
           f"max {max(lat) * 1e6:7.1f}; back to back: host {host * 1e6:7.1f} us a launch, "
           f"device {dev_us:7.1f} us a replay", flush=True)
+    e0.record()
+    t0 = time.perf_counter()
+    for i in range(300):
+        (other if i % 2 else g).replay()
+    host = (time.perf_counter() - t0) / 300
+    e1.record()
+    torch.cuda.synchronize()
+    print(f"{'':34s} two graphs in turn: host {host * 1e6:7.1f} us a launch, device "
+          f"{e0.elapsed_time(e1) / 300 * 1e3:7.1f} us a replay", flush=True)
+    for turn in (False, True):  # the overlapped engine: launch t+1, then wait for t
+        prev = None
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        for i in range(300):
+            (other if turn and i % 2 else g).replay()
+            ev = torch.cuda.Event()
+            ev.record()
+            if prev is not None:
+                prev.synchronize()
+            prev = ev
+        prev.synchronize()
+        wall = (time.perf_counter() - t0) / 300
+        print(f"{'':34s} launch t+1 then wait for t ({'two graphs' if turn else 'one graph'}): "
+              f"{wall * 1e6:7.1f} us a window against {dev_us:7.1f} us of device", flush=True)
     return out.float()
 
 
