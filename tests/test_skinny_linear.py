@@ -64,7 +64,7 @@ def test_skinny_bf16_is_a_dependent_launch_only_in_small_windows(monkeypatch, pd
     ext = _FlagsOnlyExtension(0xFFFF if pdl else 0xFFFF & ~512)
     monkeypatch.setattr(C, "_gpu", ext)
     monkeypatch.setattr(C, "_stream", lambda t: 0)
-    monkeypatch.setattr(C, "_mma_gpu", lambda device: True)
+    monkeypatch.setattr(C, "_cuda_sm90", lambda device: True)
     w = bf16(64, 32)
     for rows in (1, C.SKINNY_BF16_PDL_MAX_ROWS, C.SKINNY_BF16_PDL_MAX_ROWS + 1,
                  C.SKINNY_BF16_MAX_ROWS):
@@ -80,7 +80,7 @@ def test_skinny_pdl_rows_switch(monkeypatch):
     ext = _FlagsOnlyExtension(0xFFFF)
     monkeypatch.setattr(C, "_gpu", ext)
     monkeypatch.setattr(C, "_stream", lambda t: 0)
-    monkeypatch.setattr(C, "_mma_gpu", lambda device: True)
+    monkeypatch.setattr(C, "_cuda_sm90", lambda device: True)
     monkeypatch.setattr(C, "_skinny_pdl_rows", C.SKINNY_BF16_PDL_MAX_ROWS)
     assert C.moe_launch_options()["skinny_pdl_rows"] == C.SKINNY_BF16_PDL_MAX_ROWS == 4
     w = bf16(64, 32)

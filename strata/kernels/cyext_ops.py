@@ -946,15 +946,26 @@ def gpu_linear_fp8(x, weight, scale_inv, block, *, out=None):
     return y.view(*lead, weight.shape[0])
 
 
+def _cuda_sm90(device: torch.device) -> bool:
+    """A CUDA (not HIP) GPU of sm_90+: where the tensor-core linears run (the streamed FP8
+    linear, the skinny linear's bf16 form, whose CUDA-core form ran at half cuBLAS's speed in a
+    window)."""
+    return (device.type == "cuda" and not getattr(torch.version, "hip", None)
+            and _capability(device.index if device.index is not None
+                            else torch.cuda.current_device()) >= (9, 0))
+
+
+@functools.lru_cache(maxsize=None)
+def _capability(index: int) -> tuple[int, int]:
+    return torch.cuda.get_device_capability(index)
+
+
 def linear_fp8_streams(device) -> bool:
     """Whether linear_fp8 runs on the streamed FP8 tensor-core kernel on `device` (a CUDA GPU of
     sm_90+ with the GPU extension built and the switch on): model.fp8_dense=auto keeps the
     dense layers FP8 there."""
     device = torch.device(device)
-    if device.type != "cuda" or _gpu is None or not torch.cuda.is_available() \
-            or getattr(torch.version, "hip", None):
-        return False
-    if torch.cuda.get_device_capability(device) < (9, 0):
+    if _gpu is None or not torch.cuda.is_available() or not _cuda_sm90(device):
         return False
     return moe_launch_options()["linear_stream"]
 
@@ -967,10 +978,11 @@ SKINNY_BF16_MAX_ROWS = 16
 SKINNY_BF16_MAX_IN = 1024
 SKINNY_BF16_MAX_ELEMENTS = 1 << 22
 #: The model's skinny linears launch as programmatic dependents (linear_pdl) only up to this many
-#: rows (moe_launch_options(skinny_pdl_rows=) sets it). Measured on the embedded model (docs/BENCHMARKS.md): as dependents, solo (4-row windows)
-#: ran 8% faster, while batch_mtp at N=8 (8-16 rows, the engine host-bound) ran 10% slower on an
-#: H200 and 39% on an H100, the device idling between windows whose kernels ran no slower; the
-#: cause is not known, the row count stands in for it.
+#: rows (moe_launch_options(skinny_pdl_rows=) sets it). Measured on the embedded model
+#: (docs/BENCHMARKS.md): as dependents, solo (4-row windows) ran 8% faster, while batch_mtp at
+#: N=8 (8-16 rows, the engine host-bound) ran 10% slower on an H200 and 39% on an H100, the
+#: device idling between windows whose kernels ran no slower; the cause is not known, the row
+#: count stands in for it.
 SKINNY_BF16_PDL_MAX_ROWS = 4
 _skinny_pdl_rows = SKINNY_BF16_PDL_MAX_ROWS  # moe_launch_options(skinny_pdl_rows=)
 
@@ -987,19 +999,6 @@ def skinny_bf16_takes(x, weight) -> bool:
             and weight.numel() <= SKINNY_BF16_MAX_ELEMENTS)
 
 
-def _mma_gpu(device: torch.device) -> bool:
-    """A CUDA GPU of sm_90+: the skinny linear's tensor-core form (its CUDA-core form ran at half
-    cuBLAS's speed in a window)."""
-    return (device.type == "cuda" and not getattr(torch.version, "hip", None)
-            and _capability(device.index if device.index is not None
-                            else torch.cuda.current_device()) >= (9, 0))
-
-
-@functools.lru_cache(maxsize=None)
-def _capability(index: int) -> tuple[int, int]:
-    return torch.cuda.get_device_capability(index)
-
-
 def gpu_linear_skinny(x, weight, *, out=None):
     """reference.linear_skinny (x @ weight^T) for a bfloat16 weight: up to SKINNY_BF16_MAX_ROWS
     rows (x's leading dims flattened) on the skinny linear (on tensor cores where
@@ -1009,12 +1008,13 @@ def gpu_linear_skinny(x, weight, *, out=None):
     just before it do not write), more rows F.linear."""
     if _compiling() and out is None:
         return torch.ops.strata.linear_skinny(x, weight)
-    if (x.reshape(-1, x.shape[-1]).shape[0] > SKINNY_BF16_MAX_ROWS or x.dtype != torch.bfloat16
+    rows = x.reshape(-1, x.shape[-1]).shape[0]
+    if (rows > SKINNY_BF16_MAX_ROWS or x.dtype != torch.bfloat16
             or weight.dtype != torch.bfloat16 or x.shape[-1] % 16 or weight.data_ptr() % 16
-            or not _mma_gpu(x.device)):
+            or not _cuda_sm90(x.device)):
         res = reference.linear_skinny(x, weight)
         return out.copy_(res) if out is not None else res
-    if x.numel() // x.shape[-1] <= _skinny_pdl_rows:
+    if rows <= _skinny_pdl_rows:
         return gpu_linear_bf16_skinny(x, weight, out=out)
     flags = _gpu.moe_set_options(-1)
     if not flags & 512:
