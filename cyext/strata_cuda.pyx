@@ -81,6 +81,7 @@ cdef extern from "strata_kernels.h" nogil:
     int strata_gpu_moe_wide_takes(int64_t n, int64_t k, int64_t E, int64_t H, int64_t I,
                                   int64_t bo, int64_t bi, int w_dtype, int x_dtype, int device)
     int strata_gpu_moe_set_options(int flags)
+    int strata_gpu_linear_pdl_rows(int rows)
     int strata_gpu_conv_set_options(int flags)
     int strata_gpu_moe_experts(const void* x, int x_dtype, const void* w_gate_up,
                                const void* w_down, int w_dtype, const float* gu_scale,
@@ -496,6 +497,13 @@ def moe_set_options(int flags=-1):
     most 16 rows and in a multiple of 32 up to 1024 on tensor cores, other bits; the rest:
     cyext/src/strata_kernels.h). flags < 0 only reads. Returns the previous flags."""
     return strata_gpu_moe_set_options(flags)
+
+
+def linear_pdl_rows(int rows=-1):
+    """linear_skinny's bf16 launches of more than `rows` rows (0-32; default 4) are plain
+    launches even with bit 512 of moe_set_options on; the same bits either way. rows < 0 only
+    reads. Returns the previous limit."""
+    return strata_gpu_linear_pdl_rows(rows)
 
 
 def moe_workspace_numel(int64_t n, int64_t k, int64_t inter, int64_t hidden=0):

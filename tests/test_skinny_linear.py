@@ -41,58 +41,70 @@ def test_skinny_bf16_takes(monkeypatch, x, w, want):
 
 
 class _FlagsOnlyExtension:
-    """Stands in for the GPU extension: its launch switches, and the linear_pdl bit (512) each
-    skinny launch saw."""
+    """Stands in for the GPU extension: its launch switches and dependents' row limit, and the
+    rows of each skinny launch."""
 
-    def __init__(self, flags):
-        self.flags, self.seen = flags, []
+    def __init__(self, flags, pdl_rows=4):
+        self.flags, self.pdl_rows, self.seen = flags, pdl_rows, []
 
     def moe_set_options(self, flags):
         if flags >= 0:
             self.flags = flags
         return self.flags
 
+    def linear_pdl_rows(self, rows):
+        old = self.pdl_rows
+        if rows >= 0:
+            self.pdl_rows = rows
+        return old
+
     def linear_skinny(self, x, weight, scale, bo, bi, y, stream):
-        self.seen.append(bool(self.flags & 512))
+        self.seen.append(x.shape[0])
 
 
-@pytest.mark.parametrize("pdl", [True, False])
-def test_skinny_bf16_is_a_dependent_launch_only_in_small_windows(monkeypatch, pdl):
-    """The model's skinny linears launch as programmatic dependents up to
-    SKINNY_BF16_PDL_MAX_ROWS rows (when linear_pdl is on), not beyond; the switch is as it was
-    after every call."""
-    ext = _FlagsOnlyExtension(0xFFFF if pdl else 0xFFFF & ~512)
-    monkeypatch.setattr(C, "_gpu", ext)
-    monkeypatch.setattr(C, "_stream", lambda t: 0)
-    monkeypatch.setattr(C, "_cuda_sm90", lambda device: True)
-    w = bf16(64, 32)
-    for rows in (1, C.SKINNY_BF16_PDL_MAX_ROWS, C.SKINNY_BF16_PDL_MAX_ROWS + 1,
-                 C.SKINNY_BF16_MAX_ROWS):
-        C.gpu_linear_skinny(bf16(rows, 32), w)
-        assert ext.flags == (0xFFFF if pdl else 0xFFFF & ~512)
-    assert ext.seen == ([True, True, False, False] if pdl else [False] * 4)
-    assert C._skinny_bf16 is True  # the default: on
-
-
-def test_skinny_pdl_rows_switch(monkeypatch):
-    """moe_launch_options(skinny_pdl_rows=) moves the dependents' row limit (0: none, 16: every
-    window) and refuses what is not a row count in 0..SKINNY_BF16_MAX_ROWS."""
+def test_skinny_bf16_launches_every_row_count_without_touching_the_switches(monkeypatch):
+    """The model's skinny linears reach the kernel at every row count up to
+    SKINNY_BF16_MAX_ROWS with the launch switches untouched: the extension itself decides,
+    by its row limit, which launch is a programmatic dependent."""
     ext = _FlagsOnlyExtension(0xFFFF)
     monkeypatch.setattr(C, "_gpu", ext)
     monkeypatch.setattr(C, "_stream", lambda t: 0)
     monkeypatch.setattr(C, "_cuda_sm90", lambda device: True)
-    monkeypatch.setattr(C, "_skinny_pdl_rows", C.SKINNY_BF16_PDL_MAX_ROWS)
-    assert C.moe_launch_options()["skinny_pdl_rows"] == C.SKINNY_BF16_PDL_MAX_ROWS == 4
     w = bf16(64, 32)
-    for limit, want in ((C.SKINNY_BF16_MAX_ROWS, [True, True]), (0, [False, False])):
+    rows = (1, C.SKINNY_BF16_PDL_MAX_ROWS, C.SKINNY_BF16_PDL_MAX_ROWS + 1, C.SKINNY_BF16_MAX_ROWS)
+    for m in rows:
+        C.gpu_linear_skinny(bf16(m, 32), w)
+        assert (ext.flags, ext.pdl_rows) == (0xFFFF, 4)
+    assert ext.seen == list(rows)
+    assert C._skinny_bf16 is True  # the default: on
+
+
+def test_skinny_pdl_rows_switch(monkeypatch):
+    """moe_launch_options(skinny_pdl_rows=) sets the extension's row limit (0: none, 16: every
+    window) and refuses what is not a row count in 0..SKINNY_BF16_MAX_ROWS."""
+    ext = _FlagsOnlyExtension(0xFFFF)
+    monkeypatch.setattr(C, "_gpu", ext)
+    assert C.moe_launch_options()["skinny_pdl_rows"] == C.SKINNY_BF16_PDL_MAX_ROWS == 4
+    for limit in (C.SKINNY_BF16_MAX_ROWS, 0, 4):
         assert C.moe_launch_options(skinny_pdl_rows=limit)["skinny_pdl_rows"] == limit
-        ext.seen.clear()
-        C.gpu_linear_skinny(bf16(1, 32), w)
-        C.gpu_linear_skinny(bf16(C.SKINNY_BF16_MAX_ROWS, 32), w)
-        assert ext.seen == want
+        assert ext.pdl_rows == limit and C.moe_launch_options()["skinny_pdl_rows"] == limit
     for bad in (-1, C.SKINNY_BF16_MAX_ROWS + 1, True, 2.0):
         with pytest.raises(ValueError, match="skinny_pdl_rows"):
             C.moe_launch_options(skinny_pdl_rows=bad)
+    assert ext.pdl_rows == 4
+
+
+@pytest.mark.skipif(C._gpu is None, reason="the GPU extension is not built")
+def test_extension_row_limit_is_the_documented_default():
+    """The built extension's dependents' row limit starts at SKINNY_BF16_PDL_MAX_ROWS and
+    moe_launch_options(skinny_pdl_rows=) moves it there (a host setting: no GPU needed)."""
+    old = C._gpu.linear_pdl_rows(-1)
+    try:
+        assert C._gpu.linear_pdl_rows(-1) == C.SKINNY_BF16_PDL_MAX_ROWS
+        assert C.moe_launch_options(skinny_pdl_rows=9)["skinny_pdl_rows"] == 9
+        assert C._gpu.linear_pdl_rows(-1) == 9
+    finally:
+        C._gpu.linear_pdl_rows(old)
 
 
 def test_skinny_linear_is_f_linear_off_an_sm90_gpu(monkeypatch):

@@ -229,6 +229,9 @@ int strata_gpu_moe_wide_takes(int64_t n, int64_t k, int64_t E, int64_t H, int64_
 // (moe_down_runs, then moe_down_runs_combine). The same bits.
 #define STRATA_MOE_GU_RUNS (1 << 29)
 int strata_gpu_moe_set_options(int flags);
+// linear_skinny's bf16 launches of more than this many rows are plain launches even with
+// STRATA_LINEAR_PDL on (default 4; 0-32). Returns the previous limit; rows < 0 only reads.
+int strata_gpu_linear_pdl_rows(int rows);
 int strata_gpu_moe_experts(const void* x, int x_dtype, const void* w_gate_up, const void* w_down,
                            int w_dtype, const float* gu_scale, const float* down_scale,
                            int64_t bo, int64_t bi, const float* topk_weight,

@@ -387,6 +387,12 @@ int g_moe_options = STRATA_MOE_PDL | STRATA_MOE_EARLY | STRATA_MOE_DB | STRATA_M
                     STRATA_LINEAR_SPLIT | STRATA_LINEAR_SPLIT_PAIR | STRATA_MOE_GU_MMA |
                     STRATA_MOE_DOWN_SPLIT | STRATA_MOE_X_GLOBAL | STRATA_MOE_DOWN_MMA |
                     STRATA_MOE_GU_RUNS | STRATA_LINEAR_PDL | STRATA_LINEAR_MMA;
+// linear_skinny's bf16 launches as programmatic dependents (STRATA_LINEAR_PDL) only up to this
+// many rows: on the embedded model, solo's 4-row windows ran 8% faster with them, while
+// batch_mtp at N=8 (8-16 rows, the engine host-bound) ran 10% slower on an H200 and 39% on an
+// H100, the device idling between windows whose kernels ran no slower; the cause is not known,
+// the row count stands in for it (docs/BENCHMARKS.md, session 52).
+int g_linear_pdl_rows = 4;
 
 template <typename W, int CPL, int U, bool DB>
 int launch_moe_down_kernel(const MoeParams& p, cudaStream_t st, bool pdl) {
@@ -598,6 +604,12 @@ int strata_gpu_moe_set_options(int flags) {
   return old;
 }
 
+int strata_gpu_linear_pdl_rows(int rows) {
+  const int old = g_linear_pdl_rows;
+  if (rows >= 0) g_linear_pdl_rows = rows < 32 ? rows : 32;
+  return old;
+}
+
 // act (P x I floats), the per-block kernels' tables (launches of up to MOE_MAX_ROWS rows: they
 // take no more), then (from 17 rows, when hidden is given) a wide launch's staged x: n rows of
 // 2H + 16 bytes and n row scales (strata_moe_stream.cu, moe_stage_x), then a big wide launch's
@@ -778,7 +790,9 @@ int strata_gpu_linear_skinny(const void* x, int x_dtype, int64_t m, int64_t in, 
       linear_streams(m, in, o, bo, bi, w_dtype, x_dtype, device))
     return launch_linear_stream(x, w, scale, out, m, in, o, bo, bi, device,
                                 (g_moe_options & STRATA_MOE_PDL) != 0, (cudaStream_t)stream);
-  const bool pdl = (g_moe_options & STRATA_LINEAR_PDL) && gpu_device_has_pdl(device);
+  const bool pdl = (g_moe_options & STRATA_LINEAR_PDL) &&
+                   (w_dtype != STRATA_DTYPE_BF16 || m <= g_linear_pdl_rows) &&
+                   gpu_device_has_pdl(device);
   if (w_dtype == STRATA_DTYPE_BF16 && x_dtype == STRATA_DTYPE_BF16 &&
       (g_moe_options & STRATA_LINEAR_MMA) && aligned16(x) && aligned16(w) &&
       linear_bf16_mma_takes(m, in, o, device))

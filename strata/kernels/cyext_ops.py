@@ -726,9 +726,10 @@ def moe_launch_options(pdl=None, early=None, wide=None, db=None, xsmem=None, str
     kernel before (as programmatic dependents up to `skinny_pdl_rows` rows). Other
     bits than cuBLAS (fp32 sums in a fixed order; a row the same bits in any launch). Read
     when a region is compiled, so set it before the engine's warm-up.
-    `skinny_pdl_rows` (SKINNY_BF16_PDL_MAX_ROWS, 4; this module's): the model's skinny linears
-    of up to this many rows launch as programmatic dependents (with `linear_pdl` on), more rows
-    as plain launches; 0 to SKINNY_BF16_MAX_ROWS. Read when a region is captured; the same bits.
+    `skinny_pdl_rows` (SKINNY_BF16_PDL_MAX_ROWS, 4; the extension's linear_pdl_rows): the
+    skinny linear's bf16 launches of up to this many rows run as programmatic dependents (with
+    `linear_pdl` on), more rows as plain launches; 0 to SKINNY_BF16_MAX_ROWS. Read at launch
+    (or capture), so set it before the engine's warm-up; the same bits.
     None leaves a switch as it is. Returns the switches now in force."""
     if wide_rows is not None and not (isinstance(wide_rows, int) and not isinstance(wide_rows, bool)
                                       and 17 <= wide_rows <= MOE_WIDE_MAX_ROWS):
@@ -756,11 +757,12 @@ def moe_launch_options(pdl=None, early=None, wide=None, db=None, xsmem=None, str
         _moe_fp8_launch_rows = 16 if fp8_launch16 else MOE_MAX_ROWS
     if fp8_wide is not None:
         _moe_fp8_launch_rows = MOE_WIDE_ROWS if fp8_wide else 16
-    global _route_chunks, _moe_wide_rows, _l2_prefetch, _skinny_bf16, _skinny_pdl_rows
+    global _route_chunks, _moe_wide_rows, _l2_prefetch, _skinny_bf16
     if skinny_bf16 is not None:
         _skinny_bf16 = bool(skinny_bf16)
+    pdl_rows = _gpu.linear_pdl_rows(-1 if skinny_pdl_rows is None else skinny_pdl_rows)
     if skinny_pdl_rows is not None:
-        _skinny_pdl_rows = skinny_pdl_rows
+        pdl_rows = skinny_pdl_rows
     if l2_prefetch is not None:
         if not (isinstance(l2_prefetch, int) and 0 <= int(l2_prefetch) <= L2_PREFETCH_MAX):
             raise ValueError(f"l2_prefetch: {l2_prefetch!r} is not a level in "
@@ -788,7 +790,7 @@ def moe_launch_options(pdl=None, early=None, wide=None, db=None, xsmem=None, str
             "wide_rows": _moe_wide_rows, "l2_prefetch": _l2_prefetch,
             "fused": bool(flags & (1 << 28)), "gate_up_runs": bool(flags & (1 << 29)),
             "linear_pdl": bool(flags & 512), "linear_mma": bool(flags & 2048),
-            "skinny_bf16": _skinny_bf16, "skinny_pdl_rows": _skinny_pdl_rows}
+            "skinny_bf16": _skinny_bf16, "skinny_pdl_rows": pdl_rows}
 
 
 def conv_launch_options(serial=None, gdn_pdl=None) -> dict:
@@ -977,14 +979,10 @@ _skinny_bf16 = True  # moe_launch_options(skinny_bf16=)
 SKINNY_BF16_MAX_ROWS = 16
 SKINNY_BF16_MAX_IN = 1024
 SKINNY_BF16_MAX_ELEMENTS = 1 << 22
-#: The model's skinny linears launch as programmatic dependents (linear_pdl) only up to this many
-#: rows (moe_launch_options(skinny_pdl_rows=) sets it). Measured on the embedded model
-#: (docs/BENCHMARKS.md): as dependents, solo (4-row windows) ran 8% faster, while batch_mtp at
-#: N=8 (8-16 rows, the engine host-bound) ran 10% slower on an H200 and 39% on an H100, the
-#: device idling between windows whose kernels ran no slower; the cause is not known, the row
-#: count stands in for it.
+#: The skinny linear's bf16 launches run as programmatic dependents (linear_pdl) only up to this
+#: many rows by default: the extension's own limit (strata_gpu_linear_pdl_rows, which says why),
+#: moe_launch_options(skinny_pdl_rows=) moves it.
 SKINNY_BF16_PDL_MAX_ROWS = 4
-_skinny_pdl_rows = SKINNY_BF16_PDL_MAX_ROWS  # moe_launch_options(skinny_pdl_rows=)
 
 
 def skinny_bf16_takes(x, weight) -> bool:
@@ -1004,8 +1002,8 @@ def gpu_linear_skinny(x, weight, *, out=None):
     rows (x's leading dims flattened) on the skinny linear (on tensor cores where
     moe_launch_options' linear_mma takes the shapes, else CUDA cores; fp32 sums in a fixed
     order, each row independent of the others; a programmatic dependent launch under
-    linear_pdl up to moe_launch_options' skinny_pdl_rows, so `weight` must be one the kernels
-    just before it do not write), more rows F.linear."""
+    linear_pdl up to moe_launch_options' skinny_pdl_rows rows, so `weight` must be one the
+    kernels just before it do not write), more rows F.linear."""
     if _compiling() and out is None:
         return torch.ops.strata.linear_skinny(x, weight)
     rows = x.reshape(-1, x.shape[-1]).shape[0]
@@ -1014,18 +1012,7 @@ def gpu_linear_skinny(x, weight, *, out=None):
             or not _cuda_sm90(x.device)):
         res = reference.linear_skinny(x, weight)
         return out.copy_(res) if out is not None else res
-    if rows <= _skinny_pdl_rows:
-        return gpu_linear_bf16_skinny(x, weight, out=out)
-    flags = _gpu.moe_set_options(-1)
-    if not flags & 512:
-        return gpu_linear_bf16_skinny(x, weight, out=out)
-    # linear_pdl is read at launch (or capture), so clearing it around the call affects this
-    # launch alone
-    _gpu.moe_set_options(flags & ~512)
-    try:
-        return gpu_linear_bf16_skinny(x, weight, out=out)
-    finally:
-        _gpu.moe_set_options(flags)
+    return gpu_linear_bf16_skinny(x, weight, out=out)
 
 
 def gpu_linear_bf16_skinny(x, weight, *, out=None):
