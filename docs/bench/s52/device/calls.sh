@@ -14,7 +14,7 @@
 #   sp   step_breakdown of batch_mtp W16 at N=8 (overlapped): the skinny linear's dependents at
 #        every row count (skinny_pdl_rows=16) against none (0): the host's share of a window
 #   fp   the FP8 80B shapes' compiled windows 1 x 4 and 8 x 2 profiled (dummy weights; LAYERS,
-#        default 48: an H200), kernels by time and by region
+#        default 48: an H200), kernels by time and by region (FP_SHAPES: other shapes)
 set -u
 export SO=${SO:-.dev/s51/new_cuda.so.xz}
 . docs/bench/device_common.sh $SO
@@ -34,6 +34,6 @@ kt) TAIL=4 st kt 200 python3 -m pytest -q -p no:cacheprovider tests/test_moe_ker
 sp) for k in skinny_pdl_rows=16 skinny_pdl_rows=0; do
   TAIL=6 st sp_$k 200 python3 scripts/step_breakdown.py --n 8 --configs batch_mtp_w16 --overlap on --max-tokens 128 --kernel-options $k --json $R/sp_$k.json; done ;;
 fp) L="--layers ${LAYERS:-48}"; [ "${LAYERS:-48}" = 48 ] && L=
-  TAIL=40 st fp 400 python3 scripts/profile_window.py --model qwen3-next-80b-a3b-fp8 --load-format dummy $L --backend auto --compile --iters 30 --top 25 --shapes 1x4,8x2 --json $R/fp.json ;;
+  TAIL=40 st fp 400 python3 scripts/profile_window.py --model qwen3-next-80b-a3b-fp8 --load-format dummy $L --backend auto --compile --iters 30 --top 25 --shapes ${FP_SHAPES:-1x4,8x2} --json $R/fp.json ;;
 esac; done
 true
