@@ -388,10 +388,10 @@ int g_moe_options = STRATA_MOE_PDL | STRATA_MOE_EARLY | STRATA_MOE_DB | STRATA_M
                     STRATA_MOE_DOWN_SPLIT | STRATA_MOE_X_GLOBAL | STRATA_MOE_DOWN_MMA |
                     STRATA_MOE_GU_RUNS | STRATA_LINEAR_PDL | STRATA_LINEAR_MMA;
 // linear_skinny's bf16 launches as programmatic dependents (STRATA_LINEAR_PDL) only up to this
-// many rows: on the embedded model, solo's 4-row windows ran 8% faster with them, while
-// batch_mtp at N=8 (8-16 rows, the engine host-bound) ran 10% slower on an H200 and 39% on an
-// H100, the device idling between windows whose kernels ran no slower; the cause is not known,
-// the row count stands in for it (docs/BENCHMARKS.md, session 52).
+// many rows: on the embedded model solo's 4-row windows run faster with them; for batch_mtp at
+// N=8 (8-16 rows, the engine host-bound) one-process A/Bs went either way by more than the
+// effect (docs/BENCHMARKS.md), so larger windows stay plain launches until an A/B over
+// alternating processes decides.
 int g_linear_pdl_rows = 4;
 
 template <typename W, int CPL, int U, bool DB>

@@ -97,10 +97,13 @@ def measure(name, lin):
 
 
 print(f"{n} linears 512 -> 512, {rows} rows, bf16, {torch.cuda.get_device_name()}")
+# linear_pdl=1 below means dependents at every row count (the default limit is 4 rows)
+cyext_ops.moe_launch_options(skinny_pdl_rows=cyext_ops.SKINNY_BF16_MAX_ROWS)
 ref = measure("cuBLAS (F.linear)", F.linear)
 for pdl in (1, 0):
     for mma in (1, 0):
         cyext_ops.moe_launch_options(linear_pdl=bool(pdl), linear_mma=bool(mma))
         got = measure(f"skinny linear_pdl={pdl} linear_mma={mma}", cyext_ops.gpu_linear_skinny)
         print(f"  max |diff| against cuBLAS {(got - ref).abs().max().item():.3g}")
-cyext_ops.moe_launch_options(linear_pdl=True, linear_mma=True)
+cyext_ops.moe_launch_options(linear_pdl=True, linear_mma=True,
+                             skinny_pdl_rows=cyext_ops.SKINNY_BF16_PDL_MAX_ROWS)
