@@ -32,7 +32,8 @@ dv) for k in default ${DV_OFF:+skinny_bf16=0}; do o=; [ $k = default ] || o="--k
   TAIL=3 st dv_tg_$k 150 python3 scripts/bench_engine.py --configs batch_mtp_w16 --n 8 --max-tokens 128 --repeats 3 --overlap on --no-reverse --prefill-slots 8 $o --json $R/dv_tg_$k.json; done ;;
 kt) TAIL=4 st kt 200 python3 -m pytest -q -p no:cacheprovider tests/test_moe_kernels.py tests/test_skinny_linear.py -k skinny ;;
 sp) for k in skinny_pdl_rows=16 skinny_pdl_rows=0; do
-  TAIL=6 st sp_$k 200 python3 scripts/step_breakdown.py --n 8 --configs batch_mtp_w16 --overlap on --max-tokens 128 --kernel-options $k --json $R/sp_$k.json; done ;;
+  # (file names without '=': the device tool does not bring such names back)
+  TAIL=6 st sp_${k#*=} 200 python3 scripts/step_breakdown.py --n 8 --configs batch_mtp_w16 --overlap on --max-tokens 128 --kernel-options $k --json $R/sp_${k#*=}.json; done ;;
 fp) L="--layers ${LAYERS:-48}"; [ "${LAYERS:-48}" = 48 ] && L=
   TAIL=40 st fp 400 python3 scripts/profile_window.py --model qwen3-next-80b-a3b-fp8 --load-format dummy $L --backend auto --compile --iters 30 --top 25 --shapes ${FP_SHAPES:-1x4,8x2} --json $R/fp.json ;;
 esac; done
