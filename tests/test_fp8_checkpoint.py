@@ -215,8 +215,9 @@ def test_fp8_dense_windows_keeps_every_dense_layer_fp8_for_windows_only(fp8_ckpt
     from its float b/a, as the checkpoints keep it), and each is marked for prompt chunks to run
     dequantised: a chunk calls ops.linear_fp8 on no dense weight and gives the logits of the
     model dequantised at load (to float32 rounding: that model fuses DeltaNet's qkvz with its
-    float b/a, so the ops after the projection read other strides, and a CPU's vectorised
-    reductions may then round differently), while a window runs the input projections on the
+    float b/a, so the projection's values are the same but the ops after it read rows that
+    start at other alignments, which a CPU's vectorised reductions may sum in another order:
+    seen with AVX-512), while a window runs the input projections on the
     FP8 kernel. Elsewhere it dequantises, as auto does."""
     import strata.kernels.cyext_ops as cyext_ops
     from strata.model import fp8 as fp8_mod
