@@ -61,11 +61,24 @@ def stub_device(eng: Engine, accept: float, seed: int) -> None:
         res[1] = (res[1] + 1) % pool
         return res[0][res[1]]
 
-    def prefill(tokens, meta, ctx):
-        return torch.tensor([int(rng.integers(1, vocab))])
+    def prefill(tokens, meta, ctx, filtered=True):
+        # (S,): a final chunk's first token, else the prompt token after the chunk (meta[:, 3])
+        given = (meta if meta.dim() == 2 else meta[None])[:, 3]
+        drawn = torch.from_numpy(rng.integers(1, vocab, given.shape[0]))
+        return torch.where(given >= 0, given, drawn)
 
     eng.runner.verifier.window = window
     eng.runner.verifier.prefill = prefill
+
+
+def check_served(result: dict) -> None:
+    """Exit with the reason when a run's requests failed (a stub out of step with the
+    verifier's calls fails every request, and a run of no windows times nothing)."""
+    failed = [r["id"] for r in result["requests"] if str(r["finish_reason"]).endswith("error")]
+    if failed or not result["windows"]:
+        sys.exit(f"host_overhead: the stubbed engine served no windows ({len(failed)} of "
+                 f"{len(result['requests'])} requests failed): the stubs no longer match the "
+                 f"verifier's window/prefill calls (strata/engine/verifier.py)")
 
 
 def measure(loaded, n: int, window_rows: int, a) -> dict:
@@ -84,7 +97,8 @@ def measure(loaded, n: int, window_rows: int, a) -> dict:
                             SamplingParams(max_tokens=a.max_tokens, stop_at_eos=False))
                     for i in range(n)]
 
-        run_requests(eng, requests("w"))  # warm: first-call costs are not the steady state
+        # warm: first-call costs are not the steady state
+        check_served(run_requests(eng, requests("w")))
         w0, t0 = eng.windows, time.perf_counter()
         prof = cProfile.Profile() if a.profile else None
         if prof:
