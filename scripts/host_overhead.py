@@ -36,6 +36,7 @@ from omegaconf import OmegaConf  # noqa: E402
 from strata.config import EMBEDDED_MODEL_DIR, StrataConfig  # noqa: E402
 from strata.engine.llm_engine import Engine  # noqa: E402
 from strata.engine.request import Request, SamplingParams  # noqa: E402
+from strata.kinds import FinishReason  # noqa: E402
 from strata.model.loader import load_checkpoint  # noqa: E402
 from strata.runner import run_requests  # noqa: E402
 
@@ -74,11 +75,11 @@ def stub_device(eng: Engine, accept: float, seed: int) -> None:
 def check_served(result: dict) -> None:
     """Exit with the reason when a run's requests failed (a stub out of step with the
     verifier's calls fails every request, and a run of no windows times nothing)."""
-    failed = [r["id"] for r in result["requests"] if str(r["finish_reason"]).endswith("error")]
+    failed = [r["id"] for r in result["requests"] if r["finish_reason"] == FinishReason.ERROR]
     if failed or not result["windows"]:
-        sys.exit(f"host_overhead: the stubbed engine served no windows ({len(failed)} of "
-                 f"{len(result['requests'])} requests failed): the stubs no longer match the "
-                 f"verifier's window/prefill calls (strata/engine/verifier.py)")
+        sys.exit(f"host_overhead: {len(failed)} of {len(result['requests'])} requests failed and "
+                 f"{result['windows']} windows ran: the stubs no longer match the verifier's "
+                 f"window/prefill calls (strata/engine/verifier.py)")
 
 
 def measure(loaded, n: int, window_rows: int, a) -> dict:

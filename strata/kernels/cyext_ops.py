@@ -760,9 +760,8 @@ def moe_launch_options(pdl=None, early=None, wide=None, db=None, xsmem=None, str
     global _route_chunks, _moe_wide_rows, _l2_prefetch, _skinny_bf16
     if skinny_bf16 is not None:
         _skinny_bf16 = bool(skinny_bf16)
-    pdl_rows = _gpu.linear_pdl_rows(-1 if skinny_pdl_rows is None else skinny_pdl_rows)
     if skinny_pdl_rows is not None:
-        pdl_rows = skinny_pdl_rows
+        _gpu.linear_pdl_rows(skinny_pdl_rows)
     if l2_prefetch is not None:
         if not (isinstance(l2_prefetch, int) and 0 <= int(l2_prefetch) <= L2_PREFETCH_MAX):
             raise ValueError(f"l2_prefetch: {l2_prefetch!r} is not a level in "
@@ -790,7 +789,7 @@ def moe_launch_options(pdl=None, early=None, wide=None, db=None, xsmem=None, str
             "wide_rows": _moe_wide_rows, "l2_prefetch": _l2_prefetch,
             "fused": bool(flags & (1 << 28)), "gate_up_runs": bool(flags & (1 << 29)),
             "linear_pdl": bool(flags & 512), "linear_mma": bool(flags & 2048),
-            "skinny_bf16": _skinny_bf16, "skinny_pdl_rows": pdl_rows}
+            "skinny_bf16": _skinny_bf16, "skinny_pdl_rows": _gpu.linear_pdl_rows(-1)}
 
 
 def conv_launch_options(serial=None, gdn_pdl=None) -> dict:

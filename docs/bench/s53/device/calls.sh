@@ -15,6 +15,7 @@
 export SO=${SO:-.dev/s53/new_cuda.so.xz}
 steps=(); for s in "$@"; do case $s in topo|ab) ;; *) steps+=("$s") ;; esac; done
 [ ${#steps[@]} -gt 0 ] && bash docs/bench/s52/device/calls.sh "${steps[@]}"
+[ ${#steps[@]} -eq $# ] && exit 0  # (no step of this file's: set nothing up twice)
 . docs/bench/device_common.sh $SO
 # nvidia-smi's bus id has an 8-digit domain (00000000:19:00.0), sysfs a 4-digit one
 bus=$(nvidia-smi --query-gpu=pci.bus_id --format=csv,noheader | head -1 | tr 'A-Z' 'a-z')
