@@ -42,7 +42,7 @@ EXPERT_COSTS = ("profile", "bytes")
 class SimEngineConfig(EngineConfig):
     """strata's engine schema (the same knobs, defaults and validation), plus what only a
     simulation chooses. Knobs that concern the engine's host side alone (compile, warmup,
-    vram_every, cpu_*) are accepted and have no effect on a simulation."""
+    gc_freeze, vram_every, cpu_*) are accepted and have no effect on a simulation."""
 
     #: Drafting is available (MTP weights present, spec >= 2, draft state fits). The engine
     #: decides this at start-up and records it in the trace; the simulator takes it as given.

@@ -148,6 +148,11 @@ class EngineConfig:
     #: Run every window and prompt-chunk shape once on the scratch lane at start, so compiling
     #: happens before the first request, not during it: auto (when compiling), on, off.
     warmup: str = "auto"
+    #: After the warm-up, move every object then alive (the model, the compiled regions, the
+    #: graphs) to the garbage collector's permanent generation (gc.freeze), so that its full
+    #: passes during serving skip them: a full pass over them took 0.5-0.7 s on a GPU host, a
+    #: stall of every request in flight. Process-wide; Engine.close() thaws them.
+    gc_freeze: bool = True
     #: Benchmarks on dummy weights: null verifies drafts; p in [0, 1] accepts each draft with
     #: probability p given that the drafts before it were (keyed by request seed and position,
     #: so every mode takes the same decisions). The output text is then not the model's.

@@ -593,6 +593,27 @@ def test_warmup_runs_every_shape_on_scratch_and_changes_nothing(model_dir):
     assert not any(line.startswith("INFO warm-up:") for line in plain.logs)  # auto = off on CPU
 
 
+def test_warmup_freezes_the_collectors_heap_and_close_thaws_it(model_dir):
+    """engine.gc_freeze (on): after the warm-up every object then alive is in the collector's
+    permanent generation, so serving's full passes skip the model and graphs; the engine
+    decodes as before, and close() thaws them. Off: nothing is frozen."""
+    import gc
+
+    reqs = lambda: workload(n=4, seed=5)  # noqa: E731
+    want = run(build(model_dir, slots=4, warmup="off"), reqs())
+    gc.unfreeze()  # (an engine of an earlier test left open may have frozen them)
+    warm = build(model_dir, slots=4, warmup="on", graph_key="layout")
+    assert gc.get_freeze_count() > 0
+    assert any(line.startswith("INFO gc:") and "objects frozen" in line for line in warm.logs)
+    assert run(warm, reqs()) == want
+    warm.close()
+    assert gc.get_freeze_count() == 0
+    off = build(model_dir, slots=4, warmup="on", graph_key="layout", gc_freeze=False)
+    assert gc.get_freeze_count() == 0
+    assert not any(line.startswith("INFO gc:") for line in off.logs)
+    off.close()
+
+
 def test_warmup_runs_chunks_of_several_slots_when_prefill_slots_asks(model_dir, monkeypatch):
     """With engine.prefill_slots > 1 the warm-up also runs every bucket as a chunk of that many
     segments (at most the slots), all on the scratch lane, so the compile of a segment count

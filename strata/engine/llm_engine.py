@@ -11,6 +11,7 @@ Single-threaded: drive it from one thread.
 from __future__ import annotations
 
 import dataclasses
+import gc
 import time
 from pathlib import Path
 from typing import Any, Callable, Optional
@@ -194,6 +195,7 @@ class Engine:
                       f"is not the model's")
         #: What the warm-up did (warmup.WarmupDone), once it ran.
         self.warmup_done = None
+        self._heap_frozen = False  # engine.gc_freeze did freeze it (close() thaws it)
         if warming:
             self.warmup(workers=workers)
             self._clock0 = time.perf_counter()  # request times count from here
@@ -280,6 +282,18 @@ class Engine:
         self._sync()
         done.seconds = time.perf_counter() - t0
         self.log(f"INFO {done.describe(plan)}")
+        if capture and self.cfg.gc_freeze:
+            self._freeze_heap()
+
+    def _freeze_heap(self) -> None:
+        """engine.gc_freeze: collect once (so no garbage is frozen), then freeze what is left."""
+        t0 = time.perf_counter()
+        gc.collect()
+        gc.freeze()
+        self._heap_frozen = True
+        self.log(f"INFO gc: {gc.get_freeze_count()} objects frozen after the warm-up (one full "
+                 f"pass before it took {(time.perf_counter() - t0) * 1e3:.0f} ms); the "
+                 f"collector's passes skip them until the engine closes")
 
     # ---- small helpers ---------------------------------------------------------------------------
     def now(self) -> float:
@@ -469,3 +483,6 @@ class Engine:
         if self.stages is not None:
             self.stages.close()
         self.trace.close()
+        if self._heap_frozen:  # (process-wide: another engine's frozen objects thaw too)
+            gc.unfreeze()
+            self._heap_frozen = False
