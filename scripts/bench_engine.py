@@ -20,6 +20,7 @@ random token ids when there is no tokenizer):
 from __future__ import annotations
 
 import argparse
+import gc
 import hashlib
 import json
 import platform
@@ -308,6 +309,38 @@ def make_engine(loaded, device, ecfg, prompts, max_tokens, seed0: Optional[int] 
     return eng
 
 
+class GcPauses:
+    """The garbage collector's passes while on: how many of each generation and the host time
+    they took (the device idles through a pass longer than the windows launched ahead)."""
+
+    def __init__(self):
+        self.on = False
+        self.reset()
+        self._t0 = 0.0
+        gc.callbacks.append(self)
+
+    def reset(self) -> None:
+        self.count, self.ms, self.max_ms = [0, 0, 0], 0.0, 0.0
+
+    def __call__(self, phase: str, info: dict) -> None:
+        if not self.on:
+            return
+        if phase == "start":
+            self._t0 = time.perf_counter()
+            return
+        ms = (time.perf_counter() - self._t0) * 1e3
+        self.count[info["generation"]] += 1
+        self.ms += ms
+        self.max_ms = max(self.max_ms, ms)
+
+    def summary(self) -> dict:
+        return {"collections": list(self.count), "ms": round(self.ms, 3),
+                "max_ms": round(self.max_ms, 3)}
+
+
+GC_PAUSES = GcPauses()
+
+
 def run_cohort(eng: Engine, device, prompts, max_tokens, seed0: Optional[int] = None) -> dict:
     reqs = [Request(f"r{i}", list(p), SamplingParams(max_tokens=max_tokens, temperature=0.0,
                                                      stop_at_eos=False, seed=request_seed(seed0, i)))
@@ -318,7 +351,10 @@ def run_cohort(eng: Engine, device, prompts, max_tokens, seed0: Optional[int] = 
     t0 = time.perf_counter()
     eng.window_times.start_cohort()
     eng.window_times.on = True
+    GC_PAUSES.reset()
+    GC_PAUSES.on = True
     run_requests(eng, reqs)
+    GC_PAUSES.on = False
     eng.window_times.on = False
     if device.type == "cuda":
         torch.cuda.synchronize()
@@ -332,6 +368,7 @@ def run_cohort(eng: Engine, device, prompts, max_tokens, seed0: Optional[int] = 
            "device_busy": eng.window_times.busy_s / wall if wall > 0 else None,
            "acceptance": d["accepted"] / d["drafted"] if d["drafted"] else None,
            "windows": d["windows"],
+           "gc": GC_PAUSES.summary(),
            "time_by_shape": eng.window_times.cohort_summary(),
            "graph": {"hit": d["graph_hits"], "capture": d["graph_captures"],
                      "eager": d["graph_eager"], "evict": d["graph_evictions"]},
@@ -431,12 +468,13 @@ def write_results(a, ns, names, results, loaded, device, backend) -> None:
     limit still leaves every finished N behind)."""
     summary = {}
     for key, runs in results.items():
-        if key in ("identity", "windows", "prefills", "warmups"):
+        if key in ("identity", "windows", "prefills", "warmups", "gc_full"):
             continue
         summary[key] = {"median_tps": statistics.median(r["aggregate_tps"] for r in runs),
                         "acceptance": runs[0].get("acceptance"),
                         "device_busy": runs[0].get("device_busy"),
-                        "text_digest": runs[0].get("text_digest")}
+                        "text_digest": runs[0].get("text_digest"),
+                        "gc": [r.get("gc") for r in runs]}
         if key in results.get("windows", {}):
             summary[key]["windows"] = results["windows"][key]
         if key in results.get("prefills", {}):
@@ -450,7 +488,8 @@ def write_results(a, ns, names, results, loaded, device, backend) -> None:
             "date": time.strftime("%Y-%m-%d"), "backend": backend, "args": vars(a)}
     if a.json:
         Path(a.json).write_text(json.dumps({"meta": meta, "summary": summary,
-                                            "identity": results.get("identity", {})}, indent=2))
+                                            "identity": results.get("identity", {}),
+                                            "gc_full": results.get("gc_full", {})}, indent=2))
     floors = ["", "| config@N | groups x rows | ctx | windows | mean ms | floor ms | ratio |",
               "|---|---|---|---|---|---|---|"]
     for key, rows in results.get("windows", {}).items():
@@ -573,6 +612,13 @@ def main() -> None:
         for name, eng in engines.items():
             if eng.warmup_done is not None:
                 results.setdefault("warmups", {})[f"{name}@{n}"] = eng.warmup_done.facts()
+        t_gc = time.perf_counter()
+        gc.collect()  # what one full pass costs the host now, with the engines warmed up
+        full = {"ms": (time.perf_counter() - t_gc) * 1e3, "objects": len(gc.get_objects()),
+                "frozen": gc.get_freeze_count()}  # (engine.gc_freeze: skipped by the passes)
+        results.setdefault("gc_full", {})[str(n)] = full
+        print(f"N={n} a full garbage collection: {full['ms']:.1f} ms over {full['objects']} "
+              f"objects ({full['frozen']} more frozen)", flush=True)
         for order_i, order in enumerate(orders):
             for rep in range(a.repeats if order_i == 0 else 1):
                 for name in order:
@@ -582,7 +628,8 @@ def main() -> None:
                     print(f"N={n} {key:<22} rep {rep}: {r['aggregate_tps']:9.1f} tok/s  "
                           f"accept {r['acceptance'] if r['acceptance'] is not None else float('nan'):.3f}  "
                           f"windows {r['windows']} graph {r['graph']}  device busy "
-                          f"{r['device_busy'] or 0:.1%} of the wall  text {r['text_digest']}",
+                          f"{r['device_busy'] or 0:.1%} of the wall  gc {r['gc']['collections']} "
+                          f"{r['gc']['ms']:.2f} ms  text {r['text_digest']}",
                           flush=True)
         for name, eng in engines.items():
             dv = eng.verifier.draft_ids

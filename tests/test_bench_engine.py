@@ -153,11 +153,18 @@ def test_the_json_records_each_engines_warm_up(tmp_path, monkeypatch):
                                       "--prompt-tokens", "16", "--max-tokens", "4", "--repeats", "1",
                                       "--no-reverse", "--device", "cpu", "--json", str(out)])
     bench_engine.main()
-    warm = json.loads(out.read_text())["summary"]["solo@1"]["warmup"]
+    got = json.loads(out.read_text())
+    warm = got["summary"]["solo@1"]["warmup"]
     assert set(warm) == {"seconds", "compiled_graphs", "cached_graphs", "window_graphs",
                          "prefill_graphs"}
     assert warm["seconds"] > 0 and warm["window_graphs"] > 0
     assert 0 <= warm["cached_graphs"] <= warm["compiled_graphs"]
+    # the collector: one full pass after the warm-up (engine.gc_freeze froze the engine's
+    # objects, which it skips), and each cohort's passes by generation
+    full = got["gc_full"]["1"]
+    assert full["ms"] >= 0 and full["objects"] > 0 and full["frozen"] > 0
+    cohort = got["summary"]["solo@1"]["gc"][0]
+    assert len(cohort["collections"]) == 3 and cohort["ms"] >= cohort["max_ms"] >= 0
 
 
 def test_request_seeds_give_request_i_seed_k_plus_i(monkeypatch, capsys):
