@@ -28,29 +28,28 @@ bus=$(nvidia-smi --query-gpu=pci.bus_id --format=csv,noheader | head -1 | tr 'A-
 bus=${bus: -12}  # sysfs names the domain in 4 digits, nvidia-smi in 8
 local_cpus=$(cat /sys/bus/pci/devices/$bus/local_cpulist 2>/dev/null || echo "0-$(($(nproc --all) - 1))")
 echo "GPU $bus local CPUs: $local_cpus"
+# ab_files NAME BASE:PATH...: the tree's files at PATH (new) against BASE (base) in alternating
+# processes: the N=8 goal command AB_ROUNDS (2) times each, then solo once each; NAME_R_T
+# results, the tree's own files back at the end
+ab_files() {
+  local name=$1 t r pair; shift
+  mkdir -p /tmp/ab_new; for pair in "$@"; do cp ${pair#*:} /tmp/ab_new/$(basename ${pair#*:}); done
+  tree() { for pair in "$@"; do if [ $t = base ]; then cp ${pair%%:*} ${pair#*:}; else cp /tmp/ab_new/$(basename ${pair#*:}) ${pair#*:}; fi; done; }
+  for r in $(seq 1 ${AB_ROUNDS:-2}); do for t in base new; do tree "$@"
+    TAIL=1 st ${name}_${r}_$t 150 python3 scripts/bench_engine.py --configs batch_mtp_w16 --n 8 --max-tokens 128 --repeats 3 --overlap on --no-reverse --prefill-slots 8 --json $R/${name}_${r}_$t.json
+    grep -h "rep \|8x2@256\|garbage" $R/${name}_${r}_$t.log | cut -c1-200; done; done
+  for t in base new; do tree "$@"
+    TAIL=1 st ${name}s_$t 150 python3 scripts/bench_engine.py --configs solo --n 1 --prompt-tokens 64 --max-tokens 256 --repeats 3 --overlap on --no-reverse --json $R/${name}s_$t.json
+    grep -h "rep \|1x4@256" $R/${name}s_$t.log | cut -c1-200; done
+  t=new; tree "$@"
+}
 for s in "${own[@]}"; do case $s in
 pin) for r in $(seq 1 ${AB_ROUNDS:-2}); do for p in free pinned; do pre=; [ $p = pinned ] && pre="taskset -c $local_cpus"
     TAIL=1 st pin_${r}_$p 150 $pre python3 scripts/bench_engine.py --configs batch_mtp_w16 --n 8 --max-tokens 128 --repeats 3 --overlap on --no-reverse --prefill-slots 8 --json $R/pin_${r}_$p.json
     grep -h "rep \|8x2@256" $R/pin_${r}_$p.log | cut -c1-160; done; done ;;
-cp) cp strata/engine/model_runner.py /tmp/model_runner_new.py
-  ab_tree() { if [ $1 = base ]; then cp .dev/s54/model_runner_base.py strata/engine/model_runner.py; else cp /tmp/model_runner_new.py strata/engine/model_runner.py; fi; }
-  for r in $(seq 1 ${AB_ROUNDS:-2}); do for t in base new; do ab_tree $t
-    TAIL=1 st cp_${r}_$t 150 python3 scripts/bench_engine.py --configs batch_mtp_w16 --n 8 --max-tokens 128 --repeats 3 --overlap on --no-reverse --prefill-slots 8 --json $R/cp_${r}_$t.json
-    grep -h "rep \|8x2@256" $R/cp_${r}_$t.log | cut -c1-160; done; done
-  for t in base new; do ab_tree $t
-    TAIL=1 st cps_$t 150 python3 scripts/bench_engine.py --configs solo --n 1 --prompt-tokens 64 --max-tokens 256 --repeats 3 --overlap on --no-reverse --json $R/cps_$t.json
-    grep -h "rep \|1x4@256" $R/cps_$t.log | cut -c1-160; done
-  ab_tree new ;;
-pr) mkdir -p /tmp/pr_new && cp strata/model/qwen3_next.py strata/engine/stage_worker.py /tmp/pr_new/
-  pr_tree() { if [ $1 = base ]; then cp .dev/s54/base/qwen3_next.py strata/model/; cp .dev/s54/base/stage_worker.py strata/engine/;
-    else cp /tmp/pr_new/qwen3_next.py strata/model/; cp /tmp/pr_new/stage_worker.py strata/engine/; fi; }
-  for r in $(seq 1 ${AB_ROUNDS:-2}); do for t in base new; do pr_tree $t
-    TAIL=1 st pr_${r}_$t 150 python3 scripts/bench_engine.py --configs batch_mtp_w16 --n 8 --max-tokens 128 --repeats 3 --overlap on --no-reverse --prefill-slots 8 --json $R/pr_${r}_$t.json
-    grep -h "rep \|8x2@256\|garbage" $R/pr_${r}_$t.log | cut -c1-200; done; done
-  for t in base new; do pr_tree $t
-    TAIL=1 st prs_$t 120 python3 scripts/bench_engine.py --configs solo --n 1 --prompt-tokens 64 --max-tokens 256 --repeats 3 --overlap on --no-reverse --json $R/prs_$t.json
-    grep -h "rep \|1x4@256" $R/prs_$t.log | cut -c1-200; done
-  pr_tree new ;;
+cp) ab_files cp .dev/s54/model_runner_base.py:strata/engine/model_runner.py ;;
+pr) ab_files pr .dev/s54/base/qwen3_next.py:strata/model/qwen3_next.py \
+      .dev/s54/base/stage_worker.py:strata/engine/stage_worker.py ;;
 tc) TAIL=30 st tc ${TC_S:-560} python3 scripts/sim_transfer_check.py --device cuda --no-predict --out $R/transfer ;;
 esac; done
 true
