@@ -14,8 +14,9 @@
 #        ran on; not kept) against the sum (.dev/s54/base/: `git show e4c0d77:` of
 #        strata/model/qwen3_next.py and strata/engine/stage_worker.py), as cp
 #   tc   scripts/sim_transfer_check.py --no-predict (the embedded model's cohorts as served and
-#        the simulator's quick calibration, about 480 s on an H200; TC_S caps it, default 560):
-#        predicted afterwards here with --predict-from, to recalibrate h200_tiny_bf16
+#        the simulator's quick calibration, about 480 s on an H200; TC_S caps it, default 560;
+#        TC_REPEATS=2 shortens the cohorts' repeats, default 3): predicted afterwards here with
+#        --predict-from, to recalibrate h200_tiny_bf16
 # Build the extension for Python 3.12 and xz it into .dev/s54/new_cuda.so.xz
 # (docs/GPU_RUNBOOK.md), then carry .whl, .dev/s54 and the CPU extension for 3.12.
 export SO=${SO:-.dev/s54/new_cuda.so.xz}
@@ -50,6 +51,6 @@ pin) for r in $(seq 1 ${AB_ROUNDS:-2}); do for p in free pinned; do pre=; [ $p =
 cp) ab_files cp .dev/s54/model_runner_base.py:strata/engine/model_runner.py ;;
 pr) ab_files pr .dev/s54/base/qwen3_next.py:strata/model/qwen3_next.py \
       .dev/s54/base/stage_worker.py:strata/engine/stage_worker.py ;;
-tc) TAIL=30 st tc ${TC_S:-560} python3 scripts/sim_transfer_check.py --device cuda --no-predict --out $R/transfer ;;
+tc) TAIL=30 st tc ${TC_S:-560} python3 scripts/sim_transfer_check.py --device cuda --no-predict --repeats ${TC_REPEATS:-3} --out $R/transfer ;;
 esac; done
 true
