@@ -11,3 +11,11 @@ st() { local n=$1 l=$2; shift 2; local t0=$SECONDS; timeout $l "$@" > $R/$n.log 
 export PYTHONPATH=/tmp/site:$PWD
 #: the full-depth FP8 runs' common flags (dummy weights, SYNTHETIC acceptance 0.8)
 F="--preset qwen3_next_80b_a3b_fp8 --load-format dummy --synthetic-acceptance 0.8 --overlap on --no-reverse"
+#: the embedded model's N=8 goal command (batch_mtp W16, 128 tokens, 8-slot prompt chunks, 3 repeats)
+GOAL_N8="--configs batch_mtp_w16 --n 8 --max-tokens 128 --repeats 3 --overlap on --no-reverse --prefill-slots 8"
+# The CPUs local to the (first) GPU, as a taskset list (all of them when sysfs does not say):
+# nvidia-smi names its bus with an 8-digit domain (00000000:19:00.0), sysfs with a 4-digit one.
+gpu_local_cpus() {
+  local bus; bus=$(nvidia-smi --query-gpu=pci.bus_id --format=csv,noheader | head -1 | tr 'A-Z' 'a-z')
+  cat /sys/bus/pci/devices/${bus: -12}/local_cpulist 2>/dev/null || echo "0-$(($(nproc --all) - 1))"
+}

@@ -29,7 +29,7 @@ nd) i=0; for k in ${ND:-skinny_bf16=0 skinny_bf16=1 skinny_bf16=1,linear_pdl=0};
   echo "   ($k)"; grep -h "window 8x2@256\|prompt chunk" $R/nd_$i.log | cut -c1-140; done ;;
 dv) for k in default ${DV_OFF:+skinny_bf16=0}; do o=; [ $k = default ] || o="--kernel-options $k"
   TAIL=7 st dv_td_$k 240 python3 scripts/bench_engine.py --configs solo,batch_mtp_w16 --n 1,8 --prompt-tokens 64 --max-tokens 256 --overlap on --repeats 3 --no-reverse $o --json $R/dv_td_$k.json
-  TAIL=3 st dv_tg_$k 150 python3 scripts/bench_engine.py --configs batch_mtp_w16 --n 8 --max-tokens 128 --repeats 3 --overlap on --no-reverse --prefill-slots 8 $o --json $R/dv_tg_$k.json; done ;;
+  TAIL=3 st dv_tg_$k 150 python3 scripts/bench_engine.py $GOAL_N8 $o --json $R/dv_tg_$k.json; done ;;
 kt) TAIL=4 st kt 200 python3 -m pytest -q -p no:cacheprovider tests/test_moe_kernels.py tests/test_skinny_linear.py -k skinny ;;
 sp) for k in skinny_pdl_rows=16 skinny_pdl_rows=0; do
   # (file names without '=': the device tool does not bring such names back)

@@ -17,16 +17,13 @@ steps=(); for s in "$@"; do case $s in topo|ab) ;; *) steps+=("$s") ;; esac; don
 [ ${#steps[@]} -gt 0 ] && bash docs/bench/s52/device/calls.sh "${steps[@]}"
 [ ${#steps[@]} -eq $# ] && exit 0  # (no step of this file's: set nothing up twice)
 . docs/bench/device_common.sh $SO
-# nvidia-smi's bus id has an 8-digit domain (00000000:19:00.0), sysfs a 4-digit one
-bus=$(nvidia-smi --query-gpu=pci.bus_id --format=csv,noheader | head -1 | tr 'A-Z' 'a-z')
-bus=${bus: -12}
-local_cpus=$(cat /sys/bus/pci/devices/$bus/local_cpulist 2>/dev/null || echo "0-$(($(nproc --all) - 1))")
+local_cpus=$(gpu_local_cpus)
 for s in "$@"; do case $s in
-topo) { lscpu; echo; nvidia-smi topo -m; echo; echo "GPU $bus local CPUs: $local_cpus"; } > $R/topo.txt 2>&1
+topo) { lscpu; echo; nvidia-smi topo -m; echo; echo "GPU $(nvidia-smi --query-gpu=pci.bus_id --format=csv,noheader | head -1) local CPUs: $local_cpus"; } > $R/topo.txt 2>&1
   tail -4 $R/topo.txt ;;
 ab) pin=; [ "${PIN:-0}" = 1 ] && pin="taskset -c $local_cpus"
   for r in $(seq 1 ${AB_ROUNDS:-2}); do for k in 4 16; do
-    TAIL=1 st ab_${r}_$k 120 $pin python3 scripts/bench_engine.py --configs batch_mtp_w16 --n 8 --max-tokens 128 --repeats 3 --overlap on --no-reverse --prefill-slots 8 --kernel-options skinny_pdl_rows=$k --json $R/ab_${r}_$k.json
+    TAIL=1 st ab_${r}_$k 120 $pin python3 scripts/bench_engine.py $GOAL_N8 --kernel-options skinny_pdl_rows=$k --json $R/ab_${r}_$k.json
     grep -h "rep \|8x2@256" $R/ab_${r}_$k.log | cut -c1-160; done; done ;;
 esac; done
 true

@@ -25,10 +25,8 @@ for s in "$@"; do case $s in pin|tc|cp|pr) own+=("$s") ;; *) other+=("$s") ;; es
 [ ${#other[@]} -gt 0 ] && bash docs/bench/s53/device/calls.sh "${other[@]}"
 [ ${#own[@]} -eq 0 ] && exit 0
 . docs/bench/device_common.sh $SO
-bus=$(nvidia-smi --query-gpu=pci.bus_id --format=csv,noheader | head -1 | tr 'A-Z' 'a-z')
-bus=${bus: -12}  # sysfs names the domain in 4 digits, nvidia-smi in 8
-local_cpus=$(cat /sys/bus/pci/devices/$bus/local_cpulist 2>/dev/null || echo "0-$(($(nproc --all) - 1))")
-echo "GPU $bus local CPUs: $local_cpus"
+local_cpus=$(gpu_local_cpus)
+echo "GPU local CPUs: $local_cpus"
 # ab_files NAME BASE:PATH...: the tree's files at PATH (new) against BASE (base) in alternating
 # processes: the N=8 goal command AB_ROUNDS (2) times each, then solo once each; NAME_R_T
 # results, the tree's own files back at the end
@@ -37,7 +35,7 @@ ab_files() {
   mkdir -p /tmp/ab_new; for pair in "$@"; do cp ${pair#*:} /tmp/ab_new/$(basename ${pair#*:}); done
   tree() { for pair in "$@"; do if [ $t = base ]; then cp ${pair%%:*} ${pair#*:}; else cp /tmp/ab_new/$(basename ${pair#*:}) ${pair#*:}; fi; done; }
   for r in $(seq 1 ${AB_ROUNDS:-2}); do for t in base new; do tree "$@"
-    TAIL=1 st ${name}_${r}_$t 150 python3 scripts/bench_engine.py --configs batch_mtp_w16 --n 8 --max-tokens 128 --repeats 3 --overlap on --no-reverse --prefill-slots 8 --json $R/${name}_${r}_$t.json
+    TAIL=1 st ${name}_${r}_$t 150 python3 scripts/bench_engine.py $GOAL_N8 --json $R/${name}_${r}_$t.json
     grep -h "rep \|8x2@256\|garbage" $R/${name}_${r}_$t.log | cut -c1-200; done; done
   for t in base new; do tree "$@"
     TAIL=1 st ${name}s_$t 150 python3 scripts/bench_engine.py --configs solo --n 1 --prompt-tokens 64 --max-tokens 256 --repeats 3 --overlap on --no-reverse --json $R/${name}s_$t.json
@@ -46,7 +44,7 @@ ab_files() {
 }
 for s in "${own[@]}"; do case $s in
 pin) for r in $(seq 1 ${AB_ROUNDS:-2}); do for p in free pinned; do pre=; [ $p = pinned ] && pre="taskset -c $local_cpus"
-    TAIL=1 st pin_${r}_$p 150 $pre python3 scripts/bench_engine.py --configs batch_mtp_w16 --n 8 --max-tokens 128 --repeats 3 --overlap on --no-reverse --prefill-slots 8 --json $R/pin_${r}_$p.json
+    TAIL=1 st pin_${r}_$p 150 $pre python3 scripts/bench_engine.py $GOAL_N8 --json $R/pin_${r}_$p.json
     grep -h "rep \|8x2@256" $R/pin_${r}_$p.log | cut -c1-160; done; done ;;
 cp) ab_files cp .dev/s54/model_runner_base.py:strata/engine/model_runner.py ;;
 pr) ab_files pr .dev/s54/base/qwen3_next.py:strata/model/qwen3_next.py \
