@@ -310,21 +310,18 @@ def make_engine(loaded, device, ecfg, prompts, max_tokens, seed0: Optional[int] 
 
 
 class GcPauses:
-    """The garbage collector's passes while on: how many of each generation and the host time
-    they took (the device idles through a pass longer than the windows launched ahead)."""
+    """The garbage collector's passes inside `with`: how many of each generation and the host
+    time they took (the device idles through a pass longer than the windows launched ahead)."""
 
-    def __init__(self):
-        self.on = False
-        self.reset()
-        self._t0 = 0.0
+    def __enter__(self) -> "GcPauses":
+        self.count, self.ms, self.max_ms, self._t0 = [0, 0, 0], 0.0, 0.0, 0.0
         gc.callbacks.append(self)
+        return self
 
-    def reset(self) -> None:
-        self.count, self.ms, self.max_ms = [0, 0, 0], 0.0, 0.0
+    def __exit__(self, *exc) -> None:
+        gc.callbacks.remove(self)
 
     def __call__(self, phase: str, info: dict) -> None:
-        if not self.on:
-            return
         if phase == "start":
             self._t0 = time.perf_counter()
             return
@@ -338,9 +335,6 @@ class GcPauses:
                 "max_ms": round(self.max_ms, 3)}
 
 
-GC_PAUSES = GcPauses()
-
-
 def run_cohort(eng: Engine, device, prompts, max_tokens, seed0: Optional[int] = None) -> dict:
     reqs = [Request(f"r{i}", list(p), SamplingParams(max_tokens=max_tokens, temperature=0.0,
                                                      stop_at_eos=False, seed=request_seed(seed0, i)))
@@ -351,10 +345,8 @@ def run_cohort(eng: Engine, device, prompts, max_tokens, seed0: Optional[int] = 
     t0 = time.perf_counter()
     eng.window_times.start_cohort()
     eng.window_times.on = True
-    GC_PAUSES.reset()
-    GC_PAUSES.on = True
-    run_requests(eng, reqs)
-    GC_PAUSES.on = False
+    with GcPauses() as gc_pauses:
+        run_requests(eng, reqs)
     eng.window_times.on = False
     if device.type == "cuda":
         torch.cuda.synchronize()
@@ -368,7 +360,7 @@ def run_cohort(eng: Engine, device, prompts, max_tokens, seed0: Optional[int] = 
            "device_busy": eng.window_times.busy_s / wall if wall > 0 else None,
            "acceptance": d["accepted"] / d["drafted"] if d["drafted"] else None,
            "windows": d["windows"],
-           "gc": GC_PAUSES.summary(),
+           "gc": gc_pauses.summary(),
            "time_by_shape": eng.window_times.cohort_summary(),
            "graph": {"hit": d["graph_hits"], "capture": d["graph_captures"],
                      "eager": d["graph_eager"], "evict": d["graph_evictions"]},
